@@ -1,0 +1,65 @@
+#include "core/device.h"
+
+#include <algorithm>
+
+namespace ct {
+
+const char* mem_category_name(MemCategory c) {
+  switch (c) {
+    case MemCategory::kWeights: return "weights";
+    case MemCategory::kGrads: return "grads";
+    case MemCategory::kOptimizer: return "optimizer";
+    case MemCategory::kActivations: return "activations";
+    case MemCategory::kWorkspace: return "workspace";
+  }
+  return "?";
+}
+
+const char* device_type_name(DeviceType t) {
+  switch (t) {
+    case DeviceType::kCpu: return "cpu";
+    case DeviceType::kIntegratedGpu: return "integrated-gpu";
+    case DeviceType::kDiscreteGpu: return "discrete-gpu";
+    case DeviceType::kVirtualGpu: return "virtual-gpu";
+    case DeviceType::kOther: return "other";
+  }
+  return "?";
+}
+
+void MemoryTracker::on_alloc(MemCategory c, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int i = static_cast<int>(c);
+  s_.current[i] += static_cast<int64_t>(bytes);
+  s_.peak[i] = std::max(s_.peak[i], s_.current[i]);
+  s_.total_current += static_cast<int64_t>(bytes);
+  s_.total_peak = std::max(s_.total_peak, s_.total_current);
+}
+
+void MemoryTracker::on_free(MemCategory c, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  s_.current[static_cast<int>(c)] -= static_cast<int64_t>(bytes);
+  s_.total_current -= static_cast<int64_t>(bytes);
+}
+
+MemoryStats MemoryTracker::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return s_;
+}
+
+void MemoryTracker::reset_peaks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  s_.peak = s_.current;
+  s_.total_peak = s_.total_current;
+}
+
+Tensor Device::empty(const Shape& shape, DType dtype, MemCategory category) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.strides = contiguous_strides(shape);
+  size_t bytes = std::max<size_t>(t.nbytes(), 1);
+  t.buffer = allocate(bytes, category);
+  return t;
+}
+
+}  // namespace ct

@@ -1,0 +1,114 @@
+#include "core/registry.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace ct {
+namespace fs = std::filesystem;
+
+std::string executable_dir() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return ".";
+  return exe.parent_path().string();
+}
+
+static BackendEntry load_plugin(const fs::path& path) {
+  BackendEntry e;
+  std::string stem = path.stem().string();  // libcrosstrain_backend_vulkan
+  e.name = stem.substr(std::string("libcrosstrain_backend_").size());
+  e.path = path.string();
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    e.error = std::string("cannot load ") + path.filename().string() + ": " + dlerror();
+    return e;
+  }
+  auto abi = reinterpret_cast<BackendAbiVersionFn>(dlsym(handle, CT_BACKEND_ABI_SYMBOL));
+  auto create = reinterpret_cast<BackendCreateFn>(dlsym(handle, CT_BACKEND_CREATE_SYMBOL));
+  if (!abi || !create) {
+    e.error = path.filename().string() + " does not export " CT_BACKEND_CREATE_SYMBOL;
+    return e;
+  }
+  if (abi() != kBackendAbiVersion) {
+    e.error = path.filename().string() + " was built for backend ABI " + std::to_string(abi()) +
+              ", this crosstrain expects " + std::to_string(kBackendAbiVersion);
+    return e;
+  }
+  try {
+    e.backend.reset(create());  // the library stays loaded for the life of the process
+    e.error = e.backend->unavailable_reason();
+  } catch (const std::exception& ex) {
+    e.error = ex.what();
+  }
+  return e;
+}
+
+const std::vector<BackendEntry>& backends() {
+  static const std::vector<BackendEntry> list = [] {
+    std::vector<BackendEntry> v;
+    v.push_back({"cpu", "(built in)", make_cpu_backend(), ""});
+    std::vector<fs::path> dirs = {executable_dir()};
+    if (const char* extra = std::getenv("CROSSTRAIN_BACKEND_DIR")) dirs.insert(dirs.begin(), extra);
+    std::vector<fs::path> found;
+    for (const auto& dir : dirs) {
+      std::error_code ec;
+      for (const auto& f : fs::directory_iterator(dir, ec)) {
+        std::string n = f.path().filename().string();
+        if (n.rfind("libcrosstrain_backend_", 0) == 0 && f.path().extension() == ".so")
+          found.push_back(f.path());
+      }
+    }
+    std::sort(found.begin(), found.end());
+    for (const auto& p : found) {
+      BackendEntry e = load_plugin(p);
+      bool dup = std::any_of(v.begin(), v.end(), [&](const BackendEntry& x) { return x.name == e.name; });
+      if (!dup) v.push_back(std::move(e));
+    }
+    return v;
+  }();
+  return list;
+}
+
+std::unique_ptr<Device> open_device(const std::string& spec) {
+  std::string name = spec;
+  int index = 0;
+  if (auto colon = spec.find(':'); colon != std::string::npos) {
+    name = spec.substr(0, colon);
+    std::string idx = spec.substr(colon + 1);
+    char* end = nullptr;
+    long v = std::strtol(idx.c_str(), &end, 10);
+    if (idx.empty() || *end != '\0' || v < 0)
+      fail(ErrorKind::kInvalidArgument,
+           "--backend " + spec + ": device index '" + idx + "' is not a non-negative integer");
+    index = static_cast<int>(v);
+  }
+  std::string known;
+  for (const auto& e : backends()) {
+    known += (known.empty() ? "" : ", ") + e.name;
+    if (e.name != name) continue;
+    if (!e.backend || !e.error.empty())
+      fail(ErrorKind::kInvalidArgument, "--backend " + spec + ": backend '" + name +
+                                            "' is unavailable: " + e.error);
+    auto devs = e.backend->devices();
+    if (index >= static_cast<int>(devs.size())) {
+      std::string list;
+      for (const auto& d : devs) list += "\n  " + d.id() + "  " + d.name;
+      fail(ErrorKind::kInvalidArgument, "--backend " + spec + ": device index " +
+                                            std::to_string(index) + " out of range; " + name +
+                                            " has " + std::to_string(devs.size()) +
+                                            " device(s):" + list);
+    }
+    return e.backend->open(index);
+  }
+  fail(ErrorKind::kInvalidArgument,
+       "--backend " + spec + ": unknown backend '" + name + "' (known: " + known + ")");
+}
+
+}  // namespace ct
