@@ -1,0 +1,158 @@
+// GPT-2 (Radford et al. 2019) built only from the device op set in core/device.h.
+//
+// Parameters live in ONE contiguous f32 buffer (and gradients in another of the same layout),
+// ordered so the weight-decayed tensors come first:
+//   [0, decay_count)            wte, wpe, then per layer c_attn.w, attn.c_proj.w, c_fc.w,
+//                               mlp.c_proj.w                       (weight decay applies)
+//   [decay_count, num_params)   per layer ln_1.w/b, c_attn.b, attn.c_proj.b, ln_2.w/b, c_fc.b,
+//                               mlp.c_proj.b; then ln_f.w/b         (no weight decay)
+// Names and shapes are Hugging Face's (GPT2Model, without the "transformer." prefix); linear
+// weights use Conv1D layout [in, out]; the LM head is tied to wte (logits = x @ wte^T).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/model/config.h"
+#include "core/tensor.h"
+
+namespace ct {
+
+// One row of the parameter table.
+struct ParamInfo {
+  std::string name;  // HF name: "wte.weight", "h.3.attn.c_attn.weight", "ln_f.bias"
+  Shape shape;
+  int64_t offset = 0;  // in elements, into params_flat() / grads_flat()
+  int64_t numel = 0;
+  bool decay = false;  // matmul weights and embeddings: yes; biases and LayerNorm: no
+};
+
+// The parameter table for a config, in flat-buffer order (also the init order: tensor k of this
+// table draws from Philox stream k).
+std::vector<ParamInfo> gpt2_param_table(const GPT2Config& config);
+
+struct SampleOptions {
+  float temperature = 1.0f;  // <= 0: greedy (argmax)
+  int top_k = 0;             // > 0: sample among the k most likely tokens only
+  uint64_t seed = 0;         // Philox seed; draw i of a call uses element i of stream 0
+};
+
+class GPT2 {
+ public:
+  // Allocates parameters (kWeights) and, if with_grads, gradients (kGrads); both uninitialised
+  // until init() / upload_params() / zero_grad(). Validates the config.
+  GPT2(Device& device, const GPT2Config& config, bool with_grads = true);
+  GPT2(const GPT2&) = delete;
+  GPT2& operator=(const GPT2&) = delete;
+
+  const GPT2Config& config() const { return config_; }
+  Device& device() const { return device_; }
+
+  // GPT-2 initialisation, identical on every backend and in scripts/torch_gpt2.py: element j of
+  // table tensor k = 0.02 * Philox(seed, k).normal(j) for matrices and embeddings (residual
+  // projections attn.c_proj.weight / mlp.c_proj.weight also * 1/sqrt(2 n_layer)); biases 0;
+  // LayerNorm weights 1. Also zeroes the gradients.
+  void init(uint64_t seed);
+
+  // Activation (and backward scratch) buffers for batches up to max_batch x max_seq
+  // (max_seq <= block_size). forward() grows them on demand; call this up front to fix the peak.
+  void allocate_activations(int max_batch, int max_seq);
+  int max_batch() const { return max_b_; }
+  int max_seq() const { return max_t_; }
+
+  // tokens [B,T] i32 (values < vocab_size); targets [B,T] i32 or nullptr. T <= block_size.
+  // Returns the mean cross-entropy loss as a device tensor [1] when targets are given (an
+  // undefined Tensor otherwise); logits() holds [B,T,V]. tokens and targets must stay unchanged
+  // until backward() has been enqueued.
+  Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T);
+  // Gradients of dloss_scale * (mean loss of the last forward) are ADDED (+=) into
+  // grads_flat(), so several forward/backward pairs accumulate; the last forward must have had
+  // targets. Overwrites logits() (dlogits is computed in place).
+  void backward(float dloss_scale = 1.0f);
+  // grads (=) 0.
+  void zero_grad();
+
+  // Views valid after forward: logits [B,T,V] and per-position losses [B,T] of the last call.
+  Tensor logits() const;
+  Tensor losses() const;
+
+  // Parameters and gradients.
+  const std::vector<ParamInfo>& params() const { return table_; }
+  const ParamInfo& param_info(const std::string& name) const;  // kInvalidArgument if unknown
+  Tensor params_flat() const { return params_; }  // [num_parameters]
+  Tensor grads_flat() const;                      // [num_parameters]
+  Tensor param(const std::string& name) const;    // view with the table shape
+  Tensor grad(const std::string& name) const;
+  int64_t num_parameters() const { return num_params_; }
+  int64_t decay_count() const { return decay_count_; }
+  // The two optimizer groups: [0, decay_count) and [decay_count, num_parameters).
+  Tensor params_decay() const;
+  Tensor params_no_decay() const;
+  Tensor grads_decay() const;
+  Tensor grads_no_decay() const;
+
+  // Host copies for checkpoints and tests (these wait for the device).
+  std::vector<float> download_params() const;
+  std::vector<float> download_grads() const;
+  std::map<std::string, std::vector<float>> download_param_map() const;
+  void upload_params(const std::vector<float>& flat);
+  // Every table name must be present with the right element count; unknown names are errors.
+  void upload_params(const std::map<std::string, std::vector<float>>& named);
+
+  // Samples n tokens after `prompt` (non-empty) and returns them (prompt excluded). Each step
+  // runs forward on the last block_size tokens and downloads only the last position's logits.
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int n,
+                                const SampleOptions& options = {});
+
+ private:
+  struct LayerActs {
+    Tensor ln1, ln1_mean, ln1_rstd;  // (B,T,C), (B,T), (B,T)
+    Tensor qkv;                      // (B,T,3C)
+    Tensor att;                      // (B,NH,T,T)
+    Tensor atty;                     // (B,T,C)
+    Tensor attproj;                  // (B,T,C)
+    Tensor residual2;                // (B,T,C)
+    Tensor ln2, ln2_mean, ln2_rstd;  // (B,T,C), (B,T), (B,T)
+    Tensor fch, fch_gelu;            // (B,T,4C)
+    Tensor fcproj;                   // (B,T,C)
+    Tensor residual3;                // (B,T,C)
+  };
+  struct LayerParams {
+    Tensor ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+  };
+
+  LayerParams layer_params(const Tensor& flat, int l) const;
+  Tensor table_view(const Tensor& flat, const std::string& name) const;
+  void check_batch(const Tensor& t, int B, int T, const char* what) const;
+
+  Device& device_;
+  GPT2Config config_;
+  std::vector<ParamInfo> table_;
+  std::map<std::string, size_t> index_;  // name -> row of table_
+  int64_t num_params_ = 0;
+  int64_t decay_count_ = 0;
+  Tensor params_, grads_;
+
+  // Activations, sized for max_b_ x max_t_; views of the current (B,T) are taken per call.
+  int max_b_ = 0, max_t_ = 0;
+  Tensor encoded_;  // (B,T,C)
+  std::vector<LayerActs> layers_;
+  Tensor lnf_, lnf_mean_, lnf_rstd_;  // (B,T,C), (B,T), (B,T)
+  Tensor logits_;                     // (B,T,V)
+  Tensor losses_;                     // (B,T)
+  Tensor loss_;                       // [1]
+  // Backward scratch, reused by every layer.
+  Tensor dresidual_;           // (B,T,C) gradient flowing along the residual stream
+  Tensor dbt_c_;               // (B,T,C)
+  Tensor dbt_4c_a_, dbt_4c_b_;  // (B,T,4C)
+
+  // The last forward's batch, kept for backward.
+  int cur_b_ = 0, cur_t_ = 0;
+  Tensor tokens_, targets_;
+  bool have_targets_ = false;
+};
+
+}  // namespace ct
