@@ -1,0 +1,492 @@
+// The CPU devices: host buffers with accounting, argument checks for every op, and dispatch to
+// the fast (OpenBLAS + OpenMP) or the reference kernel table. Ops run eagerly on the calling
+// thread, so flush() and synchronize() have nothing to do.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <tuple>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/kernels.h"
+#include "backends/cpu/system_info.h"
+#include "core/error.h"
+
+namespace ct {
+namespace cpu {
+namespace {
+
+constexpr size_t kAlign = 64;
+
+class CpuBuffer final : public Buffer {
+ public:
+  CpuBuffer(Device& device, size_t size, MemCategory category, void* data,
+            MemoryTracker& tracker)
+      : Buffer(device, size, category), data_(data), tracker_(tracker) {}
+  ~CpuBuffer() override {
+    std::free(data_);
+    tracker_.on_free(category(), size());
+  }
+  void* data() const { return data_; }
+
+ private:
+  void* data_;
+  MemoryTracker& tracker_;
+};
+
+std::string mib(int64_t bytes) {
+  return std::to_string(bytes / (1024 * 1024)) + " MiB (" + std::to_string(bytes) + " bytes)";
+}
+
+DeviceInfo make_info(bool reference) {
+  DeviceInfo i;
+  i.backend = "cpu";
+  i.index = reference ? 1 : 0;
+  i.type = DeviceType::kCpu;
+  i.name = reference ? "CPU reference (single-threaded, fp64 accumulation)"
+                     : "CPU (OpenBLAS + OpenMP)";
+  i.driver = reference ? "built in" : std::string("OpenBLAS ") + openblas_get_config();
+  i.memory_bytes = total_memory_bytes();
+  i.memory_budget_bytes = available_memory_bytes();
+  i.max_allocation_bytes = i.memory_bytes;
+  i.max_buffer_range_bytes = i.memory_bytes;
+  i.dtypes = {DType::f32, DType::i32};
+  i.extra = {{"processor", cpu_model_name()},
+             {"threads", std::to_string(reference ? 1 : cpu_threads())},
+             {"isa", cpu_isa_flags()},
+             {"blas", reference ? std::string("none (plain loops)") : "OpenBLAS sgemm"}};
+  return i;
+}
+
+class CpuDevice final : public Device, private Workspace {
+ public:
+  explicit CpuDevice(bool reference)
+      : k_(reference ? reference_kernels() : fast_kernels()),
+        info_(make_info(reference)) {}
+
+  const DeviceInfo& info() const override { return info_; }
+
+  bool supports(OpKind op, DType dtype) const override {
+    if (op == OpKind::kFill || op == OpKind::kCopy) return true;
+    return dtype == DType::f32;
+  }
+
+  std::shared_ptr<Buffer> allocate(size_t bytes, MemCategory category) override {
+    size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    int64_t limit = info_.memory_bytes;
+    if (static_cast<int64_t>(rounded) > free_memory_fast_bytes()) {
+      int64_t avail = available_memory_bytes();
+      if (static_cast<int64_t>(rounded) > avail || static_cast<int64_t>(rounded) > limit)
+        fail(ErrorKind::kOutOfMemory,
+             "cpu: cannot allocate " + mib(static_cast<int64_t>(bytes)) + " of " +
+                 mem_category_name(category) + ": " + mib(avail) + " available of " +
+                 mib(limit) + " host memory");
+    }
+    void* p = std::aligned_alloc(kAlign, rounded);
+    if (!p)
+      fail(ErrorKind::kOutOfMemory, "cpu: aligned_alloc of " + mib(static_cast<int64_t>(bytes)) +
+                                        " failed; " + mib(available_memory_bytes()) +
+                                        " available of " + mib(limit));
+    tracker_.on_alloc(category, bytes);
+    return std::make_shared<CpuBuffer>(*this, bytes, category, p, tracker_);
+  }
+
+  void upload(const Tensor& dst, const void* host, size_t bytes) override {
+    check_host_copy("upload", dst, bytes);
+    if (bytes) std::memcpy(raw(dst), host, bytes);
+  }
+  void download(void* host, const Tensor& src, size_t bytes) override {
+    check_host_copy("download", src, bytes);
+    if (bytes) std::memcpy(host, raw(src), bytes);
+  }
+  void flush() override {}
+  void synchronize() override {}
+
+  // -- elementwise ----------------------------------------------------------------------------
+  void fill(const Tensor& t, float value) override {
+    mine("fill", "t", t);
+    k_.fill(raw(t), t.dtype, t.numel(), value);
+  }
+  void copy(const Tensor& dst, const Tensor& src) override {
+    mine("copy", "dst", dst);
+    mine("copy", "src", src);
+    CT_REQUIRE(dst.numel() == src.numel(), "copy: dst " + dst.describe() + " and src " +
+                                               src.describe() + " differ in element count");
+    bool floats = dtype_is_float(dst.dtype) && dtype_is_float(src.dtype);
+    CT_REQUIRE(dst.dtype == src.dtype || floats || !dtype_is_float(dst.dtype) ||
+                   !dtype_is_float(src.dtype),
+               "copy: unsupported conversion");
+    if (dst.nbytes() && raw(dst) == raw(src) && dst.dtype == src.dtype) return;
+    k_.copy(raw(dst), dst.dtype, raw(src), src.dtype, dst.numel());
+  }
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
+    f32("add", "out", out);
+    f32("add", "a", a);
+    f32("add", "b", b);
+    same_numel("add", out, a);
+    same_numel("add", out, b);
+    k_.add(f(out), f(a), f(b), out.numel());
+  }
+  void accumulate(const Tensor& dst, const Tensor& src) override {
+    f32("accumulate", "dst", dst);
+    f32("accumulate", "src", src);
+    same_numel("accumulate", dst, src);
+    k_.accumulate(f(dst), f(src), dst.numel());
+  }
+  void scale(const Tensor& t, float s) override {
+    f32("scale", "t", t);
+    k_.scale(f(t), s, t.numel());
+  }
+
+  // -- transformer ops -------------------------------------------------------------------------
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe) override {
+    const char* op = "embedding_forward";
+    f32(op, "out", out);
+    i32(op, "tokens", tokens);
+    f32(op, "wte", wte);
+    f32(op, "wpe", wpe);
+    CT_REQUIRE(out.ndim() == 3 && tokens.ndim() == 2 && wte.ndim() == 2 && wpe.ndim() == 2,
+               std::string(op) + ": expected out [B,T,C], tokens [B,T], wte [V,C], wpe [maxT,C]" +
+                   shapes({&out, &tokens, &wte, &wpe}));
+    int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+    CT_REQUIRE(tokens.shape[0] == B && tokens.shape[1] == T && wte.shape[1] == C &&
+                   wpe.shape[1] == C && wpe.shape[0] >= T,
+               std::string(op) + ": shape mismatch" + shapes({&out, &tokens, &wte, &wpe}));
+    check_indices(op, "tokens", tokens, wte.shape[0]);
+    k_.embedding_forward(f(out), idx(tokens), f(wte), f(wpe), B, T, C);
+  }
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens) override {
+    const char* op = "embedding_backward";
+    f32(op, "dwte", dwte);
+    f32(op, "dwpe", dwpe);
+    f32(op, "dout", dout);
+    i32(op, "tokens", tokens);
+    CT_REQUIRE(dout.ndim() == 3 && tokens.ndim() == 2 && dwte.ndim() == 2 && dwpe.ndim() == 2,
+               std::string(op) + ": expected dout [B,T,C], tokens [B,T], dwte [V,C], dwpe [maxT,C]" +
+                   shapes({&dwte, &dwpe, &dout, &tokens}));
+    int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
+    CT_REQUIRE(tokens.shape[0] == B && tokens.shape[1] == T && dwte.shape[1] == C &&
+                   dwpe.shape[1] == C && dwpe.shape[0] >= T,
+               std::string(op) + ": shape mismatch" + shapes({&dwte, &dwpe, &dout, &tokens}));
+    check_indices(op, "tokens", tokens, dwte.shape[0]);
+    k_.embedding_backward(f(dwte), f(dwpe), f(dout), idx(tokens), B, T, C);
+  }
+
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& x, const Tensor& w, const Tensor& b, float eps) override {
+    const char* op = "layernorm_forward";
+    for (auto [n, t] : {std::pair{"out", &out}, {"mean", &mean}, {"rstd", &rstd}, {"x", &x},
+                        {"w", &w}, {"b", &b}})
+      f32(op, n, *t);
+    CT_REQUIRE(x.ndim() >= 1, std::string(op) + ": x must have a last dimension");
+    int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+    CT_REQUIRE(out.shape == x.shape && w.numel() == C && b.numel() == C && mean.numel() == N &&
+                   rstd.numel() == N,
+               std::string(op) + ": expected x, out [N,C], w, b [C], mean, rstd [N]" +
+                   shapes({&out, &mean, &rstd, &x, &w, &b}));
+    k_.layernorm_forward(f(out), f(mean), f(rstd), f(x), f(w), f(b), N, C, eps);
+  }
+  void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                          const Tensor& dout, const Tensor& x, const Tensor& w,
+                          const Tensor& mean, const Tensor& rstd) override {
+    const char* op = "layernorm_backward";
+    for (auto [n, t] : {std::pair{"dx", &dx}, {"dw", &dw}, {"db", &db}, {"dout", &dout},
+                        {"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}})
+      f32(op, n, *t);
+    CT_REQUIRE(x.ndim() >= 1, std::string(op) + ": x must have a last dimension");
+    int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+    CT_REQUIRE(dx.shape == x.shape && dout.shape == x.shape && w.numel() == C &&
+                   dw.numel() == C && db.numel() == C && mean.numel() == N && rstd.numel() == N,
+               std::string(op) + ": expected dx, dout, x [N,C], dw, db, w [C], mean, rstd [N]" +
+                   shapes({&dx, &dw, &db, &dout, &x, &w, &mean, &rstd}));
+    k_.layernorm_backward(*this, f(dx), f(dw), f(db), f(dout), f(x), f(w), f(mean), f(rstd), N,
+                          C);
+  }
+
+  void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+              float alpha, float beta, const Tensor* bias) override {
+    const char* op = "matmul";
+    f32(op, "c", c);
+    f32(op, "a", a);
+    f32(op, "b", b);
+    std::string desc = shapes({&c, &a, &b}) + (trans_a ? " trans_a" : "") +
+                       (trans_b ? " trans_b" : "");
+    CT_REQUIRE(c.ndim() >= 2 && a.ndim() >= 2 && b.ndim() >= 2,
+               std::string(op) + ": operands must be at least 2-D" + desc);
+    MatmulArgs m;
+    m.M = c.shape[-2];
+    m.N = c.shape[-1];
+    m.batch = c.numel() / std::max<int64_t>(m.M * m.N, 1);
+    int64_t am = trans_a ? a.shape[-1] : a.shape[-2], ak = trans_a ? a.shape[-2] : a.shape[-1];
+    int64_t bk = trans_b ? b.shape[-1] : b.shape[-2], bn = trans_b ? b.shape[-2] : b.shape[-1];
+    m.K = ak;
+    CT_REQUIRE(am == m.M && bn == m.N && ak == bk,
+               std::string(op) + ": inner or outer dimensions do not match" + desc);
+    m.a_batched = batch_matches(op, a, c, desc);
+    m.b_batched = batch_matches(op, b, c, desc);
+    if (bias) {
+      f32(op, "bias", *bias);
+      CT_REQUIRE(bias->numel() == m.N,
+                 std::string(op) + ": bias must be [N]" + desc + " bias " + bias->describe());
+      m.bias = f(*bias);
+    }
+    m.c = f(c);
+    m.a = f(a);
+    m.b = f(b);
+    m.trans_a = trans_a;
+    m.trans_b = trans_b;
+    m.alpha = alpha;
+    m.beta = beta;
+    k_.matmul(*this, m);
+  }
+  void bias_backward(const Tensor& dbias, const Tensor& dout) override {
+    f32("bias_backward", "dbias", dbias);
+    f32("bias_backward", "dout", dout);
+    CT_REQUIRE(dout.ndim() >= 1 && dbias.numel() == dout.shape[-1],
+               "bias_backward: expected dout [M,N], dbias [N]" + shapes({&dbias, &dout}));
+    int64_t N = dout.shape[-1];
+    k_.bias_backward(f(dbias), f(dout), N ? dout.numel() / N : 0, N);
+  }
+
+  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                         int n_head) override {
+    const char* op = "attention_forward";
+    f32(op, "out", out);
+    f32(op, "att", att);
+    f32(op, "qkv", qkv);
+    auto [B, T, C] = attention_dims(op, out, att, qkv, n_head);
+    k_.attention_forward(*this, f(out), f(att), f(qkv), B, T, C, n_head);
+  }
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& att, int n_head) override {
+    const char* op = "attention_backward";
+    f32(op, "dqkv", dqkv);
+    f32(op, "dout", dout);
+    f32(op, "qkv", qkv);
+    f32(op, "att", att);
+    CT_REQUIRE(dqkv.shape == qkv.shape, std::string(op) + ": dqkv must have the shape of qkv" +
+                                            shapes({&dqkv, &qkv}));
+    auto [B, T, C] = attention_dims(op, dout, att, qkv, n_head);
+    k_.attention_backward(*this, f(dqkv), f(dout), f(qkv), f(att), B, T, C, n_head);
+  }
+
+  void gelu_forward(const Tensor& out, const Tensor& x) override {
+    f32("gelu_forward", "out", out);
+    f32("gelu_forward", "x", x);
+    same_numel("gelu_forward", out, x);
+    k_.gelu_forward(f(out), f(x), x.numel());
+  }
+  void gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) override {
+    f32("gelu_backward", "dx", dx);
+    f32("gelu_backward", "x", x);
+    f32("gelu_backward", "dout", dout);
+    same_numel("gelu_backward", dx, x);
+    same_numel("gelu_backward", dx, dout);
+    k_.gelu_backward(f(dx), f(x), f(dout), x.numel());
+  }
+
+  void crossentropy_forward(const Tensor& losses, const Tensor& logits,
+                            const Tensor& targets) override {
+    const char* op = "crossentropy_forward";
+    f32(op, "losses", losses);
+    f32(op, "logits", logits);
+    i32(op, "targets", targets);
+    auto [N, V] = crossentropy_dims(op, logits, targets);
+    CT_REQUIRE(losses.numel() == N, std::string(op) + ": losses must be [N]" +
+                                        shapes({&losses, &logits, &targets}));
+    k_.crossentropy_forward(f(losses), f(logits), idx(targets), N, V);
+  }
+  void crossentropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                             float dloss) override {
+    const char* op = "crossentropy_backward";
+    f32(op, "dlogits", dlogits);
+    f32(op, "logits", logits);
+    i32(op, "targets", targets);
+    auto [N, V] = crossentropy_dims(op, logits, targets);
+    CT_REQUIRE(dlogits.shape == logits.shape, std::string(op) + ": dlogits must match logits" +
+                                                  shapes({&dlogits, &logits}));
+    CT_REQUIRE(raw(dlogits) == raw(logits) || !overlaps(dlogits, logits),
+               std::string(op) + ": dlogits may alias logits exactly but not partially");
+    k_.crossentropy_backward(f(dlogits), f(logits), idx(targets), N, V, dloss);
+  }
+
+  // -- reductions and optimizer ----------------------------------------------------------------
+  void sum(const Tensor& out, const Tensor& x, float s) override {
+    f32("sum", "out", out);
+    f32("sum", "x", x);
+    CT_REQUIRE(out.numel() == 1, "sum: out must be [1]" + shapes({&out, &x}));
+    k_.sum(f(out), f(x), x.numel(), s);
+  }
+  void norm(const Tensor& out, const Tensor& x) override {
+    f32("norm", "out", out);
+    f32("norm", "x", x);
+    CT_REQUIRE(out.numel() == 1, "norm: out must be [1]" + shapes({&out, &x}));
+    k_.norm(f(out), f(x), x.numel());
+  }
+  void check_finite(const Tensor& flag, const Tensor& x) override {
+    i32("check_finite", "flag", flag);
+    f32("check_finite", "x", x);
+    CT_REQUIRE(flag.numel() == 1, "check_finite: flag must be [1] i32" + shapes({&flag, &x}));
+    k_.check_finite(idx(flag), f(x), x.numel());
+  }
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+             const Tensor& grad_norm, const AdamWHyper& hp) override {
+    const char* op = "adamw";
+    f32(op, "param", param);
+    f32(op, "grad", grad);
+    f32(op, "m", m);
+    f32(op, "v", v);
+    same_numel(op, param, grad);
+    same_numel(op, param, m);
+    same_numel(op, param, v);
+    const float* gn = nullptr;
+    if (hp.max_grad_norm > 0.0f) {
+      f32(op, "grad_norm", grad_norm);
+      CT_REQUIRE(grad_norm.numel() == 1, "adamw: grad_norm must be [1] when clipping");
+      gn = f(grad_norm);
+    }
+    CT_REQUIRE(hp.step >= 1, "adamw: step must be >= 1 (got " + std::to_string(hp.step) + ")");
+    k_.adamw(f(param), f(grad), f(m), f(v), gn, param.numel(), hp);
+  }
+
+ private:
+  // Workspace: one cached kWorkspace buffer, grown on demand.
+  void* get(size_t bytes) override {
+    if (!ws_ || ws_->size() < bytes) {
+      ws_.reset();
+      ws_ = allocate(bytes + bytes / 4, MemCategory::kWorkspace);
+    }
+    return static_cast<CpuBuffer*>(ws_.get())->data();
+  }
+
+  static std::string shapes(std::initializer_list<const Tensor*> ts) {
+    std::string s = " (got";
+    bool first = true;
+    for (const Tensor* t : ts) {
+      s += (first ? " " : ", ") + t->describe();
+      first = false;
+    }
+    return s + ")";
+  }
+
+  void mine(const char* op, const char* name, const Tensor& t) const {
+    CT_REQUIRE(t.defined(), std::string(op) + ": " + name + " is undefined");
+    CT_REQUIRE(&t.buffer->device() == this,
+               std::string(op) + ": " + name + " lives on another device (" +
+                   t.buffer->device().info().id() + ", this is " + info_.id() + ")");
+    CT_REQUIRE(t.is_contiguous(),
+               std::string(op) + ": " + name + " must be contiguous: " + t.describe());
+    CT_REQUIRE(t.offset + t.nbytes() <= t.buffer->size(),
+               std::string(op) + ": " + name + " " + t.describe() + " exceeds its buffer of " +
+                   std::to_string(t.buffer->size()) + " bytes");
+  }
+  void f32(const char* op, const char* name, const Tensor& t) const {
+    mine(op, name, t);
+    CT_REQUIRE(t.dtype == DType::f32, std::string(op) + ": " + name + " must be f32, got " +
+                                          t.describe() + " (ask supports() first)");
+  }
+  void i32(const char* op, const char* name, const Tensor& t) const {
+    mine(op, name, t);
+    CT_REQUIRE(t.dtype == DType::i32,
+               std::string(op) + ": " + name + " must be i32, got " + t.describe());
+  }
+  static void same_numel(const char* op, const Tensor& a, const Tensor& b) {
+    CT_REQUIRE(a.numel() == b.numel(), std::string(op) + ": element counts differ" +
+                                           shapes({&a, &b}));
+  }
+  static bool overlaps(const Tensor& a, const Tensor& b) {
+    if (a.buffer != b.buffer) return false;
+    return a.offset < b.offset + b.nbytes() && b.offset < a.offset + a.nbytes();
+  }
+  // Whether x ([..., r, c]) carries c's batch dims (true) or is one matrix broadcast (false).
+  static bool batch_matches(const char* op, const Tensor& x, const Tensor& c,
+                            const std::string& desc) {
+    if (x.ndim() == 2) return false;
+    bool same = x.ndim() == c.ndim();
+    for (int i = 0; same && i < c.ndim() - 2; ++i) same = x.shape[i] == c.shape[i];
+    CT_REQUIRE(same, std::string(op) + ": batch dimensions of an operand must match c's or the "
+                                       "operand must be 2-D" + desc);
+    return true;
+  }
+  static std::tuple<int64_t, int64_t, int64_t> attention_dims(const char* op, const Tensor& out,
+                                                              const Tensor& att,
+                                                              const Tensor& qkv, int n_head) {
+    std::string desc = shapes({&out, &att, &qkv}) + " n_head " + std::to_string(n_head);
+    CT_REQUIRE(out.ndim() == 3 && qkv.ndim() == 3 && att.ndim() == 4,
+               std::string(op) + ": expected out [B,T,C], att [B,NH,T,T], qkv [B,T,3C]" + desc);
+    int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+    CT_REQUIRE(n_head > 0 && C % n_head == 0,
+               std::string(op) + ": C must be a multiple of n_head" + desc);
+    CT_REQUIRE(qkv.shape[0] == B && qkv.shape[1] == T && qkv.shape[2] == 3 * C &&
+                   att.shape[0] == B && att.shape[1] == n_head && att.shape[2] == T &&
+                   att.shape[3] == T,
+               std::string(op) + ": shape mismatch" + desc);
+    return {B, T, C};
+  }
+  std::pair<int64_t, int64_t> crossentropy_dims(const char* op, const Tensor& logits,
+                                                const Tensor& targets) const {
+    CT_REQUIRE(logits.ndim() >= 1, std::string(op) + ": logits must be [N,V]");
+    int64_t V = logits.shape[-1], N = V ? logits.numel() / V : 0;
+    CT_REQUIRE(targets.numel() == N, std::string(op) + ": expected logits [N,V], targets [N]" +
+                                         shapes({&logits, &targets}));
+    check_indices(op, "targets", targets, V);
+    return {N, V};
+  }
+  // Index tensors are read on the host here (they are host memory) so a bad token is an error
+  // rather than an out-of-bounds read.
+  void check_indices(const char* op, const char* name, const Tensor& t, int64_t limit) const {
+    const int32_t* p = static_cast<const int32_t*>(raw(t));
+    int64_t n = t.numel();
+    for (int64_t i = 0; i < n; ++i)
+      if (p[i] < 0 || p[i] >= limit)
+        fail(ErrorKind::kInvalidArgument, std::string(op) + ": " + name + "[" +
+                                              std::to_string(i) + "] = " + std::to_string(p[i]) +
+                                              " is out of range [0, " + std::to_string(limit) +
+                                              ")");
+  }
+  void check_host_copy(const char* op, const Tensor& t, size_t bytes) const {
+    mine(op, "tensor", t);
+    CT_REQUIRE(bytes <= t.nbytes(), std::string(op) + ": " + std::to_string(bytes) +
+                                        " bytes do not fit " + t.describe());
+  }
+
+  static void* raw(const Tensor& t) {
+    return static_cast<char*>(static_cast<CpuBuffer*>(t.buffer.get())->data()) + t.offset;
+  }
+  static float* f(const Tensor& t) { return static_cast<float*>(raw(t)); }
+  static int32_t* idx(const Tensor& t) { return static_cast<int32_t*>(raw(t)); }
+
+  const Kernels& k_;
+  DeviceInfo info_;
+  std::shared_ptr<Buffer> ws_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  std::string unavailable_reason() const override { return ""; }
+  std::vector<DeviceInfo> devices() const override { return {make_info(false), make_info(true)}; }
+  std::unique_ptr<Device> open(int index) override {
+    if (index != 0 && index != 1)
+      fail(ErrorKind::kInvalidArgument,
+           "cpu: device index " + std::to_string(index) +
+               " out of range; cpu has 2 devices:\n  cpu:0  CPU (OpenBLAS + OpenMP)\n"
+               "  cpu:1  CPU reference (single-threaded, fp64 accumulation)");
+    return make_cpu_device(index == 1);
+  }
+};
+
+}  // namespace
+}  // namespace cpu
+
+std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<cpu::CpuBackend>(); }
+
+std::unique_ptr<Device> make_cpu_device(bool reference) {
+  return std::make_unique<cpu::CpuDevice>(reference);
+}
+
+}  // namespace ct

@@ -1,0 +1,85 @@
+// Fast layer normalisation: rows in parallel; dw/db from fixed row chunks reduced in order.
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cpu/kernels.h"
+
+namespace ct::cpu::fast {
+
+// out, x are (N,C); w, b are (C); mean, rstd are (N)
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C, float eps) {
+#pragma omp parallel for schedule(static) if (N * C > (1 << 14))
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xn = x + n * C;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < C; ++i) s += xn[i];
+    float m = s / static_cast<float>(C);
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int64_t i = 0; i < C; ++i) v += (xn[i] - m) * (xn[i] - m);
+    float r = 1.0f / std::sqrt(v / static_cast<float>(C) + eps);
+    float* on = out + n * C;
+#pragma omp simd
+    for (int64_t i = 0; i < C; ++i) on[i] = (xn[i] - m) * r * w[i] + b[i];
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+// dx, dout, x are (N,C); dw, db, w are (C); mean, rstd are (N)
+// Rows are cut into chunks whose count depends on N only; each chunk sums its dw/db partials
+// into the workspace (2C floats per chunk), which are then added in chunk order: the result is
+// the same run to run and for any thread count.
+void layernorm_backward(Workspace& ws, float* dx, float* dw, float* db, const float* dout,
+                        const float* x, const float* w, const float* mean, const float* rstd,
+                        int64_t N, int64_t C) {
+  if (N == 0 || C == 0) return;
+  int64_t rows = std::max<int64_t>(16, (N + 255) / 256);
+  int64_t nchunks = (N + rows - 1) / rows;
+  float* part = static_cast<float*>(ws.get(static_cast<size_t>(nchunks * 2 * C) * sizeof(float)));
+#pragma omp parallel for schedule(static) if (N * C > (1 << 14))
+  for (int64_t ch = 0; ch < nchunks; ++ch) {
+    float* pdw = part + ch * 2 * C;
+    float* pdb = pdw + C;
+    for (int64_t i = 0; i < 2 * C; ++i) pdw[i] = 0.0f;
+    int64_t n1 = std::min(N, (ch + 1) * rows);
+    for (int64_t n = ch * rows; n < n1; ++n) {
+      const float* dn = dout + n * C;
+      const float* xn = x + n * C;
+      float m = mean[n], s = rstd[n];
+      float dmean = 0.0f, dnorm = 0.0f;
+#pragma omp simd reduction(+ : dmean, dnorm)
+      for (int64_t i = 0; i < C; ++i) {
+        float xhat = (xn[i] - m) * s;
+        float dxhat = dn[i] * w[i];
+        dmean += dxhat;
+        dnorm += dxhat * xhat;
+      }
+      dmean /= static_cast<float>(C);
+      dnorm /= static_cast<float>(C);
+      float* dxn = dx + n * C;
+#pragma omp simd
+      for (int64_t i = 0; i < C; ++i) {
+        float xhat = (xn[i] - m) * s;
+        float dxhat = dn[i] * w[i];
+        pdw[i] += dn[i] * xhat;
+        pdb[i] += dn[i];
+        dxn[i] += s * (dxhat - dmean - xhat * dnorm);
+      }
+    }
+  }
+#pragma omp parallel for simd schedule(static) if (nchunks * C > (1 << 14))
+  for (int64_t i = 0; i < C; ++i) {
+    float sw = 0.0f, sb = 0.0f;
+    for (int64_t ch = 0; ch < nchunks; ++ch) {
+      sw += part[ch * 2 * C + i];
+      sb += part[ch * 2 * C + C + i];
+    }
+    dw[i] += sw;
+    db[i] += sb;
+  }
+}
+
+}  // namespace ct::cpu::fast

@@ -1,0 +1,93 @@
+// Fast matrix multiply on OpenBLAS sgemm, and the bias gradient.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+
+#include "backends/cpu/kernels.h"
+
+namespace ct::cpu::fast {
+
+namespace {
+
+// c is (M,N): c = beta * c + bias (rows broadcast); beta == 0 does not read c.
+void prescale_bias(float* c, const float* bias, float beta, int64_t M, int64_t N) {
+#pragma omp parallel for schedule(static) if (M * N > (1 << 15))
+  for (int64_t i = 0; i < M; ++i) {
+    float* ci = c + i * N;
+    if (beta == 0.0f) {
+      if (bias) {
+#pragma omp simd
+        for (int64_t j = 0; j < N; ++j) ci[j] = bias[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < N; ++j) ci[j] = 0.0f;
+      }
+    } else {
+      if (bias) {
+#pragma omp simd
+        for (int64_t j = 0; j < N; ++j) ci[j] = beta * ci[j] + bias[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < N; ++j) ci[j] = beta * ci[j];
+      }
+    }
+  }
+}
+
+// One (M,N) product with c already holding beta*c (+ bias) when `beta` is 1.
+void sgemm(const MatmulArgs& m, const float* a, const float* b, float* c, int64_t M,
+           float beta) {
+  cblas_sgemm(CblasRowMajor, m.trans_a ? CblasTrans : CblasNoTrans,
+              m.trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
+              static_cast<blasint>(m.N), static_cast<blasint>(m.K), m.alpha, a,
+              static_cast<blasint>(std::max<int64_t>(1, m.trans_a ? M : m.K)), b,
+              static_cast<blasint>(std::max<int64_t>(1, m.trans_b ? m.K : m.N)), beta, c,
+              static_cast<blasint>(std::max<int64_t>(1, m.N)));
+}
+
+}  // namespace
+
+// c is (batch,M,N); a is (M,K) or (K,M) with trans_a; b is (K,N) or (N,K) with trans_b;
+// either may be shared by the whole batch. bias is (N).
+void matmul(Workspace&, const MatmulArgs& m) {
+  if (m.batch == 0 || m.M == 0 || m.N == 0) return;
+  float beta = m.beta;
+  if (m.bias || m.K == 0) {
+    prescale_bias(m.c, m.bias, m.beta, m.batch * m.M, m.N);
+    beta = 1.0f;
+    if (m.K == 0) return;
+  }
+  // A batch of row-major a against one shared b is a single tall product.
+  if (m.batch == 1 || (m.a_batched && !m.trans_a && !m.b_batched)) {
+    sgemm(m, m.a, m.b, m.c, m.batch * m.M, beta);
+    return;
+  }
+  int64_t a_step = m.a_batched ? m.M * m.K : 0, b_step = m.b_batched ? m.K * m.N : 0;
+  // Small matrices: one sgemm per thread (OpenBLAS runs single-threaded inside a parallel
+  // region). Large ones: one after another, each using every thread.
+  bool outer = m.M * m.N * m.K < (1 << 21) && m.batch >= 2;
+#pragma omp parallel for schedule(dynamic) if (outer)
+  for (int64_t p = 0; p < m.batch; ++p)
+    sgemm(m, m.a + p * a_step, m.b + p * b_step, m.c + p * m.M * m.N, m.M, beta);
+}
+
+// dbias is (N), dout is (M,N)
+// Threads own column blocks and add rows in order: deterministic for any thread count.
+void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N) {
+  constexpr int64_t kBlock = 64;
+  int64_t nblocks = (N + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (M * N > (1 << 15))
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    int64_t c0 = blk * kBlock, w = std::min(N, c0 + kBlock) - c0;
+    float acc[kBlock] = {};
+    for (int64_t i = 0; i < M; ++i) {
+      const float* row = dout + i * N + c0;
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) acc[j] += row[j];
+    }
+    for (int64_t j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
+  }
+}
+
+}  // namespace ct::cpu::fast

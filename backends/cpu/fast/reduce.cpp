@@ -1,0 +1,57 @@
+// Fast reductions. sum and norm cut x into a fixed number of contiguous parts (independent of
+// the thread count), sum each in fp64 with a fixed vector order, and add the parts in order:
+// the result is identical run to run and for any number of threads.
+#include <cmath>
+#include <cstring>
+
+#include "backends/cpu/kernels.h"
+
+namespace ct::cpu::fast {
+
+namespace {
+constexpr int64_t kParts = 64;
+constexpr int64_t kParallelMin = 1 << 15;
+}  // namespace
+
+// out is (1), x is (n)
+void sum(float* out, const float* x, int64_t n, float scale) {
+  double part[kParts];
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t p = 0; p < kParts; ++p) {
+    int64_t i0 = n * p / kParts, i1 = n * (p + 1) / kParts;
+    double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = i0; i < i1; ++i) acc += x[i];
+    part[p] = acc;
+  }
+  double total = 0.0;
+  for (int64_t p = 0; p < kParts; ++p) total += part[p];
+  out[0] = static_cast<float>(total * scale);
+}
+
+// out is (1), x is (n)
+void norm(float* out, const float* x, int64_t n) {
+  double part[kParts];
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t p = 0; p < kParts; ++p) {
+    int64_t i0 = n * p / kParts, i1 = n * (p + 1) / kParts;
+    double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = i0; i < i1; ++i) acc += static_cast<double>(x[i]) * x[i];
+    part[p] = acc;
+  }
+  double total = 0.0;
+  for (int64_t p = 0; p < kParts; ++p) total += part[p];
+  out[0] = static_cast<float>(std::sqrt(total));
+}
+
+// flag is (1) i32, x is (n): an exponent of all ones is inf or NaN
+void check_finite(int32_t* flag, const float* x, int64_t n) {
+  const uint32_t* u = reinterpret_cast<const uint32_t*>(x);
+  uint32_t bad = 0;
+#pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) bad |= ((u[i] & 0x7f800000u) == 0x7f800000u) ? 1u : 0u;
+  if (bad) flag[0] |= 1;
+}
+
+}  // namespace ct::cpu::fast

@@ -1,0 +1,156 @@
+// The CPU kernels behind both CPU devices: raw pointers and sizes, no validation (the device
+// checks every argument before calling in). Two implementations share this table:
+// cpu::ref (backends/cpu/reference/*.cpp, the oracle) and cpu::fast (backends/cpu/fast/*.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace ct::cpu {
+
+// Scratch memory owned by the device and accounted as MemCategory::kWorkspace. The pointer is
+// valid until the next get(); kernels take one block and split it.
+class Workspace {
+ public:
+  virtual ~Workspace() = default;
+  virtual void* get(size_t bytes) = 0;  // 64-byte aligned
+};
+
+// c = alpha * op(a) @ op(b) + beta * c (+ bias), for `batch` matrices.
+struct MatmulArgs {
+  float* c = nullptr;        // [batch, M, N]
+  const float* a = nullptr;  // [batch?, M, K], or [batch?, K, M] with trans_a
+  const float* b = nullptr;  // [batch?, K, N], or [batch?, N, K] with trans_b
+  const float* bias = nullptr;  // [N] or null
+  int64_t batch = 1, M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  bool a_batched = false, b_batched = false;  // false: one matrix broadcast over the batch
+  float alpha = 1.0f, beta = 0.0f;            // beta == 0: c is not read (BLAS semantics)
+};
+
+struct Kernels {
+  void (*fill)(void* p, DType dt, int64_t n, float value);
+  void (*copy)(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);
+  void (*add)(float* out, const float* a, const float* b, int64_t n);
+  void (*accumulate)(float* dst, const float* src, int64_t n);
+  void (*scale)(float* t, float s, int64_t n);
+
+  void (*embedding_forward)(float* out, const int32_t* tokens, const float* wte,
+                            const float* wpe, int64_t B, int64_t T, int64_t C);
+  void (*embedding_backward)(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                             int64_t B, int64_t T, int64_t C);
+
+  void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* x, const float* w,
+                            const float* b, int64_t N, int64_t C, float eps);
+  void (*layernorm_backward)(Workspace& ws, float* dx, float* dw, float* db, const float* dout,
+                             const float* x, const float* w, const float* mean,
+                             const float* rstd, int64_t N, int64_t C);
+
+  void (*matmul)(Workspace& ws, const MatmulArgs& m);
+  void (*bias_backward)(float* dbias, const float* dout, int64_t M, int64_t N);
+
+  void (*attention_forward)(Workspace& ws, float* out, float* att, const float* qkv, int64_t B,
+                            int64_t T, int64_t C, int64_t NH);
+  void (*attention_backward)(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
+                             const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
+
+  void (*gelu_forward)(float* out, const float* x, int64_t n);
+  void (*gelu_backward)(float* dx, const float* x, const float* dout, int64_t n);
+
+  void (*crossentropy_forward)(float* losses, const float* logits, const int32_t* targets,
+                               int64_t N, int64_t V);
+  void (*crossentropy_backward)(float* dlogits, const float* logits, const int32_t* targets,
+                                int64_t N, int64_t V, float dloss);
+
+  void (*sum)(float* out, const float* x, int64_t n, float scale);
+  void (*norm)(float* out, const float* x, int64_t n);
+  void (*check_finite)(int32_t* flag, const float* x, int64_t n);
+  void (*adamw)(float* param, const float* grad, float* m, float* v, const float* grad_norm,
+                int64_t n, const AdamWHyper& hp);
+};
+
+// Declares one family's functions in a namespace (ref or fast), so both sides keep one list.
+#define CT_CPU_DECLARE_KERNELS                                                                   \
+  void fill(void* p, DType dt, int64_t n, float value);                                          \
+  void copy(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);                  \
+  void add(float* out, const float* a, const float* b, int64_t n);                               \
+  void accumulate(float* dst, const float* src, int64_t n);                                      \
+  void scale(float* t, float s, int64_t n);                                                      \
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, \
+                         int64_t B, int64_t T, int64_t C);                                       \
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,   \
+                          int64_t B, int64_t T, int64_t C);                                      \
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,   \
+                         const float* b, int64_t N, int64_t C, float eps);                       \
+  void layernorm_backward(Workspace& ws, float* dx, float* dw, float* db, const float* dout,    \
+                          const float* x, const float* w, const float* mean, const float* rstd, \
+                          int64_t N, int64_t C);                                                 \
+  void matmul(Workspace& ws, const MatmulArgs& m);                                               \
+  void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N);                     \
+  void attention_forward(Workspace& ws, float* out, float* att, const float* qkv, int64_t B,    \
+                         int64_t T, int64_t C, int64_t NH);                                      \
+  void attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,      \
+                          const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);        \
+  void gelu_forward(float* out, const float* x, int64_t n);                                      \
+  void gelu_backward(float* dx, const float* x, const float* dout, int64_t n);                   \
+  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets,         \
+                            int64_t N, int64_t V);                                               \
+  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,       \
+                             int64_t N, int64_t V, float dloss);                                 \
+  void sum(float* out, const float* x, int64_t n, float scale);                                  \
+  void norm(float* out, const float* x, int64_t n);                                              \
+  void check_finite(int32_t* flag, const float* x, int64_t n);                                   \
+  void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm,        \
+             int64_t n, const AdamWHyper& hp);
+
+namespace ref {
+CT_CPU_DECLARE_KERNELS
+}  // namespace ref
+namespace fast {
+CT_CPU_DECLARE_KERNELS
+}  // namespace fast
+
+// The tables, in declaration order of Kernels.
+const Kernels& reference_kernels();
+const Kernels& fast_kernels();
+
+// Shared scalar helpers (same formula on both sides).
+inline float read_as_f32(const void* p, DType dt, int64_t i) {
+  switch (dt) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::i8: return static_cast<const int8_t*>(p)[i];
+    case DType::u8: return static_cast<const uint8_t*>(p)[i];
+    case DType::i32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+  }
+  return 0.0f;
+}
+
+// Integers take the value truncated toward zero, saturated to the type's range (NaN -> 0).
+template <typename I>
+inline I saturate_int(float v, float lo, float hi) {
+  if (!(v == v)) return 0;
+  if (v <= lo) return static_cast<I>(lo);
+  if (v >= hi) return static_cast<I>(hi);
+  return static_cast<I>(v);
+}
+
+inline void write_from_f32(void* p, DType dt, int64_t i, float v) {
+  switch (dt) {
+    case DType::f32: static_cast<float*>(p)[i] = v; return;
+    case DType::f16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); return;
+    case DType::bf16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); return;
+    case DType::i8: static_cast<int8_t*>(p)[i] = saturate_int<int8_t>(v, -128.f, 127.f); return;
+    case DType::u8: static_cast<uint8_t*>(p)[i] = saturate_int<uint8_t>(v, 0.f, 255.f); return;
+    case DType::i32:
+      // 2147483520 is the largest float below 2^31.
+      static_cast<int32_t*>(p)[i] = saturate_int<int32_t>(v, -2147483648.f, 2147483520.f);
+      return;
+  }
+}
+
+}  // namespace ct::cpu

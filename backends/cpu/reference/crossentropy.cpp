@@ -1,0 +1,47 @@
+// Reference fused log-softmax + negative log-likelihood, fp64.
+#include <cmath>
+
+#include "backends/cpu/kernels.h"
+
+namespace ct::cpu::ref {
+
+namespace {
+// max and log(sum(exp(x - max))) of one row, fp64
+void row_stats(const float* x, int64_t V, double* maxval, double* logsum) {
+  double m = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) m = x[i] > m ? x[i] : m;
+  double s = 0.0;
+  for (int64_t i = 0; i < V; ++i) s += std::exp(x[i] - m);
+  *maxval = m;
+  *logsum = std::log(s);
+}
+}  // namespace
+
+// losses is (N), logits is (N,V), targets is (N)
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N,
+                          int64_t V) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits + n * V;
+    double m, ls;
+    row_stats(x, V, &m, &ls);
+    losses[n] = static_cast<float>(ls + m - x[targets[n]]);
+  }
+}
+
+// dlogits, logits are (N,V) and may be the same memory; targets is (N)
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                           int64_t N, int64_t V, float dloss) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits + n * V;
+    float* dx = dlogits + n * V;
+    double m, ls;
+    row_stats(x, V, &m, &ls);
+    for (int64_t i = 0; i < V; ++i) {
+      double p = std::exp(x[i] - m - ls);
+      double ind = i == targets[n] ? 1.0 : 0.0;
+      dx[i] = static_cast<float>(dloss * (p - ind));
+    }
+  }
+}
+
+}  // namespace ct::cpu::ref
