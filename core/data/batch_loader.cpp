@@ -10,14 +10,16 @@ namespace ct {
 
 BatchLoader::BatchLoader(std::vector<int32_t> tokens, int64_t B, int64_t T, uint64_t seed,
                          int prefetch)
-    : tokens_(std::move(tokens)), B_(B), T_(T), seed_(seed),
+    : tokens_(std::move(tokens)),
+      B_(B),
+      T_(T),
+      seed_(seed),
       depth_(static_cast<size_t>(std::max(prefetch, 1))) {
-  CT_REQUIRE(B > 0 && T > 0, "batch loader: B and T must be positive, got B=" +
-                                 std::to_string(B) + " T=" + std::to_string(T));
+  CT_REQUIRE(B > 0 && T > 0, "batch loader: B and T must be positive, got B=" + std::to_string(B) +
+                                 " T=" + std::to_string(T));
   CT_REQUIRE(static_cast<int64_t>(tokens_.size()) >= T + 1,
              "batch loader: " + std::to_string(tokens_.size()) +
-                 " tokens are fewer than one window needs (T + 1 = " + std::to_string(T + 1) +
-                 ")");
+                 " tokens are fewer than one window needs (T + 1 = " + std::to_string(T + 1) + ")");
   CT_REQUIRE(prefetch >= 1 && prefetch <= 16,
              "batch loader: prefetch depth must be in [1, 16], got " + std::to_string(prefetch));
   thread_ = std::thread([this] { worker(); });

@@ -63,10 +63,10 @@ class BatchLoader {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Batch> queue_;      // batches position_, position_ + 1, ...
-  int64_t position_ = 0;         // next batch next() returns
-  int64_t produce_ = 0;          // next batch the worker builds
-  uint64_t generation_ = 0;      // bumped by seek() so in-flight work is dropped
+  std::deque<Batch> queue_;  // batches position_, position_ + 1, ...
+  int64_t position_ = 0;     // next batch next() returns
+  int64_t produce_ = 0;      // next batch the worker builds
+  uint64_t generation_ = 0;  // bumped by seek() so in-flight work is dropped
   bool stop_ = false;
   std::exception_ptr error_;
   std::thread thread_;

@@ -46,8 +46,9 @@ std::string load_folder(const std::string& root) {
   }
   if (out.empty()) {
     fail(ErrorKind::kInvalidArgument,
-         "folder '" + root + "' holds no text files (skipped: symlinks, hidden, *.dat, empty, "
-         "and files with NUL bytes)");
+         "folder '" + root +
+             "' holds no text files (skipped: symlinks, hidden, *.dat, empty, "
+             "and files with NUL bytes)");
   }
   return out;
 }
@@ -68,9 +69,9 @@ std::string load_text(const std::string& path, size_t min_bytes) {
     if (text.empty()) fail(ErrorKind::kInvalidArgument, "training data '" + path + "' is empty");
   }
   if (text.size() < min_bytes) {
-    fail(ErrorKind::kInvalidArgument,
-         "training data '" + path + "' has " + std::to_string(text.size()) +
-             " bytes, fewer than the " + std::to_string(min_bytes) + " needed");
+    fail(ErrorKind::kInvalidArgument, "training data '" + path + "' has " +
+                                          std::to_string(text.size()) + " bytes, fewer than the " +
+                                          std::to_string(min_bytes) + " needed");
   }
   return text;
 }

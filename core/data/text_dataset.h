@@ -8,9 +8,9 @@
 
 namespace ct {
 
-// The bytes of the text file `path`, or of every text file under the folder `path`: recursive,
-// sorted by path, skipping symlinks, hidden entries (name starting with '.'), files ending in
-// ".dat", empty files, and files containing a NUL byte (binary). Files of a folder are
+// The bytes of the file `path` (taken as is), or of every text file under the folder `path`:
+// recursive, sorted by path, skipping symlinks, hidden entries (name starting with '.'), files
+// ending in ".dat", empty files, and files containing a NUL byte (binary). Files of a folder are
 // concatenated, with a '\n' added after any file that does not end in one. Throws
 // Error(kInvalidArgument) naming the path if it does not exist, is an empty file, is a folder
 // with no text file, or yields fewer than `min_bytes` bytes; Error(kIo) if a file cannot be read.

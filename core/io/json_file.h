@@ -1,9 +1,8 @@
 // JSON files with errors that name the file.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 
 namespace ct {
 

@@ -24,14 +24,13 @@ struct DTypeName {
   const char* name;
   DType dtype;
 };
-constexpr DTypeName kDTypeNames[] = {{"F32", DType::f32}, {"F16", DType::f16},
+constexpr DTypeName kDTypeNames[] = {{"F32", DType::f32},   {"F16", DType::f16},
                                      {"BF16", DType::bf16}, {"I8", DType::i8},
-                                     {"U8", DType::u8},   {"I32", DType::i32}};
+                                     {"U8", DType::u8},     {"I32", DType::i32}};
 // Valid safetensors dtypes that crosstrain does not hold in memory.
-constexpr const char* kUnsupportedDTypes[] = {"F64",    "I64",      "U64",     "U32",
-                                              "I16",    "U16",      "BOOL",    "F8_E4M3",
-                                              "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2",
-                                              "F4",     "C64"};
+constexpr const char* kUnsupportedDTypes[] = {"F64",     "I64",     "U64",     "U32",     "I16",
+                                              "U16",     "BOOL",    "F8_E4M3", "F8_E5M2", "F8_E8M0",
+                                              "F6_E2M3", "F6_E3M2", "F4",      "C64"};
 
 std::string supported_list() {
   std::string s;
@@ -140,9 +139,13 @@ Shape SafetensorsInfo::to_shape() const {
   return s;
 }
 
-SafetensorsFile::~SafetensorsFile() { release(); }
+SafetensorsFile::~SafetensorsFile() {
+  release();
+}
 
-SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept { *this = std::move(o); }
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept {
+  *this = std::move(o);
+}
 
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   if (this != &o) {
@@ -203,7 +206,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
   void* map = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
   int map_err = errno;
   ::close(fd);
-  if (map == MAP_FAILED) fail(ErrorKind::kIo, "cannot map '" + path + "': " + std::strerror(map_err));
+  if (map == MAP_FAILED)
+    fail(ErrorKind::kIo, "cannot map '" + path + "': " + std::strerror(map_err));
   f.map_ = map;
   f.map_size_ = file_size;
   const auto* bytes = static_cast<const unsigned char*>(map);
@@ -290,7 +294,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
     if (sh == v.end() || !sh->is_array()) bad(where + "\"shape\" is missing or not a list");
     for (const json& d : *sh) {
       uint64_t n = 0;
-      if (!as_count(d, &n)) bad(where + "\"shape\" " + sh->dump() + " is not a list of non-negative integers");
+      if (!as_count(d, &n))
+        bad(where + "\"shape\" " + sh->dump() + " is not a list of non-negative integers");
       info.shape.push_back(static_cast<int64_t>(n));
     }
 

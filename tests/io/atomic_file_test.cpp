@@ -96,8 +96,11 @@ TEST(JsonFile, ErrorsNameTheFile) {
   expect_error([&] { read_json_file(missing); }, ErrorKind::kIo, {missing});
   // Invalid UTF-8 cannot be serialised: an error naming the file, and nothing written.
   const std::string out = dir.file("out.json");
-  expect_error([&] { write_json_file(out, nlohmann::json{{"k", std::string("\xff\xfe")}}); },
-               ErrorKind::kInvalidArgument, {out});
+  expect_error(
+      [&] {
+        write_json_file(out, nlohmann::json{{"k", std::string("\xff\xfe")}});
+      },
+      ErrorKind::kInvalidArgument, {out});
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 

@@ -121,14 +121,26 @@ TEST(Safetensors, WriterRejectsBadInput) {
   TempDir dir;
   const std::string path = dir.file("w.safetensors");
   std::vector<std::byte> b(8);
-  expect_error([&] { write_safetensors(path, {{"x", DType::f32, {3}, b}}); },
-               ErrorKind::kInvalidArgument, {path, "'x'", "12 bytes", "got 8"});
-  expect_error([&] { write_safetensors(path, {{"x", DType::u8, {8}, b}, {"x", DType::u8, {8}, b}}); },
-               ErrorKind::kInvalidArgument, {path, "duplicate", "'x'"});
-  expect_error([&] { write_safetensors(path, {{"__metadata__", DType::u8, {8}, b}}); },
-               ErrorKind::kInvalidArgument, {path, "reserved"});
-  expect_error([&] { write_safetensors(path, {{"x", DType::u8, {-8}, b}}); },
-               ErrorKind::kInvalidArgument, {path, "shape"});
+  expect_error(
+      [&] {
+        write_safetensors(path, {{"x", DType::f32, {3}, b}});
+      },
+      ErrorKind::kInvalidArgument, {path, "'x'", "12 bytes", "got 8"});
+  expect_error(
+      [&] {
+        write_safetensors(path, {{"x", DType::u8, {8}, b}, {"x", DType::u8, {8}, b}});
+      },
+      ErrorKind::kInvalidArgument, {path, "duplicate", "'x'"});
+  expect_error(
+      [&] {
+        write_safetensors(path, {{"__metadata__", DType::u8, {8}, b}});
+      },
+      ErrorKind::kInvalidArgument, {path, "reserved"});
+  expect_error(
+      [&] {
+        write_safetensors(path, {{"x", DType::u8, {-8}, b}});
+      },
+      ErrorKind::kInvalidArgument, {path, "shape"});
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 
@@ -161,34 +173,44 @@ std::vector<BadCase> bad_cases() {
       {"garbage", craft("\x01\x02\x03", ""), {"not valid JSON"}},
       {"not_object", craft("[1,2]", ""), {"not a JSON object"}},
       {"entry_not_object", craft(R"({"a":5})", ""), {"'a'", "not an object"}},
-      {"unknown_dtype", craft(R"({"a":)" + entry("Q7", "[2]", "[0,8]") + "}", d8),
+      {"unknown_dtype",
+       craft(R"({"a":)" + entry("Q7", "[2]", "[0,8]") + "}", d8),
        {"'a'", "unknown dtype 'Q7'"}},
-      {"f64_unsupported", craft(R"({"a":)" + entry("F64", "[1]", "[0,8]") + "}", d8),
+      {"f64_unsupported",
+       craft(R"({"a":)" + entry("F64", "[1]", "[0,8]") + "}", d8),
        {"'a'", "'F64' is not supported", "F32"}},
-      {"i64_unsupported", craft(R"({"a":)" + entry("I64", "[1]", "[0,8]") + "}", d8),
+      {"i64_unsupported",
+       craft(R"({"a":)" + entry("I64", "[1]", "[0,8]") + "}", d8),
        {"'I64' is not supported"}},
       {"missing_dtype", craft(R"({"a":{"shape":[2],"data_offsets":[0,8]}})", d8), {"\"dtype\""}},
-      {"shape_not_list", craft(R"({"a":)" + entry("F32", "2", "[0,8]") + "}", d8),
+      {"shape_not_list",
+       craft(R"({"a":)" + entry("F32", "2", "[0,8]") + "}", d8),
        {"'a'", "\"shape\""}},
-      {"shape_negative", craft(R"({"a":)" + entry("F32", "[-2]", "[0,8]") + "}", d8),
+      {"shape_negative",
+       craft(R"({"a":)" + entry("F32", "[-2]", "[0,8]") + "}", d8),
        {"'a'", "non-negative integers"}},
-      {"shape_float", craft(R"({"a":)" + entry("F32", "[2.0]", "[0,8]") + "}", d8),
+      {"shape_float",
+       craft(R"({"a":)" + entry("F32", "[2.0]", "[0,8]") + "}", d8),
        {"non-negative integers"}},
-      {"shape_string", craft(R"({"a":)" + entry("F32", "[\"2\"]", "[0,8]") + "}", d8),
+      {"shape_string",
+       craft(R"({"a":)" + entry("F32", "[\"2\"]", "[0,8]") + "}", d8),
        {"non-negative integers"}},
-      {"offsets_one_elem", craft(R"({"a":)" + entry("F32", "[2]", "[8]") + "}", d8),
+      {"offsets_one_elem",
+       craft(R"({"a":)" + entry("F32", "[2]", "[8]") + "}", d8),
        {"'a'", "data_offsets", "[begin, end]"}},
-      {"offsets_negative", craft(R"({"a":)" + entry("F32", "[2]", "[-1,7]") + "}", d8),
+      {"offsets_negative",
+       craft(R"({"a":)" + entry("F32", "[2]", "[-1,7]") + "}", d8),
        {"data_offsets"}},
-      {"offsets_reversed", craft(R"({"a":)" + entry("U8", "[0]", "[8,0]") + "}", d8),
+      {"offsets_reversed",
+       craft(R"({"a":)" + entry("U8", "[0]", "[8,0]") + "}", d8),
        {"'a'", "begin > end"}},
-      {"size_mismatch", craft(R"({"a":)" + entry("F32", "[3]", "[0,8]") + "}", d8),
+      {"size_mismatch",
+       craft(R"({"a":)" + entry("F32", "[3]", "[0,8]") + "}", d8),
        {"'a'", "8 bytes", "needs 12"}},
       {"shape_overflow",
        craft(R"({"a":)" + entry("F32", "[4294967296,4294967296]", "[0,8]") + "}", d8),
        {"'a'", "overflow"}},
-      {"gap_at_start", craft(R"({"a":)" + entry("U8", "[4]", "[4,8]") + "}", d8),
-       {"'a'", "gap"}},
+      {"gap_at_start", craft(R"({"a":)" + entry("U8", "[4]", "[4,8]") + "}", d8), {"'a'", "gap"}},
       {"gap_between",
        craft(R"({"a":)" + entry("U8", "[2]", "[0,2]") + R"(,"b":)" + entry("U8", "[4]", "[4,8]") +
                  "}",
@@ -199,9 +221,11 @@ std::vector<BadCase> bad_cases() {
                  "}",
              d8),
        {"'b'", "overlapping"}},
-      {"data_too_long", craft(R"({"a":)" + entry("U8", "[4]", "[0,4]") + "}", d8),
+      {"data_too_long",
+       craft(R"({"a":)" + entry("U8", "[4]", "[0,4]") + "}", d8),
        {"ends at offset 4", "8 bytes", "end of the file"}},
-      {"data_truncated", craft(R"({"a":)" + entry("U8", "[16]", "[0,16]") + "}", d8),
+      {"data_truncated",
+       craft(R"({"a":)" + entry("U8", "[16]", "[0,16]") + "}", d8),
        {"ends at offset 16", "8 bytes"}},
       {"duplicate_name",
        craft(R"({"a":)" + entry("U8", "[4]", "[0,4]") + R"(,"a":)" + entry("U8", "[4]", "[4,8]") +
@@ -283,23 +307,32 @@ TEST(Safetensors, AtomicWriteKeepsPreviousFileOnFailure) {
   // A folder that cannot be written: the old file stays, no temp file is left behind.
   if (::geteuid() != 0) {
     ASSERT_EQ(::chmod(dir.path().c_str(), 0555), 0);
-    expect_error([&] { write_safetensors(path, {{"a", DType::f32, {4}, a}}); }, ErrorKind::kIo,
-                 {path});
+    expect_error(
+        [&] {
+          write_safetensors(path, {{"a", DType::f32, {4}, a}});
+        },
+        ErrorKind::kIo, {path});
     ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
     EXPECT_EQ(read_bytes(path), before);
   }
 
   // A target whose parent is a regular file.
   const std::string under_file = path + "/inner.safetensors";
-  expect_error([&] { write_safetensors(under_file, {{"a", DType::f32, {4}, a}}); },
-               ErrorKind::kIo, {under_file});
+  expect_error(
+      [&] {
+        write_safetensors(under_file, {{"a", DType::f32, {4}, a}});
+      },
+      ErrorKind::kIo, {under_file});
   EXPECT_EQ(read_bytes(path), before);
 
   // The rename fails after the temp file is fully written: a folder sits at the target.
   const std::string folder = dir.file("folder.safetensors");
   std::filesystem::create_directory(folder);
-  expect_error([&] { write_safetensors(folder, {{"a", DType::f32, {4}, a}}); }, ErrorKind::kIo,
-               {folder});
+  expect_error(
+      [&] {
+        write_safetensors(folder, {{"a", DType::f32, {4}, a}});
+      },
+      ErrorKind::kIo, {folder});
   std::filesystem::remove(folder);
 
   int entries = 0;

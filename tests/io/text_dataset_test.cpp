@@ -95,8 +95,7 @@ TEST(SplitTrainVal, TooSmall) {
   std::vector<int32_t> t(100);
   expect_error([&] { split_train_val(t, 0.05, 8); }, ErrorKind::kInvalidArgument,
                {"validation 5", "at least 9"});
-  expect_error([&] { split_train_val(t, 0.95, 8); }, ErrorKind::kInvalidArgument,
-               {"train gets 5"});
+  expect_error([&] { split_train_val(t, 0.95, 8); }, ErrorKind::kInvalidArgument, {"train gets 5"});
   expect_error([&] { split_train_val(t, 1.0, 8); }, ErrorKind::kInvalidArgument, {"[0, 1)"});
   std::vector<int32_t> tiny(5);
   expect_error([&] { split_train_val(tiny, 0.0, 8); }, ErrorKind::kInvalidArgument, {"9"});

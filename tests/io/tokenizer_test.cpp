@@ -30,7 +30,8 @@ TEST(ByteTokenizer, DecodeInvalidDoesNotCrash) {
   ByteTokenizer tok;
   // A lone continuation byte and a truncated sequence stay raw bytes.
   std::vector<int32_t> raw = {0x80, 0xE2, 0x82, 'a'};
-  EXPECT_EQ(tok.decode(raw), std::string("\x80\xE2\x82" "a"));
+  EXPECT_EQ(tok.decode(raw), std::string("\x80\xE2\x82"
+                                         "a"));
   // Ids outside the vocabulary become U+FFFD.
   std::vector<int32_t> out_of_range = {'x', -1, 256, 70000, 'y'};
   EXPECT_EQ(tok.decode(out_of_range), "x\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBDy");
