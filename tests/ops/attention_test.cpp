@@ -1,0 +1,80 @@
+// attention_forward / attention_backward: fast vs reference vs fp64, and finite differences.
+#include <sstream>
+
+#include "tests/ops/op_test_util.h"
+
+namespace ct::test {
+namespace {
+
+struct AttnCase {
+  int64_t B, T, C, NH;
+};
+
+struct AttnOut {
+  Vec out, att, dqkv;
+};
+
+AttnOut run(Device& d, const AttnCase& c, const Vec& qkv, const Vec& dout) {
+  Tensor tq = upload(d, {c.B, c.T, 3 * c.C}, qkv);
+  Tensor to = upload(d, {c.B, c.T, c.C}, Vec(c.B * c.T * c.C, NAN));
+  Tensor ta = upload(d, {c.B, c.NH, c.T, c.T}, Vec(c.B * c.NH * c.T * c.T, NAN));
+  Tensor td = upload(d, {c.B, c.T, c.C}, dout);
+  Tensor tdq = upload(d, {c.B, c.T, 3 * c.C}, Vec(qkv.size(), NAN));  // (=): garbage ignored
+  d.attention_forward(to, ta, tq, static_cast<int>(c.NH));
+  d.attention_backward(tdq, td, tq, ta, static_cast<int>(c.NH));
+  return {download(d, to), download(d, ta), download(d, tdq)};
+}
+
+std::string name(const AttnCase& c) {
+  std::ostringstream os;
+  os << "B" << c.B << " T" << c.T << " C" << c.C << " NH" << c.NH;
+  return os.str();
+}
+
+void check(const AttnCase& c, uint64_t seed, bool fd) {
+  Vec qkv = randn(c.B * c.T * 3 * c.C, seed), dout = randn(c.B * c.T * c.C, seed + 1);
+  AttnOut r = run(ref_dev(), c, qkv, dout), f = run(fast_dev(), c, qkv, dout);
+  VecD att64;
+  VecD out64 = f64::attention(to_d(qkv), c.B, c.T, c.C, c.NH, &att64);
+  EXPECT_TRUE(close_nmse(r.out, out64, kTolF64, "out ref vs fp64 " + name(c)));
+  EXPECT_TRUE(close_nmse(r.att, att64, kTolF64, "att ref vs fp64 " + name(c)));
+  EXPECT_TRUE(close_nmse(f.out, r.out, kTolGemm, "out fast vs ref " + name(c)));
+  EXPECT_TRUE(close_nmse(f.att, r.att, kTolGemm, "att fast vs ref " + name(c)));
+  EXPECT_TRUE(close_nmse(f.dqkv, r.dqkv, kTolGemm, "dqkv fast vs ref " + name(c)));
+  // Zero above the diagonal, exactly, on both devices.
+  for (const Vec* a : {&r.att, &f.att})
+    for (int64_t bh = 0; bh < c.B * c.NH; ++bh)
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t u = t + 1; u < c.T; ++u) ASSERT_EQ((*a)[(bh * c.T + t) * c.T + u], 0.0f);
+  if (fd) {
+    VecD num = numeric_grad(
+        [&](const VecD& x) { return f64::attention(x, c.B, c.T, c.C, c.NH); }, to_d(qkv),
+        to_d(dout));
+    EXPECT_TRUE(close_nmse(r.dqkv, num, kTolGrad, "dqkv ref vs finite differences " + name(c)));
+  }
+}
+
+TEST(Attention, OddSizesWithFiniteDifferences) {
+  check({2, 7, 12, 3}, 1, true);
+  check({1, 5, 8, 1}, 2, true);
+  check({3, 1, 6, 2}, 3, true);
+}
+
+TEST(Attention, SeveralRowBlocks) {
+  check({2, 37, 12, 3}, 10, false);
+  check({1, 300, 24, 2}, 11, false);
+}
+
+TEST(Attention, RejectsBadShapes) {
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    Tensor out = upload(*d, {1, 4, 6}, Vec(24, 0.0f)), qkv = upload(*d, {1, 4, 18}, Vec(72, 0.0f));
+    Tensor att = upload(*d, {1, 2, 4, 4}, Vec(32, 0.0f));
+    EXPECT_THROW(d->attention_forward(out, att, qkv, 4), Error);  // C=6 not a multiple of 4
+    EXPECT_THROW(d->attention_forward(out, att, qkv, 3), Error);  // att has 2 heads
+    Tensor bad = upload(*d, {1, 4, 12}, Vec(48, 0.0f));
+    EXPECT_THROW(d->attention_forward(out, att, bad, 2), Error);  // qkv is not 3C
+  }
+}
+
+}  // namespace
+}  // namespace ct::test
