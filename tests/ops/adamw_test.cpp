@@ -1,0 +1,94 @@
+// adamw: a hand-computed two-step update, clipping, and fast vs reference.
+#include "tests/ops/op_test_util.h"
+
+namespace ct::test {
+namespace {
+
+TEST(AdamW, TwoStepsByHand) {
+  // p = [1, -2]; grads [0.5, 3] then [-0.25, 1]; lr 0.1, betas (0.9, 0.999), eps 1e-8, wd 0.01.
+  // Step 1: m = 0.1 g = [0.05, 0.3]; v = 0.001 g^2 = [2.5e-4, 9e-3]; p *= (1 - lr wd);
+  //         mhat / sqrt(vhat) = g / |g| = +-1, so p = [0.999 - 0.1, -1.998 - 0.1] (less eps).
+  // Step 2: m = [0.02, 0.37], v = [3.1225e-4, 9.991e-3], bias corrections 0.19 and 0.001999.
+  // The values below are these formulas in fp64 with the f32 hyper-parameters (0.9f, 0.999f,
+  // ...), e.g. v2 = 0.999f (0.001...) 0.5^2 + (1 - 0.999f) 0.25^2 ~ 3.1225e-4.
+  const Vec want_p1 = {0.8990000005173344f, -2.098000001171684f};
+  const Vec want_p2 = {0.8714672981392735f, -2.1830083963514952f};
+  const Vec want_m2 = {0.020000003576278402f, 0.3700000810623152f};
+  const Vec want_v2 = {0.00031224598312373786f, 0.009990871485708652f};
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    Tensor p = upload(*d, {2}, {1.0f, -2.0f}), m = upload(*d, {2}, {0.0f, 0.0f});
+    Tensor v = upload(*d, {2}, {0.0f, 0.0f}), g = upload(*d, {2}, {0.5f, 3.0f});
+    AdamWHyper hp;
+    hp.lr = 0.1f;
+    hp.weight_decay = 0.01f;
+    hp.step = 1;
+    d->adamw(p, g, m, v, Tensor{}, hp);
+    Vec p1 = download(*d, p);
+    d->upload(g, Vec{-0.25f, 1.0f}.data(), 8);
+    hp.step = 2;
+    d->adamw(p, g, m, v, Tensor{}, hp);
+    Vec p2 = download(*d, p), m2 = download(*d, m), v2 = download(*d, v);
+    // Relative 1e-6: the device rounds to f32 along the way.
+    auto near = [](float got, float want) { return std::abs(got - want) <= 1e-6 * std::abs(want); };
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_PRED2(near, p1[i], want_p1[i]) << d->info().name;
+      EXPECT_PRED2(near, p2[i], want_p2[i]) << d->info().name;
+      EXPECT_PRED2(near, m2[i], want_m2[i]) << d->info().name;
+      EXPECT_PRED2(near, v2[i], want_v2[i]) << d->info().name;
+    }
+  }
+}
+
+TEST(AdamW, ClipsByGlobalNorm) {
+  // grad_norm 10, max 1: g is scaled by 1 / (10 + 1e-6); with m = v = 0 the first step moves
+  // p by lr * sign(g) whatever the scale, so check the moments instead.
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    Tensor p = upload(*d, {3}, {1.0f, 1.0f, 1.0f}), m = upload(*d, {3}, Vec(3, 0.0f));
+    Tensor v = upload(*d, {3}, Vec(3, 0.0f)), g = upload(*d, {3}, {6.0f, -8.0f, 0.0f});
+    Tensor gn = upload(*d, {1}, {10.0f});
+    AdamWHyper hp;
+    hp.max_grad_norm = 1.0f;
+    d->adamw(p, g, m, v, gn, hp);
+    Vec mm = download(*d, m);
+    double c = 1.0 / (10.0 + 1e-6), one_minus_b1 = 1.0 - static_cast<double>(0.9f);
+    EXPECT_NEAR(mm[0], one_minus_b1 * 6.0 * c, 1e-8);
+    EXPECT_NEAR(mm[1], -one_minus_b1 * 8.0 * c, 1e-8);
+    EXPECT_EQ(mm[2], 0.0f);
+    // A norm below the maximum leaves the gradient alone.
+    d->upload(gn, Vec{0.5f}.data(), 4);
+    d->fill(m, 0.0f);
+    d->adamw(p, g, m, v, gn, hp);
+    EXPECT_NEAR(download(*d, m)[0], one_minus_b1 * 6.0, 1e-7);
+  }
+}
+
+TEST(AdamW, FastMatchesReferenceOverSteps) {
+  const int64_t n = 100003;
+  Vec p0 = randn(n, 1), m0(n, 0.0f), v0(n, 0.0f);
+  Vec out[2][3];
+  int k = 0;
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    Tensor p = upload(*d, {n}, p0), m = upload(*d, {n}, m0), v = upload(*d, {n}, v0);
+    Tensor gn = upload(*d, {1}, {3.0f});
+    AdamWHyper hp;
+    hp.lr = 3e-4f;
+    hp.weight_decay = 0.1f;
+    hp.beta2 = 0.95f;
+    hp.max_grad_norm = 1.0f;
+    for (int s = 1; s <= 3; ++s) {
+      Tensor g = upload(*d, {n}, randn(n, 10 + s, 0.01f));
+      hp.step = s;
+      d->adamw(p, g, m, v, gn, hp);
+    }
+    out[k][0] = download(*d, p);
+    out[k][1] = download(*d, m);
+    out[k][2] = download(*d, v);
+    ++k;
+  }
+  EXPECT_TRUE(close_nmse(out[1][0], out[0][0], kTolFast, "param"));
+  EXPECT_TRUE(close_nmse(out[1][1], out[0][1], kTolFast, "m"));
+  EXPECT_TRUE(close_nmse(out[1][2], out[0][2], kTolFast, "v"));
+}
+
+}  // namespace
+}  // namespace ct::test

@@ -1,0 +1,133 @@
+// fill (every dtype), copy (f32 <-> f16 <-> bf16), add, accumulate, scale.
+#include <cstring>
+
+#include "tests/ops/op_test_util.h"
+
+namespace ct::test {
+namespace {
+
+std::vector<uint8_t> raw_download(Device& d, const Tensor& t) {
+  std::vector<uint8_t> v(t.nbytes());
+  d.download(v.data(), t, v.size());
+  return v;
+}
+
+TEST(Fill, EveryDtype) {
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    for (int64_t n : {3, 70001}) {
+      auto check = [&](DType dt, float value, auto expect) {
+        Tensor t = d->empty({n}, dt, MemCategory::kActivations);
+        d->fill(t, value);
+        auto bytes = raw_download(*d, t);
+        using E = decltype(expect);
+        for (int64_t i = 0; i < n; i += n / 3 + 1) {
+          E got;
+          std::memcpy(&got, bytes.data() + i * sizeof(E), sizeof(E));
+          ASSERT_EQ(got, expect) << d->info().name << " " << dtype_name(dt) << " n " << n;
+        }
+      };
+      check(DType::f32, -1.5f, -1.5f);
+      check(DType::f16, -1.5f, f32_to_f16(-1.5f));
+      check(DType::bf16, 3.14159f, f32_to_bf16(3.14159f));
+      check(DType::i32, -7.9f, int32_t{-7});
+      check(DType::i8, 300.0f, int8_t{127});
+      check(DType::u8, 42.7f, uint8_t{42});
+    }
+  }
+}
+
+TEST(Copy, ConvertsBetweenFloatTypes) {
+  Vec x = randn(50001, 1, 10.0f);
+  x[0] = 1e6f;  // beyond f16: inf
+  x[1] = NAN;
+  x[2] = 1e-7f;  // f16 subnormal
+  int64_t n = static_cast<int64_t>(x.size());
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    Tensor src = upload(*d, {n}, x);
+    Tensor h = d->empty({n}, DType::f16, MemCategory::kActivations);
+    Tensor b = d->empty({n}, DType::bf16, MemCategory::kActivations);
+    Tensor b2 = d->empty({n}, DType::bf16, MemCategory::kActivations);
+    Tensor back = d->empty({n}, DType::f32, MemCategory::kActivations);
+    d->copy(h, src);
+    d->copy(b, src);
+    auto hb = raw_download(*d, h), bb = raw_download(*d, b);
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t hv, bv;
+      std::memcpy(&hv, hb.data() + 2 * i, 2);
+      std::memcpy(&bv, bb.data() + 2 * i, 2);
+      ASSERT_EQ(hv, f32_to_f16(x[i])) << i;
+      ASSERT_EQ(bv, f32_to_bf16(x[i])) << i;
+    }
+    d->copy(back, h);
+    Vec hf = download(*d, back);
+    d->copy(back, b);
+    Vec bf = download(*d, back);
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(x[i])) {
+        ASSERT_TRUE(std::isnan(hf[i]) && std::isnan(bf[i]));
+        continue;
+      }
+      ASSERT_EQ(hf[i], f16_to_f32(f32_to_f16(x[i]))) << i;
+      ASSERT_EQ(bf[i], bf16_to_f32(f32_to_bf16(x[i]))) << i;
+    }
+    d->copy(b2, h);  // f16 -> bf16 through f32
+    auto b2b = raw_download(*d, b2);
+    uint16_t v;
+    std::memcpy(&v, b2b.data() + 2 * 5, 2);
+    EXPECT_EQ(v, f32_to_bf16(f16_to_f32(f32_to_f16(x[5]))));
+    Tensor same = d->empty({n}, DType::f32, MemCategory::kActivations);
+    d->copy(same, src);
+    EXPECT_EQ(raw_download(*d, same), raw_download(*d, src));
+  }
+}
+
+TEST(Copy, RejectsCountMismatch) {
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    Tensor a = upload(*d, {4}, Vec(4, 0.0f)), b = upload(*d, {5}, Vec(5, 0.0f));
+    EXPECT_THROW(d->copy(a, b), Error);
+  }
+}
+
+TEST(Elementwise, AddAccumulateScale) {
+  for (int64_t n : {1, 13, 100003}) {
+    Vec a = randn(n, 1), b = randn(n, 2);
+    Vec res[2][3];
+    int k = 0;
+    for (Device* d : {&ref_dev(), &fast_dev()}) {
+      Tensor ta = upload(*d, {n}, a), tb = upload(*d, {n}, b), out = upload(*d, {n}, Vec(n, NAN));
+      d->add(out, ta, tb);
+      res[k][0] = download(*d, out);
+      d->accumulate(ta, tb);
+      res[k][1] = download(*d, ta);
+      d->scale(tb, -0.375f);
+      res[k][2] = download(*d, tb);
+      ++k;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(res[0][0][i], a[i] + b[i]);
+      ASSERT_EQ(res[0][1][i], a[i] + b[i]);
+      ASSERT_EQ(res[0][2][i], b[i] * -0.375f);
+    }
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(res[1][j], res[0][j]);
+  }
+}
+
+TEST(Elementwise, RejectsWrongDtypeAndForeignTensors) {
+  Tensor h = fast_dev().empty({4}, DType::f16, MemCategory::kActivations);
+  Tensor f = upload(fast_dev(), {4}, Vec(4, 1.0f));
+  EXPECT_THROW(fast_dev().scale(h, 2.0f), Error);
+  EXPECT_THROW(fast_dev().add(f, f, h), Error);
+  Tensor other = upload(ref_dev(), {4}, Vec(4, 1.0f));
+  try {
+    fast_dev().accumulate(f, other);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another device"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fast_dev().supports(OpKind::kMatmul, DType::bf16));
+  EXPECT_TRUE(fast_dev().supports(OpKind::kMatmul, DType::f32));
+  EXPECT_TRUE(fast_dev().supports(OpKind::kCopy, DType::bf16));
+}
+
+}  // namespace
+}  // namespace ct::test

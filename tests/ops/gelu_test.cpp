@@ -1,0 +1,53 @@
+// gelu_forward / gelu_backward.
+#include "tests/ops/op_test_util.h"
+
+namespace ct::test {
+namespace {
+
+std::pair<Vec, Vec> run(Device& d, const Vec& x, const Vec& dout) {
+  int64_t n = static_cast<int64_t>(x.size());
+  Tensor tx = upload(d, {n}, x), to = upload(d, {n}, Vec(n, NAN));
+  Tensor td = upload(d, {n}, dout), tdx = upload(d, {n}, Vec(n, NAN));
+  d.gelu_forward(to, tx);
+  d.gelu_backward(tdx, tx, td);
+  return {download(d, to), download(d, tdx)};
+}
+
+TEST(Gelu, FastMatchesReferenceAndFp64) {
+  for (int64_t n : {1, 7, 1001, 100003}) {
+    Vec x = randn(n, 1 + n, 3.0f), dout = randn(n, 2 + n);
+    auto [ro, rd] = run(ref_dev(), x, dout);
+    auto [fo, fd] = run(fast_dev(), x, dout);
+    std::string nm = " n=" + std::to_string(n);
+    EXPECT_TRUE(close_nmse(ro, f64::gelu(to_d(x)), kTolF64, "out ref vs fp64" + nm));
+    EXPECT_TRUE(close_nmse(fo, ro, kTolFast, "out fast vs ref" + nm));
+    EXPECT_TRUE(close_nmse(fd, rd, kTolFast, "dx fast vs ref" + nm));
+  }
+}
+
+TEST(Gelu, ExtremeValues) {
+  Vec x = {0.0f, -0.0f, 1e-30f, -1e-30f, 20.0f, -20.0f, 100.0f, -100.0f, 1e30f, -1e30f,
+           INFINITY, -INFINITY, NAN};
+  Vec dout(x.size(), 1.0f);
+  auto [ro, rd] = run(ref_dev(), x, dout);
+  auto [fo, fd] = run(fast_dev(), x, dout);
+  EXPECT_EQ(ro[4], 20.0f);
+  EXPECT_EQ(ro[5], -0.0f);
+  EXPECT_TRUE(std::isnan(ro[12]));
+  for (size_t i = 0; i + 3 < x.size(); ++i) {  // finite inputs: same values
+    EXPECT_NEAR(fo[i], ro[i], 1e-6 * std::abs(ro[i]) + 1e-30) << "x=" << x[i];
+    EXPECT_NEAR(fd[i], rd[i], 1e-6) << "x=" << x[i];
+  }
+  EXPECT_EQ(fo[10], INFINITY);
+  EXPECT_TRUE(std::isnan(fo[12]) && std::isnan(fd[12]));
+}
+
+TEST(Gelu, GradientMatchesFiniteDifferences) {
+  Vec x = randn(257, 5, 2.0f), dout = randn(257, 6);
+  auto [ro, rd] = run(ref_dev(), x, dout);
+  VecD num = numeric_grad([](const VecD& v) { return f64::gelu(v); }, to_d(x), to_d(dout));
+  EXPECT_TRUE(close_nmse(rd, num, kTolGrad, "dx ref vs finite differences"));
+}
+
+}  // namespace
+}  // namespace ct::test

@@ -1,0 +1,71 @@
+// sum, norm, check_finite: values, determinism, non-finite detection.
+#include "tests/ops/op_test_util.h"
+
+namespace ct::test {
+namespace {
+
+float run_sum(Device& d, const Vec& x, float scale) {
+  Tensor tx = upload(d, {static_cast<int64_t>(x.size())}, x), out = upload(d, {1}, {NAN});
+  d.sum(out, tx, scale);
+  return download(d, out)[0];
+}
+float run_norm(Device& d, const Vec& x) {
+  Tensor tx = upload(d, {static_cast<int64_t>(x.size())}, x), out = upload(d, {1}, {NAN});
+  d.norm(out, tx);
+  return download(d, out)[0];
+}
+
+TEST(Reduce, SumAndNormMatchFp64) {
+  for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{1000003}}) {
+    Vec x = randn(n, n);
+    double s = 0.0, q = 0.0;
+    for (float v : x) {
+      s += v;
+      q += static_cast<double>(v) * v;
+    }
+    for (Device* d : {&ref_dev(), &fast_dev()}) {
+      EXPECT_TRUE(close_nmse(Vec{run_sum(*d, x, 0.5f)}, VecD{0.5 * s}, kTolF64, "sum " + std::to_string(n)));
+      EXPECT_TRUE(close_nmse(Vec{run_norm(*d, x)}, VecD{std::sqrt(q)}, kTolF64, "norm " + std::to_string(n)));
+    }
+  }
+}
+
+TEST(Reduce, SumAndNormAreDeterministic) {
+  Vec x = randn(3000017, 5, 100.0f);
+  float s0 = run_sum(fast_dev(), x, 1.0f), n0 = run_norm(fast_dev(), x);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(run_sum(fast_dev(), x, 1.0f), s0);
+    EXPECT_EQ(run_norm(fast_dev(), x), n0);
+  }
+  EXPECT_EQ(run_sum(fast_dev(), Vec{}, 1.0f), 0.0f);
+  EXPECT_EQ(run_norm(fast_dev(), Vec{}), 0.0f);
+}
+
+TEST(Reduce, CheckFiniteFindsInfAndNan) {
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    for (size_t n : {size_t{5}, size_t{100003}}) {
+      for (float bad : {INFINITY, -INFINITY, NAN}) {
+        for (size_t pos : {size_t{0}, n / 2, n - 1}) {
+          Vec x = randn(n, 3);
+          x[pos] = bad;
+          Tensor tx = upload(*d, {static_cast<int64_t>(n)}, x);
+          Tensor flag = upload_i32(*d, {1}, {0});
+          d->check_finite(flag, tx);
+          EXPECT_EQ(download_i32(*d, flag)[0], 1) << d->info().name << " n " << n << " bad " << bad << " at " << pos;
+        }
+      }
+      Vec x = randn(n, 4, 1e30f);  // huge but finite
+      x[0] = 3.4028235e38f;
+      Tensor tx = upload(*d, {static_cast<int64_t>(n)}, x);
+      Tensor flag = upload_i32(*d, {1}, {0});
+      d->check_finite(flag, tx);
+      EXPECT_EQ(download_i32(*d, flag)[0], 0);
+      d->upload(flag, std::vector<int32_t>{1}.data(), 4);  // a set flag stays set
+      d->check_finite(flag, tx);
+      EXPECT_EQ(download_i32(*d, flag)[0], 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ct::test
