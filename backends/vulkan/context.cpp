@@ -1,0 +1,298 @@
+#include "backends/vulkan/context.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace ct::vk {
+
+static const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
+
+static bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+static VKAPI_ATTR VkBool32 VKAPI_CALL debug_callback(
+    VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
+    const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
+  const char* sev = (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) ? "error" : "warning";
+  std::fprintf(stderr, "[vulkan validation %s] %s\n", sev, data->pMessage ? data->pMessage : "");
+  static_cast<Instance*>(user)->record_message(data->pMessage ? data->pMessage : "");
+  return VK_FALSE;
+}
+
+void Instance::record_message(const char* text) {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  if (messages_.fetch_add(1) == 0) first_message_ = text;
+}
+
+std::string Instance::first_validation_message() const {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  return first_message_;
+}
+
+std::shared_ptr<Instance> Instance::create(std::string* why) {
+  std::shared_ptr<Instance> inst(new Instance());
+  if (!load_global(inst->fns_, why)) return nullptr;
+  const Functions& f = inst->fns_;
+
+  uint32_t api = VK_API_VERSION_1_0;
+  if (f.vkEnumerateInstanceVersion) f.vkEnumerateInstanceVersion(&api);
+  if (api < VK_API_VERSION_1_2) {
+    *why = "the Vulkan loader supports only Vulkan " + std::to_string(VK_API_VERSION_MAJOR(api)) +
+           "." + std::to_string(VK_API_VERSION_MINOR(api)) + "; crosstrain needs 1.2";
+    return nullptr;
+  }
+  uint32_t n = 0;
+  f.vkEnumerateInstanceExtensionProperties(nullptr, &n, nullptr);
+  std::vector<VkExtensionProperties> exts(n);
+  f.vkEnumerateInstanceExtensionProperties(nullptr, &n, exts.data());
+  auto has_ext = [&](const char* e) {
+    for (auto& x : exts)
+      if (std::strcmp(x.extensionName, e) == 0) return true;
+    return false;
+  };
+  std::vector<const char*> enabled_exts, layers;
+  bool validate = env_flag("CROSSTRAIN_VK_VALIDATION");
+  if (has_ext(VK_KHR_PORTABILITY_ENUMERATION_EXTENSION_NAME))
+    enabled_exts.push_back(VK_KHR_PORTABILITY_ENUMERATION_EXTENSION_NAME);
+  if (validate) {
+    uint32_t nl = 0;
+    f.vkEnumerateInstanceLayerProperties(&nl, nullptr);
+    std::vector<VkLayerProperties> lp(nl);
+    f.vkEnumerateInstanceLayerProperties(&nl, lp.data());
+    bool have_layer = false;
+    for (auto& l : lp) have_layer |= std::strcmp(l.layerName, kValidationLayer) == 0;
+    if (!have_layer) {
+      *why = "CROSSTRAIN_VK_VALIDATION is set but VK_LAYER_KHRONOS_validation is not installed "
+             "(Debian: vulkan-validationlayers)";
+      return nullptr;
+    }
+    layers.push_back(kValidationLayer);
+    // The layer's own extension list includes debug utils even if the loader's does not.
+    enabled_exts.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+  }
+
+  auto app = vk_struct<VkApplicationInfo>(VK_STRUCTURE_TYPE_APPLICATION_INFO);
+  app.pApplicationName = "crosstrain";
+  app.pEngineName = "crosstrain";
+  app.apiVersion = VK_API_VERSION_1_2;
+  auto ci = vk_struct<VkInstanceCreateInfo>(VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO);
+  ci.pApplicationInfo = &app;
+  if (has_ext(VK_KHR_PORTABILITY_ENUMERATION_EXTENSION_NAME))
+    ci.flags |= VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR;
+  ci.enabledExtensionCount = static_cast<uint32_t>(enabled_exts.size());
+  ci.ppEnabledExtensionNames = enabled_exts.data();
+  ci.enabledLayerCount = static_cast<uint32_t>(layers.size());
+  ci.ppEnabledLayerNames = layers.data();
+  VkResult r = f.vkCreateInstance(&ci, nullptr, &inst->instance_);
+  if (r != VK_SUCCESS) {
+    *why = std::string("vkCreateInstance failed: ") + result_name(r) +
+           (r == VK_ERROR_INCOMPATIBLE_DRIVER
+                ? " (no Vulkan driver; install mesa-vulkan-drivers for lavapipe)"
+                : "");
+    return nullptr;
+  }
+  try {
+    load_instance(inst->fns_, inst->instance_);
+    if (validate && inst->fns_.vkCreateDebugUtilsMessengerEXT) {
+      auto mi = vk_struct<VkDebugUtilsMessengerCreateInfoEXT>(VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT);
+      mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT |
+                           VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+      mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
+                       VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                       VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+      mi.pfnUserCallback = debug_callback;
+      mi.pUserData = inst.get();
+      VK_CHECK(inst->fns_.vkCreateDebugUtilsMessengerEXT(inst->instance_, &mi, nullptr,
+                                                         &inst->messenger_));
+    }
+    inst->enumerate();
+  } catch (const std::exception& e) {
+    *why = e.what();
+    return nullptr;
+  }
+  if (inst->devices_.empty()) {
+    *why = "no Vulkan device with a compute queue and Vulkan 1.2 was found (install "
+           "mesa-vulkan-drivers for the lavapipe CPU device)";
+    return nullptr;
+  }
+  return inst;
+}
+
+Instance::~Instance() {
+  if (messenger_ != VK_NULL_HANDLE && fns_.vkDestroyDebugUtilsMessengerEXT)
+    fns_.vkDestroyDebugUtilsMessengerEXT(instance_, messenger_, nullptr);
+  if (instance_ != VK_NULL_HANDLE) fns_.vkDestroyInstance(instance_, nullptr);
+}
+
+static DeviceType device_type(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return DeviceType::kCpu;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return DeviceType::kIntegratedGpu;
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return DeviceType::kDiscreteGpu;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return DeviceType::kVirtualGpu;
+    default: return DeviceType::kOther;
+  }
+}
+
+static std::string subgroup_ops(VkSubgroupFeatureFlags f) {
+  static const std::pair<VkSubgroupFeatureFlagBits, const char*> names[] = {
+      {VK_SUBGROUP_FEATURE_BASIC_BIT, "basic"},       {VK_SUBGROUP_FEATURE_VOTE_BIT, "vote"},
+      {VK_SUBGROUP_FEATURE_ARITHMETIC_BIT, "arithmetic"}, {VK_SUBGROUP_FEATURE_BALLOT_BIT, "ballot"},
+      {VK_SUBGROUP_FEATURE_SHUFFLE_BIT, "shuffle"},
+      {VK_SUBGROUP_FEATURE_SHUFFLE_RELATIVE_BIT, "shuffle-relative"},
+      {VK_SUBGROUP_FEATURE_CLUSTERED_BIT, "clustered"}, {VK_SUBGROUP_FEATURE_QUAD_BIT, "quad"}};
+  std::string s;
+  for (auto& [bit, name] : names)
+    if (f & bit) s += (s.empty() ? "" : ",") + std::string(name);
+  return s.empty() ? "none" : s;
+}
+
+static std::string mib(uint64_t b) { return std::to_string(b >> 20) + " MiB"; }
+
+void Instance::enumerate() {
+  const Functions& f = fns_;
+  uint32_t n = 0;
+  VK_CHECK(f.vkEnumeratePhysicalDevices(instance_, &n, nullptr));
+  std::vector<VkPhysicalDevice> pds(n);
+  VK_CHECK(f.vkEnumeratePhysicalDevices(instance_, &n, pds.data()));
+  for (VkPhysicalDevice h : pds) {
+    PhysicalDevice pd;
+    pd.handle = h;
+    f.vkGetPhysicalDeviceProperties(h, &pd.props);
+    if (pd.props.apiVersion < VK_API_VERSION_1_2) continue;
+    uint32_t nq = 0;
+    f.vkGetPhysicalDeviceQueueFamilyProperties(h, &nq, nullptr);
+    std::vector<VkQueueFamilyProperties> qf(nq);
+    f.vkGetPhysicalDeviceQueueFamilyProperties(h, &nq, qf.data());
+    int family = -1;
+    for (uint32_t i = 0; i < nq; ++i) {  // prefer a compute-only family (async compute)
+      bool compute = qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT;
+      bool graphics = qf[i].queueFlags & VK_QUEUE_GRAPHICS_BIT;
+      if (compute && (family < 0 || !graphics)) family = static_cast<int>(i);
+    }
+    if (family < 0) continue;
+    pd.queue_family = static_cast<uint32_t>(family);
+
+    uint32_t ne = 0;
+    f.vkEnumerateDeviceExtensionProperties(h, nullptr, &ne, nullptr);
+    std::vector<VkExtensionProperties> exts(ne);
+    f.vkEnumerateDeviceExtensionProperties(h, nullptr, &ne, exts.data());
+    auto has_ext = [&](const char* e) {
+      for (auto& x : exts)
+        if (std::strcmp(x.extensionName, e) == 0) return true;
+      return false;
+    };
+    pd.memory_budget = has_ext(VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+    pd.coopmat = has_ext("VK_KHR_cooperative_matrix");
+
+    auto f12 = vk_struct<VkPhysicalDeviceVulkan12Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES);
+    auto f11 = vk_struct<VkPhysicalDeviceVulkan11Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES);
+    f11.pNext = &f12;
+    auto feats = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+    feats.pNext = &f11;
+    f.vkGetPhysicalDeviceFeatures2(h, &feats);
+    pd.storage16 = f11.storageBuffer16BitAccess;
+    pd.storage8 = f12.storageBuffer8BitAccess;
+    pd.float16 = f12.shaderFloat16;
+
+    auto p12 = vk_struct<VkPhysicalDeviceVulkan12Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_PROPERTIES);
+    auto p11 = vk_struct<VkPhysicalDeviceVulkan11Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES);
+    p11.pNext = &p12;
+    auto props2 = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+    props2.pNext = &p11;
+    f.vkGetPhysicalDeviceProperties2(h, &props2);
+    pd.subgroup_size = p11.subgroupSize;
+    pd.max_alloc = p11.maxMemoryAllocationSize;
+
+    f.vkGetPhysicalDeviceMemoryProperties(h, &pd.mem);
+    uint64_t device_local = 0;
+    std::string heaps;
+    for (uint32_t i = 0; i < pd.mem.memoryHeapCount; ++i) {
+      const VkMemoryHeap& hp = pd.mem.memoryHeaps[i];
+      if (hp.flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) device_local += hp.size;
+      heaps += (heaps.empty() ? "" : ", ") + mib(hp.size) +
+               ((hp.flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) ? " device-local" : " host");
+    }
+
+    DeviceInfo& info = pd.info;
+    info.backend = "vulkan";
+    info.index = static_cast<int>(devices_.size());
+    info.name = pd.props.deviceName;
+    info.type = device_type(pd.props.deviceType);
+    info.driver = std::string(p12.driverName) + " " + p12.driverInfo;
+    info.memory_bytes = static_cast<int64_t>(device_local);
+    info.memory_budget_bytes = memory_budget(pd);
+    info.max_allocation_bytes = static_cast<int64_t>(pd.max_alloc);
+    info.max_buffer_range_bytes = pd.props.limits.maxStorageBufferRange;
+    info.dtypes = {DType::f32, DType::i32};
+    if (pd.storage16) {
+      info.dtypes.push_back(DType::f16);
+      info.dtypes.push_back(DType::bf16);
+    }
+    if (pd.storage8) {
+      info.dtypes.push_back(DType::i8);
+      info.dtypes.push_back(DType::u8);
+    }
+    info.cooperative_matrix = pd.coopmat;
+    info.fp16_arithmetic = pd.float16;
+    info.bf16_arithmetic = false;
+    uint32_t v = pd.props.apiVersion;
+    auto yn = [](bool b) { return std::string(b ? "yes" : "no"); };
+    info.extra = {
+        {"api version", std::to_string(VK_API_VERSION_MAJOR(v)) + "." +
+                            std::to_string(VK_API_VERSION_MINOR(v)) + "." +
+                            std::to_string(VK_API_VERSION_PATCH(v))},
+        {"memory heaps", heaps},
+        {"memory budget", pd.memory_budget ? "VK_EXT_memory_budget" : "unknown"},
+        {"maxStorageBufferRange", mib(pd.props.limits.maxStorageBufferRange)},
+        {"maxMemoryAllocationSize", mib(pd.max_alloc)},
+        {"minStorageBufferOffsetAlignment",
+         std::to_string(pd.props.limits.minStorageBufferOffsetAlignment)},
+        {"shaderFloat16", yn(pd.float16)},
+        {"storageBuffer16BitAccess", yn(pd.storage16)},
+        {"storageBuffer8BitAccess", yn(pd.storage8)},
+        {"subgroup size", std::to_string(p11.subgroupSize)},
+        {"subgroup ops", subgroup_ops(p11.subgroupSupportedOperations)},
+        {"cooperative matrix", yn(pd.coopmat)},
+        {"max workgroup invocations", std::to_string(pd.props.limits.maxComputeWorkGroupInvocations)},
+        {"shared memory", std::to_string(pd.props.limits.maxComputeSharedMemorySize) + " B"},
+        {"matmul variant", info.type == DeviceType::kCpu ? "register-blocked" : "shared-memory tiled"},
+    };
+    devices_.push_back(std::move(pd));
+  }
+}
+
+int64_t Instance::memory_budget(const PhysicalDevice& pd) const {
+  if (!pd.memory_budget) return 0;
+  auto budget = vk_struct<VkPhysicalDeviceMemoryBudgetPropertiesEXT>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT);
+  auto mp = vk_struct<VkPhysicalDeviceMemoryProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2);
+  mp.pNext = &budget;
+  fns_.vkGetPhysicalDeviceMemoryProperties2(pd.handle, &mp);
+  int64_t total = 0;
+  for (uint32_t i = 0; i < mp.memoryProperties.memoryHeapCount; ++i)
+    if (mp.memoryProperties.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+      total += static_cast<int64_t>(budget.heapBudget[i] - std::min(budget.heapBudget[i], budget.heapUsage[i]));
+  return total;
+}
+
+std::shared_ptr<Instance> shared_instance(std::string* why) {
+  static std::mutex mu;
+  static std::shared_ptr<Instance> inst;
+  static std::string reason;
+  static bool tried = false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!tried) {
+    tried = true;
+    inst = Instance::create(&reason);
+  }
+  if (!inst) *why = reason;
+  return inst;
+}
+
+}  // namespace ct::vk

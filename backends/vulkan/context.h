@@ -1,0 +1,69 @@
+// The Vulkan instance, its physical devices and what they can do (Kompute's "Manager" half).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/vulkan/loader.h"
+#include "core/device.h"
+
+namespace ct::vk {
+
+// What this backend needs to know about one physical device beyond DeviceInfo.
+struct PhysicalDevice {
+  VkPhysicalDevice handle = VK_NULL_HANDLE;
+  DeviceInfo info;
+  VkPhysicalDeviceProperties props{};
+  VkPhysicalDeviceMemoryProperties mem{};
+  uint32_t queue_family = 0;       // a family with compute
+  bool storage16 = false;          // storageBuffer16BitAccess
+  bool storage8 = false;           // storageBuffer8BitAccess
+  bool float16 = false;            // shaderFloat16
+  bool memory_budget = false;      // VK_EXT_memory_budget
+  bool coopmat = false;            // VK_KHR_cooperative_matrix
+  uint32_t subgroup_size = 0;
+  uint64_t max_alloc = 0;          // maxMemoryAllocationSize
+};
+
+// One VkInstance per process, shared by the backend and every device opened from it.
+class Instance {
+ public:
+  // Loads Vulkan and creates the instance; null with *why set when Vulkan is unusable here.
+  static std::shared_ptr<Instance> create(std::string* why);
+  ~Instance();
+  Instance(const Instance&) = delete;
+  Instance& operator=(const Instance&) = delete;
+
+  const Functions& fns() const { return fns_; }
+  VkInstance handle() const { return instance_; }
+  const std::vector<PhysicalDevice>& devices() const { return devices_; }
+  // Memory budget (VK_EXT_memory_budget) of device-local heaps, or 0 where unknown.
+  int64_t memory_budget(const PhysicalDevice& pd) const;
+
+  // Validation (CROSSTRAIN_VK_VALIDATION=1): the Khronos layer plus a debug-utils messenger
+  // that counts every warning/error it reports.
+  bool validation() const { return messenger_ != VK_NULL_HANDLE; }
+  uint64_t validation_messages() const { return messages_.load(); }
+  std::string first_validation_message() const;
+  void record_message(const char* text);
+
+ private:
+  Instance() = default;
+  void enumerate();
+
+  Functions fns_;
+  VkInstance instance_ = VK_NULL_HANDLE;
+  VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
+  std::vector<PhysicalDevice> devices_;
+  std::atomic<uint64_t> messages_{0};
+  mutable std::mutex msg_mu_;
+  std::string first_message_;
+};
+
+// The process's instance (created on first use), or null with *why.
+std::shared_ptr<Instance> shared_instance(std::string* why);
+
+}  // namespace ct::vk

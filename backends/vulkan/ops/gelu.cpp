@@ -1,0 +1,48 @@
+// GELU (tanh form) forward and backward. Shader: gelu.comp.
+#include "backends/vulkan/ops/op_util.h"
+
+namespace ct::vk {
+
+struct GeluFwdPush {
+  uint32_t n, oo, ox;
+};
+CT_VK_PUSH_SIZE(GeluFwdPush, gelu_fwd);
+CT_VK_PUSH_MEMBER(GeluFwdPush, gelu_fwd, n);
+CT_VK_PUSH_MEMBER(GeluFwdPush, gelu_fwd, oo);
+CT_VK_PUSH_MEMBER(GeluFwdPush, gelu_fwd, ox);
+
+struct GeluBwdPush {
+  uint32_t n, odx, ox, odo;
+};
+CT_VK_PUSH_SIZE(GeluBwdPush, gelu_bwd);
+CT_VK_PUSH_MEMBER(GeluBwdPush, gelu_bwd, n);
+CT_VK_PUSH_MEMBER(GeluBwdPush, gelu_bwd, odx);
+CT_VK_PUSH_MEMBER(GeluBwdPush, gelu_bwd, ox);
+CT_VK_PUSH_MEMBER(GeluBwdPush, gelu_bwd, odo);
+
+void VulkanDevice::gelu_forward(const Tensor& out, const Tensor& x) {
+  require_f32(out, "gelu_forward", "out");
+  require_f32(x, "gelu_forward", "x");
+  require_numel(x, out.numel(), "gelu_forward", "x");
+  for_each_chunk(*this, out.numel(), 4, [&](int64_t s, int64_t n) {
+    Bound bo = bind(out, s, n), bx = bind(x, s, n);
+    auto g = grid(n, 256);
+    dispatch(ShaderId::gelu_fwd, {bo, bx}, GeluFwdPush{u32(n), bo.first, bx.first}, g[0], g[1]);
+  });
+}
+
+void VulkanDevice::gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) {
+  require_f32(dx, "gelu_backward", "dx");
+  require_f32(x, "gelu_backward", "x");
+  require_f32(dout, "gelu_backward", "dout");
+  require_numel(x, dx.numel(), "gelu_backward", "x");
+  require_numel(dout, dx.numel(), "gelu_backward", "dout");
+  for_each_chunk(*this, dx.numel(), 4, [&](int64_t s, int64_t n) {
+    Bound bd = bind(dx, s, n), bx = bind(x, s, n), bo = bind(dout, s, n);
+    auto g = grid(n, 256);
+    dispatch(ShaderId::gelu_bwd, {bd, bx, bo}, GeluBwdPush{u32(n), bd.first, bx.first, bo.first},
+             g[0], g[1]);
+  });
+}
+
+}  // namespace ct::vk

@@ -1,0 +1,42 @@
+// Helpers shared by the op files: argument checks and splitting work over
+// maxStorageBufferRange-sized chunks.
+#pragma once
+
+#include <algorithm>
+#include <string>
+
+#include "backends/vulkan/vk_device.h"
+#include "core/error.h"
+
+namespace ct::vk {
+
+inline void require_f32(const Tensor& t, const char* op, const char* name) {
+  CT_REQUIRE(t.defined(), std::string(op) + ": " + name + " is undefined");
+  CT_REQUIRE(t.dtype == DType::f32,
+             std::string(op) + ": " + name + " must be f32, got " + t.describe());
+  CT_REQUIRE(t.is_contiguous(), std::string(op) + ": " + name + " must be contiguous");
+}
+
+inline void require_dtype(const Tensor& t, DType d, const char* op, const char* name) {
+  CT_REQUIRE(t.defined(), std::string(op) + ": " + name + " is undefined");
+  CT_REQUIRE(t.dtype == d, std::string(op) + ": " + name + " must be " + dtype_name(d) +
+                               ", got " + t.describe());
+  CT_REQUIRE(t.is_contiguous(), std::string(op) + ": " + name + " must be contiguous");
+}
+
+inline void require_numel(const Tensor& t, int64_t n, const char* op, const char* name) {
+  CT_REQUIRE(t.numel() == n, std::string(op) + ": " + name + " " + t.describe() + " must have " +
+                                 std::to_string(n) + " elements");
+}
+
+// Calls fn(start, count) over [0, n) in chunks that one binding of `esize`-byte elements can
+// always cover (elementwise ops on tensors beyond maxStorageBufferRange).
+template <class F>
+void for_each_chunk(const VulkanDevice& dev, int64_t n, size_t esize, F&& fn) {
+  int64_t chunk = dev.max_elems(esize);
+  for (int64_t s = 0; s < n; s += chunk) fn(s, std::min(chunk, n - s));
+}
+
+inline uint32_t u32(int64_t v) { return static_cast<uint32_t>(v); }
+
+}  // namespace ct::vk

@@ -1,0 +1,514 @@
+#include "backends/vulkan/vk_device.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace ct::vk {
+
+// ---------------------------------------------------------------------------------------------
+// Buffers
+
+VkBufferObj::VkBufferObj(VulkanDevice& dev, size_t size, MemCategory category, VkBuffer buffer,
+                         const Allocation& alloc, bool tracked)
+    : Buffer(dev, size, category), vdev_(dev), buffer_(buffer), alloc_(alloc), tracked_(tracked) {}
+
+VkBufferObj::~VkBufferObj() { vdev_.retire(buffer_, alloc_, category(), size(), tracked_); }
+
+// ---------------------------------------------------------------------------------------------
+// Device creation
+
+VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
+    : instance_(std::move(instance)), pd_(instance_->devices().at(index)), f_(instance_->fns()) {
+  info_ = pd_.info;
+  float prio = 1.0f;
+  auto qi = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
+  qi.queueFamilyIndex = pd_.queue_family;
+  qi.queueCount = 1;
+  qi.pQueuePriorities = &prio;
+  auto f12 = vk_struct<VkPhysicalDeviceVulkan12Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES);
+  f12.storageBuffer8BitAccess = pd_.storage8;
+  f12.shaderFloat16 = pd_.float16;
+  auto f11 = vk_struct<VkPhysicalDeviceVulkan11Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES);
+  f11.storageBuffer16BitAccess = pd_.storage16;
+  f11.pNext = &f12;
+  auto feats = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+  feats.pNext = &f11;
+  std::vector<const char*> exts;
+  if (pd_.memory_budget) exts.push_back(VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+  auto ci = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
+  ci.pNext = &feats;
+  ci.queueCreateInfoCount = 1;
+  ci.pQueueCreateInfos = &qi;
+  ci.enabledExtensionCount = static_cast<uint32_t>(exts.size());
+  ci.ppEnabledExtensionNames = exts.data();
+  VK_CHECK(f_.vkCreateDevice(pd_.handle, &ci, nullptr, &device_));
+  load_device(f_, device_);
+  f_.vkGetDeviceQueue(device_, pd_.queue_family, 0, &queue_);
+  alloc_ = std::make_unique<Allocator>(f_, device_, pd_, *instance_);
+  load_pipeline_cache();
+}
+
+VulkanDevice::~VulkanDevice() {
+  try {
+    synchronize();
+  } catch (...) {  // a destructor must not throw; the device is going away anyway
+  }
+  f_.vkDeviceWaitIdle(device_);
+  recycle(true);
+  for (auto& r : retired_) {
+    f_.vkDestroyBuffer(device_, r.buffer, nullptr);
+    alloc_->free(r.alloc);
+  }
+  retired_.clear();
+  auto destroy_batch = [&](Batch& b) {
+    for (auto p : b.dpools) f_.vkDestroyDescriptorPool(device_, p, nullptr);
+    f_.vkDestroyFence(device_, b.fence, nullptr);
+    f_.vkDestroyCommandPool(device_, b.pool, nullptr);
+  };
+  if (cur_) destroy_batch(*cur_);
+  for (auto& b : spare_) destroy_batch(*b);
+  for (auto& p : pipelines_) {
+    if (p.pipeline) f_.vkDestroyPipeline(device_, p.pipeline, nullptr);
+    if (p.layout) f_.vkDestroyPipelineLayout(device_, p.layout, nullptr);
+    if (p.dsl) f_.vkDestroyDescriptorSetLayout(device_, p.dsl, nullptr);
+  }
+  save_pipeline_cache();
+  if (cache_) f_.vkDestroyPipelineCache(device_, cache_, nullptr);
+  alloc_.reset();
+  f_.vkDestroyDevice(device_, nullptr);
+}
+
+bool VulkanDevice::supports(OpKind op, DType dtype) const {
+  bool have = std::find(info_.dtypes.begin(), info_.dtypes.end(), dtype) != info_.dtypes.end();
+  if (!have) return false;
+  switch (op) {
+    case OpKind::kFill: return true;
+    case OpKind::kCopy: return true;  // same dtype: any; conversions: between f32/f16/bf16
+    default: return dtype == DType::f32;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+std::shared_ptr<VkBufferObj> VulkanDevice::make_buffer(size_t bytes, MemCategory category,
+                                                       bool staging) {
+  auto bi = vk_struct<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
+  bi.size = std::max<size_t>(bytes, 4);
+  bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+             VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  if (bytes > pd_.max_alloc) {  // report as OOM naming the limit, before the driver refuses
+    VkMemoryRequirements req{bytes, 16, ~0u};
+    alloc_->allocate(req, staging);
+  }
+  VkBuffer buf = VK_NULL_HANDLE;
+  VK_CHECK(f_.vkCreateBuffer(device_, &bi, nullptr, &buf));
+  VkMemoryRequirements req;
+  f_.vkGetBufferMemoryRequirements(device_, buf, &req);
+  Allocation a;
+  try {
+    a = alloc_->allocate(req, staging);
+  } catch (...) {
+    f_.vkDestroyBuffer(device_, buf, nullptr);
+    throw;
+  }
+  VK_CHECK(f_.vkBindBufferMemory(device_, buf, a.memory, a.offset));
+  if (a.mapped) a.mapped = static_cast<char*>(a.mapped) + a.offset;
+  if (!staging) tracker_.on_alloc(category, bytes);
+  return std::make_shared<VkBufferObj>(*this, bytes, category, buf, a, !staging);
+}
+
+std::shared_ptr<Buffer> VulkanDevice::allocate(size_t bytes, MemCategory category) {
+  try {
+    return make_buffer(bytes, category, false);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kOutOfMemory) throw;
+    // Memory retired by finished work may satisfy the request: wait once and retry.
+    synchronize();
+    return make_buffer(bytes, category, false);
+  }
+}
+
+void VulkanDevice::retire(VkBuffer buffer, const Allocation& alloc, MemCategory category,
+                          size_t size, bool tracked) {
+  if (tracked) tracker_.on_free(category, size);
+  retired_.push_back({next_serial_, buffer, alloc});
+}
+
+Tensor VulkanDevice::workspace(const Shape& shape, DType dtype) {
+  return empty(shape, dtype, MemCategory::kWorkspace);
+}
+
+static const VkBufferObj& vkbuf(const Tensor& t) {
+  CT_REQUIRE(t.defined(), "Vulkan op given an undefined tensor");
+  auto* b = dynamic_cast<const VkBufferObj*>(t.buffer.get());
+  CT_REQUIRE(b, "tensor " + t.describe() + " is not on a Vulkan device");
+  return *b;
+}
+
+void VulkanDevice::upload(const Tensor& dst, const void* host, size_t bytes) {
+  CT_REQUIRE(dst.is_contiguous(), "upload: destination " + dst.describe() + " is not contiguous");
+  CT_REQUIRE(bytes <= dst.nbytes(), "upload: " + std::to_string(bytes) +
+                                        " bytes do not fit " + dst.describe());
+  if (bytes == 0) return;
+  const VkBufferObj& d = vkbuf(dst);
+  auto staging = make_buffer(bytes, MemCategory::kWorkspace, true);
+  std::memcpy(staging->allocation().mapped, host, bytes);
+  VkBufferCopy region{0, dst.offset, bytes};
+  VkCommandBuffer cb = cmd();
+  f_.vkCmdCopyBuffer(cb, staging->handle(), d.handle(), 1, &region);
+  barrier(cb);
+}
+
+void VulkanDevice::download(void* host, const Tensor& src, size_t bytes) {
+  CT_REQUIRE(src.is_contiguous(), "download: source " + src.describe() + " is not contiguous");
+  CT_REQUIRE(bytes <= src.nbytes(), "download: " + std::to_string(bytes) +
+                                        " bytes exceed " + src.describe());
+  if (bytes == 0) return;
+  const VkBufferObj& s = vkbuf(src);
+  auto staging = make_buffer(bytes, MemCategory::kWorkspace, true);
+  VkBufferCopy region{src.offset, 0, bytes};
+  VkCommandBuffer cb = cmd();
+  f_.vkCmdCopyBuffer(cb, s.handle(), staging->handle(), 1, &region);
+  barrier(cb, true);
+  synchronize();
+  std::memcpy(host, staging->allocation().mapped, bytes);
+}
+
+void VulkanDevice::copy_bytes(const Tensor& dst, const Tensor& src) {
+  CT_REQUIRE(dst.nbytes() == src.nbytes(), "copy: byte sizes differ");
+  const VkBufferObj& d = vkbuf(dst);
+  const VkBufferObj& s = vkbuf(src);
+  CT_REQUIRE(&d != &s || dst.offset + dst.nbytes() <= src.offset ||
+                 src.offset + src.nbytes() <= dst.offset,
+             "copy: source and destination overlap");
+  VkBufferCopy region{src.offset, dst.offset, dst.nbytes()};
+  VkCommandBuffer cb = cmd();
+  f_.vkCmdCopyBuffer(cb, s.handle(), d.handle(), 1, &region);
+  barrier(cb);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recording and submission
+
+VkCommandBuffer VulkanDevice::cmd() {
+  if (!cur_) {
+    if (!spare_.empty()) {
+      cur_ = std::move(spare_.back());
+      spare_.pop_back();
+    } else {
+      cur_ = std::make_unique<Batch>();
+      auto pi = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
+      pi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
+      pi.queueFamilyIndex = pd_.queue_family;
+      VK_CHECK(f_.vkCreateCommandPool(device_, &pi, nullptr, &cur_->pool));
+      auto ai = vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+      ai.commandPool = cur_->pool;
+      ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+      ai.commandBufferCount = 1;
+      VK_CHECK(f_.vkAllocateCommandBuffers(device_, &ai, &cur_->cmd));
+      auto fi = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
+      VK_CHECK(f_.vkCreateFence(device_, &fi, nullptr, &cur_->fence));
+    }
+  }
+  if (!cur_->open) {
+    auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    VK_CHECK(f_.vkBeginCommandBuffer(cur_->cmd, &bi));
+    cur_->open = true;
+    cur_->serial = next_serial_;
+  }
+  ++cur_->commands;
+  return cur_->cmd;
+}
+
+// Simplest correct ordering: every command's writes are made visible to every later command
+// (compute or transfer), and to the host for read-backs.
+void VulkanDevice::barrier(VkCommandBuffer cb, bool to_host) {
+  auto mb = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                     VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  VkPipelineStageFlags dst = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+  if (to_host) {
+    mb.dstAccessMask |= VK_ACCESS_HOST_READ_BIT;
+    dst |= VK_PIPELINE_STAGE_HOST_BIT;
+  }
+  f_.vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                          dst, 0, 1, &mb, 0, nullptr, 0, nullptr);
+}
+
+void VulkanDevice::flush() {
+  if (cur_ && cur_->open) {
+    VK_CHECK(f_.vkEndCommandBuffer(cur_->cmd));
+    auto si = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cur_->cmd;
+    VK_CHECK(f_.vkQueueSubmit(queue_, 1, &si, cur_->fence));
+    cur_->open = false;
+    inflight_.push_back(std::move(cur_));
+    ++next_serial_;
+  }
+  recycle(false);
+  check_validation("flush");
+}
+
+void VulkanDevice::synchronize() {
+  flush();
+  recycle(true);
+  check_validation("synchronize");
+}
+
+void VulkanDevice::recycle(bool wait_all) {
+  while (!inflight_.empty()) {
+    Batch& b = *inflight_.front();
+    if (wait_all) {
+      VK_CHECK(f_.vkWaitForFences(device_, 1, &b.fence, VK_TRUE, UINT64_MAX));
+    } else {
+      VkResult r = f_.vkGetFenceStatus(device_, b.fence);
+      if (r == VK_NOT_READY) break;
+      VK_CHECK(r);
+    }
+    completed_serial_ = b.serial;
+    VK_CHECK(f_.vkResetFences(device_, 1, &b.fence));
+    VK_CHECK(f_.vkResetCommandPool(device_, b.pool, 0));
+    for (auto p : b.dpools) VK_CHECK(f_.vkResetDescriptorPool(device_, p, 0));
+    b.dpool_cur = 0;
+    b.commands = 0;
+    spare_.push_back(std::move(inflight_.front()));
+    inflight_.erase(inflight_.begin());
+  }
+  // Nothing recorded and nothing in flight: everything retired is free to go.
+  bool idle = inflight_.empty() && !(cur_ && cur_->open);
+  size_t keep = 0;
+  for (auto& r : retired_) {
+    if (idle || r.serial <= completed_serial_) {
+      f_.vkDestroyBuffer(device_, r.buffer, nullptr);
+      alloc_->free(r.alloc);
+    } else {
+      retired_[keep++] = r;
+    }
+  }
+  retired_.resize(keep);
+}
+
+void VulkanDevice::check_validation(const char* where) {
+  uint64_t n = instance_->validation_messages();
+  if (n > validation_seen_) {
+    validation_seen_ = n;
+    fail(ErrorKind::kDevice, std::string("Vulkan validation reported ") + std::to_string(n) +
+                                 " message(s) by " + where + "; first: " +
+                                 instance_->first_validation_message());
+  }
+}
+
+VkDescriptorSet VulkanDevice::descriptor_set(VkDescriptorSetLayout dsl) {
+  Batch& b = *cur_;
+  for (;;) {
+    if (b.dpool_cur == b.dpools.size()) {
+      VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 4096};
+      auto pi = vk_struct<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
+      pi.maxSets = 1024;
+      pi.poolSizeCount = 1;
+      pi.pPoolSizes = &ps;
+      VkDescriptorPool pool;
+      VK_CHECK(f_.vkCreateDescriptorPool(device_, &pi, nullptr, &pool));
+      b.dpools.push_back(pool);
+    }
+    auto ai = vk_struct<VkDescriptorSetAllocateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO);
+    ai.descriptorPool = b.dpools[b.dpool_cur];
+    ai.descriptorSetCount = 1;
+    ai.pSetLayouts = &dsl;
+    VkDescriptorSet set;
+    VkResult r = f_.vkAllocateDescriptorSets(device_, &ai, &set);
+    if (r == VK_SUCCESS) return set;
+    if (r != VK_ERROR_OUT_OF_POOL_MEMORY && r != VK_ERROR_FRAGMENTED_POOL) VK_CHECK(r);
+    ++b.dpool_cur;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipelines
+
+const VulkanDevice::Pipeline& VulkanDevice::pipeline(ShaderId id) {
+  Pipeline& p = pipelines_[static_cast<uint32_t>(id)];
+  if (p.pipeline) return p;
+  const ShaderBinary& sb = kShaderBinaries[static_cast<uint32_t>(id)];
+  std::vector<VkDescriptorSetLayoutBinding> lb;
+  for (uint32_t i = 0; i < 32; ++i) {
+    if (!(sb.info.binding_mask & (1u << i))) continue;
+    VkDescriptorSetLayoutBinding b{};
+    b.binding = i;
+    b.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    b.descriptorCount = 1;
+    b.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+    lb.push_back(b);
+  }
+  auto di = vk_struct<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
+  di.bindingCount = static_cast<uint32_t>(lb.size());
+  di.pBindings = lb.data();
+  VK_CHECK(f_.vkCreateDescriptorSetLayout(device_, &di, nullptr, &p.dsl));
+  VkPushConstantRange pr{VK_SHADER_STAGE_COMPUTE_BIT, 0, sb.info.push_size};
+  auto li = vk_struct<VkPipelineLayoutCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO);
+  li.setLayoutCount = 1;
+  li.pSetLayouts = &p.dsl;
+  li.pushConstantRangeCount = sb.info.push_size ? 1 : 0;
+  li.pPushConstantRanges = &pr;
+  VK_CHECK(f_.vkCreatePipelineLayout(device_, &li, nullptr, &p.layout));
+  auto mi = vk_struct<VkShaderModuleCreateInfo>(VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO);
+  mi.codeSize = sb.words * 4;
+  mi.pCode = sb.code;
+  VkShaderModule mod;
+  VK_CHECK(f_.vkCreateShaderModule(device_, &mi, nullptr, &mod));
+  auto ci = vk_struct<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
+  ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
+  ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  ci.stage.module = mod;
+  ci.stage.pName = "main";
+  ci.layout = p.layout;
+  VkResult r = f_.vkCreateComputePipelines(device_, cache_, 1, &ci, nullptr, &p.pipeline);
+  f_.vkDestroyShaderModule(device_, mod, nullptr);
+  if (r != VK_SUCCESS)
+    fail(ErrorKind::kDevice, std::string("vkCreateComputePipelines(") + sb.name +
+                                 ") failed: " + result_name(r));
+  return p;
+}
+
+std::string VulkanDevice::pipeline_cache_path() const {
+  std::string base;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) base = x;
+  else if (const char* h = std::getenv("HOME"); h && *h) base = std::string(h) + "/.cache";
+  else return "";
+  char uuid[2 * VK_UUID_SIZE + 1];
+  for (uint32_t i = 0; i < VK_UUID_SIZE; ++i)
+    std::snprintf(uuid + 2 * i, 3, "%02x", pd_.props.pipelineCacheUUID[i]);
+  return base + "/crosstrain/vulkan-pipeline-cache-" + uuid + ".bin";
+}
+
+void VulkanDevice::load_pipeline_cache() {
+  std::vector<char> data;
+  std::string path = pipeline_cache_path();
+  if (!path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    if (in) data.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // The driver checks the header (vendor, device, cache UUID) and ignores stale data; check the
+  // UUID here too so a file from another driver is never handed over.
+  if (data.size() < 16 + VK_UUID_SIZE ||
+      std::memcmp(data.data() + 16, pd_.props.pipelineCacheUUID, VK_UUID_SIZE) != 0)
+    data.clear();
+  auto ci = vk_struct<VkPipelineCacheCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO);
+  ci.initialDataSize = data.size();
+  ci.pInitialData = data.empty() ? nullptr : data.data();
+  if (f_.vkCreatePipelineCache(device_, &ci, nullptr, &cache_) != VK_SUCCESS) {
+    ci.initialDataSize = 0;
+    ci.pInitialData = nullptr;
+    VK_CHECK(f_.vkCreatePipelineCache(device_, &ci, nullptr, &cache_));
+  }
+}
+
+void VulkanDevice::save_pipeline_cache() {
+  std::string path = pipeline_cache_path();
+  if (path.empty() || !cache_) return;
+  size_t n = 0;
+  if (f_.vkGetPipelineCacheData(device_, cache_, &n, nullptr) != VK_SUCCESS || n == 0) return;
+  std::vector<char> data(n);
+  if (f_.vkGetPipelineCacheData(device_, cache_, &n, data.data()) != VK_SUCCESS) return;
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) return;
+    out.write(data.data(), static_cast<std::streamsize>(n));
+  }
+  std::filesystem::rename(tmp, path, ec);  // atomic replace; a failed save is harmless
+  if (ec) std::filesystem::remove(tmp, ec);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch
+
+int64_t VulkanDevice::max_elems(size_t esize) const {
+  uint64_t range = pd_.props.limits.maxStorageBufferRange;
+  uint64_t align = pd_.props.limits.minStorageBufferOffsetAlignment;
+  uint64_t n = (range - align) / esize;
+  n = std::min<uint64_t>(n, 1ull << 31);
+  return static_cast<int64_t>(n & ~uint64_t(255));
+}
+
+Bound VulkanDevice::bind(const Tensor& t, int64_t start, int64_t count) const {
+  const VkBufferObj& b = vkbuf(t);
+  size_t es = dtype_size(t.dtype);
+  uint64_t align = pd_.props.limits.minStorageBufferOffsetAlignment;
+  uint64_t begin = t.offset + static_cast<uint64_t>(start) * es;
+  uint64_t off = begin / align * align;
+  uint64_t end = begin + static_cast<uint64_t>(std::max<int64_t>(count, 1)) * es;
+  CT_REQUIRE(end <= std::max<uint64_t>(b.size(), 4),
+             "tensor " + t.describe() + " reaches past the end of its buffer");
+  Bound r;
+  r.buffer = b.handle();
+  r.offset = off;
+  r.range = end - off;
+  r.first = static_cast<uint32_t>((begin - off) / es);
+  CT_CHECK((begin - off) % es == 0, "tensor offset is not a multiple of its element size");
+  if (r.range > pd_.props.limits.maxStorageBufferRange)
+    fail(ErrorKind::kUnsupported,
+         "binding " + std::to_string(r.range) + " bytes of " + t.describe() +
+             " exceeds maxStorageBufferRange (" +
+             std::to_string(pd_.props.limits.maxStorageBufferRange) +
+             "); this op does not split such tensors");
+  return r;
+}
+
+std::array<uint32_t, 2> VulkanDevice::grid(uint64_t n, uint32_t local) const {
+  uint64_t groups = std::max<uint64_t>((n + local - 1) / local, 1);
+  uint64_t gx = std::min<uint64_t>(groups, max_groups_x());
+  uint64_t gy = (groups + gx - 1) / gx;
+  CT_CHECK(gy <= pd_.props.limits.maxComputeWorkGroupCount[1], "dispatch too large");
+  return {static_cast<uint32_t>(gx), static_cast<uint32_t>(gy)};
+}
+
+void VulkanDevice::dispatch_raw(ShaderId id, const Bound* b, size_t nb, const void* push,
+                                size_t push_size, uint32_t gx, uint32_t gy, uint32_t gz) {
+  const ShaderBinary& sb = kShaderBinaries[static_cast<uint32_t>(id)];
+  CT_CHECK(push_size == sb.info.push_size,
+           std::string("push constants for ") + sb.name + ": " + std::to_string(push_size) +
+               " bytes given, the shader's block has " + std::to_string(sb.info.push_size));
+  CT_CHECK(nb == sb.info.num_bindings, std::string("binding count for ") + sb.name);
+  const Pipeline& p = pipeline(id);
+  VkCommandBuffer cb = cmd();
+  VkDescriptorSet set = descriptor_set(p.dsl);
+  std::array<VkDescriptorBufferInfo, 16> infos{};
+  std::array<VkWriteDescriptorSet, 16> writes{};
+  CT_CHECK(nb <= infos.size(), "too many bindings");
+  uint32_t bi = 0;
+  for (uint32_t i = 0; i < 32 && bi < nb; ++i) {
+    if (!(sb.info.binding_mask & (1u << i))) continue;
+    infos[bi] = {b[bi].buffer, b[bi].offset, b[bi].range};
+    VkWriteDescriptorSet& w = writes[bi];
+    w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+    w.dstSet = set;
+    w.dstBinding = i;
+    w.descriptorCount = 1;
+    w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    w.pBufferInfo = &infos[bi];
+    ++bi;
+  }
+  f_.vkUpdateDescriptorSets(device_, static_cast<uint32_t>(nb), writes.data(), 0, nullptr);
+  f_.vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline);
+  f_.vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1, &set, 0, nullptr);
+  if (push_size)
+    f_.vkCmdPushConstants(cb, p.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                          static_cast<uint32_t>(push_size), push);
+  f_.vkCmdDispatch(cb, gx, gy, gz);
+  barrier(cb);
+}
+
+}  // namespace ct::vk

@@ -1,0 +1,170 @@
+// One opened Vulkan device: buffers, the command stream, pipelines and the op set. The ops are
+// member functions defined one family per file under ops/.
+#pragma once
+
+#include <array>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "backends/vulkan/context.h"
+#include "backends/vulkan/memory.h"
+#include "core/device.h"
+#include "shader_tables.h"
+
+namespace ct::vk {
+
+class VulkanDevice;
+
+// A ct::Buffer backed by a VkBuffer over a sub-allocation. Destruction is deferred until the
+// work recorded so far has finished with it.
+class VkBufferObj final : public Buffer {
+ public:
+  VkBufferObj(VulkanDevice& dev, size_t size, MemCategory category, VkBuffer buffer,
+              const Allocation& alloc, bool tracked);
+  ~VkBufferObj() override;
+  VkBuffer handle() const { return buffer_; }
+  const Allocation& allocation() const { return alloc_; }
+
+ private:
+  VulkanDevice& vdev_;
+  VkBuffer buffer_;
+  Allocation alloc_;
+  bool tracked_;
+};
+
+// A byte range of one VkBuffer bound to one descriptor, and the index (in elements of the
+// tensor's type) of the first element the op asked for within that range.
+struct Bound {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceSize offset = 0;
+  VkDeviceSize range = 0;
+  uint32_t first = 0;
+};
+
+class VulkanDevice final : public Device {
+ public:
+  VulkanDevice(std::shared_ptr<Instance> instance, int index);
+  ~VulkanDevice() override;
+
+  const DeviceInfo& info() const override { return info_; }
+  bool supports(OpKind op, DType dtype) const override;
+  std::shared_ptr<Buffer> allocate(size_t bytes, MemCategory category) override;
+  void upload(const Tensor& dst, const void* host, size_t bytes) override;
+  void download(void* host, const Tensor& src, size_t bytes) override;
+  void flush() override;
+  void synchronize() override;
+
+  void fill(const Tensor& t, float value) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void accumulate(const Tensor& dst, const Tensor& src) override;
+  void scale(const Tensor& t, float s) override;
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe) override;
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens) override;
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& x, const Tensor& w, const Tensor& b, float eps) override;
+  void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                          const Tensor& dout, const Tensor& x, const Tensor& w,
+                          const Tensor& mean, const Tensor& rstd) override;
+  void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+              float alpha, float beta, const Tensor* bias) override;
+  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
+  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                         int n_head) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& att, int n_head) override;
+  void gelu_forward(const Tensor& out, const Tensor& x) override;
+  void gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) override;
+  void crossentropy_forward(const Tensor& losses, const Tensor& logits,
+                            const Tensor& targets) override;
+  void crossentropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                             float dloss) override;
+  void sum(const Tensor& out, const Tensor& x, float scale) override;
+  void norm(const Tensor& out, const Tensor& x) override;
+  void check_finite(const Tensor& flag, const Tensor& x) override;
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+             const Tensor& grad_norm, const AdamWHyper& hp) override;
+
+  // -- for the op files ------------------------------------------------------------------------
+  // Elements [start, start+count) of t (contiguous), bound at an offset the device accepts;
+  // throws if the range exceeds maxStorageBufferRange (split the op first: see max_elems()).
+  Bound bind(const Tensor& t, int64_t start, int64_t count) const;
+  Bound bind(const Tensor& t) const { return bind(t, 0, t.numel()); }
+  // The most elements of `esize` bytes that one binding can always cover.
+  int64_t max_elems(size_t esize) const;
+  // Records one dispatch of `id` with its bindings (in binding order) and push constants,
+  // followed by a barrier that orders it before every later op.
+  template <class Push>
+  void dispatch(ShaderId id, std::initializer_list<Bound> bindings, const Push& push,
+                uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
+    dispatch_raw(id, bindings.begin(), bindings.size(), &push, sizeof(Push), gx, gy, gz);
+  }
+  // Workgroups for `n` invocations of workgroup size `local`, as (x, y) within device limits;
+  // shaders rebuild the linear index with ct_linear_index() (shaders/common/index.glsl).
+  std::array<uint32_t, 2> grid(uint64_t n, uint32_t local) const;
+  // dst (=) src byte for byte (same dtype and numel), recorded as a transfer.
+  void copy_bytes(const Tensor& dst, const Tensor& src);
+  // A temporary device tensor, freed once the work recorded so far no longer needs it.
+  Tensor workspace(const Shape& shape, DType dtype);
+  bool cpu_like() const { return info_.type == DeviceType::kCpu; }
+  uint32_t max_groups_x() const { return pd_.props.limits.maxComputeWorkGroupCount[0]; }
+
+  // Called by VkBufferObj's destructor.
+  void retire(VkBuffer buffer, const Allocation& alloc, MemCategory category, size_t size,
+              bool tracked);
+
+ private:
+  struct Batch {
+    VkCommandPool pool = VK_NULL_HANDLE;
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    VkFence fence = VK_NULL_HANDLE;
+    std::vector<VkDescriptorPool> dpools;
+    size_t dpool_cur = 0;
+    uint64_t serial = 0;
+    bool open = false;
+    uint32_t commands = 0;
+  };
+  struct Pipeline {
+    VkDescriptorSetLayout dsl = VK_NULL_HANDLE;
+    VkPipelineLayout layout = VK_NULL_HANDLE;
+    VkPipeline pipeline = VK_NULL_HANDLE;
+  };
+  struct Retired {
+    uint64_t serial;
+    VkBuffer buffer;
+    Allocation alloc;
+  };
+
+  void dispatch_raw(ShaderId id, const Bound* b, size_t nb, const void* push, size_t push_size,
+                    uint32_t gx, uint32_t gy, uint32_t gz);
+  VkCommandBuffer cmd();  // the open command buffer, begun on demand
+  void barrier(VkCommandBuffer cb, bool to_host = false);
+  VkDescriptorSet descriptor_set(VkDescriptorSetLayout dsl);
+  const Pipeline& pipeline(ShaderId id);
+  std::shared_ptr<VkBufferObj> make_buffer(size_t bytes, MemCategory category, bool staging);
+  void recycle(bool wait_all);
+  void check_validation(const char* where);
+  void load_pipeline_cache();
+  void save_pipeline_cache();
+  std::string pipeline_cache_path() const;
+
+  std::shared_ptr<Instance> instance_;
+  const PhysicalDevice& pd_;
+  Functions f_;
+  DeviceInfo info_;
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;
+  std::unique_ptr<Allocator> alloc_;
+  VkPipelineCache cache_ = VK_NULL_HANDLE;
+  std::array<Pipeline, kNumShaders> pipelines_{};
+  std::unique_ptr<Batch> cur_;
+  std::vector<std::unique_ptr<Batch>> inflight_, spare_;
+  uint64_t next_serial_ = 1, completed_serial_ = 0;
+  std::vector<Retired> retired_;
+  uint64_t validation_seen_ = 0;
+};
+
+}  // namespace ct::vk
