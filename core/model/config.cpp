@@ -56,7 +56,7 @@ void GPT2Config::validate() const {
 
 int64_t GPT2Config::num_parameters() const {
   const int64_t C = n_embd, L = n_layer;
-  int64_t per_layer = 2 * C            // ln_1
+  int64_t per_layer = 2 * C                // ln_1
                       + C * 3 * C + 3 * C  // attn.c_attn
                       + C * C + C          // attn.c_proj
                       + 2 * C              // ln_2

@@ -59,11 +59,14 @@ std::vector<ParamInfo> gpt2_param_table(const GPT2Config& cfg) {
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // A contiguous view of the first shape.numel() elements of t.
-Tensor view(const Tensor& t, const Shape& shape) { return t.slice_flat(0, shape); }
+Tensor view(const Tensor& t, const Shape& shape) {
+  return t.slice_flat(0, shape);
+}
 
 // Fully connected layer in Conv1D layout, and its backward:
 //   out (=) inp @ w + b                 inp (N,C), w (C,OC), b (OC), out (N,OC)
@@ -115,13 +118,21 @@ Tensor GPT2::grads_flat() const {
     fail(ErrorKind::kInvalidArgument, "this GPT2 was created without gradients");
   return grads_;
 }
-Tensor GPT2::param(const std::string& name) const { return table_view(params_, name); }
-Tensor GPT2::grad(const std::string& name) const { return table_view(grads_flat(), name); }
-Tensor GPT2::params_decay() const { return params_.slice_flat(0, {decay_count_}); }
+Tensor GPT2::param(const std::string& name) const {
+  return table_view(params_, name);
+}
+Tensor GPT2::grad(const std::string& name) const {
+  return table_view(grads_flat(), name);
+}
+Tensor GPT2::params_decay() const {
+  return params_.slice_flat(0, {decay_count_});
+}
 Tensor GPT2::params_no_decay() const {
   return params_.slice_flat(decay_count_, {num_params_ - decay_count_});
 }
-Tensor GPT2::grads_decay() const { return grads_flat().slice_flat(0, {decay_count_}); }
+Tensor GPT2::grads_decay() const {
+  return grads_flat().slice_flat(0, {decay_count_});
+}
 Tensor GPT2::grads_no_decay() const {
   return grads_flat().slice_flat(decay_count_, {num_params_ - decay_count_});
 }
@@ -129,13 +140,15 @@ Tensor GPT2::grads_no_decay() const {
 GPT2::LayerParams GPT2::layer_params(const Tensor& flat, int l) const {
   const std::string h = "h." + std::to_string(l) + ".";
   auto v = [&](const char* rest) { return table_view(flat, h + rest); };
-  return {v("ln_1.weight"),     v("ln_1.bias"),      v("attn.c_attn.weight"),
+  return {v("ln_1.weight"),      v("ln_1.bias"),          v("attn.c_attn.weight"),
           v("attn.c_attn.bias"), v("attn.c_proj.weight"), v("attn.c_proj.bias"),
-          v("ln_2.weight"),     v("ln_2.bias"),      v("mlp.c_fc.weight"),
-          v("mlp.c_fc.bias"),   v("mlp.c_proj.weight"), v("mlp.c_proj.bias")};
+          v("ln_2.weight"),      v("ln_2.bias"),          v("mlp.c_fc.weight"),
+          v("mlp.c_fc.bias"),    v("mlp.c_proj.weight"),  v("mlp.c_proj.bias")};
 }
 
-void GPT2::zero_grad() { device_.fill(grads_flat(), 0.0f); }
+void GPT2::zero_grad() {
+  device_.fill(grads_flat(), 0.0f);
+}
 
 // =============================================================================================
 // Initialisation
@@ -216,11 +229,11 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
 }
 
 void GPT2::check_batch(const Tensor& t, int B, int T, const char* what) const {
-  CT_REQUIRE(t.defined() && t.dtype == DType::i32 && t.is_contiguous() &&
-                 t.numel() == int64_t{B} * T,
-             std::string(what) + " must be a contiguous i32 tensor of " + std::to_string(B) +
-                 "x" + std::to_string(T) + " elements, got " +
-                 (t.defined() ? t.describe() : std::string("none")));
+  CT_REQUIRE(
+      t.defined() && t.dtype == DType::i32 && t.is_contiguous() && t.numel() == int64_t{B} * T,
+      std::string(what) + " must be a contiguous i32 tensor of " + std::to_string(B) + "x" +
+          std::to_string(T) + " elements, got " +
+          (t.defined() ? t.describe() : std::string("none")));
 }
 
 Tensor GPT2::logits() const {
@@ -238,9 +251,9 @@ Tensor GPT2::losses() const {
 
 Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) {
   CT_REQUIRE(B >= 1, "batch size must be positive, got " + std::to_string(B));
-  CT_REQUIRE(T >= 1 && T <= config_.block_size,
-             "sequence length " + std::to_string(T) + " outside [1, block_size " +
-                 std::to_string(config_.block_size) + "]");
+  CT_REQUIRE(T >= 1 && T <= config_.block_size, "sequence length " + std::to_string(T) +
+                                                    " outside [1, block_size " +
+                                                    std::to_string(config_.block_size) + "]");
   check_batch(tokens, B, T, "tokens");
   if (targets) check_batch(*targets, B, T, "targets");
   if (B > max_b_ || T > max_t_) allocate_activations(std::max(B, max_b_), std::max(T, max_t_));
@@ -267,8 +280,8 @@ Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) 
     // ---- layernorm 1 ---------------------------------------------------------------------------
     // ln1 (B,T,C) = LayerNorm(residual)
     Tensor ln1 = view(a.ln1, {BT, C});
-    device_.layernorm_forward(ln1, view(a.ln1_mean, {BT}), view(a.ln1_rstd, {BT}), residual,
-                              p.ln1w, p.ln1b, eps);
+    device_.layernorm_forward(ln1, view(a.ln1_mean, {BT}), view(a.ln1_rstd, {BT}), residual, p.ln1w,
+                              p.ln1b, eps);
 
     // ---- attention -----------------------------------------------------------------------------
     // qkv (B,T,3C) = ln1 @ c_attn.w + c_attn.b
@@ -283,8 +296,7 @@ Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) 
     linear_forward(device_, attproj, atty.reshape({BT, C}), p.attprojw, p.attprojb);
     // residual2 (B,T,C) = residual + attproj
     Tensor residual2 = view(a.residual2, {BT, C});
-    device_.add(residual2.reshape({BT * C}), residual.reshape({BT * C}),
-                attproj.reshape({BT * C}));
+    device_.add(residual2.reshape({BT * C}), residual.reshape({BT * C}), attproj.reshape({BT * C}));
 
     // ---- layernorm 2 ---------------------------------------------------------------------------
     Tensor ln2 = view(a.ln2, {BT, C});
@@ -302,16 +314,15 @@ Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) 
     linear_forward(device_, fcproj, fch_gelu, p.fcprojw, p.fcprojb);
     // residual3 (B,T,C) = residual2 + fcproj
     Tensor residual3 = view(a.residual3, {B, T, C});
-    device_.add(residual3.reshape({BT * C}), residual2.reshape({BT * C}),
-                fcproj.reshape({BT * C}));
+    device_.add(residual3.reshape({BT * C}), residual2.reshape({BT * C}), fcproj.reshape({BT * C}));
     x = residual3;
   }
 
   // ---- final layernorm and tied LM head -------------------------------------------------------
   // lnf (B,T,C) = LayerNorm(x);  logits (B,T,V) = lnf @ wte^T
   Tensor lnf = view(lnf_, {BT, C});
-  device_.layernorm_forward(lnf, view(lnf_mean_, {BT}), view(lnf_rstd_, {BT}),
-                            x.reshape({BT, C}), param("ln_f.weight"), param("ln_f.bias"), eps);
+  device_.layernorm_forward(lnf, view(lnf_mean_, {BT}), view(lnf_rstd_, {BT}), x.reshape({BT, C}),
+                            param("ln_f.weight"), param("ln_f.bias"), eps);
   Tensor logits = view(logits_, {BT, V});
   device_.matmul(logits, lnf, param("wte.weight"), false, true);
 
@@ -343,8 +354,7 @@ void GPT2::backward(float dloss_scale) {
   // ---- loss and LM head -----------------------------------------------------------------------
   // dlogits (B,T,V) = dloss * (softmax(logits) - onehot(targets)), in place over the logits
   Tensor logits = view(logits_, {BT, V});
-  device_.crossentropy_backward(logits, logits, targets_,
-                                dloss_scale / static_cast<float>(BT));
+  device_.crossentropy_backward(logits, logits, targets_, dloss_scale / static_cast<float>(BT));
   const Tensor& dlogits = logits;
   // dlnf (B,T,C) = dlogits @ wte;  dwte += dlogits^T @ lnf
   Tensor lnf = view(lnf_, {BT, C});
@@ -506,13 +516,14 @@ std::vector<int32_t> GPT2::generate(const std::vector<int32_t>& prompt, int n,
   CT_REQUIRE(!prompt.empty(), "generate: the prompt must hold at least one token");
   CT_REQUIRE(n >= 0, "generate: negative token count");
   for (int32_t t : prompt)
-    CT_REQUIRE(t >= 0 && t < config_.vocab_size,
-               "generate: prompt token " + std::to_string(t) + " outside the vocabulary [0, " +
-                   std::to_string(config_.vocab_size) + ")");
+    CT_REQUIRE(t >= 0 && t < config_.vocab_size, "generate: prompt token " + std::to_string(t) +
+                                                     " outside the vocabulary [0, " +
+                                                     std::to_string(config_.vocab_size) + ")");
   const int V = config_.vocab_size;
   const int window = static_cast<int>(
       std::min<int64_t>(config_.block_size, static_cast<int64_t>(prompt.size()) + n));
-  if (max_b_ < 1 || max_t_ < window) allocate_activations(std::max(1, max_b_), std::max(window, max_t_));
+  if (max_b_ < 1 || max_t_ < window)
+    allocate_activations(std::max(1, max_b_), std::max(window, max_t_));
   Tensor tokens = device_.empty({window}, DType::i32, MemCategory::kActivations);
 
   std::vector<int32_t> context = prompt, out;
@@ -523,8 +534,7 @@ std::vector<int32_t> GPT2::generate(const std::vector<int32_t>& prompt, int n,
     Tensor tok = tokens.slice_flat(0, {1, T});
     device_.upload(tok, context.data() + (context.size() - T), sizeof(int32_t) * T);
     forward(tok, nullptr, 1, T);
-    device_.download(row.data(), logits_.slice_flat(int64_t{T - 1} * V, {V}),
-                     sizeof(float) * V);
+    device_.download(row.data(), logits_.slice_flat(int64_t{T - 1} * V, {V}), sizeof(float) * V);
     int32_t next = sample_token(row, options, rng.uniform(static_cast<uint64_t>(i)));
     context.push_back(next);
     out.push_back(next);

@@ -82,9 +82,9 @@ class GPT2 {
   // Parameters and gradients.
   const std::vector<ParamInfo>& params() const { return table_; }
   const ParamInfo& param_info(const std::string& name) const;  // kInvalidArgument if unknown
-  Tensor params_flat() const { return params_; }  // [num_parameters]
-  Tensor grads_flat() const;                      // [num_parameters]
-  Tensor param(const std::string& name) const;    // view with the table shape
+  Tensor params_flat() const { return params_; }               // [num_parameters]
+  Tensor grads_flat() const;                                   // [num_parameters]
+  Tensor param(const std::string& name) const;                 // view with the table shape
   Tensor grad(const std::string& name) const;
   int64_t num_parameters() const { return num_params_; }
   int64_t decay_count() const { return decay_count_; }
@@ -145,8 +145,8 @@ class GPT2 {
   Tensor losses_;                     // (B,T)
   Tensor loss_;                       // [1]
   // Backward scratch, reused by every layer.
-  Tensor dresidual_;           // (B,T,C) gradient flowing along the residual stream
-  Tensor dbt_c_;               // (B,T,C)
+  Tensor dresidual_;            // (B,T,C) gradient flowing along the residual stream
+  Tensor dbt_c_;                // (B,T,C)
   Tensor dbt_4c_a_, dbt_4c_b_;  // (B,T,4C)
 
   // The last forward's batch, kept for backward.

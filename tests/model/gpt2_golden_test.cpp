@@ -89,7 +89,8 @@ TEST_P(GPT2Golden, MatchesPyTorch) {
   const int B = 2, T = 64, V = model.config().vocab_size;
   ASSERT_EQ(g.tokens.size(), size_t(B * T));
 
-  // ---- initial weights ----------------------------------------------------------------------------
+  // ---- initial weights
+  // ----------------------------------------------------------------------------
   model.init(42);
   std::vector<float> w = model.download_params();
   double max_w = 0;
@@ -105,7 +106,8 @@ TEST_P(GPT2Golden, MatchesPyTorch) {
     EXPECT_NEAR(sum, g.init_sum[k], 1e-6 * abs_sum + 1e-6) << table[k].name;
   }
 
-  // ---- forward: logits and loss ---------------------------------------------------------------------
+  // ---- forward: logits and loss
+  // ---------------------------------------------------------------------
   Tensor tokens = dev->empty({B, T}, DType::i32, MemCategory::kActivations);
   Tensor targets = dev->empty({B, T}, DType::i32, MemCategory::kActivations);
   dev->upload(tokens, g.tokens.data(), g.tokens.size() * 4);
@@ -120,7 +122,8 @@ TEST_P(GPT2Golden, MatchesPyTorch) {
   EXPECT_LE(max_logit, 2e-5);
   EXPECT_NEAR(loss, g.loss[0], 1e-5 * g.loss[0]);
 
-  // ---- backward: every gradient ---------------------------------------------------------------------
+  // ---- backward: every gradient
+  // ---------------------------------------------------------------------
   model.backward();
   std::vector<float> grads = model.download_grads();
   double worst_norm = 0, worst_sample = 0;
@@ -134,8 +137,7 @@ TEST_P(GPT2Golden, MatchesPyTorch) {
       sq += double(grads[table[k].offset + j]) * grads[table[k].offset + j];
     double rel = std::fabs(std::sqrt(sq) - g.grad_norm[k]) / g.grad_norm[k];
     worst_norm = std::max(worst_norm, rel);
-    EXPECT_LE(rel, 1e-5) << table[k].name << ": norm " << std::sqrt(sq) << " vs "
-                         << g.grad_norm[k];
+    EXPECT_LE(rel, 1e-5) << table[k].name << ": norm " << std::sqrt(sq) << " vs " << g.grad_norm[k];
   }
   for (size_t s = 0; s < g.sample_index.size(); ++s) {
     const int k = g.sample_tensor[s];
@@ -145,7 +147,8 @@ TEST_P(GPT2Golden, MatchesPyTorch) {
     EXPECT_LE(d, tol) << table[k].name << " element " << g.sample_index[s] - table[k].offset;
   }
 
-  // ---- 5 AdamW steps, as a trainer records them ----------------------------------------------------
+  // ---- 5 AdamW steps, as a trainer records them
+  // ----------------------------------------------------
   const int64_t N = model.num_parameters(), D = model.decay_count();
   Tensor m = dev->empty({N}, DType::f32, MemCategory::kOptimizer);
   Tensor v = dev->empty({N}, DType::f32, MemCategory::kOptimizer);

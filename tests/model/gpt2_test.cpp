@@ -1,5 +1,7 @@
 // GPT2Config and GPT2 structure: presets, validation messages, the parameter table, the
 // initialisation, gradient accumulation and sampling.
+#include "core/model/gpt2.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/model/config.h"
-#include "core/model/gpt2.h"
 #include "core/philox.h"
 
 namespace ct {
@@ -88,7 +89,8 @@ TEST(GPT2Config, HuggingFaceJsonRoundTrip) {
   EXPECT_NE(error_of([&] { GPT2Config::from_hf_json(j); }).find("n_head"), std::string::npos);
 }
 
-// ---- parameter table ------------------------------------------------------------------------------
+// ---- parameter table
+// ------------------------------------------------------------------------------
 
 TEST(GPT2, ParamTableNamesShapesAndOrder) {
   GPT2Config c = GPT2Config::preset("gpt2");
@@ -143,7 +145,8 @@ TEST(GPT2, ParamTableNamesShapesAndOrder) {
             model.num_parameters() * 4);
 }
 
-// ---- initialisation ----------------------------------------------------------------------------------
+// ---- initialisation
+// ----------------------------------------------------------------------------------
 
 TEST(GPT2, InitIsReproducibleAndHasGpt2Statistics) {
   auto dev = make_cpu_device(false);
@@ -174,8 +177,7 @@ TEST(GPT2, InitIsReproducibleAndHasGpt2Statistics) {
   // Init is defined by the table: tensor k uses Philox stream k.
   const ParamInfo& wpe = a.param_info("wpe.weight");
   Philox rng(7, 1);
-  for (int j : {0, 1, 2, 3, 1001})
-    EXPECT_EQ(named["wpe.weight"][j], 0.02f * rng.normal(j)) << j;
+  for (int j : {0, 1, 2, 3, 1001}) EXPECT_EQ(named["wpe.weight"][j], 0.02f * rng.normal(j)) << j;
   (void)wpe;
 
   // Host round trip by name.
@@ -190,7 +192,8 @@ TEST(GPT2, InitIsReproducibleAndHasGpt2Statistics) {
             std::string::npos);
 }
 
-// ---- forward / backward -------------------------------------------------------------------------------
+// ---- forward / backward
+// -------------------------------------------------------------------------------
 
 Tensor upload_tokens(Device& dev, const std::vector<int32_t>& v, int B, int T) {
   Tensor t = dev.empty({B, T}, DType::i32, MemCategory::kActivations);
