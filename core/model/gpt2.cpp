@@ -160,11 +160,11 @@ void GPT2::init(uint64_t seed) {
     const ParamInfo& p = table_[k];
     float* dst = host.data() + p.offset;
     if (p.decay) {  // matrices and embeddings: N(0, 0.02), residual projections scaled down
-      float std = 0.02f;
+      float stddev = 0.02f;
       if (ends_with(p.name, "attn.c_proj.weight") || ends_with(p.name, "mlp.c_proj.weight"))
-        std *= proj_scale;
+        stddev *= proj_scale;
       Philox rng(seed, k);
-      for (int64_t j = 0; j < p.numel; ++j) dst[j] = std * rng.normal(static_cast<uint64_t>(j));
+      for (int64_t j = 0; j < p.numel; ++j) dst[j] = stddev * rng.normal(static_cast<uint64_t>(j));
     } else {  // LayerNorm weights 1; biases (LayerNorm and linear) 0
       bool is_ln_weight = p.name.find(".ln_") != std::string::npos || p.name.rfind("ln_f", 0) == 0;
       float value = is_ln_weight && ends_with(p.name, ".weight") ? 1.0f : 0.0f;
