@@ -1,0 +1,44 @@
+// Settings of one training run. Field names follow Hugging Face TrainingArguments.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ct {
+
+struct TrainArgs {
+  // model: a preset name ("tiny", "gpt2", "gpt2-medium"); the n_* overrides apply on top (0 = keep)
+  std::string model = "tiny";
+  int n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
+
+  std::string data;  // text file or folder; empty = the built-in default data
+  std::string output_dir = "out";
+  std::string backend = "cpu";
+
+  int64_t max_steps = 200;
+  int per_device_train_batch_size = 4;
+  double learning_rate = 1e-3;
+  int64_t warmup_steps = 20;
+  std::string lr_scheduler_type = "cosine";
+  double weight_decay = 0.1;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;  // 0 disables clipping
+  uint64_t seed = 42;
+  int64_t logging_steps = 10;
+  int64_t eval_steps = 50;       // 0 = evaluate only at the end
+  int64_t max_eval_batches = 16; // cap on validation batches per evaluation during training
+  double validation_split = 0.1;
+
+  // the sample printed at the end
+  std::string sample_prompt = "The ";
+  int sample_tokens = 200;
+
+  bool progress_bar = true;  // only drawn when stderr is a terminal
+};
+
+// The built-in default data: English text installed by Debian's `fortunes` package.
+inline constexpr const char* kDefaultDataPath = "/usr/share/games/fortunes";
+
+}  // namespace ct

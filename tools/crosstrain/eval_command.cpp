@@ -1,0 +1,76 @@
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/data/text_dataset.h"
+#include "core/data/tokenizer.h"
+#include "core/error.h"
+#include "core/registry.h"
+#include "core/train/evaluate.h"
+#include "core/train/model_files.h"
+#include "tools/crosstrain/cli_util.h"
+#include "tools/crosstrain/commands.h"
+
+namespace ct::cli {
+
+Run add_eval(CLI::App& app) {
+  struct Opts {
+    std::string model_path, data, backend = "cpu";
+    int batch = 4;
+  };
+  auto o = std::make_shared<Opts>();
+  flag(&app, "--model-path", o->model_path, "folder with config.json and model.safetensors")->required();
+  flag(&app, "--data", o->data, "text file or folder to evaluate on")->required();
+  flag(&app, "--backend", o->backend, "cpu, vulkan, vulkan:N, ...");
+  flag(&app, "--per-device-eval-batch-size", o->batch, "windows per forward pass");
+  return [o] {
+    if (o->batch <= 0)
+      fail(ErrorKind::kInvalidArgument, "--per-device-eval-batch-size " + std::to_string(o->batch) + ": must be > 0");
+    std::vector<int32_t> tokens = ByteTokenizer().encode(load_text(o->data, 1));
+    auto device = open_device(o->backend);
+    auto model = load_model(o->model_path, *device);
+    int T = model->config().block_size;
+    if (static_cast<int64_t>(tokens.size()) < T + 1)
+      fail(ErrorKind::kInvalidArgument, "--data " + o->data + ": " + std::to_string(tokens.size()) +
+                                            " tokens, fewer than one window of " + std::to_string(T + 1));
+    model->allocate_activations(o->batch, T);
+    EvalResult r = evaluate(*model, tokens, T, o->batch);
+    std::printf("%s\n", nlohmann::json{{"eval_loss", r.loss}, {"tokens", r.tokens}}.dump().c_str());
+    return 0;
+  };
+}
+
+Run add_generate(CLI::App& app) {
+  struct Opts {
+    std::string model_path, prompt, backend = "cpu";
+    int max_new_tokens = 200, top_k = 40;
+    float temperature = 0.8f;
+    uint64_t seed = 42;
+  };
+  auto o = std::make_shared<Opts>();
+  flag(&app, "--model-path", o->model_path, "folder with config.json and model.safetensors")->required();
+  flag(&app, "--prompt", o->prompt, "text to continue")->required();
+  flag(&app, "--max-new-tokens", o->max_new_tokens, "tokens to generate");
+  flag(&app, "--temperature", o->temperature, "sampling temperature (0 = greedy)");
+  flag(&app, "--top-k", o->top_k, "sample among the k most likely tokens (0 = all)");
+  flag(&app, "--seed", o->seed, "sampling seed");
+  flag(&app, "--backend", o->backend, "cpu, vulkan, vulkan:N, ...");
+  return [o] {
+    if (o->prompt.empty()) fail(ErrorKind::kInvalidArgument, "--prompt: must not be empty");
+    if (o->max_new_tokens < 0)
+      fail(ErrorKind::kInvalidArgument, "--max-new-tokens " + std::to_string(o->max_new_tokens) + ": must be >= 0");
+    if (o->top_k < 0) fail(ErrorKind::kInvalidArgument, "--top-k " + std::to_string(o->top_k) + ": must be >= 0");
+    auto device = open_device(o->backend);
+    auto model = load_model(o->model_path, *device);
+    ByteTokenizer tok;
+    SampleOptions so;
+    so.temperature = o->temperature;
+    so.top_k = o->top_k;
+    so.seed = o->seed;
+    auto out = model->generate(tok.encode(o->prompt), o->max_new_tokens, so);
+    std::printf("%s%s\n", o->prompt.c_str(), tok.decode(out).c_str());
+    return 0;
+  };
+}
+
+}  // namespace ct::cli

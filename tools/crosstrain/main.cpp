@@ -1,0 +1,44 @@
+// crosstrain: train, evaluate and sample GPT-2 models on any backend from one binary.
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "core/error.h"
+#include "tools/crosstrain/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"crosstrain: train GPT-2 models on CPU, Vulkan, CUDA and HIP from one binary"};
+  app.require_subcommand(1);
+  std::map<CLI::App*, ct::cli::Run> runs;
+  auto add = [&](const char* name, const char* help, ct::cli::Run (*reg)(CLI::App&)) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    runs[sub] = reg(*sub);
+  };
+  add("train", "train a model and write it to --output-dir", ct::cli::add_train);
+  add("eval", "print the validation loss of a saved model on a text file as JSON", ct::cli::add_eval);
+  add("generate", "sample text from a saved model", ct::cli::add_generate);
+  add("devices", "list every backend and device, or why it is unavailable", ct::cli::add_devices);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "crosstrain: %s\nRun with --help for the flags.\n", e.what());
+    return 2;
+  }
+  for (auto& [sub, run] : runs) {
+    if (!sub->parsed()) continue;
+    try {
+      return run();
+    } catch (const ct::Error& e) {
+      std::fprintf(stderr, "crosstrain %s: error: %s\n", sub->get_name().c_str(), e.what());
+      return e.kind() == ct::ErrorKind::kInvalidArgument ? 2 : 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "crosstrain %s: error: %s\n", sub->get_name().c_str(), e.what());
+      return 1;
+    }
+  }
+  return 2;
+}

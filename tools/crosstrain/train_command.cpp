@@ -1,0 +1,58 @@
+#include <cstdio>
+#include <memory>
+
+#include "core/train/progress.h"
+#include "core/train/trainer.h"
+#include "tools/crosstrain/cli_util.h"
+#include "tools/crosstrain/commands.h"
+
+namespace ct::cli {
+
+Run add_train(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  flag(&app, "--model", a->model, "model preset: tiny, gpt2, gpt2-medium");
+  flag(&app, "--n-layer", a->n_layer, "override the preset's layer count (0 = keep)");
+  flag(&app, "--n-head", a->n_head, "override the preset's head count (0 = keep)");
+  flag(&app, "--n-embd", a->n_embd, "override the preset's width (0 = keep)");
+  flag(&app, "--block-size", a->block_size, "override the preset's context length (0 = keep)");
+  flag(&app, "--vocab-size", a->vocab_size, "override the preset's vocabulary (0 = keep)");
+  flag(&app, "--data", a->data, std::string("text file or folder (default: ") + kDefaultDataPath + ")");
+  flag(&app, "--output-dir", a->output_dir, "where metrics.jsonl, model.safetensors, config.json go");
+  flag(&app, "--backend", a->backend, "cpu, vulkan, vulkan:N, ... (see `crosstrain devices`)");
+  flag(&app, "--max-steps", a->max_steps, "optimizer steps to train");
+  flag(&app, "--per-device-train-batch-size", a->per_device_train_batch_size, "sequences per step");
+  flag(&app, "--learning-rate", a->learning_rate, "peak learning rate");
+  flag(&app, "--warmup-steps", a->warmup_steps, "linear warmup steps");
+  flag(&app, "--lr-scheduler-type", a->lr_scheduler_type, "cosine, linear or constant");
+  flag(&app, "--weight-decay", a->weight_decay, "AdamW decoupled weight decay (matrices and embeddings)");
+  flag(&app, "--adam-beta1", a->adam_beta1, "AdamW beta1");
+  flag(&app, "--adam-beta2", a->adam_beta2, "AdamW beta2");
+  flag(&app, "--adam-epsilon", a->adam_epsilon, "AdamW epsilon");
+  flag(&app, "--max-grad-norm", a->max_grad_norm, "clip the global gradient norm (0 = off)");
+  flag(&app, "--seed", a->seed, "seed of initialisation and data order");
+  flag(&app, "--logging-steps", a->logging_steps, "log a metrics record every N steps");
+  flag(&app, "--eval-steps", a->eval_steps, "evaluate every N steps (0 = only at the end)");
+  flag(&app, "--max-eval-batches", a->max_eval_batches, "validation batches per evaluation during training (0 = all)");
+  flag(&app, "--validation-split", a->validation_split, "fraction of the data held out for validation");
+  flag(&app, "--sample-prompt", a->sample_prompt, "prompt of the sample generated at the end");
+  flag(&app, "--sample-tokens", a->sample_tokens, "tokens to generate at the end (0 = none)");
+  app.add_flag("--no-progress,--no_progress", [a](int64_t) { a->progress_bar = false; },
+               "plain log lines even on a terminal");
+  return [a] {
+    TrainSummary s = train(*a);
+    std::printf("\n== summary ==\n");
+    std::printf("device           %s\n", s.device.c_str());
+    std::printf("parameters       %s\n", format_count(static_cast<double>(s.num_parameters)).c_str());
+    std::printf("steps            %lld (%s tokens) in %s\n", static_cast<long long>(s.steps),
+                format_count(static_cast<double>(s.tokens)).c_str(), format_duration(s.seconds).c_str());
+    std::printf("train loss       %.4f -> %.4f\n", s.first_loss, s.final_loss);
+    std::printf("validation loss  %.4f\n", s.eval_loss);
+    std::printf("throughput       %s tokens/s\n", format_count(s.tokens_per_s).c_str());
+    std::printf("peak memory      %s (device accounting)\n", format_bytes(s.peak_memory).c_str());
+    std::printf("saved            %s/model.safetensors, config.json, metrics.jsonl\n", a->output_dir.c_str());
+    if (!s.sample.empty()) std::printf("\n== sample ==\n%s\n", s.sample.c_str());
+    return 0;
+  };
+}
+
+}  // namespace ct::cli
