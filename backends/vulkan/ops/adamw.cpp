@@ -1,0 +1,58 @@
+// One fused AdamW step with optional global-norm clipping. Shader: adamw.comp.
+#include <cmath>
+
+#include "backends/vulkan/ops/op_util.h"
+
+namespace ct::vk {
+
+struct AdamWPush {
+  uint32_t n, op, og, om, ov, onorm;
+  float lr, beta1, beta2, eps, wd, bc1, bc2, max_norm;
+};
+CT_VK_PUSH_SIZE(AdamWPush, adamw);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, n);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, op);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, og);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, om);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, ov);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, onorm);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, lr);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, beta1);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, beta2);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, eps);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, wd);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, bc1);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, bc2);
+CT_VK_PUSH_MEMBER(AdamWPush, adamw, max_norm);
+
+void VulkanDevice::adamw(const Tensor& param, const Tensor& grad, const Tensor& m,
+                         const Tensor& v, const Tensor& grad_norm, const AdamWHyper& hp) {
+  const char* op = "adamw";
+  for (auto [t, nm] : {std::pair{&param, "param"}, {&grad, "grad"}, {&m, "m"}, {&v, "v"}})
+    require_f32(*t, op, nm);
+  int64_t n = param.numel();
+  require_numel(grad, n, op, "grad");
+  require_numel(m, n, op, "m");
+  require_numel(v, n, op, "v");
+  bool clip = hp.max_grad_norm > 0.0f;
+  if (clip) {
+    require_f32(grad_norm, op, "grad_norm");
+    require_numel(grad_norm, 1, op, "grad_norm");
+  }
+  CT_REQUIRE(hp.step >= 1, "adamw: step must be >= 1");
+  double t = static_cast<double>(hp.step);
+  float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), t));
+  float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), t));
+  Bound bn = clip ? bind(grad_norm) : Bound{};
+  for_each_chunk(*this, n, 4, [&](int64_t s, int64_t c) {
+    Bound bp = bind(param, s, c), bg = bind(grad, s, c), bm = bind(m, s, c), bv = bind(v, s, c);
+    Bound bnorm = clip ? bn : bg;  // unread without clipping; any valid binding will do
+    AdamWPush p{u32(c), bp.first, bg.first, bm.first, bv.first, clip ? bnorm.first : 0u,
+                hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, bc1, bc2,
+                clip ? hp.max_grad_norm : 0.0f};
+    auto g = grid(c, 256);
+    dispatch(ShaderId::adamw, {bp, bg, bm, bv, bnorm}, p, g[0], g[1]);
+  });
+}
+
+}  // namespace ct::vk

@@ -1,0 +1,105 @@
+// Causal multi-head self-attention forward and backward. Shader: attention.comp.
+// Work is split over batches so that att [b, NH, T, T] and qkv [b, T, 3C] fit one binding.
+#include <cmath>
+
+#include "backends/vulkan/ops/op_util.h"
+
+namespace ct::vk {
+
+struct AttentionPush {
+  uint32_t rows, T, C, NH;
+  float scale;
+  uint32_t oo, oatt, oqkv, odo, os;
+};
+CT_VK_PUSH_SIZE(AttentionPush, attention_fwd);
+CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, rows);
+CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, T);
+CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, C);
+CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, NH);
+CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, scale);
+CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, oo);
+CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, oatt);
+CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, oqkv);
+CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, odo);
+CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, os);
+static_assert(refl::attention_bwd_q::kPushSize == refl::attention_fwd::kPushSize &&
+              refl::attention_bwd_kv::kPushSize == refl::attention_fwd::kPushSize);
+
+namespace {
+constexpr int64_t kMaxHeadSize = 128;  // MAX_HS in attention.comp
+
+struct AttShape {
+  int64_t B, T, C, NH, hs;
+};
+
+AttShape check_attention(const char* op, const Tensor& out, const Tensor& att, const Tensor& qkv,
+                         int n_head) {
+  require_f32(out, op, "out");
+  require_f32(att, op, "att");
+  require_f32(qkv, op, "qkv");
+  CT_REQUIRE(qkv.ndim() == 3 && qkv.shape[2] % 3 == 0, std::string(op) + ": qkv must be [B,T,3C]");
+  AttShape s{qkv.shape[0], qkv.shape[1], qkv.shape[2] / 3, n_head, 0};
+  CT_REQUIRE(n_head > 0 && s.C % n_head == 0,
+             std::string(op) + ": C = " + std::to_string(s.C) + " not divisible by n_head");
+  s.hs = s.C / n_head;
+  CT_REQUIRE(s.hs <= kMaxHeadSize, std::string(op) + ": head size " + std::to_string(s.hs) +
+                                       " exceeds the Vulkan kernel's limit of 128");
+  require_numel(out, s.B * s.T * s.C, op, "out");
+  require_numel(att, s.B * s.NH * s.T * s.T, op, "att");
+  return s;
+}
+
+// Batches per dispatch so every per-batch operand fits one binding.
+int64_t batch_chunk(const VulkanDevice& d, const AttShape& s) {
+  int64_t per = std::max({s.NH * s.T * s.T, 3 * s.T * s.C, int64_t{1}});
+  int64_t bc = d.max_elems(4) / per;
+  CT_REQUIRE(bc >= 1, "attention: one batch row (att " + std::to_string(s.NH * s.T * s.T) +
+                          " floats) exceeds maxStorageBufferRange");
+  return bc;
+}
+}  // namespace
+
+void VulkanDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                                     int n_head) {
+  AttShape s = check_attention("attention_forward", out, att, qkv, n_head);
+  float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hs)));
+  int64_t bc = batch_chunk(*this, s);
+  for (int64_t b0 = 0; b0 < s.B; b0 += bc) {
+    int64_t nb = std::min(bc, s.B - b0);
+    int64_t rows = nb * s.NH * s.T;
+    Bound bo = bind(out, b0 * s.T * s.C, nb * s.T * s.C);
+    Bound ba = bind(att, b0 * s.NH * s.T * s.T, rows * s.T);
+    Bound bq = bind(qkv, b0 * s.T * 3 * s.C, nb * s.T * 3 * s.C);
+    auto g = grid(rows, 64);
+    dispatch(ShaderId::attention_fwd, {bo, ba, bq},
+             AttentionPush{u32(rows), u32(s.T), u32(s.C), u32(s.NH), scale, bo.first, ba.first,
+                           bq.first, 0, 0},
+             g[0], g[1]);
+  }
+}
+
+void VulkanDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                      const Tensor& att, int n_head) {
+  AttShape s = check_attention("attention_backward", dout, att, qkv, n_head);
+  require_f32(dqkv, "attention_backward", "dqkv");
+  require_numel(dqkv, qkv.numel(), "attention_backward", "dqkv");
+  float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hs)));
+  int64_t bc = batch_chunk(*this, s);
+  Tensor rowsum = workspace({s.B * s.NH * s.T}, DType::f32);
+  for (int64_t b0 = 0; b0 < s.B; b0 += bc) {
+    int64_t nb = std::min(bc, s.B - b0);
+    int64_t rows = nb * s.NH * s.T;
+    Bound bd = bind(dqkv, b0 * s.T * 3 * s.C, nb * s.T * 3 * s.C);
+    Bound ba = bind(att, b0 * s.NH * s.T * s.T, rows * s.T);
+    Bound bq = bind(qkv, b0 * s.T * 3 * s.C, nb * s.T * 3 * s.C);
+    Bound bo = bind(dout, b0 * s.T * s.C, nb * s.T * s.C);
+    Bound bs = bind(rowsum, b0 * s.NH * s.T, rows);
+    AttentionPush p{u32(rows), u32(s.T), u32(s.C), u32(s.NH), scale, bd.first, ba.first,
+                    bq.first, bo.first, bs.first};
+    auto g = grid(rows, 64);
+    dispatch(ShaderId::attention_bwd_q, {bd, ba, bq, bo, bs}, p, g[0], g[1]);
+    dispatch(ShaderId::attention_bwd_kv, {bd, ba, bq, bo, bs}, p, g[0], g[1]);
+  }
+}
+
+}  // namespace ct::vk

@@ -1,0 +1,115 @@
+// LayerNorm forward and backward, fp32 statistics, deterministic. Shader: layernorm.comp.
+#include "backends/vulkan/ops/op_util.h"
+
+namespace ct::vk {
+
+struct LnFwdPush {
+  uint32_t N, C;
+  float eps;
+  uint32_t oo, om, ors, ox, ow, ob;
+};
+CT_VK_PUSH_SIZE(LnFwdPush, layernorm_fwd);
+CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, N);
+CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, C);
+CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, eps);
+CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, oo);
+CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, om);
+CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, ors);
+CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, ox);
+CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, ow);
+CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, ob);
+
+struct LnDxPush {
+  uint32_t N, C, odx, odo, ox, ow, om, ors;
+};
+CT_VK_PUSH_SIZE(LnDxPush, layernorm_bwd_dx);
+CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, N);
+CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, C);
+CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, odx);
+CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, odo);
+CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, ox);
+CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, ow);
+CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, om);
+CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, ors);
+
+struct LnDwPush {
+  uint32_t N, C, odw, odb, odo, ox, om, ors;
+};
+CT_VK_PUSH_SIZE(LnDwPush, layernorm_bwd_dwdb);
+CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, N);
+CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, C);
+CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, odw);
+CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, odb);
+CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, odo);
+CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, ox);
+CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, om);
+CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, ors);
+
+// Rows per dispatch so that [rows, C] fits one binding.
+static int64_t row_chunk(const VulkanDevice& d, int64_t C) {
+  return std::max<int64_t>(1, d.max_elems(4) / std::max<int64_t>(C, 1));
+}
+
+void VulkanDevice::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& x, const Tensor& w, const Tensor& b,
+                                     float eps) {
+  const char* op = "layernorm_forward";
+  for (auto [t, n] : {std::pair{&out, "out"}, {&mean, "mean"}, {&rstd, "rstd"}, {&x, "x"},
+                      {&w, "w"}, {&b, "b"}})
+    require_f32(*t, op, n);
+  CT_REQUIRE(x.ndim() >= 1, "layernorm_forward: x needs a last dim");
+  int64_t C = x.shape[-1], N = C ? x.numel() / C : 0;
+  require_numel(out, N * C, op, "out");
+  require_numel(mean, N, op, "mean");
+  require_numel(rstd, N, op, "rstd");
+  require_numel(w, C, op, "w");
+  require_numel(b, C, op, "b");
+  int64_t rows = row_chunk(*this, C);
+  Bound bw = bind(w), bb = bind(b);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    int64_t nr = std::min(rows, N - r0);
+    Bound bo = bind(out, r0 * C, nr * C), bm = bind(mean, r0, nr), br = bind(rstd, r0, nr),
+          bx = bind(x, r0 * C, nr * C);
+    auto g = grid(nr, 1);
+    dispatch(ShaderId::layernorm_fwd, {bo, bm, br, bx, bw, bb},
+             LnFwdPush{u32(nr), u32(C), eps, bo.first, bm.first, br.first, bx.first, bw.first,
+                       bb.first},
+             g[0], g[1]);
+  }
+}
+
+void VulkanDevice::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                      const Tensor& dout, const Tensor& x, const Tensor& w,
+                                      const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layernorm_backward";
+  for (auto [t, n] : {std::pair{&dx, "dx"}, {&dw, "dw"}, {&db, "db"}, {&dout, "dout"},
+                      {&x, "x"}, {&w, "w"}, {&mean, "mean"}, {&rstd, "rstd"}})
+    require_f32(*t, op, n);
+  int64_t C = x.shape[-1], N = C ? x.numel() / C : 0;
+  require_numel(dx, N * C, op, "dx");
+  require_numel(dout, N * C, op, "dout");
+  require_numel(dw, C, op, "dw");
+  require_numel(db, C, op, "db");
+  require_numel(w, C, op, "w");
+  require_numel(mean, N, op, "mean");
+  require_numel(rstd, N, op, "rstd");
+  int64_t rows = row_chunk(*this, C);
+  Bound bw = bind(w), bdw = bind(dw), bdb = bind(db);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    int64_t nr = std::min(rows, N - r0);
+    Bound bdx = bind(dx, r0 * C, nr * C), bdo = bind(dout, r0 * C, nr * C),
+          bx = bind(x, r0 * C, nr * C), bm = bind(mean, r0, nr), br = bind(rstd, r0, nr);
+    auto g = grid(nr, 1);
+    dispatch(ShaderId::layernorm_bwd_dx, {bdx, bdo, bx, bw, bm, br},
+             LnDxPush{u32(nr), u32(C), bdx.first, bdo.first, bx.first, bw.first, bm.first,
+                      br.first},
+             g[0], g[1]);
+    auto gc = grid(C, 256);
+    dispatch(ShaderId::layernorm_bwd_dwdb, {bdw, bdb, bdo, bx, bm, br},
+             LnDwPush{u32(nr), u32(C), bdw.first, bdb.first, bdo.first, bx.first, bm.first,
+                      br.first},
+             gc[0], gc[1]);
+  }
+}
+
+}  // namespace ct::vk

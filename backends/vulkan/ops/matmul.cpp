@@ -1,0 +1,190 @@
+// matmul (all transposes, batch and broadcast, bias, alpha/beta) and bias_backward.
+// Shaders: matmul.comp (MM_REG for CPU-like devices, MM_TILED for GPUs), bias_backward.comp.
+// Operands larger than maxStorageBufferRange are split over batch, M, N and (with beta
+// chaining) K until every binding fits.
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/vulkan/ops/op_util.h"
+
+namespace ct::vk {
+
+struct MatmulPush {
+  uint32_t M, N, K;
+  uint32_t oa, sam, sak, sab;
+  uint32_t ob, sbk, sbn, sbb;
+  uint32_t oc, scm, scb;
+  uint32_t obias, has_bias;
+  float alpha, beta;
+};
+CT_VK_PUSH_SIZE(MatmulPush, matmul_reg);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, M);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, N);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, K);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, oa);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, sam);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, sak);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, sab);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, ob);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, sbk);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, sbn);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, sbb);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, oc);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, scm);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, scb);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, obias);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, has_bias);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, alpha);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, beta);
+static_assert(refl::matmul_tiled::kPushSize == refl::matmul_reg::kPushSize);
+
+struct BiasGradPush {
+  uint32_t M, N, odb, odo;
+};
+CT_VK_PUSH_SIZE(BiasGradPush, bias_backward);
+CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, M);
+CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, N);
+CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, odb);
+CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, odo);
+
+namespace {
+
+// Element strides of one operand: element (z, i, j) at z*sb + i*si + j*sj.
+struct Strides {
+  int64_t sb, si, sj;
+};
+
+// A sub-problem: batches [z0, z0+zc), rows [m0, m0+mc), columns [n0, n0+nc), depth [k0, k0+kc).
+struct Box {
+  int64_t z0, zc, m0, mc, n0, nc, k0, kc;
+};
+
+// First element and element count spanned by (z, i, j) ranges.
+std::pair<int64_t, int64_t> span(const Strides& s, int64_t z0, int64_t zc, int64_t i0,
+                                 int64_t ic, int64_t j0, int64_t jc) {
+  int64_t first = z0 * s.sb + i0 * s.si + j0 * s.sj;
+  int64_t last = (z0 + zc - 1) * s.sb + (i0 + ic - 1) * s.si + (j0 + jc - 1) * s.sj;
+  return {first, last - first + 1};
+}
+
+bool use_tiled(const VulkanDevice& d) {
+  if (const char* v = std::getenv("CROSSTRAIN_VK_MATMUL")) {
+    if (std::strcmp(v, "tiled") == 0) return true;
+    if (std::strcmp(v, "reg") == 0) return false;
+  }
+  return !d.cpu_like();
+}
+
+}  // namespace
+
+void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
+                          bool trans_b, float alpha, float beta, const Tensor* bias) {
+  const char* op = "matmul";
+  require_f32(c, op, "c");
+  require_f32(a, op, "a");
+  require_f32(b, op, "b");
+  CT_REQUIRE(c.ndim() >= 2 && a.ndim() >= 2 && b.ndim() >= 2, "matmul: operands must be >= 2-D");
+  int64_t M = c.shape[-2], N = c.shape[-1];
+  int64_t K = trans_a ? a.shape[-2] : a.shape[-1];
+  int64_t am = trans_a ? a.shape[-1] : a.shape[-2];
+  int64_t bk = trans_b ? b.shape[-1] : b.shape[-2];
+  int64_t bn = trans_b ? b.shape[-2] : b.shape[-1];
+  std::string shapes = " (c " + c.describe() + ", a " + a.describe() + (trans_a ? "^T" : "") +
+                       ", b " + b.describe() + (trans_b ? "^T" : "") + ")";
+  CT_REQUIRE(am == M && bn == N && bk == K, "matmul: inner shapes disagree" + shapes);
+  int64_t batch = c.numel() / std::max<int64_t>(M * N, 1);
+  int64_t abatch = a.numel() / std::max<int64_t>(M * K, 1);
+  int64_t bbatch = b.numel() / std::max<int64_t>(K * N, 1);
+  CT_REQUIRE(abatch == batch || a.ndim() == 2, "matmul: batch of a does not match c" + shapes);
+  CT_REQUIRE(bbatch == batch || b.ndim() == 2, "matmul: batch of b does not match c" + shapes);
+  if (bias) {
+    require_f32(*bias, op, "bias");
+    require_numel(*bias, N, op, "bias");
+  }
+  if (batch == 0 || M == 0 || N == 0) return;
+  Strides sa = trans_a ? Strides{a.ndim() == 2 ? 0 : M * K, 1, M}
+                       : Strides{a.ndim() == 2 ? 0 : M * K, K, 1};
+  Strides sb = trans_b ? Strides{b.ndim() == 2 ? 0 : K * N, 1, K}
+                       : Strides{b.ndim() == 2 ? 0 : K * N, N, 1};
+  Strides sc{M * N, N, 1};
+  ShaderId id = use_tiled(*this) ? ShaderId::matmul_tiled : ShaderId::matmul_reg;
+  int64_t tm = id == ShaderId::matmul_tiled ? 64 : 32, tn = tm;
+  int64_t limit = max_elems(4);
+
+  // Records one sub-problem, or splits it until every operand fits one binding.
+  auto run = [&](auto&& self, const Box& x, float beta_x, bool with_bias) -> void {
+    auto [a0, an] = span(sa, x.z0, x.zc, x.m0, x.mc, x.k0, x.kc);
+    auto [b0, bnum] = span(sb, x.z0, x.zc, x.k0, x.kc, x.n0, x.nc);
+    auto [c0, cn] = span(sc, x.z0, x.zc, x.m0, x.mc, x.n0, x.nc);
+    int64_t worst = std::max({an, bnum, cn});
+    if (worst > limit) {
+      Box lo = x, hi = x;
+      if (x.zc > 1) {
+        lo.zc = x.zc / 2, hi.z0 = x.z0 + lo.zc, hi.zc = x.zc - lo.zc;
+      } else if (cn > limit || (an > limit && !trans_a && x.mc > 1) ||
+                 (bnum > limit && trans_b && x.nc > 1)) {
+        // rows or columns of c: split the larger extent
+        if ((x.mc >= x.nc && x.mc > 1) || x.nc == 1)
+          lo.mc = x.mc / 2, hi.m0 = x.m0 + lo.mc, hi.mc = x.mc - lo.mc;
+        else
+          lo.nc = x.nc / 2, hi.n0 = x.n0 + lo.nc, hi.nc = x.nc - lo.nc;
+      } else if (an > limit && x.mc > 1 && !trans_a) {
+        lo.mc = x.mc / 2, hi.m0 = x.m0 + lo.mc, hi.mc = x.mc - lo.mc;
+      } else if (x.kc > 1) {  // k: the second half accumulates onto the first
+        lo.kc = x.kc / 2, hi.k0 = x.k0 + lo.kc, hi.kc = x.kc - lo.kc;
+        self(self, lo, beta_x, false);
+        self(self, hi, 1.0f, with_bias);
+        return;
+      } else if (x.mc > 1) {
+        lo.mc = x.mc / 2, hi.m0 = x.m0 + lo.mc, hi.mc = x.mc - lo.mc;
+      } else if (x.nc > 1) {
+        lo.nc = x.nc / 2, hi.n0 = x.n0 + lo.nc, hi.nc = x.nc - lo.nc;
+      } else {
+        fail(ErrorKind::kUnsupported, "matmul: cannot split to fit maxStorageBufferRange" + shapes);
+      }
+      self(self, lo, beta_x, with_bias);
+      self(self, hi, beta_x, with_bias);
+      return;
+    }
+    Bound ba = bind(a, a0, an), bb = bind(b, b0, bnum), bc = bind(c, c0, cn);
+    Bound bbias = bc;
+    if (bias && with_bias) bbias = bind(*bias, x.n0, x.nc);
+    MatmulPush p{};
+    p.M = u32(x.mc), p.N = u32(x.nc), p.K = u32(x.kc);
+    p.oa = ba.first, p.sam = u32(sa.si), p.sak = u32(sa.sj), p.sab = u32(sa.sb);
+    p.ob = bb.first, p.sbk = u32(sb.si), p.sbn = u32(sb.sj), p.sbb = u32(sb.sb);
+    p.oc = bc.first, p.scm = u32(sc.si), p.scb = u32(sc.sb);
+    p.obias = bbias.first, p.has_bias = (bias && with_bias) ? 1u : 0u;
+    p.alpha = alpha, p.beta = beta_x;
+    uint32_t gx = u32((x.nc + tn - 1) / tn), gy = u32((x.mc + tm - 1) / tm);
+    CT_CHECK(gx <= max_groups_x() && x.zc <= 65535, "matmul grid too large");
+    dispatch(id, {bc, ba, bb, bbias}, p, gx, gy, u32(x.zc));
+  };
+  if (K == 0) {  // c = beta * c: there is nothing to multiply
+    CT_REQUIRE(!bias, "matmul: K = 0 with a bias is not supported on Vulkan" + shapes);
+    if (beta == 0.0f) fill(c, 0.0f);
+    else scale(c, beta);
+    return;
+  }
+  run(run, Box{0, batch, 0, M, 0, N, 0, K}, beta, true);
+}
+
+void VulkanDevice::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  require_f32(dbias, "bias_backward", "dbias");
+  require_f32(dout, "bias_backward", "dout");
+  int64_t N = dbias.numel();
+  CT_REQUIRE(N > 0 && dout.numel() % N == 0 && dout.shape[-1] == N,
+             "bias_backward: dout " + dout.describe() + " does not end in " + std::to_string(N));
+  int64_t M = dout.numel() / N;
+  int64_t rows = std::max<int64_t>(1, max_elems(4) / N);
+  Bound bd = bind(dbias);
+  auto g = grid(N, 256);
+  for (int64_t m0 = 0; m0 < M; m0 += rows) {
+    int64_t mr = std::min(rows, M - m0);
+    Bound bo = bind(dout, m0 * N, mr * N);
+    dispatch(ShaderId::bias_backward, {bd, bo}, BiasGradPush{u32(mr), u32(N), bd.first, bo.first},
+             g[0], g[1]);
+  }
+}
+
+}  // namespace ct::vk

@@ -1,0 +1,130 @@
+#version 450
+// LayerNorm over the last dim with fp32 statistics and fixed-order (deterministic) reductions.
+//   LN_FWD       one workgroup per row: out = (x - mean) * rstd * w + b; saves mean, rstd
+//   LN_BWD_DX    one workgroup per row: dx += rstd * (dnorm - mean(dnorm) - xhat*mean(dnorm*xhat))
+//   LN_BWD_DWDB  one invocation per channel, rows in order: dw += dout*xhat, db += dout
+// x, out, dx, dout [N, C]; w, b, dw, db [C]; mean, rstd [N].
+#extension GL_GOOGLE_include_directive : require
+#include "common/index.glsl"
+
+#define CT_WG 64
+#if defined(LN_BWD_DWDB)
+layout(local_size_x = 256) in;
+#else
+layout(local_size_x = CT_WG) in;
+#include "common/reduce.glsl"
+#endif
+
+#if defined(LN_FWD)
+layout(push_constant) uniform Push {
+  uint N;
+  uint C;
+  float eps;
+  uint oo;
+  uint om;
+  uint ors;
+  uint ox;
+  uint ow;
+  uint ob;
+} pc;
+layout(std430, binding = 0) writeonly buffer Out { float o[]; };
+layout(std430, binding = 1) writeonly buffer Mean { float mean[]; };
+layout(std430, binding = 2) writeonly buffer Rstd { float rstd[]; };
+layout(std430, binding = 3) readonly buffer X { float x[]; };
+layout(std430, binding = 4) readonly buffer W { float w[]; };
+layout(std430, binding = 5) readonly buffer B { float b[]; };
+
+void main() {
+  uint row = ct_group_index();
+  if (row >= pc.N) return;  // uniform per workgroup
+  uint tid = gl_LocalInvocationID.x;
+  uint xr = pc.ox + row * pc.C;
+  float s = 0.0;
+  for (uint c = tid; c < pc.C; c += CT_WG) s += x[xr + c];
+  float m = ct_wg_sum(s) / float(pc.C);
+  float v = 0.0;
+  for (uint c = tid; c < pc.C; c += CT_WG) {
+    float d = x[xr + c] - m;
+    v += d * d;
+  }
+  float r = 1.0 / sqrt(ct_wg_sum(v) / float(pc.C) + pc.eps);
+  for (uint c = tid; c < pc.C; c += CT_WG)
+    o[pc.oo + row * pc.C + c] = (x[xr + c] - m) * r * w[pc.ow + c] + b[pc.ob + c];
+  if (tid == 0) {
+    mean[pc.om + row] = m;
+    rstd[pc.ors + row] = r;
+  }
+}
+
+#elif defined(LN_BWD_DX)
+layout(push_constant) uniform Push {
+  uint N;
+  uint C;
+  uint odx;
+  uint odo;
+  uint ox;
+  uint ow;
+  uint om;
+  uint ors;
+} pc;
+layout(std430, binding = 0) buffer DX { float dx[]; };
+layout(std430, binding = 1) readonly buffer DOut { float dout[]; };
+layout(std430, binding = 2) readonly buffer X { float x[]; };
+layout(std430, binding = 3) readonly buffer W { float w[]; };
+layout(std430, binding = 4) readonly buffer Mean { float mean[]; };
+layout(std430, binding = 5) readonly buffer Rstd { float rstd[]; };
+
+void main() {
+  uint row = ct_group_index();
+  if (row >= pc.N) return;
+  uint tid = gl_LocalInvocationID.x;
+  float m = mean[pc.om + row], r = rstd[pc.ors + row];
+  uint base = row * pc.C;
+  float s1 = 0.0, s2 = 0.0;
+  for (uint c = tid; c < pc.C; c += CT_WG) {
+    float dn = dout[pc.odo + base + c] * w[pc.ow + c];
+    float xh = (x[pc.ox + base + c] - m) * r;
+    s1 += dn;
+    s2 += dn * xh;
+  }
+  float mdn = ct_wg_sum(s1) / float(pc.C);
+  float mdnx = ct_wg_sum(s2) / float(pc.C);
+  for (uint c = tid; c < pc.C; c += CT_WG) {
+    float dn = dout[pc.odo + base + c] * w[pc.ow + c];
+    float xh = (x[pc.ox + base + c] - m) * r;
+    dx[pc.odx + base + c] += r * (dn - mdn - xh * mdnx);
+  }
+}
+
+#else  // LN_BWD_DWDB
+layout(push_constant) uniform Push {
+  uint N;
+  uint C;
+  uint odw;
+  uint odb;
+  uint odo;
+  uint ox;
+  uint om;
+  uint ors;
+} pc;
+layout(std430, binding = 0) buffer DW { float dw[]; };
+layout(std430, binding = 1) buffer DB { float db[]; };
+layout(std430, binding = 2) readonly buffer DOut { float dout[]; };
+layout(std430, binding = 3) readonly buffer X { float x[]; };
+layout(std430, binding = 4) readonly buffer Mean { float mean[]; };
+layout(std430, binding = 5) readonly buffer Rstd { float rstd[]; };
+
+void main() {
+  uint c = ct_linear_index();
+  if (c >= pc.C) return;
+  float aw = 0.0, ab = 0.0;
+  for (uint n = 0; n < pc.N; ++n) {
+    float d = dout[pc.odo + n * pc.C + c];
+    float xh = (x[pc.ox + n * pc.C + c] - mean[pc.om + n]) * rstd[pc.ors + n];
+    aw += d * xh;
+    ab += d;
+  }
+  dw[pc.odw + c] += aw;
+  db[pc.odb + c] += ab;
+}
+#endif
