@@ -16,7 +16,9 @@ inline std::string names(const std::string& dashed) {
 
 template <typename T>
 CLI::Option* flag(CLI::App* app, const std::string& dashed, T& value, const std::string& help) {
-  return app->add_option(names(dashed), value, help)->capture_default_str();
+  return app->add_option(names(dashed), value, help)
+      ->capture_default_str()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // as argparse: the last wins
 }
 
 }  // namespace ct::cli

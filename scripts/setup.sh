@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what crosstrain needs from Debian's packages (only what is missing), then configures
+# and builds it into build/. Idempotent: a second run installs nothing and rebuilds only changes.
+#   bash scripts/setup.sh            # build, tests included
+#   bash scripts/setup.sh --torch    # also install PyTorch (golden-file script, benchmarks)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  fortunes                                   # the built-in default training text
+  libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-tools spirv-cross
+)
+for arg in "$@"; do
+  case "$arg" in
+    --torch) packages+=(python3-torch python3-numpy) ;;
+    *) echo "setup.sh: unknown option '$arg' (known: --torch)" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+cmake --preset release >/dev/null
+cmake --build --preset release

@@ -1,0 +1,104 @@
+// The crosstrain binary as a user meets it: bad input exits 2 with a message naming the flag or
+// file and writes nothing; eval prints JSON; devices lists the CPU.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+namespace fs = std::filesystem;
+
+struct ProcResult {
+  int status = -1;
+  std::string output;  // stdout and stderr together
+};
+
+ProcResult run(const std::string& args) {
+  std::string cmd = std::string(CT_CROSSTRAIN_BIN) + " " + args + " 2>&1";
+  ProcResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("crosstrain_cli_test_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    out_ = (dir_ / "out").string();
+    data_ = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string small() const {
+    return "train --no-progress --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --max-steps 3 "
+           "--sample-tokens 0 --data " + data_ + " --output-dir " + out_;
+  }
+  void expect_rejected(const std::string& args, const std::string& mention) {
+    ProcResult r = run(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(mention), std::string::npos) << "message should name '" << mention << "':\n" << r.output;
+    EXPECT_FALSE(fs::exists(out_)) << args << " wrote " << out_;
+  }
+  fs::path dir_;
+  std::string out_, data_;
+};
+
+TEST_F(Cli, MissingDataFile) { expect_rejected(small() + " --data /no/such/file.txt", "/no/such/file.txt"); }
+
+TEST_F(Cli, EmptyDataFile) {
+  std::string empty = (dir_ / "empty.txt").string();
+  std::ofstream(empty).close();
+  expect_rejected(small() + " --data " + empty, "empty.txt");
+}
+
+TEST_F(Cli, NonNumericFlag) { expect_rejected(small() + " --max-steps abc", "max-steps"); }
+TEST_F(Cli, OutOfRangeFlag) { expect_rejected(small() + " --max-steps -3", "--max-steps"); }
+TEST_F(Cli, OutOfRangeLearningRate) { expect_rejected(small() + " --learning-rate -1", "--learning-rate"); }
+TEST_F(Cli, HeadsMustDivideWidth) { expect_rejected(small() + " --n-head 3", "--n-head"); }
+TEST_F(Cli, UnknownModel) { expect_rejected(small() + " --model gpt5", "gpt5"); }
+TEST_F(Cli, UnknownBackend) { expect_rejected(small() + " --backend tpu", "tpu"); }
+TEST_F(Cli, UnknownScheduler) { expect_rejected(small() + " --lr-scheduler-type step", "--lr-scheduler-type"); }
+TEST_F(Cli, DeviceIndexOutOfRange) { expect_rejected(small() + " --backend cpu:9", "cpu:0"); }
+
+TEST_F(Cli, UnderscoreFlagsAndEvalJson) {
+  ProcResult t = run(small() + " --max_steps 4 --per_device_train_batch_size 2");
+  ASSERT_EQ(t.status, 0) << t.output;
+  EXPECT_NE(t.output.find("validation loss"), std::string::npos) << t.output;
+  ProcResult e = run("eval --model-path " + out_ + " --data " + data_);
+  ASSERT_EQ(e.status, 0) << e.output;
+  auto j = nlohmann::json::parse(e.output);
+  // harbour.txt holds 1417 bytes: floor((1417 - 1) / 16) = 88 windows of 16 targets.
+  EXPECT_EQ(j["tokens"].get<int64_t>(), 88 * 16);
+  EXPECT_GT(j["eval_loss"].get<double>(), 0.0);
+  EXPECT_LT(j["eval_loss"].get<double>(), 6.0);
+  ProcResult g = run("generate --model-path " + out_ + " --prompt Hello --max-new-tokens 5");
+  EXPECT_EQ(g.status, 0) << g.output;
+  EXPECT_EQ(g.output.rfind("Hello", 0), 0u) << g.output;
+  ProcResult bad = run("eval --model-path " + (dir_ / "nothing").string() + " --data " + data_);
+  EXPECT_EQ(bad.status, 2) << bad.output;
+}
+
+TEST_F(Cli, DevicesJsonListsCpu) {
+  ProcResult r = run("devices --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  ASSERT_TRUE(j.is_array());
+  EXPECT_EQ(j[0]["backend"], "cpu");
+  EXPECT_TRUE(j[0]["available"].get<bool>());
+  EXPECT_EQ(j[0]["devices"][0]["id"], "cpu:0");
+}
+
+}  // namespace
