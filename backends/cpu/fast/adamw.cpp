@@ -2,32 +2,55 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backends/cpu/fast/vec_math.h"
 #include "backends/cpu/kernels.h"
 
+CT_FAST_WIDE_VECTORS
+
 namespace ct::cpu::fast {
+
+namespace {
+
+struct AdamWConsts {
+  float clip, b1, b2, step, inv_bc2_sqrt, decay, eps;
+};
+
+// elements [i0, i1) of param, grad, m, v
+void adamw_span(float* param, const float* grad, float* m, float* v, int64_t i0, int64_t i1,
+                const AdamWConsts& k) {
+  for (int64_t i = i0; i < i1; ++i) {
+    float g = grad[i] * k.clip;
+    float mi = k.b1 * m[i] + (1.0f - k.b1) * g;
+    float vi = k.b2 * v[i] + (1.0f - k.b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = param[i] * k.decay - k.step * mi / (fast_sqrt(vi) * k.inv_bc2_sqrt + k.eps);
+  }
+}
+
+}  // namespace
 
 // param, grad, m, v are (n); grad_norm is (1) or null (no clipping)
 void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm,
            int64_t n, const AdamWHyper& hp) {
-  float clip = 1.0f;
+  AdamWConsts k;
+  k.clip = 1.0f;
   if (hp.max_grad_norm > 0.0f && grad_norm)
-    clip = static_cast<float>(
+    k.clip = static_cast<float>(
         std::min(1.0, hp.max_grad_norm / (static_cast<double>(grad_norm[0]) + 1e-6)));
   double t = static_cast<double>(hp.step);
-  float b1 = hp.beta1, b2 = hp.beta2;
-  float step = static_cast<float>(hp.lr / (1.0 - std::pow(static_cast<double>(b1), t)));
-  float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
-  float decay = 1.0f - hp.lr * hp.weight_decay;
-  float eps = hp.eps;
-#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
-  for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i] * clip;
-    float mi = b1 * m[i] + (1.0f - b1) * g;
-    float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] = param[i] * decay - step * mi / (std::sqrt(vi) * inv_bc2_sqrt + eps);
-  }
+  k.b1 = hp.beta1;
+  k.b2 = hp.beta2;
+  k.step = static_cast<float>(hp.lr / (1.0 - std::pow(static_cast<double>(hp.beta1), t)));
+  k.inv_bc2_sqrt =
+      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(hp.beta2), t)));
+  k.decay = 1.0f - hp.lr * hp.weight_decay;
+  k.eps = hp.eps;
+  constexpr int64_t kChunk = 1 << 14;
+  int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c)
+    adamw_span(param, grad, m, v, c * kChunk, std::min(n, (c + 1) * kChunk), k);
 }
 
 }  // namespace ct::cpu::fast

@@ -12,12 +12,14 @@
 #include "backends/cpu/fast/vec_math.h"
 #include "backends/cpu/kernels.h"
 
+CT_FAST_WIDE_VECTORS
+
 namespace ct::cpu::fast {
 
 namespace {
 
 // Rows per block: small enough to skip most of the triangle, big enough for sgemm to be fast.
-int64_t block_rows(int64_t T) { return std::clamp<int64_t>(T / 8, 32, 128); }
+int64_t block_rows(int64_t T) { return std::clamp<int64_t>(T / 16, 32, 64); }
 
 // y (M,N) = alpha * op(a) op(b) + beta * y, row-major with leading dimensions.
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
@@ -51,17 +53,22 @@ void attention_forward(Workspace&, float* out, float* att, const float* qkv, int
           float* row = a + t * T;
           float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-          for (int64_t j = 0; j <= t; ++j) mx = std::max(mx, row[j]);
+          for (int64_t j = 0; j <= t; ++j) mx = row[j] > mx ? row[j] : mx;
+          // The exp loop runs on whole vectors up to len (scores up to r1 exist, from the
+          // sgemm), masking j > t to zero, so no scalar remainder of exps is left.
+          int64_t len = std::min(r1, (t + 16) & ~int64_t{15});
           float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-          for (int64_t j = 0; j <= t; ++j) {
-            row[j] = fast_exp(row[j] - mx);
-            s += row[j];
+          for (int64_t j = 0; j < len; ++j) {
+            float e = fast_exp(row[j] - mx);
+            e = j <= t ? e : 0.0f;
+            row[j] = e;
+            s += e;
           }
           float inv = 1.0f / s;
 #pragma omp simd
-          for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
-          std::memset(row + t + 1, 0, static_cast<size_t>(T - t - 1) * sizeof(float));
+          for (int64_t j = 0; j < len; ++j) row[j] *= inv;
+          std::memset(row + len, 0, static_cast<size_t>(T - len) * sizeof(float));
         }
         // o[r0:r1] = a[r0:r1, 0:r1] v[0:r1]
         gemm(false, false, r1 - r0, hs, r1, 1.0f, a + r0 * T, T, v, C3, 0.0f, o + r0 * C, C);

@@ -2,6 +2,8 @@
 #include "backends/cpu/fast/vec_math.h"
 #include "backends/cpu/kernels.h"
 
+CT_FAST_WIDE_VECTORS
+
 namespace ct::cpu::fast {
 
 namespace {
