@@ -226,6 +226,8 @@ class CpuDevice final : public Device, private Workspace {
     m.K = ak;
     CT_REQUIRE(am == m.M && bn == m.N && ak == bk,
                std::string(op) + ": inner or outer dimensions do not match" + desc);
+    CT_REQUIRE(!overlaps(c, a) && !overlaps(c, b),
+               std::string(op) + ": c must not overlap a or b" + desc);
     m.a_batched = batch_matches(op, a, c, desc);
     m.b_batched = batch_matches(op, b, c, desc);
     if (bias) {

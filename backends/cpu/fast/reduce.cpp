@@ -1,5 +1,5 @@
 // Fast reductions. sum and norm cut x into a fixed number of contiguous parts (independent of
-// the thread count), sum each in fp64 with a fixed vector order, and add the parts in order:
+// the thread count), sum each in fp64 with fixed accumulator lanes, and add the parts in order:
 // the result is identical run to run and for any number of threads.
 #include <cmath>
 #include <cstring>
@@ -11,6 +11,26 @@ namespace ct::cpu::fast {
 namespace {
 constexpr int64_t kParts = 64;
 constexpr int64_t kParallelMin = 1 << 15;
+constexpr int64_t kLanes = 32;  // independent fp64 accumulators: hides the add latency
+
+// x[i0, i1) summed (squared if Square) in fp64, in a fixed order.
+template <bool Square>
+double span_sum(const float* x, int64_t i0, int64_t i1) {
+  double acc[kLanes] = {};
+  int64_t i = i0;
+  for (; i + kLanes <= i1; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) {
+      double v = x[i + j];
+      acc[j] += Square ? v * v : v;
+    }
+  for (int64_t j = 0; i + j < i1; ++j) {
+    double v = x[i + j];
+    acc[j] += Square ? v * v : v;
+  }
+  double s = 0.0;
+  for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
+  return s;
+}
 }  // namespace
 
 // out is (1), x is (n)
@@ -18,11 +38,7 @@ void sum(float* out, const float* x, int64_t n, float scale) {
   double part[kParts];
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t p = 0; p < kParts; ++p) {
-    int64_t i0 = n * p / kParts, i1 = n * (p + 1) / kParts;
-    double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t i = i0; i < i1; ++i) acc += x[i];
-    part[p] = acc;
+    part[p] = span_sum<false>(x, n * p / kParts, n * (p + 1) / kParts);
   }
   double total = 0.0;
   for (int64_t p = 0; p < kParts; ++p) total += part[p];
@@ -34,11 +50,7 @@ void norm(float* out, const float* x, int64_t n) {
   double part[kParts];
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t p = 0; p < kParts; ++p) {
-    int64_t i0 = n * p / kParts, i1 = n * (p + 1) / kParts;
-    double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t i = i0; i < i1; ++i) acc += static_cast<double>(x[i]) * x[i];
-    part[p] = acc;
+    part[p] = span_sum<true>(x, n * p / kParts, n * (p + 1) / kParts);
   }
   double total = 0.0;
   for (int64_t p = 0; p < kParts; ++p) total += part[p];
