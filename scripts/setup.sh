@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
-  libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev libssl-dev
   fortunes                                   # the built-in default training text
   libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-tools spirv-cross
 )

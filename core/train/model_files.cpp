@@ -42,15 +42,21 @@ std::unique_ptr<GPT2> load_model(const std::string& dir, Device& device) {
     fail(e.kind() == ErrorKind::kIo ? ErrorKind::kInvalidArgument : e.kind(),
          config_path + ": " + e.what());
   }
+  auto model = std::make_unique<GPT2>(device, config, /*with_grads=*/false);
+  load_weights(weights_path, *model);
+  return model;
+}
+
+void load_weights(const std::string& weights_path, GPT2& model) {
+  const GPT2Config& config = model.config();
   SafetensorsFile file;
   try {
     file = read_safetensors(weights_path);
   } catch (const Error& e) {
     fail(ErrorKind::kInvalidArgument, e.what());
   }
-  auto model = std::make_unique<GPT2>(device, config, /*with_grads=*/false);
   std::map<std::string, std::vector<float>> named;
-  for (const ParamInfo& p : model->params()) {
+  for (const ParamInfo& p : model.params()) {
     // HF checkpoints saved from GPT2LMHeadModel prefix names with "transformer.".
     std::string key = file.contains(p.name) ? p.name : "transformer." + p.name;
     if (!file.contains(key))
@@ -74,8 +80,7 @@ std::unique_ptr<GPT2> load_model(const std::string& dir, Device& device) {
       fail(ErrorKind::kInvalidArgument,
            weights_path + ": tensor '" + name + "' is not part of a GPT-2 with " + config.str());
   }
-  model->upload_params(named);
-  return model;
+  model.upload_params(named);
 }
 
 }  // namespace ct

@@ -18,4 +18,8 @@ void save_model(const std::string& dir, const GPT2& model);
 // missing, of the wrong shape or dtype, or one the model does not have.
 std::unique_ptr<GPT2> load_model(const std::string& dir, Device& device);
 
+// Reads the weights of `model` from a safetensors file with HF GPT-2 names (a "transformer."
+// prefix is accepted); every tensor must be present, F32, of the model's shape.
+void load_weights(const std::string& weights_path, GPT2& model);
+
 }  // namespace ct

@@ -15,8 +15,9 @@ struct TrainArgs {
   std::string output_dir = "out";
   std::string backend = "cpu";
 
-  int64_t max_steps = 200;
+  int64_t max_steps = 200;  // optimizer steps, counted from the start of training (resumes too)
   int per_device_train_batch_size = 4;
+  int gradient_accumulation_steps = 1;  // micro-batches per optimizer step
   double learning_rate = 1e-3;
   int64_t warmup_steps = 20;
   std::string lr_scheduler_type = "cosine";
@@ -30,6 +31,11 @@ struct TrainArgs {
   int64_t eval_steps = 50;       // 0 = evaluate only at the end
   int64_t max_eval_batches = 16; // cap on validation batches per evaluation during training
   double validation_split = 0.1;
+
+  // checkpoints: <output_dir>/checkpoint-<step>/ every save_steps steps (0 = none)
+  int64_t save_steps = 0;
+  int save_total_limit = 0;             // keep only the newest K checkpoints (0 = all)
+  std::string resume_from_checkpoint;   // a checkpoint folder, "latest", or empty
 
   // the sample printed at the end
   std::string sample_prompt = "The ";

@@ -17,7 +17,9 @@
 #include "core/registry.h"
 #include "core/train/evaluate.h"
 #include "core/train/model_files.h"
+#include "core/train/optimizer.h"
 #include "core/train/progress.h"
+#include "core/train/checkpoint.h"
 #include "core/train/schedule.h"
 
 namespace ct {
@@ -54,6 +56,11 @@ void validate_args(const TrainArgs& a) {
                std::to_string(a.validation_split), "must be in (0, 1)");
   require_flag(a.max_eval_batches >= 0, "--max-eval-batches", std::to_string(a.max_eval_batches),
                "must be >= 0 (0 evaluates every window)");
+  require_flag(a.gradient_accumulation_steps > 0, "--gradient-accumulation-steps",
+               std::to_string(a.gradient_accumulation_steps), "must be > 0");
+  require_flag(a.save_steps >= 0, "--save-steps", std::to_string(a.save_steps), "must be >= 0 (0 = no checkpoints)");
+  require_flag(a.save_total_limit >= 0, "--save-total-limit", std::to_string(a.save_total_limit),
+               "must be >= 0 (0 = keep all)");
   require_flag(a.sample_tokens >= 0, "--sample-tokens", std::to_string(a.sample_tokens), "must be >= 0");
 }
 
@@ -92,6 +99,40 @@ nlohmann::json memory_json(const MemoryStats& m) {
   return j;
 }
 
+nlohmann::json args_json(const TrainArgs& a) {
+  return {{"model", a.model},
+          {"data", a.data},
+          {"backend", a.backend},
+          {"max_steps", a.max_steps},
+          {"per_device_train_batch_size", a.per_device_train_batch_size},
+          {"gradient_accumulation_steps", a.gradient_accumulation_steps},
+          {"learning_rate", a.learning_rate},
+          {"warmup_steps", a.warmup_steps},
+          {"lr_scheduler_type", a.lr_scheduler_type},
+          {"weight_decay", a.weight_decay},
+          {"adam_beta1", a.adam_beta1},
+          {"adam_beta2", a.adam_beta2},
+          {"adam_epsilon", a.adam_epsilon},
+          {"max_grad_norm", a.max_grad_norm},
+          {"seed", a.seed},
+          {"logging_steps", a.logging_steps},
+          {"eval_steps", a.eval_steps},
+          {"save_steps", a.save_steps},
+          {"validation_split", a.validation_split}};
+}
+
+// Keeps the records of steps <= `step` (a resumed run continues the file from there).
+void truncate_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= step) kept += line + "\n";
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+}
+
 }  // namespace
 
 TrainSummary train(const TrainArgs& args) {
@@ -101,6 +142,7 @@ TrainSummary train(const TrainArgs& args) {
   GPT2Config config = resolve_config(args);
   const int B = args.per_device_train_batch_size;
   const int T = config.block_size;
+  const int accum = args.gradient_accumulation_steps;
 
   std::string data_path = args.data.empty() ? kDefaultDataPath : args.data;
   if (args.data.empty() && !fs::exists(data_path))
@@ -112,132 +154,162 @@ TrainSummary train(const TrainArgs& args) {
   TokenSplit split = split_train_val(tokens, args.validation_split, T + 1);
   if (fs::exists(args.output_dir) && !fs::is_directory(args.output_dir))
     fail(ErrorKind::kInvalidArgument, "--output-dir '" + args.output_dir + "' exists and is not a folder");
+  std::string resume_dir;
+  if (!args.resume_from_checkpoint.empty())
+    resume_dir = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir);
 
   std::unique_ptr<Device> device = open_device(args.backend);
   Device& dev = *device;
   GPT2 model(dev, config);
   model.init(args.seed);
   model.allocate_activations(B, T);
-  const int64_t n = model.num_parameters(), nd = model.decay_count();
-  Tensor m = dev.empty({n}, DType::f32, MemCategory::kOptimizer);
-  Tensor v = dev.empty({n}, DType::f32, MemCategory::kOptimizer);
-  dev.fill(m, 0.0f);
-  dev.fill(v, 0.0f);
+  OptimizerSettings os;
+  os.weight_decay = args.weight_decay;
+  os.beta1 = args.adam_beta1;
+  os.beta2 = args.adam_beta2;
+  os.eps = args.adam_epsilon;
+  os.max_grad_norm = args.max_grad_norm;
+  std::unique_ptr<Optimizer> optimizer = make_adamw(model, os);
   Tensor inputs = dev.empty({B, T}, DType::i32, MemCategory::kActivations);
   Tensor targets = dev.empty({B, T}, DType::i32, MemCategory::kActivations);
   Tensor loss_sum = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
   Tensor grad_norm = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
   dev.fill(loss_sum, 0.0f);
 
+  // ---- resume: weights, optimizer state, step, data position, the open logging window --------
+  int64_t start_step = 0, window_steps = 0;
+  BatchLoader loader(split.train, B, T, args.seed);
+  if (!resume_dir.empty()) {
+    nlohmann::json st = load_checkpoint(resume_dir, model, *optimizer);
+    start_step = st["step"].get<int64_t>();
+    loader.seek(st["data_position"].get<int64_t>());
+    float partial = st.value("logging_window_loss_sum", 0.0f);
+    window_steps = st.value("logging_window_steps", int64_t{0});
+    dev.upload(loss_sum, &partial, sizeof partial);
+  }
+
   std::error_code ec;
   fs::create_directories(args.output_dir, ec);
   if (ec) fail(ErrorKind::kIo, "cannot create --output-dir '" + args.output_dir + "': " + ec.message());
   std::string metrics_path = (fs::path(args.output_dir) / "metrics.jsonl").string();
-  std::ofstream metrics(metrics_path, std::ios::trunc);
+  if (start_step > 0) truncate_metrics(metrics_path, start_step);
+  std::ofstream metrics(metrics_path, start_step > 0 ? std::ios::app : std::ios::trunc);
   if (!metrics) fail(ErrorKind::kIo, "cannot write " + metrics_path);
 
   TrainSummary s;
   s.device = dev.info().id() + " (" + dev.info().name + ")";
-  s.num_parameters = n;
+  s.num_parameters = model.num_parameters();
   std::printf("crosstrain: training GPT-2 %s (%s, %s parameters) on %s\n", args.model.c_str(),
-              config.str().c_str(), format_count(static_cast<double>(n)).c_str(), s.device.c_str());
-  std::printf("data: %s, %s train / %s validation tokens; batch %d x %d; %lld steps\n",
-              data_path.c_str(), format_count(static_cast<double>(split.train.size())).c_str(),
-              format_count(static_cast<double>(split.val.size())).c_str(), B, T,
+              config.str().c_str(), format_count(static_cast<double>(s.num_parameters)).c_str(),
+              s.device.c_str());
+  std::printf("data: %s, %s train / %s validation tokens; batch %d x %d", data_path.c_str(),
+              format_count(static_cast<double>(split.train.size())).c_str(),
+              format_count(static_cast<double>(split.val.size())).c_str(), B, T);
+  if (accum > 1) std::printf(" x %d accumulation steps", accum);
+  std::printf("; steps %lld to %lld\n", static_cast<long long>(start_step + 1),
               static_cast<long long>(args.max_steps));
+  if (!resume_dir.empty()) std::printf("resumed from %s\n", resume_dir.c_str());
   std::fflush(stdout);
 
-  BatchLoader loader(split.train, B, T, args.seed);
-  ProgressBar bar(0, args.max_steps, args.progress_bar);
+  ProgressBar bar(start_step, args.max_steps, args.progress_bar);
   auto t_start = Clock::now(), t_window = t_start;
   double eval_seconds = 0;
-  int64_t window_steps = 0;
+  int64_t window_tokens = 0;
   bool have_first = false;
 
-  for (int64_t step = 0; step < args.max_steps; ++step) {
-    Batch batch = loader.next();
-    dev.upload(inputs, batch.inputs.data(), batch.inputs.size() * sizeof(int32_t));
-    dev.upload(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
+  for (int64_t step = start_step; step < args.max_steps; ++step) {
+    // One optimizer step: `accum` micro-batches whose gradients add up to the gradient of the
+    // mean loss over all of them (each backward is weighted 1/accum).
     model.zero_grad();
-    Tensor loss = model.forward(inputs, &targets, B, T);
-    model.backward();
-    dev.accumulate(loss_sum, loss);
+    for (int micro = 0; micro < accum; ++micro) {
+      Batch batch = loader.next();
+      dev.upload(inputs, batch.inputs.data(), batch.inputs.size() * sizeof(int32_t));
+      dev.upload(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
+      Tensor loss = model.forward(inputs, &targets, B, T);
+      model.backward(1.0f / static_cast<float>(accum));
+      dev.accumulate(loss_sum, loss);
+    }
     dev.norm(grad_norm, model.grads_flat());
-
     double lr = lr_at(schedule, args.learning_rate, step, args.warmup_steps, args.max_steps);
-    AdamWHyper hp;
-    hp.lr = static_cast<float>(lr);
-    hp.beta1 = static_cast<float>(args.adam_beta1);
-    hp.beta2 = static_cast<float>(args.adam_beta2);
-    hp.eps = static_cast<float>(args.adam_epsilon);
-    hp.step = step + 1;
-    hp.max_grad_norm = static_cast<float>(args.max_grad_norm);
-    hp.weight_decay = static_cast<float>(args.weight_decay);
-    dev.adamw(model.params_decay(), model.grads_decay(), m.slice_flat(0, {nd}),
-              v.slice_flat(0, {nd}), grad_norm, hp);
-    hp.weight_decay = 0.0f;
-    dev.adamw(model.params_no_decay(), model.grads_no_decay(), m.slice_flat(nd, {n - nd}),
-              v.slice_flat(nd, {n - nd}), grad_norm, hp);
+    optimizer->step(model, grad_norm, lr, step + 1);
     dev.flush();
     ++window_steps;
+    window_tokens += static_cast<int64_t>(B) * T * accum;
 
     const int64_t done = step + 1;
     const bool last = done == args.max_steps;
     const bool do_eval = last || (args.eval_steps > 0 && done % args.eval_steps == 0);
     const bool do_log = do_eval || last || done % args.logging_steps == 0;
-    if (!do_log) {
-      bar.update(done, s.final_loss, s.tokens_per_s, dev.memory().total_current);
-      continue;
-    }
-    float host_loss_sum = 0, host_norm = 0;
-    dev.download(&host_loss_sum, loss_sum, sizeof(float));
-    dev.download(&host_norm, grad_norm, sizeof(float));
-    dev.fill(loss_sum, 0.0f);
-    auto now = Clock::now();
-    double window_s = std::chrono::duration<double>(now - t_window).count();
-    double tps = static_cast<double>(window_steps) * B * T / std::max(window_s, 1e-9);
-    double mean_loss = host_loss_sum / static_cast<double>(window_steps);
-    if (!std::isfinite(mean_loss))
-      fail(ErrorKind::kInvalidArgument, "training diverged: the loss is " + std::to_string(mean_loss) +
-                                            " at step " + std::to_string(done) +
-                                            " (try a lower --learning-rate)");
-    if (!have_first) s.first_loss = mean_loss, have_first = true;
-    s.final_loss = mean_loss;
-    s.tokens_per_s = tps;
+    const bool do_save = args.save_steps > 0 && done % args.save_steps == 0;
+    if (do_log) {
+      float host_loss_sum = 0, host_norm = 0;
+      dev.download(&host_loss_sum, loss_sum, sizeof(float));
+      dev.download(&host_norm, grad_norm, sizeof(float));
+      dev.fill(loss_sum, 0.0f);
+      double window_s = std::chrono::duration<double>(Clock::now() - t_window).count();
+      double tps = static_cast<double>(window_tokens) / std::max(window_s, 1e-9);
+      double mean_loss = host_loss_sum / static_cast<double>(window_steps * accum);
+      if (!std::isfinite(mean_loss))
+        fail(ErrorKind::kInvalidArgument, "training diverged: the loss is " + std::to_string(mean_loss) +
+                                              " at step " + std::to_string(done) +
+                                              " (try a lower --learning-rate)");
+      if (!have_first) s.first_loss = mean_loss, have_first = true;
+      s.final_loss = mean_loss;
+      s.tokens_per_s = tps;
 
-    nlohmann::json rec;
-    rec["step"] = done;
-    rec["loss"] = mean_loss;
-    rec["lr"] = lr;
-    rec["grad_norm"] = host_norm;
-    rec["tokens_per_s"] = tps;
-    rec["memory"] = memory_json(dev.memory());
-    char line[256];
-    std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
-                  static_cast<long long>(done), static_cast<long long>(args.max_steps), mean_loss, lr,
-                  host_norm, format_count(tps).c_str());
-    std::string text = line;
-    if (do_eval) {
-      auto e0 = Clock::now();
-      EvalResult ev = evaluate(model, split.val, T, B, args.max_eval_batches);
-      double es = std::chrono::duration<double>(Clock::now() - e0).count();
-      eval_seconds += es;
-      rec["eval_loss"] = ev.loss;
-      rec["eval_tokens"] = ev.tokens;
-      s.eval_loss = ev.loss;
-      std::snprintf(line, sizeof line, "  eval_loss %.4f", ev.loss);
-      text += line;
+      nlohmann::json rec;
+      rec["step"] = done;
+      rec["loss"] = mean_loss;
+      rec["lr"] = lr;
+      rec["grad_norm"] = host_norm;
+      rec["tokens_per_s"] = tps;
+      rec["memory"] = memory_json(dev.memory());
+      char line[256];
+      std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
+                    static_cast<long long>(done), static_cast<long long>(args.max_steps), mean_loss,
+                    lr, host_norm, format_count(tps).c_str());
+      std::string text = line;
+      if (do_eval) {
+        auto e0 = Clock::now();
+        EvalResult ev = evaluate(model, split.val, T, B, args.max_eval_batches);
+        eval_seconds += std::chrono::duration<double>(Clock::now() - e0).count();
+        rec["eval_loss"] = ev.loss;
+        rec["eval_tokens"] = ev.tokens;
+        s.eval_loss = ev.loss;
+        std::snprintf(line, sizeof line, "  eval_loss %.4f", ev.loss);
+        text += line;
+      }
+      metrics << rec.dump() << '\n' << std::flush;
+      bar.println(text);
+      window_steps = 0;
+      window_tokens = 0;
+      t_window = Clock::now();  // evaluation time is not training throughput
     }
-    t_window = Clock::now();  // evaluation time is not training throughput
-    window_steps = 0;
-    metrics << rec.dump() << '\n' << std::flush;
-    bar.println(text);
-    bar.update(done, mean_loss, tps, dev.memory().total_current);
+    if (do_save) {
+      float partial = 0;
+      dev.download(&partial, loss_sum, sizeof partial);
+      nlohmann::json st = {{"step", done},
+                           {"data_position", loader.position()},
+                           {"logging_window_loss_sum", partial},
+                           {"logging_window_steps", window_steps},
+                           {"rng", {{"init_seed", args.seed}, {"data_seed", args.seed},
+                                    {"data_stream", BatchLoader::kBatchLoaderStream}}},
+                           {"schedule", {{"type", lr_schedule_name(schedule)}, {"lr", lr},
+                                         {"warmup_steps", args.warmup_steps},
+                                         {"total_steps", args.max_steps}}},
+                           {"optimizer", optimizer->name()},
+                           {"model_config", config.to_hf_json()},
+                           {"args", args_json(args)}};
+      std::string path = save_checkpoint(args.output_dir, done, model, *optimizer, st, args.save_total_limit);
+      bar.println("saved " + path);
+      t_window = Clock::now();
+    }
+    bar.update(done, s.final_loss, s.tokens_per_s, dev.memory().total_current);
   }
   bar.finish();
   dev.synchronize();
-  s.steps = args.max_steps;
-  s.tokens = args.max_steps * B * T;
+  s.steps = args.max_steps - start_step;
+  s.tokens = s.steps * B * T * accum;
   s.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   s.tokens_per_s = static_cast<double>(s.tokens) / std::max(s.seconds - eval_seconds, 1e-9);
   s.peak_memory = dev.memory().total_peak;

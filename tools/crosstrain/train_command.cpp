@@ -21,6 +21,8 @@ Run add_train(CLI::App& app) {
   flag(&app, "--backend", a->backend, "cpu, vulkan, vulkan:N, ... (see `crosstrain devices`)");
   flag(&app, "--max-steps", a->max_steps, "optimizer steps to train");
   flag(&app, "--per-device-train-batch-size", a->per_device_train_batch_size, "sequences per step");
+  flag(&app, "--gradient-accumulation-steps", a->gradient_accumulation_steps,
+       "micro-batches per optimizer step");
   flag(&app, "--learning-rate", a->learning_rate, "peak learning rate");
   flag(&app, "--warmup-steps", a->warmup_steps, "linear warmup steps");
   flag(&app, "--lr-scheduler-type", a->lr_scheduler_type, "cosine, linear or constant");
@@ -34,6 +36,10 @@ Run add_train(CLI::App& app) {
   flag(&app, "--eval-steps", a->eval_steps, "evaluate every N steps (0 = only at the end)");
   flag(&app, "--max-eval-batches", a->max_eval_batches, "validation batches per evaluation during training (0 = all)");
   flag(&app, "--validation-split", a->validation_split, "fraction of the data held out for validation");
+  flag(&app, "--save-steps", a->save_steps, "write checkpoint-<step>/ every N steps (0 = none)");
+  flag(&app, "--save-total-limit", a->save_total_limit, "keep only the newest K checkpoints (0 = all)");
+  flag(&app, "--resume-from-checkpoint", a->resume_from_checkpoint,
+       "continue from a checkpoint folder, or 'latest' in --output-dir");
   flag(&app, "--sample-prompt", a->sample_prompt, "prompt of the sample generated at the end");
   flag(&app, "--sample-tokens", a->sample_tokens, "tokens to generate at the end (0 = none)");
   app.add_flag("--no-progress,--no_progress", [a](int64_t) { a->progress_bar = false; },

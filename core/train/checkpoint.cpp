@@ -1,0 +1,194 @@
+#include "core/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "core/error.h"
+#include "core/io/atomic_file.h"
+#include "core/io/json_file.h"
+#include "core/io/read_file.h"
+#include "core/io/safetensors.h"
+#include "core/io/sha256.h"
+#include "core/train/model_files.h"
+
+namespace ct {
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kPrefix = "checkpoint-";
+const std::vector<std::string> kHashedFiles = {"model.safetensors", "optimizer.safetensors",
+                                               "config.json"};
+
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// The step of a folder named checkpoint-<digits>, or -1.
+int64_t checkpoint_step(const fs::path& p) {
+  std::string n = p.filename().string();
+  if (n.rfind(kPrefix, 0) != 0) return -1;
+  std::string digits = n.substr(std::strlen(kPrefix));
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+void write_optimizer_state(const std::string& path, const Optimizer& opt, Device& dev) {
+  std::vector<NamedTensor> state = opt.state();
+  std::vector<std::vector<std::byte>> host(state.size());
+  std::vector<SafetensorsTensor> out;
+  for (size_t i = 0; i < state.size(); ++i) {
+    const Tensor& t = state[i].tensor;
+    host[i].resize(t.nbytes());
+    dev.download(host[i].data(), t, t.nbytes());
+    SafetensorsTensor st;
+    st.name = state[i].name;
+    st.dtype = t.dtype;
+    st.shape.assign(t.shape.d.begin(), t.shape.d.begin() + t.shape.ndim);
+    st.data = host[i];
+    out.push_back(std::move(st));
+  }
+  write_safetensors(path, out, {{"optimizer", opt.name()}});
+}
+
+void read_optimizer_state(const std::string& path, Optimizer& opt, Device& dev) {
+  SafetensorsFile f = read_safetensors(path);
+  auto it = f.metadata().find("optimizer");
+  if (it == f.metadata().end() || it->second != opt.name())
+    fail(ErrorKind::kInvalidArgument,
+         path + ": holds state of optimizer '" + (it == f.metadata().end() ? "?" : it->second) +
+             "', this run uses '" + opt.name() + "'");
+  for (const NamedTensor& s : opt.state()) {
+    if (!f.contains(s.name))
+      fail(ErrorKind::kInvalidArgument, path + ": optimizer state '" + s.name + "' is missing");
+    const SafetensorsInfo& info = f.info(s.name);
+    if (info.dtype != s.tensor.dtype || info.to_shape() != s.tensor.shape)
+      fail(ErrorKind::kInvalidArgument, path + ": optimizer state '" + s.name + "' is " +
+                                            safetensors_dtype_name(info.dtype) + info.to_shape().str() +
+                                            ", expected " + safetensors_dtype_name(s.tensor.dtype) +
+                                            s.tensor.shape.str());
+    dev.upload(s.tensor, f.data(s.name).data(), s.tensor.nbytes());
+  }
+  dev.synchronize();  // the mapping goes away with `f`
+}
+
+}  // namespace
+
+std::vector<std::string> list_checkpoints(const std::string& output_dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(output_dir, ec)) {
+    int64_t step = checkpoint_step(e.path());
+    if (step >= 0 && e.is_directory() && fs::exists(e.path() / kCheckpointMarker))
+      found.emplace_back(step, e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+std::string save_checkpoint(const std::string& output_dir, int64_t step, const GPT2& model,
+                            const Optimizer& optimizer, nlohmann::json trainer_state,
+                            int save_total_limit) {
+  const std::string name = kPrefix + std::to_string(step);
+  fs::path final_dir = fs::path(output_dir) / name;
+  fs::path tmp = fs::path(output_dir) / ("." + name + ".tmp-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) fail(ErrorKind::kIo, "cannot create " + tmp.string() + ": " + ec.message());
+  try {
+    save_model(tmp.string(), model);  // model.safetensors + config.json
+    write_optimizer_state((tmp / "optimizer.safetensors").string(), optimizer, model.device());
+    nlohmann::json files;
+    for (const auto& f : kHashedFiles) files[f] = sha256_file((tmp / f).string());
+    trainer_state["files"] = files;
+    write_json_file((tmp / "trainer_state.json").string(), trainer_state);
+    fsync_path(tmp);
+    // A checkpoint of the same step from an earlier run is replaced only now that this one is
+    // whole: move it aside, move the new one in, then delete the old.
+    fs::path old = tmp;
+    old += ".old";
+    if (fs::exists(final_dir)) fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    fsync_path(output_dir);
+    write_file_atomic((final_dir / kCheckpointMarker).string(),
+                      sha256_file((final_dir / "trainer_state.json").string()) + "\n");
+    fs::remove_all(old, ec);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  if (save_total_limit > 0) {
+    std::vector<std::string> all = list_checkpoints(output_dir);
+    for (size_t i = 0; i + save_total_limit < all.size(); ++i)
+      if (fs::path(all[i]) != final_dir) fs::remove_all(all[i], ec);
+  }
+  return final_dir.string();
+}
+
+std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir) {
+  if (spec == "latest") {
+    std::vector<std::string> all = list_checkpoints(output_dir);
+    if (all.empty())
+      fail(ErrorKind::kInvalidArgument, "--resume-from-checkpoint latest: no complete checkpoint in '" +
+                                            output_dir + "'");
+    return all.back();
+  }
+  if (!fs::is_directory(spec))
+    fail(ErrorKind::kInvalidArgument, "--resume-from-checkpoint '" + spec + "' is not a folder");
+  if (!fs::exists(fs::path(spec) / kCheckpointMarker))
+    fail(ErrorKind::kInvalidArgument, "--resume-from-checkpoint '" + spec +
+                                          "' is incomplete (no " + kCheckpointMarker +
+                                          " marker): it was being written when the run stopped");
+  return spec;
+}
+
+nlohmann::json load_checkpoint(const std::string& dir, GPT2& model, Optimizer& optimizer) {
+  fs::path d(dir);
+  std::string state_path = (d / "trainer_state.json").string();
+  if (!fs::exists(d / kCheckpointMarker))
+    fail(ErrorKind::kInvalidArgument, dir + " is incomplete (no " + kCheckpointMarker + " marker)");
+  std::string marker = read_file_bytes((d / kCheckpointMarker).string());
+  nlohmann::json state;
+  try {
+    state = read_json_file(state_path);
+  } catch (const Error& e) {
+    fail(ErrorKind::kInvalidArgument, e.what());
+  }
+  if (marker.substr(0, 64) != sha256_file(state_path))
+    fail(ErrorKind::kInvalidArgument, state_path + ": SHA-256 does not match the " +
+                                          std::string(kCheckpointMarker) + " marker (file modified or corrupt)");
+  if (!state.contains("files") || !state["files"].is_object())
+    fail(ErrorKind::kInvalidArgument, state_path + ": field 'files' is missing");
+  for (const auto& f : kHashedFiles) {
+    std::string p = (d / f).string();
+    if (!fs::exists(p)) fail(ErrorKind::kInvalidArgument, p + ": missing from the checkpoint");
+    if (!state["files"].contains(f) || !state["files"][f].is_string())
+      fail(ErrorKind::kInvalidArgument, state_path + ": no SHA-256 recorded for " + f);
+    if (sha256_file(p) != state["files"][f].get<std::string>())
+      fail(ErrorKind::kInvalidArgument,
+           p + ": SHA-256 mismatch (the file is corrupt, truncated or was modified)");
+  }
+  GPT2Config saved = GPT2Config::from_hf_json(read_json_file((d / "config.json").string()));
+  if (!(saved == model.config()))
+    fail(ErrorKind::kInvalidArgument, (d / "config.json").string() + ": the checkpoint is a different model (" +
+                                          saved.str() + ") than this run's (" + model.config().str() + ")");
+  load_weights((d / "model.safetensors").string(), model);
+  read_optimizer_state((d / "optimizer.safetensors").string(), optimizer, model.device());
+  for (const char* key : {"step", "data_position"})
+    if (!state.contains(key) || !state[key].is_number_integer())
+      fail(ErrorKind::kInvalidArgument, state_path + ": field '" + std::string(key) + "' is missing or not an integer");
+  return state;
+}
+
+}  // namespace ct

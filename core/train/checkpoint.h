@@ -1,0 +1,45 @@
+// Training checkpoints: <output_dir>/checkpoint-<step>/ with
+//   model.safetensors      weights, fp32, Hugging Face GPT-2 names
+//   optimizer.safetensors  every optimizer state tensor by name
+//   config.json            the model's Hugging Face config
+//   trainer_state.json     step, RNG streams, data position, schedule, settings, and the
+//                          SHA-256 of each file above
+//   COMPLETE               written last; a folder without it is never resumed from
+// A checkpoint is assembled in a hidden temporary folder, every file and the folder fsynced, then
+// renamed into place before the marker is written, so a kill at any moment loses at most the
+// checkpoint being written and never damages an earlier one.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/model/gpt2.h"
+#include "core/train/optimizer.h"
+
+namespace ct {
+
+inline constexpr const char* kCheckpointMarker = "COMPLETE";
+
+// Writes checkpoint-<step> into output_dir (replacing an earlier one of the same step only once
+// the new one is complete), then deletes the oldest complete checkpoints beyond
+// save_total_limit (0 = keep all). `trainer_state` gains "files" with the SHA-256 of each file.
+// Returns the checkpoint's path.
+std::string save_checkpoint(const std::string& output_dir, int64_t step, const GPT2& model,
+                            const Optimizer& optimizer, nlohmann::json trainer_state,
+                            int save_total_limit);
+
+// Complete checkpoints in output_dir, oldest step first.
+std::vector<std::string> list_checkpoints(const std::string& output_dir);
+
+// `spec` is a checkpoint folder or "latest" (the newest complete checkpoint in output_dir).
+// Throws Error(kInvalidArgument) when there is none, or the folder is incomplete.
+std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir);
+
+// Verifies every file's SHA-256 and that the checkpoint's model config equals model.config(),
+// then loads weights and optimizer state. Returns the trainer state. Errors name the file and
+// what is wrong (missing, corrupt, truncated, modified, a different model).
+nlohmann::json load_checkpoint(const std::string& dir, GPT2& model, Optimizer& optimizer);
+
+}  // namespace ct

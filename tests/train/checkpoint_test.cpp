@@ -1,0 +1,179 @@
+// Checkpoints: resume is bit-exact, `latest` finds the newest complete one, damaged or foreign
+// checkpoints are refused with a message naming the file, and old ones are pruned.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/io/read_file.h"
+#include "core/train/checkpoint.h"
+#include "core/train/trainer.h"
+
+namespace ct {
+namespace {
+namespace fs = std::filesystem;
+
+class Checkpoints : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("crosstrain_ckpt_test_" + std::to_string(getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  TrainArgs args(const std::string& out) const {
+    TrainArgs a;
+    a.n_layer = 2;
+    a.n_head = 2;
+    a.n_embd = 32;
+    a.block_size = 32;
+    a.data = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
+    a.output_dir = (root_ / out).string();
+    a.max_steps = 12;
+    a.per_device_train_batch_size = 2;
+    a.gradient_accumulation_steps = 2;
+    a.learning_rate = 3e-3;
+    a.warmup_steps = 2;
+    a.logging_steps = 1;
+    a.eval_steps = 0;
+    a.max_eval_batches = 2;
+    a.sample_tokens = 0;
+    a.progress_bar = false;
+    return a;
+  }
+  fs::path root_;
+
+ public:
+  static std::vector<double> losses(const fs::path& dir) {
+    std::ifstream f(dir / "metrics.jsonl");
+    std::vector<double> out;
+    std::string line;
+    while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return out;
+  }
+  static void expect_refused(const TrainArgs& a, const std::string& mention) {
+    try {
+      train(a);
+      FAIL() << "resume should have been refused (" << mention << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(mention), std::string::npos) << e.what();
+    }
+  }
+};
+
+void expect_same_run(const fs::path& a_dir, const fs::path& b_dir) {
+  std::vector<double> a = Checkpoints::losses(a_dir), b = Checkpoints::losses(b_dir);
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  EXPECT_TRUE(read_file_bytes((a_dir / "model.safetensors").string()) ==
+              read_file_bytes((b_dir / "model.safetensors").string()))
+      << "the final weights differ";
+}
+
+// K steps, then a second run resumes and trains K more: the same losses and weight bytes as 2K
+// straight (constant schedule, so the first run's --max-steps does not change the rates).
+TEST_F(Checkpoints, KPlusResumePlusKEqualsStraight) {
+  TrainArgs straight = args("straight");
+  straight.lr_scheduler_type = "constant";
+  train(straight);
+  TrainArgs first = args("resumed");
+  first.lr_scheduler_type = "constant";
+  first.max_steps = 6;
+  first.save_steps = 3;
+  train(first);
+  ASSERT_EQ(list_checkpoints(first.output_dir).size(), 2u);
+  TrainArgs second = first;
+  second.max_steps = 12;
+  second.save_steps = 0;
+  second.resume_from_checkpoint = "latest";
+  train(second);
+  expect_same_run(straight.output_dir, second.output_dir);
+}
+
+// A run interrupted after its step-6 checkpoint (cosine schedule over 12 steps) and resumed in
+// another folder finishes exactly like the uninterrupted one.
+TEST_F(Checkpoints, InterruptedRunResumesExactly) {
+  TrainArgs straight = args("straight");
+  straight.save_steps = 6;
+  train(straight);
+  TrainArgs resumed = args("resumed");
+  fs::create_directories(resumed.output_dir);
+  fs::copy(fs::path(straight.output_dir) / "checkpoint-6", fs::path(resumed.output_dir) / "checkpoint-6",
+           fs::copy_options::recursive);
+  fs::copy(fs::path(straight.output_dir) / "metrics.jsonl", fs::path(resumed.output_dir) / "metrics.jsonl");
+  resumed.resume_from_checkpoint = (fs::path(resumed.output_dir) / "checkpoint-6").string();
+  train(resumed);
+  expect_same_run(straight.output_dir, resumed.output_dir);
+}
+
+TEST_F(Checkpoints, LatestSkipsIncompleteAndLimitPrunes) {
+  TrainArgs a = args("prune");
+  a.save_steps = 2;
+  a.save_total_limit = 2;
+  train(a);
+  std::vector<std::string> kept = list_checkpoints(a.output_dir);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(fs::path(kept[0]).filename(), "checkpoint-10");
+  EXPECT_EQ(fs::path(kept[1]).filename(), "checkpoint-12");
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "config.json", "trainer_state.json", "COMPLETE"})
+    EXPECT_TRUE(fs::exists(fs::path(kept[1]) / f)) << f;
+  // A folder that was being written when a run died has no marker: `latest` passes it over.
+  fs::remove(fs::path(kept[1]) / kCheckpointMarker);
+  EXPECT_EQ(resolve_checkpoint("latest", a.output_dir), kept[0]);
+  EXPECT_THROW(resolve_checkpoint(kept[1], a.output_dir), Error);
+}
+
+TEST_F(Checkpoints, DamagedFilesAreRefused) {
+  TrainArgs a = args("damaged");
+  a.max_steps = 2;
+  a.save_steps = 2;
+  train(a);
+  fs::path ck = fs::path(a.output_dir) / "checkpoint-2";
+  fs::path backup = root_ / "backup";
+  fs::copy(ck, backup, fs::copy_options::recursive);
+  TrainArgs resume = args("damaged");
+  resume.max_steps = 4;
+  resume.resume_from_checkpoint = ck.string();
+
+  auto restore = [&] {
+    fs::remove_all(ck);
+    fs::copy(backup, ck, fs::copy_options::recursive);
+  };
+  {  // one flipped bit in the weights
+    std::fstream f(ck / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    char c;
+    f.seekg(200);
+    f.get(c);
+    f.seekp(200);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  expect_refused(resume, "model.safetensors: SHA-256 mismatch");
+  restore();
+  fs::resize_file(ck / "optimizer.safetensors", fs::file_size(ck / "optimizer.safetensors") / 2);
+  expect_refused(resume, "optimizer.safetensors");
+  restore();
+  fs::remove(ck / "config.json");
+  expect_refused(resume, "config.json");
+  restore();
+  {
+    std::ofstream(ck / "trainer_state.json", std::ios::app) << " ";
+  }
+  expect_refused(resume, "trainer_state.json");
+  restore();
+  TrainArgs other = resume;
+  other.n_embd = 64;
+  expect_refused(other, "different model");
+  restore();
+  train(resume);  // the intact checkpoint still resumes
+}
+
+}  // namespace
+}  // namespace ct
