@@ -10,6 +10,21 @@
 //
 // Unless an op says otherwise: tensors are contiguous f32, on this device, and must not alias;
 // "(+=)" marks an output that is accumulated into, "(=)" one that is overwritten.
+//
+// Mixed precision. Where an op's comment says "16-bit allowed", a tensor may also be f16 or bf16
+// (abbreviated h below); all arithmetic is still done in fp32 and results are rounded to nearest
+// even when stored in 16 bits. Every backend must follow the same table (core/amp/precision.h
+// says which model tensors use which dtype):
+//   matmul              a, b: f32 | h (both the same); c: f32 | a's dtype; bias f32
+//   layernorm fwd       x f32; out f32 | h;            bwd: dout f32 | h; x, dx f32
+//   attention fwd/bwd   qkv, out, att, dout, dqkv: all f32 or all the same h
+//   gelu fwd/bwd        x, out, dout, dx: all f32 or all the same h
+//   crossentropy        logits (and dlogits) f32 | h; losses f32
+//   bias_backward       dout f32 | h; dbias f32
+//   add                 out, a f32; b f32 | h
+//   copy                any float dtype to any float dtype
+// supports(op, dtype) answers for the 16-bit dtype in question; a backend that says no for h
+// must throw Error(kUnsupported) when given it.
 #pragma once
 
 #include <array>
@@ -115,7 +130,7 @@ struct AdamWHyper {
 enum class OpKind {
   kFill, kCopy, kAdd, kAccumulate, kScale,
   kEmbedding, kLayerNorm, kMatmul, kBiasGrad, kAttention, kGelu,
-  kCrossEntropy, kSum, kNorm, kAdamW, kCheckFinite,
+  kCrossEntropy, kSum, kNorm, kAdamW, kCheckFinite, kUnscaleCheck,
 };
 
 class Device {
@@ -219,6 +234,13 @@ class Device {
   virtual void norm(const Tensor& out, const Tensor& x) = 0;
   // flag[0] (=) flag[0] | (any element of x is inf or NaN). flag [1] i32, x [N].
   virtual void check_finite(const Tensor& flag, const Tensor& x) = 0;
+  // Loss-scaler step, fused where the backend can: x (=) x * inv_scale, and flag[0] (=) flag[0] |
+  // (any element of x, before or after scaling, is inf or NaN). x [N] f32, flag [1] i32.
+  // The default runs scale() then check_finite().
+  virtual void unscale_check(const Tensor& x, const Tensor& flag, float inv_scale) {
+    scale(x, inv_scale);
+    check_finite(flag, x);
+  }
   // One fused AdamW step on param, grad, m, v (all [N]). grad_norm [1] is the global norm of
   // all gradients, read only when hp.max_grad_norm > 0 (clipping); may be undefined otherwise.
   //   g = grad * clip;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
