@@ -4,6 +4,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -52,7 +53,7 @@ DeviceInfo make_info(bool reference) {
   i.memory_budget_bytes = available_memory_bytes();
   i.max_allocation_bytes = i.memory_bytes;
   i.max_buffer_range_bytes = i.memory_bytes;
-  i.dtypes = {DType::f32, DType::i32};
+  i.dtypes = {DType::f32, DType::f16, DType::bf16, DType::i32};
   i.extra = {{"processor", cpu_model_name()},
              {"threads", std::to_string(reference ? 1 : cpu_threads())},
              {"isa", cpu_isa_flags()},
@@ -68,9 +69,18 @@ class CpuDevice final : public Device, private Workspace {
 
   const DeviceInfo& info() const override { return info_; }
 
+  // f32 everywhere; f16/bf16 where core/device.h's mixed-precision table allows them. 16-bit
+  // tensors are widened to f32 in workspace, computed in f32 and rounded back when stored.
   bool supports(OpKind op, DType dtype) const override {
-    if (op == OpKind::kFill || op == OpKind::kCopy) return true;
-    return dtype == DType::f32;
+    if (op == OpKind::kFill || op == OpKind::kCopy || dtype == DType::f32) return true;
+    if (!is_h(dtype)) return false;
+    switch (op) {
+      case OpKind::kAdd: case OpKind::kMatmul: case OpKind::kLayerNorm: case OpKind::kBiasGrad:
+      case OpKind::kAttention: case OpKind::kGelu: case OpKind::kCrossEntropy:
+        return true;
+      default:
+        return false;
+    }
   }
 
   std::shared_ptr<Buffer> allocate(size_t bytes, MemCategory category) override {
@@ -124,10 +134,10 @@ class CpuDevice final : public Device, private Workspace {
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override {
     f32("add", "out", out);
     f32("add", "a", a);
-    f32("add", "b", b);
+    flt("add", "b", b);
     same_numel("add", out, a);
     same_numel("add", out, b);
-    k_.add(f(out), f(a), f(b), out.numel());
+    k_.add(f(out), f(a), in(b, 0), out.numel());
   }
   void accumulate(const Tensor& dst, const Tensor& src) override {
     f32("accumulate", "dst", dst);
@@ -179,40 +189,44 @@ class CpuDevice final : public Device, private Workspace {
   void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                          const Tensor& x, const Tensor& w, const Tensor& b, float eps) override {
     const char* op = "layernorm_forward";
-    for (auto [n, t] : {std::pair{"out", &out}, {"mean", &mean}, {"rstd", &rstd}, {"x", &x},
-                        {"w", &w}, {"b", &b}})
+    for (auto [n, t] : {std::pair{"mean", &mean}, {"rstd", &rstd}, {"x", &x}, {"w", &w},
+                        {"b", &b}})
       f32(op, n, *t);
+    flt(op, "out", out);
     CT_REQUIRE(x.ndim() >= 1, std::string(op) + ": x must have a last dimension");
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
     CT_REQUIRE(out.shape == x.shape && w.numel() == C && b.numel() == C && mean.numel() == N &&
                    rstd.numel() == N,
                std::string(op) + ": expected x, out [N,C], w, b [C], mean, rstd [N]" +
                    shapes({&out, &mean, &rstd, &x, &w, &b}));
-    k_.layernorm_forward(f(out), f(mean), f(rstd), f(x), f(w), f(b), N, C, eps);
+    float* o = out_(out, 0, false);
+    k_.layernorm_forward(o, f(mean), f(rstd), f(x), f(w), f(b), N, C, eps);
+    store(out, o);
   }
   void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
                           const Tensor& dout, const Tensor& x, const Tensor& w,
                           const Tensor& mean, const Tensor& rstd) override {
     const char* op = "layernorm_backward";
-    for (auto [n, t] : {std::pair{"dx", &dx}, {"dw", &dw}, {"db", &db}, {"dout", &dout},
-                        {"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}})
+    for (auto [n, t] : {std::pair{"dx", &dx}, {"dw", &dw}, {"db", &db}, {"x", &x}, {"w", &w},
+                        {"mean", &mean}, {"rstd", &rstd}})
       f32(op, n, *t);
+    flt(op, "dout", dout);
     CT_REQUIRE(x.ndim() >= 1, std::string(op) + ": x must have a last dimension");
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
     CT_REQUIRE(dx.shape == x.shape && dout.shape == x.shape && w.numel() == C &&
                    dw.numel() == C && db.numel() == C && mean.numel() == N && rstd.numel() == N,
                std::string(op) + ": expected dx, dout, x [N,C], dw, db, w [C], mean, rstd [N]" +
                    shapes({&dx, &dw, &db, &dout, &x, &w, &mean, &rstd}));
-    k_.layernorm_backward(*this, f(dx), f(dw), f(db), f(dout), f(x), f(w), f(mean), f(rstd), N,
-                          C);
+    k_.layernorm_backward(*this, f(dx), f(dw), f(db), in(dout, 0), f(x), f(w), f(mean), f(rstd),
+                          N, C);
   }
 
   void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
               float alpha, float beta, const Tensor* bias) override {
     const char* op = "matmul";
-    f32(op, "c", c);
-    f32(op, "a", a);
-    f32(op, "b", b);
+    flt(op, "c", c);
+    flt(op, "a", a);
+    flt(op, "b", b);
     std::string desc = shapes({&c, &a, &b}) + (trans_a ? " trans_a" : "") +
                        (trans_b ? " trans_b" : "");
     CT_REQUIRE(c.ndim() >= 2 && a.ndim() >= 2 && b.ndim() >= 2,
@@ -226,6 +240,8 @@ class CpuDevice final : public Device, private Workspace {
     m.K = ak;
     CT_REQUIRE(am == m.M && bn == m.N && ak == bk,
                std::string(op) + ": inner or outer dimensions do not match" + desc);
+    CT_REQUIRE(a.dtype == b.dtype && (c.dtype == DType::f32 || c.dtype == a.dtype),
+               std::string(op) + ": a and b must share a dtype, and c be f32 or that dtype" + desc);
     CT_REQUIRE(!overlaps(c, a) && !overlaps(c, b),
                std::string(op) + ": c must not overlap a or b" + desc);
     m.a_batched = batch_matches(op, a, c, desc);
@@ -236,84 +252,104 @@ class CpuDevice final : public Device, private Workspace {
                  std::string(op) + ": bias must be [N]" + desc + " bias " + bias->describe());
       m.bias = f(*bias);
     }
-    m.c = f(c);
-    m.a = f(a);
-    m.b = f(b);
+    m.c = out_(c, 0, beta != 0.0f);
+    m.a = in(a, 1);
+    m.b = in(b, 2);
     m.trans_a = trans_a;
     m.trans_b = trans_b;
     m.alpha = alpha;
     m.beta = beta;
     k_.matmul(*this, m);
+    store(c, m.c);
   }
   void bias_backward(const Tensor& dbias, const Tensor& dout) override {
     f32("bias_backward", "dbias", dbias);
-    f32("bias_backward", "dout", dout);
+    flt("bias_backward", "dout", dout);
     CT_REQUIRE(dout.ndim() >= 1 && dbias.numel() == dout.shape[-1],
                "bias_backward: expected dout [M,N], dbias [N]" + shapes({&dbias, &dout}));
     int64_t N = dout.shape[-1];
-    k_.bias_backward(f(dbias), f(dout), N ? dout.numel() / N : 0, N);
+    k_.bias_backward(f(dbias), in(dout, 0), N ? dout.numel() / N : 0, N);
   }
 
   void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
                          int n_head) override {
     const char* op = "attention_forward";
-    f32(op, "out", out);
-    f32(op, "att", att);
-    f32(op, "qkv", qkv);
+    flt(op, "out", out);
+    flt(op, "att", att);
+    flt(op, "qkv", qkv);
+    same_dtype(op, {&out, &att, &qkv});
     auto [B, T, C] = attention_dims(op, out, att, qkv, n_head);
-    k_.attention_forward(*this, f(out), f(att), f(qkv), B, T, C, n_head);
+    float* o = out_(out, 0, false);
+    float* a = out_(att, 1, false);
+    k_.attention_forward(*this, o, a, in(qkv, 2), B, T, C, n_head);
+    store(out, o);
+    store(att, a);
   }
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& att, int n_head) override {
     const char* op = "attention_backward";
-    f32(op, "dqkv", dqkv);
-    f32(op, "dout", dout);
-    f32(op, "qkv", qkv);
-    f32(op, "att", att);
+    flt(op, "dqkv", dqkv);
+    flt(op, "dout", dout);
+    flt(op, "qkv", qkv);
+    flt(op, "att", att);
+    same_dtype(op, {&dqkv, &dout, &qkv, &att});
     CT_REQUIRE(dqkv.shape == qkv.shape, std::string(op) + ": dqkv must have the shape of qkv" +
                                             shapes({&dqkv, &qkv}));
     auto [B, T, C] = attention_dims(op, dout, att, qkv, n_head);
-    k_.attention_backward(*this, f(dqkv), f(dout), f(qkv), f(att), B, T, C, n_head);
+    float* d = out_(dqkv, 0, false);
+    k_.attention_backward(*this, d, in(dout, 1), in(qkv, 2), in(att, 3), B, T, C, n_head);
+    store(dqkv, d);
   }
 
   void gelu_forward(const Tensor& out, const Tensor& x) override {
-    f32("gelu_forward", "out", out);
-    f32("gelu_forward", "x", x);
+    flt("gelu_forward", "out", out);
+    flt("gelu_forward", "x", x);
+    same_dtype("gelu_forward", {&out, &x});
     same_numel("gelu_forward", out, x);
-    k_.gelu_forward(f(out), f(x), x.numel());
+    float* o = out_(out, 0, false);
+    k_.gelu_forward(o, in(x, 1), x.numel());
+    store(out, o);
   }
   void gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) override {
-    f32("gelu_backward", "dx", dx);
-    f32("gelu_backward", "x", x);
-    f32("gelu_backward", "dout", dout);
+    flt("gelu_backward", "dx", dx);
+    flt("gelu_backward", "x", x);
+    flt("gelu_backward", "dout", dout);
+    same_dtype("gelu_backward", {&dx, &x, &dout});
     same_numel("gelu_backward", dx, x);
     same_numel("gelu_backward", dx, dout);
-    k_.gelu_backward(f(dx), f(x), f(dout), x.numel());
+    float* d = out_(dx, 0, false);
+    k_.gelu_backward(d, in(x, 1), in(dout, 2), x.numel());
+    store(dx, d);
   }
 
   void crossentropy_forward(const Tensor& losses, const Tensor& logits,
                             const Tensor& targets) override {
     const char* op = "crossentropy_forward";
     f32(op, "losses", losses);
-    f32(op, "logits", logits);
+    flt(op, "logits", logits);
     i32(op, "targets", targets);
     auto [N, V] = crossentropy_dims(op, logits, targets);
     CT_REQUIRE(losses.numel() == N, std::string(op) + ": losses must be [N]" +
                                         shapes({&losses, &logits, &targets}));
-    k_.crossentropy_forward(f(losses), f(logits), idx(targets), N, V);
+    k_.crossentropy_forward(f(losses), in(logits, 0), idx(targets), N, V);
   }
   void crossentropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                              float dloss) override {
     const char* op = "crossentropy_backward";
-    f32(op, "dlogits", dlogits);
-    f32(op, "logits", logits);
+    flt(op, "dlogits", dlogits);
+    flt(op, "logits", logits);
     i32(op, "targets", targets);
+    same_dtype(op, {&dlogits, &logits});
     auto [N, V] = crossentropy_dims(op, logits, targets);
     CT_REQUIRE(dlogits.shape == logits.shape, std::string(op) + ": dlogits must match logits" +
                                                   shapes({&dlogits, &logits}));
     CT_REQUIRE(raw(dlogits) == raw(logits) || !overlaps(dlogits, logits),
                std::string(op) + ": dlogits may alias logits exactly but not partially");
-    k_.crossentropy_backward(f(dlogits), f(logits), idx(targets), N, V, dloss);
+    // In place with 16 bits: one staging copy serves as both (the kernel allows aliasing).
+    const float* l = in(logits, 0);
+    float* d = raw(dlogits) == raw(logits) ? const_cast<float*>(l) : out_(dlogits, 1, false);
+    k_.crossentropy_backward(d, l, idx(targets), N, V, dloss);
+    store(dlogits, d);
   }
 
   // -- reductions and optimizer ----------------------------------------------------------------
@@ -334,6 +370,12 @@ class CpuDevice final : public Device, private Workspace {
     f32("check_finite", "x", x);
     CT_REQUIRE(flag.numel() == 1, "check_finite: flag must be [1] i32" + shapes({&flag, &x}));
     k_.check_finite(idx(flag), f(x), x.numel());
+  }
+  void unscale_check(const Tensor& x, const Tensor& flag, float inv_scale) override {
+    f32("unscale_check", "x", x);
+    i32("unscale_check", "flag", flag);
+    CT_REQUIRE(flag.numel() == 1, "unscale_check: flag must be [1] i32" + shapes({&flag, &x}));
+    k_.unscale_check(f(x), idx(flag), inv_scale, x.numel());
   }
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
              const Tensor& grad_norm, const AdamWHyper& hp) override {
@@ -386,10 +428,53 @@ class CpuDevice final : public Device, private Workspace {
                std::string(op) + ": " + name + " " + t.describe() + " exceeds its buffer of " +
                    std::to_string(t.buffer->size()) + " bytes");
   }
+  static bool is_h(DType d) { return d == DType::f16 || d == DType::bf16; }
+  // An f32-only argument: a 16-bit tensor here is an unsupported op/dtype, anything else wrong.
   void f32(const char* op, const char* name, const Tensor& t) const {
     mine(op, name, t);
+    if (is_h(t.dtype))
+      fail(ErrorKind::kUnsupported, std::string(op) + ": " + name + " must be f32 here, got " +
+                                        t.describe() + " (ask supports() first)");
     CT_REQUIRE(t.dtype == DType::f32, std::string(op) + ": " + name + " must be f32, got " +
-                                          t.describe() + " (ask supports() first)");
+                                          t.describe());
+  }
+  // An argument that may be f32, f16 or bf16 (core/device.h's mixed-precision table).
+  void flt(const char* op, const char* name, const Tensor& t) const {
+    mine(op, name, t);
+    CT_REQUIRE(t.dtype == DType::f32 || is_h(t.dtype),
+               std::string(op) + ": " + name + " must be f32, f16 or bf16, got " + t.describe());
+  }
+  static void same_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
+    for (const Tensor* t : ts)
+      CT_REQUIRE(t->dtype == (*ts.begin())->dtype,
+                 std::string(op) + ": these tensors must share one dtype" + shapes(ts));
+  }
+
+  // -- 16-bit staging: f32 copies of 16-bit tensors in workspace slots ----------------------
+  float* stage(int slot, size_t n) {
+    auto& buf = stage_[static_cast<size_t>(slot)];
+    size_t bytes = std::max<size_t>(n, 1) * sizeof(float);
+    if (!buf || buf->size() < bytes) {
+      buf.reset();
+      buf = allocate(bytes, MemCategory::kWorkspace);
+    }
+    return static_cast<float*>(static_cast<CpuBuffer*>(buf.get())->data());
+  }
+  // t as f32 input: its own memory, or a widened copy in staging slot `slot`.
+  float* in(const Tensor& t, int slot) {
+    if (t.dtype == DType::f32) return f(t);
+    float* s = stage(slot, static_cast<size_t>(t.numel()));
+    k_.copy(s, DType::f32, raw(t), t.dtype, t.numel());
+    return s;
+  }
+  // Where a kernel writes output t: its own memory, or a staging slot (widened from t first
+  // when the kernel reads it too); store() rounds a staged result back into t.
+  float* out_(const Tensor& t, int slot, bool read) {
+    if (t.dtype == DType::f32) return f(t);
+    return read ? in(t, slot) : stage(slot, static_cast<size_t>(t.numel()));
+  }
+  void store(const Tensor& t, const float* staged) {
+    if (t.dtype != DType::f32) k_.copy(raw(t), t.dtype, staged, DType::f32, t.numel());
   }
   void i32(const char* op, const char* name, const Tensor& t) const {
     mine(op, name, t);
@@ -465,6 +550,7 @@ class CpuDevice final : public Device, private Workspace {
   const Kernels& k_;
   DeviceInfo info_;
   std::shared_ptr<Buffer> ws_;
+  std::array<std::shared_ptr<Buffer>, 4> stage_;
 };
 
 class CpuBackend final : public Backend {

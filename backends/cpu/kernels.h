@@ -68,6 +68,7 @@ struct Kernels {
   void (*sum)(float* out, const float* x, int64_t n, float scale);
   void (*norm)(float* out, const float* x, int64_t n);
   void (*check_finite)(int32_t* flag, const float* x, int64_t n);
+  void (*unscale_check)(float* x, int32_t* flag, float inv_scale, int64_t n);
   void (*adamw)(float* param, const float* grad, float* m, float* v, const float* grad_norm,
                 int64_t n, const AdamWHyper& hp);
 };
@@ -103,6 +104,7 @@ struct Kernels {
   void sum(float* out, const float* x, int64_t n, float scale);                                  \
   void norm(float* out, const float* x, int64_t n);                                              \
   void check_finite(int32_t* flag, const float* x, int64_t n);                                   \
+  void unscale_check(float* x, int32_t* flag, float inv_scale, int64_t n);                       \
   void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm,        \
              int64_t n, const AdamWHyper& hp);
 

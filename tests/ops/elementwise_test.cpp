@@ -115,8 +115,15 @@ TEST(Elementwise, AddAccumulateScale) {
 TEST(Elementwise, RejectsWrongDtypeAndForeignTensors) {
   Tensor h = fast_dev().empty({4}, DType::f16, MemCategory::kActivations);
   Tensor f = upload(fast_dev(), {4}, Vec(4, 1.0f));
-  EXPECT_THROW(fast_dev().scale(h, 2.0f), Error);
-  EXPECT_THROW(fast_dev().add(f, f, h), Error);
+  Tensor i = fast_dev().empty({4}, DType::i32, MemCategory::kActivations);
+  try {
+    fast_dev().scale(h, 2.0f);  // scale is f32-only: unsupported, not a bad argument
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
+  }
+  EXPECT_THROW(fast_dev().add(h, f, f), Error);  // out must be f32
+  EXPECT_THROW(fast_dev().add(f, f, i), Error);
   Tensor other = upload(ref_dev(), {4}, Vec(4, 1.0f));
   try {
     fast_dev().accumulate(f, other);
@@ -124,9 +131,12 @@ TEST(Elementwise, RejectsWrongDtypeAndForeignTensors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("another device"), std::string::npos) << e.what();
   }
-  EXPECT_FALSE(fast_dev().supports(OpKind::kMatmul, DType::bf16));
+  EXPECT_TRUE(fast_dev().supports(OpKind::kMatmul, DType::bf16));
   EXPECT_TRUE(fast_dev().supports(OpKind::kMatmul, DType::f32));
   EXPECT_TRUE(fast_dev().supports(OpKind::kCopy, DType::bf16));
+  EXPECT_FALSE(fast_dev().supports(OpKind::kAdamW, DType::bf16));
+  EXPECT_FALSE(fast_dev().supports(OpKind::kEmbedding, DType::f16));
+  EXPECT_FALSE(fast_dev().supports(OpKind::kMatmul, DType::i8));
 }
 
 }  // namespace

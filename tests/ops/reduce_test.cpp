@@ -67,5 +67,31 @@ TEST(Reduce, CheckFiniteFindsInfAndNan) {
   }
 }
 
+TEST(Reduce, UnscaleCheckScalesAndFlags) {
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    for (size_t n : {size_t{9}, size_t{100003}}) {
+      Vec x = randn(n, 8, 1000.0f);
+      Tensor tx = upload(*d, {static_cast<int64_t>(n)}, x);
+      Tensor flag = upload_i32(*d, {1}, {0});
+      d->unscale_check(tx, flag, 1.0f / 1024.0f);
+      Vec got = download(*d, tx);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], x[i] * (1.0f / 1024.0f));
+      EXPECT_EQ(download_i32(*d, flag)[0], 0);
+      // Non-finite before scaling, and finite values that overflow after it.
+      for (float bad : {NAN, INFINITY}) {
+        x[n / 3] = bad;
+        d->upload(tx, x.data(), n * 4);
+        d->unscale_check(tx, flag, 0.5f);
+        EXPECT_EQ(download_i32(*d, flag)[0], 1) << d->info().name << " " << bad;
+        d->upload(flag, std::vector<int32_t>{0}.data(), 4);
+      }
+      x[n / 3] = 3e38f;
+      d->upload(tx, x.data(), n * 4);
+      d->unscale_check(tx, flag, 4.0f);
+      EXPECT_EQ(download_i32(*d, flag)[0], 1) << d->info().name << " overflow";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ct::test

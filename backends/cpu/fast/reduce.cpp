@@ -66,4 +66,19 @@ void check_finite(int32_t* flag, const float* x, int64_t n) {
   if (bad) flag[0] |= 1;
 }
 
+// x is (n), flag is (1) i32: one pass that scales and tests before and after
+void unscale_check(float* x, int32_t* flag, float inv_scale, int64_t n) {
+  uint32_t bad = 0;
+#pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float a = x[i], b = a * inv_scale;
+    x[i] = b;
+    uint32_t ua, ub;
+    std::memcpy(&ua, &a, 4);
+    std::memcpy(&ub, &b, 4);
+    bad |= (((ua & 0x7f800000u) == 0x7f800000u) | ((ub & 0x7f800000u) == 0x7f800000u)) ? 1u : 0u;
+  }
+  if (bad) flag[0] |= 1;
+}
+
 }  // namespace ct::cpu::fast

@@ -28,4 +28,15 @@ void check_finite(int32_t* flag, const float* x, int64_t n) {
     }
 }
 
+// x is (n), flag is (1) i32: x *= inv_scale; flag |= any x (before or after) is inf or NaN
+void unscale_check(float* x, int32_t* flag, float inv_scale, int64_t n) {
+  bool bad = false;
+  for (int64_t i = 0; i < n; ++i) {
+    bad = bad || !std::isfinite(x[i]);
+    x[i] *= inv_scale;
+    bad = bad || !std::isfinite(x[i]);
+  }
+  if (bad) flag[0] |= 1;
+}
+
 }  // namespace ct::cpu::ref

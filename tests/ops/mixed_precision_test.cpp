@@ -1,0 +1,176 @@
+// The mixed-precision table of core/device.h: ops given f16/bf16 tensors compute in f32 and
+// round what they store. Both CPU devices against the fp64 forwards on the same (rounded)
+// inputs, with tolerances of the 16-bit type's precision, and fast vs reference.
+#include <cstring>
+
+#include "tests/ops/op_test_util.h"
+
+namespace ct::test {
+namespace {
+
+uint16_t to_h(float v, DType h) { return h == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v); }
+float from_h(uint16_t v, DType h) { return h == DType::bf16 ? bf16_to_f32(v) : f16_to_f32(v); }
+
+// v rounded to h, as floats (what a 16-bit tensor holds).
+Vec round_h(const Vec& v, DType h) {
+  Vec r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = from_h(to_h(v[i], h), h);
+  return r;
+}
+Tensor upload_as(Device& d, const Shape& s, const Vec& v, DType dt) {
+  if (dt == DType::f32) return upload(d, s, v);
+  Tensor t = d.empty(s, dt, MemCategory::kActivations);
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) bits[i] = to_h(v[i], dt);
+  d.upload(t, bits.data(), bits.size() * 2);
+  return t;
+}
+Vec download_as(Device& d, const Tensor& t) {
+  if (t.dtype == DType::f32) return download(d, t);
+  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
+  d.download(bits.data(), t, bits.size() * 2);
+  Vec v(bits.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = from_h(bits[i], t.dtype);
+  return v;
+}
+// nMSE of a value stored in h: half an ulp of relative error at most, squared.
+double tol_h(DType h) { return h == DType::bf16 ? 2e-5 : 4e-7; }
+
+class MixedPrecision : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MixedPrecision, MatmulInputsAndOutputIn16Bits) {
+  DType h = GetParam();
+  const int64_t M = 17, N = 33, K = 65;
+  Vec a = round_h(randn(M * K, 1), h), b = round_h(randn(N * K, 2), h);
+  Vec c0 = round_h(randn(M * N, 3), h), bias = randn(N, 4);
+  VecD want = f64::matmul(to_d(a), to_d(b), M, N, K, false, true);
+  for (int64_t i = 0; i < M * N; ++i) want[i] = 0.5 * want[i] + 0.25 * c0[i] + bias[i % N];
+  Vec out[2];
+  int k = 0;
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    for (DType cdt : {h, DType::f32}) {
+      Tensor ta = upload_as(*d, {M, K}, a, h), tb = upload_as(*d, {N, K}, b, h);
+      Tensor tc = upload_as(*d, {M, N}, c0, cdt), tbias = upload(*d, {N}, bias);
+      d->matmul(tc, ta, tb, false, true, 0.5f, 0.25f, &tbias);
+      Vec got = download_as(*d, tc);
+      EXPECT_TRUE(close_nmse(got, want, cdt == h ? tol_h(h) : kTolGemm,
+                             d->info().name + " c " + dtype_name(cdt)));
+      if (cdt == h) out[k++] = got;
+    }
+  }
+  EXPECT_TRUE(close_nmse(out[1], out[0], 1e-9, "fast vs reference"));
+  // a and b must share the dtype.
+  Tensor ta = upload_as(fast_dev(), {M, K}, a, h), tb = upload(fast_dev(), {N, K}, b);
+  Tensor tc = upload(fast_dev(), {M, N}, c0);
+  EXPECT_THROW(fast_dev().matmul(tc, ta, tb, false, true), Error);
+}
+
+TEST_P(MixedPrecision, AttentionAndGeluAllIn16Bits) {
+  DType h = GetParam();
+  const int64_t B = 2, T = 7, C = 12, NH = 3;
+  Vec qkv = round_h(randn(B * T * 3 * C, 5), h), dout = round_h(randn(B * T * C, 6), h);
+  VecD att64;
+  VecD out64 = f64::attention(to_d(qkv), B, T, C, NH, &att64);
+  Vec res[2][3];
+  int k = 0;
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    Tensor tq = upload_as(*d, {B, T, 3 * C}, qkv, h);
+    Tensor to = d->empty({B, T, C}, h, MemCategory::kActivations);
+    Tensor ta = d->empty({B, NH, T, T}, h, MemCategory::kActivations);
+    Tensor td = upload_as(*d, {B, T, C}, dout, h);
+    Tensor tdq = d->empty({B, T, 3 * C}, h, MemCategory::kGrads);
+    d->attention_forward(to, ta, tq, NH);
+    d->attention_backward(tdq, td, tq, ta, NH);
+    res[k][0] = download_as(*d, to);
+    res[k][1] = download_as(*d, ta);
+    res[k][2] = download_as(*d, tdq);
+    EXPECT_TRUE(close_nmse(res[k][0], out64, tol_h(h), "attention out " + d->info().name));
+    EXPECT_TRUE(close_nmse(res[k][1], att64, tol_h(h), "attention att " + d->info().name));
+    // The gelu of the (rounded) output, in 16 bits.
+    Tensor g = d->empty({B * T * C}, h, MemCategory::kActivations);
+    Tensor gx = to.reshape({B * T * C});
+    d->gelu_forward(g, gx);
+    EXPECT_TRUE(close_nmse(download_as(*d, g), f64::gelu(to_d(res[k][0])), tol_h(h),
+                           "gelu " + d->info().name));
+    ++k;
+  }
+  for (int j = 0; j < 3; ++j) EXPECT_TRUE(close_nmse(res[1][j], res[0][j], 1e-5, "fast vs ref"));
+  // Mixed dtypes within attention are rejected.
+  Tensor tq = upload(fast_dev(), {B, T, 3 * C}, qkv);
+  Tensor to = fast_dev().empty({B, T, C}, h, MemCategory::kActivations);
+  Tensor ta = fast_dev().empty({B, NH, T, T}, h, MemCategory::kActivations);
+  EXPECT_THROW(fast_dev().attention_forward(to, ta, tq, NH), Error);
+}
+
+TEST_P(MixedPrecision, LayerNormCrossEntropyBiasGradAdd) {
+  DType h = GetParam();
+  const int64_t N = 9, C = 24, V = 40;
+  Vec x = randn(N * C, 7), w = randn(C, 8), b = randn(C, 9), dout = round_h(randn(N * C, 10), h);
+  Vec logits = round_h(randn(N * V, 11, 3.0f), h);
+  auto targets = randint(N, 12, V);
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    std::string nm = d->info().name;
+    Tensor tx = upload(*d, {N, C}, x), tw = upload(*d, {C}, w), tb = upload(*d, {C}, b);
+    Tensor to = d->empty({N, C}, h, MemCategory::kActivations);
+    Tensor tm = upload(*d, {N}, Vec(N)), tr = upload(*d, {N}, Vec(N));
+    d->layernorm_forward(to, tm, tr, tx, tw, tb, 1e-5f);
+    EXPECT_TRUE(close_nmse(download_as(*d, to), f64::layernorm(to_d(x), to_d(w), to_d(b), N, C, 1e-5),
+                           tol_h(h), "layernorm out " + nm));
+    // Backward with a 16-bit dout equals the f32 backward of the rounded dout.
+    Tensor tdh = upload_as(*d, {N, C}, dout, h), tdf = upload(*d, {N, C}, dout);
+    Tensor dx1 = upload(*d, {N, C}, Vec(N * C, 0.f)), dx2 = upload(*d, {N, C}, Vec(N * C, 0.f));
+    Tensor dw1 = upload(*d, {C}, Vec(C, 0.f)), dw2 = upload(*d, {C}, Vec(C, 0.f));
+    Tensor db1 = upload(*d, {C}, Vec(C, 0.f)), db2 = upload(*d, {C}, Vec(C, 0.f));
+    d->layernorm_backward(dx1, dw1, db1, tdh, tx, tw, tm, tr);
+    d->layernorm_backward(dx2, dw2, db2, tdf, tx, tw, tm, tr);
+    EXPECT_EQ(download(*d, dx1), download(*d, dx2)) << nm;
+    EXPECT_EQ(download(*d, dw1), download(*d, dw2)) << nm;
+    // bias_backward and add with a 16-bit operand.
+    Tensor bb1 = upload(*d, {C}, Vec(C, 0.f)), bb2 = upload(*d, {C}, Vec(C, 0.f));
+    d->bias_backward(bb1, tdh);
+    d->bias_backward(bb2, tdf);
+    EXPECT_EQ(download(*d, bb1), download(*d, bb2)) << nm;
+    Tensor sum = upload(*d, {N * C}, Vec(N * C, 0.f));
+    d->add(sum, tdf.reshape({N * C}), tdh.reshape({N * C}));
+    Vec s = download(*d, sum);
+    for (int64_t i = 0; i < N * C; ++i) ASSERT_EQ(s[i], 2.0f * dout[i]);
+    // Cross-entropy on 16-bit logits, then the backward in place.
+    Tensor tl = upload_as(*d, {N, V}, logits, h), tt = upload_i32(*d, {N}, targets);
+    Tensor loss = upload(*d, {N}, Vec(N));
+    d->crossentropy_forward(loss, tl, tt);
+    EXPECT_TRUE(close_nmse(download(*d, loss), f64::crossentropy(to_d(logits), targets, N, V), kTolF64 * 10,
+                           "losses " + nm));
+    d->crossentropy_backward(tl, tl, tt, 0.5f);
+    Tensor tlf = upload(*d, {N, V}, logits);
+    d->crossentropy_backward(tlf, tlf, tt, 0.5f);
+    EXPECT_TRUE(close_nmse(download_as(*d, tl), download(*d, tlf), tol_h(h), "dlogits " + nm));
+  }
+}
+
+TEST_P(MixedPrecision, F32OnlyOpsThrowUnsupported) {
+  DType h = GetParam();
+  for (Device* d : {&ref_dev(), &fast_dev()}) {
+    Tensor t = d->empty({8}, h, MemCategory::kActivations), f = upload(*d, {8}, Vec(8, 1.0f));
+    Tensor one = upload(*d, {1}, {0.0f});
+    auto kind = [](const std::function<void()>& fn) {
+      try {
+        fn();
+      } catch (const Error& e) {
+        return e.kind();
+      }
+      return ErrorKind::kInternal;
+    };
+    EXPECT_EQ(kind([&] { d->sum(one, t); }), ErrorKind::kUnsupported);
+    EXPECT_EQ(kind([&] { d->accumulate(f, t); }), ErrorKind::kUnsupported);
+    AdamWHyper hp;
+    EXPECT_EQ(kind([&] { d->adamw(t, f, f, f, Tensor{}, hp); }), ErrorKind::kUnsupported);
+    EXPECT_FALSE(d->supports(OpKind::kSum, h));
+    EXPECT_TRUE(d->supports(OpKind::kGelu, h));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, MixedPrecision, ::testing::Values(DType::bf16, DType::f16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace ct::test
