@@ -13,5 +13,6 @@ Run add_train(CLI::App& app);
 Run add_eval(CLI::App& app);
 Run add_generate(CLI::App& app);
 Run add_devices(CLI::App& app);
+Run add_bench(CLI::App& app);
 
 }  // namespace ct::cli

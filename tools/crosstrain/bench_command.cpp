@@ -1,0 +1,215 @@
+// `crosstrain bench --techniques`: the single-GPU training guides' table, measured. Each row is a
+// separate `crosstrain train` process (so its peak RSS is its own) on the same model, data and
+// effective batch; results go to Markdown, JSON and (with gnuplot) a PNG chart.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/registry.h"
+#include "core/train/progress.h"
+#include "tools/crosstrain/cli_util.h"
+#include "tools/crosstrain/commands.h"
+
+namespace ct::cli {
+namespace {
+namespace fs = std::filesystem;
+
+struct Technique {
+  std::string name;
+  std::vector<std::string> flags;  // besides the common ones
+  int micro_batch_divisor = 1;     // accumulation: micro-batch = batch / divisor
+};
+
+struct Row {
+  std::string backend, technique;
+  double samples_per_s = 0, tokens_per_s = 0, final_loss = 0;
+  int64_t peak_accounted = 0, peak_rss = 0;
+  int64_t weights = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0;
+  std::string error;
+};
+
+// Runs argv as a child process, its output appended to `log`; returns (exit status, peak RSS).
+std::pair<int, int64_t> run_child(const std::vector<std::string>& argv, const std::string& log) {
+  pid_t pid = fork();
+  if (pid < 0) fail(ErrorKind::kIo, "fork failed");
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "a", stdout);
+    if (f) dup2(fileno(stdout), fileno(stderr));
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  wait4(pid, &status, 0, &ru);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<int64_t>(ru.ru_maxrss) * 1024};
+}
+
+Row read_row(const fs::path& dir, int64_t batch_tokens, int T) {
+  std::ifstream f(dir / "metrics.jsonl");
+  std::vector<nlohmann::json> recs;
+  std::string line;
+  while (std::getline(f, line)) recs.push_back(nlohmann::json::parse(line));
+  Row r;
+  if (recs.empty()) {
+    r.error = "no metrics";
+    return r;
+  }
+  std::vector<double> tps;  // the first record includes warm-up: leave it out when we can
+  for (size_t i = recs.size() > 1 ? 1 : 0; i < recs.size(); ++i) tps.push_back(recs[i]["tokens_per_s"].get<double>());
+  std::sort(tps.begin(), tps.end());
+  r.tokens_per_s = tps[tps.size() / 2];
+  r.samples_per_s = r.tokens_per_s / T;
+  r.final_loss = recs.back()["loss"].get<double>();
+  const auto& m = recs.back()["memory"];
+  r.peak_accounted = m["peak"].get<int64_t>();
+  r.weights = m["weights"].get<int64_t>();
+  r.grads = m["grads"].get<int64_t>();
+  r.optimizer = m["optimizer"].get<int64_t>();
+  r.activations = m["activations"].get<int64_t>();
+  r.workspace = m["workspace"].get<int64_t>();
+  (void)batch_tokens;
+  return r;
+}
+
+}  // namespace
+
+Run add_bench(CLI::App& app) {
+  struct Opts {
+    bool techniques = false;
+    std::string model = "tiny", backends, output_dir = "bench-out", data;
+    int batch = 8, accumulation = 4, steps = 12, logging = 3, block_size = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_flag("--techniques", o->techniques, "the techniques table (the only benchmark so far)");
+  flag(&app, "--model", o->model, "model preset");
+  flag(&app, "--block-size", o->block_size, "override the preset's context length (0 = keep)");
+  flag(&app, "--backends", o->backends, "comma-separated backends (default: every available one)");
+  flag(&app, "--per-device-train-batch-size", o->batch, "effective batch (sequences per optimizer step)");
+  flag(&app, "--gradient-accumulation-steps", o->accumulation, "micro-batches in the accumulation rows");
+  flag(&app, "--max-steps", o->steps, "optimizer steps per row");
+  flag(&app, "--logging-steps", o->logging, "steps per throughput sample");
+  flag(&app, "--data", o->data, "text file or folder (default: the built-in data)");
+  flag(&app, "--output-dir", o->output_dir, "where techniques.md/.json/.png and the runs go");
+  return [o] {
+    if (!o->techniques) fail(ErrorKind::kInvalidArgument, "bench: say which benchmark (--techniques)");
+    if (o->batch <= 0 || o->accumulation <= 0 || o->batch % o->accumulation != 0)
+      fail(ErrorKind::kInvalidArgument, "--per-device-train-batch-size " + std::to_string(o->batch) +
+                                            " must be a positive multiple of --gradient-accumulation-steps " +
+                                            std::to_string(o->accumulation));
+    std::vector<std::string> backends;
+    if (o->backends.empty()) {
+      for (const auto& e : ct::backends())
+        if (e.error.empty()) backends.push_back(e.name);
+    } else {
+      std::stringstream ss(o->backends);
+      for (std::string b; std::getline(ss, b, ',');) backends.push_back(b);
+    }
+    const std::string acc = std::to_string(o->accumulation);
+    const std::vector<Technique> techniques = {
+        {"vanilla fp32", {}, 1},
+        {"+ accumulation x" + acc, {"--gradient-accumulation-steps", acc}, o->accumulation},
+        {"+ checkpointing", {"--gradient-checkpointing"}, 1},
+        {"+ fp16", {"--fp16"}, 1},
+        {"+ bf16", {"--bf16"}, 1},
+        {"bf16 + checkpointing + accumulation x" + acc,
+         {"--bf16", "--gradient-checkpointing", "--gradient-accumulation-steps", acc}, o->accumulation},
+    };
+    fs::create_directories(o->output_dir);
+    const std::string exe = (fs::path(executable_dir()) / "crosstrain").string();
+    const std::string log = (fs::path(o->output_dir) / "runs.log").string();
+    std::vector<Row> rows;
+    int T = 0;
+    for (const auto& backend : backends) {
+      for (const auto& t : techniques) {
+        fs::path dir = fs::path(o->output_dir) / "runs" / (backend + "-" + std::to_string(rows.size()));
+        fs::remove_all(dir);
+        std::vector<std::string> argv = {exe, "train", "--no-progress", "--model", o->model,
+                                         "--backend", backend, "--output-dir", dir.string(),
+                                         "--max-steps", std::to_string(o->steps), "--logging-steps",
+                                         std::to_string(o->logging), "--eval-steps", "0",
+                                         "--max-eval-batches", "1", "--sample-tokens", "0",
+                                         "--warmup-steps", "2", "--per-device-train-batch-size",
+                                         std::to_string(o->batch / t.micro_batch_divisor)};
+        if (o->block_size > 0) argv.insert(argv.end(), {"--block-size", std::to_string(o->block_size)});
+        if (!o->data.empty()) argv.insert(argv.end(), {"--data", o->data});
+        argv.insert(argv.end(), t.flags.begin(), t.flags.end());
+        std::fprintf(stderr, "bench: %s / %s ...\n", backend.c_str(), t.name.c_str());
+        auto [status, rss] = run_child(argv, log);
+        Row r;
+        if (status == 0) {
+          std::ifstream cfg(dir / "config.json");
+          T = nlohmann::json::parse(cfg)["n_positions"].get<int>();
+          r = read_row(dir, 0, T);
+        } else {
+          r.error = "exit status " + std::to_string(status) + " (see " + log + ")";
+        }
+        r.backend = backend;
+        r.technique = t.name;
+        r.peak_rss = rss;
+        rows.push_back(r);
+      }
+    }
+    // Markdown + JSON
+    std::ostringstream md;
+    md << "| backend | technique | samples/s | tokens/s | peak memory (accounting) | process RSS | activations | final loss |\n"
+       << "|---|---|---:|---:|---:|---:|---:|---:|\n";
+    nlohmann::json js = nlohmann::json::array();
+    for (const auto& r : rows) {
+      if (!r.error.empty()) {
+        md << "| " << r.backend << " | " << r.technique << " | failed: " << r.error << " | | | | | |\n";
+      } else {
+        char buf[512];
+        std::snprintf(buf, sizeof buf, "| %s | %s | %.2f | %s | %s | %s | %s | %.4f |\n", r.backend.c_str(),
+                      r.technique.c_str(), r.samples_per_s, format_count(r.tokens_per_s).c_str(),
+                      format_bytes(r.peak_accounted).c_str(), format_bytes(r.peak_rss).c_str(),
+                      format_bytes(r.activations).c_str(), r.final_loss);
+        md << buf;
+      }
+      js.push_back({{"backend", r.backend}, {"technique", r.technique}, {"samples_per_s", r.samples_per_s},
+                    {"tokens_per_s", r.tokens_per_s}, {"peak_memory_accounted", r.peak_accounted},
+                    {"peak_rss", r.peak_rss}, {"weights", r.weights}, {"grads", r.grads},
+                    {"optimizer", r.optimizer}, {"activations", r.activations}, {"workspace", r.workspace},
+                    {"final_loss", r.final_loss}, {"error", r.error}});
+    }
+    fs::path base = fs::path(o->output_dir) / "techniques";
+    std::ofstream(base.string() + ".md") << md.str();
+    std::ofstream(base.string() + ".json") << js.dump(2) << "\n";
+    std::printf("%s", md.str().c_str());
+    // Chart: gnuplot when present (Debian's gnuplot-nox); the table stands on its own otherwise.
+    std::ofstream dat(base.string() + ".dat");
+    for (size_t i = 0; i < rows.size(); ++i)
+      dat << i << " \"" << rows[i].backend << ": " << rows[i].technique << "\" " << rows[i].samples_per_s << " "
+          << rows[i].peak_accounted / 1048576.0 << "\n";
+    dat.close();
+    std::ofstream gp(base.string() + ".gp");
+    gp << "set terminal pngcairo size 1100,560 font ',10'\nset output '" << base.string() << ".png'\n"
+       << "set multiplot layout 1,2 title 'crosstrain techniques (" << o->model << ")'\n"
+       << "set style fill solid 0.8\nset boxwidth 0.7\nset xtics rotate by -35 left\nset grid ytics\n"
+       << "set title 'throughput'\nset ylabel 'samples/s'\nplot '" << base.string()
+       << ".dat' using 1:3:xtic(2) with boxes notitle lc rgb '#4477aa'\n"
+       << "set title 'peak memory (accounting)'\nset ylabel 'MiB'\nplot '" << base.string()
+       << ".dat' using 1:4:xtic(2) with boxes notitle lc rgb '#cc6677'\nunset multiplot\n";
+    gp.close();
+    if (std::system(("command -v gnuplot >/dev/null 2>&1 && gnuplot '" + base.string() + ".gp'").c_str()) == 0)
+      std::printf("\nwrote %s.md, .json and .png\n", base.string().c_str());
+    else
+      std::printf("\nwrote %s.md and .json (install gnuplot-nox for the PNG chart)\n", base.string().c_str());
+    return 0;
+  };
+}
+
+}  // namespace ct::cli
