@@ -2,7 +2,9 @@
 // (bf16 inputs, f32 output) for reference. Median GFLOP/s over repeats; this decides which BLAS
 // the CPU fast path uses.
 //
-//   gemm_bench [--reps N] [--quick] [--no-dnnl]
+//   gemm_bench [--reps N] [--quick] [--no-dnnl] [--shape MxKxN]
+//
+// --shape measures that one shape only (e.g. 1024x768x3072; bench/train_bench.py uses it).
 //
 // Each shape M x K x N is run in the three layouts of a linear layer y = x W (x [M,K]):
 //   fwd   y  = x W          NN  (M, N, K)
@@ -110,6 +112,7 @@ double onednn(const Gemm& g, int reps, bool bf16) {
 int main(int argc, char** argv) {
   int reps = 7;
   bool quick = false, dnnl_on = true;
+  long shape_m = 0, shape_k = 0, shape_n = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) {
@@ -118,8 +121,12 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (a == "--no-dnnl") {
       dnnl_on = false;
+    } else if (a == "--shape" && i + 1 < argc &&
+               std::sscanf(argv[i + 1], "%ldx%ldx%ld", &shape_m, &shape_k, &shape_n) == 3 &&
+               shape_m > 0 && shape_k > 0 && shape_n > 0) {
+      ++i;
     } else {
-      std::fprintf(stderr, "usage: gemm_bench [--reps N] [--quick] [--no-dnnl]\n");
+      std::fprintf(stderr, "usage: gemm_bench [--reps N] [--quick] [--no-dnnl] [--shape MxKxN]\n");
       return 2;
     }
   }
@@ -135,6 +142,7 @@ int main(int argc, char** argv) {
                                {1024, 768, 3072, "fc     124M"},    {1024, 3072, 768, "proj   124M"},
                                {1024, 768, 50257, "lmhead 124M"}};
   if (quick) shapes.resize(3);
+  if (shape_m > 0) shapes = {{shape_m, shape_k, shape_n, "custom"}};
   std::printf("OpenBLAS %s, %d threads; median of %d runs; GFLOP/s\n", openblas_get_config(),
               openblas_get_num_threads(), reps);
   std::printf("%-14s %-18s %-4s %10s %12s %12s\n", "layer", "M x K x N", "op", "OpenBLAS",

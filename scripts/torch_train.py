@@ -1,0 +1,136 @@
+"""Trains scripts/torch_gpt2.py's GPT-2 in plain PyTorch (fp32, CPU) the way `crosstrain train`
+does, and reports per-step throughput: the PyTorch side of bench/train_bench.py.
+
+Same model layout as crosstrain (torch_gpt2.GPT2), same data (crosstrain's default: the
+byte-tokenised Debian fortunes folder, files read in crosstrain's order, the first 90 % for
+training), same step: forward, mean cross-entropy, backward, global-norm clip at 1.0, AdamW with
+crosstrain's two parameter groups (weight decay 0.1 on matrices and embeddings), and the loss read
+back to the host every step (crosstrain logs every step in the benchmark, which syncs too).
+
+    /usr/bin/python3 scripts/torch_train.py --model tiny --batch 4 --steps 12 --threads 2 \
+        [--json out.json] [--philox-init]
+
+Prints one line per step and, with --json, writes {"steps": [{"step", "seconds", "tokens",
+"tokens_per_s", "loss"}, ...], ...}. Initialisation defaults to torch's normal(0, 0.02) (the
+speed does not depend on the values); --philox-init reproduces crosstrain's exact weights (slow
+in numpy for the 124M model). Run with /usr/bin/python3 (Debian's python3-torch).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_gpt2  # noqa: E402
+
+DEFAULT_DATA = "/usr/share/games/fortunes"
+
+
+def load_text(path):
+    """Bytes of a file, or of a folder like core/data/text_dataset.cpp's load_folder: regular
+    non-hidden files (recursively, sorted by path), skipping *.dat, symlinks, empty files and
+    files with NUL bytes, each ended with a newline."""
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            return f.read()
+    files = []
+    for root, dirs, names in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(".")
+                   and not os.path.islink(os.path.join(root, d))]
+        for n in names:
+            p = os.path.join(root, n)
+            if n.startswith(".") or n.endswith(".dat") or os.path.islink(p) or not os.path.isfile(p):
+                continue
+            files.append(p)
+    out = bytearray()
+    for p in sorted(files):
+        with open(p, "rb") as f:
+            t = f.read()
+        if not t or b"\0" in t:
+            continue
+        out += t
+        if not t.endswith(b"\n"):
+            out += b"\n"
+    return bytes(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--data", default=DEFAULT_DATA)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--max-grad-norm", type=float, default=1.0)
+    ap.add_argument("--philox-init", action="store_true")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    cfg = torch_gpt2.GPT2Config.preset(args.model)
+    B, T = args.batch, cfg.block_size
+
+    data = np.frombuffer(load_text(args.data), dtype=np.uint8).astype(np.int64)
+    train = torch.from_numpy(data[: len(data) - int(round(len(data) * 0.1))])
+
+    model = torch_gpt2.GPT2(cfg)
+    if args.philox_init:
+        torch_gpt2.philox_init(model, args.seed)
+    else:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() >= 2:
+                    p.normal_(0.0, 0.02)
+                elif ".ln_" in name or name.startswith("ln_f"):
+                    p.fill_(1.0 if name.endswith(".weight") else 0.0)
+                else:
+                    p.zero_()
+    model.train()
+    opt = torch.optim.AdamW(model.param_groups(args.weight_decay), lr=args.lr,
+                            betas=(0.9, 0.999), eps=1e-8)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"torch {torch.__version__}: GPT-2 {args.model} ({n_params:,} parameters), "
+          f"batch {B} x {T}, {args.threads} threads, {args.steps} steps", flush=True)
+
+    gen = torch.Generator().manual_seed(args.seed)
+    records = []
+    for step in range(1, args.steps + 1):
+        starts = torch.randint(0, len(train) - T - 1, (B,), generator=gen)
+        idx = starts[:, None] + torch.arange(T + 1)[None, :]
+        window = train[idx]
+        x, y = window[:, :-1].contiguous(), window[:, 1:].contiguous()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        _, loss = model(x, y)
+        loss.backward()
+        if args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        opt.step()
+        loss_value = loss.item()
+        dt = time.perf_counter() - t0
+        if not math.isfinite(loss_value):
+            raise SystemExit(f"loss is {loss_value} at step {step}")
+        rec = {"step": step, "seconds": dt, "tokens": B * T, "tokens_per_s": B * T / dt,
+               "loss": loss_value}
+        records.append(rec)
+        print(f"step {step:4d}/{args.steps}  loss {loss_value:.4f}  {dt * 1e3:8.1f} ms  "
+              f"{B * T / dt:10.1f} tok/s", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "batch": B, "block_size": T, "threads": args.threads,
+                       "torch": torch.__version__, "num_parameters": n_params,
+                       "steps": records}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
