@@ -13,7 +13,9 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
+#include <omp.h>
+
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +29,15 @@
 
 namespace {
 
+bool g_cpu_time = false;
+
+double seconds_now() {
+  timespec t;
+  clock_gettime(g_cpu_time ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &t);
+  double s = static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  return g_cpu_time ? s / omp_get_max_threads() : s;
+}
+
 struct Gemm {
   bool ta, tb;
   long M, N, K;  // c (M,N) = op(a) (M,K) op(b) (K,N)
@@ -36,9 +47,9 @@ double median_seconds(const std::function<void()>& fn, int reps) {
   fn();  // warm up: page in buffers, create threads
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
+    double t0 = seconds_now();
     fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    t.push_back(seconds_now() - t0);
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
@@ -121,6 +132,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (a == "--no-dnnl") {
       dnnl_on = false;
+    } else if (a == "--cpu-time") {
+      g_cpu_time = true;
     } else if (a == "--shape" && i + 1 < argc &&
                std::sscanf(argv[i + 1], "%ldx%ldx%ld", &shape_m, &shape_k, &shape_n) == 3 &&
                shape_m > 0 && shape_k > 0 && shape_n > 0) {
@@ -143,8 +156,9 @@ int main(int argc, char** argv) {
                                {1024, 768, 50257, "lmhead 124M"}};
   if (quick) shapes.resize(3);
   if (shape_m > 0) shapes = {{shape_m, shape_k, shape_n, "custom"}};
-  std::printf("OpenBLAS %s, %d threads; median of %d runs; GFLOP/s\n", openblas_get_config(),
-              openblas_get_num_threads(), reps);
+  std::printf("OpenBLAS %s, %d threads; median of %d runs (%s); GFLOP/s\n",
+              openblas_get_config(), openblas_get_num_threads(), reps,
+              g_cpu_time ? "CPU time / threads" : "wall time");
   std::printf("%-14s %-18s %-4s %10s %12s %12s\n", "layer", "M x K x N", "op", "OpenBLAS",
               "oneDNN f32", "oneDNN bf16");
   for (const Shape& sh : shapes) {
