@@ -8,6 +8,17 @@
 //                               mlp.c_proj.b; then ln_f.w/b         (no weight decay)
 // Names and shapes are Hugging Face's (GPT2Model, without the "transformer." prefix); linear
 // weights use Conv1D layout [in, out]; the LM head is tied to wte (logits = x @ wte^T).
+//
+// Mixed precision (GPT2Options::policy, dtypes per core/amp/precision.h): the f32 buffer above
+// stays the master copy that the optimizer updates; a second flat buffer of the same layout in
+// policy.compute (kWeights) holds the copy that matmuls read, refreshed by
+// refresh_compute_weights(). LayerNorm weights, biases and the embedding lookups read the master.
+// Parameter gradients are always f32.
+//
+// Gradient checkpointing (GPT2Options::gradient_checkpointing): forward keeps only the residual
+// stream entering each block (plus the final one); the block internals live in one shared set of
+// buffers, and backward re-runs each block's forward (the same ops on the same inputs) just
+// before that block's backward, so the gradients are bitwise those of a run without it.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/amp/precision.h"
 #include "core/device.h"
 #include "core/model/config.h"
 #include "core/tensor.h"
@@ -40,15 +52,27 @@ struct SampleOptions {
   uint64_t seed = 0;         // Philox seed; draw i of a call uses element i of stream 0
 };
 
+struct GPT2Options {
+  // Hugging Face --gradient_checkpointing: keep each block's input only, recompute the rest in
+  // backward (one extra block forward per layer but the last; bitwise the same gradients).
+  bool gradient_checkpointing = false;
+  // Which tensors are f32 and which 16-bit (core/amp/precision.h); fp32 by default.
+  PrecisionPolicy policy;
+};
+
 class GPT2 {
  public:
-  // Allocates parameters (kWeights) and, if with_grads, gradients (kGrads); both uninitialised
-  // until init() / upload_params() / zero_grad(). Validates the config.
-  GPT2(Device& device, const GPT2Config& config, bool with_grads = true);
+  // Allocates parameters (kWeights; with a 16-bit policy also the compute copy) and, if
+  // with_grads, gradients (kGrads); all uninitialised until init() / upload_params() /
+  // zero_grad(). Validates the config; throws Error(kUnsupported) naming the op if the device
+  // lacks an op the policy's 16-bit dtype needs (see Device::supports).
+  GPT2(Device& device, const GPT2Config& config, bool with_grads = true,
+       const GPT2Options& options = {});
   GPT2(const GPT2&) = delete;
   GPT2& operator=(const GPT2&) = delete;
 
   const GPT2Config& config() const { return config_; }
+  const GPT2Options& options() const { return options_; }
   Device& device() const { return device_; }
 
   // GPT-2 initialisation, identical on every backend and in scripts/torch_gpt2.py: element j of
@@ -62,27 +86,41 @@ class GPT2 {
   void allocate_activations(int max_batch, int max_seq);
   int max_batch() const { return max_b_; }
   int max_seq() const { return max_t_; }
+  // Bytes of MemCategory::kActivations that allocate_activations(B, T) allocates for this config
+  // and options (with_grads: including the backward scratch), counted from the list of tensors
+  // and their dtypes, independently of the allocation code.
+  static int64_t activation_bytes(const GPT2Config& config, const GPT2Options& options, int B,
+                                  int T, bool with_grads = true);
 
   // tokens [B,T] i32 (values < vocab_size); targets [B,T] i32 or nullptr. T <= block_size.
-  // Returns the mean cross-entropy loss as a device tensor [1] when targets are given (an
+  // Returns the mean cross-entropy loss as a device tensor [1] f32 when targets are given (an
   // undefined Tensor otherwise); logits() holds [B,T,V]. tokens and targets must stay unchanged
-  // until backward() has been enqueued.
+  // until backward() has been enqueued. Reads the compute weights: after the optimizer has
+  // changed the master weights, call refresh_compute_weights() first.
   Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T);
   // Gradients of dloss_scale * (mean loss of the last forward) are ADDED (+=) into
   // grads_flat(), so several forward/backward pairs accumulate; the last forward must have had
-  // targets. Overwrites logits() (dlogits is computed in place).
+  // targets. Overwrites logits() (dlogits is computed in place). dloss_scale carries both the
+  // accumulation weight and the fp16 loss scale (the gradients come out multiplied by it).
   void backward(float dloss_scale = 1.0f);
   // grads (=) 0.
   void zero_grad();
 
-  // Views valid after forward: logits [B,T,V] and per-position losses [B,T] of the last call.
+  // Views valid after forward: logits [B,T,V] (of dtype policy.activations) and per-position
+  // losses [B,T] (f32) of the last call.
   Tensor logits() const;
   Tensor losses() const;
 
   // Parameters and gradients.
   const std::vector<ParamInfo>& params() const { return table_; }
   const ParamInfo& param_info(const std::string& name) const;  // kInvalidArgument if unknown
-  Tensor params_flat() const { return params_; }               // [num_parameters]
+  Tensor params_flat() const { return params_; }               // [num_parameters] f32 master
+  // The copy matmuls read, [num_parameters] of policy.compute (params_flat() itself for fp32).
+  Tensor compute_params_flat() const { return compute_; }
+  // compute copy (=) master, rounded to nearest even. Call after every change of the master
+  // weights made outside this class (the optimizer step); init() and upload_params() call it.
+  // A no-op for fp32.
+  void refresh_compute_weights();
   Tensor grads_flat() const;                                   // [num_parameters]
   Tensor param(const std::string& name) const;                 // view with the table shape
   Tensor grad(const std::string& name) const;
@@ -108,6 +146,8 @@ class GPT2 {
                                 const SampleOptions& options = {});
 
  private:
+  // A block's internal activations; one set per layer, or one shared set with checkpointing.
+  // Dtypes: mean/rstd and residual2 f32, the rest policy.activations.
   struct LayerActs {
     Tensor ln1, ln1_mean, ln1_rstd;  // (B,T,C), (B,T), (B,T)
     Tensor qkv;                      // (B,T,3C)
@@ -118,36 +158,47 @@ class GPT2 {
     Tensor ln2, ln2_mean, ln2_rstd;  // (B,T,C), (B,T), (B,T)
     Tensor fch, fch_gelu;            // (B,T,4C)
     Tensor fcproj;                   // (B,T,C)
-    Tensor residual3;                // (B,T,C)
   };
   struct LayerParams {
     Tensor ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
   };
 
   LayerParams layer_params(const Tensor& flat, int l) const;
+  // What block l's forward reads: matmul weights from the compute copy, the rest from the master.
+  LayerParams forward_params(int l) const;
   Tensor table_view(const Tensor& flat, const std::string& name) const;
+  const LayerActs& acts(int l) const {
+    return layers_[options_.gradient_checkpointing ? 0 : static_cast<size_t>(l)];
+  }
+  // Block l from residuals_[l]: fills acts(l) and, unless recompute, residuals_[l + 1].
+  void block_forward(int l, int B, int T, bool recompute);
+  void check_policy() const;
   void check_batch(const Tensor& t, int B, int T, const char* what) const;
 
   Device& device_;
   GPT2Config config_;
+  GPT2Options options_;
   std::vector<ParamInfo> table_;
   std::map<std::string, size_t> index_;  // name -> row of table_
   int64_t num_params_ = 0;
   int64_t decay_count_ = 0;
   Tensor params_, grads_;
+  Tensor compute_;  // policy.compute copy of params_ (params_ itself for fp32)
 
   // Activations, sized for max_b_ x max_t_; views of the current (B,T) are taken per call.
   int max_b_ = 0, max_t_ = 0;
-  Tensor encoded_;  // (B,T,C)
+  // The residual stream, f32 (B,T,C): [0] the embedding output, [l + 1] block l's output.
+  std::vector<Tensor> residuals_;
   std::vector<LayerActs> layers_;
-  Tensor lnf_, lnf_mean_, lnf_rstd_;  // (B,T,C), (B,T), (B,T)
-  Tensor logits_;                     // (B,T,V)
+  Tensor lnf_, lnf_mean_, lnf_rstd_;  // (B,T,C) h, (B,T), (B,T)
+  Tensor logits_;                     // (B,T,V) h
   Tensor losses_;                     // (B,T)
   Tensor loss_;                       // [1]
   // Backward scratch, reused by every layer.
-  Tensor dresidual_;            // (B,T,C) gradient flowing along the residual stream
-  Tensor dbt_c_;                // (B,T,C)
-  Tensor dbt_4c_a_, dbt_4c_b_;  // (B,T,4C)
+  Tensor dresidual_;            // (B,T,C) f32 gradient flowing along the residual stream
+  Tensor dresidual_h_;          // (B,T,C) h: its copy as a matmul input (16-bit policies only)
+  Tensor dbt_c_;                // (B,T,C) f32: gradients of LayerNorm outputs
+  Tensor dbt_4c_a_, dbt_4c_b_;  // (B,T,4C) h
 
   // The last forward's batch, kept for backward.
   int cur_b_ = 0, cur_t_ = 0;

@@ -1,0 +1,103 @@
+// GPT-2 backward, the forward's sections in reverse. Parameter gradients are f32 and accumulated
+// (+=); activation gradients that feed matmuls are policy.activations ("h"), the residual-stream
+// gradient and the gradients of LayerNorm outputs are f32 (core/amp/precision.h).
+#include "core/error.h"
+#include "core/model/gpt2.h"
+#include "core/model/gpt2_internal.h"
+
+namespace ct {
+
+using gpt2_detail::linear_backward;
+using gpt2_detail::view;
+
+void GPT2::backward(float dloss_scale) {
+  CT_REQUIRE(grads_.defined(), "backward() on a GPT2 created without gradients");
+  CT_REQUIRE(cur_b_ > 0 && have_targets_, "backward() needs a preceding forward() with targets");
+  const int B = cur_b_, T = cur_t_;
+  const int64_t C = config_.n_embd, V = config_.vocab_size, NH = config_.n_head;
+  const int64_t BT = int64_t{B} * T;
+  const int L = config_.n_layer;
+  const bool mixed = options_.policy.mixed();
+  const Tensor& g = grads_;
+
+  // d loss / d (residual stream), (B,T,C) f32, and its copy as a matmul operand (h)
+  Tensor dresidual = view(dresidual_, {BT, C});
+  Tensor dresidual_mm = mixed ? view(dresidual_h_, {BT, C}) : dresidual;
+  Tensor dln = view(dbt_c_, {BT, C});  // (B,T,C) f32: the gradient of a LayerNorm output
+
+  // ---- loss and LM head ------------------------------------------------------------------------
+  // dlogits (B,T,V) h = dloss * (softmax(logits) - onehot(targets)), in place over the logits
+  Tensor logits = view(logits_, {BT, V});
+  device_.crossentropy_backward(logits, logits, targets_, dloss_scale / static_cast<float>(BT));
+  const Tensor& dlogits = logits;
+  // dlnf (B,T,C) f32 = dlogits @ wte;  dwte += dlogits^T @ lnf
+  device_.matmul(dln, dlogits, table_view(compute_, "wte.weight"), false, false);
+  device_.matmul(table_view(g, "wte.weight"), dlogits, view(lnf_, {BT, C}), true, false, 1.0f,
+                 1.0f);
+
+  // ---- final layernorm -------------------------------------------------------------------------
+  // dresidual (B,T,C) = d LayerNorm_f / d x  (the residual stream gradient starts here)
+  device_.fill(dresidual, 0.0f);
+  device_.layernorm_backward(dresidual, table_view(g, "ln_f.weight"), table_view(g, "ln_f.bias"),
+                             dln, view(residuals_.back(), {BT, C}), param("ln_f.weight"),
+                             view(lnf_mean_, {BT}), view(lnf_rstd_, {BT}));
+
+  for (int l = L - 1; l >= 0; --l) {
+    // Checkpointing: re-run this block's forward into the shared buffers. The last block's
+    // activations are still there from forward().
+    if (options_.gradient_checkpointing && l != L - 1) block_forward(l, B, T, /*recompute=*/true);
+    const LayerParams p = forward_params(l);
+    const LayerParams dp = layer_params(g, l);
+    const LayerActs& a = acts(l);
+    Tensor residual = view(residuals_[static_cast<size_t>(l)], {BT, C});
+    Tensor dbt_4c_a = view(dbt_4c_a_, {BT, 4 * C});
+    Tensor dbt_4c_b = view(dbt_4c_b_, {BT, 4 * C});
+
+    // ---- MLP -----------------------------------------------------------------------------------
+    // residual3 = residual2 + fcproj: d fcproj = dresidual, and dresidual flows on to residual2.
+    // dfch_gelu (B,T,4C) h = dresidual @ mlp.c_proj.w^T
+    if (mixed) device_.copy(dresidual_mm, dresidual);
+    Tensor dfch_gelu = dbt_4c_a;
+    linear_backward(device_, dfch_gelu, dp.fcprojw, dp.fcprojb, dresidual_mm,
+                    view(a.fch_gelu, {BT, 4 * C}), p.fcprojw, &dresidual);
+    // dfch (B,T,4C) h = gelu'(fch) * dfch_gelu
+    Tensor dfch = dbt_4c_b;
+    device_.gelu_backward(dfch.reshape({BT * 4 * C}), view(a.fch, {BT * 4 * C}),
+                          dfch_gelu.reshape({BT * 4 * C}));
+    // dln2 (B,T,C) f32 = dfch @ c_fc.w^T
+    linear_backward(device_, dln, dp.fcw, dp.fcb, dfch, view(a.ln2, {BT, C}), p.fcw);
+
+    // ---- layernorm 2 ---------------------------------------------------------------------------
+    // dresidual (B,T,C) += d LayerNorm_2 / d residual2
+    device_.layernorm_backward(dresidual, dp.ln2w, dp.ln2b, dln, view(a.residual2, {BT, C}),
+                               p.ln2w, view(a.ln2_mean, {BT}), view(a.ln2_rstd, {BT}));
+
+    // ---- attention -----------------------------------------------------------------------------
+    // residual2 = residual + attproj: d attproj = dresidual, which flows on to residual.
+    // datty (B,T,C) h = dresidual @ attn.c_proj.w^T
+    if (mixed) device_.copy(dresidual_mm, dresidual);
+    Tensor datty = view(dbt_4c_b_, {BT, C});
+    linear_backward(device_, datty, dp.attprojw, dp.attprojb, dresidual_mm, view(a.atty, {BT, C}),
+                    p.attprojw, &dresidual);
+    // dqkv (B,T,3C) h from datty and the saved qkv, att
+    Tensor dqkv = view(dbt_4c_a_, {BT, 3 * C});
+    device_.attention_backward(dqkv.reshape({B, T, 3 * C}), datty.reshape({B, T, C}),
+                               view(a.qkv, {B, T, 3 * C}), view(a.att, {B, NH, T, T}),
+                               config_.n_head);
+    // dln1 (B,T,C) f32 = dqkv @ c_attn.w^T
+    linear_backward(device_, dln, dp.qkvw, dp.qkvb, dqkv, view(a.ln1, {BT, C}), p.qkvw);
+
+    // ---- layernorm 1 ---------------------------------------------------------------------------
+    // dresidual (B,T,C) += d LayerNorm_1 / d residual
+    device_.layernorm_backward(dresidual, dp.ln1w, dp.ln1b, dln, residual, p.ln1w,
+                               view(a.ln1_mean, {BT}), view(a.ln1_rstd, {BT}));
+  }
+
+  // ---- encoder ---------------------------------------------------------------------------------
+  // dwte += scatter of dresidual by token;  dwpe += sum of dresidual over the batch
+  device_.embedding_backward(table_view(g, "wte.weight"), table_view(g, "wpe.weight"),
+                             dresidual.reshape({B, T, C}), tokens_);
+  have_targets_ = false;  // the logits now hold dlogits: a second backward needs a new forward
+}
+
+}  // namespace ct

@@ -1,0 +1,133 @@
+// GPT-2 forward, one banner section per layer, in the style of llm.c's train_gpt2.c. Every op is
+// a Device call on Tensors. Dtypes follow core/amp/precision.h: the residual stream, LayerNorm
+// statistics and losses are f32; "h" (policy.activations) is f32 too in an fp32 run.
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/model/gpt2.h"
+#include "core/model/gpt2_internal.h"
+
+namespace ct {
+
+using gpt2_detail::linear_forward;
+using gpt2_detail::view;
+
+Tensor GPT2::logits() const {
+  CT_REQUIRE(cur_b_ > 0, "logits() before forward()");
+  return view(logits_, {cur_b_, cur_t_, config_.vocab_size});
+}
+
+Tensor GPT2::losses() const {
+  CT_REQUIRE(cur_b_ > 0 && have_targets_, "losses() needs a forward() with targets");
+  return view(losses_, {cur_b_, cur_t_});
+}
+
+void GPT2::check_batch(const Tensor& t, int B, int T, const char* what) const {
+  CT_REQUIRE(
+      t.defined() && t.dtype == DType::i32 && t.is_contiguous() && t.numel() == int64_t{B} * T,
+      std::string(what) + " must be a contiguous i32 tensor of " + std::to_string(B) + "x" +
+          std::to_string(T) + " elements, got " +
+          (t.defined() ? t.describe() : std::string("none")));
+}
+
+// =============================================================================================
+// One transformer block
+
+void GPT2::block_forward(int l, int B, int T, bool recompute) {
+  const int64_t C = config_.n_embd, NH = config_.n_head;
+  const int64_t BT = int64_t{B} * T;
+  const float eps = config_.layer_norm_epsilon;
+  const LayerParams p = forward_params(l);
+  const LayerActs& a = acts(l);
+  Tensor residual = view(residuals_[static_cast<size_t>(l)], {BT, C});  // (B,T,C) block input
+
+  // ---- layernorm 1 -----------------------------------------------------------------------------
+  // ln1 (B,T,C) h = LayerNorm(residual)
+  Tensor ln1 = view(a.ln1, {BT, C});
+  device_.layernorm_forward(ln1, view(a.ln1_mean, {BT}), view(a.ln1_rstd, {BT}), residual, p.ln1w,
+                            p.ln1b, eps);
+
+  // ---- attention -------------------------------------------------------------------------------
+  // qkv (B,T,3C) h = ln1 @ c_attn.w + c_attn.b
+  Tensor qkv = view(a.qkv, {BT, 3 * C});
+  linear_forward(device_, qkv, ln1, p.qkvw, p.qkvb);
+  // atty (B,T,C) h = causal softmax(q k^T / sqrt(hs)) v per head; att (B,NH,T,T) h saved
+  Tensor atty = view(a.atty, {B, T, C});
+  device_.attention_forward(atty, view(a.att, {B, NH, T, T}), qkv.reshape({B, T, 3 * C}),
+                            config_.n_head);
+  // attproj (B,T,C) h = atty @ attn.c_proj.w + attn.c_proj.b
+  Tensor attproj = view(a.attproj, {BT, C});
+  linear_forward(device_, attproj, atty.reshape({BT, C}), p.attprojw, p.attprojb);
+  // residual2 (B,T,C) f32 = residual + attproj
+  Tensor residual2 = view(a.residual2, {BT, C});
+  device_.add(residual2.reshape({BT * C}), residual.reshape({BT * C}), attproj.reshape({BT * C}));
+
+  // ---- layernorm 2 -----------------------------------------------------------------------------
+  Tensor ln2 = view(a.ln2, {BT, C});
+  device_.layernorm_forward(ln2, view(a.ln2_mean, {BT}), view(a.ln2_rstd, {BT}), residual2, p.ln2w,
+                            p.ln2b, eps);
+
+  // ---- MLP -------------------------------------------------------------------------------------
+  // fch (B,T,4C) h = ln2 @ c_fc.w + c_fc.b;  fch_gelu = gelu(fch)
+  Tensor fch = view(a.fch, {BT, 4 * C});
+  linear_forward(device_, fch, ln2, p.fcw, p.fcb);
+  Tensor fch_gelu = view(a.fch_gelu, {BT, 4 * C});
+  device_.gelu_forward(fch_gelu.reshape({BT * 4 * C}), fch.reshape({BT * 4 * C}));
+  // fcproj (B,T,C) h = fch_gelu @ mlp.c_proj.w + mlp.c_proj.b
+  Tensor fcproj = view(a.fcproj, {BT, C});
+  linear_forward(device_, fcproj, fch_gelu, p.fcprojw, p.fcprojb);
+  // The recomputation inside backward stops here: the block's output is kept already and
+  // backward does not read it.
+  if (recompute) return;
+  // residual3 (B,T,C) f32 = residual2 + fcproj, the next block's input
+  Tensor residual3 = view(residuals_[static_cast<size_t>(l) + 1], {BT * C});
+  device_.add(residual3, residual2.reshape({BT * C}), fcproj.reshape({BT * C}));
+}
+
+// =============================================================================================
+// Forward
+
+Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) {
+  CT_REQUIRE(B >= 1, "batch size must be positive, got " + std::to_string(B));
+  CT_REQUIRE(T >= 1 && T <= config_.block_size, "sequence length " + std::to_string(T) +
+                                                    " outside [1, block_size " +
+                                                    std::to_string(config_.block_size) + "]");
+  check_batch(tokens, B, T, "tokens");
+  if (targets) check_batch(*targets, B, T, "targets");
+  if (B > max_b_ || T > max_t_) allocate_activations(std::max(B, max_b_), std::max(T, max_t_));
+
+  const int64_t C = config_.n_embd, V = config_.vocab_size;
+  const int64_t BT = int64_t{B} * T;
+  cur_b_ = B;
+  cur_t_ = T;
+  tokens_ = tokens.reshape({B, T});
+  have_targets_ = targets != nullptr;
+  targets_ = targets ? targets->reshape({BT}) : Tensor();
+
+  // ---- encoder ---------------------------------------------------------------------------------
+  // residuals[0] (B,T,C) f32 = wte[tokens] + wpe[0:T]   (master weights)
+  device_.embedding_forward(view(residuals_[0], {B, T, C}), tokens_, param("wte.weight"),
+                            param("wpe.weight"));
+
+  for (int l = 0; l < config_.n_layer; ++l) block_forward(l, B, T, /*recompute=*/false);
+
+  // ---- final layernorm and tied LM head --------------------------------------------------------
+  // lnf (B,T,C) h = LayerNorm(x);  logits (B,T,V) h = lnf @ wte^T   (compute copy of wte)
+  Tensor x = view(residuals_.back(), {BT, C});
+  Tensor lnf = view(lnf_, {BT, C});
+  device_.layernorm_forward(lnf, view(lnf_mean_, {BT}), view(lnf_rstd_, {BT}), x,
+                            param("ln_f.weight"), param("ln_f.bias"), config_.layer_norm_epsilon);
+  Tensor logits = view(logits_, {BT, V});
+  device_.matmul(logits, lnf, table_view(compute_, "wte.weight"), false, true);
+
+  if (!targets) return Tensor();
+
+  // ---- loss ------------------------------------------------------------------------------------
+  // losses (B,T) f32 = -log softmax(logits)[targets];  loss [1] f32 = mean(losses)
+  Tensor losses = view(losses_, {BT});
+  device_.crossentropy_forward(losses, logits, targets_);
+  device_.sum(loss_, losses, 1.0f / static_cast<float>(BT));
+  return loss_;
+}
+
+}  // namespace ct
