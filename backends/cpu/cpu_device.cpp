@@ -48,7 +48,7 @@ DeviceInfo make_info(bool reference) {
   i.type = DeviceType::kCpu;
   i.name = reference ? "CPU reference (single-threaded, fp64 accumulation)"
                      : "CPU (OpenBLAS + OpenMP)";
-  i.driver = reference ? "built in" : std::string("OpenBLAS ") + openblas_get_config();
+  i.driver = reference ? "built in" : std::string(openblas_get_config());
   i.memory_bytes = total_memory_bytes();
   i.memory_budget_bytes = available_memory_bytes();
   i.max_allocation_bytes = i.memory_bytes;
@@ -57,7 +57,8 @@ DeviceInfo make_info(bool reference) {
   i.extra = {{"processor", cpu_model_name()},
              {"threads", std::to_string(reference ? 1 : cpu_threads())},
              {"isa", cpu_isa_flags()},
-             {"blas", reference ? std::string("none (plain loops)") : "OpenBLAS sgemm"}};
+             {"blas", reference ? std::string("none (plain loops)") : "OpenBLAS sgemm"},
+             {"16-bit tensors", "widened to f32, rounded to nearest even on store"}};
   return i;
 }
 
@@ -124,10 +125,9 @@ class CpuDevice final : public Device, private Workspace {
     mine("copy", "src", src);
     CT_REQUIRE(dst.numel() == src.numel(), "copy: dst " + dst.describe() + " and src " +
                                                src.describe() + " differ in element count");
-    bool floats = dtype_is_float(dst.dtype) && dtype_is_float(src.dtype);
-    CT_REQUIRE(dst.dtype == src.dtype || floats || !dtype_is_float(dst.dtype) ||
-                   !dtype_is_float(src.dtype),
-               "copy: unsupported conversion");
+    // Any dtype pair converts through f32; only a same-dtype copy may overlap its source.
+    CT_REQUIRE(dst.dtype == src.dtype || !overlaps(dst, src),
+               "copy: a converting copy must not overlap its source" + shapes({&dst, &src}));
     if (dst.nbytes() && raw(dst) == raw(src) && dst.dtype == src.dtype) return;
     k_.copy(raw(dst), dst.dtype, raw(src), src.dtype, dst.numel());
   }
