@@ -81,10 +81,16 @@ TEST(Copy, ConvertsBetweenFloatTypes) {
   }
 }
 
-TEST(Copy, RejectsCountMismatch) {
+TEST(Copy, RejectsCountMismatchAndOverlappingConversion) {
   for (Device* d : {&ref_dev(), &fast_dev()}) {
     Tensor a = upload(*d, {4}, Vec(4, 0.0f)), b = upload(*d, {5}, Vec(5, 0.0f));
     EXPECT_THROW(d->copy(a, b), Error);
+    Tensor h = a;  // the same bytes viewed as bf16
+    h.dtype = DType::bf16;
+    EXPECT_THROW(d->copy(h, a), Error);
+    Tensor s = upload(*d, {6}, {1, 2, 3, 4, 5, 6});
+    d->copy(s.slice_flat(0, {4}), s.slice_flat(2, {4}));  // same dtype: a memmove
+    EXPECT_EQ(download(*d, s), (Vec{3, 4, 5, 6, 5, 6}));
   }
 }
 
