@@ -99,16 +99,19 @@ void GPT2::check_policy() const {
              dtype_name(want) + ", got " + dtype_name(pp.compute) + " / " +
              dtype_name(pp.activations) + " (use PrecisionPolicy::make)");
   if (!pp.mixed()) return;
-  const std::pair<OpKind, const char*> needed[] = {
-      {OpKind::kCopy, "copy"},           {OpKind::kAdd, "add"},
-      {OpKind::kLayerNorm, "layernorm"}, {OpKind::kMatmul, "matmul"},
-      {OpKind::kBiasGrad, "bias_backward"}, {OpKind::kAttention, "attention"},
-      {OpKind::kGelu, "gelu"},           {OpKind::kCrossEntropy, "crossentropy"}};
+  const std::pair<OpKind, const char*> needed[] = {{OpKind::kCopy, "copy"},
+                                                   {OpKind::kAdd, "add"},
+                                                   {OpKind::kLayerNorm, "layernorm"},
+                                                   {OpKind::kMatmul, "matmul"},
+                                                   {OpKind::kBiasGrad, "bias_backward"},
+                                                   {OpKind::kAttention, "attention"},
+                                                   {OpKind::kGelu, "gelu"},
+                                                   {OpKind::kCrossEntropy, "crossentropy"}};
   for (const auto& [op, name] : needed)
     if (!device_.supports(op, want))
       fail(ErrorKind::kUnsupported, "--" + pp.name() + ": device " + device_.info().id() + " (" +
-                                        device_.info().name + ") has no " + dtype_name(want) +
-                                        " " + name + " op");
+                                        device_.info().name + ") has no " + dtype_name(want) + " " +
+                                        name + " op");
 }
 
 void GPT2::refresh_compute_weights() {
@@ -303,7 +306,8 @@ std::vector<int32_t> GPT2::generate(const std::vector<int32_t>& prompt, int n,
   Tensor tokens = device_.empty({window}, DType::i32, MemCategory::kActivations);
   // 16-bit logits are widened on the device before the one row is read back.
   Tensor row32;
-  if (logits_.dtype != DType::f32) row32 = device_.empty({V}, DType::f32, MemCategory::kActivations);
+  if (logits_.dtype != DType::f32)
+    row32 = device_.empty({V}, DType::f32, MemCategory::kActivations);
 
   std::vector<int32_t> context = prompt, out;
   std::vector<float> row(static_cast<size_t>(V));

@@ -121,8 +121,8 @@ class GPT2 {
   // weights made outside this class (the optimizer step); init() and upload_params() call it.
   // A no-op for fp32.
   void refresh_compute_weights();
-  Tensor grads_flat() const;                                   // [num_parameters]
-  Tensor param(const std::string& name) const;                 // view with the table shape
+  Tensor grads_flat() const;                    // [num_parameters]
+  Tensor param(const std::string& name) const;  // view with the table shape
   Tensor grad(const std::string& name) const;
   int64_t num_parameters() const { return num_params_; }
   int64_t decay_count() const { return decay_count_; }

@@ -69,8 +69,8 @@ void GPT2::backward(float dloss_scale) {
 
     // ---- layernorm 2 ---------------------------------------------------------------------------
     // dresidual (B,T,C) += d LayerNorm_2 / d residual2
-    device_.layernorm_backward(dresidual, dp.ln2w, dp.ln2b, dln, view(a.residual2, {BT, C}),
-                               p.ln2w, view(a.ln2_mean, {BT}), view(a.ln2_rstd, {BT}));
+    device_.layernorm_backward(dresidual, dp.ln2w, dp.ln2b, dln, view(a.residual2, {BT, C}), p.ln2w,
+                               view(a.ln2_mean, {BT}), view(a.ln2_rstd, {BT}));
 
     // ---- attention -----------------------------------------------------------------------------
     // residual2 = residual + attproj: d attproj = dresidual, which flows on to residual.

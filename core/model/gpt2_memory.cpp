@@ -47,9 +47,7 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
   have_targets_ = false;
   cur_b_ = cur_t_ = 0;
 
-  auto act = [&](int64_t n, DType dt) {
-    return device_.empty({n}, dt, MemCategory::kActivations);
-  };
+  auto act = [&](int64_t n, DType dt) { return device_.empty({n}, dt, MemCategory::kActivations); };
   residuals_.resize(static_cast<size_t>(config_.n_layer) + 1);
   for (Tensor& r : residuals_) r = act(BT * C, f32);
   layers_.resize(options_.gradient_checkpointing ? 1 : static_cast<size_t>(config_.n_layer));

@@ -75,7 +75,9 @@ StepResult forward_backward(Device& dev, const GPT2Options& o, float scale) {
   return r;
 }
 
-std::string precision_name(Precision p) { return PrecisionPolicy::make(p).name(); }
+std::string precision_name(Precision p) {
+  return PrecisionPolicy::make(p).name();
+}
 
 using Param = std::tuple<bool, Precision>;  // reference device, precision
 class GPT2MixedPrecision : public ::testing::TestWithParam<Param> {
@@ -142,10 +144,11 @@ TEST_P(GPT2MixedPrecision, CloseToFp32FromTheSameInit) {
   }
   const double bound = p_ == Precision::kBf16 ? kBf16GradNmse : kFp16GradNmse;
   EXPECT_LE(worst, bound) << worst_name;
-  std::printf("[%s %s] loss %.6f vs fp32 %.6f (rel %.2e); gradient nMSE overall %.2e, worst "
-              "tensor %.2e (%s)\n",
-              std::get<0>(GetParam()) ? "reference" : "fast", precision_name(p_).c_str(),
-              mp.loss, ref.loss, loss_rel, total_d / total_r, worst, worst_name.c_str());
+  std::printf(
+      "[%s %s] loss %.6f vs fp32 %.6f (rel %.2e); gradient nMSE overall %.2e, worst "
+      "tensor %.2e (%s)\n",
+      std::get<0>(GetParam()) ? "reference" : "fast", precision_name(p_).c_str(), mp.loss, ref.loss,
+      loss_rel, total_d / total_r, worst, worst_name.c_str());
 }
 
 TEST_P(GPT2MixedPrecision, CheckpointingIsBitwiseIdentical) {
@@ -190,14 +193,13 @@ TEST_P(GPT2MixedPrecision, GenerateReadsSixteenBitLogits) {
   EXPECT_EQ(model.logits().dtype, h_);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    CpuDevices, GPT2MixedPrecision,
-    ::testing::Combine(::testing::Values(false, true),
-                       ::testing::Values(Precision::kBf16, Precision::kFp16)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param) ? "Reference" : "Fast") + "_" +
-             precision_name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(CpuDevices, GPT2MixedPrecision,
+                         ::testing::Combine(::testing::Values(false, true),
+                                            ::testing::Values(Precision::kBf16, Precision::kFp16)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "Reference" : "Fast") +
+                                  "_" + precision_name(std::get<1>(info.param));
+                         });
 
 TEST(GPT2Precision, PolicyIsChecked) {
   auto dev = make_cpu_device(false);
