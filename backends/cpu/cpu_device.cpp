@@ -58,7 +58,9 @@ DeviceInfo make_info(bool reference) {
              {"threads", std::to_string(reference ? 1 : cpu_threads())},
              {"isa", cpu_isa_flags()},
              {"blas", reference ? std::string("none (plain loops)") : "OpenBLAS sgemm"},
-             {"16-bit tensors", "widened to f32, rounded to nearest even on store"}};
+             {"16-bit tensors", "widened to f32, rounded to nearest even on store"},
+             {"bf16 matmul", reference ? std::string("widened to f32")
+                                       : std::string(fast::bf16_matmul_library())}};
   return i;
 }
 
@@ -252,13 +254,14 @@ class CpuDevice final : public Device, private Workspace {
                  std::string(op) + ": bias must be [N]" + desc + " bias " + bias->describe());
       m.bias = f(*bias);
     }
-    m.c = out_(c, 0, beta != 0.0f);
-    m.a = in(a, 1);
-    m.b = in(b, 2);
     m.trans_a = trans_a;
     m.trans_b = trans_b;
     m.alpha = alpha;
     m.beta = beta;
+    if (native_bf16_matmul(c, a, b, m)) return;
+    m.c = out_(c, 0, beta != 0.0f);
+    m.a = in(a, 1);
+    m.b = in(b, 2);
     k_.matmul(*this, m);
     store(c, m.c);
   }
@@ -448,6 +451,27 @@ class CpuDevice final : public Device, private Workspace {
     for (const Tensor* t : ts)
       CT_REQUIRE(t->dtype == (*ts.begin())->dtype,
                  std::string(op) + ": these tensors must share one dtype" + shapes(ts));
+  }
+
+  // bf16 operands straight to the kernel table's native bf16 matmul, where there is one and it
+  // takes the call (one product: batch 1, or a batch of row-major a against a shared b).
+  bool native_bf16_matmul(const Tensor& c, const Tensor& a, const Tensor& b, MatmulArgs m) {
+    if (!k_.matmul_bf16 || a.dtype != DType::bf16 || m.K == 0 || m.M == 0 || m.N == 0) return false;
+    if (m.batch != 1 && !(m.a_batched && !m.trans_a && !m.b_batched)) return false;
+    MatmulBf16Args x;
+    x.c = raw(c);
+    x.c_bf16 = c.dtype == DType::bf16;
+    x.a = static_cast<const uint16_t*>(raw(a));
+    x.b = static_cast<const uint16_t*>(raw(b));
+    x.bias = m.bias;
+    x.M = m.batch * m.M;
+    x.N = m.N;
+    x.K = m.K;
+    x.trans_a = m.trans_a;
+    x.trans_b = m.trans_b;
+    x.alpha = m.alpha;
+    x.beta = m.beta;
+    return k_.matmul_bf16(x);
   }
 
   // -- 16-bit staging: f32 copies of 16-bit tensors in workspace slots ----------------------

@@ -3,22 +3,22 @@
 
 namespace ct::cpu {
 
-#define CT_CPU_KERNEL_TABLE(ns)                                                                  \
+#define CT_CPU_KERNEL_TABLE(ns, bf16_matmul)                                                     \
   Kernels {                                                                                      \
     ns::fill, ns::copy, ns::add, ns::accumulate, ns::scale, ns::embedding_forward,               \
         ns::embedding_backward, ns::layernorm_forward, ns::layernorm_backward, ns::matmul,       \
         ns::bias_backward, ns::attention_forward, ns::attention_backward, ns::gelu_forward,      \
         ns::gelu_backward, ns::crossentropy_forward, ns::crossentropy_backward, ns::sum,         \
-        ns::norm, ns::check_finite, ns::unscale_check, ns::adamw                                                    \
+        ns::norm, ns::check_finite, ns::unscale_check, ns::adamw, bf16_matmul                    \
   }
 
 const Kernels& reference_kernels() {
-  static const Kernels k = CT_CPU_KERNEL_TABLE(ref);
+  static const Kernels k = CT_CPU_KERNEL_TABLE(ref, nullptr);
   return k;
 }
 
 const Kernels& fast_kernels() {
-  static const Kernels k = CT_CPU_KERNEL_TABLE(fast);
+  static const Kernels k = CT_CPU_KERNEL_TABLE(fast, fast::matmul_bf16);
   return k;
 }
 

@@ -31,6 +31,17 @@ struct MatmulArgs {
   float alpha = 1.0f, beta = 0.0f;            // beta == 0: c is not read (BLAS semantics)
 };
 
+// The same for bf16 a, b (and c when c_bf16), one (M,N) product; for oneDNN's bf16 matmul.
+struct MatmulBf16Args {
+  void* c = nullptr;           // (M,N) f32, or bf16 when c_bf16
+  const uint16_t* a = nullptr;  // (M,K) or (K,M) with trans_a
+  const uint16_t* b = nullptr;  // (K,N) or (N,K) with trans_b
+  const float* bias = nullptr;  // (N) or null
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false, c_bf16 = false;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
 struct Kernels {
   void (*fill)(void* p, DType dt, int64_t n, float value);
   void (*copy)(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);
@@ -71,6 +82,10 @@ struct Kernels {
   void (*unscale_check)(float* x, int32_t* flag, float inv_scale, int64_t n);
   void (*adamw)(float* param, const float* grad, float* m, float* v, const float* grad_norm,
                 int64_t n, const AdamWHyper& hp);
+  // Optional (null in the reference): a native bf16 matmul. Returns false when it cannot take
+  // the call (library missing, CPU without bf16 instructions, unsupported case); the device
+  // then widens to f32 and uses matmul().
+  bool (*matmul_bf16)(const MatmulBf16Args& m);
 };
 
 // Declares one family's functions in a namespace (ref or fast), so both sides keep one list.
@@ -113,6 +128,8 @@ CT_CPU_DECLARE_KERNELS
 }  // namespace ref
 namespace fast {
 CT_CPU_DECLARE_KERNELS
+bool matmul_bf16(const MatmulBf16Args& m);
+const char* bf16_matmul_library();  // what runs matmul_bf16 ("oneDNN 2.6 ...") or why nothing does
 }  // namespace fast
 
 // The tables, in declaration order of Kernels.

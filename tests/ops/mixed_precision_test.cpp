@@ -169,6 +169,54 @@ TEST_P(MixedPrecision, F32OnlyOpsThrowUnsupported) {
   }
 }
 
+// The fast device may hand bf16 products to a native bf16 GEMM (oneDNN, see the device's
+// "bf16 matmul" info): every layout, f32 and bf16 c, bias, beta, and a flattened batch.
+TEST(MixedPrecisionBf16, MatmulEveryLayoutAgainstFp64) {
+  for (auto& [k, v] : fast_dev().info().extra)
+    if (k == "bf16 matmul") std::printf("  bf16 matmul on the fast device: %s\n", v.c_str());
+  const DType h = DType::bf16;
+  const int64_t M = 67, N = 45, K = 130;
+  uint64_t seed = 100;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (DType cdt : {DType::f32, h})
+        for (float beta : {0.0f, 1.0f})
+          for (bool with_bias : {false, true}) {
+            Vec a = round_h(randn(M * K, seed++), h), b = round_h(randn(N * K, seed++), h);
+            Vec c0 = round_h(randn(M * N, seed++), h), bias = randn(N, seed++);
+            VecD want = f64::matmul(to_d(a), to_d(b), M, N, K, ta, tb);
+            for (int64_t i = 0; i < M * N; ++i)
+              want[i] += beta * c0[i] + (with_bias ? bias[i % N] : 0.0f);
+            Vec got[2];
+            int j = 0;
+            for (Device* d : {&ref_dev(), &fast_dev()}) {
+              Tensor tA = upload_as(*d, ta ? Shape{K, M} : Shape{M, K}, a, h);
+              Tensor tB = upload_as(*d, tb ? Shape{N, K} : Shape{K, N}, b, h);
+              Tensor tC = upload_as(*d, {M, N}, c0, cdt), tb2 = upload(*d, {N}, bias);
+              d->matmul(tC, tA, tB, ta, tb, 1.0f, beta, with_bias ? &tb2 : nullptr);
+              got[j++] = download_as(*d, tC);
+            }
+            std::string nm = std::string(ta ? "ta " : "") + (tb ? "tb " : "") + "c " +
+                             dtype_name(cdt) + " beta " + std::to_string(beta) +
+                             (with_bias ? " bias" : "");
+            double tol = cdt == h ? tol_h(h) : kTolGemm;
+            EXPECT_TRUE(close_nmse(got[0], want, tol, "reference " + nm));
+            EXPECT_TRUE(close_nmse(got[1], want, tol, "fast " + nm));
+          }
+  // A batch of row-major a against one shared b (flattened into one product).
+  Vec a = round_h(randn(3 * M * K, 1), h), b = round_h(randn(K * N, 2), h);
+  Tensor tA = upload_as(fast_dev(), {3, M, K}, a, h), tB = upload_as(fast_dev(), {K, N}, b, h);
+  Tensor tC = fast_dev().empty({3, M, N}, DType::f32, MemCategory::kActivations);
+  fast_dev().matmul(tC, tA, tB, false, false);
+  VecD want;
+  for (int p = 0; p < 3; ++p) {
+    VecD ap(a.begin() + p * M * K, a.begin() + (p + 1) * M * K);
+    VecD r = f64::matmul(ap, to_d(b), M, N, K, false, false);
+    want.insert(want.end(), r.begin(), r.end());
+  }
+  EXPECT_TRUE(close_nmse(download(fast_dev(), tC), want, kTolGemm, "fast batched"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, MixedPrecision, ::testing::Values(DType::bf16, DType::f16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
