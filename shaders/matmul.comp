@@ -10,8 +10,9 @@
 //             4x4 register block per invocation.
 
 #if defined(MM_REG)
-#define TM 32
-#define TN 32
+#define RB 8  // register block RB x RB per invocation
+#define TM (8 * RB)
+#define TN (8 * RB)
 layout(local_size_x = 8, local_size_y = 8) in;
 #else
 #define TM 64
@@ -67,28 +68,32 @@ void main() {
   uint cbase = pc.oc + z * pc.scb;
   uint m0 = gl_WorkGroupID.y * TM, n0 = gl_WorkGroupID.x * TN;
   uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;
-  float acc[4][4];
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
 
 #if defined(MM_REG)
-  uint arow[4], bcol[4];
-  for (int i = 0; i < 4; ++i) {
+  float acc[RB][RB];
+  for (int i = 0; i < RB; ++i)
+    for (int j = 0; j < RB; ++j) acc[i][j] = 0.0;
+  uint arow[RB], bcol[RB];
+  for (int i = 0; i < RB; ++i) {
     arow[i] = abase + min(m0 + ty + 8u * uint(i), pc.M - 1u) * pc.sam;
     bcol[i] = bbase + min(n0 + tx + 8u * uint(i), pc.N - 1u) * pc.sbn;
   }
   for (uint k = 0; k < pc.K; ++k) {
-    float av[4], bv[4];
-    for (int i = 0; i < 4; ++i) {
+    float av[RB], bv[RB];
+    for (int i = 0; i < RB; ++i) {
       av[i] = a[arow[i] + k * pc.sak];
       bv[i] = b[bcol[i] + k * pc.sbk];
     }
-    for (int i = 0; i < 4; ++i)
-      for (int j = 0; j < 4; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+    for (int i = 0; i < RB; ++i)
+      for (int j = 0; j < RB; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
   }
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) store(m0 + ty + 8u * uint(i), n0 + tx + 8u * uint(j), cbase, acc[i][j]);
+  for (int i = 0; i < RB; ++i)
+    for (int j = 0; j < RB; ++j)
+      store(m0 + ty + 8u * uint(i), n0 + tx + 8u * uint(j), cbase, acc[i][j]);
 #else
+  float acc[4][4];
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
   uint tid = ty * 16u + tx;
   for (uint k0 = 0; k0 < pc.K; k0 += BK) {
     for (uint r = 0; r < 4u; ++r) {

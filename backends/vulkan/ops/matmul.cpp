@@ -108,7 +108,7 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
                        : Strides{b.ndim() == 2 ? 0 : K * N, N, 1};
   Strides sc{M * N, N, 1};
   ShaderId id = use_tiled(*this) ? ShaderId::matmul_tiled : ShaderId::matmul_reg;
-  int64_t tm = id == ShaderId::matmul_tiled ? 64 : 32, tn = tm;
+  const int64_t tm = 64, tn = 64;  // TM, TN of both variants in matmul.comp
   int64_t limit = max_elems(4);
 
   // Records one sub-problem, or splits it until every operand fits one binding.
