@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/amp/loss_scaler.h"
+#include "core/amp/precision.h"
 #include "core/data/batch_loader.h"
 #include "core/data/text_dataset.h"
 #include "core/data/tokenizer.h"
@@ -61,6 +63,8 @@ void validate_args(const TrainArgs& a) {
   require_flag(a.save_steps >= 0, "--save-steps", std::to_string(a.save_steps), "must be >= 0 (0 = no checkpoints)");
   require_flag(a.save_total_limit >= 0, "--save-total-limit", std::to_string(a.save_total_limit),
                "must be >= 0 (0 = keep all)");
+  if (a.fp16 && a.bf16)
+    fail(ErrorKind::kInvalidArgument, "--fp16 and --bf16 are mutually exclusive: choose one precision");
   require_flag(a.sample_tokens >= 0, "--sample-tokens", std::to_string(a.sample_tokens), "must be >= 0");
 }
 
@@ -118,7 +122,11 @@ nlohmann::json args_json(const TrainArgs& a) {
           {"logging_steps", a.logging_steps},
           {"eval_steps", a.eval_steps},
           {"save_steps", a.save_steps},
-          {"validation_split", a.validation_split}};
+          {"validation_split", a.validation_split},
+          {"fp16", a.fp16},
+          {"bf16", a.bf16},
+          {"tf32", a.tf32},
+          {"gradient_checkpointing", a.gradient_checkpointing}};
 }
 
 // Keeps the records of steps <= `step` (a resumed run continues the file from there).
@@ -160,8 +168,17 @@ TrainSummary train(const TrainArgs& args) {
 
   std::unique_ptr<Device> device = open_device(args.backend);
   Device& dev = *device;
-  GPT2 model(dev, config);
+  if (args.tf32 && dev.info().backend != "cuda")
+    std::printf("--tf32: takes effect on CUDA only; %s computes fp32 matmuls in full fp32\n",
+                dev.info().id().c_str());
+  GPT2Options mopts;
+  mopts.gradient_checkpointing = args.gradient_checkpointing;
+  mopts.policy = PrecisionPolicy::make(args.fp16   ? Precision::kFp16
+                                       : args.bf16 ? Precision::kBf16
+                                                   : Precision::kFp32);
+  GPT2 model(dev, config, /*with_grads=*/true, mopts);
   model.init(args.seed);
+  LossScaler scaler(mopts.policy.loss_scaling);
   model.allocate_activations(B, T);
   OptimizerSettings os;
   os.weight_decay = args.weight_decay;
@@ -185,6 +202,7 @@ TrainSummary train(const TrainArgs& args) {
     loader.seek(st["data_position"].get<int64_t>());
     float partial = st.value("logging_window_loss_sum", 0.0f);
     window_steps = st.value("logging_window_steps", int64_t{0});
+    if (st.contains("loss_scaler")) scaler.load_state(st["loss_scaler"]);
     dev.upload(loss_sum, &partial, sizeof partial);
   }
 
@@ -206,6 +224,8 @@ TrainSummary train(const TrainArgs& args) {
               format_count(static_cast<double>(split.train.size())).c_str(),
               format_count(static_cast<double>(split.val.size())).c_str(), B, T);
   if (accum > 1) std::printf(" x %d accumulation steps", accum);
+  if (mopts.policy.mixed()) std::printf("; %s mixed precision", mopts.policy.name().c_str());
+  if (args.gradient_checkpointing) std::printf("; gradient checkpointing");
   std::printf("; steps %lld to %lld\n", static_cast<long long>(start_step + 1),
               static_cast<long long>(args.max_steps));
   if (!resume_dir.empty()) std::printf("resumed from %s\n", resume_dir.c_str());
@@ -226,12 +246,18 @@ TrainSummary train(const TrainArgs& args) {
       dev.upload(inputs, batch.inputs.data(), batch.inputs.size() * sizeof(int32_t));
       dev.upload(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
       Tensor loss = model.forward(inputs, &targets, B, T);
-      model.backward(1.0f / static_cast<float>(accum));
+      model.backward(scaler.scale() / static_cast<float>(accum));
       dev.accumulate(loss_sum, loss);
     }
-    dev.norm(grad_norm, model.grads_flat());
+    // fp16: unscale the gradients and skip the step if any is inf/NaN (GradScaler semantics).
+    const bool found_inf = scaler.unscale_and_check(dev, model.grads_flat());
     double lr = lr_at(schedule, args.learning_rate, step, args.warmup_steps, args.max_steps);
-    optimizer->step(model, grad_norm, lr, step + 1);
+    if (!found_inf) {
+      dev.norm(grad_norm, model.grads_flat());
+      optimizer->step(model, grad_norm, lr, step + 1 - scaler.skipped_steps());
+      model.refresh_compute_weights();
+    }
+    scaler.update(found_inf, step + 1);
     dev.flush();
     ++window_steps;
     window_tokens += static_cast<int64_t>(B) * T * accum;
@@ -264,6 +290,10 @@ TrainSummary train(const TrainArgs& args) {
       rec["grad_norm"] = host_norm;
       rec["tokens_per_s"] = tps;
       rec["memory"] = memory_json(dev.memory());
+      if (scaler.enabled()) {
+        rec["loss_scale"] = scaler.scale();
+        rec["skipped_steps"] = scaler.skipped_steps();
+      }
       char line[256];
       std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
                     static_cast<long long>(done), static_cast<long long>(args.max_steps), mean_loss,
@@ -298,6 +328,8 @@ TrainSummary train(const TrainArgs& args) {
                                          {"warmup_steps", args.warmup_steps},
                                          {"total_steps", args.max_steps}}},
                            {"optimizer", optimizer->name()},
+                           {"loss_scaler", scaler.state()},
+                           {"precision", mopts.policy.name()},
                            {"model_config", config.to_hf_json()},
                            {"args", args_json(args)}};
       std::string path = save_checkpoint(args.output_dir, done, model, *optimizer, st, args.save_total_limit);
