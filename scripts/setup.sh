@@ -19,16 +19,35 @@ for arg in "$@"; do
   esac
 done
 
+# Lavapipe from Mesa 25 (bookworm-backports) is much faster at compute than bookworm's Mesa 22.
+backports=/etc/apt/sources.list.d/crosstrain-bookworm-backports.list
+want_backports=0
+if grep -q 'VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then
+  case "$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null)" in
+    2[5-9].*) ;;
+    *) want_backports=1 ;;
+  esac
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+if ((${#missing[@]})) || ((want_backports)); then
+  if ((want_backports)) && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    echo "deb http://deb.debian.org/debian bookworm-backports main" | $sudo tee "$backports" >/dev/null
+  fi
   $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+  if ((want_backports)); then
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends \
+      -t bookworm-backports mesa-vulkan-drivers
+  fi
 fi
 
 cmake --preset release >/dev/null
