@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace ct {
@@ -127,10 +128,56 @@ struct AdamWHyper {
   float max_grad_norm = 0.0f;  // > 0: scale grads by min(1, max_grad_norm / (norm + 1e-6))
 };
 
+// ---- optimizers: hyper-parameters of the fused low-memory optimizer ops -----------------------
+// Every field is captured at call time. `max_grad_norm` > 0 scales the gradient by
+// clip = min(1, max_grad_norm / (grad_norm[0] + 1e-6)), as AdamWHyper does; 0 leaves it alone.
+
+// torch.optim.SGD: coupled (L2) weight decay, momentum buffer set to the first gradient.
+struct SgdHyper {
+  float lr = 1e-3f;
+  float momentum = 0.0f;      // 0: no buffer (momentum_buf may be undefined)
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;  // g += weight_decay * param (before momentum)
+  bool nesterov = false;      // needs momentum > 0 and dampening == 0 (as PyTorch)
+  int64_t step = 1;           // 1-based; step 1 sets the buffer to g instead of blending
+  float max_grad_norm = 0.0f;
+};
+
+// Lion (Chen et al. 2023; bitsandbytes "lion_32bit"): sign of an interpolated momentum.
+struct LionHyper {
+  float lr = 1e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.99f;
+  float weight_decay = 0.0f;  // decoupled: param *= 1 - lr * weight_decay
+  float max_grad_norm = 0.0f;
+};
+
+// Adafactor with Hugging Face transformers.optimization.Adafactor semantics.
+struct AdafactorHyper {
+  float lr = 1e-3f;               // the step size when !relative_step
+  float eps1 = 1e-30f;            // added to grad^2 (HF eps[0])
+  float eps2 = 1e-3f;             // floor of the parameter RMS (HF eps[1])
+  float clip_threshold = 1.0f;    // update /= max(1, RMS(update) / clip_threshold)
+  float decay_rate = -0.8f;       // beta2_t = 1 - step^decay_rate
+  float beta1 = 0.0f;             // > 0: first moment in exp_avg (HF beta1); 0: HF's None
+  float weight_decay = 0.0f;      // param -= weight_decay * lr_t * param
+  bool relative_step = false;     // lr_t from the step: min(1e-2 | 1e-6 step, 1/sqrt(step))
+  bool scale_parameter = false;   // lr_t *= max(eps2, RMS(param))
+  bool warmup_init = false;       // relative step 1e-6 * step instead of 1e-2
+  int64_t step = 1;               // 1-based
+  float max_grad_norm = 0.0f;
+};
+
+// Block size of the block-wise 8-bit optimizer states: one fp32 absmax per block of 256.
+inline constexpr int64_t kQuantBlockSize = 256;
+inline int64_t quant_blocks(int64_t n) { return (n + kQuantBlockSize - 1) / kQuantBlockSize; }
+
 enum class OpKind {
   kFill, kCopy, kAdd, kAccumulate, kScale,
   kEmbedding, kLayerNorm, kMatmul, kBiasGrad, kAttention, kGelu,
   kCrossEntropy, kSum, kNorm, kAdamW, kCheckFinite, kUnscaleCheck,
+  // optimizers
+  kSgd, kLion, kAdamW8bit, kAdafactor,
 };
 
 class Device {
@@ -247,6 +294,79 @@ class Device {
   //   param -= lr * wd * param;  param -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
   virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const Tensor& grad_norm, const AdamWHyper& hp) = 0;
+
+  // -- optimizers --------------------------------------------------------------------------------
+  // Fused optimizer steps. Each call updates one group of parameters in one dispatch; all
+  // arithmetic in fp32 (the CPU reference in fp64). param and grad are f32 with the same numel;
+  // grad_norm [1] f32 is read only when hp.max_grad_norm > 0 (may be undefined otherwise);
+  // clip = min(1, max_grad_norm / (grad_norm[0] + 1e-6)) and g = grad * clip below. State
+  // tensors are updated in place. The defaults throw Error(kUnsupported) naming the op, so a
+  // backend without the kernel says so; supports(kSgd | kLion | kAdamW8bit | kAdafactor, f32)
+  // answers whether it has it.
+
+  // SGD, torch.optim.SGD semantics. param, grad, momentum_buf [N] (momentum_buf undefined when
+  // hp.momentum == 0):
+  //   g += wd * param
+  //   if momentum:  buf = (step == 1) ? g : momentum * buf + (1 - dampening) * g
+  //                 g = nesterov ? g + momentum * buf : buf
+  //   param -= lr * g
+  virtual void sgd(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                   const Tensor& grad_norm, const SgdHyper& hp) {
+    (void)param, (void)grad, (void)momentum_buf, (void)grad_norm, (void)hp;
+    fail(ErrorKind::kUnsupported, "sgd: not implemented on " + info().id());
+  }
+  // Lion. param, grad, m [N]:
+  //   c = b1 * m + (1 - b1) * g
+  //   param *= 1 - lr * wd;  param -= lr * sign(c)      (sign(0) = 0)
+  //   m = b2 * m + (1 - b2) * g
+  virtual void lion(const Tensor& param, const Tensor& grad, const Tensor& m,
+                    const Tensor& grad_norm, const LionHyper& hp) {
+    (void)param, (void)grad, (void)m, (void)grad_norm, (void)hp;
+    fail(ErrorKind::kUnsupported, "lion: not implemented on " + info().id());
+  }
+  // AdamW with both moments quantised block-wise to 8 bits (bitsandbytes' blockwise 8-bit Adam).
+  // param, grad [N] f32; m_q, v_q [N] u8 (indices into the code tables); m_absmax, v_absmax
+  // [quant_blocks(N)] f32; qmap_signed, qmap_unsigned [256] f32, each sorted ascending (the
+  // dynamic codes of core/optim/quant_map.h; m uses the signed one, v the unsigned one).
+  // Block b holds elements [256 b, min(N, 256 b + 256)); blocks are independent. Per element:
+  //   m = qmap_signed[m_q] * m_absmax[b];  v = qmap_unsigned[v_q] * v_absmax[b]    (dequantise)
+  //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2                                  (fp32)
+  //   param -= lr * wd * param;  param -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+  // with the unquantised new m, v (as AdamW). Then per block:
+  //   m_absmax[b] = max |m|,  v_absmax[b] = max v   over the block's new values
+  //   m_q = nearest(qmap_signed, m / m_absmax[b]),  v_q = nearest(qmap_unsigned, v / v_absmax[b])
+  // where nearest(code, x) is the index i minimising |code[i] - x|, the lower index on a tie,
+  // and x is taken as 0 when the block's absmax is 0. A fresh optimizer is absmax 0 (every index
+  // then dequantises to 0; the optimizer zero-fills m_q and v_q too).
+  virtual void adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m_q,
+                          const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
+                          const Tensor& qmap_signed, const Tensor& qmap_unsigned,
+                          const Tensor& grad_norm, const AdamWHyper& hp) {
+    (void)param, (void)grad, (void)m_q, (void)v_q, (void)m_absmax, (void)v_absmax;
+    (void)qmap_signed, (void)qmap_unsigned, (void)grad_norm, (void)hp;
+    fail(ErrorKind::kUnsupported, "adamw_8bit: not implemented on " + info().id());
+  }
+  // Adafactor (HF semantics) on ONE parameter tensor; the reductions below are inside the op
+  // and deterministic (a fixed summation order that does not depend on thread count).
+  // Factored when param has rank >= 2: param, grad [R, C] (R = product of the leading dims,
+  // C = the last), row [R], col [C], v undefined. Otherwise param, grad, v [N], row/col undefined.
+  // exp_avg has param's numel when hp.beta1 > 0, else undefined.
+  //   rho   = hp.relative_step ? min(warmup_init ? 1e-6 t : 1e-2, 1/sqrt(t)) : hp.lr
+  //   lr_t  = rho * (scale_parameter ? max(eps2, RMS(param)) : 1)   RMS(x) = sqrt(mean(x^2))
+  //   b2t   = 1 - t^decay_rate;   u = g^2 + eps1
+  //   factored:  row = b2t row + (1-b2t) mean_c(u);  col = b2t col + (1-b2t) mean_r(u)
+  //              U[r,c] = g[r,c] / sqrt(row[r] / mean(row)) / sqrt(col[c])
+  //   else:      v = b2t v + (1-b2t) u;  U = g / sqrt(v)
+  //   U /= max(1, RMS(U) / clip_threshold);  U *= lr_t
+  //   if beta1 > 0:  exp_avg = b1 exp_avg + (1-b1) U;  U = exp_avg
+  //   param -= wd * lr_t * param;  param -= U
+  virtual void adafactor(const Tensor& param, const Tensor& grad, const Tensor& row,
+                         const Tensor& col, const Tensor& v, const Tensor& exp_avg,
+                         const Tensor& grad_norm, const AdafactorHyper& hp) {
+    (void)param, (void)grad, (void)row, (void)col, (void)v, (void)exp_avg, (void)grad_norm;
+    (void)hp;
+    fail(ErrorKind::kUnsupported, "adafactor: not implemented on " + info().id());
+  }
 
  protected:
   MemoryTracker tracker_;

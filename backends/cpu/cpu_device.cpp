@@ -76,6 +76,7 @@ class CpuDevice final : public Device, private Workspace {
   // tensors are widened to f32 in workspace, computed in f32 and rounded back when stored.
   bool supports(OpKind op, DType dtype) const override {
     if (op == OpKind::kFill || op == OpKind::kCopy || dtype == DType::f32) return true;
+    if (op == OpKind::kAdamW8bit && dtype == DType::u8) return true;
     if (!is_h(dtype)) return false;
     switch (op) {
       case OpKind::kAdd: case OpKind::kMatmul: case OpKind::kLayerNorm: case OpKind::kBiasGrad:
@@ -400,6 +401,91 @@ class CpuDevice final : public Device, private Workspace {
     k_.adamw(f(param), f(grad), f(m), f(v), gn, param.numel(), hp);
   }
 
+  // -- optimizers (backends/cpu/*/optimizers.cpp) ---------------------------------------------
+  void sgd(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+           const Tensor& grad_norm, const SgdHyper& hp) override {
+    const char* op = "sgd";
+    f32(op, "param", param);
+    f32(op, "grad", grad);
+    same_numel(op, param, grad);
+    float* buf = nullptr;
+    if (hp.momentum != 0.0f) {
+      f32(op, "momentum_buf", momentum_buf);
+      same_numel(op, param, momentum_buf);
+      buf = f(momentum_buf);
+    }
+    CT_REQUIRE(!hp.nesterov || (hp.momentum > 0.0f && hp.dampening == 0.0f),
+               "sgd: nesterov needs momentum > 0 and dampening 0");
+    CT_REQUIRE(hp.step >= 1, "sgd: step must be >= 1");
+    k_.sgd(f(param), f(grad), buf, clip_norm(op, grad_norm, hp.max_grad_norm), param.numel(), hp);
+  }
+  void lion(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& grad_norm,
+            const LionHyper& hp) override {
+    const char* op = "lion";
+    f32(op, "param", param);
+    f32(op, "grad", grad);
+    f32(op, "m", m);
+    same_numel(op, param, grad);
+    same_numel(op, param, m);
+    k_.lion(f(param), f(grad), f(m), clip_norm(op, grad_norm, hp.max_grad_norm), param.numel(), hp);
+  }
+  void adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m_q, const Tensor& v_q,
+                  const Tensor& m_absmax, const Tensor& v_absmax, const Tensor& qmap_signed,
+                  const Tensor& qmap_unsigned, const Tensor& grad_norm,
+                  const AdamWHyper& hp) override {
+    const char* op = "adamw_8bit";
+    for (auto [n, t] : {std::pair{"param", &param}, {"grad", &grad}, {"m_absmax", &m_absmax},
+                        {"v_absmax", &v_absmax}, {"qmap_signed", &qmap_signed},
+                        {"qmap_unsigned", &qmap_unsigned}})
+      f32(op, n, *t);
+    u8(op, "m_q", m_q);
+    u8(op, "v_q", v_q);
+    same_numel(op, param, grad);
+    same_numel(op, param, m_q);
+    same_numel(op, param, v_q);
+    const int64_t nb = quant_blocks(param.numel());
+    CT_REQUIRE(m_absmax.numel() == nb && v_absmax.numel() == nb &&
+                   qmap_signed.numel() == 256 && qmap_unsigned.numel() == 256,
+               std::string(op) + ": expected m_absmax, v_absmax [" + std::to_string(nb) +
+                   "] and qmaps [256]" + shapes({&m_absmax, &v_absmax, &qmap_signed, &qmap_unsigned}));
+    CT_REQUIRE(hp.step >= 1, "adamw_8bit: step must be >= 1");
+    k_.adamw_8bit(f(param), f(grad), static_cast<uint8_t*>(raw(m_q)),
+                  static_cast<uint8_t*>(raw(v_q)), f(m_absmax), f(v_absmax), f(qmap_signed),
+                  f(qmap_unsigned), clip_norm(op, grad_norm, hp.max_grad_norm), param.numel(), hp);
+  }
+  void adafactor(const Tensor& param, const Tensor& grad, const Tensor& row, const Tensor& col,
+                 const Tensor& v, const Tensor& exp_avg, const Tensor& grad_norm,
+                 const AdafactorHyper& hp) override {
+    const char* op = "adafactor";
+    f32(op, "param", param);
+    f32(op, "grad", grad);
+    same_numel(op, param, grad);
+    CT_REQUIRE(param.numel() > 0, "adafactor: param is empty");
+    CT_REQUIRE(hp.step >= 1, "adafactor: step must be >= 1");
+    const bool factored = param.ndim() >= 2;
+    const int64_t C = factored ? param.shape[-1] : param.numel(), R = param.numel() / C;
+    if (factored) {
+      f32(op, "row", row);
+      f32(op, "col", col);
+      CT_REQUIRE(row.numel() == R && col.numel() == C && !v.defined(),
+                 "adafactor: a rank >= 2 param [R,C] takes row [R], col [C] and no v" +
+                     shapes({&param, &row, &col}));
+    } else {
+      f32(op, "v", v);
+      same_numel(op, param, v);
+      CT_REQUIRE(!row.defined() && !col.defined(), "adafactor: a 1-D param takes v, not row/col");
+    }
+    float* ea = nullptr;
+    if (hp.beta1 > 0.0f) {
+      f32(op, "exp_avg", exp_avg);
+      same_numel(op, param, exp_avg);
+      ea = f(exp_avg);
+    }
+    k_.adafactor(f(param), f(grad), factored ? f(row) : nullptr, factored ? f(col) : nullptr,
+                 factored ? nullptr : f(v), ea, clip_norm(op, grad_norm, hp.max_grad_norm), R, C,
+                 hp);
+  }
+
  private:
   // Workspace: one cached kWorkspace buffer, grown on demand.
   void* get(size_t bytes) override {
@@ -499,6 +585,18 @@ class CpuDevice final : public Device, private Workspace {
   }
   void store(const Tensor& t, const float* staged) {
     if (t.dtype != DType::f32) k_.copy(raw(t), t.dtype, staged, DType::f32, t.numel());
+  }
+  void u8(const char* op, const char* name, const Tensor& t) const {
+    mine(op, name, t);
+    CT_REQUIRE(t.dtype == DType::u8,
+               std::string(op) + ": " + name + " must be u8, got " + t.describe());
+  }
+  // grad_norm's pointer when clipping, else null.
+  const float* clip_norm(const char* op, const Tensor& grad_norm, float max_grad_norm) const {
+    if (!(max_grad_norm > 0.0f)) return nullptr;
+    f32(op, "grad_norm", grad_norm);
+    CT_REQUIRE(grad_norm.numel() == 1, std::string(op) + ": grad_norm must be [1] when clipping");
+    return f(grad_norm);
   }
   void i32(const char* op, const char* name, const Tensor& t) const {
     mine(op, name, t);

@@ -9,7 +9,8 @@ namespace ct::cpu {
         ns::embedding_backward, ns::layernorm_forward, ns::layernorm_backward, ns::matmul,       \
         ns::bias_backward, ns::attention_forward, ns::attention_backward, ns::gelu_forward,      \
         ns::gelu_backward, ns::crossentropy_forward, ns::crossentropy_backward, ns::sum,         \
-        ns::norm, ns::check_finite, ns::unscale_check, ns::adamw, bf16_matmul                    \
+        ns::norm, ns::check_finite, ns::unscale_check, ns::adamw, ns::sgd, ns::lion,               \
+        ns::adamw_8bit, ns::adafactor, bf16_matmul                                               \
   }
 
 const Kernels& reference_kernels() {

@@ -82,6 +82,20 @@ struct Kernels {
   void (*unscale_check)(float* x, int32_t* flag, float inv_scale, int64_t n);
   void (*adamw)(float* param, const float* grad, float* m, float* v, const float* grad_norm,
                 int64_t n, const AdamWHyper& hp);
+  // Optimizers (core/device.h's contracts; backends/cpu/*/optimizers.cpp). grad_norm is null
+  // when not clipping; buf is null without momentum; row/col null for an unfactored Adafactor
+  // tensor (then v, n = R * C), v null for a factored one; exp_avg null without beta1.
+  void (*sgd)(float* param, const float* grad, float* buf, const float* grad_norm, int64_t n,
+              const SgdHyper& hp);
+  void (*lion)(float* param, const float* grad, float* m, const float* grad_norm, int64_t n,
+               const LionHyper& hp);
+  void (*adamw_8bit)(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q,
+                     float* m_absmax, float* v_absmax, const float* qmap_signed,
+                     const float* qmap_unsigned, const float* grad_norm, int64_t n,
+                     const AdamWHyper& hp);
+  void (*adafactor)(float* param, const float* grad, float* row, float* col, float* v,
+                    float* exp_avg, const float* grad_norm, int64_t R, int64_t C,
+                    const AdafactorHyper& hp);
   // Optional (null in the reference): a native bf16 matmul. Returns false when it cannot take
   // the call (library missing, CPU without bf16 instructions, unsupported case); the device
   // then widens to f32 and uses matmul().
@@ -121,7 +135,17 @@ struct Kernels {
   void check_finite(int32_t* flag, const float* x, int64_t n);                                   \
   void unscale_check(float* x, int32_t* flag, float inv_scale, int64_t n);                       \
   void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm,        \
-             int64_t n, const AdamWHyper& hp);
+             int64_t n, const AdamWHyper& hp);                                                   \
+  void sgd(float* param, const float* grad, float* buf, const float* grad_norm, int64_t n,       \
+           const SgdHyper& hp);                                                                  \
+  void lion(float* param, const float* grad, float* m, const float* grad_norm, int64_t n,        \
+            const LionHyper& hp);                                                                \
+  void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, float* m_absmax,  \
+                  float* v_absmax, const float* qmap_signed, const float* qmap_unsigned,         \
+                  const float* grad_norm, int64_t n, const AdamWHyper& hp);                      \
+  void adafactor(float* param, const float* grad, float* row, float* col, float* v,              \
+                 float* exp_avg, const float* grad_norm, int64_t R, int64_t C,                   \
+                 const AdafactorHyper& hp);
 
 namespace ref {
 CT_CPU_DECLARE_KERNELS
@@ -137,6 +161,26 @@ const Kernels& reference_kernels();
 const Kernels& fast_kernels();
 
 // Shared scalar helpers (same formula on both sides).
+
+// The gradient clipping factor of every optimizer op: min(1, max / (norm + 1e-6)).
+inline double clip_factor(float max_grad_norm, const float* grad_norm) {
+  if (!(max_grad_norm > 0.0f) || !grad_norm) return 1.0;
+  double c = static_cast<double>(max_grad_norm) / (static_cast<double>(grad_norm[0]) + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
+// nearest(code, x) of the 8-bit optimizer contract: the index minimising |code[i] - x|, the
+// lower index on a tie; code[256] sorted ascending. Binary search, then the two neighbours.
+inline uint8_t quantize_nearest(const float* code, float x) {
+  int lo = 0, hi = 256;  // first index with code[i] >= x
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (code[mid] < x) lo = mid + 1; else hi = mid;
+  }
+  if (lo == 256) return 255;
+  if (lo == 0) return 0;
+  return (x - code[lo - 1] <= code[lo] - x) ? static_cast<uint8_t>(lo - 1) : static_cast<uint8_t>(lo);
+}
 inline float read_as_f32(const void* p, DType dt, int64_t i) {
   switch (dt) {
     case DType::f32: return static_cast<const float*>(p)[i];
