@@ -10,6 +10,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev libssl-dev
   fortunes                                   # the built-in default training text
+  gnuplot-nox                                # charts of the benchmarks
   libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-tools spirv-cross
 )
 for arg in "$@"; do

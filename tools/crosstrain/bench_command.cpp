@@ -15,7 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "core/amp/precision.h"
 #include "core/error.h"
+#include "core/model/config.h"
+#include "core/model/gpt2.h"
 #include "core/registry.h"
 #include "core/train/progress.h"
 #include "tools/crosstrain/cli_util.h"
@@ -29,10 +32,25 @@ struct Technique {
   std::string name;
   std::vector<std::string> flags;  // besides the common ones
   int micro_batch_divisor = 1;     // accumulation: micro-batch = batch / divisor
+  bool mixed = false;              // a 16-bit policy: adds a 2-byte weight copy
+  bool checkpointing = false;
+  double optimizer_bytes_per_param = 8;  // AdamW: two fp32 moments
 };
+
+// Device memory a row needs, from first principles: fp32 weights (+ a 16-bit copy when mixed),
+// fp32 gradients, optimizer state, and the activations the model's formula predicts.
+int64_t predicted_bytes(const GPT2Config& cfg, const Technique& t, int micro_batch) {
+  const int64_t n = cfg.num_parameters();
+  GPT2Options o;
+  o.gradient_checkpointing = t.checkpointing;
+  o.policy = PrecisionPolicy::make(t.mixed ? Precision::kBf16 : Precision::kFp32);
+  return n * (4 + (t.mixed ? 2 : 0) + 4) + static_cast<int64_t>(t.optimizer_bytes_per_param * n) +
+         GPT2::activation_bytes(cfg, o, micro_batch, cfg.block_size);
+}
 
 struct Row {
   std::string backend, technique;
+  int64_t predicted = 0;
   double samples_per_s = 0, tokens_per_s = 0, final_loss = 0;
   int64_t peak_accounted = 0, peak_rss = 0;
   int64_t weights = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0;
@@ -122,12 +140,16 @@ Run add_bench(CLI::App& app) {
     const std::vector<Technique> techniques = {
         {"vanilla fp32", {}, 1},
         {"+ accumulation x" + acc, {"--gradient-accumulation-steps", acc}, o->accumulation},
-        {"+ checkpointing", {"--gradient-checkpointing"}, 1},
-        {"+ fp16", {"--fp16"}, 1},
-        {"+ bf16", {"--bf16"}, 1},
+        {"+ checkpointing", {"--gradient-checkpointing"}, 1, false, true},
+        {"+ fp16", {"--fp16"}, 1, true},
+        {"+ bf16", {"--bf16"}, 1, true},
         {"bf16 + checkpointing + accumulation x" + acc,
-         {"--bf16", "--gradient-checkpointing", "--gradient-accumulation-steps", acc}, o->accumulation},
+         {"--bf16", "--gradient-checkpointing", "--gradient-accumulation-steps", acc}, o->accumulation,
+         true, true},
     };
+    GPT2Config cfg = GPT2Config::preset(o->model);
+    if (o->block_size > 0) cfg.block_size = o->block_size;
+    cfg.validate();
     fs::create_directories(o->output_dir);
     const std::string exe = (fs::path(executable_dir()) / "crosstrain").string();
     const std::string log = (fs::path(o->output_dir) / "runs.log").string();
@@ -159,29 +181,33 @@ Run add_bench(CLI::App& app) {
         }
         r.backend = backend;
         r.technique = t.name;
+        r.predicted = predicted_bytes(cfg, t, o->batch / t.micro_batch_divisor);
         r.peak_rss = rss;
         rows.push_back(r);
       }
     }
     // Markdown + JSON
     std::ostringstream md;
-    md << "| backend | technique | samples/s | tokens/s | peak memory (accounting) | process RSS | activations | final loss |\n"
-       << "|---|---|---:|---:|---:|---:|---:|---:|\n";
+    md << "| backend | technique | samples/s | tokens/s | peak memory (accounting) | predicted | "
+          "accounting vs predicted | process RSS | activations | final loss |\n"
+       << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     nlohmann::json js = nlohmann::json::array();
     for (const auto& r : rows) {
       if (!r.error.empty()) {
-        md << "| " << r.backend << " | " << r.technique << " | failed: " << r.error << " | | | | | |\n";
+        md << "| " << r.backend << " | " << r.technique << " | failed: " << r.error << " | | | | | | | |\n";
       } else {
         char buf[512];
-        std::snprintf(buf, sizeof buf, "| %s | %s | %.2f | %s | %s | %s | %s | %.4f |\n", r.backend.c_str(),
-                      r.technique.c_str(), r.samples_per_s, format_count(r.tokens_per_s).c_str(),
-                      format_bytes(r.peak_accounted).c_str(), format_bytes(r.peak_rss).c_str(),
+        double dev = 100.0 * (static_cast<double>(r.peak_accounted) / static_cast<double>(r.predicted) - 1.0);
+        std::snprintf(buf, sizeof buf, "| %s | %s | %.2f | %s | %s | %s | %+.1f%% | %s | %s | %.4f |\n",
+                      r.backend.c_str(), r.technique.c_str(), r.samples_per_s,
+                      format_count(r.tokens_per_s).c_str(), format_bytes(r.peak_accounted).c_str(),
+                      format_bytes(r.predicted).c_str(), dev, format_bytes(r.peak_rss).c_str(),
                       format_bytes(r.activations).c_str(), r.final_loss);
         md << buf;
       }
       js.push_back({{"backend", r.backend}, {"technique", r.technique}, {"samples_per_s", r.samples_per_s},
                     {"tokens_per_s", r.tokens_per_s}, {"peak_memory_accounted", r.peak_accounted},
-                    {"peak_rss", r.peak_rss}, {"weights", r.weights}, {"grads", r.grads},
+                    {"peak_rss", r.peak_rss}, {"predicted_memory", r.predicted}, {"weights", r.weights}, {"grads", r.grads},
                     {"optimizer", r.optimizer}, {"activations", r.activations}, {"workspace", r.workspace},
                     {"final_loss", r.final_loss}, {"error", r.error}});
     }
