@@ -222,9 +222,9 @@ Run add_bench(CLI::App& app) {
           << rows[i].peak_accounted / 1048576.0 << "\n";
     dat.close();
     std::ofstream gp(base.string() + ".gp");
-    gp << "set terminal pngcairo size 1100,560 font ',10'\nset output '" << base.string() << ".png'\n"
+    gp << "set terminal pngcairo size 1200,680 font ',10'\nset output '" << base.string() << ".png'\n"
        << "set multiplot layout 1,2 title 'crosstrain techniques (" << o->model << ")'\n"
-       << "set style fill solid 0.8\nset boxwidth 0.7\nset xtics rotate by -35 left\nset grid ytics\n"
+       << "set style fill solid 0.8\nset boxwidth 0.7\nset xtics rotate by -35 left\nset grid ytics\nset yrange [0:*]\nset bmargin 14\n"
        << "set title 'throughput'\nset ylabel 'samples/s'\nplot '" << base.string()
        << ".dat' using 1:3:xtic(2) with boxes notitle lc rgb '#4477aa'\n"
        << "set title 'peak memory (accounting)'\nset ylabel 'MiB'\nplot '" << base.string()
