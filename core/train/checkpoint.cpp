@@ -41,14 +41,14 @@ int64_t checkpoint_step(const fs::path& p) {
   return std::stoll(digits);
 }
 
-void write_optimizer_state(const std::string& path, const Optimizer& opt, Device& dev) {
+void write_optimizer_state(const std::string& path, const Optimizer& opt, Device&) {
   std::vector<NamedTensor> state = opt.state();
   std::vector<std::vector<std::byte>> host(state.size());
   std::vector<SafetensorsTensor> out;
   for (size_t i = 0; i < state.size(); ++i) {
     const Tensor& t = state[i].tensor;
     host[i].resize(t.nbytes());
-    dev.download(host[i].data(), t, t.nbytes());
+    t.buffer->device().download(host[i].data(), t, t.nbytes());  // host memory when offloaded
     SafetensorsTensor st;
     st.name = state[i].name;
     st.dtype = t.dtype;
@@ -75,9 +75,10 @@ void read_optimizer_state(const std::string& path, Optimizer& opt, Device& dev) 
                                             safetensors_dtype_name(info.dtype) + info.to_shape().str() +
                                             ", expected " + safetensors_dtype_name(s.tensor.dtype) +
                                             s.tensor.shape.str());
-    dev.upload(s.tensor, f.data(s.name).data(), s.tensor.nbytes());
+    s.tensor.buffer->device().upload(s.tensor, f.data(s.name).data(), s.tensor.nbytes());
   }
   dev.synchronize();  // the mapping goes away with `f`
+  for (const NamedTensor& s : opt.state()) s.tensor.buffer->device().synchronize();
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
-// Optimizers over the model's two parameter groups (decayed / not decayed), fused on the device.
-// Their state is exposed as named tensors so checkpoints can save and restore it bit for bit.
+// Optimizers over the model's two parameter groups (decayed / not decayed), fused on the device:
+// AdamW, Adafactor, 8-bit AdamW, Lion and SGD (core/device.h's optimizer ops), optionally with
+// their state offloaded to host memory. Their state is exposed as named tensors so checkpoints
+// can save and restore it bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -12,32 +14,65 @@
 
 namespace ct {
 
+enum class OptimKind { kAdamW, kAdafactor, kAdamW8bit, kLion, kSgd };
+
+// --optim names: adamw | adafactor | adamw_8bit | lion | sgd, and the Hugging Face aliases
+// adamw_torch, adamw_torch_fused, adamw_apex_fused (adamw), adamw_bnb_8bit (adamw_8bit),
+// lion_32bit (lion). Throws Error(kInvalidArgument) listing the accepted names.
+OptimKind parse_optim(const std::string& name);
+const char* optim_name(OptimKind k);  // the canonical name ("adamw_8bit")
+
 struct OptimizerSettings {
+  OptimKind kind = OptimKind::kAdamW;
   double weight_decay = 0.0;  // applied to the decay group only
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW, 8-bit AdamW; Lion's betas too
   double max_grad_norm = 0.0;  // > 0: clip by the global norm
+  // SGD (torch.optim.SGD)
+  double momentum = 0.0, dampening = 0.0;
+  bool nesterov = false;
+  // Adafactor (transformers.optimization.Adafactor); relative_step ignores the lr passed to
+  // step() and derives it from the step count, as HF does with lr=None.
+  double adafactor_eps1 = 1e-30, adafactor_eps2 = 1e-3;
+  double clip_threshold = 1.0, decay_rate = -0.8;
+  double adafactor_beta1 = 0.0;  // 0 = None (no first moment)
+  bool relative_step = false, scale_parameter = false, warmup_init = false;
+  // 8-bit AdamW: tensors with fewer elements stay fp32 (bitsandbytes' min_8bit_size).
+  int64_t min_8bit_size = 4096;
+  // Keep the state (and an fp32 master copy of the weights) in host memory and update there.
+  bool offload = false;
 };
 
 // A named piece of optimizer state: `tensor` is a view into the optimizer's buffers with the
-// shape of the parameter it belongs to.
+// shape of the parameter it belongs to (or of its row/column statistics, or its 8-bit blocks).
 struct NamedTensor {
   std::string name;  // "exp_avg.h.0.attn.c_attn.weight"
-  Tensor tensor;
+  Tensor tensor;     // on the device that holds the state (the host CPU device when offloaded)
 };
 
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
+  // The canonical name of the algorithm, stored in checkpoints ("adamw", "adamw_8bit", ...);
+  // offloading does not change it (its state is the same).
   virtual std::string name() const = 0;
   // One update of every parameter from the accumulated gradients. `grad_norm` [1] holds the
   // global gradient norm (read when clipping); `step` is 1-based; `lr` this step's rate.
   virtual void step(GPT2& model, const Tensor& grad_norm, double lr, int64_t step) = 0;
   // Every state tensor, for checkpoints.
   virtual std::vector<NamedTensor> state() const = 0;
+  // Bytes of optimizer state (MemCategory::kOptimizer), wherever it lives.
+  virtual int64_t state_bytes() const = 0;
+  // Whether the state lives in host memory rather than on the model's device.
+  virtual bool offloaded() const { return false; }
 };
 
-// AdamW (PyTorch semantics): fp32 first and second moments, 8 bytes per parameter
-// (MemCategory::kOptimizer), zero-initialised.
+// The optimizer `settings.kind` over `model`'s parameters, state zero-initialised and accounted
+// as MemCategory::kOptimizer. Bytes per parameter: AdamW 8; 8-bit AdamW 2 + 8/256 (tensors of
+// >= min_8bit_size elements; 8 for the rest); Adafactor 4 (R + C) per matrix [R, C] and 4 per
+// element of a 1-D tensor (plus 4 per element with beta1); Lion 4; SGD 4 with momentum, else 0.
+std::unique_ptr<Optimizer> make_optimizer(GPT2& model, const OptimizerSettings& settings);
+
+// AdamW (PyTorch semantics): fp32 first and second moments, 8 bytes per parameter.
 std::unique_ptr<Optimizer> make_adamw(GPT2& model, const OptimizerSettings& settings);
 
 }  // namespace ct

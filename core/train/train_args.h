@@ -26,11 +26,29 @@ struct TrainArgs {
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;  // 0 disables clipping
+  // optimizer: adamw | adafactor | adamw_8bit | lion | sgd (and the Hugging Face aliases
+  // adamw_torch, adamw_torch_fused, adamw_apex_fused, adamw_bnb_8bit, lion_32bit); Lion uses the
+  // adam betas, as Hugging Face's lion_32bit does
+  std::string optim = "adamw";
+  double sgd_momentum = 0.0, sgd_dampening = 0.0;
+  bool sgd_nesterov = false;
+  // Adafactor (transformers.optimization.Adafactor); --learning-rate 0 or relative_step: HF's
+  // lr=None (relative step size and parameter scaling, the schedule ignored)
+  bool adafactor_relative_step = false, adafactor_scale_parameter = false;
+  bool adafactor_warmup_init = false;
+  double adafactor_clip_threshold = 1.0, adafactor_decay_rate = -0.8, adafactor_beta1 = 0.0;
+  bool offload_optimizer = false;  // optimizer state in host memory, updated on the CPU
   uint64_t seed = 42;
   int64_t logging_steps = 10;
   int64_t eval_steps = 50;       // 0 = evaluate only at the end
   int64_t max_eval_batches = 16; // cap on validation batches per evaluation during training
   double validation_split = 0.1;
+
+  // precision and memory techniques (Hugging Face names)
+  bool fp16 = false;  // fp16 mixed precision with dynamic loss scaling
+  bool bf16 = false;  // bf16 mixed precision
+  bool tf32 = false;  // TF32 tensor-core matmuls (CUDA only; a notice elsewhere)
+  bool gradient_checkpointing = false;
 
   // checkpoints: <output_dir>/checkpoint-<step>/ every save_steps steps (0 = none)
   int64_t save_steps = 0;

@@ -63,6 +63,13 @@ void validate_args(const TrainArgs& a) {
   require_flag(a.save_steps >= 0, "--save-steps", std::to_string(a.save_steps), "must be >= 0 (0 = no checkpoints)");
   require_flag(a.save_total_limit >= 0, "--save-total-limit", std::to_string(a.save_total_limit),
                "must be >= 0 (0 = keep all)");
+  parse_optim(a.optim);  // names --optim's accepted values when unknown
+  require_flag(a.sgd_momentum >= 0 && a.sgd_dampening >= 0, "--sgd-momentum/--sgd-dampening",
+               std::to_string(a.sgd_momentum) + "/" + std::to_string(a.sgd_dampening), "must be >= 0");
+  require_flag(a.adafactor_clip_threshold > 0, "--adafactor-clip-threshold",
+               std::to_string(a.adafactor_clip_threshold), "must be > 0");
+  require_flag(a.adafactor_beta1 >= 0 && a.adafactor_beta1 < 1, "--adafactor-beta1",
+               std::to_string(a.adafactor_beta1), "must be in [0, 1) (0 = no first moment)");
   if (a.fp16 && a.bf16)
     fail(ErrorKind::kInvalidArgument, "--fp16 and --bf16 are mutually exclusive: choose one precision");
   require_flag(a.sample_tokens >= 0, "--sample-tokens", std::to_string(a.sample_tokens), "must be >= 0");
@@ -118,6 +125,8 @@ nlohmann::json args_json(const TrainArgs& a) {
           {"adam_beta2", a.adam_beta2},
           {"adam_epsilon", a.adam_epsilon},
           {"max_grad_norm", a.max_grad_norm},
+          {"optim", a.optim},
+          {"offload_optimizer", a.offload_optimizer},
           {"seed", a.seed},
           {"logging_steps", a.logging_steps},
           {"eval_steps", a.eval_steps},
@@ -186,7 +195,20 @@ TrainSummary train(const TrainArgs& args) {
   os.beta2 = args.adam_beta2;
   os.eps = args.adam_epsilon;
   os.max_grad_norm = args.max_grad_norm;
-  std::unique_ptr<Optimizer> optimizer = make_adamw(model, os);
+  os.kind = parse_optim(args.optim);
+  os.momentum = args.sgd_momentum;
+  os.dampening = args.sgd_dampening;
+  os.nesterov = args.sgd_nesterov;
+  os.relative_step = args.adafactor_relative_step || args.learning_rate == 0.0;
+  os.scale_parameter = args.adafactor_scale_parameter || args.learning_rate == 0.0;
+  os.warmup_init = args.adafactor_warmup_init;
+  os.clip_threshold = args.adafactor_clip_threshold;
+  os.decay_rate = args.adafactor_decay_rate;
+  os.adafactor_beta1 = args.adafactor_beta1;
+  os.offload = args.offload_optimizer;
+  std::unique_ptr<Optimizer> optimizer = make_optimizer(model, os);
+  const double optimizer_bytes_per_param =
+      static_cast<double>(optimizer->state_bytes()) / static_cast<double>(model.num_parameters());
   Tensor inputs = dev.empty({B, T}, DType::i32, MemCategory::kActivations);
   Tensor targets = dev.empty({B, T}, DType::i32, MemCategory::kActivations);
   Tensor loss_sum = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
@@ -290,6 +312,8 @@ TrainSummary train(const TrainArgs& args) {
       rec["grad_norm"] = host_norm;
       rec["tokens_per_s"] = tps;
       rec["memory"] = memory_json(dev.memory());
+      rec["optimizer_bytes_per_param"] = optimizer_bytes_per_param;
+      if (optimizer->offloaded()) rec["memory"]["optimizer_host"] = optimizer->state_bytes();
       if (scaler.enabled()) {
         rec["loss_scale"] = scaler.scale();
         rec["skipped_steps"] = scaler.skipped_steps();

@@ -31,6 +31,23 @@ Run add_train(CLI::App& app) {
   flag(&app, "--adam-beta2", a->adam_beta2, "AdamW beta2");
   flag(&app, "--adam-epsilon", a->adam_epsilon, "AdamW epsilon");
   flag(&app, "--max-grad-norm", a->max_grad_norm, "clip the global gradient norm (0 = off)");
+  flag(&app, "--optim", a->optim,
+       "adamw, adafactor, adamw_8bit, lion or sgd (also adamw_torch, adamw_torch_fused, "
+       "adamw_apex_fused, adamw_bnb_8bit, lion_32bit)");
+  flag(&app, "--sgd-momentum", a->sgd_momentum, "SGD momentum (0 = none)");
+  flag(&app, "--sgd-dampening", a->sgd_dampening, "SGD dampening");
+  app.add_flag(names("--sgd-nesterov"), a->sgd_nesterov, "SGD with Nesterov momentum");
+  app.add_flag(names("--adafactor-relative-step"), a->adafactor_relative_step,
+               "Adafactor: step size from the step count and parameter scale (HF lr=None)");
+  app.add_flag(names("--adafactor-scale-parameter"), a->adafactor_scale_parameter,
+               "Adafactor: scale the step by the parameter RMS");
+  app.add_flag(names("--adafactor-warmup-init"), a->adafactor_warmup_init,
+               "Adafactor: relative step 1e-6 * step (with --adafactor-relative-step)");
+  flag(&app, "--adafactor-clip-threshold", a->adafactor_clip_threshold, "Adafactor update clipping");
+  flag(&app, "--adafactor-decay-rate", a->adafactor_decay_rate, "Adafactor: beta2_t = 1 - t^decay_rate");
+  flag(&app, "--adafactor-beta1", a->adafactor_beta1, "Adafactor first moment (0 = none)");
+  app.add_flag(names("--offload-optimizer"), a->offload_optimizer,
+               "keep optimizer state in host memory and update on the CPU");
   flag(&app, "--seed", a->seed, "seed of initialisation and data order");
   flag(&app, "--logging-steps", a->logging_steps, "log a metrics record every N steps");
   flag(&app, "--eval-steps", a->eval_steps, "evaluate every N steps (0 = only at the end)");
@@ -42,6 +59,11 @@ Run add_train(CLI::App& app) {
        "continue from a checkpoint folder, or 'latest' in --output-dir");
   flag(&app, "--sample-prompt", a->sample_prompt, "prompt of the sample generated at the end");
   flag(&app, "--sample-tokens", a->sample_tokens, "tokens to generate at the end (0 = none)");
+  app.add_flag("--fp16", a->fp16, "fp16 mixed precision with dynamic loss scaling");
+  app.add_flag("--bf16", a->bf16, "bf16 mixed precision");
+  app.add_flag("--tf32", a->tf32, "TF32 matmuls where the device has them (CUDA)");
+  app.add_flag(names("--gradient-checkpointing"), a->gradient_checkpointing,
+               "keep only block inputs and recompute each block in the backward pass");
   app.add_flag("--no-progress,--no_progress", [a](int64_t) { a->progress_bar = false; },
                "plain log lines even on a terminal");
   return [a] {
