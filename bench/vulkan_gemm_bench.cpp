@@ -1,6 +1,8 @@
 // vulkan_gemm_bench: GFLOP/s of the Vulkan backend's GEMM variants (register-blocked and
 // shared-memory tiled) next to OpenBLAS sgemm, in the same run, on the model's GEMM shapes.
-//   vulkan_gemm_bench [--backend vulkan:N] [--iters N] [--cpu-time] [--shape MxNxK]...
+//   vulkan_gemm_bench [--backend vulkan:N] [--iters N] [--cpu-time] [--layout nn|nt|tn]
+//                     [--shape MxNxK]...   (CT_BENCH_VARIANTS=vec,reg picks variants)
+// Each figure is the median over --iters runs.
 #include <cblas.h>
 
 #include <algorithm>
@@ -35,14 +37,26 @@ static double now_s() {
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
 }
 
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 int main(int argc, char** argv) {
   std::string spec = "vulkan";
   int iters = 5;
+  bool trans_a = false, trans_b = false;  // --layout nn|nt|tn
   std::vector<GemmShape> shapes;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--backend") && i + 1 < argc) spec = argv[++i];
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) {
+      std::string l = argv[++i];
+      trans_a = l == "tn";
+      trans_b = l == "nt";
+    }
     else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) {
       long m, n, k;
       if (std::sscanf(argv[++i], "%ldx%ldx%ld", &m, &n, &k) != 3) {
@@ -51,7 +65,7 @@ int main(int argc, char** argv) {
       }
       shapes.push_back({m, n, k, "custom"});
     } else {
-      std::fprintf(stderr, "usage: %s [--backend vulkan:N] [--iters N] [--cpu-time] [--shape MxNxK]...\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--backend vulkan:N] [--iters N] [--cpu-time] [--layout nn|nt|tn] [--shape MxNxK]...\n", argv[0]);
       return 2;
     }
   }
@@ -62,45 +76,58 @@ int main(int argc, char** argv) {
     auto dev = open_device(spec);
     std::printf("device: %s (%s); GFLOP per %s second\n", dev->info().name.c_str(),
                 dev->info().driver.c_str(), g_cpu_time ? "CPU" : "wall");
-    std::printf("%-10s %-16s %12s %12s %12s\n", "shape", "MxNxK", "vk-reg", "vk-tiled",
-                "openblas");
+    std::vector<const char*> variants = {"vec", "reg", "tiled"};
+    if (const char* v = std::getenv("CT_BENCH_VARIANTS")) {  // comma-separated subset
+      static std::string keep = v;
+      variants.clear();
+      for (char* t = std::strtok(keep.data(), ","); t; t = std::strtok(nullptr, ",")) variants.push_back(t);
+    }
+    std::printf("%-10s %-16s", "shape", "MxNxK");
+    for (auto* v : variants) std::printf(" %9s", v);
+    std::printf(" %9s  best/blas\n", "openblas");
     for (const auto& s : shapes) {
       Philox p(1, 2);
       std::vector<float> a(s.M * s.K), b(s.K * s.N), c(s.M * s.N);
       for (size_t i = 0; i < a.size(); ++i) a[i] = p.normal(i);
       for (size_t i = 0; i < b.size(); ++i) b[i] = p.normal(i + a.size());
-      Tensor ta = dev->empty({s.M, s.K}, DType::f32, MemCategory::kWorkspace);
-      Tensor tb = dev->empty({s.K, s.N}, DType::f32, MemCategory::kWorkspace);
+      Tensor ta = dev->empty(trans_a ? Shape{s.K, s.M} : Shape{s.M, s.K}, DType::f32, MemCategory::kWorkspace);
+      Tensor tb = dev->empty(trans_b ? Shape{s.N, s.K} : Shape{s.K, s.N}, DType::f32, MemCategory::kWorkspace);
       Tensor tc = dev->empty({s.M, s.N}, DType::f32, MemCategory::kWorkspace);
       dev->upload(ta, a.data(), a.size() * 4);
       dev->upload(tb, b.data(), b.size() * 4);
       double flop = 2.0 * s.M * s.N * s.K;
-      double gf[3];
-      const char* variants[2] = {"reg", "tiled"};
-      for (int v = 0; v < 2; ++v) {
+      std::vector<double> gf(variants.size() + 1);
+      for (size_t v = 0; v < variants.size(); ++v) {
         setenv("CROSSTRAIN_VK_MATMUL", variants[v], 1);
-        dev->matmul(tc, ta, tb, false, false);  // warm-up: pipeline creation
+        dev->matmul(tc, ta, tb, trans_a, trans_b);  // warm-up: pipeline creation
         dev->synchronize();
-        double best = 1e30;
+        std::vector<double> ts;
         for (int it = 0; it < iters; ++it) {
           double t0 = now_s();
-          dev->matmul(tc, ta, tb, false, false);
+          dev->matmul(tc, ta, tb, trans_a, trans_b);
           dev->synchronize();
-          best = std::min(best, now_s() - t0);
+          ts.push_back(now_s() - t0);
         }
-        gf[v] = flop / best * 1e-9;
+        gf[v] = flop / median(ts) * 1e-9;
       }
-      double best = 1e30;
+      std::vector<double> ts;
       for (int it = 0; it < iters + 1; ++it) {
         double t0 = now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(s.M), int(s.N), int(s.K), 1.0f,
-                    a.data(), int(s.K), b.data(), int(s.N), 0.0f, c.data(), int(s.N));
-        if (it > 0) best = std::min(best, now_s() - t0);
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                    trans_b ? CblasTrans : CblasNoTrans, int(s.M), int(s.N), int(s.K), 1.0f,
+                    a.data(), trans_a ? int(s.M) : int(s.K), b.data(),
+                    trans_b ? int(s.K) : int(s.N), 0.0f, c.data(), int(s.N));
+        if (it > 0) ts.push_back(now_s() - t0);
       }
-      gf[2] = flop / best * 1e-9;
+      double blas = flop / median(ts) * 1e-9, top = 0;
       char dims[48];
       std::snprintf(dims, sizeof dims, "%ldx%ldx%ld", long(s.M), long(s.N), long(s.K));
-      std::printf("%-10s %-16s %9.1f GF %9.1f GF %9.1f GF\n", s.what, dims, gf[0], gf[1], gf[2]);
+      std::printf("%-10s %-16s", s.what, dims);
+      for (size_t v = 0; v < variants.size(); ++v) {
+        std::printf(" %9.1f", gf[v]);
+        top = std::max(top, gf[v]);
+      }
+      std::printf(" %9.1f  %5.1f%%\n", blas, 100.0 * top / blas);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "vulkan_gemm_bench: %s\n", e.what());

@@ -9,7 +9,19 @@
 //   MM_TILED  GPUs: 16x16 invocations, 64x64 tile, 16-deep k slices staged in shared memory,
 //             4x4 register block per invocation.
 
-#if defined(MM_REG)
+#extension GL_EXT_control_flow_attributes : require
+
+#if defined(MM_VEC)
+// 8x8 invocations, each an 8x8 register block of contiguous rows and columns; k advances 4 at a
+// time. Operands are read as vec4 along their unit-stride dimension where aligned:
+//   A_K: a rows along k (a not transposed)   A_M: along m (a transposed)   A_S: scalar loads
+//   B_N: b rows along n (b not transposed)   B_K: along k (b transposed)   B_S: scalar loads
+// On lavapipe each buffer load costs about the same whether it fetches 1 or 4 floats, so vec4
+// loads cut the load count per FMA fourfold. A_K and B_K need K % 4 == 0.
+#define TM 64
+#define TN 64
+layout(local_size_x = 8, local_size_y = 8) in;
+#elif defined(MM_REG)
 #define RB 8  // register block RB x RB per invocation
 #define TM (8 * RB)
 #define TN (8 * RB)
@@ -40,8 +52,12 @@ layout(push_constant) uniform Push {
   uint has_bias;
   float alpha;
   float beta;
+  uint a_lo;  // MM_VEC: device addresses of a's and b's bound ranges (low, high 32 bits)
+  uint a_hi;
+  uint b_lo;
+  uint b_hi;
 } pc;
-#if !defined(MM_REG)
+#if defined(MM_TILED)
 // As[k][m], Bs[k][n]; +1 column of padding against bank conflicts.
 shared float As[BK][TM + 1];
 shared float Bs[BK][TN + 1];
@@ -50,6 +66,15 @@ shared float Bs[BK][TN + 1];
 layout(std430, binding = 0) buffer Cm { float c[]; };
 layout(std430, binding = 1) readonly buffer Am { float a[]; };
 layout(std430, binding = 2) readonly buffer Bm { float b[]; };
+#if defined(MM_VEC)
+// a and b are read through buffer device addresses: lavapipe compiles a divergent load from a
+// descriptor-bound buffer into a bounds-checked per-lane branch, a load through an address into
+// one masked gather. (The bindings stay, so the descriptor set and validation see the reads.)
+#extension GL_EXT_buffer_reference : require
+#extension GL_EXT_buffer_reference_uvec2 : require
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer V4Ptr { vec4 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer F1Ptr { float v[]; };
+#endif
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 
 void store(uint m, uint n, uint cbase, float acc) {
@@ -69,7 +94,114 @@ void main() {
   uint m0 = gl_WorkGroupID.y * TM, n0 = gl_WorkGroupID.x * TN;
   uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;
 
-#if defined(MM_REG)
+#if defined(MM_VEC)
+#if defined(A_K) || defined(A_M)
+  V4Ptr pa = V4Ptr(uvec2(pc.a_lo, pc.a_hi));
+#define a4 pa.v
+#else
+  F1Ptr pa = F1Ptr(uvec2(pc.a_lo, pc.a_hi));
+#define a pa.v
+#endif
+#if defined(B_N) || defined(B_K)
+  V4Ptr pb = V4Ptr(uvec2(pc.b_lo, pc.b_hi));
+#define b4 pb.v
+#else
+  F1Ptr pb = F1Ptr(uvec2(pc.b_lo, pc.b_hi));
+#define b pb.v
+#endif
+  uint mb = m0 + ty * 8u, nb = n0 + tx * 8u;
+  float acc[8][8];
+  [[unroll]] for (int i = 0; i < 8; ++i)
+    [[unroll]] for (int j = 0; j < 8; ++j) acc[i][j] = 0.0;
+#if defined(A_K)
+  uint ar[8];  // vec4 index of row i at k = 0
+  [[unroll]] for (int i = 0; i < 8; ++i) ar[i] = (abase + min(mb + uint(i), pc.M - 1u) * pc.sam) >> 2;
+#elif defined(A_M)
+  uint ar[2];  // vec4 index of rows 4*i4 .. 4*i4+3 at k = 0
+  [[unroll]] for (int i = 0; i < 2; ++i) ar[i] = (abase + min(mb + 4u * uint(i), pc.M - 4u)) >> 2;
+  uint ak4 = pc.sak >> 2;
+#else
+  uint ar[8];
+  [[unroll]] for (int i = 0; i < 8; ++i) ar[i] = abase + min(mb + uint(i), pc.M - 1u) * pc.sam;
+#endif
+#if defined(B_N)
+  uint bc[2];
+  [[unroll]] for (int j = 0; j < 2; ++j) bc[j] = (bbase + min(nb + 4u * uint(j), pc.N - 4u)) >> 2;
+  uint bk4 = pc.sbk >> 2;
+#elif defined(B_K)
+  uint bc[8];
+  [[unroll]] for (int j = 0; j < 8; ++j) bc[j] = (bbase + min(nb + uint(j), pc.N - 1u) * pc.sbn) >> 2;
+#else
+  uint bc[8];
+  [[unroll]] for (int j = 0; j < 8; ++j) bc[j] = bbase + min(nb + uint(j), pc.N - 1u) * pc.sbn;
+#endif
+  uint K4 = pc.K & ~3u, k = 0;
+  for (; k < K4; k += 4u) {
+    float av[8][4], bv[4][8];
+#if defined(A_K)
+    [[unroll]] for (int i = 0; i < 8; ++i) {
+      vec4 v = a4[ar[i] + (k >> 2)];
+      av[i][0] = v.x; av[i][1] = v.y; av[i][2] = v.z; av[i][3] = v.w;
+    }
+#elif defined(A_M)
+    [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
+      [[unroll]] for (int i = 0; i < 2; ++i) {
+        vec4 v = a4[ar[i] + (k + kk) * ak4];
+        av[4 * i][kk] = v.x; av[4 * i + 1][kk] = v.y; av[4 * i + 2][kk] = v.z; av[4 * i + 3][kk] = v.w;
+      }
+#else
+    [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
+      [[unroll]] for (int i = 0; i < 8; ++i) av[i][kk] = a[ar[i] + (k + kk) * pc.sak];
+#endif
+#if defined(B_N)
+    [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
+      [[unroll]] for (int j = 0; j < 2; ++j) {
+        vec4 v = b4[bc[j] + (k + kk) * bk4];
+        bv[kk][4 * j] = v.x; bv[kk][4 * j + 1] = v.y; bv[kk][4 * j + 2] = v.z; bv[kk][4 * j + 3] = v.w;
+      }
+#elif defined(B_K)
+    [[unroll]] for (int j = 0; j < 8; ++j) {
+      vec4 v = b4[bc[j] + (k >> 2)];
+      bv[0][j] = v.x; bv[1][j] = v.y; bv[2][j] = v.z; bv[3][j] = v.w;
+    }
+#else
+    [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
+      [[unroll]] for (int j = 0; j < 8; ++j) bv[kk][j] = b[bc[j] + (k + kk) * pc.sbk];
+#endif
+    [[unroll]] for (int kk = 0; kk < 4; ++kk)
+      [[unroll]] for (int i = 0; i < 8; ++i)
+        [[unroll]] for (int j = 0; j < 8; ++j) acc[i][j] = fma(av[i][kk], bv[kk][j], acc[i][j]);
+  }
+#if !defined(A_K) && !defined(B_K)
+  for (; k < pc.K; ++k) {  // K % 4 tail, one k at a time
+    float av[8], bv[8];
+#if defined(A_M)
+    [[unroll]] for (int i = 0; i < 2; ++i) {
+      vec4 v = a4[ar[i] + k * ak4];
+      av[4 * i] = v.x; av[4 * i + 1] = v.y; av[4 * i + 2] = v.z; av[4 * i + 3] = v.w;
+    }
+#else
+    [[unroll]] for (int i = 0; i < 8; ++i) av[i] = a[ar[i] + k * pc.sak];
+#endif
+#if defined(B_N)
+    [[unroll]] for (int j = 0; j < 2; ++j) {
+      vec4 v = b4[bc[j] + k * bk4];
+      bv[4 * j] = v.x; bv[4 * j + 1] = v.y; bv[4 * j + 2] = v.z; bv[4 * j + 3] = v.w;
+    }
+#else
+    [[unroll]] for (int j = 0; j < 8; ++j) bv[j] = b[bc[j] + k * pc.sbk];
+#endif
+    [[unroll]] for (int i = 0; i < 8; ++i)
+      [[unroll]] for (int j = 0; j < 8; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+  }
+#endif
+  [[unroll]] for (int i = 0; i < 8; ++i)
+    [[unroll]] for (int j = 0; j < 8; ++j) store(mb + uint(i), nb + uint(j), cbase, acc[i][j]);
+#undef a
+#undef b
+#undef a4
+#undef b4
+#elif defined(MM_REG)
   float acc[RB][RB];
   for (int i = 0; i < RB; ++i)
     for (int j = 0; j < RB; ++j) acc[i][j] = 0.0;

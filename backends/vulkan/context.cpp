@@ -199,6 +199,7 @@ void Instance::enumerate() {
     pd.storage16 = f11.storageBuffer16BitAccess;
     pd.storage8 = f12.storageBuffer8BitAccess;
     pd.float16 = f12.shaderFloat16;
+    pd.bda = f12.bufferDeviceAddress;
 
     auto p12 = vk_struct<VkPhysicalDeviceVulkan12Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_PROPERTIES);
     auto p11 = vk_struct<VkPhysicalDeviceVulkan11Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES);

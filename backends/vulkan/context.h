@@ -24,6 +24,7 @@ struct PhysicalDevice {
   bool float16 = false;            // shaderFloat16
   bool memory_budget = false;      // VK_EXT_memory_budget
   bool coopmat = false;            // VK_KHR_cooperative_matrix
+  bool bda = false;                // bufferDeviceAddress (matmul reads operands through it)
   uint32_t subgroup_size = 0;
   uint64_t max_alloc = 0;          // maxMemoryAllocationSize
 };

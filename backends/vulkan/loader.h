@@ -82,7 +82,13 @@ namespace ct::vk {
   X(vkUpdateDescriptorSets)            \
   X(vkCreatePipelineCache)             \
   X(vkDestroyPipelineCache)            \
-  X(vkGetPipelineCacheData)
+  X(vkGetPipelineCacheData)            \
+  X(vkGetBufferDeviceAddress)          \
+  X(vkCreateQueryPool)                 \
+  X(vkDestroyQueryPool)                \
+  X(vkCmdResetQueryPool)               \
+  X(vkCmdWriteTimestamp)               \
+  X(vkGetQueryPoolResults)
 
 #define CT_VK_DECLARE_FN(name) PFN_##name name = nullptr;
 

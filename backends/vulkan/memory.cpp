@@ -59,6 +59,9 @@ bool Allocator::new_block(uint32_t type, VkDeviceSize size, bool dedicated, int*
   auto ai = vk_struct<VkMemoryAllocateInfo>(VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO);
   ai.allocationSize = size;
   ai.memoryTypeIndex = type;
+  auto fi = vk_struct<VkMemoryAllocateFlagsInfo>(VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO);
+  fi.flags = VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT;
+  if (pd_.bda) ai.pNext = &fi;  // buffers are created with SHADER_DEVICE_ADDRESS usage then
   VkDeviceMemory mem = VK_NULL_HANDLE;
   VkResult r = f_.vkAllocateMemory(device_, &ai, nullptr, &mem);
   if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY) return false;

@@ -14,8 +14,9 @@ namespace ct::vk {
 // Buffers
 
 VkBufferObj::VkBufferObj(VulkanDevice& dev, size_t size, MemCategory category, VkBuffer buffer,
-                         const Allocation& alloc, bool tracked)
-    : Buffer(dev, size, category), vdev_(dev), buffer_(buffer), alloc_(alloc), tracked_(tracked) {}
+                         const Allocation& alloc, bool tracked, VkDeviceAddress addr)
+    : Buffer(dev, size, category), vdev_(dev), buffer_(buffer), alloc_(alloc), tracked_(tracked),
+      addr_(addr) {}
 
 VkBufferObj::~VkBufferObj() { vdev_.retire(buffer_, alloc_, category(), size(), tracked_); }
 
@@ -33,6 +34,7 @@ VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
   auto f12 = vk_struct<VkPhysicalDeviceVulkan12Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES);
   f12.storageBuffer8BitAccess = pd_.storage8;
   f12.shaderFloat16 = pd_.float16;
+  f12.bufferDeviceAddress = pd_.bda;
   auto f11 = vk_struct<VkPhysicalDeviceVulkan11Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES);
   f11.storageBuffer16BitAccess = pd_.storage16;
   f11.pNext = &f12;
@@ -102,6 +104,7 @@ std::shared_ptr<VkBufferObj> VulkanDevice::make_buffer(size_t bytes, MemCategory
   bi.size = std::max<size_t>(bytes, 4);
   bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
              VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  if (pd_.bda) bi.usage |= VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT;
   bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   if (bytes > pd_.max_alloc) {  // report as OOM naming the limit, before the driver refuses
     VkMemoryRequirements req{bytes, 16, ~0u};
@@ -120,8 +123,14 @@ std::shared_ptr<VkBufferObj> VulkanDevice::make_buffer(size_t bytes, MemCategory
   }
   VK_CHECK(f_.vkBindBufferMemory(device_, buf, a.memory, a.offset));
   if (a.mapped) a.mapped = static_cast<char*>(a.mapped) + a.offset;
+  VkDeviceAddress addr = 0;
+  if (pd_.bda) {
+    auto ai = vk_struct<VkBufferDeviceAddressInfo>(VK_STRUCTURE_TYPE_BUFFER_DEVICE_ADDRESS_INFO);
+    ai.buffer = buf;
+    addr = f_.vkGetBufferDeviceAddress(device_, &ai);
+  }
   if (!staging) tracker_.on_alloc(category, bytes);
-  return std::make_shared<VkBufferObj>(*this, bytes, category, buf, a, !staging);
+  return std::make_shared<VkBufferObj>(*this, bytes, category, buf, a, !staging, addr);
 }
 
 std::shared_ptr<Buffer> VulkanDevice::allocate(size_t bytes, MemCategory category) {
@@ -457,6 +466,7 @@ Bound VulkanDevice::bind(const Tensor& t, int64_t start, int64_t count) const {
   r.offset = off;
   r.range = end - off;
   r.first = static_cast<uint32_t>((begin - off) / es);
+  r.addr = b.address() ? b.address() + off : 0;
   CT_CHECK((begin - off) % es == 0, "tensor offset is not a multiple of its element size");
   if (r.range > pd_.props.limits.maxStorageBufferRange)
     fail(ErrorKind::kUnsupported,

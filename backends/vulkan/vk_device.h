@@ -21,16 +21,18 @@ class VulkanDevice;
 class VkBufferObj final : public Buffer {
  public:
   VkBufferObj(VulkanDevice& dev, size_t size, MemCategory category, VkBuffer buffer,
-              const Allocation& alloc, bool tracked);
+              const Allocation& alloc, bool tracked, VkDeviceAddress addr);
   ~VkBufferObj() override;
   VkBuffer handle() const { return buffer_; }
   const Allocation& allocation() const { return alloc_; }
+  VkDeviceAddress address() const { return addr_; }  // 0 without bufferDeviceAddress
 
  private:
   VulkanDevice& vdev_;
   VkBuffer buffer_;
   Allocation alloc_;
   bool tracked_;
+  VkDeviceAddress addr_;
 };
 
 // A byte range of one VkBuffer bound to one descriptor, and the index (in elements of the
@@ -40,6 +42,7 @@ struct Bound {
   VkDeviceSize offset = 0;
   VkDeviceSize range = 0;
   uint32_t first = 0;
+  VkDeviceAddress addr = 0;  // device address of byte `offset` (0 without bufferDeviceAddress)
 };
 
 class VulkanDevice final : public Device {
@@ -110,6 +113,7 @@ class VulkanDevice final : public Device {
   // A temporary device tensor, freed once the work recorded so far no longer needs it.
   Tensor workspace(const Shape& shape, DType dtype);
   bool cpu_like() const { return info_.type == DeviceType::kCpu; }
+  bool has_bda() const { return pd_.bda; }
   uint32_t max_groups_x() const { return pd_.props.limits.maxComputeWorkGroupCount[0]; }
 
   // Called by VkBufferObj's destructor.

@@ -71,7 +71,7 @@ TEST_P(MatmulTest, BetaZeroIgnoresNaNInC) {
   EXPECT_TRUE(same(c, kTolGemm, "beta=0 over NaN"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, MatmulTest, ::testing::Values("reg", "tiled"));
+INSTANTIATE_TEST_SUITE_P(Variants, MatmulTest, ::testing::Values("vec", "reg", "tiled"));
 
 using BiasBackwardTest = VulkanTest;
 TEST_F(BiasBackwardTest, ColumnSums) {

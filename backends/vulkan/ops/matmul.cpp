@@ -16,6 +16,7 @@ struct MatmulPush {
   uint32_t oc, scm, scb;
   uint32_t obias, has_bias;
   float alpha, beta;
+  uint32_t a_lo, a_hi, b_lo, b_hi;
 };
 CT_VK_PUSH_SIZE(MatmulPush, matmul_reg);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, M);
@@ -36,6 +37,9 @@ CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, obias);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, has_bias);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, alpha);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, beta);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, a_lo);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, b_hi);
+static_assert(refl::matmul_vec_kn::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_tiled::kPushSize == refl::matmul_reg::kPushSize);
 
 struct BiasGradPush {
@@ -67,12 +71,31 @@ std::pair<int64_t, int64_t> span(const Strides& s, int64_t z0, int64_t zc, int64
   return {first, last - first + 1};
 }
 
-bool use_tiled(const VulkanDevice& d) {
-  if (const char* v = std::getenv("CROSSTRAIN_VK_MATMUL")) {
-    if (std::strcmp(v, "tiled") == 0) return true;
-    if (std::strcmp(v, "reg") == 0) return false;
+// CROSSTRAIN_VK_MATMUL=vec|reg|tiled overrides the per-device choice (vec on CPU-like devices,
+// tiled on GPUs); the tests run every variant.
+enum class MmKind { kVec, kReg, kTiled };
+
+MmKind pick_kind(const VulkanDevice& d) {
+  if (const char* v = std::getenv("CROSSTRAIN_VK_MATMUL"); v && *v) {
+    if (std::strcmp(v, "vec") == 0) return MmKind::kVec;
+    if (std::strcmp(v, "reg") == 0) return MmKind::kReg;
+    if (std::strcmp(v, "tiled") == 0) return MmKind::kTiled;
   }
-  return !d.cpu_like();
+  return d.cpu_like() && d.has_bda() ? MmKind::kVec : d.cpu_like() ? MmKind::kReg : MmKind::kTiled;
+}
+
+// matmul_vec_<a><b>: how each operand is read (see matmul.comp), indexed [a mode][b mode] with
+// a: 0 = along k, 1 = along m, 2 = scalar; b: 0 = along n, 1 = along k, 2 = scalar.
+constexpr ShaderId kVecIds[3][3] = {
+    {ShaderId::matmul_vec_kn, ShaderId::matmul_vec_kk, ShaderId::matmul_vec_ks},
+    {ShaderId::matmul_vec_mn, ShaderId::matmul_vec_mk, ShaderId::matmul_vec_ms},
+    {ShaderId::matmul_vec_sn, ShaderId::matmul_vec_sk, ShaderId::matmul_vec_ss}};
+
+// vec4 loads along an operand's dimension with unit stride need every vec4 to start at a
+// multiple of 4 elements: the base, the batch stride and the other dimension's stride.
+// `unit` is the stride-1 dimension's extent (rows of 4 must not straddle it).
+bool vec_ok(uint32_t first, int64_t sbatch, int64_t sother, int64_t unit_extent) {
+  return first % 4 == 0 && sbatch % 4 == 0 && sother % 4 == 0 && unit_extent % 4 == 0;
 }
 
 }  // namespace
@@ -107,8 +130,8 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
   Strides sb = trans_b ? Strides{b.ndim() == 2 ? 0 : K * N, 1, K}
                        : Strides{b.ndim() == 2 ? 0 : K * N, N, 1};
   Strides sc{M * N, N, 1};
-  ShaderId id = use_tiled(*this) ? ShaderId::matmul_tiled : ShaderId::matmul_reg;
-  const int64_t tm = 64, tn = 64;  // TM, TN of both variants in matmul.comp
+  const MmKind kind = pick_kind(*this);
+  const int64_t tm = 64, tn = 64;  // TM, TN of every variant in matmul.comp
   int64_t limit = max_elems(4);
 
   // Records one sub-problem, or splits it until every operand fits one binding.
@@ -158,6 +181,17 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
     p.alpha = alpha, p.beta = beta_x;
     uint32_t gx = u32((x.nc + tn - 1) / tn), gy = u32((x.mc + tm - 1) / tm);
     CT_CHECK(gx <= max_groups_x() && x.zc <= 65535, "matmul grid too large");
+    ShaderId id = kind == MmKind::kReg ? ShaderId::matmul_reg : ShaderId::matmul_tiled;
+    if (kind == MmKind::kVec && has_bda()) {
+      p.a_lo = static_cast<uint32_t>(ba.addr), p.a_hi = static_cast<uint32_t>(ba.addr >> 32);
+      p.b_lo = static_cast<uint32_t>(bb.addr), p.b_hi = static_cast<uint32_t>(bb.addr >> 32);
+      int am = 2, bm = 2;
+      if (sa.sj == 1 && vec_ok(ba.first, sa.sb, sa.si, x.kc)) am = 0;        // along k
+      else if (sa.si == 1 && vec_ok(ba.first, sa.sb, sa.sj, x.mc)) am = 1;   // along m
+      if (sb.sj == 1 && vec_ok(bb.first, sb.sb, sb.si, x.nc)) bm = 0;        // along n
+      else if (sb.si == 1 && vec_ok(bb.first, sb.sb, sb.sj, x.kc)) bm = 1;   // along k
+      id = kVecIds[am][bm];
+    }
     dispatch(id, {bc, ba, bb, bbias}, p, gx, gy, u32(x.zc));
   };
   if (K == 0) {  // c = beta * c: there is nothing to multiply
