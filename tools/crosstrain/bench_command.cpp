@@ -37,6 +37,19 @@ struct Technique {
   double optimizer_bytes_per_param = 8;  // AdamW: two fp32 moments
 };
 
+// Optimizer state bytes per parameter of --optim `kind` on cfg's tensors (optimizer.h's formulas).
+double optimizer_bytes_per_param(const GPT2Config& cfg, const std::string& kind) {
+  double bytes = 0, n = 0;
+  for (const ParamInfo& p : gpt2_param_table(cfg)) {
+    const double numel = static_cast<double>(p.numel), cols = static_cast<double>(p.shape.d[1]);
+    n += numel;
+    if (kind == "adafactor") bytes += p.shape.ndim >= 2 ? 4 * (numel / cols + cols) : 4 * numel;
+    else if (kind == "adamw_8bit" && p.numel >= 4096) bytes += 2 * numel + 8.0 * static_cast<double>(quant_blocks(p.numel));
+    else bytes += 8 * numel;
+  }
+  return bytes / n;
+}
+
 // Device memory a row needs, from first principles: fp32 weights (+ a 16-bit copy when mixed),
 // fp32 gradients, optimizer state, and the activations the model's formula predicts.
 int64_t predicted_bytes(const GPT2Config& cfg, const Technique& t, int micro_batch) {
@@ -137,7 +150,7 @@ Run add_bench(CLI::App& app) {
       for (std::string b; std::getline(ss, b, ',');) backends.push_back(b);
     }
     const std::string acc = std::to_string(o->accumulation);
-    const std::vector<Technique> techniques = {
+    std::vector<Technique> techniques = {
         {"vanilla fp32", {}, 1},
         {"+ accumulation x" + acc, {"--gradient-accumulation-steps", acc}, o->accumulation},
         {"+ checkpointing", {"--gradient-checkpointing"}, 1, false, true},
@@ -150,6 +163,15 @@ Run add_bench(CLI::App& app) {
     GPT2Config cfg = GPT2Config::preset(o->model);
     if (o->block_size > 0) cfg.block_size = o->block_size;
     cfg.validate();
+    // The optimizer rows (core/train/optimizer.h): state bytes per parameter on the device.
+    const double bpp_af = optimizer_bytes_per_param(cfg, "adafactor");
+    const double bpp_8 = optimizer_bytes_per_param(cfg, "adamw_8bit");
+    techniques.push_back({"+ adafactor", {"--optim", "adafactor"}, 1, false, false, bpp_af});
+    techniques.push_back({"+ 8-bit AdamW", {"--optim", "adamw_8bit"}, 1, false, false, bpp_8});
+    techniques.push_back({"+ offload optimizer", {"--offload-optimizer"}, 1, false, false, 0.0});
+    techniques.push_back({"bf16 + checkpointing + 8-bit AdamW",
+                          {"--bf16", "--gradient-checkpointing", "--optim", "adamw_8bit"}, 1, true, true,
+                          bpp_8});
     fs::create_directories(o->output_dir);
     const std::string exe = (fs::path(executable_dir()) / "crosstrain").string();
     const std::string log = (fs::path(o->output_dir) / "runs.log").string();
