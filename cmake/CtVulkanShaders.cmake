@@ -6,6 +6,10 @@
 #                                       build-time: <source> -> SPIR-V (vulkan1.2) embedded as a
 #                                       uint32_t array, plus a header of reflected tables
 #                                       (bindings, push-constant offsets/size, spec-constant ids)
+#   ct_vk_shader_h(<variant> <source.comp> [DEFINES ...])
+#                                       ct_vk_shader() three times: <variant> (f32), <variant>_f16
+#                                       and <variant>_bf16 with H_F16 / H_BF16 added to the defines
+#                                       (the 16-bit storage of shaders/common/h16.glsl)
 #   ct_vk_shader_library(<target>)      generates the aggregate table of all variants declared so
 #                                       far and adds every generated file to <target>.
 include_guard(GLOBAL)
@@ -59,6 +63,13 @@ function(ct_vk_shader variant source)
     COMMENT "reflect ${variant}"
     VERBATIM)
   set_property(GLOBAL APPEND PROPERTY CT_VK_VARIANTS ${variant})
+endfunction()
+
+function(ct_vk_shader_h variant source)
+  cmake_parse_arguments(ARG "" "" "DEFINES" ${ARGN})
+  ct_vk_shader(${variant} ${source} DEFINES ${ARG_DEFINES})
+  ct_vk_shader(${variant}_f16 ${source} DEFINES ${ARG_DEFINES} H_F16)
+  ct_vk_shader(${variant}_bf16 ${source} DEFINES ${ARG_DEFINES} H_BF16)
 endfunction()
 
 function(ct_vk_shader_library target)

@@ -2,8 +2,10 @@
 // Fused log-softmax + NLL, one workgroup per row, fixed-tree (deterministic) reductions.
 //   CE_FWD  losses[n] = log(sum exp(x - max)) + max - x[target]
 //   CE_BWD  dx[n, v] = dloss * (softmax(x)[v] - (v == target)); dx may be x itself
-// logits, dlogits [N, V]; targets [N] i32; losses [N].
+// logits, dlogits [N, V] f32 or 16-bit (H_F16 / H_BF16, common/h16.glsl, both the same);
+// targets [N] i32; losses [N] f32.
 #extension GL_GOOGLE_include_directive : require
+#include "common/h16.glsl"
 #include "common/index.glsl"
 
 #define CT_WG 256
@@ -21,9 +23,9 @@ layout(push_constant) uniform Push {
 #if defined(CE_FWD)
 layout(std430, binding = 0) writeonly buffer Out { float o[]; };
 #else
-layout(std430, binding = 0) buffer Out { float o[]; };
+layout(std430, binding = 0) buffer Out { H_T o[]; };
 #endif
-layout(std430, binding = 1) readonly buffer X { float x[]; };
+layout(std430, binding = 1) readonly buffer X { H_T x[]; };
 layout(std430, binding = 2) readonly buffer Tgt { int targets[]; };
 
 void main() {
@@ -32,19 +34,19 @@ void main() {
   uint tid = gl_LocalInvocationID.x;
   uint xr = pc.ox + row * pc.V;
   float mx = -1.0 / 0.0;
-  for (uint v = tid; v < pc.V; v += CT_WG) mx = max(mx, x[xr + v]);
+  for (uint v = tid; v < pc.V; v += CT_WG) mx = max(mx, h_load(x[xr + v]));
   mx = ct_wg_max(mx);
   float z = 0.0;
-  for (uint v = tid; v < pc.V; v += CT_WG) z += exp(x[xr + v] - mx);
+  for (uint v = tid; v < pc.V; v += CT_WG) z += exp(h_load(x[xr + v]) - mx);
   z = ct_wg_sum(z);
   int tgt = targets[pc.ot + row];
 #if defined(CE_FWD)
-  if (tid == 0) o[pc.oo + row] = log(z) + mx - x[xr + uint(tgt)];
+  if (tid == 0) o[pc.oo + row] = log(z) + mx - h_load(x[xr + uint(tgt)]);
 #else
   float rz = 1.0 / z;
   for (uint v = tid; v < pc.V; v += CT_WG) {
-    float p = exp(x[xr + v] - mx) * rz;
-    o[pc.oo + row * pc.V + v] = pc.dloss * (p - (int(v) == tgt ? 1.0 : 0.0));
+    float p = exp(h_load(x[xr + v]) - mx) * rz;
+    o[pc.oo + row * pc.V + v] = h_store(pc.dloss * (p - (int(v) == tgt ? 1.0 : 0.0)));
   }
 #endif
 }

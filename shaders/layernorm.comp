@@ -3,8 +3,10 @@
 //   LN_FWD       one workgroup per row: out = (x - mean) * rstd * w + b; saves mean, rstd
 //   LN_BWD_DX    one workgroup per row: dx += rstd * (dnorm - mean(dnorm) - xhat*mean(dnorm*xhat))
 //   LN_BWD_DWDB  one invocation per channel, rows in order: dw += dout*xhat, db += dout
-// x, out, dx, dout [N, C]; w, b, dw, db [C]; mean, rstd [N].
+// x, out, dx, dout [N, C]; w, b, dw, db [C]; mean, rstd [N]. All f32 except out (LN_FWD) and
+// dout (LN_BWD_*), which are 16-bit in the H_F16 / H_BF16 variants (common/h16.glsl).
 #extension GL_GOOGLE_include_directive : require
+#include "common/h16.glsl"
 #include "common/index.glsl"
 
 #define CT_WG 64
@@ -27,7 +29,7 @@ layout(push_constant) uniform Push {
   uint ow;
   uint ob;
 } pc;
-layout(std430, binding = 0) writeonly buffer Out { float o[]; };
+layout(std430, binding = 0) writeonly buffer Out { H_T o[]; };
 layout(std430, binding = 1) writeonly buffer Mean { float mean[]; };
 layout(std430, binding = 2) writeonly buffer Rstd { float rstd[]; };
 layout(std430, binding = 3) readonly buffer X { float x[]; };
@@ -49,7 +51,7 @@ void main() {
   }
   float r = 1.0 / sqrt(ct_wg_sum(v) / float(pc.C) + pc.eps);
   for (uint c = tid; c < pc.C; c += CT_WG)
-    o[pc.oo + row * pc.C + c] = (x[xr + c] - m) * r * w[pc.ow + c] + b[pc.ob + c];
+    o[pc.oo + row * pc.C + c] = h_store((x[xr + c] - m) * r * w[pc.ow + c] + b[pc.ob + c]);
   if (tid == 0) {
     mean[pc.om + row] = m;
     rstd[pc.ors + row] = r;
@@ -68,7 +70,7 @@ layout(push_constant) uniform Push {
   uint ors;
 } pc;
 layout(std430, binding = 0) buffer DX { float dx[]; };
-layout(std430, binding = 1) readonly buffer DOut { float dout[]; };
+layout(std430, binding = 1) readonly buffer DOut { H_T dout[]; };
 layout(std430, binding = 2) readonly buffer X { float x[]; };
 layout(std430, binding = 3) readonly buffer W { float w[]; };
 layout(std430, binding = 4) readonly buffer Mean { float mean[]; };
@@ -82,7 +84,7 @@ void main() {
   uint base = row * pc.C;
   float s1 = 0.0, s2 = 0.0;
   for (uint c = tid; c < pc.C; c += CT_WG) {
-    float dn = dout[pc.odo + base + c] * w[pc.ow + c];
+    float dn = h_load(dout[pc.odo + base + c]) * w[pc.ow + c];
     float xh = (x[pc.ox + base + c] - m) * r;
     s1 += dn;
     s2 += dn * xh;
@@ -90,7 +92,7 @@ void main() {
   float mdn = ct_wg_sum(s1) / float(pc.C);
   float mdnx = ct_wg_sum(s2) / float(pc.C);
   for (uint c = tid; c < pc.C; c += CT_WG) {
-    float dn = dout[pc.odo + base + c] * w[pc.ow + c];
+    float dn = h_load(dout[pc.odo + base + c]) * w[pc.ow + c];
     float xh = (x[pc.ox + base + c] - m) * r;
     dx[pc.odx + base + c] += r * (dn - mdn - xh * mdnx);
   }
@@ -109,7 +111,7 @@ layout(push_constant) uniform Push {
 } pc;
 layout(std430, binding = 0) buffer DW { float dw[]; };
 layout(std430, binding = 1) buffer DB { float db[]; };
-layout(std430, binding = 2) readonly buffer DOut { float dout[]; };
+layout(std430, binding = 2) readonly buffer DOut { H_T dout[]; };
 layout(std430, binding = 3) readonly buffer X { float x[]; };
 layout(std430, binding = 4) readonly buffer Mean { float mean[]; };
 layout(std430, binding = 5) readonly buffer Rstd { float rstd[]; };
@@ -119,7 +121,7 @@ void main() {
   if (c >= pc.C) return;
   float aw = 0.0, ab = 0.0;
   for (uint n = 0; n < pc.N; ++n) {
-    float d = dout[pc.odo + n * pc.C + c];
+    float d = h_load(dout[pc.odo + n * pc.C + c]);
     float xh = (x[pc.ox + n * pc.C + c] - mean[pc.om + n]) * rstd[pc.ors + n];
     aw += d * xh;
     ab += d;

@@ -91,6 +91,11 @@ bool VulkanDevice::supports(OpKind op, DType dtype) const {
   switch (op) {
     case OpKind::kFill: return true;
     case OpKind::kCopy: return true;  // same dtype: any; conversions: between f32/f16/bf16
+    // 16-bit storage (the H_F16 / H_BF16 shader variants), fp32 arithmetic, for the tensors
+    // core/device.h's mixed-precision table allows in 16 bits.
+    case OpKind::kAdd: case OpKind::kGelu: case OpKind::kLayerNorm: case OpKind::kBiasGrad:
+    case OpKind::kCrossEntropy:
+      return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
     default: return dtype == DType::f32;
   }
 }

@@ -28,6 +28,8 @@ CT_VK_PUSH_MEMBER(AddPush, add, n);
 CT_VK_PUSH_MEMBER(AddPush, add, oo);
 CT_VK_PUSH_MEMBER(AddPush, add, oa);
 CT_VK_PUSH_MEMBER(AddPush, add, ob);
+CT_VK_PUSH_SIZE(AddPush, add_f16);
+CT_VK_PUSH_SIZE(AddPush, add_bf16);
 
 struct ScalePush {
   uint32_t n, off;
@@ -112,15 +114,15 @@ static void add_impl(VulkanDevice& dev, const Tensor& out, const Tensor& a, cons
   for_each_chunk(dev, out.numel(), 4, [&](int64_t s, int64_t n) {
     Bound bo = dev.bind(out, s, n), ba = dev.bind(a, s, n), bb = dev.bind(b, s, n);
     auto g = dev.grid(n, kLocal);
-    dev.dispatch(ShaderId::add, {bo, ba, bb}, AddPush{u32(n), bo.first, ba.first, bb.first}, g[0],
-                 g[1]);
+    dev.dispatch(h_variant(b.dtype, ShaderId::add, ShaderId::add_f16, ShaderId::add_bf16),
+                 {bo, ba, bb}, AddPush{u32(n), bo.first, ba.first, bb.first}, g[0], g[1]);
   });
 }
 
 void VulkanDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
   require_f32(out, "add", "out");
   require_f32(a, "add", "a");
-  require_f32(b, "add", "b");
+  require_flt(*this, b, OpKind::kAdd, "add", "b");  // out, a f32; b f32 | h
   require_numel(a, out.numel(), "add", "a");
   require_numel(b, out.numel(), "add", "b");
   add_impl(*this, out, a, b);

@@ -1,4 +1,5 @@
-// GELU (tanh form) forward and backward. Shader: gelu.comp.
+// GELU (tanh form) forward and backward; all tensors f32 or all the same 16-bit type (computed in
+// fp32, rounded to nearest even on store). Shader: gelu.comp.
 #include "backends/vulkan/ops/op_util.h"
 
 namespace ct::vk {
@@ -10,6 +11,8 @@ CT_VK_PUSH_SIZE(GeluFwdPush, gelu_fwd);
 CT_VK_PUSH_MEMBER(GeluFwdPush, gelu_fwd, n);
 CT_VK_PUSH_MEMBER(GeluFwdPush, gelu_fwd, oo);
 CT_VK_PUSH_MEMBER(GeluFwdPush, gelu_fwd, ox);
+CT_VK_PUSH_SIZE(GeluFwdPush, gelu_fwd_f16);
+CT_VK_PUSH_SIZE(GeluFwdPush, gelu_fwd_bf16);
 
 struct GeluBwdPush {
   uint32_t n, odx, ox, odo;
@@ -19,29 +22,37 @@ CT_VK_PUSH_MEMBER(GeluBwdPush, gelu_bwd, n);
 CT_VK_PUSH_MEMBER(GeluBwdPush, gelu_bwd, odx);
 CT_VK_PUSH_MEMBER(GeluBwdPush, gelu_bwd, ox);
 CT_VK_PUSH_MEMBER(GeluBwdPush, gelu_bwd, odo);
+CT_VK_PUSH_SIZE(GeluBwdPush, gelu_bwd_f16);
+CT_VK_PUSH_SIZE(GeluBwdPush, gelu_bwd_bf16);
 
 void VulkanDevice::gelu_forward(const Tensor& out, const Tensor& x) {
-  require_f32(out, "gelu_forward", "out");
-  require_f32(x, "gelu_forward", "x");
+  require_flt(*this, out, OpKind::kGelu, "gelu_forward", "out");
+  require_flt(*this, x, OpKind::kGelu, "gelu_forward", "x");
+  require_same_dtype(out, x, "gelu_forward", "out", "x");
   require_numel(x, out.numel(), "gelu_forward", "x");
   for_each_chunk(*this, out.numel(), 4, [&](int64_t s, int64_t n) {
     Bound bo = bind(out, s, n), bx = bind(x, s, n);
     auto g = grid(n, 256);
-    dispatch(ShaderId::gelu_fwd, {bo, bx}, GeluFwdPush{u32(n), bo.first, bx.first}, g[0], g[1]);
+    dispatch(h_variant(x.dtype, ShaderId::gelu_fwd, ShaderId::gelu_fwd_f16,
+                       ShaderId::gelu_fwd_bf16),
+             {bo, bx}, GeluFwdPush{u32(n), bo.first, bx.first}, g[0], g[1]);
   });
 }
 
 void VulkanDevice::gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) {
-  require_f32(dx, "gelu_backward", "dx");
-  require_f32(x, "gelu_backward", "x");
-  require_f32(dout, "gelu_backward", "dout");
+  require_flt(*this, dx, OpKind::kGelu, "gelu_backward", "dx");
+  require_flt(*this, x, OpKind::kGelu, "gelu_backward", "x");
+  require_flt(*this, dout, OpKind::kGelu, "gelu_backward", "dout");
+  require_same_dtype(dx, x, "gelu_backward", "dx", "x");
+  require_same_dtype(dx, dout, "gelu_backward", "dx", "dout");
   require_numel(x, dx.numel(), "gelu_backward", "x");
   require_numel(dout, dx.numel(), "gelu_backward", "dout");
   for_each_chunk(*this, dx.numel(), 4, [&](int64_t s, int64_t n) {
     Bound bd = bind(dx, s, n), bx = bind(x, s, n), bo = bind(dout, s, n);
     auto g = grid(n, 256);
-    dispatch(ShaderId::gelu_bwd, {bd, bx, bo}, GeluBwdPush{u32(n), bd.first, bx.first, bo.first},
-             g[0], g[1]);
+    dispatch(h_variant(x.dtype, ShaderId::gelu_bwd, ShaderId::gelu_bwd_f16,
+                       ShaderId::gelu_bwd_bf16),
+             {bd, bx, bo}, GeluBwdPush{u32(n), bd.first, bx.first, bo.first}, g[0], g[1]);
   });
 }
 

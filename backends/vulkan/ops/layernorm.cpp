@@ -1,4 +1,6 @@
-// LayerNorm forward and backward, fp32 statistics, deterministic. Shader: layernorm.comp.
+// LayerNorm forward and backward, fp32 statistics, deterministic. out (forward) and dout
+// (backward) may be f16/bf16 (rounded to nearest even on store); everything else is f32.
+// Shader: layernorm.comp.
 #include "backends/vulkan/ops/op_util.h"
 
 namespace ct::vk {
@@ -18,6 +20,8 @@ CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, ors);
 CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, ox);
 CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, ow);
 CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, ob);
+CT_VK_PUSH_SIZE(LnFwdPush, layernorm_fwd_f16);
+CT_VK_PUSH_SIZE(LnFwdPush, layernorm_fwd_bf16);
 
 struct LnDxPush {
   uint32_t N, C, odx, odo, ox, ow, om, ors;
@@ -31,6 +35,8 @@ CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, ox);
 CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, ow);
 CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, om);
 CT_VK_PUSH_MEMBER(LnDxPush, layernorm_bwd_dx, ors);
+CT_VK_PUSH_SIZE(LnDxPush, layernorm_bwd_dx_f16);
+CT_VK_PUSH_SIZE(LnDxPush, layernorm_bwd_dx_bf16);
 
 struct LnDwPush {
   uint32_t N, C, odw, odb, odo, ox, om, ors;
@@ -44,6 +50,8 @@ CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, odo);
 CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, ox);
 CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, om);
 CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, ors);
+CT_VK_PUSH_SIZE(LnDwPush, layernorm_bwd_dwdb_f16);
+CT_VK_PUSH_SIZE(LnDwPush, layernorm_bwd_dwdb_bf16);
 
 // Rows per dispatch so that [rows, C] fits one binding.
 static int64_t row_chunk(const VulkanDevice& d, int64_t C) {
@@ -54,9 +62,10 @@ void VulkanDevice::layernorm_forward(const Tensor& out, const Tensor& mean, cons
                                      const Tensor& x, const Tensor& w, const Tensor& b,
                                      float eps) {
   const char* op = "layernorm_forward";
-  for (auto [t, n] : {std::pair{&out, "out"}, {&mean, "mean"}, {&rstd, "rstd"}, {&x, "x"},
-                      {&w, "w"}, {&b, "b"}})
+  for (auto [t, n] : {std::pair{&mean, "mean"}, {&rstd, "rstd"}, {&x, "x"}, {&w, "w"},
+                      {&b, "b"}})
     require_f32(*t, op, n);
+  require_flt(*this, out, OpKind::kLayerNorm, op, "out");
   CT_REQUIRE(x.ndim() >= 1, "layernorm_forward: x needs a last dim");
   int64_t C = x.shape[-1], N = C ? x.numel() / C : 0;
   require_numel(out, N * C, op, "out");
@@ -71,7 +80,9 @@ void VulkanDevice::layernorm_forward(const Tensor& out, const Tensor& mean, cons
     Bound bo = bind(out, r0 * C, nr * C), bm = bind(mean, r0, nr), br = bind(rstd, r0, nr),
           bx = bind(x, r0 * C, nr * C);
     auto g = grid(nr, 1);
-    dispatch(ShaderId::layernorm_fwd, {bo, bm, br, bx, bw, bb},
+    dispatch(h_variant(out.dtype, ShaderId::layernorm_fwd, ShaderId::layernorm_fwd_f16,
+                       ShaderId::layernorm_fwd_bf16),
+             {bo, bm, br, bx, bw, bb},
              LnFwdPush{u32(nr), u32(C), eps, bo.first, bm.first, br.first, bx.first, bw.first,
                        bb.first},
              g[0], g[1]);
@@ -82,9 +93,10 @@ void VulkanDevice::layernorm_backward(const Tensor& dx, const Tensor& dw, const 
                                       const Tensor& dout, const Tensor& x, const Tensor& w,
                                       const Tensor& mean, const Tensor& rstd) {
   const char* op = "layernorm_backward";
-  for (auto [t, n] : {std::pair{&dx, "dx"}, {&dw, "dw"}, {&db, "db"}, {&dout, "dout"},
-                      {&x, "x"}, {&w, "w"}, {&mean, "mean"}, {&rstd, "rstd"}})
+  for (auto [t, n] : {std::pair{&dx, "dx"}, {&dw, "dw"}, {&db, "db"}, {&x, "x"}, {&w, "w"},
+                      {&mean, "mean"}, {&rstd, "rstd"}})
     require_f32(*t, op, n);
+  require_flt(*this, dout, OpKind::kLayerNorm, op, "dout");
   int64_t C = x.shape[-1], N = C ? x.numel() / C : 0;
   require_numel(dx, N * C, op, "dx");
   require_numel(dout, N * C, op, "dout");
@@ -100,12 +112,16 @@ void VulkanDevice::layernorm_backward(const Tensor& dx, const Tensor& dw, const 
     Bound bdx = bind(dx, r0 * C, nr * C), bdo = bind(dout, r0 * C, nr * C),
           bx = bind(x, r0 * C, nr * C), bm = bind(mean, r0, nr), br = bind(rstd, r0, nr);
     auto g = grid(nr, 1);
-    dispatch(ShaderId::layernorm_bwd_dx, {bdx, bdo, bx, bw, bm, br},
+    dispatch(h_variant(dout.dtype, ShaderId::layernorm_bwd_dx, ShaderId::layernorm_bwd_dx_f16,
+                       ShaderId::layernorm_bwd_dx_bf16),
+             {bdx, bdo, bx, bw, bm, br},
              LnDxPush{u32(nr), u32(C), bdx.first, bdo.first, bx.first, bw.first, bm.first,
                       br.first},
              g[0], g[1]);
     auto gc = grid(C, 256);
-    dispatch(ShaderId::layernorm_bwd_dwdb, {bdw, bdb, bdo, bx, bm, br},
+    dispatch(h_variant(dout.dtype, ShaderId::layernorm_bwd_dwdb, ShaderId::layernorm_bwd_dwdb_f16,
+                       ShaderId::layernorm_bwd_dwdb_bf16),
+             {bdw, bdb, bdo, bx, bm, br},
              LnDwPush{u32(nr), u32(C), bdw.first, bdb.first, bdo.first, bx.first, bm.first,
                       br.first},
              gc[0], gc[1]);

@@ -50,6 +50,8 @@ CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, M);
 CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, N);
 CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, odb);
 CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, odo);
+CT_VK_PUSH_SIZE(BiasGradPush, bias_backward_f16);
+CT_VK_PUSH_SIZE(BiasGradPush, bias_backward_bf16);
 
 namespace {
 
@@ -205,7 +207,7 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
 
 void VulkanDevice::bias_backward(const Tensor& dbias, const Tensor& dout) {
   require_f32(dbias, "bias_backward", "dbias");
-  require_f32(dout, "bias_backward", "dout");
+  require_flt(*this, dout, OpKind::kBiasGrad, "bias_backward", "dout");  // dout f32 | h
   int64_t N = dbias.numel();
   CT_REQUIRE(N > 0 && dout.numel() % N == 0 && dout.shape[-1] == N,
              "bias_backward: dout " + dout.describe() + " does not end in " + std::to_string(N));
@@ -216,8 +218,9 @@ void VulkanDevice::bias_backward(const Tensor& dbias, const Tensor& dout) {
   for (int64_t m0 = 0; m0 < M; m0 += rows) {
     int64_t mr = std::min(rows, M - m0);
     Bound bo = bind(dout, m0 * N, mr * N);
-    dispatch(ShaderId::bias_backward, {bd, bo}, BiasGradPush{u32(mr), u32(N), bd.first, bo.first},
-             g[0], g[1]);
+    dispatch(h_variant(dout.dtype, ShaderId::bias_backward, ShaderId::bias_backward_f16,
+                       ShaderId::bias_backward_bf16),
+             {bd, bo}, BiasGradPush{u32(mr), u32(N), bd.first, bo.first}, g[0], g[1]);
   }
 }
 
