@@ -158,12 +158,15 @@ TEST_P(MixedPrecisionTest, LayerNormForwardOutH) {
   xs[3 * C + 5] = NAN;       // row 3: NaN everywhere
   xs[5 * C + 7] = INFINITY;  // row 5: NaN (inf - inf) everywhere
   Vec ws = randn(C, 16), bs = randn(C, 17);
-  ws[9] = 3e4f;  // channel 9 overflows f16 (inf), stays finite in bf16
+  ws[9] = 3e4f;  // channel 9 overflows f16 (inf) where |xhat| > 2.2, stays finite in bf16
+  xs[9] = 50.0f;  // row 0: xhat ~ 18 there
   Pair x = both({N, C}, xs), w = both({C}, ws), b = both({C}, bs);
   Pair mean = both_empty({N}), rstd = both_empty({N}), out = both_empty({N, C}, h);
   vk().layernorm_forward(out.v, mean.v, rstd.v, x.v, w.v, b.v, 1e-5f);
   ref().layernorm_forward(out.r, mean.r, rstd.r, x.r, w.r, b.r, 1e-5f);
   EXPECT_TRUE(same_h(out, tag("layernorm_forward out")));
+  uint16_t o9 = down_as<uint16_t>(ref(), out.r)[9];
+  EXPECT_EQ(std::isinf(from_h(o9, h)), h == DType::f16) << "the overflow case is not exercised";
   EXPECT_TRUE(same(mean, kTol, tag("layernorm_forward mean")));
   EXPECT_TRUE(same(rstd, kTol, tag("layernorm_forward rstd")));
 }
