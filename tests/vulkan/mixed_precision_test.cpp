@@ -242,6 +242,21 @@ TEST_P(MixedPrecisionTest, DtypeRulesOfTheTable) {
   EXPECT_THROW(vk().bias_backward(dbh, xf), Error);  // dbias is f32
 }
 
+// out and a past maxStorageBufferRange (lavapipe: 128 MiB), b in bf16: chunked dispatches
+// that bind the 16-bit tensor at the chunk offsets.
+using MixedPrecisionLargeTest = VulkanTest;
+TEST_F(MixedPrecisionLargeTest, AddBf16PastTheBindingRange) {
+  ASSERT_TRUE(vk().supports(OpKind::kAdd, DType::bf16));
+  const int64_t n = vk().info().max_buffer_range_bytes / 4 + 1001;
+  Vec bs = randn(static_cast<size_t>(n), 31);
+  bs[static_cast<size_t>(n) - 1] = NAN;
+  Pair a = both({n}, randn(static_cast<size_t>(n), 30)), b = both_as({n}, bs, DType::bf16);
+  Pair o = both_empty({n});
+  vk().add(o.v, a.v, b.v);
+  ref().add(o.r, a.r, b.r);
+  EXPECT_TRUE(same(o, kTol, "add bf16, large"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Vulkan, MixedPrecisionTest, ::testing::Values(DType::f16, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
