@@ -62,7 +62,8 @@ void main() {
     // t < 1e-87: t v^3 dout is below the smallest bf16 subnormal for any finite dout; NaN for
     // v = -inf (as fp64's 0.5 v sech^2 z) or a NaN dout. (Not d * v * 0.0: compilers may fold
     // x * 0.0 to 0.0 without SignedZeroInfNanPreserve.)
-    g = isinf(v) || isnan(d) ? uintBitsToFloat(0x7fc00000u) : 0.0;
+    g = isinf(v) || isnan(d) ? uintBitsToFloat(0x7fc00000u)
+                             : uintBitsToFloat(floatBitsToUint(d) & 0x80000000u);  // +0 * d
   } else {
     // t d u (1 + 2 kScale u v (1 + 3 * 0.044715 v^2))
     float p = 2.0 * v * kScale * (1.0 + 3.0 * 0.044715 * v * v);

@@ -38,7 +38,7 @@ bool is_inf_h(uint16_t b, DType h) { return std::isinf(from_h(b, h)); }
 ::testing::AssertionResult same_h(const Pair& p, const std::string& what, double abs_tol = 0) {
   DType h = p.v.dtype;
   auto got = down_as<uint16_t>(vk(), p.v), want = down_as<uint16_t>(ref(), p.r);
-  size_t equal = 0, tail = 0;
+  size_t equal = 0, zeros = 0, tail = 0;
   int32_t worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     bool gn = is_nan_h(got[i], h), wn = is_nan_h(want[i], h);
@@ -63,11 +63,12 @@ bool is_inf_h(uint16_t b, DType h) { return std::isinf(from_h(b, h)); }
              << what << ": " << d << " ulp apart at " << i << ": got " << from_h(got[i], h)
              << ", want " << from_h(want[i], h);
     worst = std::max(worst, d);
-    if (d == 0) ++equal;
+    if (got[i] == want[i]) ++equal;
+    else if (d == 0) ++zeros;  // +0 and -0: 0 ulp apart, not bitwise equal
   }
   if (std::getenv("CT_PRINT_NMSE"))
-    std::printf("  16-bit %-34s %zu/%zu bitwise equal, max %d ulp, %zu in the tail\n",
-                what.c_str(), equal, got.size(), worst, tail);
+    std::printf("  16-bit %-34s %zu/%zu bitwise equal, %zu +-0, max %d ulp, %zu in the tail\n",
+                what.c_str(), equal, got.size(), zeros, worst, tail);
   return ::testing::AssertionSuccess();
 }
 
