@@ -209,6 +209,10 @@ class Device {
   virtual void flush() = 0;
   // Submit and wait until every enqueued op has finished.
   virtual void synchronize() = 0;
+  // Profiling (crosstrain train --profile): record per-op device times from now on, where the
+  // backend can; profile_report() is a printable table of them ("" where not supported).
+  virtual void set_profiling(bool on) { (void)on; }
+  virtual std::string profile_report() { return ""; }
 
   // -- elementwise ---------------------------------------------------------------------------
   // t (=) value, any dtype (integers take the value truncated).

@@ -88,6 +88,11 @@ bool Allocator::new_block(uint32_t type, VkDeviceSize size, bool dedicated, int*
   return true;
 }
 
+bool Allocator::coherent(const Block& b) const {
+  return b.mapped &&
+         (pd_.mem.memoryTypes[b.type].propertyFlags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+}
+
 Allocation Allocator::allocate(const VkMemoryRequirements& req, bool host_visible) {
   std::lock_guard<std::mutex> lock(mu_);
   VkDeviceSize bytes = std::max<VkDeviceSize>(req.size, 1);
@@ -112,8 +117,8 @@ Allocation Allocator::allocate(const VkMemoryRequirements& req, bool host_visibl
       if (start > fo) b.free[fo] = start - fo;
       if (start + bytes < end) b.free[start + bytes] = end - (start + bytes);
       used_ += bytes;
-      return {b.memory, start, bytes,
-              b.mapped ? static_cast<char*>(b.mapped) : nullptr, static_cast<int>(i)};
+      return {b.memory, start, bytes, b.mapped ? static_cast<char*>(b.mapped) : nullptr,
+              static_cast<int>(i), coherent(b)};
     }
   }
   bool dedicated = bytes > block_size_ / 2;
@@ -128,7 +133,7 @@ Allocation Allocator::allocate(const VkMemoryRequirements& req, bool host_visibl
   b.free.clear();
   if (!dedicated && bytes < b.size) b.free[bytes] = b.size - bytes;
   used_ += bytes;
-  return {b.memory, 0, bytes, b.mapped, bi};
+  return {b.memory, 0, bytes, b.mapped, bi, coherent(b)};
 }
 
 void Allocator::free(const Allocation& a) {

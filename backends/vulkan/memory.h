@@ -20,6 +20,7 @@ struct Allocation {
   VkDeviceSize size = 0;
   void* mapped = nullptr;  // host address of offset 0 for host-visible memory, else null
   int block = -1;          // index into the allocator's blocks
+  bool coherent = false;   // mapped and HOST_COHERENT: the host may read it after a fence wait
 };
 
 class Allocator {
@@ -48,6 +49,7 @@ class Allocator {
     bool dedicated = false;
     std::map<VkDeviceSize, VkDeviceSize> free;  // offset -> size, coalesced
   };
+  bool coherent(const Block& b) const;
   int find_type(uint32_t bits, bool host_visible) const;
   bool new_block(uint32_t type, VkDeviceSize size, bool dedicated, int* index);
   [[noreturn]] void out_of_memory(VkDeviceSize bytes, const char* limit) const;

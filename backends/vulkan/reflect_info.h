@@ -14,6 +14,7 @@ struct ReflectInfo {
   uint32_t push_members;
   uint32_t local_size[3];  // 0 where the size is a specialization constant
   int32_t local_size_spec_id[3];  // -1 where the size is a literal
+  uint32_t readonly_mask;  // bit b set: binding b is declared readonly (never written)
 };
 
 }  // namespace ct::vk

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -53,15 +54,22 @@ VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
   f_.vkGetDeviceQueue(device_, pd_.queue_family, 0, &queue_);
   alloc_ = std::make_unique<Allocator>(f_, device_, pd_, *instance_);
   load_pipeline_cache();
+  if (const char* v = std::getenv("CROSSTRAIN_VK_INJECT_DEVICE_LOST"); v && *v)
+    inject_lost_at_ = std::strtoull(v, nullptr, 10);
+  if (const char* v = std::getenv("CROSSTRAIN_VK_PROFILE"); v && *v && std::strcmp(v, "0") != 0)
+    set_profiling(true);
 }
 
 VulkanDevice::~VulkanDevice() {
   try {
-    synchronize();
+    if (!lost_) synchronize();
   } catch (...) {  // a destructor must not throw; the device is going away anyway
   }
   f_.vkDeviceWaitIdle(device_);
-  recycle(true);
+  try {
+    if (!lost_) recycle(true);
+  } catch (...) {
+  }
   for (auto& r : retired_) {
     f_.vkDestroyBuffer(device_, r.buffer, nullptr);
     alloc_->free(r.alloc);
@@ -69,11 +77,13 @@ VulkanDevice::~VulkanDevice() {
   retired_.clear();
   auto destroy_batch = [&](Batch& b) {
     for (auto p : b.dpools) f_.vkDestroyDescriptorPool(device_, p, nullptr);
+    if (b.queries) f_.vkDestroyQueryPool(device_, b.queries, nullptr);
     f_.vkDestroyFence(device_, b.fence, nullptr);
     f_.vkDestroyCommandPool(device_, b.pool, nullptr);
   };
   if (cur_) destroy_batch(*cur_);
   for (auto& b : spare_) destroy_batch(*b);
+  for (auto& b : inflight_) destroy_batch(*b);  // only after a lost device
   for (auto& p : pipelines_) {
     if (p.pipeline) f_.vkDestroyPipeline(device_, p.pipeline, nullptr);
     if (p.layout) f_.vkDestroyPipelineLayout(device_, p.layout, nullptr);
@@ -176,8 +186,12 @@ void VulkanDevice::upload(const Tensor& dst, const void* host, size_t bytes) {
   std::memcpy(staging->allocation().mapped, host, bytes);
   VkBufferCopy region{0, dst.offset, bytes};
   VkCommandBuffer cb = cmd();
+  Access acc{d.handle(), dst.offset, dst.offset + bytes, true};  // staging: written by the host only
+  hazard(cb, &acc, 1);
+  stamp_begin(cb, "upload");
   f_.vkCmdCopyBuffer(cb, staging->handle(), d.handle(), 1, &region);
-  barrier(cb);
+  stamp_end(cb);
+  ++n_copies_;
 }
 
 void VulkanDevice::download(void* host, const Tensor& src, size_t bytes) {
@@ -186,11 +200,23 @@ void VulkanDevice::download(void* host, const Tensor& src, size_t bytes) {
                                         " bytes exceed " + src.describe());
   if (bytes == 0) return;
   const VkBufferObj& s = vkbuf(src);
+  if (s.allocation().coherent) {
+    // Host-visible device memory (lavapipe, integrated GPUs): every batch ends with a barrier
+    // to host reads, so after the wait the bytes are read in place -- no copy, no extra submit.
+    synchronize();
+    std::memcpy(host, static_cast<const char*>(s.allocation().mapped) + src.offset, bytes);
+    return;
+  }
   auto staging = make_buffer(bytes, MemCategory::kWorkspace, true);
   VkBufferCopy region{src.offset, 0, bytes};
   VkCommandBuffer cb = cmd();
+  Access acc[2] = {{s.handle(), src.offset, src.offset + bytes, false},
+                   {staging->handle(), 0, bytes, true}};
+  hazard(cb, acc, 2);
+  stamp_begin(cb, "download");
   f_.vkCmdCopyBuffer(cb, s.handle(), staging->handle(), 1, &region);
-  barrier(cb, true);
+  stamp_end(cb);
+  ++n_copies_;
   synchronize();
   std::memcpy(host, staging->allocation().mapped, bytes);
 }
@@ -204,14 +230,20 @@ void VulkanDevice::copy_bytes(const Tensor& dst, const Tensor& src) {
              "copy: source and destination overlap");
   VkBufferCopy region{src.offset, dst.offset, dst.nbytes()};
   VkCommandBuffer cb = cmd();
+  Access acc[2] = {{s.handle(), src.offset, src.offset + src.nbytes(), false},
+                   {d.handle(), dst.offset, dst.offset + dst.nbytes(), true}};
+  hazard(cb, acc, 2);
+  stamp_begin(cb, "copy");
   f_.vkCmdCopyBuffer(cb, s.handle(), d.handle(), 1, &region);
-  barrier(cb);
+  stamp_end(cb);
+  ++n_copies_;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Recording and submission
 
 VkCommandBuffer VulkanDevice::cmd() {
+  ensure_alive();
   if (!cur_) {
     if (!spare_.empty()) {
       cur_ = std::move(spare_.back());
@@ -237,6 +269,21 @@ VkCommandBuffer VulkanDevice::cmd() {
     VK_CHECK(f_.vkBeginCommandBuffer(cur_->cmd, &bi));
     cur_->open = true;
     cur_->serial = next_serial_;
+    if (profiling_) {
+      if (!cur_->queries) {
+        auto qi = vk_struct<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
+        qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+        qi.queryCount = kMaxStamps;
+        VK_CHECK(f_.vkCreateQueryPool(device_, &qi, nullptr, &cur_->queries));
+      }
+      f_.vkCmdResetQueryPool(cur_->cmd, cur_->queries, 0, kMaxStamps);
+      cur_->labels.clear();
+    }
+    // Work of earlier batches is ordered before this one's (submission order alone is not).
+    if (!pending_.empty()) {
+      barrier(cur_->cmd);
+      pending_.clear();
+    }
   }
   ++cur_->commands;
   return cur_->cmd;
@@ -256,16 +303,134 @@ void VulkanDevice::barrier(VkCommandBuffer cb, bool to_host) {
   }
   f_.vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                           dst, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  ++n_barriers_;
+}
+
+void VulkanDevice::hazard(VkCommandBuffer cb, const Access* acc, size_t n) {
+  bool conflict = false;
+  for (size_t i = 0; i < n && !conflict; ++i)
+    for (const Access& p : pending_)
+      if (p.buffer == acc[i].buffer && p.lo < acc[i].hi && acc[i].lo < p.hi &&
+          (p.write || acc[i].write)) {
+        conflict = true;
+        break;
+      }
+  if (conflict) {
+    barrier(cb);
+    pending_.clear();
+  }
+  pending_.insert(pending_.end(), acc, acc + n);
+}
+
+void VulkanDevice::stamp_begin(VkCommandBuffer cb, const char* label) {
+  if (!profiling_ || !cur_->queries || 2 * cur_->labels.size() + 2 > kMaxStamps) return;
+  f_.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, cur_->queries,
+                         static_cast<uint32_t>(2 * cur_->labels.size()));
+  cur_->labels.push_back(label);
+}
+
+void VulkanDevice::stamp_end(VkCommandBuffer cb) {
+  if (!profiling_ || !cur_->queries || cur_->labels.empty()) return;
+  uint32_t q = static_cast<uint32_t>(2 * cur_->labels.size() - 1);
+  if (q >= kMaxStamps) return;
+  f_.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, cur_->queries, q);
+}
+
+void VulkanDevice::collect_timestamps(Batch& b) {
+  if (!b.queries || b.labels.empty()) return;
+  std::vector<uint64_t> ts(2 * b.labels.size());
+  check(f_.vkGetQueryPoolResults(device_, b.queries, 0, static_cast<uint32_t>(ts.size()),
+                                 ts.size() * sizeof(uint64_t), ts.data(), sizeof(uint64_t),
+                                 VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+        "vkGetQueryPoolResults");
+  double period = pd_.props.limits.timestampPeriod;
+  for (size_t i = 0; i < b.labels.size(); ++i) {
+    OpTime& t = op_times_[b.labels[i]];
+    ++t.count;
+    if (ts[2 * i + 1] > ts[2 * i]) t.ns += static_cast<double>(ts[2 * i + 1] - ts[2 * i]) * period;
+  }
+  b.labels.clear();
+}
+
+void VulkanDevice::set_profiling(bool on) {
+  CT_REQUIRE(!on || pd_.props.limits.timestampComputeAndGraphics,
+             std::string("profiling: ") + pd_.props.deviceName + " has no compute timestamps");
+  profiling_ = on;
+}
+
+std::string VulkanDevice::profile_report() {
+  synchronize();
+  std::ostringstream o;
+  char line[256];
+  double total = 0;
+  for (const auto& [name, t] : op_times_) total += t.ns;
+  std::vector<std::pair<std::string, OpTime>> rows(op_times_.begin(), op_times_.end());
+  std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.ns > b.second.ns; });
+  o << "Vulkan profile (" << pd_.props.deviceName << "): GPU time per shader from timestamps\n";
+  std::snprintf(line, sizeof line, "  %-26s %9s %12s %12s %7s\n", "op", "calls", "total ms",
+                "mean us", "share");
+  o << line;
+  for (const auto& [name, t] : rows) {
+    std::snprintf(line, sizeof line, "  %-26s %9llu %12.1f %12.1f %6.1f%%\n", name.c_str(),
+                  static_cast<unsigned long long>(t.count), t.ns * 1e-6,
+                  t.count ? t.ns * 1e-3 / static_cast<double>(t.count) : 0.0,
+                  total > 0 ? 100.0 * t.ns / total : 0.0);
+    o << line;
+  }
+  std::snprintf(line, sizeof line, "  %-26s %9s %12.1f\n", "total", "", total * 1e-6);
+  o << line;
+  double fl = static_cast<double>(std::max<uint64_t>(n_flushes_, 1));
+  std::snprintf(line, sizeof line,
+                "  %llu dispatches, %llu copies, %llu barriers, %llu queue submits over %llu "
+                "flushes (per flush: %.1f dispatches, %.1f barriers, %.2f submits)\n",
+                static_cast<unsigned long long>(n_dispatches_),
+                static_cast<unsigned long long>(n_copies_),
+                static_cast<unsigned long long>(n_barriers_),
+                static_cast<unsigned long long>(n_submits_),
+                static_cast<unsigned long long>(n_flushes_), n_dispatches_ / fl, n_barriers_ / fl,
+                n_submits_ / fl);
+  o << line;
+  return o.str();
+}
+
+void VulkanDevice::check(VkResult r, const char* call) {
+  if (r == VK_SUCCESS) return;
+  if (r == VK_ERROR_DEVICE_LOST) {
+    lost_ = true;
+    fail(ErrorKind::kDevice, std::string("Vulkan device lost: ") + call +
+                                 " returned VK_ERROR_DEVICE_LOST on " + pd_.props.deviceName +
+                                 "; no further work is submitted");
+  }
+  throw_vk_error(r, call, __FILE__, __LINE__);
+}
+
+void VulkanDevice::ensure_alive() const {
+  if (lost_)
+    fail(ErrorKind::kDevice, std::string("Vulkan device lost (") + pd_.props.deviceName +
+                                 "): no further work is submitted");
 }
 
 void VulkanDevice::flush() {
+  ensure_alive();
+  ++n_flushes_;
   if (cur_ && cur_->open) {
+    barrier(cur_->cmd, true);  // everything written so far becomes visible to host reads
     VK_CHECK(f_.vkEndCommandBuffer(cur_->cmd));
     auto si = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
     si.commandBufferCount = 1;
     si.pCommandBuffers = &cur_->cmd;
-    VK_CHECK(f_.vkQueueSubmit(queue_, 1, &si, cur_->fence));
+    ++n_submits_;
+    VkResult r = inject_lost_at_ && n_submits_ >= inject_lost_at_
+                     ? VK_ERROR_DEVICE_LOST  // fault injection (tests)
+                     : f_.vkQueueSubmit(queue_, 1, &si, cur_->fence);
     cur_->open = false;
+    if (r != VK_SUCCESS) {
+      cur_->labels.clear();
+      VK_CHECK(f_.vkResetCommandPool(device_, cur_->pool, 0));
+      for (auto p : cur_->dpools) VK_CHECK(f_.vkResetDescriptorPool(device_, p, 0));
+      cur_->dpool_cur = 0;
+      check(r, "vkQueueSubmit");
+    }
     inflight_.push_back(std::move(cur_));
     ++next_serial_;
   }
@@ -274,6 +439,7 @@ void VulkanDevice::flush() {
 }
 
 void VulkanDevice::synchronize() {
+  ensure_alive();
   flush();
   recycle(true);
   check_validation("synchronize");
@@ -283,13 +449,14 @@ void VulkanDevice::recycle(bool wait_all) {
   while (!inflight_.empty()) {
     Batch& b = *inflight_.front();
     if (wait_all) {
-      VK_CHECK(f_.vkWaitForFences(device_, 1, &b.fence, VK_TRUE, UINT64_MAX));
+      check(f_.vkWaitForFences(device_, 1, &b.fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
     } else {
       VkResult r = f_.vkGetFenceStatus(device_, b.fence);
       if (r == VK_NOT_READY) break;
-      VK_CHECK(r);
+      check(r, "vkGetFenceStatus");
     }
     completed_serial_ = b.serial;
+    collect_timestamps(b);
     VK_CHECK(f_.vkResetFences(device_, 1, &b.fence));
     VK_CHECK(f_.vkResetCommandPool(device_, b.pool, 0));
     for (auto p : b.dpools) VK_CHECK(f_.vkResetDescriptorPool(device_, p, 0));
@@ -499,6 +666,18 @@ void VulkanDevice::dispatch_raw(ShaderId id, const Bound* b, size_t nb, const vo
   CT_CHECK(nb == sb.info.num_bindings, std::string("binding count for ") + sb.name);
   const Pipeline& p = pipeline(id);
   VkCommandBuffer cb = cmd();
+  std::array<Access, 16> acc{};
+  CT_CHECK(nb <= acc.size(), "too many bindings");
+  {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < 32 && k < nb; ++i) {
+      if (!(sb.info.binding_mask & (1u << i))) continue;
+      acc[k] = {b[k].buffer, b[k].offset, b[k].offset + b[k].range,
+                !(sb.info.readonly_mask & (1u << i))};
+      ++k;
+    }
+  }
+  hazard(cb, acc.data(), nb);
   VkDescriptorSet set = descriptor_set(p.dsl);
   std::array<VkDescriptorBufferInfo, 16> infos{};
   std::array<VkWriteDescriptorSet, 16> writes{};
@@ -522,8 +701,10 @@ void VulkanDevice::dispatch_raw(ShaderId id, const Bound* b, size_t nb, const vo
   if (push_size)
     f_.vkCmdPushConstants(cb, p.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
                           static_cast<uint32_t>(push_size), push);
+  stamp_begin(cb, sb.name);
   f_.vkCmdDispatch(cb, gx, gy, gz);
-  barrier(cb);
+  stamp_end(cb);
+  ++n_dispatches_;
 }
 
 }  // namespace ct::vk

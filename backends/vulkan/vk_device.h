@@ -4,7 +4,9 @@
 
 #include <array>
 #include <initializer_list>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backends/vulkan/context.h"
@@ -45,6 +47,17 @@ struct Bound {
   VkDeviceAddress addr = 0;  // device address of byte `offset` (0 without bufferDeviceAddress)
 };
 
+// One strided batched GEMM for gemm(): c[z] = alpha op(a)[z] op(b)[z] + beta c[z] (+ bias).
+// Strides are in elements, {batch, row, column} of op(a) [M,K], op(b) [K,N] and c [M,N]
+// (c's column stride must be 1); `first` of each Bound is element (0,0,0).
+struct GemmCall {
+  int64_t batch = 1, M = 0, N = 0, K = 0;
+  Bound a, b, c, bias;
+  std::array<int64_t, 3> sa{}, sb{}, sc{};
+  bool has_bias = false;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
 class VulkanDevice final : public Device {
  public:
   VulkanDevice(std::shared_ptr<Instance> instance, int index);
@@ -57,6 +70,8 @@ class VulkanDevice final : public Device {
   void download(void* host, const Tensor& src, size_t bytes) override;
   void flush() override;
   void synchronize() override;
+  void set_profiling(bool on) override;
+  std::string profile_report() override;
 
   void fill(const Tensor& t, float value) override;
   void copy(const Tensor& dst, const Tensor& src) override;
@@ -98,13 +113,17 @@ class VulkanDevice final : public Device {
   Bound bind(const Tensor& t) const { return bind(t, 0, t.numel()); }
   // The most elements of `esize` bytes that one binding can always cover.
   int64_t max_elems(size_t esize) const;
-  // Records one dispatch of `id` with its bindings (in binding order) and push constants,
-  // followed by a barrier that orders it before every later op.
+  // Records one dispatch of `id` with its bindings (in binding order) and push constants. A
+  // barrier is recorded before it only when it touches a byte range that a command since the
+  // last barrier wrote, or writes one that such a command read (bindings the shader declares
+  // readonly count as reads, all others as writes).
   template <class Push>
   void dispatch(ShaderId id, std::initializer_list<Bound> bindings, const Push& push,
                 uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
     dispatch_raw(id, bindings.begin(), bindings.size(), &push, sizeof(Push), gx, gy, gz);
   }
+  // Records one GEMM (ops/matmul.cpp); every binding must already fit (no splitting here).
+  void gemm(const GemmCall& g);
   // Workgroups for `n` invocations of workgroup size `local`, as (x, y) within device limits;
   // shaders rebuild the linear index with ct_linear_index() (shaders/common/index.glsl).
   std::array<uint32_t, 2> grid(uint64_t n, uint32_t local) const;
@@ -130,7 +149,16 @@ class VulkanDevice final : public Device {
     uint64_t serial = 0;
     bool open = false;
     uint32_t commands = 0;
+    VkQueryPool queries = VK_NULL_HANDLE;  // profiling: a timestamp pair per command
+    std::vector<const char*> labels;       // what each timestamp pair measured
   };
+  // A byte range of a buffer one command reads or writes.
+  struct Access {
+    VkBuffer buffer;
+    VkDeviceSize lo, hi;
+    bool write;
+  };
+  static constexpr uint32_t kMaxStamps = 8192;  // timestamps per batch (2 per command)
   struct Pipeline {
     VkDescriptorSetLayout dsl = VK_NULL_HANDLE;
     VkPipelineLayout layout = VK_NULL_HANDLE;
@@ -146,6 +174,15 @@ class VulkanDevice final : public Device {
                     uint32_t gx, uint32_t gy, uint32_t gz);
   VkCommandBuffer cmd();  // the open command buffer, begun on demand
   void barrier(VkCommandBuffer cb, bool to_host = false);
+  // Records the barrier `acc` needs against the commands since the last one, then notes `acc`.
+  void hazard(VkCommandBuffer cb, const Access* acc, size_t n);
+  // Timestamps around one command when profiling (begin before, end after recording it).
+  void stamp_begin(VkCommandBuffer cb, const char* label);
+  void stamp_end(VkCommandBuffer cb);
+  void collect_timestamps(Batch& b);
+  // Device-lost aware result check: VK_ERROR_DEVICE_LOST marks the device lost for good.
+  void check(VkResult r, const char* call);
+  void ensure_alive() const;
   VkDescriptorSet descriptor_set(VkDescriptorSetLayout dsl);
   const Pipeline& pipeline(ShaderId id);
   std::shared_ptr<VkBufferObj> make_buffer(size_t bytes, MemCategory category, bool staging);
@@ -169,6 +206,17 @@ class VulkanDevice final : public Device {
   uint64_t next_serial_ = 1, completed_serial_ = 0;
   std::vector<Retired> retired_;
   uint64_t validation_seen_ = 0;
+  std::vector<Access> pending_;  // accesses since the last barrier
+  bool lost_ = false;
+  uint64_t inject_lost_at_ = 0;  // CROSSTRAIN_VK_INJECT_DEVICE_LOST=N: the Nth submit "fails"
+  // counters (profile_report)
+  uint64_t n_dispatches_ = 0, n_copies_ = 0, n_barriers_ = 0, n_submits_ = 0, n_flushes_ = 0;
+  bool profiling_ = false;
+  struct OpTime {
+    uint64_t count = 0;
+    double ns = 0;
+  };
+  std::map<std::string, OpTime> op_times_;
 };
 
 }  // namespace ct::vk

@@ -60,6 +60,7 @@ struct TrainArgs {
   int sample_tokens = 200;
 
   bool progress_bar = true;  // only drawn when stderr is a terminal
+  bool profile = false;      // print the device's per-op time table at the end (--profile)
 };
 
 // The built-in default data: English text installed by Debian's `fortunes` package.

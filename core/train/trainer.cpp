@@ -177,6 +177,7 @@ TrainSummary train(const TrainArgs& args) {
 
   std::unique_ptr<Device> device = open_device(args.backend);
   Device& dev = *device;
+  if (args.profile) dev.set_profiling(true);
   if (args.tf32 && dev.info().backend != "cuda")
     std::printf("--tf32: takes effect on CUDA only; %s computes fp32 matmuls in full fp32\n",
                 dev.info().id().c_str());
@@ -370,6 +371,7 @@ TrainSummary train(const TrainArgs& args) {
   s.tokens_per_s = static_cast<double>(s.tokens) / std::max(s.seconds - eval_seconds, 1e-9);
   s.peak_memory = dev.memory().total_peak;
 
+  if (args.profile) std::printf("%s", dev.profile_report().c_str());
   save_model(args.output_dir, model);
   if (args.sample_tokens > 0) {
     SampleOptions so;

@@ -64,6 +64,8 @@ Run add_train(CLI::App& app) {
   app.add_flag("--tf32", a->tf32, "TF32 matmuls where the device has them (CUDA)");
   app.add_flag(names("--gradient-checkpointing"), a->gradient_checkpointing,
                "keep only block inputs and recompute each block in the backward pass");
+  app.add_flag("--profile", a->profile,
+               "print a per-op device time table (GPU timestamps on Vulkan) at the end");
   app.add_flag("--no-progress,--no_progress", [a](int64_t) { a->progress_bar = false; },
                "plain log lines even on a terminal");
   return [a] {

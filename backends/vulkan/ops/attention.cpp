@@ -1,4 +1,9 @@
-// Causal multi-head self-attention forward and backward. Shader: attention.comp.
+// Causal multi-head self-attention forward and backward.
+// With bufferDeviceAddress (every device this backend meets in practice): per batch element,
+// strided batched GEMMs over the heads (gemm(), the matmul shaders) and a row-wise softmax
+// (attention_softmax.comp): S = scale q k^T, att = causal softmax(S), out = att v; backward
+// datt = dout v^T, dpre = att (datt - rowsum(att datt)) scale, dq = dpre k, dk = dpre^T q,
+// dv = att^T dout. Otherwise attention.comp, one invocation per (b, h, t) row.
 // Work is split over batches so that att [b, NH, T, T] and qkv [b, T, 3C] fit one binding.
 #include <cmath>
 
@@ -22,6 +27,16 @@ CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, oatt);
 CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, oqkv);
 CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, odo);
 CT_VK_PUSH_MEMBER(AttentionPush, attention_fwd, os);
+struct SoftmaxPush {
+  uint32_t rows, T;
+  float scale;
+  uint32_t oatt, od, att_lo, att_hi, d_lo, d_hi;
+};
+CT_VK_PUSH_SIZE(SoftmaxPush, attention_softmax_fwd);
+CT_VK_PUSH_MEMBER(SoftmaxPush, attention_softmax_fwd, oatt);
+CT_VK_PUSH_MEMBER(SoftmaxPush, attention_softmax_fwd, d_hi);
+static_assert(refl::attention_softmax_bwd::kPushSize == refl::attention_softmax_fwd::kPushSize);
+
 static_assert(refl::attention_bwd_q::kPushSize == refl::attention_fwd::kPushSize &&
               refl::attention_bwd_kv::kPushSize == refl::attention_fwd::kPushSize);
 
@@ -59,11 +74,46 @@ int64_t batch_chunk(const VulkanDevice& d, const AttShape& s) {
 }
 }  // namespace
 
+// Bound b with its first element moved by `elems`.
+Bound shifted(Bound b, int64_t elems) {
+  b.first += static_cast<uint32_t>(elems);
+  return b;
+}
+
+SoftmaxPush softmax_push(const Bound& att, const Bound& d, int64_t rows, int64_t T, float scale) {
+  return SoftmaxPush{u32(rows), u32(T), scale, att.first, d.first,
+                     static_cast<uint32_t>(att.addr), static_cast<uint32_t>(att.addr >> 32),
+                     static_cast<uint32_t>(d.addr), static_cast<uint32_t>(d.addr >> 32)};
+}
 void VulkanDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
                                      int n_head) {
   AttShape s = check_attention("attention_forward", out, att, qkv, n_head);
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hs)));
   int64_t bc = batch_chunk(*this, s);
+  const int64_t T = s.T, C = s.C, NH = s.NH, hs = s.hs;
+  if (has_bda()) {
+    for (int64_t b = 0; b < s.B; ++b) {
+      Bound bq = bind(qkv, b * T * 3 * C, T * 3 * C);
+      Bound ba = bind(att, b * NH * T * T, NH * T * T);
+      Bound bo = bind(out, b * T * C, T * C);
+      GemmCall g;  // att[h] = q[h] k[h]^T (scaled in the softmax)
+      g.batch = NH, g.M = T, g.N = T, g.K = hs;
+      g.a = bq, g.sa = {hs, 3 * C, 1};
+      g.b = shifted(bq, C), g.sb = {hs, 1, 3 * C};
+      g.c = ba, g.sc = {T * T, T, 1}, g.bias = ba;
+      gemm(g);
+      auto gr = grid(NH * T, 64);
+      dispatch(ShaderId::attention_softmax_fwd, {ba}, softmax_push(ba, ba, NH * T, T, scale),
+               gr[0], gr[1]);
+      GemmCall o;  // out[:, h] = att[h] v[h]
+      o.batch = NH, o.M = T, o.N = hs, o.K = T;
+      o.a = ba, o.sa = {T * T, T, 1};
+      o.b = shifted(bq, 2 * C), o.sb = {hs, 3 * C, 1};
+      o.c = bo, o.sc = {hs, C, 1}, o.bias = bo;
+      gemm(o);
+    }
+    return;
+  }
   for (int64_t b0 = 0; b0 < s.B; b0 += bc) {
     int64_t nb = std::min(bc, s.B - b0);
     int64_t rows = nb * s.NH * s.T;
@@ -85,6 +135,43 @@ void VulkanDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, co
   require_numel(dqkv, qkv.numel(), "attention_backward", "dqkv");
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hs)));
   int64_t bc = batch_chunk(*this, s);
+  const int64_t T = s.T, C = s.C, NH = s.NH, hs = s.hs;
+  if (has_bda()) {
+    Tensor datt = workspace({NH * T * T}, DType::f32);  // one batch element at a time
+    Bound bd = bind(datt);
+    for (int64_t b = 0; b < s.B; ++b) {
+      Bound bq = bind(qkv, b * T * 3 * C, T * 3 * C);
+      Bound bdq = bind(dqkv, b * T * 3 * C, T * 3 * C);
+      Bound ba = bind(att, b * NH * T * T, NH * T * T);
+      Bound bo = bind(dout, b * T * C, T * C);
+      GemmCall g;  // datt[h] = dout[:, h] v[h]^T
+      g.batch = NH, g.M = T, g.N = T, g.K = hs;
+      g.a = bo, g.sa = {hs, C, 1};
+      g.b = shifted(bq, 2 * C), g.sb = {hs, 1, 3 * C};
+      g.c = bd, g.sc = {T * T, T, 1}, g.bias = bd;
+      gemm(g);
+      auto gr = grid(NH * T, 64);
+      dispatch(ShaderId::attention_softmax_bwd, {ba, bd}, softmax_push(ba, bd, NH * T, T, scale),
+               gr[0], gr[1]);
+      GemmCall dq;  // dq[h] = dpre[h] k[h]
+      dq.batch = NH, dq.M = T, dq.N = hs, dq.K = T;
+      dq.a = bd, dq.sa = {T * T, T, 1};
+      dq.b = shifted(bq, C), dq.sb = {hs, 3 * C, 1};
+      dq.c = bdq, dq.sc = {hs, 3 * C, 1}, dq.bias = bdq;
+      gemm(dq);
+      GemmCall dk = dq;  // dk[h] = dpre[h]^T q[h]
+      dk.a = bd, dk.sa = {T * T, 1, T};
+      dk.b = bq, dk.sb = {hs, 3 * C, 1};
+      dk.c = shifted(bdq, C), dk.bias = dk.c;
+      gemm(dk);
+      GemmCall dv = dq;  // dv[h] = att[h]^T dout[:, h]
+      dv.a = ba, dv.sa = {T * T, 1, T};
+      dv.b = bo, dv.sb = {hs, C, 1};
+      dv.c = shifted(bdq, 2 * C), dv.bias = dv.c;
+      gemm(dv);
+    }
+    return;
+  }
   Tensor rowsum = workspace({s.B * s.NH * s.T}, DType::f32);
   for (int64_t b0 = 0; b0 < s.B; b0 += bc) {
     int64_t nb = std::min(bc, s.B - b0);

@@ -132,8 +132,6 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
   Strides sb = trans_b ? Strides{b.ndim() == 2 ? 0 : K * N, 1, K}
                        : Strides{b.ndim() == 2 ? 0 : K * N, N, 1};
   Strides sc{M * N, N, 1};
-  const MmKind kind = pick_kind(*this);
-  const int64_t tm = 64, tn = 64;  // TM, TN of every variant in matmul.comp
   int64_t limit = max_elems(4);
 
   // Records one sub-problem, or splits it until every operand fits one binding.
@@ -171,30 +169,14 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
       self(self, hi, beta_x, with_bias);
       return;
     }
-    Bound ba = bind(a, a0, an), bb = bind(b, b0, bnum), bc = bind(c, c0, cn);
-    Bound bbias = bc;
-    if (bias && with_bias) bbias = bind(*bias, x.n0, x.nc);
-    MatmulPush p{};
-    p.M = u32(x.mc), p.N = u32(x.nc), p.K = u32(x.kc);
-    p.oa = ba.first, p.sam = u32(sa.si), p.sak = u32(sa.sj), p.sab = u32(sa.sb);
-    p.ob = bb.first, p.sbk = u32(sb.si), p.sbn = u32(sb.sj), p.sbb = u32(sb.sb);
-    p.oc = bc.first, p.scm = u32(sc.si), p.scb = u32(sc.sb);
-    p.obias = bbias.first, p.has_bias = (bias && with_bias) ? 1u : 0u;
-    p.alpha = alpha, p.beta = beta_x;
-    uint32_t gx = u32((x.nc + tn - 1) / tn), gy = u32((x.mc + tm - 1) / tm);
-    CT_CHECK(gx <= max_groups_x() && x.zc <= 65535, "matmul grid too large");
-    ShaderId id = kind == MmKind::kReg ? ShaderId::matmul_reg : ShaderId::matmul_tiled;
-    if (kind == MmKind::kVec && has_bda()) {
-      p.a_lo = static_cast<uint32_t>(ba.addr), p.a_hi = static_cast<uint32_t>(ba.addr >> 32);
-      p.b_lo = static_cast<uint32_t>(bb.addr), p.b_hi = static_cast<uint32_t>(bb.addr >> 32);
-      int am = 2, bm = 2;
-      if (sa.sj == 1 && vec_ok(ba.first, sa.sb, sa.si, x.kc)) am = 0;        // along k
-      else if (sa.si == 1 && vec_ok(ba.first, sa.sb, sa.sj, x.mc)) am = 1;   // along m
-      if (sb.sj == 1 && vec_ok(bb.first, sb.sb, sb.si, x.nc)) bm = 0;        // along n
-      else if (sb.si == 1 && vec_ok(bb.first, sb.sb, sb.sj, x.kc)) bm = 1;   // along k
-      id = kVecIds[am][bm];
-    }
-    dispatch(id, {bc, ba, bb, bbias}, p, gx, gy, u32(x.zc));
+    GemmCall g;
+    g.batch = x.zc, g.M = x.mc, g.N = x.nc, g.K = x.kc;
+    g.a = bind(a, a0, an), g.b = bind(b, b0, bnum), g.c = bind(c, c0, cn);
+    g.sa = {sa.sb, sa.si, sa.sj}, g.sb = {sb.sb, sb.si, sb.sj}, g.sc = {sc.sb, sc.si, 1};
+    g.has_bias = bias && with_bias;
+    g.bias = g.has_bias ? bind(*bias, x.n0, x.nc) : g.c;
+    g.alpha = alpha, g.beta = beta_x;
+    gemm(g);
   };
   if (K == 0) {  // c = beta * c: there is nothing to multiply
     CT_REQUIRE(!bias, "matmul: K = 0 with a bias is not supported on Vulkan" + shapes);
@@ -203,6 +185,33 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
     return;
   }
   run(run, Box{0, batch, 0, M, 0, N, 0, K}, beta, true);
+}
+
+void VulkanDevice::gemm(const GemmCall& g) {
+  const int64_t tm = 64, tn = 64;  // TM, TN of every variant in matmul.comp
+  CT_CHECK(g.sc[2] == 1, "gemm: c must have unit column stride");
+  MatmulPush p{};
+  p.M = u32(g.M), p.N = u32(g.N), p.K = u32(g.K);
+  p.oa = g.a.first, p.sam = u32(g.sa[1]), p.sak = u32(g.sa[2]), p.sab = u32(g.sa[0]);
+  p.ob = g.b.first, p.sbk = u32(g.sb[1]), p.sbn = u32(g.sb[2]), p.sbb = u32(g.sb[0]);
+  p.oc = g.c.first, p.scm = u32(g.sc[1]), p.scb = u32(g.sc[0]);
+  p.obias = g.bias.first, p.has_bias = g.has_bias ? 1u : 0u;
+  p.alpha = g.alpha, p.beta = g.beta;
+  uint32_t gx = u32((g.N + tn - 1) / tn), gy = u32((g.M + tm - 1) / tm);
+  CT_CHECK(gx <= max_groups_x() && g.batch <= 65535, "matmul grid too large");
+  const MmKind kind = pick_kind(*this);
+  ShaderId id = kind == MmKind::kReg ? ShaderId::matmul_reg : ShaderId::matmul_tiled;
+  if (kind == MmKind::kVec && has_bda()) {
+    p.a_lo = static_cast<uint32_t>(g.a.addr), p.a_hi = static_cast<uint32_t>(g.a.addr >> 32);
+    p.b_lo = static_cast<uint32_t>(g.b.addr), p.b_hi = static_cast<uint32_t>(g.b.addr >> 32);
+    int am = 2, bm = 2;
+    if (g.sa[2] == 1 && vec_ok(g.a.first, g.sa[0], g.sa[1], g.K)) am = 0;       // along k
+    else if (g.sa[1] == 1 && vec_ok(g.a.first, g.sa[0], g.sa[2], g.M)) am = 1;  // along m
+    if (g.sb[2] == 1 && vec_ok(g.b.first, g.sb[0], g.sb[1], g.N)) bm = 0;       // along n
+    else if (g.sb[1] == 1 && vec_ok(g.b.first, g.sb[0], g.sb[2], g.K)) bm = 1;  // along k
+    id = kVecIds[am][bm];
+  }
+  dispatch(id, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
 }
 
 void VulkanDevice::bias_backward(const Tensor& dbias, const Tensor& dout) {

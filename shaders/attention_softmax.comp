@@ -1,0 +1,61 @@
+#version 450
+// Row-wise parts of the GEMM-based attention (ops/attention.cpp), one invocation per (b, h, t)
+// row of att [rows, T] (rows = heads * T of one batch element; t = row % T):
+//   SM_FWD  att[t, u] = softmax_u(scale * att[t, u]) for u <= t, 0 above the diagonal (in place;
+//           att holds q . k on entry)
+//   SM_BWD  d[t, u] = scale * att[t, u] * (d[t, u] - sum_u' att[t, u'] d[t, u']) (in place; d
+//           holds dout . v on entry)
+// Rows are read and written through buffer device addresses (one gather per load on lavapipe);
+// the bindings stay so the descriptor set and validation see the accesses.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_buffer_reference : require
+#extension GL_EXT_buffer_reference_uvec2 : require
+#include "common/index.glsl"
+
+layout(local_size_x = 64) in;
+
+layout(push_constant) uniform Push {
+  uint rows;
+  uint T;
+  float scale;
+  uint oatt;  // element offsets of row 0 within the bound ranges
+  uint od;
+  uint att_lo;  // device addresses of the bound ranges
+  uint att_hi;
+  uint d_lo;
+  uint d_hi;
+} pc;
+
+layout(std430, binding = 0) buffer Att { float att[]; };
+#if defined(SM_BWD)
+layout(std430, binding = 1) buffer D { float dd[]; };
+#endif
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer FPtr { float v[]; };
+
+void main() {
+  uint row = ct_linear_index();
+  if (row >= pc.rows) return;
+  uint T = pc.T, t = row % T;
+  FPtr pa = FPtr(uvec2(pc.att_lo, pc.att_hi));
+  uint base = pc.oatt + row * T;
+#if defined(SM_FWD)
+  float mx = -1.0 / 0.0;
+  for (uint u = 0; u <= t; ++u) mx = max(mx, pc.scale * pa.v[base + u]);
+  float z = 0.0;
+  for (uint u = 0; u <= t; ++u) {
+    float e = exp(pc.scale * pa.v[base + u] - mx);
+    pa.v[base + u] = e;
+    z += e;
+  }
+  float rz = 1.0 / z;
+  for (uint u = 0; u <= t; ++u) pa.v[base + u] *= rz;
+  for (uint u = t + 1u; u < T; ++u) pa.v[base + u] = 0.0;
+#else
+  FPtr pd = FPtr(uvec2(pc.d_lo, pc.d_hi));
+  uint dbase = pc.od + row * T;
+  float s = 0.0;
+  for (uint u = 0; u <= t; ++u) s += pa.v[base + u] * pd.v[dbase + u];
+  for (uint u = 0; u <= t; ++u) pd.v[dbase + u] = pc.scale * pa.v[base + u] * (pd.v[dbase + u] - s);
+  for (uint u = t + 1u; u < T; ++u) pd.v[dbase + u] = 0.0;
+#endif
+}
