@@ -74,7 +74,14 @@ std::shared_ptr<Instance> Instance::create(std::string* why) {
     layers.push_back(kValidationLayer);
     // The layer's own extension list includes debug utils even if the loader's does not.
     enabled_exts.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+    enabled_exts.push_back(VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME);  // the layer's, too
   }
+  // With validation, synchronisation validation too: a missing barrier is a test failure.
+  VkValidationFeatureEnableEXT enables[] = {
+      VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT};
+  auto vf = vk_struct<VkValidationFeaturesEXT>(VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT);
+  vf.enabledValidationFeatureCount = 1;
+  vf.pEnabledValidationFeatures = enables;
 
   auto app = vk_struct<VkApplicationInfo>(VK_STRUCTURE_TYPE_APPLICATION_INFO);
   app.pApplicationName = "crosstrain";
@@ -88,6 +95,7 @@ std::shared_ptr<Instance> Instance::create(std::string* why) {
   ci.ppEnabledExtensionNames = enabled_exts.data();
   ci.enabledLayerCount = static_cast<uint32_t>(layers.size());
   ci.ppEnabledLayerNames = layers.data();
+  if (validate) ci.pNext = &vf;
   VkResult r = f.vkCreateInstance(&ci, nullptr, &inst->instance_);
   if (r != VK_SUCCESS) {
     *why = std::string("vkCreateInstance failed: ") + result_name(r) +

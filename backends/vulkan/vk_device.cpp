@@ -411,8 +411,12 @@ void VulkanDevice::ensure_alive() const {
 }
 
 void VulkanDevice::flush() {
+  ++n_flushes_;  // the trainer flushes once per optimizer step
+  submit();
+}
+
+void VulkanDevice::submit() {
   ensure_alive();
-  ++n_flushes_;
   if (cur_ && cur_->open) {
     barrier(cur_->cmd, true);  // everything written so far becomes visible to host reads
     VK_CHECK(f_.vkEndCommandBuffer(cur_->cmd));
@@ -439,8 +443,7 @@ void VulkanDevice::flush() {
 }
 
 void VulkanDevice::synchronize() {
-  ensure_alive();
-  flush();
+  submit();
   recycle(true);
   check_validation("synchronize");
 }

@@ -173,6 +173,7 @@ class VulkanDevice final : public Device {
   void dispatch_raw(ShaderId id, const Bound* b, size_t nb, const void* push, size_t push_size,
                     uint32_t gx, uint32_t gy, uint32_t gz);
   VkCommandBuffer cmd();  // the open command buffer, begun on demand
+  void submit();          // submits the open command buffer, if any (flush() without counting)
   void barrier(VkCommandBuffer cb, bool to_host = false);
   // Records the barrier `acc` needs against the commands since the last one, then notes `acc`.
   void hazard(VkCommandBuffer cb, const Access* acc, size_t n);
