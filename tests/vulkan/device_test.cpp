@@ -1,4 +1,6 @@
 // Instance, device listing, memory accounting and errors of the Vulkan backend.
+#include <functional>
+
 #include "tests/vulkan/vk_test_util.h"
 
 namespace ct::vktest {
@@ -79,6 +81,39 @@ TEST_F(DeviceTest, ValidationLayerIsOnUnderCtest) {
   EXPECT_EQ(validation_messages(), 0u);
   found = true;
   EXPECT_TRUE(found);
+}
+
+TEST_F(DeviceTest, PinnedToLavapipe) {
+  if (!kPinnedToLavapipe) GTEST_SKIP() << "the environment chose the Vulkan driver";
+  EXPECT_NE(vk().info().name.find("llvmpipe"), std::string::npos) << vk().info().name;
+}
+
+// CROSSTRAIN_VK_INJECT_DEVICE_LOST=N makes the Nth queue submit report VK_ERROR_DEVICE_LOST.
+TEST_F(DeviceTest, DeviceLostStopsAllSubmits) {
+  setenv("CROSSTRAIN_VK_INJECT_DEVICE_LOST", "2", 1);
+  std::unique_ptr<Device> d = open_device("vulkan");
+  unsetenv("CROSSTRAIN_VK_INJECT_DEVICE_LOST");
+  Tensor t = d->empty({64}, DType::f32, MemCategory::kWorkspace);
+  d->fill(t, 1.0f);
+  d->flush();  // submit 1
+  d->fill(t, 2.0f);
+  auto lost = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.kind() == ErrorKind::kDevice &&
+             std::string(e.what()).find("Vulkan device lost") != std::string::npos &&
+             std::string(e.what()).find("no further work is submitted") != std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(lost([&] { d->flush(); }));            // submit 2: lost
+  EXPECT_TRUE(lost([&] { d->fill(t, 3.0f); }));      // nothing more is recorded ...
+  EXPECT_TRUE(lost([&] { d->synchronize(); }));      // ... or submitted
+  std::vector<float> h(64);
+  EXPECT_TRUE(lost([&] { d->download(h.data(), t, 256); }));
+  t = Tensor();
+  d.reset();  // and the device closes cleanly
 }
 
 }  // namespace

@@ -29,6 +29,20 @@ inline constexpr double kTolGemm = 5e-4;
 
 using Vec = std::vector<float>;
 
+// Pins the Vulkan loader to lavapipe before anything opens Vulkan (CT_VK_LAVAPIPE_ICD, found at
+// configure time), unless the environment already chose a driver. True when pinned here.
+inline bool pin_lavapipe() {
+#ifdef CT_VK_LAVAPIPE_ICD
+  if (std::getenv("VK_DRIVER_FILES") || std::getenv("VK_ICD_FILENAMES")) return false;
+  setenv("VK_DRIVER_FILES", CT_VK_LAVAPIPE_ICD, 1);
+  setenv("VK_ICD_FILENAMES", CT_VK_LAVAPIPE_ICD, 1);  // loaders before 1.3.207
+  return true;
+#else
+  return false;
+#endif
+}
+inline const bool kPinnedToLavapipe = pin_lavapipe();
+
 inline const BackendEntry* vulkan_entry() {
   for (const auto& e : backends())
     if (e.name == "vulkan") return &e;
