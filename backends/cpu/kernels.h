@@ -171,15 +171,13 @@ inline double clip_factor(float max_grad_norm, const float* grad_norm) {
 
 // nearest(code, x) of the 8-bit optimizer contract: the index minimising |code[i] - x|, the
 // lower index on a tie; code[256] sorted ascending. Binary search, then the two neighbours.
+// Branch-free (eight conditional adds), since the comparisons are unpredictable.
 inline uint8_t quantize_nearest(const float* code, float x) {
-  int lo = 0, hi = 256;  // first index with code[i] >= x
-  while (lo < hi) {
-    int mid = (lo + hi) / 2;
-    if (code[mid] < x) lo = mid + 1; else hi = mid;
-  }
+  int lo = 0;  // becomes the number of codes < x: the first index with code[i] >= x
+  for (int step = 128; step > 0; step >>= 1) lo += (code[lo + step - 1] < x) ? step : 0;
   if (lo == 256) return 255;
   if (lo == 0) return 0;
-  return (x - code[lo - 1] <= code[lo] - x) ? static_cast<uint8_t>(lo - 1) : static_cast<uint8_t>(lo);
+  return static_cast<uint8_t>((x - code[lo - 1] <= code[lo] - x) ? lo - 1 : lo);
 }
 inline float read_as_f32(const void* p, DType dt, int64_t i) {
   switch (dt) {

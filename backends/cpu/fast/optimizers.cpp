@@ -181,29 +181,50 @@ void adafactor(float* param, const float* grad, float* row, float* col, float* v
       v[i] = b2t * v[i] + (1.0f - b2t) * (g * g + eps1);
     }
   }
-  auto unscaled = [&](int64_t i) -> float {
-    float g = grad[i] * clip;
-    return row ? g * rfac[i / C] * cfac[i % C] : g / std::sqrt(v[i]);
-  };
-  const double ss = chunked_sum(n, [&](int64_t i) {
-    double u = unscaled(i);
-    return u * u;
-  });
+  // RMS of the unscaled update: per-row (factored) or per-chunk partials, summed in order.
+  double ss = 0.0;
+  if (row) {
+    std::vector<double> part(static_cast<size_t>(R));
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t r = 0; r < R; ++r) {
+      const float* g = grad + r * C;
+      const float rf = rfac[r] * clip;
+      double s = 0.0;
+      for (int64_t c = 0; c < C; ++c) {
+        float u = g[c] * rf * cfac[c];
+        s += static_cast<double>(u) * u;
+      }
+      part[r] = s;
+    }
+    for (double x : part) ss += x;
+  } else {
+    ss = chunked_sum(n, [&](int64_t i) {
+      double u = grad[i] * clip / std::sqrt(v[i]);
+      return u * u;
+    });
+  }
   const double rms = std::sqrt(ss / static_cast<double>(n));
   const float k = static_cast<float>(lr_t / std::max(1.0, rms / hp.clip_threshold));
   const float b1 = hp.beta1, decay = static_cast<float>(1.0 - hp.weight_decay * lr_t);
-  const int64_t nc = chunks_of(n, kChunk);
-#pragma omp parallel for schedule(static) if (nc > 1)
-  for (int64_t c = 0; c < nc; ++c) {
-    const int64_t i1 = std::min(n, (c + 1) * kChunk);
-    for (int64_t i = c * kChunk; i < i1; ++i) {
-      float upd = unscaled(i) * k;
+  // Elements [i0, i1) of one row (factored: rf the row factor) or of the vector.
+  auto apply = [&](int64_t i0, int64_t i1, float rf) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float upd = row ? grad[i] * clip * rf * cfac[i - i0] : grad[i] * clip / std::sqrt(v[i]);
+      upd *= k;
       if (exp_avg) {
         upd = b1 * exp_avg[i] + (1.0f - b1) * upd;
         exp_avg[i] = upd;
       }
       param[i] = param[i] * decay - upd;
     }
+  };
+  if (row) {
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t r = 0; r < R; ++r) apply(r * C, (r + 1) * C, rfac[r]);
+  } else {
+    const int64_t nc = chunks_of(n, kChunk);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int64_t c = 0; c < nc; ++c) apply(c * kChunk, std::min(n, (c + 1) * kChunk), 0.0f);
   }
 }
 
