@@ -103,6 +103,7 @@ class VulkanDevice final : public Device {
   void sum(const Tensor& out, const Tensor& x, float scale) override;
   void norm(const Tensor& out, const Tensor& x) override;
   void check_finite(const Tensor& flag, const Tensor& x) override;
+  void unscale_check(const Tensor& x, const Tensor& flag, float inv_scale) override;
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
              const Tensor& grad_norm, const AdamWHyper& hp) override;
 

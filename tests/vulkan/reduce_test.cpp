@@ -45,6 +45,25 @@ TEST_F(ReduceTest, CheckFinite) {
   }
 }
 
+// The fused loss-scaler step against the reference device's scale + check_finite.
+TEST_F(ReduceTest, UnscaleCheckFused) {
+  Vec xs = randn(5003, 121, 1000.0f);
+  Pair x = both({5003}, xs);
+  Pair flag = both_i32({1}, {0});
+  vk().unscale_check(x.v, flag.v, 1.0f / 1024.0f);
+  ref().unscale_check(x.r, flag.r, 1.0f / 1024.0f);
+  EXPECT_TRUE(same(x, 0.0, "unscaled"));  // one multiply: exact
+  EXPECT_EQ(down_as<int32_t>(vk(), flag.v)[0], 0);
+  xs[17] = 3e38f;  // finite, overflows to inf when scaled up
+  xs[4001] = NAN;
+  for (int i = 0; i < 2; ++i) {
+    Tensor y = up(vk(), {5003}, xs);
+    Tensor f = up_i32(vk(), {1}, {0});
+    vk().unscale_check(y, f, i == 0 ? 4.0f : 0.5f);
+    EXPECT_EQ(down_as<int32_t>(vk(), f)[0], 1) << i;
+  }
+}
+
 TEST_F(ReduceTest, AdamWWithAndWithoutClipping) {
   const int64_t n = 5003;
   for (float max_norm : {0.0f, 0.5f}) {

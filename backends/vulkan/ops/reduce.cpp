@@ -72,6 +72,27 @@ void VulkanDevice::sum(const Tensor& out, const Tensor& x, float scale) {
 
 void VulkanDevice::norm(const Tensor& out, const Tensor& x) { reduce(*this, out, x, 1.0f, true); }
 
+struct UnscalePush {
+  uint32_t n, ox, of;
+  float inv_scale;
+};
+CT_VK_PUSH_SIZE(UnscalePush, unscale_check);
+CT_VK_PUSH_MEMBER(UnscalePush, unscale_check, inv_scale);
+
+// One pass instead of the default scale() + check_finite().
+void VulkanDevice::unscale_check(const Tensor& x, const Tensor& flag, float inv_scale) {
+  require_dtype(flag, DType::i32, "unscale_check", "flag");
+  require_numel(flag, 1, "unscale_check", "flag");
+  require_f32(x, "unscale_check", "x");
+  Bound bf = bind(flag);
+  for_each_chunk(*this, x.numel(), 4, [&](int64_t s, int64_t n) {
+    Bound bx = bind(x, s, n);
+    auto g = grid(n, 256);
+    dispatch(ShaderId::unscale_check, {bf, bx}, UnscalePush{u32(n), bx.first, bf.first, inv_scale},
+             g[0], g[1]);
+  });
+}
+
 void VulkanDevice::check_finite(const Tensor& flag, const Tensor& x) {
   require_dtype(flag, DType::i32, "check_finite", "flag");
   require_numel(flag, 1, "check_finite", "flag");
