@@ -72,6 +72,7 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--philox-init", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (torch.autocast('cpu'))")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
 
@@ -111,7 +112,8 @@ def main():
         x, y = window[:, :-1].contiguous(), window[:, 1:].contiguous()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            _, loss = model(x, y)
         loss.backward()
         if args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
