@@ -12,14 +12,20 @@
 #extension GL_EXT_control_flow_attributes : require
 
 #if defined(MM_VEC)
-// 8x8 invocations, each an 8x8 register block of contiguous rows and columns; k advances 4 at a
-// time. Operands are read as vec4 along their unit-stride dimension where aligned:
+// 8x8 invocations, each a VRM x VRN register block (default 8x8; 16x8, 8x16 measured no faster
+// on lavapipe, 16x16 slower) of contiguous rows and columns; k advances 4 at a time. Operands are read as vec4 along their unit-stride dimension where aligned:
 //   A_K: a rows along k (a not transposed)   A_M: along m (a transposed)   A_S: scalar loads
 //   B_N: b rows along n (b not transposed)   B_K: along k (b transposed)   B_S: scalar loads
 // On lavapipe each buffer load costs about the same whether it fetches 1 or 4 floats, so vec4
 // loads cut the load count per FMA fourfold. A_K and B_K need K % 4 == 0.
-#define TM 64
-#define TN 64
+#ifndef VRM
+#define VRM 8  // rows per invocation (multiple of 4)
+#endif
+#ifndef VRN
+#define VRN 8  // columns per invocation (multiple of 4)
+#endif
+#define TM (8 * VRM)
+#define TN (8 * VRN)
 layout(local_size_x = 8, local_size_y = 8) in;
 #elif defined(MM_REG)
 #define RB 8  // register block RB x RB per invocation
@@ -109,94 +115,94 @@ void main() {
   F1Ptr pb = F1Ptr(uvec2(pc.b_lo, pc.b_hi));
 #define b pb.v
 #endif
-  uint mb = m0 + ty * 8u, nb = n0 + tx * 8u;
-  float acc[8][8];
-  [[unroll]] for (int i = 0; i < 8; ++i)
-    [[unroll]] for (int j = 0; j < 8; ++j) acc[i][j] = 0.0;
+  uint mb = m0 + ty * uint(VRM), nb = n0 + tx * uint(VRN);
+  float acc[VRM][VRN];
+  [[unroll]] for (int i = 0; i < VRM; ++i)
+    [[unroll]] for (int j = 0; j < VRN; ++j) acc[i][j] = 0.0;
 #if defined(A_K)
-  uint ar[8];  // vec4 index of row i at k = 0
-  [[unroll]] for (int i = 0; i < 8; ++i) ar[i] = (abase + min(mb + uint(i), pc.M - 1u) * pc.sam) >> 2;
+  uint ar[VRM];  // vec4 index of row i at k = 0
+  [[unroll]] for (int i = 0; i < VRM; ++i) ar[i] = (abase + min(mb + uint(i), pc.M - 1u) * pc.sam) >> 2;
 #elif defined(A_M)
-  uint ar[2];  // vec4 index of rows 4*i4 .. 4*i4+3 at k = 0
-  [[unroll]] for (int i = 0; i < 2; ++i) ar[i] = (abase + min(mb + 4u * uint(i), pc.M - 4u)) >> 2;
+  uint ar[VRM / 4];  // vec4 index of rows 4*i4 .. 4*i4+3 at k = 0
+  [[unroll]] for (int i = 0; i < VRM / 4; ++i) ar[i] = (abase + min(mb + 4u * uint(i), pc.M - 4u)) >> 2;
   uint ak4 = pc.sak >> 2;
 #else
-  uint ar[8];
-  [[unroll]] for (int i = 0; i < 8; ++i) ar[i] = abase + min(mb + uint(i), pc.M - 1u) * pc.sam;
+  uint ar[VRM];
+  [[unroll]] for (int i = 0; i < VRM; ++i) ar[i] = abase + min(mb + uint(i), pc.M - 1u) * pc.sam;
 #endif
 #if defined(B_N)
-  uint bc[2];
-  [[unroll]] for (int j = 0; j < 2; ++j) bc[j] = (bbase + min(nb + 4u * uint(j), pc.N - 4u)) >> 2;
+  uint bc[VRN / 4];
+  [[unroll]] for (int j = 0; j < VRN / 4; ++j) bc[j] = (bbase + min(nb + 4u * uint(j), pc.N - 4u)) >> 2;
   uint bk4 = pc.sbk >> 2;
 #elif defined(B_K)
-  uint bc[8];
-  [[unroll]] for (int j = 0; j < 8; ++j) bc[j] = (bbase + min(nb + uint(j), pc.N - 1u) * pc.sbn) >> 2;
+  uint bc[VRN];
+  [[unroll]] for (int j = 0; j < VRN; ++j) bc[j] = (bbase + min(nb + uint(j), pc.N - 1u) * pc.sbn) >> 2;
 #else
-  uint bc[8];
-  [[unroll]] for (int j = 0; j < 8; ++j) bc[j] = bbase + min(nb + uint(j), pc.N - 1u) * pc.sbn;
+  uint bc[VRN];
+  [[unroll]] for (int j = 0; j < VRN; ++j) bc[j] = bbase + min(nb + uint(j), pc.N - 1u) * pc.sbn;
 #endif
   uint K4 = pc.K & ~3u, k = 0;
   for (; k < K4; k += 4u) {
-    float av[8][4], bv[4][8];
+    float av[VRM][4], bv[4][VRN];
 #if defined(A_K)
-    [[unroll]] for (int i = 0; i < 8; ++i) {
+    [[unroll]] for (int i = 0; i < VRM; ++i) {
       vec4 v = a4[ar[i] + (k >> 2)];
       av[i][0] = v.x; av[i][1] = v.y; av[i][2] = v.z; av[i][3] = v.w;
     }
 #elif defined(A_M)
     [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
-      [[unroll]] for (int i = 0; i < 2; ++i) {
+      [[unroll]] for (int i = 0; i < VRM / 4; ++i) {
         vec4 v = a4[ar[i] + (k + kk) * ak4];
         av[4 * i][kk] = v.x; av[4 * i + 1][kk] = v.y; av[4 * i + 2][kk] = v.z; av[4 * i + 3][kk] = v.w;
       }
 #else
     [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
-      [[unroll]] for (int i = 0; i < 8; ++i) av[i][kk] = a[ar[i] + (k + kk) * pc.sak];
+      [[unroll]] for (int i = 0; i < VRM; ++i) av[i][kk] = a[ar[i] + (k + kk) * pc.sak];
 #endif
 #if defined(B_N)
     [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
-      [[unroll]] for (int j = 0; j < 2; ++j) {
+      [[unroll]] for (int j = 0; j < VRN / 4; ++j) {
         vec4 v = b4[bc[j] + (k + kk) * bk4];
         bv[kk][4 * j] = v.x; bv[kk][4 * j + 1] = v.y; bv[kk][4 * j + 2] = v.z; bv[kk][4 * j + 3] = v.w;
       }
 #elif defined(B_K)
-    [[unroll]] for (int j = 0; j < 8; ++j) {
+    [[unroll]] for (int j = 0; j < VRN; ++j) {
       vec4 v = b4[bc[j] + (k >> 2)];
       bv[0][j] = v.x; bv[1][j] = v.y; bv[2][j] = v.z; bv[3][j] = v.w;
     }
 #else
     [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
-      [[unroll]] for (int j = 0; j < 8; ++j) bv[kk][j] = b[bc[j] + (k + kk) * pc.sbk];
+      [[unroll]] for (int j = 0; j < VRN; ++j) bv[kk][j] = b[bc[j] + (k + kk) * pc.sbk];
 #endif
     [[unroll]] for (int kk = 0; kk < 4; ++kk)
-      [[unroll]] for (int i = 0; i < 8; ++i)
-        [[unroll]] for (int j = 0; j < 8; ++j) acc[i][j] = fma(av[i][kk], bv[kk][j], acc[i][j]);
+      [[unroll]] for (int i = 0; i < VRM; ++i)
+        [[unroll]] for (int j = 0; j < VRN; ++j) acc[i][j] = fma(av[i][kk], bv[kk][j], acc[i][j]);
   }
 #if !defined(A_K) && !defined(B_K)
   for (; k < pc.K; ++k) {  // K % 4 tail, one k at a time
-    float av[8], bv[8];
+    float av[VRM], bv[VRN];
 #if defined(A_M)
-    [[unroll]] for (int i = 0; i < 2; ++i) {
+    [[unroll]] for (int i = 0; i < VRM / 4; ++i) {
       vec4 v = a4[ar[i] + k * ak4];
       av[4 * i] = v.x; av[4 * i + 1] = v.y; av[4 * i + 2] = v.z; av[4 * i + 3] = v.w;
     }
 #else
-    [[unroll]] for (int i = 0; i < 8; ++i) av[i] = a[ar[i] + k * pc.sak];
+    [[unroll]] for (int i = 0; i < VRM; ++i) av[i] = a[ar[i] + k * pc.sak];
 #endif
 #if defined(B_N)
-    [[unroll]] for (int j = 0; j < 2; ++j) {
+    [[unroll]] for (int j = 0; j < VRN / 4; ++j) {
       vec4 v = b4[bc[j] + k * bk4];
       bv[4 * j] = v.x; bv[4 * j + 1] = v.y; bv[4 * j + 2] = v.z; bv[4 * j + 3] = v.w;
     }
 #else
-    [[unroll]] for (int j = 0; j < 8; ++j) bv[j] = b[bc[j] + k * pc.sbk];
+    [[unroll]] for (int j = 0; j < VRN; ++j) bv[j] = b[bc[j] + k * pc.sbk];
 #endif
-    [[unroll]] for (int i = 0; i < 8; ++i)
-      [[unroll]] for (int j = 0; j < 8; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+    [[unroll]] for (int i = 0; i < VRM; ++i)
+      [[unroll]] for (int j = 0; j < VRN; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
   }
 #endif
-  [[unroll]] for (int i = 0; i < 8; ++i)
-    [[unroll]] for (int j = 0; j < 8; ++j) store(mb + uint(i), nb + uint(j), cbase, acc[i][j]);
+  [[unroll]] for (int i = 0; i < VRM; ++i)
+    [[unroll]] for (int j = 0; j < VRN; ++j) store(mb + uint(i), nb + uint(j), cbase, acc[i][j]);
 #undef a
 #undef b
 #undef a4

@@ -188,7 +188,8 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
 }
 
 void VulkanDevice::gemm(const GemmCall& g) {
-  const int64_t tm = 64, tn = 64;  // TM, TN of every variant in matmul.comp
+  const MmKind kind = pick_kind(*this);
+  const int64_t tm = 64, tn = 64;  // TM, TN of every variant in matmul.comp (VRM = VRN = 8)
   CT_CHECK(g.sc[2] == 1, "gemm: c must have unit column stride");
   MatmulPush p{};
   p.M = u32(g.M), p.N = u32(g.N), p.K = u32(g.K);
@@ -199,7 +200,6 @@ void VulkanDevice::gemm(const GemmCall& g) {
   p.alpha = g.alpha, p.beta = g.beta;
   uint32_t gx = u32((g.N + tn - 1) / tn), gy = u32((g.M + tm - 1) / tm);
   CT_CHECK(gx <= max_groups_x() && g.batch <= 65535, "matmul grid too large");
-  const MmKind kind = pick_kind(*this);
   ShaderId id = kind == MmKind::kReg ? ShaderId::matmul_reg : ShaderId::matmul_tiled;
   if (kind == MmKind::kVec && has_bda()) {
     p.a_lo = static_cast<uint32_t>(g.a.addr), p.a_hi = static_cast<uint32_t>(g.a.addr >> 32);
