@@ -14,6 +14,9 @@
 // op's single-core cost, which load from other processes barely changes (with more threads it
 // also counts OpenMP/OpenBLAS spin-waiting).
 // The machine is shared and noisy: compare two builds by alternating runs, note `uptime`.
+// Under load, libgomp's default barrier spinning dominates (OpenBLAS runs on the same OpenMP
+// pool): with OMP_WAIT_POLICY=passive both this profile and PyTorch ran ~1.4-3x faster at load
+// average 5-6 on the 2-core VM (2026-11-22); set it for both sides when comparing under load.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
