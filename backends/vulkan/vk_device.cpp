@@ -106,6 +106,10 @@ bool VulkanDevice::supports(OpKind op, DType dtype) const {
     case OpKind::kAdd: case OpKind::kGelu: case OpKind::kLayerNorm: case OpKind::kBiasGrad:
     case OpKind::kCrossEntropy:
       return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
+    // ops/optimizers.cpp; 8-bit AdamW stores its indices as uint8_t (8-bit storage)
+    case OpKind::kSgd: case OpKind::kLion: return dtype == DType::f32;
+    case OpKind::kAdamW8bit: return dtype == DType::f32 && pd_.storage8;
+    case OpKind::kAdafactor: return false;
     default: return dtype == DType::f32;
   }
 }

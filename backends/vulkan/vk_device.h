@@ -106,6 +106,15 @@ class VulkanDevice final : public Device {
   void unscale_check(const Tensor& x, const Tensor& flag, float inv_scale) override;
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
              const Tensor& grad_norm, const AdamWHyper& hp) override;
+  // ops/optimizers.cpp
+  void sgd(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+           const Tensor& grad_norm, const SgdHyper& hp) override;
+  void lion(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& grad_norm,
+            const LionHyper& hp) override;
+  void adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m_q, const Tensor& v_q,
+                  const Tensor& m_absmax, const Tensor& v_absmax, const Tensor& qmap_signed,
+                  const Tensor& qmap_unsigned, const Tensor& grad_norm,
+                  const AdamWHyper& hp) override;
 
   // -- for the op files ------------------------------------------------------------------------
   // Elements [start, start+count) of t (contiguous), bound at an offset the device accepts;

@@ -1,0 +1,179 @@
+// The fused low-memory optimizer steps of core/device.h: SGD, Lion, block-wise 8-bit AdamW and
+// Adafactor. Shaders: sgd.comp, lion.comp, adamw_8bit.comp, adafactor.comp. fp32 arithmetic,
+// no atomics; tensors beyond maxStorageBufferRange run in chunks (8-bit AdamW's on block
+// boundaries).
+#include <cmath>
+
+#include "backends/vulkan/ops/op_util.h"
+
+namespace ct::vk {
+
+struct SgdPush {
+  uint32_t n, op, og, ob, onorm, has_buf, first_step, nesterov;
+  float lr, momentum, dampening, wd, max_norm;
+};
+CT_VK_PUSH_SIZE(SgdPush, sgd);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, n);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, op);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, og);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, ob);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, onorm);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, has_buf);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, first_step);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, nesterov);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, lr);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, momentum);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, dampening);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, wd);
+CT_VK_PUSH_MEMBER(SgdPush, sgd, max_norm);
+
+struct LionPush {
+  uint32_t n, op, og, om, onorm;
+  float lr, beta1, beta2, wd, max_norm;
+};
+CT_VK_PUSH_SIZE(LionPush, lion);
+CT_VK_PUSH_MEMBER(LionPush, lion, n);
+CT_VK_PUSH_MEMBER(LionPush, lion, op);
+CT_VK_PUSH_MEMBER(LionPush, lion, og);
+CT_VK_PUSH_MEMBER(LionPush, lion, om);
+CT_VK_PUSH_MEMBER(LionPush, lion, onorm);
+CT_VK_PUSH_MEMBER(LionPush, lion, lr);
+CT_VK_PUSH_MEMBER(LionPush, lion, beta1);
+CT_VK_PUSH_MEMBER(LionPush, lion, beta2);
+CT_VK_PUSH_MEMBER(LionPush, lion, wd);
+CT_VK_PUSH_MEMBER(LionPush, lion, max_norm);
+
+struct AdamW8Push {
+  uint32_t n, op, og, omq, ovq, oma, ova, oqs, oqu, onorm;
+  float lr, beta1, beta2, eps, wd, bc1, bc2, max_norm;
+};
+CT_VK_PUSH_SIZE(AdamW8Push, adamw_8bit);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, n);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, op);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, og);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, omq);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, ovq);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, oma);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, ova);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, oqs);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, oqu);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, onorm);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, lr);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, beta1);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, beta2);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, eps);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, wd);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, bc1);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, bc2);
+CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, max_norm);
+
+namespace {
+// Whether the op clips; checks grad_norm (f32 [1]) when it does.
+bool clip_norm(const Tensor& grad_norm, float max_grad_norm, const char* op) {
+  bool clip = max_grad_norm > 0.0f;
+  if (clip) {
+    require_f32(grad_norm, op, "grad_norm");
+    require_numel(grad_norm, 1, op, "grad_norm");
+  }
+  return clip;
+}
+}  // namespace
+
+void VulkanDevice::sgd(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                       const Tensor& grad_norm, const SgdHyper& hp) {
+  const char* op = "sgd";
+  require_f32(param, op, "param");
+  require_f32(grad, op, "grad");
+  int64_t n = param.numel();
+  require_numel(grad, n, op, "grad");
+  bool has_buf = hp.momentum != 0.0f;
+  if (has_buf) {
+    require_f32(momentum_buf, op, "momentum_buf");
+    require_numel(momentum_buf, n, op, "momentum_buf");
+  }
+  CT_REQUIRE(!hp.nesterov || (hp.momentum > 0.0f && hp.dampening == 0.0f),
+             "sgd: nesterov needs momentum > 0 and dampening 0");
+  CT_REQUIRE(hp.step >= 1, "sgd: step must be >= 1");
+  bool clip = clip_norm(grad_norm, hp.max_grad_norm, op);
+  Bound bn = clip ? bind(grad_norm) : Bound{};
+  for_each_chunk(*this, n, 4, [&](int64_t s, int64_t c) {
+    Bound bp = bind(param, s, c), bg = bind(grad, s, c);
+    Bound bb = has_buf ? bind(momentum_buf, s, c) : bp;  // unused without momentum
+    Bound bnorm = clip ? bn : bg;                          // unread without clipping
+    SgdPush p{u32(c), bp.first, bg.first, bb.first, clip ? bnorm.first : 0u,
+              has_buf ? 1u : 0u, hp.step == 1 ? 1u : 0u, hp.nesterov ? 1u : 0u,
+              hp.lr, hp.momentum, hp.dampening, hp.weight_decay,
+              clip ? hp.max_grad_norm : 0.0f};
+    auto g = grid(c, 256);
+    dispatch(ShaderId::sgd, {bp, bg, bb, bnorm}, p, g[0], g[1]);
+  });
+}
+
+void VulkanDevice::lion(const Tensor& param, const Tensor& grad, const Tensor& m,
+                        const Tensor& grad_norm, const LionHyper& hp) {
+  const char* op = "lion";
+  for (auto [t, nm] : {std::pair{&param, "param"}, {&grad, "grad"}, {&m, "m"}})
+    require_f32(*t, op, nm);
+  int64_t n = param.numel();
+  require_numel(grad, n, op, "grad");
+  require_numel(m, n, op, "m");
+  bool clip = clip_norm(grad_norm, hp.max_grad_norm, op);
+  Bound bn = clip ? bind(grad_norm) : Bound{};
+  for_each_chunk(*this, n, 4, [&](int64_t s, int64_t c) {
+    Bound bp = bind(param, s, c), bg = bind(grad, s, c), bm = bind(m, s, c);
+    Bound bnorm = clip ? bn : bg;
+    LionPush p{u32(c), bp.first, bg.first, bm.first, clip ? bnorm.first : 0u,
+               hp.lr, hp.beta1, hp.beta2, hp.weight_decay, clip ? hp.max_grad_norm : 0.0f};
+    auto g = grid(c, 256);
+    dispatch(ShaderId::lion, {bp, bg, bm, bnorm}, p, g[0], g[1]);
+  });
+}
+
+void VulkanDevice::adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m_q,
+                              const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
+                              const Tensor& qmap_signed, const Tensor& qmap_unsigned,
+                              const Tensor& grad_norm, const AdamWHyper& hp) {
+  const char* op = "adamw_8bit";
+  for (auto [t, nm] : {std::pair{&param, "param"}, {&grad, "grad"}, {&m_absmax, "m_absmax"},
+                       {&v_absmax, "v_absmax"}, {&qmap_signed, "qmap_signed"},
+                       {&qmap_unsigned, "qmap_unsigned"}})
+    require_f32(*t, op, nm);
+  require_dtype(m_q, DType::u8, op, "m_q");
+  require_dtype(v_q, DType::u8, op, "v_q");
+  int64_t n = param.numel();
+  require_numel(grad, n, op, "grad");
+  require_numel(m_q, n, op, "m_q");
+  require_numel(v_q, n, op, "v_q");
+  int64_t nb = quant_blocks(n);
+  require_numel(m_absmax, nb, op, "m_absmax");
+  require_numel(v_absmax, nb, op, "v_absmax");
+  require_numel(qmap_signed, 256, op, "qmap_signed");
+  require_numel(qmap_unsigned, 256, op, "qmap_unsigned");
+  CT_REQUIRE(hp.step >= 1, "adamw_8bit: step must be >= 1");
+  if (n == 0) return;
+  if (!supports(OpKind::kAdamW8bit, DType::f32))
+    fail(ErrorKind::kUnsupported, "adamw_8bit: this Vulkan device lacks 8-bit storage");
+  bool clip = clip_norm(grad_norm, hp.max_grad_norm, op);
+  double t = static_cast<double>(hp.step);
+  float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), t));
+  float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), t));
+  Bound bn = clip ? bind(grad_norm) : Bound{};
+  Bound bqs = bind(qmap_signed), bqu = bind(qmap_unsigned);
+  // Chunks of whole blocks, each f32 binding within maxStorageBufferRange.
+  int64_t chunk = max_elems(4) / kQuantBlockSize * kQuantBlockSize;
+  CT_CHECK(chunk > 0, "adamw_8bit: maxStorageBufferRange below one block");
+  for (int64_t s = 0; s < n; s += chunk) {
+    int64_t c = std::min(chunk, n - s), b0 = s / kQuantBlockSize, bc = quant_blocks(c);
+    Bound bp = bind(param, s, c), bg = bind(grad, s, c), bmq = bind(m_q, s, c),
+          bvq = bind(v_q, s, c), bma = bind(m_absmax, b0, bc), bva = bind(v_absmax, b0, bc);
+    Bound bnorm = clip ? bn : bg;
+    AdamW8Push p{u32(c), bp.first, bg.first, bmq.first, bvq.first, bma.first, bva.first,
+                 bqs.first, bqu.first, clip ? bnorm.first : 0u,
+                 hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, bc1, bc2,
+                 clip ? hp.max_grad_norm : 0.0f};
+    auto g = grid(static_cast<uint64_t>(bc) * kQuantBlockSize, kQuantBlockSize);
+    dispatch(ShaderId::adamw_8bit, {bp, bg, bmq, bvq, bma, bva, bqs, bqu, bnorm}, p, g[0], g[1]);
+  }
+}
+
+}  // namespace ct::vk

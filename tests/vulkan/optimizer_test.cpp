@@ -1,0 +1,186 @@
+// The fused optimizer ops (sgd, lion, adamw_8bit): Vulkan vs the CPU reference device over
+// three steps at odd sizes (partial workgroups, a partial 8-bit block), with and without
+// clipping, and once on a tensor beyond maxStorageBufferRange (chunked).
+#include "core/optim/quant_map.h"
+#include "tests/vulkan/vk_test_util.h"
+
+namespace ct::vktest {
+namespace {
+
+using OptimizerTest = VulkanTest;
+
+Pair zeros(int64_t n) { return both({n}, Vec(static_cast<size_t>(n), 0.0f)); }
+
+// Elements whose parameter moved by more than `tol` differently on the two devices.
+size_t count_differ(const Vec& a, const Vec& b, float tol) {
+  size_t k = 0;
+  for (size_t i = 0; i < a.size(); ++i) k += std::abs(a[i] - b[i]) > tol;
+  return k;
+}
+
+TEST_F(OptimizerTest, Supports) {
+  EXPECT_TRUE(vk().supports(OpKind::kSgd, DType::f32));
+  EXPECT_TRUE(vk().supports(OpKind::kLion, DType::f32));
+  EXPECT_TRUE(vk().supports(OpKind::kAdamW8bit, DType::f32));
+  EXPECT_FALSE(vk().supports(OpKind::kSgd, DType::f16));
+}
+
+TEST_F(OptimizerTest, SgdMatchesReference) {
+  struct Cfg {
+    float momentum, dampening;
+    bool nesterov;
+  };
+  for (float max_norm : {0.0f, 1.0f})
+    for (Cfg cfg : {Cfg{0.0f, 0.0f, false}, Cfg{0.9f, 0.0f, true}, Cfg{0.8f, 0.25f, false}})
+      for (int64_t n : {int64_t{1}, int64_t{100003}}) {
+        Pair p = both({n}, randn(n, 300 + n, 0.5f)), buf = zeros(n), gn = both({1}, {4.0f});
+        SgdHyper h;
+        h.lr = 0.01f, h.momentum = cfg.momentum, h.dampening = cfg.dampening;
+        h.nesterov = cfg.nesterov, h.weight_decay = 0.01f, h.max_grad_norm = max_norm;
+        for (int s = 1; s <= 3; ++s) {
+          Pair g = both({n}, randn(n, 310 + s, 0.05f));
+          h.step = s;
+          Tensor bv = cfg.momentum != 0.0f ? buf.v : Tensor{}, br = cfg.momentum != 0.0f ? buf.r : Tensor{};
+          vk().sgd(p.v, g.v, bv, max_norm > 0 ? gn.v : Tensor{}, h);
+          ref().sgd(p.r, g.r, br, max_norm > 0 ? gn.r : Tensor{}, h);
+        }
+        std::string w = " n=" + std::to_string(n) + " momentum=" + std::to_string(cfg.momentum) +
+                        (cfg.nesterov ? " nesterov" : "") + (max_norm > 0 ? " clipped" : "");
+        EXPECT_TRUE(same(p, kTol, "sgd param" + w));
+        if (cfg.momentum != 0.0f) {
+          EXPECT_TRUE(same(buf, kTol, "sgd buf" + w));
+        }
+      }
+}
+
+TEST_F(OptimizerTest, LionMatchesReference) {
+  for (float max_norm : {0.0f, 1.0f})
+    for (int64_t n : {int64_t{3}, int64_t{100003}}) {
+      Pair p = both({n}, randn(n, 400 + n, 0.5f)), m = zeros(n), gn = both({1}, {4.0f});
+      LionHyper h;
+      h.weight_decay = 0.1f, h.max_grad_norm = max_norm;
+      for (int s = 1; s <= 3; ++s) {
+        Pair g = both({n}, randn(n, 410 + s, 0.05f));
+        vk().lion(p.v, g.v, m.v, max_norm > 0 ? gn.v : Tensor{}, h);
+        ref().lion(p.r, g.r, m.r, max_norm > 0 ? gn.r : Tensor{}, h);
+      }
+      std::string w = " n=" + std::to_string(n) + (max_norm > 0 ? " clipped" : "");
+      EXPECT_TRUE(same(p, kTol, "lion param" + w));
+      EXPECT_TRUE(same(m, kTol, "lion m" + w));
+      // sign(c) may flip where c rounds to the other side of 0 in f32 vs the reference's f64
+      Vec a = down(vk(), p.v), b = down(ref(), p.r);
+      EXPECT_LE(count_differ(a, b, 1e-6f), a.size() / 10000) << "lion sign flips" << w;
+    }
+}
+
+struct Adam8 {
+  Pair p, mq, vq, ma, va, qs, qu;
+};
+
+Adam8 make_adam8(int64_t n, uint64_t seed) {
+  Adam8 s;
+  s.p = both({n}, randn(n, seed, 0.5f));
+  s.mq = both_empty({n}, DType::u8);
+  s.vq = both_empty({n}, DType::u8);
+  for (Pair* q : {&s.mq, &s.vq}) {
+    vk().fill(q->v, 0.0f);
+    ref().fill(q->r, 0.0f);
+  }
+  s.ma = zeros(quant_blocks(n));
+  s.va = zeros(quant_blocks(n));
+  s.qs = both({256}, Vec(dynamic_map_signed().begin(), dynamic_map_signed().end()));
+  s.qu = both({256}, Vec(dynamic_map_unsigned().begin(), dynamic_map_unsigned().end()));
+  return s;
+}
+
+void step_adam8(Adam8& s, const Pair& g, const Pair& gn, const AdamWHyper& h) {
+  bool clip = h.max_grad_norm > 0;
+  vk().adamw_8bit(s.p.v, g.v, s.mq.v, s.vq.v, s.ma.v, s.va.v, s.qs.v, s.qu.v,
+                  clip ? gn.v : Tensor{}, h);
+  ref().adamw_8bit(s.p.r, g.r, s.mq.r, s.vq.r, s.ma.r, s.va.r, s.qs.r, s.qu.r,
+                   clip ? gn.r : Tensor{}, h);
+}
+
+// The 8-bit contract's bounds (tests/ops/optimizer_ops_test.cpp): indices within 1 and equal on
+// >= 99.9%, absmax within 1e-5 relative.
+void expect_adam8_close(const Adam8& s, const std::string& w) {
+  EXPECT_TRUE(same(s.p, kTol, "adamw_8bit param" + w));
+  for (const Pair* a : {&s.ma, &s.va}) {
+    Vec got = down(vk(), a->v), want = down(ref(), a->r);
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      bad += std::abs(got[i] - want[i]) > 1e-5f * std::abs(want[i]);
+    EXPECT_EQ(bad, 0u) << "adamw_8bit absmax" << w << (a == &s.ma ? " (m)" : " (v)");
+  }
+  for (const Pair* q : {&s.mq, &s.vq}) {
+    auto got = down_as<uint8_t>(vk(), q->v), want = down_as<uint8_t>(ref(), q->r);
+    size_t equal = 0, far = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      equal += got[i] == want[i];
+      far += std::abs(int(got[i]) - int(want[i])) > 1;
+    }
+    std::string which = q == &s.mq ? " m_q" : " v_q";
+    if (std::getenv("CT_PRINT_NMSE"))
+      std::printf("  adamw_8bit%s%s: %zu of %zu indices equal, %zu off by more than 1\n",
+                  which.c_str(), w.c_str(), equal, got.size(), far);
+    EXPECT_EQ(far, 0u) << "adamw_8bit" << which << w;
+    EXPECT_GE(equal, got.size() * 999 / 1000) << "adamw_8bit" << which << w;
+  }
+}
+
+TEST_F(OptimizerTest, AdamW8bitMatchesReference) {
+  for (float max_norm : {0.0f, 1.0f})
+    for (int64_t n : {int64_t{5}, int64_t{100003}}) {
+      Adam8 s = make_adam8(n, 500 + n);
+      Pair gn = both({1}, {4.0f});
+      AdamWHyper h;
+      h.lr = 1e-3f, h.weight_decay = 0.1f, h.beta2 = 0.95f, h.max_grad_norm = max_norm;
+      for (int st = 1; st <= 3; ++st) {
+        Pair g = both({n}, randn(n, 510 + st, 0.05f));
+        h.step = st;
+        step_adam8(s, g, gn, h);
+      }
+      expect_adam8_close(s, " n=" + std::to_string(n) + (max_norm > 0 ? " clipped" : ""));
+    }
+}
+
+TEST_F(OptimizerTest, ArgumentChecks) {
+  Tensor p = up(vk(), {12}, Vec(12, 1.0f)), g = up(vk(), {12}, Vec(12, 0.1f));
+  SgdHyper s;
+  s.momentum = 0.9f;
+  EXPECT_THROW(vk().sgd(p, g, Tensor{}, Tensor{}, s), Error);  // momentum needs a buffer
+  s.max_grad_norm = 1.0f;
+  EXPECT_THROW(vk().sgd(p, g, g, Tensor{}, s), Error);  // clipping needs grad_norm
+  Tensor one = up(vk(), {1}, {0.0f}), q256 = up(vk(), {256}, Vec(256, 0.0f));
+  AdamWHyper a;
+  EXPECT_THROW(vk().adamw_8bit(p, g, g, g, one, one, q256, q256, Tensor{}, a), Error);  // u8 q
+  Tensor q = vk().empty({12}, DType::u8, MemCategory::kOptimizer);
+  vk().fill(q, 0.0f);
+  EXPECT_THROW(vk().adamw_8bit(p, g, q, q, q256, one, q256, q256, Tensor{}, a), Error);  // absmax
+}
+
+// Chunked: the tensors span more than one maxStorageBufferRange binding.
+TEST_F(OptimizerTest, BeyondMaxStorageBufferRange) {
+  const int64_t n = vk().info().max_buffer_range_bytes / 4 + 1001;
+  Pair gn = both({1}, {4.0f});
+  Pair g = both({n}, randn(static_cast<size_t>(n), 601, 0.05f));
+  {
+    Pair p = both({n}, randn(static_cast<size_t>(n), 600, 0.5f)), m = zeros(n);
+    LionHyper h;
+    h.max_grad_norm = 1.0f;
+    vk().lion(p.v, g.v, m.v, gn.v, h);
+    ref().lion(p.r, g.r, m.r, gn.r, h);
+    EXPECT_TRUE(same(p, kTol, "lion param (large)"));
+    EXPECT_TRUE(same(m, kTol, "lion m (large)"));
+  }
+  {
+    Adam8 s = make_adam8(n, 602);
+    AdamWHyper h;
+    h.max_grad_norm = 1.0f;
+    step_adam8(s, g, gn, h);
+    expect_adam8_close(s, " (large)");
+  }
+}
+
+}  // namespace
+}  // namespace ct::vktest
