@@ -13,6 +13,7 @@
 #include "core/io/read_file.h"
 #include "core/train/checkpoint.h"
 #include "core/train/trainer.h"
+#include "tests/train/train_test_util.h"
 
 namespace ct {
 namespace {
@@ -21,42 +22,21 @@ namespace fs = std::filesystem;
 class Checkpoints : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("crosstrain_ckpt_test_" + std::to_string(getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
+    root_ = testing::fresh_temp_dir("ckpt");
   }
   void TearDown() override { fs::remove_all(root_); }
 
   TrainArgs args(const std::string& out) const {
-    TrainArgs a;
-    a.n_layer = 2;
-    a.n_head = 2;
-    a.n_embd = 32;
-    a.block_size = 32;
-    a.data = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
-    a.output_dir = (root_ / out).string();
+    TrainArgs a = testing::small_model_args(root_ / out);
     a.max_steps = 12;
     a.per_device_train_batch_size = 2;
     a.gradient_accumulation_steps = 2;
     a.learning_rate = 3e-3;
     a.warmup_steps = 2;
-    a.logging_steps = 1;
-    a.eval_steps = 0;
-    a.max_eval_batches = 2;
-    a.sample_tokens = 0;
-    a.progress_bar = false;
     return a;
   }
   fs::path root_;
 
- public:
-  static std::vector<double> losses(const fs::path& dir) {
-    std::ifstream f(dir / "metrics.jsonl");
-    std::vector<double> out;
-    std::string line;
-    while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-    return out;
-  }
   static void expect_refused(const TrainArgs& a, const std::string& mention) {
     try {
       train(a);
@@ -67,15 +47,6 @@ class Checkpoints : public ::testing::Test {
   }
 };
 
-void expect_same_run(const fs::path& a_dir, const fs::path& b_dir) {
-  std::vector<double> a = Checkpoints::losses(a_dir), b = Checkpoints::losses(b_dir);
-  ASSERT_EQ(a.size(), 12u);
-  ASSERT_EQ(b.size(), 12u);
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
-  EXPECT_TRUE(read_file_bytes((a_dir / "model.safetensors").string()) ==
-              read_file_bytes((b_dir / "model.safetensors").string()))
-      << "the final weights differ";
-}
 
 // K steps, then a second run resumes and trains K more: the same losses and weight bytes as 2K
 // straight (constant schedule, so the first run's --max-steps does not change the rates).
@@ -94,7 +65,8 @@ TEST_F(Checkpoints, KPlusResumePlusKEqualsStraight) {
   second.save_steps = 0;
   second.resume_from_checkpoint = "latest";
   train(second);
-  expect_same_run(straight.output_dir, second.output_dir);
+  ASSERT_EQ(testing::read_metrics(second.output_dir).size(), 12u);
+  testing::expect_same_run(straight.output_dir, second.output_dir);
 }
 
 // A run interrupted after its step-6 checkpoint (cosine schedule over 12 steps) and resumed in
@@ -110,7 +82,8 @@ TEST_F(Checkpoints, InterruptedRunResumesExactly) {
   fs::copy(fs::path(straight.output_dir) / "metrics.jsonl", fs::path(resumed.output_dir) / "metrics.jsonl");
   resumed.resume_from_checkpoint = (fs::path(resumed.output_dir) / "checkpoint-6").string();
   train(resumed);
-  expect_same_run(straight.output_dir, resumed.output_dir);
+  ASSERT_EQ(testing::read_metrics(resumed.output_dir).size(), 12u);
+  testing::expect_same_run(straight.output_dir, resumed.output_dir);
 }
 
 TEST_F(Checkpoints, LatestSkipsIncompleteAndLimitPrunes) {

@@ -14,6 +14,7 @@
 #include "core/io/read_file.h"
 #include "core/train/checkpoint.h"
 #include "core/train/trainer.h"
+#include "tests/train/train_test_util.h"
 
 namespace ct {
 namespace {
@@ -21,55 +22,28 @@ namespace fs = std::filesystem;
 
 class OptimizerRuns : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override {
-    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    for (char& c : name) c = c == '/' ? '_' : c;
-    root_ = fs::temp_directory_path() / ("crosstrain_optim_test_" + std::to_string(getpid()) + "_" + name);
-    fs::remove_all(root_);
-  }
+  void SetUp() override { root_ = testing::fresh_temp_dir("optim"); }
   void TearDown() override { fs::remove_all(root_); }
 
   // "adamw_8bit+offload" -> --optim adamw_8bit --offload-optimizer
   TrainArgs args(const std::string& out) const {
-    TrainArgs a;
+    TrainArgs a = testing::small_model_args(root_ / out);
     std::string spec = GetParam();
     a.offload_optimizer = spec.find("+offload") != std::string::npos;
     a.optim = spec.substr(0, spec.find('+'));
     a.sgd_momentum = 0.9;
     a.sgd_nesterov = true;
     a.adafactor_beta1 = 0.9;  // exercise the optional first moment too
-    a.n_layer = 2;
-    a.n_head = 2;
     a.n_embd = 64;
-    a.block_size = 32;
-    a.data = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
-    a.output_dir = (root_ / out).string();
     a.max_steps = 8;
     a.per_device_train_batch_size = 2;
     a.learning_rate = a.optim == "sgd" ? 0.05 : (a.optim == "lion" ? 3e-4 : 3e-3);
     a.warmup_steps = 2;
-    a.logging_steps = 1;
-    a.eval_steps = 0;
     a.max_eval_batches = 1;
-    a.sample_tokens = 0;
-    a.progress_bar = false;
     return a;
   }
-  static std::vector<nlohmann::json> records(const std::string& dir) {
-    std::ifstream f(fs::path(dir) / "metrics.jsonl");
-    std::vector<nlohmann::json> out;
-    for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line));
-    return out;
-  }
-  static void expect_same(const std::string& a, const std::string& b) {
-    auto ra = records(a), rb = records(b);
-    ASSERT_EQ(ra.size(), rb.size());
-    for (size_t i = 0; i < ra.size(); ++i)
-      EXPECT_EQ(ra[i]["loss"].get<double>(), rb[i]["loss"].get<double>()) << "step " << i + 1;
-    EXPECT_TRUE(read_file_bytes((fs::path(a) / "model.safetensors").string()) ==
-                read_file_bytes((fs::path(b) / "model.safetensors").string()))
-        << "final weights differ";
-  }
+  static std::vector<nlohmann::json> records(const std::string& dir) { return testing::read_metrics(dir); }
+  static void expect_same(const std::string& a, const std::string& b) { testing::expect_same_run(a, b); }
   fs::path root_;
 };
 
@@ -92,8 +66,10 @@ TEST_P(OptimizerRuns, ResumeIsBitExactAndLossFalls) {
   expect_same(straight.output_dir, resumed.output_dir);
 }
 
-TEST_P(OptimizerRuns, OffloadEqualsOnDevice) {
-  if (GetParam().find("+offload") == std::string::npos) GTEST_SKIP() << "on-device run";
+// The offloaded runs only.
+class OffloadRuns : public OptimizerRuns {};
+
+TEST_P(OffloadRuns, OffloadEqualsOnDevice) {
   TrainArgs off = args("offload");
   TrainArgs on = args("on_device");
   on.offload_optimizer = false;
@@ -105,15 +81,19 @@ TEST_P(OptimizerRuns, OffloadEqualsOnDevice) {
   EXPECT_GT(r["memory"]["optimizer_host"].get<int64_t>(), 0);
 }
 
+std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& c : n) c = c == '+' ? '_' : c;
+  return n;
+}
 INSTANTIATE_TEST_SUITE_P(AllOptimizers, OptimizerRuns,
                          ::testing::Values("adamw", "adafactor", "adamw_8bit", "lion", "sgd",
                                            "adamw+offload", "adamw_8bit+offload",
                                            "adafactor+offload"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) c = c == '+' ? '_' : c;
-                           return n;
-                         });
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Offloaded, OffloadRuns,
+                         ::testing::Values("adamw+offload", "adamw_8bit+offload", "adafactor+offload"),
+                         param_name);
 
 TEST(OptimizerCheckpoint, AnotherOptimizersStateIsRefused) {
   fs::path root = fs::temp_directory_path() / ("crosstrain_optim_refuse_" + std::to_string(getpid()));

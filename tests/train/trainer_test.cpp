@@ -18,43 +18,27 @@
 #include "core/train/model_files.h"
 #include "core/train/schedule.h"
 #include "core/train/trainer.h"
+#include "tests/train/train_test_util.h"
 
 namespace ct {
 namespace {
 namespace fs = std::filesystem;
 
-fs::path temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("crosstrain_train_test_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(p);
-  return p;
-}
+using testing::read_metrics;
+
+fs::path temp_dir(const std::string& name) { return testing::fresh_temp_dir("train_" + name); }
 
 TrainArgs small_args(const fs::path& out) {
-  TrainArgs a;
-  a.model = "tiny";
-  a.n_layer = 2;
-  a.n_head = 2;
-  a.n_embd = 32;
-  a.block_size = 32;
-  a.data = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
-  a.output_dir = out.string();
+  TrainArgs a = testing::small_model_args(out);
   a.max_steps = 60;
   a.per_device_train_batch_size = 4;
   a.learning_rate = 3e-3;
   a.warmup_steps = 5;
   a.logging_steps = 10;
   a.eval_steps = 30;
+  a.max_eval_batches = 16;
   a.sample_tokens = 16;
-  a.progress_bar = false;
   return a;
-}
-
-std::vector<nlohmann::json> read_metrics(const fs::path& dir) {
-  std::ifstream f(dir / "metrics.jsonl");
-  std::vector<nlohmann::json> recs;
-  std::string line;
-  while (std::getline(f, line)) recs.push_back(nlohmann::json::parse(line));
-  return recs;
 }
 
 TEST(Trainer, LossFallsAndFilesAreWritten) {
