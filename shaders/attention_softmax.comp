@@ -7,10 +7,17 @@
 //           holds dout . v on entry)
 // Rows are read and written through buffer device addresses (one gather per load on lavapipe);
 // the bindings stay so the descriptor set and validation see the accesses.
+// H_F16 / H_BF16 (attention in 16 bits, common/h16.glsl): SM_FWD works in place on the f32
+// scores (a workspace) as before and also writes the rounded probabilities to the 16-bit att
+// (binding 1, offset od); SM_BWD reads att as 16 bits (binding 0), d stays f32.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_buffer_reference_uvec2 : require
 #include "common/index.glsl"
+#if defined(H_F16) || defined(H_BF16)
+#include "common/h16.glsl"
+#define ATT_H
+#endif
 
 layout(local_size_x = 64) in;
 
@@ -26,9 +33,15 @@ layout(push_constant) uniform Push {
   uint d_hi;
 } pc;
 
+#if defined(SM_BWD) && defined(ATT_H)
+layout(std430, binding = 0) readonly buffer Att { H_T att[]; };
+#else
 layout(std430, binding = 0) buffer Att { float att[]; };
+#endif
 #if defined(SM_BWD)
 layout(std430, binding = 1) buffer D { float dd[]; };
+#elif defined(ATT_H)
+layout(std430, binding = 1) writeonly buffer AttH { H_T atth[]; };
 #endif
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer FPtr { float v[]; };
 
@@ -48,14 +61,32 @@ void main() {
     z += e;
   }
   float rz = 1.0 / z;
+#if defined(ATT_H)
+  uint hbase = pc.od + row * T;
+  for (uint u = 0; u <= t; ++u) {
+    float p = pa.v[base + u] * rz;
+    pa.v[base + u] = p;
+    atth[hbase + u] = h_store(p);
+  }
+  for (uint u = t + 1u; u < T; ++u) {
+    pa.v[base + u] = 0.0;
+    atth[hbase + u] = h_store(0.0);
+  }
+#else
   for (uint u = 0; u <= t; ++u) pa.v[base + u] *= rz;
   for (uint u = t + 1u; u < T; ++u) pa.v[base + u] = 0.0;
+#endif
 #else
   FPtr pd = FPtr(uvec2(pc.d_lo, pc.d_hi));
   uint dbase = pc.od + row * T;
+#if defined(ATT_H)
+#define ATT(u) h_load(att[base + (u)])
+#else
+#define ATT(u) pa.v[base + (u)]
+#endif
   float s = 0.0;
-  for (uint u = 0; u <= t; ++u) s += pa.v[base + u] * pd.v[dbase + u];
-  for (uint u = 0; u <= t; ++u) pd.v[dbase + u] = pc.scale * pa.v[base + u] * (pd.v[dbase + u] - s);
+  for (uint u = 0; u <= t; ++u) s += ATT(u) * pd.v[dbase + u];
+  for (uint u = 0; u <= t; ++u) pd.v[dbase + u] = pc.scale * ATT(u) * (pd.v[dbase + u] - s);
   for (uint u = t + 1u; u < T; ++u) pd.v[dbase + u] = 0.0;
 #endif
 }

@@ -8,8 +8,40 @@
 //             shared memory, bounds handled by clamping loads and masking stores.
 //   MM_TILED  GPUs: 16x16 invocations, 64x64 tile, 16-deep k slices staged in shared memory,
 //             4x4 register block per invocation.
+// 16-bit operands (core/device.h: a, b f32 | h, the same; c f32 | a's dtype; the attention's
+// GEMMs also need a f32 with b, c h): A_H, B_H, C_H store that operand as 16 bits of the H_F16 or
+// H_BF16 format (common/h16.glsl: exact widening on load, the CPU's round-to-nearest-even on
+// store); all arithmetic stays fp32. MM_VEC reads 16-bit operands through addresses as uvec2
+// (4 values) or uint words (scalar) and unpacks them, so only 32-bit types are loaded there.
 
 #extension GL_EXT_control_flow_attributes : require
+#if defined(A_H) || defined(B_H) || defined(C_H)
+#extension GL_GOOGLE_include_directive : require
+#include "common/h16.glsl"
+#endif
+#if defined(A_H)
+#define A_T H_T
+#define A_LD(x) h_load(x)
+#else
+#define A_T float
+#define A_LD(x) (x)
+#endif
+#if defined(B_H)
+#define B_T H_T
+#define B_LD(x) h_load(x)
+#else
+#define B_T float
+#define B_LD(x) (x)
+#endif
+#if defined(C_H)
+#define C_T H_T
+#define C_LD(x) h_load(x)
+#define C_ST(f) h_store(f)
+#else
+#define C_T float
+#define C_LD(x) (x)
+#define C_ST(f) (f)
+#endif
 
 #if defined(MM_VEC)
 // 8x8 invocations, each a VRM x VRN register block (default 8x8; 16x8, 8x16 measured no faster
@@ -26,6 +58,22 @@
 #endif
 #define TM (8 * VRM)
 #define TN (8 * VRN)
+#if defined(MM_SG)
+// MM_SG (with MM_VEC, VRM == 8; the host picks it where the subgroup size is 8 and subgroups
+// support ballot in compute): the 8 invocations of a subgroup share their 8 rows of a, so each
+// loads 1/8 of them -- one row each (A_K, A_S) or one vec4 of 4 rows at one k (A_M) -- and
+// subgroupBroadcast() hands the values round (on lavapipe an extract and a splat, against 8x
+// the gathers). The row block is the subgroup's, the column block the lane's, so nothing depends
+// on how the device lays subgroups over the workgroup.
+// Tried: 32-bit byte offsets from a 64-bit base (base + sext(offset)) so that LLVM might use
+// 32-bit-index gathers: LLVM 15 keeps vpgatherqd with 64-bit zmm addresses (already 8 lanes per
+// instruction with AVX-512), no faster. 8x4 blocks (32 accumulators, no spills): no faster.
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_ballot : require
+#if VRM != 8
+#error MM_SG needs VRM == 8
+#endif
+#endif
 layout(local_size_x = 8, local_size_y = 8) in;
 #elif defined(MM_REG)
 #define RB 8  // register block RB x RB per invocation
@@ -69,9 +117,9 @@ shared float As[BK][TM + 1];
 shared float Bs[BK][TN + 1];
 #endif
 
-layout(std430, binding = 0) buffer Cm { float c[]; };
-layout(std430, binding = 1) readonly buffer Am { float a[]; };
-layout(std430, binding = 2) readonly buffer Bm { float b[]; };
+layout(std430, binding = 0) buffer Cm { C_T c[]; };
+layout(std430, binding = 1) readonly buffer Am { A_T a[]; };
+layout(std430, binding = 2) readonly buffer Bm { B_T b[]; };
 #if defined(MM_VEC)
 // a and b are read through buffer device addresses: lavapipe compiles a divergent load from a
 // descriptor-bound buffer into a bounds-checked per-lane branch, a load through an address into
@@ -80,6 +128,16 @@ layout(std430, binding = 2) readonly buffer Bm { float b[]; };
 #extension GL_EXT_buffer_reference_uvec2 : require
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer V4Ptr { vec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer F1Ptr { float v[]; };
+#if defined(A_H) || defined(B_H)
+layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer U2Ptr { uvec2 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer U1Ptr { uint v[]; };
+// 4 16-bit values (little-endian: element 4i in the low half of word 2i)
+vec4 h4(uvec2 w) {
+  return vec4(h_load(w.x & 0xffffu), h_load(w.x >> 16), h_load(w.y & 0xffffu), h_load(w.y >> 16));
+}
+// 16-bit element i, read as the aligned word holding it
+float h1(U1Ptr p, uint i) { return h_load((p.v[i >> 1] >> ((i & 1u) << 4)) & 0xffffu); }
+#endif
 #endif
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 
@@ -87,9 +145,9 @@ void store(uint m, uint n, uint cbase, float acc) {
   if (m >= pc.M || n >= pc.N) return;
   uint ci = cbase + m * pc.scm + n;
   float v = pc.alpha * acc;
-  if (pc.beta != 0.0) v += pc.beta * c[ci];  // beta == 0: c may hold NaN garbage
+  if (pc.beta != 0.0) v += pc.beta * C_LD(c[ci]);  // beta == 0: c may hold NaN garbage
   if (pc.has_bias != 0u) v += bias[pc.obias + n];
-  c[ci] = v;
+  c[ci] = C_ST(v);
 }
 
 void main() {
@@ -101,19 +159,34 @@ void main() {
   uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;
 
 #if defined(MM_VEC)
-#if defined(A_K) || defined(A_M)
+#if defined(MM_SG)
+  tx = gl_SubgroupInvocationID, ty = gl_SubgroupID;
+#endif
+#if (defined(A_K) || defined(A_M)) && defined(A_H)
+  U2Ptr pa = U2Ptr(uvec2(pc.a_lo, pc.a_hi));
+#define a4(i) h4(pa.v[i])
+#elif defined(A_K) || defined(A_M)
   V4Ptr pa = V4Ptr(uvec2(pc.a_lo, pc.a_hi));
-#define a4 pa.v
+#define a4(i) pa.v[i]
+#elif defined(A_H)
+  U1Ptr pa = U1Ptr(uvec2(pc.a_lo, pc.a_hi));
+#define a(i) h1(pa, i)
 #else
   F1Ptr pa = F1Ptr(uvec2(pc.a_lo, pc.a_hi));
-#define a pa.v
+#define a(i) pa.v[i]
 #endif
-#if defined(B_N) || defined(B_K)
+#if (defined(B_N) || defined(B_K)) && defined(B_H)
+  U2Ptr pb = U2Ptr(uvec2(pc.b_lo, pc.b_hi));
+#define b4(i) h4(pb.v[i])
+#elif defined(B_N) || defined(B_K)
   V4Ptr pb = V4Ptr(uvec2(pc.b_lo, pc.b_hi));
-#define b4 pb.v
+#define b4(i) pb.v[i]
+#elif defined(B_H)
+  U1Ptr pb = U1Ptr(uvec2(pc.b_lo, pc.b_hi));
+#define b(i) h1(pb, i)
 #else
   F1Ptr pb = F1Ptr(uvec2(pc.b_lo, pc.b_hi));
-#define b pb.v
+#define b(i) pb.v[i]
 #endif
   uint mb = m0 + ty * uint(VRM), nb = n0 + tx * uint(VRN);
   float acc[VRM][VRN];
@@ -141,38 +214,68 @@ void main() {
   uint bc[VRN];
   [[unroll]] for (int j = 0; j < VRN; ++j) bc[j] = bbase + min(nb + uint(j), pc.N - 1u) * pc.sbn;
 #endif
+#if defined(MM_SG)
+  // this lane's share of the subgroup's rows of a
+#if defined(A_K)
+  uint sg_a = (abase + min(mb + tx, pc.M - 1u) * pc.sam) >> 2;  // row tx, vec4 index at k = 0
+#elif defined(A_M)
+  uint sg_a = (abase + min(mb + 4u * (tx & 1u), pc.M - 4u)) >> 2;  // rows 4*(tx&1).., at k+tx/2
+  uint sg_k = tx >> 1u;
+#else
+  uint sg_a = abase + min(mb + tx, pc.M - 1u) * pc.sam;  // row tx, scalar index at k = 0
+#endif
+#if defined(A_M)  // lane l holds rows 4*(l&1) .. +3 at k + l/2
+#define SGB(l) { vec4 w = subgroupBroadcast(v, l); const int i4 = int(l) & 1, q = int(l) >> 1; \
+    av[4 * i4][q] = w.x; av[4 * i4 + 1][q] = w.y; av[4 * i4 + 2][q] = w.z; av[4 * i4 + 3][q] = w.w; }
+#else  // lane l holds row l at k .. k+3
+#define SGB(l) { vec4 w = subgroupBroadcast(v, l); \
+    av[l][0] = w.x; av[l][1] = w.y; av[l][2] = w.z; av[l][3] = w.w; }
+#endif
+#endif
   uint K4 = pc.K & ~3u, k = 0;
   for (; k < K4; k += 4u) {
     float av[VRM][4], bv[4][VRN];
+#if defined(MM_SG)
+    {
 #if defined(A_K)
+      vec4 v = a4(sg_a + (k >> 2));
+#elif defined(A_M)
+      vec4 v = a4(sg_a + (k + sg_k) * ak4);
+#else
+      vec4 v = vec4(a(sg_a + k * pc.sak), a(sg_a + (k + 1u) * pc.sak), a(sg_a + (k + 2u) * pc.sak),
+                    a(sg_a + (k + 3u) * pc.sak));
+#endif
+      SGB(0u) SGB(1u) SGB(2u) SGB(3u) SGB(4u) SGB(5u) SGB(6u) SGB(7u)
+    }
+#elif defined(A_K)
     [[unroll]] for (int i = 0; i < VRM; ++i) {
-      vec4 v = a4[ar[i] + (k >> 2)];
+      vec4 v = a4(ar[i] + (k >> 2));
       av[i][0] = v.x; av[i][1] = v.y; av[i][2] = v.z; av[i][3] = v.w;
     }
 #elif defined(A_M)
     [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
       [[unroll]] for (int i = 0; i < VRM / 4; ++i) {
-        vec4 v = a4[ar[i] + (k + kk) * ak4];
+        vec4 v = a4(ar[i] + (k + kk) * ak4);
         av[4 * i][kk] = v.x; av[4 * i + 1][kk] = v.y; av[4 * i + 2][kk] = v.z; av[4 * i + 3][kk] = v.w;
       }
 #else
     [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
-      [[unroll]] for (int i = 0; i < VRM; ++i) av[i][kk] = a[ar[i] + (k + kk) * pc.sak];
+      [[unroll]] for (int i = 0; i < VRM; ++i) av[i][kk] = a(ar[i] + (k + kk) * pc.sak);
 #endif
 #if defined(B_N)
     [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
       [[unroll]] for (int j = 0; j < VRN / 4; ++j) {
-        vec4 v = b4[bc[j] + (k + kk) * bk4];
+        vec4 v = b4(bc[j] + (k + kk) * bk4);
         bv[kk][4 * j] = v.x; bv[kk][4 * j + 1] = v.y; bv[kk][4 * j + 2] = v.z; bv[kk][4 * j + 3] = v.w;
       }
 #elif defined(B_K)
     [[unroll]] for (int j = 0; j < VRN; ++j) {
-      vec4 v = b4[bc[j] + (k >> 2)];
+      vec4 v = b4(bc[j] + (k >> 2));
       bv[0][j] = v.x; bv[1][j] = v.y; bv[2][j] = v.z; bv[3][j] = v.w;
     }
 #else
     [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
-      [[unroll]] for (int j = 0; j < VRN; ++j) bv[kk][j] = b[bc[j] + (k + kk) * pc.sbk];
+      [[unroll]] for (int j = 0; j < VRN; ++j) bv[kk][j] = b(bc[j] + (k + kk) * pc.sbk);
 #endif
     [[unroll]] for (int kk = 0; kk < 4; ++kk)
       [[unroll]] for (int i = 0; i < VRM; ++i)
@@ -183,19 +286,19 @@ void main() {
     float av[VRM], bv[VRN];
 #if defined(A_M)
     [[unroll]] for (int i = 0; i < VRM / 4; ++i) {
-      vec4 v = a4[ar[i] + k * ak4];
+      vec4 v = a4(ar[i] + k * ak4);
       av[4 * i] = v.x; av[4 * i + 1] = v.y; av[4 * i + 2] = v.z; av[4 * i + 3] = v.w;
     }
 #else
-    [[unroll]] for (int i = 0; i < VRM; ++i) av[i] = a[ar[i] + k * pc.sak];
+    [[unroll]] for (int i = 0; i < VRM; ++i) av[i] = a(ar[i] + k * pc.sak);
 #endif
 #if defined(B_N)
     [[unroll]] for (int j = 0; j < VRN / 4; ++j) {
-      vec4 v = b4[bc[j] + k * bk4];
+      vec4 v = b4(bc[j] + k * bk4);
       bv[4 * j] = v.x; bv[4 * j + 1] = v.y; bv[4 * j + 2] = v.z; bv[4 * j + 3] = v.w;
     }
 #else
-    [[unroll]] for (int j = 0; j < VRN; ++j) bv[j] = b[bc[j] + k * pc.sbk];
+    [[unroll]] for (int j = 0; j < VRN; ++j) bv[j] = b(bc[j] + k * pc.sbk);
 #endif
     [[unroll]] for (int i = 0; i < VRM; ++i)
       [[unroll]] for (int j = 0; j < VRN; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
@@ -219,8 +322,8 @@ void main() {
   for (uint k = 0; k < pc.K; ++k) {
     float av[RB], bv[RB];
     for (int i = 0; i < RB; ++i) {
-      av[i] = a[arow[i] + k * pc.sak];
-      bv[i] = b[bcol[i] + k * pc.sbk];
+      av[i] = A_LD(a[arow[i] + k * pc.sak]);
+      bv[i] = B_LD(b[bcol[i] + k * pc.sbk]);
     }
     for (int i = 0; i < RB; ++i)
       for (int j = 0; j < RB; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
@@ -238,10 +341,10 @@ void main() {
       uint e = tid + 256u * r;  // 0..1023 over a 16 x 64 slice
       uint kk = e / TM, mm = e % TM;
       uint gm = m0 + mm, gk = k0 + kk;
-      As[kk][mm] = (gm < pc.M && gk < pc.K) ? a[abase + gm * pc.sam + gk * pc.sak] : 0.0;
+      As[kk][mm] = (gm < pc.M && gk < pc.K) ? A_LD(a[abase + gm * pc.sam + gk * pc.sak]) : 0.0;
       uint nn = e % TN;
       uint gn = n0 + nn;
-      Bs[kk][nn] = (gn < pc.N && gk < pc.K) ? b[bbase + gk * pc.sbk + gn * pc.sbn] : 0.0;
+      Bs[kk][nn] = (gn < pc.N && gk < pc.K) ? B_LD(b[bbase + gk * pc.sbk + gn * pc.sbn]) : 0.0;
     }
     barrier();
     for (uint kk = 0; kk < BK; ++kk) {

@@ -216,6 +216,8 @@ void Instance::enumerate() {
     props2.pNext = &p11;
     f.vkGetPhysicalDeviceProperties2(h, &props2);
     pd.subgroup_size = p11.subgroupSize;
+    pd.subgroup_ballot = (p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                         (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
     pd.max_alloc = p11.maxMemoryAllocationSize;
 
     f.vkGetPhysicalDeviceMemoryProperties(h, &pd.mem);

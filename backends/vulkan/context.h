@@ -26,6 +26,7 @@ struct PhysicalDevice {
   bool coopmat = false;            // VK_KHR_cooperative_matrix
   bool bda = false;                // bufferDeviceAddress (matmul reads operands through it)
   uint32_t subgroup_size = 0;
+  bool subgroup_ballot = false;    // subgroupBroadcast() in compute shaders
   uint64_t max_alloc = 0;          // maxMemoryAllocationSize
 };
 

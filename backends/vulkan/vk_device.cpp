@@ -104,8 +104,11 @@ bool VulkanDevice::supports(OpKind op, DType dtype) const {
     // 16-bit storage (the H_F16 / H_BF16 shader variants), fp32 arithmetic, for the tensors
     // core/device.h's mixed-precision table allows in 16 bits.
     case OpKind::kAdd: case OpKind::kGelu: case OpKind::kLayerNorm: case OpKind::kBiasGrad:
-    case OpKind::kCrossEntropy:
+    case OpKind::kCrossEntropy: case OpKind::kMatmul:
       return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
+    // the 16-bit attention runs the GEMM path, which reads through device addresses
+    case OpKind::kAttention:
+      return dtype == DType::f32 || ((dtype == DType::f16 || dtype == DType::bf16) && pd_.bda);
     // ops/optimizers.cpp; 8-bit AdamW stores its indices as uint8_t (8-bit storage)
     case OpKind::kSgd: case OpKind::kLion: return dtype == DType::f32;
     case OpKind::kAdamW8bit: return dtype == DType::f32 && pd_.storage8;

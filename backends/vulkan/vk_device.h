@@ -56,6 +56,8 @@ struct GemmCall {
   std::array<int64_t, 3> sa{}, sb{}, sc{};
   bool has_bias = false;
   float alpha = 1.0f, beta = 0.0f;
+  // operand dtypes (bias is f32): all f32, or a, b h with c f32 or h, or a f32 with b, c h
+  DType ta = DType::f32, tb = DType::f32, tc = DType::f32;
 };
 
 class VulkanDevice final : public Device {
@@ -143,6 +145,8 @@ class VulkanDevice final : public Device {
   Tensor workspace(const Shape& shape, DType dtype);
   bool cpu_like() const { return info_.type == DeviceType::kCpu; }
   bool has_bda() const { return pd_.bda; }
+  // MM_SG matmul (matmul.comp): subgroups of 8 with subgroupBroadcast in compute
+  bool has_sg8() const { return pd_.subgroup_size == 8 && pd_.subgroup_ballot; }
   uint32_t max_groups_x() const { return pd_.props.limits.maxComputeWorkGroupCount[0]; }
 
   // Called by VkBufferObj's destructor.

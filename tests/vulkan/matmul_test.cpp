@@ -49,6 +49,16 @@ TEST_P(MatmulTest, AllTransposesOddSizes) {
     for (bool tb : {false, true}) run_case({1, 37, 53, 29, ta, tb, false, false, false, 1, 0}, seed++);
 }
 
+// Sizes in multiples of 4: MM_VEC/MM_SG's vec4 loads along k, m, n (with and without a K % 4
+// tail), M and N past one 64-wide tile.
+TEST_P(MatmulTest, AllTransposesVec4Sizes) {
+  uint64_t seed = 40;
+  for (int64_t K : {36, 37})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        run_case({2, 68, 76, K, ta, tb, true, false, false, 1, 0.5f}, seed++);
+}
+
 TEST_P(MatmulTest, BiasAlphaBeta) {
   run_case({1, 65, 33, 70, false, true, true, false, false, 0.5f, 0.25f}, 20);
   run_case({1, 1, 1, 1, false, false, true, false, false, 1.0f, 1.0f}, 21);
@@ -71,7 +81,7 @@ TEST_P(MatmulTest, BetaZeroIgnoresNaNInC) {
   EXPECT_TRUE(same(c, kTolGemm, "beta=0 over NaN"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, MatmulTest, ::testing::Values("vec", "reg", "tiled"));
+INSTANTIATE_TEST_SUITE_P(Variants, MatmulTest, ::testing::Values("vsg", "vec", "reg", "tiled"));
 
 using BiasBackwardTest = VulkanTest;
 TEST_F(BiasBackwardTest, ColumnSums) {

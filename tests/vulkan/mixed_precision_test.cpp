@@ -95,7 +95,7 @@ class MixedPrecisionTest : public VulkanTest, public ::testing::WithParamInterfa
 TEST_P(MixedPrecisionTest, SupportsAnswersForTheImplementedOps) {
   DType h = GetParam();
   for (OpKind k : {OpKind::kAdd, OpKind::kGelu, OpKind::kLayerNorm, OpKind::kBiasGrad,
-                   OpKind::kCrossEntropy})
+                   OpKind::kCrossEntropy, OpKind::kMatmul, OpKind::kAttention})
     EXPECT_TRUE(vk().supports(k, h)) << static_cast<int>(k);
   for (OpKind k : {OpKind::kAccumulate, OpKind::kScale, OpKind::kEmbedding, OpKind::kSum,
                    OpKind::kNorm, OpKind::kAdamW})
@@ -229,6 +229,80 @@ TEST_P(MixedPrecisionTest, CrossEntropyLogitsH) {
   EXPECT_TRUE(same_h(logits, tag("crossentropy_backward in place")));
 }
 
+// matmul with a, b in h and c in f32 or h, against the reference on the same 16-bit inputs, for
+// every variant (16-bit MM_VEC runs MM_REG): odd sizes (scalar loads) and multiples of 4 (vec4
+// loads along k, m, n), all transposes, batch, bias, alpha/beta (beta reads the 16-bit c).
+// 16-bit outputs of sums: within 1 ulp, or within kAccTol absolutely where the sum cancels to
+// a value whose ulp is below the fp32 accumulation-order difference (values O(1..10) here; the
+// reference and Vulkan add in different orders; measured up to ~1e-6).
+constexpr double kAccTol = 1e-5;
+
+TEST_P(MixedPrecisionTest, MatmulH) {
+  DType h = GetParam();
+  struct Case {
+    int64_t batch, M, N, K;
+  };
+  uint64_t seed = 100;
+  for (const char* kind : {"vsg", "reg", "tiled"}) {
+    setenv("CROSSTRAIN_VK_MATMUL", kind, 1);
+    for (Case k : {Case{1, 37, 53, 29}, Case{2, 68, 76, 36}, Case{1, 65, 66, 37}})
+      for (int tr = 0; tr < 4; ++tr)
+        for (DType tc : {DType::f32, h}) {
+          bool ta = tr & 1, tb = tr & 2;
+          bool bias = tr == 1, beta = tr == 2;
+          auto shp = [&](int64_t r, int64_t c) {
+            return k.batch > 1 ? Shape{k.batch, r, c} : Shape{r, c};
+          };
+          Shape sa = ta ? shp(k.K, k.M) : shp(k.M, k.K), sb = tb ? shp(k.N, k.K) : shp(k.K, k.N);
+          Shape sc = shp(k.M, k.N);
+          Pair a = both_as(sa, randn(sa.numel(), seed), h);
+          Pair b = both_as(sb, randn(sb.numel(), seed + 1), h);
+          Pair c = both_as(sc, randn(sc.numel(), seed + 2), tc);
+          Pair bs = both({k.N}, randn(k.N, seed + 3));
+          seed += 4;
+          float alpha = bias ? 0.5f : 1.0f, bt = beta ? 0.75f : 0.0f;
+          vk().matmul(c.v, a.v, b.v, ta, tb, alpha, bt, bias ? &bs.v : nullptr);
+          ref().matmul(c.r, a.r, b.r, ta, tb, alpha, bt, bias ? &bs.r : nullptr);
+          std::string what = std::string("matmul ") + kind + " " + std::to_string(k.M) + "x" +
+                             std::to_string(k.N) + "x" + std::to_string(k.K) +
+                             (ta ? " ta" : "") + (tb ? " tb" : "") + " c " + dtype_name(tc) +
+                             " " + dtype_name(h);
+          if (tc == DType::f32) EXPECT_TRUE(same(c, kTol, what));
+          else EXPECT_TRUE(same_h(c, what, kAccTol));
+        }
+  }
+  unsetenv("CROSSTRAIN_VK_MATMUL");
+}
+
+// attention forward and backward all in h: out, att, dqkv within 1 ulp of the reference (which
+// also computes in f32 from the widened inputs and rounds the outputs).
+TEST_P(MixedPrecisionTest, AttentionAllH) {
+  DType h = GetParam();
+  struct Case {
+    int64_t B, T, C;
+    int NH;
+  };
+  uint64_t seed = 200;
+  for (Case k : {Case{2, 67, 48, 4}, Case{1, 64, 64, 2}}) {
+    Shape sq{k.B, k.T, 3 * k.C}, so{k.B, k.T, k.C}, sa{k.B, k.NH, k.T, k.T};
+    Pair qkv = both_as(sq, randn(sq.numel(), seed, 1.5f), h);
+    Pair dout = both_as(so, randn(so.numel(), seed + 1), h);
+    seed += 2;
+    Pair out = both_empty(so, h), att = both_empty(sa, h), dqkv = both_empty(sq, h);
+    vk().attention_forward(out.v, att.v, qkv.v, k.NH);
+    ref().attention_forward(out.r, att.r, qkv.r, k.NH);
+    std::string t = " T" + std::to_string(k.T) + " " + dtype_name(h);
+    EXPECT_TRUE(same_h(att, "attention_forward att" + t));
+    EXPECT_TRUE(same_h(out, "attention_forward out" + t, kAccTol));
+    // the backward on the same att (the two forwards' att may differ by 1 ulp)
+    auto bits = down_as<uint16_t>(ref(), att.r);
+    vk().upload(att.v, bits.data(), bits.size() * 2);
+    vk().attention_backward(dqkv.v, dout.v, qkv.v, att.v, k.NH);
+    ref().attention_backward(dqkv.r, dout.r, qkv.r, att.r, k.NH);
+    EXPECT_TRUE(same_h(dqkv, "attention_backward dqkv" + t, kAccTol));
+  }
+}
+
 TEST_P(MixedPrecisionTest, DtypeRulesOfTheTable) {
   DType h = GetParam();
   const int64_t n = 33;
@@ -241,6 +315,24 @@ TEST_P(MixedPrecisionTest, DtypeRulesOfTheTable) {
   EXPECT_THROW(vk().accumulate(xf, xh), Error);     // accumulate: f32 only
   Tensor dbh = vk().empty({n}, h, MemCategory::kActivations);
   EXPECT_THROW(vk().bias_backward(dbh, xf), Error);  // dbias is f32
+  // matmul: a and b share a dtype; c is f32 or a's dtype; bias f32
+  DType other = h == DType::f16 ? DType::bf16 : DType::f16;
+  Tensor mh = vk().empty({4, 4}, h, MemCategory::kActivations);
+  Tensor mf = vk().empty({4, 4}, DType::f32, MemCategory::kActivations);
+  Tensor mo = vk().empty({4, 4}, other, MemCategory::kActivations);
+  Tensor bh = vk().empty({4}, h, MemCategory::kActivations);
+  vk().fill(mh, 1.0f);
+  vk().fill(mf, 1.0f);
+  EXPECT_THROW(vk().matmul(mf, mh, mf, false, false), Error);
+  EXPECT_THROW(vk().matmul(mf, mf, mh, false, false), Error);
+  EXPECT_THROW(vk().matmul(mh, mf, mf, false, false), Error);
+  EXPECT_THROW(vk().matmul(mo, mh, mh, false, false), Error);
+  EXPECT_THROW(vk().matmul(mf, mh, mh, false, false, 1.0f, 0.0f, &bh), Error);
+  // attention: one dtype throughout
+  Tensor qkv = vk().empty({1, 4, 12}, h, MemCategory::kActivations);
+  Tensor outf = vk().empty({1, 4, 4}, DType::f32, MemCategory::kActivations);
+  Tensor atth = vk().empty({1, 2, 4, 4}, h, MemCategory::kActivations);
+  EXPECT_THROW(vk().attention_forward(outf, atth, qkv, 2), Error);
 }
 
 // out and a past maxStorageBufferRange (lavapipe: 128 MiB), b in bf16: chunked dispatches

@@ -5,6 +5,10 @@
 // datt = dout v^T, dpre = att (datt - rowsum(att datt)) scale, dq = dpre k, dk = dpre^T q,
 // dv = att^T dout. Otherwise attention.comp, one invocation per (b, h, t) row.
 // Work is split over batches so that att [b, NH, T, T] and qkv [b, T, 3C] fit one binding.
+// 16 bits (core/device.h: qkv, out, att, dout, dqkv all the same h; GEMM path only): computed as
+// the CPU does -- fp32 throughout from the widened inputs, rounding only the outputs. Forward:
+// the scores and probabilities live in an f32 workspace (softmax _f16/_bf16 also writes the
+// rounded att), out = att_f32 v; backward: datt/dpre f32 as before, att read as 16 bits.
 #include <cmath>
 
 #include "backends/vulkan/ops/op_util.h"
@@ -36,6 +40,8 @@ CT_VK_PUSH_SIZE(SoftmaxPush, attention_softmax_fwd);
 CT_VK_PUSH_MEMBER(SoftmaxPush, attention_softmax_fwd, oatt);
 CT_VK_PUSH_MEMBER(SoftmaxPush, attention_softmax_fwd, d_hi);
 static_assert(refl::attention_softmax_bwd::kPushSize == refl::attention_softmax_fwd::kPushSize);
+static_assert(refl::attention_softmax_fwd_bf16::kPushSize == refl::attention_softmax_fwd::kPushSize);
+static_assert(refl::attention_softmax_bwd_f16::kPushSize == refl::attention_softmax_fwd::kPushSize);
 
 static_assert(refl::attention_bwd_q::kPushSize == refl::attention_fwd::kPushSize &&
               refl::attention_bwd_kv::kPushSize == refl::attention_fwd::kPushSize);
@@ -47,11 +53,13 @@ struct AttShape {
   int64_t B, T, C, NH, hs;
 };
 
-AttShape check_attention(const char* op, const Tensor& out, const Tensor& att, const Tensor& qkv,
-                         int n_head) {
-  require_f32(out, op, "out");
-  require_f32(att, op, "att");
-  require_f32(qkv, op, "qkv");
+AttShape check_attention(const VulkanDevice& d, const char* op, const Tensor& out,
+                         const Tensor& att, const Tensor& qkv, int n_head) {
+  require_flt(d, out, OpKind::kAttention, op, "out");
+  require_flt(d, att, OpKind::kAttention, op, "att");
+  require_flt(d, qkv, OpKind::kAttention, op, "qkv");
+  require_same_dtype(out, qkv, op, "out", "qkv");
+  require_same_dtype(att, qkv, op, "att", "qkv");
   CT_REQUIRE(qkv.ndim() == 3 && qkv.shape[2] % 3 == 0, std::string(op) + ": qkv must be [B,T,3C]");
   AttShape s{qkv.shape[0], qkv.shape[1], qkv.shape[2] / 3, n_head, 0};
   CT_REQUIRE(n_head > 0 && s.C % n_head == 0,
@@ -87,33 +95,47 @@ SoftmaxPush softmax_push(const Bound& att, const Bound& d, int64_t rows, int64_t
 }
 void VulkanDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
                                      int n_head) {
-  AttShape s = check_attention("attention_forward", out, att, qkv, n_head);
+  AttShape s = check_attention(*this, "attention_forward", out, att, qkv, n_head);
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hs)));
   int64_t bc = batch_chunk(*this, s);
   const int64_t T = s.T, C = s.C, NH = s.NH, hs = s.hs;
+  const DType dt = qkv.dtype;
+  const bool h16 = is_h(dt);
   if (has_bda()) {
+    Tensor sw;  // 16 bits: the f32 scores / probabilities of one batch element
+    Bound bs;
+    if (h16) sw = workspace({NH * T * T}, DType::f32), bs = bind(sw);
     for (int64_t b = 0; b < s.B; ++b) {
       Bound bq = bind(qkv, b * T * 3 * C, T * 3 * C);
       Bound ba = bind(att, b * NH * T * T, NH * T * T);
       Bound bo = bind(out, b * T * C, T * C);
+      Bound bp = h16 ? bs : ba;  // where the f32 probabilities are formed
       GemmCall g;  // att[h] = q[h] k[h]^T (scaled in the softmax)
       g.batch = NH, g.M = T, g.N = T, g.K = hs;
       g.a = bq, g.sa = {hs, 3 * C, 1};
       g.b = shifted(bq, C), g.sb = {hs, 1, 3 * C};
-      g.c = ba, g.sc = {T * T, T, 1}, g.bias = ba;
+      g.c = bp, g.sc = {T * T, T, 1}, g.bias = bp;
+      g.ta = g.tb = dt;
       gemm(g);
       auto gr = grid(NH * T, 64);
-      dispatch(ShaderId::attention_softmax_fwd, {ba}, softmax_push(ba, ba, NH * T, T, scale),
-               gr[0], gr[1]);
+      if (h16)
+        dispatch(h_variant(dt, ShaderId::attention_softmax_fwd, ShaderId::attention_softmax_fwd_f16,
+                           ShaderId::attention_softmax_fwd_bf16),
+                 {bs, ba}, softmax_push(bs, ba, NH * T, T, scale), gr[0], gr[1]);
+      else
+        dispatch(ShaderId::attention_softmax_fwd, {ba}, softmax_push(ba, ba, NH * T, T, scale),
+                 gr[0], gr[1]);
       GemmCall o;  // out[:, h] = att[h] v[h]
       o.batch = NH, o.M = T, o.N = hs, o.K = T;
-      o.a = ba, o.sa = {T * T, T, 1};
+      o.a = bp, o.sa = {T * T, T, 1};
       o.b = shifted(bq, 2 * C), o.sb = {hs, 3 * C, 1};
       o.c = bo, o.sc = {hs, C, 1}, o.bias = bo;
+      o.tb = o.tc = dt;
       gemm(o);
     }
     return;
   }
+  CT_CHECK(!h16, "attention: 16-bit needs bufferDeviceAddress");
   for (int64_t b0 = 0; b0 < s.B; b0 += bc) {
     int64_t nb = std::min(bc, s.B - b0);
     int64_t rows = nb * s.NH * s.T;
@@ -130,12 +152,15 @@ void VulkanDevice::attention_forward(const Tensor& out, const Tensor& att, const
 
 void VulkanDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                       const Tensor& att, int n_head) {
-  AttShape s = check_attention("attention_backward", dout, att, qkv, n_head);
-  require_f32(dqkv, "attention_backward", "dqkv");
+  AttShape s = check_attention(*this, "attention_backward", dout, att, qkv, n_head);
+  require_flt(*this, dqkv, OpKind::kAttention, "attention_backward", "dqkv");
+  require_same_dtype(dqkv, qkv, "attention_backward", "dqkv", "qkv");
   require_numel(dqkv, qkv.numel(), "attention_backward", "dqkv");
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hs)));
   int64_t bc = batch_chunk(*this, s);
   const int64_t T = s.T, C = s.C, NH = s.NH, hs = s.hs;
+  const DType dt = qkv.dtype;
+  CT_CHECK(has_bda() || !is_h(dt), "attention: 16-bit needs bufferDeviceAddress");
   if (has_bda()) {
     Tensor datt = workspace({NH * T * T}, DType::f32);  // one batch element at a time
     Bound bd = bind(datt);
@@ -149,15 +174,18 @@ void VulkanDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, co
       g.a = bo, g.sa = {hs, C, 1};
       g.b = shifted(bq, 2 * C), g.sb = {hs, 1, 3 * C};
       g.c = bd, g.sc = {T * T, T, 1}, g.bias = bd;
+      g.ta = g.tb = dt;
       gemm(g);
       auto gr = grid(NH * T, 64);
-      dispatch(ShaderId::attention_softmax_bwd, {ba, bd}, softmax_push(ba, bd, NH * T, T, scale),
-               gr[0], gr[1]);
+      dispatch(h_variant(dt, ShaderId::attention_softmax_bwd, ShaderId::attention_softmax_bwd_f16,
+                         ShaderId::attention_softmax_bwd_bf16),
+               {ba, bd}, softmax_push(ba, bd, NH * T, T, scale), gr[0], gr[1]);
       GemmCall dq;  // dq[h] = dpre[h] k[h]
       dq.batch = NH, dq.M = T, dq.N = hs, dq.K = T;
       dq.a = bd, dq.sa = {T * T, T, 1};
       dq.b = shifted(bq, C), dq.sb = {hs, 3 * C, 1};
       dq.c = bdq, dq.sc = {hs, 3 * C, 1}, dq.bias = bdq;
+      dq.tb = dq.tc = dt;  // dpre f32
       gemm(dq);
       GemmCall dk = dq;  // dk[h] = dpre[h]^T q[h]
       dk.a = bd, dk.sa = {T * T, 1, T};
@@ -168,6 +196,7 @@ void VulkanDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, co
       dv.a = ba, dv.sa = {T * T, 1, T};
       dv.b = bo, dv.sb = {hs, C, 1};
       dv.c = shifted(bdq, 2 * C), dv.bias = dv.c;
+      dv.ta = dt;  // att
       gemm(dv);
     }
     return;

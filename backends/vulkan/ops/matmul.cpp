@@ -41,6 +41,9 @@ CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, a_lo);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, b_hi);
 static_assert(refl::matmul_vec_kn::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_tiled::kPushSize == refl::matmul_reg::kPushSize);
+static_assert(refl::matmul_vsg_kn::kPushSize == refl::matmul_reg::kPushSize);
+static_assert(refl::matmul_vsg_ss_hhh_bf16::kPushSize == refl::matmul_reg::kPushSize);
+static_assert(refl::matmul_tiled_fhh_f16::kPushSize == refl::matmul_reg::kPushSize);
 
 struct BiasGradPush {
   uint32_t M, N, odb, odo;
@@ -73,17 +76,21 @@ std::pair<int64_t, int64_t> span(const Strides& s, int64_t z0, int64_t zc, int64
   return {first, last - first + 1};
 }
 
-// CROSSTRAIN_VK_MATMUL=vec|reg|tiled overrides the per-device choice (vec on CPU-like devices,
-// tiled on GPUs); the tests run every variant.
-enum class MmKind { kVec, kReg, kTiled };
+// CROSSTRAIN_VK_MATMUL=vsg|vec|reg|tiled overrides the per-device choice (vsg, or vec without
+// subgroups of 8, on CPU-like devices with device addresses; tiled on GPUs); the tests run every
+// variant.
+// vsg: MM_VEC with MM_SG (a subgroup of 8 shares a's loads), the default where has_sg8().
+enum class MmKind { kVsg, kVec, kReg, kTiled };
 
 MmKind pick_kind(const VulkanDevice& d) {
   if (const char* v = std::getenv("CROSSTRAIN_VK_MATMUL"); v && *v) {
+    if (std::strcmp(v, "vsg") == 0) return d.has_sg8() ? MmKind::kVsg : MmKind::kVec;
     if (std::strcmp(v, "vec") == 0) return MmKind::kVec;
     if (std::strcmp(v, "reg") == 0) return MmKind::kReg;
     if (std::strcmp(v, "tiled") == 0) return MmKind::kTiled;
   }
-  return d.cpu_like() && d.has_bda() ? MmKind::kVec : d.cpu_like() ? MmKind::kReg : MmKind::kTiled;
+  if (!d.cpu_like()) return MmKind::kTiled;
+  return !d.has_bda() ? MmKind::kReg : d.has_sg8() ? MmKind::kVsg : MmKind::kVec;
 }
 
 // matmul_vec_<a><b>: how each operand is read (see matmul.comp), indexed [a mode][b mode] with
@@ -92,12 +99,35 @@ constexpr ShaderId kVecIds[3][3] = {
     {ShaderId::matmul_vec_kn, ShaderId::matmul_vec_kk, ShaderId::matmul_vec_ks},
     {ShaderId::matmul_vec_mn, ShaderId::matmul_vec_mk, ShaderId::matmul_vec_ms},
     {ShaderId::matmul_vec_sn, ShaderId::matmul_vec_sk, ShaderId::matmul_vec_ss}};
+constexpr ShaderId kVsgIds[3][3] = {
+    {ShaderId::matmul_vsg_kn, ShaderId::matmul_vsg_kk, ShaderId::matmul_vsg_ks},
+    {ShaderId::matmul_vsg_mn, ShaderId::matmul_vsg_mk, ShaderId::matmul_vsg_ms},
+    {ShaderId::matmul_vsg_sn, ShaderId::matmul_vsg_sk, ShaderId::matmul_vsg_ss}};
+
+// 16-bit variants (backends/vulkan/CMakeLists.txt), [combo hhf, hhh, fhh][f16, bf16].
+#define CT_VSG_H(sfx)                                                                           \
+  {{ShaderId::matmul_vsg_kn_##sfx, ShaderId::matmul_vsg_kk_##sfx, ShaderId::matmul_vsg_ks_##sfx}, \
+   {ShaderId::matmul_vsg_mn_##sfx, ShaderId::matmul_vsg_mk_##sfx, ShaderId::matmul_vsg_ms_##sfx}, \
+   {ShaderId::matmul_vsg_sn_##sfx, ShaderId::matmul_vsg_sk_##sfx, ShaderId::matmul_vsg_ss_##sfx}}
+constexpr ShaderId kVsgH[3][2][3][3] = {{CT_VSG_H(hhf_f16), CT_VSG_H(hhf_bf16)},
+                                         {CT_VSG_H(hhh_f16), CT_VSG_H(hhh_bf16)},
+                                         {CT_VSG_H(fhh_f16), CT_VSG_H(fhh_bf16)}};
+#undef CT_VSG_H
+constexpr ShaderId kRegH[3][2] = {{ShaderId::matmul_reg_hhf_f16, ShaderId::matmul_reg_hhf_bf16},
+                                  {ShaderId::matmul_reg_hhh_f16, ShaderId::matmul_reg_hhh_bf16},
+                                  {ShaderId::matmul_reg_fhh_f16, ShaderId::matmul_reg_fhh_bf16}};
+constexpr ShaderId kTiledH[3][2] = {
+    {ShaderId::matmul_tiled_hhf_f16, ShaderId::matmul_tiled_hhf_bf16},
+    {ShaderId::matmul_tiled_hhh_f16, ShaderId::matmul_tiled_hhh_bf16},
+    {ShaderId::matmul_tiled_fhh_f16, ShaderId::matmul_tiled_fhh_bf16}};
 
 // vec4 loads along an operand's dimension with unit stride need every vec4 to start at a
 // multiple of 4 elements: the base, the batch stride and the other dimension's stride.
 // `unit` is the stride-1 dimension's extent (rows of 4 must not straddle it).
-bool vec_ok(uint32_t first, int64_t sbatch, int64_t sother, int64_t unit_extent) {
-  return first % 4 == 0 && sbatch % 4 == 0 && sother % 4 == 0 && unit_extent % 4 == 0;
+// The bound range's address must be aligned to 4 elements too (16 bytes f32, 8 bytes 16-bit).
+bool vec_ok(const Bound& bd, size_t esize, int64_t sbatch, int64_t sother, int64_t unit_extent) {
+  return bd.first % 4 == 0 && bd.addr % (4 * esize) == 0 && sbatch % 4 == 0 && sother % 4 == 0 &&
+         unit_extent % 4 == 0;
 }
 
 }  // namespace
@@ -105,9 +135,14 @@ bool vec_ok(uint32_t first, int64_t sbatch, int64_t sother, int64_t unit_extent)
 void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
                           bool trans_b, float alpha, float beta, const Tensor* bias) {
   const char* op = "matmul";
-  require_f32(c, op, "c");
-  require_f32(a, op, "a");
-  require_f32(b, op, "b");
+  // core/device.h: a, b f32 | h (the same); c f32 | a's dtype; bias f32
+  require_flt(*this, a, OpKind::kMatmul, op, "a");
+  require_flt(*this, b, OpKind::kMatmul, op, "b");
+  require_flt(*this, c, OpKind::kMatmul, op, "c");
+  require_same_dtype(a, b, op, "a", "b");
+  CT_REQUIRE(c.dtype == DType::f32 || c.dtype == a.dtype,
+             std::string(op) + ": c " + c.describe() + " must be f32 or a's dtype " +
+                 dtype_name(a.dtype));
   CT_REQUIRE(c.ndim() >= 2 && a.ndim() >= 2 && b.ndim() >= 2, "matmul: operands must be >= 2-D");
   int64_t M = c.shape[-2], N = c.shape[-1];
   int64_t K = trans_a ? a.shape[-2] : a.shape[-1];
@@ -176,19 +211,31 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
     g.has_bias = bias && with_bias;
     g.bias = g.has_bias ? bind(*bias, x.n0, x.nc) : g.c;
     g.alpha = alpha, g.beta = beta_x;
+    g.ta = a.dtype, g.tb = b.dtype, g.tc = c.dtype;
     gemm(g);
   };
   if (K == 0) {  // c = beta * c: there is nothing to multiply
     CT_REQUIRE(!bias, "matmul: K = 0 with a bias is not supported on Vulkan" + shapes);
     if (beta == 0.0f) fill(c, 0.0f);
-    else scale(c, beta);
+    else if (c.dtype == DType::f32) scale(c, beta);
+    else fail(ErrorKind::kUnsupported, "matmul: K = 0 with beta != 0 and a 16-bit c" + shapes);
     return;
   }
   run(run, Box{0, batch, 0, M, 0, N, 0, K}, beta, true);
 }
 
 void VulkanDevice::gemm(const GemmCall& g) {
-  const MmKind kind = pick_kind(*this);
+  MmKind kind = pick_kind(*this);
+  // 16-bit combination: -1 all f32; 0 hhf (a, b h; c f32), 1 hhh, 2 fhh (a f32; b, c h)
+  int combo = -1;
+  const DType h = g.tb;
+  if (g.ta == DType::f32 && g.tb == DType::f32 && g.tc == DType::f32) combo = -1;
+  else if (is_h(g.ta) && g.tb == g.ta && g.tc == DType::f32) combo = 0;
+  else if (is_h(g.ta) && g.tb == g.ta && g.tc == g.ta) combo = 1;
+  else if (g.ta == DType::f32 && is_h(g.tb) && g.tc == g.tb) combo = 2;
+  else CT_CHECK(false, "gemm: unsupported operand dtype combination");
+  const int hi = h == DType::bf16 ? 1 : 0;
+  if (combo >= 0 && kind == MmKind::kVec) kind = MmKind::kReg;  // no MM_VEC 16-bit variants
   const int64_t tm = 64, tn = 64;  // TM, TN of every variant in matmul.comp (VRM = VRN = 8)
   CT_CHECK(g.sc[2] == 1, "gemm: c must have unit column stride");
   MatmulPush p{};
@@ -201,15 +248,19 @@ void VulkanDevice::gemm(const GemmCall& g) {
   uint32_t gx = u32((g.N + tn - 1) / tn), gy = u32((g.M + tm - 1) / tm);
   CT_CHECK(gx <= max_groups_x() && g.batch <= 65535, "matmul grid too large");
   ShaderId id = kind == MmKind::kReg ? ShaderId::matmul_reg : ShaderId::matmul_tiled;
-  if (kind == MmKind::kVec && has_bda()) {
+  if (combo >= 0) id = kind == MmKind::kTiled ? kTiledH[combo][hi] : kRegH[combo][hi];
+  if ((kind == MmKind::kVec || kind == MmKind::kVsg) && has_bda()) {
     p.a_lo = static_cast<uint32_t>(g.a.addr), p.a_hi = static_cast<uint32_t>(g.a.addr >> 32);
     p.b_lo = static_cast<uint32_t>(g.b.addr), p.b_hi = static_cast<uint32_t>(g.b.addr >> 32);
     int am = 2, bm = 2;
-    if (g.sa[2] == 1 && vec_ok(g.a.first, g.sa[0], g.sa[1], g.K)) am = 0;       // along k
-    else if (g.sa[1] == 1 && vec_ok(g.a.first, g.sa[0], g.sa[2], g.M)) am = 1;  // along m
-    if (g.sb[2] == 1 && vec_ok(g.b.first, g.sb[0], g.sb[1], g.N)) bm = 0;       // along n
-    else if (g.sb[1] == 1 && vec_ok(g.b.first, g.sb[0], g.sb[2], g.K)) bm = 1;  // along k
-    id = kVecIds[am][bm];
+    size_t ea = dtype_size(g.ta), eb = dtype_size(g.tb);
+    if (g.sa[2] == 1 && vec_ok(g.a, ea, g.sa[0], g.sa[1], g.K)) am = 0;       // along k
+    else if (g.sa[1] == 1 && vec_ok(g.a, ea, g.sa[0], g.sa[2], g.M)) am = 1;  // along m
+    if (g.sb[2] == 1 && vec_ok(g.b, eb, g.sb[0], g.sb[1], g.N)) bm = 0;       // along n
+    else if (g.sb[1] == 1 && vec_ok(g.b, eb, g.sb[0], g.sb[2], g.K)) bm = 1;  // along k
+    id = combo >= 0             ? kVsgH[combo][hi][am][bm]
+         : kind == MmKind::kVsg ? kVsgIds[am][bm]
+                                : kVecIds[am][bm];
   }
   dispatch(id, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
 }
