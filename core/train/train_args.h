@@ -46,6 +46,7 @@ struct TrainArgs {
 
   // precision and memory techniques (Hugging Face names)
   bool fp16 = false;  // fp16 mixed precision with dynamic loss scaling
+  double fp16_init_scale = 65536.0;  // the loss scaler's first scale (PyTorch GradScaler's init_scale)
   bool bf16 = false;  // bf16 mixed precision
   bool tf32 = false;  // TF32 tensor-core matmuls (CUDA only; a notice elsewhere)
   bool gradient_checkpointing = false;

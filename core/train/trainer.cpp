@@ -70,6 +70,8 @@ void validate_args(const TrainArgs& a) {
                std::to_string(a.adafactor_clip_threshold), "must be > 0");
   require_flag(a.adafactor_beta1 >= 0 && a.adafactor_beta1 < 1, "--adafactor-beta1",
                std::to_string(a.adafactor_beta1), "must be in [0, 1) (0 = no first moment)");
+  require_flag(std::isfinite(static_cast<float>(a.fp16_init_scale)) && a.fp16_init_scale > 0,
+               "--fp16-init-scale", std::to_string(a.fp16_init_scale), "must be a positive finite float");
   if (a.fp16 && a.bf16)
     fail(ErrorKind::kInvalidArgument, "--fp16 and --bf16 are mutually exclusive: choose one precision");
   require_flag(a.sample_tokens >= 0, "--sample-tokens", std::to_string(a.sample_tokens), "must be >= 0");
@@ -188,7 +190,9 @@ TrainSummary train(const TrainArgs& args) {
                                                    : Precision::kFp32);
   GPT2 model(dev, config, /*with_grads=*/true, mopts);
   model.init(args.seed);
-  LossScaler scaler(mopts.policy.loss_scaling);
+  LossScalerConfig scaler_config;
+  scaler_config.init_scale = static_cast<float>(args.fp16_init_scale);
+  LossScaler scaler(mopts.policy.loss_scaling, scaler_config);
   model.allocate_activations(B, T);
   OptimizerSettings os;
   os.weight_decay = args.weight_decay;

@@ -60,6 +60,7 @@ Run add_train(CLI::App& app) {
   flag(&app, "--sample-prompt", a->sample_prompt, "prompt of the sample generated at the end");
   flag(&app, "--sample-tokens", a->sample_tokens, "tokens to generate at the end (0 = none)");
   app.add_flag("--fp16", a->fp16, "fp16 mixed precision with dynamic loss scaling");
+  flag(&app, "--fp16-init-scale", a->fp16_init_scale, "first loss scale of --fp16 (GradScaler's init_scale)");
   app.add_flag("--bf16", a->bf16, "bf16 mixed precision");
   app.add_flag("--tf32", a->tf32, "TF32 matmuls where the device has them (CUDA)");
   app.add_flag(names("--gradient-checkpointing"), a->gradient_checkpointing,
