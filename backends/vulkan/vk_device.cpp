@@ -110,9 +110,8 @@ bool VulkanDevice::supports(OpKind op, DType dtype) const {
     case OpKind::kAttention:
       return dtype == DType::f32 || ((dtype == DType::f16 || dtype == DType::bf16) && pd_.bda);
     // ops/optimizers.cpp; 8-bit AdamW stores its indices as uint8_t (8-bit storage)
-    case OpKind::kSgd: case OpKind::kLion: return dtype == DType::f32;
+    case OpKind::kSgd: case OpKind::kLion: case OpKind::kAdafactor: return dtype == DType::f32;
     case OpKind::kAdamW8bit: return dtype == DType::f32 && pd_.storage8;
-    case OpKind::kAdafactor: return false;
     default: return dtype == DType::f32;
   }
 }

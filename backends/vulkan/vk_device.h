@@ -117,6 +117,9 @@ class VulkanDevice final : public Device {
                   const Tensor& m_absmax, const Tensor& v_absmax, const Tensor& qmap_signed,
                   const Tensor& qmap_unsigned, const Tensor& grad_norm,
                   const AdamWHyper& hp) override;
+  void adafactor(const Tensor& param, const Tensor& grad, const Tensor& row, const Tensor& col,
+                 const Tensor& v, const Tensor& exp_avg, const Tensor& grad_norm,
+                 const AdafactorHyper& hp) override;
 
   // -- for the op files ------------------------------------------------------------------------
   // Elements [start, start+count) of t (contiguous), bound at an offset the device accepts;

@@ -1,4 +1,4 @@
-// The fused optimizer ops (sgd, lion, adamw_8bit): Vulkan vs the CPU reference device over
+// The fused optimizer ops (sgd, lion, adamw_8bit, adafactor): Vulkan vs the CPU reference device over
 // three steps at odd sizes (partial workgroups, a partial 8-bit block), with and without
 // clipping, and once on a tensor beyond maxStorageBufferRange (chunked).
 #include "core/optim/quant_map.h"
@@ -22,6 +22,7 @@ TEST_F(OptimizerTest, Supports) {
   EXPECT_TRUE(vk().supports(OpKind::kSgd, DType::f32));
   EXPECT_TRUE(vk().supports(OpKind::kLion, DType::f32));
   EXPECT_TRUE(vk().supports(OpKind::kAdamW8bit, DType::f32));
+  EXPECT_TRUE(vk().supports(OpKind::kAdafactor, DType::f32));
   EXPECT_FALSE(vk().supports(OpKind::kSgd, DType::f16));
 }
 
@@ -144,6 +145,67 @@ TEST_F(OptimizerTest, AdamW8bitMatchesReference) {
     }
 }
 
+struct Afactor {
+  Pair p, row, col, v, ea;
+};
+
+// `steps` Adafactor steps on both devices; factored for a rank >= 2 shape.
+Afactor run_adafactor(const Shape& shape, const AdafactorHyper& base, int steps, uint64_t seed) {
+  const int64_t n = shape.numel();
+  const bool factored = shape.ndim >= 2;
+  const int64_t C = factored ? shape[shape.ndim - 1] : n, R = n / C;
+  Afactor a;
+  a.p = both(shape, randn(static_cast<size_t>(n), seed, 0.5f));
+  if (factored) {
+    a.row = zeros(R);
+    a.col = zeros(C);
+  } else {
+    a.v = zeros(n);
+  }
+  if (base.beta1 > 0) a.ea = zeros(n);
+  Pair gn = both({1}, {4.0f});
+  AdafactorHyper h = base;
+  for (int s = 1; s <= steps; ++s) {
+    Pair g = both(shape, randn(static_cast<size_t>(n), seed + 10 + s, 0.05f));
+    h.step = s;
+    Tensor cv = h.max_grad_norm > 0 ? gn.v : Tensor{}, cr = h.max_grad_norm > 0 ? gn.r : Tensor{};
+    vk().adafactor(a.p.v, g.v, a.row.v, a.col.v, a.v.v, a.ea.v, cv, h);
+    ref().adafactor(a.p.r, g.r, a.row.r, a.col.r, a.v.r, a.ea.r, cr, h);
+  }
+  return a;
+}
+
+TEST_F(OptimizerTest, AdafactorMatchesReference) {
+  AdafactorHyper hf;  // the CPU optimizer test's settings
+  hf.relative_step = hf.scale_parameter = true;
+  hf.beta1 = 0.9f, hf.weight_decay = 0.01f, hf.max_grad_norm = 1.0f;
+  AdafactorHyper plain;  // fixed lr, no first moment, no clipping
+  plain.lr = 1e-2f;
+  for (const Shape& shape : {Shape{301, 257}, Shape{3, 41, 37}, Shape{70001}, Shape{1, 5}})
+    for (const AdafactorHyper* h : {&hf, &plain}) {
+      Afactor a = run_adafactor(shape, *h, 3, 700 + shape.numel());
+      std::string w = " " + shape.str() + (h == &hf ? " relative/scaled/beta1/clipped" : " plain");
+      EXPECT_TRUE(same(a.p, kTol, "adafactor param" + w));
+      if (shape.ndim >= 2) {
+        EXPECT_TRUE(same(a.row, kTol, "adafactor row" + w));
+        EXPECT_TRUE(same(a.col, kTol, "adafactor col" + w));
+      } else {
+        EXPECT_TRUE(same(a.v, kTol, "adafactor v" + w));
+      }
+      if (h->beta1 > 0) {
+        EXPECT_TRUE(same(a.ea, kTol, "adafactor exp_avg" + w));
+      }
+    }
+}
+
+TEST_F(OptimizerTest, AdafactorIsDeterministic) {
+  AdafactorHyper h;
+  h.relative_step = h.scale_parameter = true;
+  Afactor a = run_adafactor({301, 257}, h, 2, 800), b = run_adafactor({301, 257}, h, 2, 800);
+  EXPECT_EQ(down(vk(), a.p.v), down(vk(), b.p.v));
+  EXPECT_EQ(down(vk(), a.col.v), down(vk(), b.col.v));
+}
+
 TEST_F(OptimizerTest, ArgumentChecks) {
   Tensor p = up(vk(), {12}, Vec(12, 1.0f)), g = up(vk(), {12}, Vec(12, 0.1f));
   SgdHyper s;
@@ -179,6 +241,16 @@ TEST_F(OptimizerTest, BeyondMaxStorageBufferRange) {
     h.max_grad_norm = 1.0f;
     step_adam8(s, g, gn, h);
     expect_adam8_close(s, " (large)");
+  }
+  {
+    // factored: the rows split over two bindings, column sums from per-chunk partials
+    const int64_t C = 64, R = n / C;
+    AdafactorHyper h;
+    h.relative_step = h.scale_parameter = true, h.beta1 = 0.9f;
+    Afactor a = run_adafactor({R, C}, h, 1, 603);
+    EXPECT_TRUE(same(a.p, kTol, "adafactor param (large)"));
+    EXPECT_TRUE(same(a.row, kTol, "adafactor row (large)"));
+    EXPECT_TRUE(same(a.col, kTol, "adafactor col (large)"));
   }
 }
 

@@ -67,6 +67,31 @@ CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, bc1);
 CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, bc2);
 CT_VK_PUSH_MEMBER(AdamW8Push, adamw_8bit, max_norm);
 
+struct AdafactorPush {
+  uint32_t n, R, C, s0, nparts, o0, o1, o2, o3, o4, onorm, flags;
+  float b2t, eps1, max_norm, rho, eps2, clip_threshold, beta1, wd, inv_sqrt_n;
+};
+#define CT_AF_PUSH(v)                                  \
+  CT_VK_PUSH_SIZE(AdafactorPush, v);                   \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, n);              \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, R);              \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, C);              \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, s0);             \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, nparts);         \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, o0);             \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, o4);             \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, onorm);          \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, flags);          \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, b2t);            \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, clip_threshold); \
+  CT_VK_PUSH_MEMBER(AdafactorPush, v, inv_sqrt_n)
+CT_AF_PUSH(adafactor_row);
+CT_AF_PUSH(adafactor_colp);
+CT_AF_PUSH(adafactor_col);
+CT_AF_PUSH(adafactor_u);
+CT_AF_PUSH(adafactor_apply);
+#undef CT_AF_PUSH
+
 namespace {
 // Whether the op clips; checks grad_norm (f32 [1]) when it does.
 bool clip_norm(const Tensor& grad_norm, float max_grad_norm, const char* op) {
@@ -174,6 +199,110 @@ void VulkanDevice::adamw_8bit(const Tensor& param, const Tensor& grad, const Ten
     auto g = grid(static_cast<uint64_t>(bc) * kQuantBlockSize, kQuantBlockSize);
     dispatch(ShaderId::adamw_8bit, {bp, bg, bmq, bvq, bma, bva, bqs, bqu, bnorm}, p, g[0], g[1]);
   }
+}
+
+void VulkanDevice::adafactor(const Tensor& param, const Tensor& grad, const Tensor& row,
+                             const Tensor& col, const Tensor& v, const Tensor& exp_avg,
+                             const Tensor& grad_norm, const AdafactorHyper& hp) {
+  const char* op = "adafactor";
+  require_f32(param, op, "param");
+  require_f32(grad, op, "grad");
+  const int64_t n = param.numel();
+  require_numel(grad, n, op, "grad");
+  CT_REQUIRE(n > 0, "adafactor: param is empty");
+  CT_REQUIRE(hp.step >= 1, "adafactor: step must be >= 1");
+  const bool factored = param.ndim() >= 2;
+  const int64_t C = factored ? param.shape[-1] : n, R = n / C;
+  if (factored) {
+    require_f32(row, op, "row");
+    require_f32(col, op, "col");
+    CT_REQUIRE(row.numel() == R && col.numel() == C && !v.defined(),
+               "adafactor: a rank >= 2 param [R,C] takes row [R], col [C] and no v");
+  } else {
+    require_f32(v, op, "v");
+    require_numel(v, n, op, "v");
+    CT_REQUIRE(!row.defined() && !col.defined(), "adafactor: a 1-D param takes v, not row/col");
+  }
+  const bool ea = hp.beta1 > 0.0f;
+  if (ea) {
+    require_f32(exp_avg, op, "exp_avg");
+    require_numel(exp_avg, n, op, "exp_avg");
+  }
+  const bool clip = clip_norm(grad_norm, hp.max_grad_norm, op);
+
+  const double t = static_cast<double>(hp.step);
+  double rho = hp.lr;
+  if (hp.relative_step) rho = std::min(hp.warmup_init ? 1e-6 * t : 1e-2, 1.0 / std::sqrt(t));
+  AdafactorPush base{};
+  base.R = u32(R), base.C = u32(C);
+  base.flags = (factored ? 1u : 0u) | (ea ? 2u : 0u) | (hp.scale_parameter ? 4u : 0u);
+  base.b2t = static_cast<float>(1.0 - std::pow(t, static_cast<double>(hp.decay_rate)));
+  base.eps1 = hp.eps1, base.max_norm = clip ? hp.max_grad_norm : 0.0f;
+  base.rho = static_cast<float>(rho), base.eps2 = hp.eps2;
+  base.clip_threshold = hp.clip_threshold, base.beta1 = hp.beta1, base.wd = hp.weight_decay;
+  base.inv_sqrt_n = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  Bound bn = clip ? bind(grad_norm) : Bound{};
+  auto norm_or = [&](const Bound& fallback) { return clip ? bn : fallback; };
+  if (clip) base.onorm = bn.first;
+
+  // RMS(param) before the step (reduce.comp: deterministic).
+  Tensor pnorm = workspace({1}, DType::f32);
+  if (hp.scale_parameter) norm(pnorm, param);
+
+  Tensor rowsum;
+  if (factored) {
+    CT_REQUIRE(C <= max_elems(4), "adafactor: rows of " + std::to_string(C) +
+                                      " elements exceed one storage-buffer binding");
+    const int64_t rpc = std::min<int64_t>(R, max_elems(4) / C);  // rows per chunk
+    const int64_t nparts = (R + rpc - 1) / rpc;
+    Tensor part = workspace({nparts * C}, DType::f32);
+    CT_REQUIRE(nparts * C <= max_elems(4), "adafactor: column partials exceed one binding");
+    Bound bpart = bind(part);
+    for (int64_t k = 0; k < nparts; ++k) {
+      const int64_t r0 = k * rpc, rows = std::min(rpc, R - r0);
+      Bound bg = bind(grad, r0 * C, rows * C), br = bind(row, r0, rows);
+      AdafactorPush p = base;
+      p.n = u32(rows), p.o0 = bg.first, p.o1 = br.first;
+      auto g = grid(static_cast<uint64_t>(rows) * 256, 256);
+      dispatch(ShaderId::adafactor_row, {norm_or(bg), bg, br}, p, g[0], g[1]);
+      p.o1 = u32(bpart.first + k * C);
+      g = grid(C, 256);
+      dispatch(ShaderId::adafactor_colp, {norm_or(bg), bg, bpart}, p, g[0], g[1]);
+    }
+    Bound bc = bind(col);
+    AdafactorPush p = base;
+    p.nparts = u32(nparts), p.o0 = bpart.first, p.o1 = bc.first;
+    auto g = grid(C, 256);
+    dispatch(ShaderId::adafactor_col, {norm_or(bpart), bpart, bc}, p, g[0], g[1]);
+    rowsum = workspace({1}, DType::f32);
+    sum(rowsum, row, 1.0f);
+  }
+
+  Tensor u = workspace({n}, DType::f32);
+  Bound brow = factored ? bind(row) : Bound{}, bcol = factored ? bind(col) : Bound{};
+  Bound brs = factored ? bind(rowsum) : Bound{};
+  for_each_chunk(*this, n, 4, [&](int64_t s, int64_t c) {
+    Bound bg = bind(grad, s, c), bu = bind(u, s, c);
+    Bound bv = factored ? brow : bind(v, s, c);
+    Bound bcl = factored ? bcol : bg, bs = factored ? brs : bg;  // unread when not factored
+    AdafactorPush p = base;
+    p.n = u32(c), p.s0 = u32(s), p.o0 = bg.first, p.o1 = bv.first, p.o2 = bcl.first;
+    p.o3 = bs.first, p.o4 = bu.first;
+    auto g = grid(c, 256);
+    dispatch(ShaderId::adafactor_u, {norm_or(bg), bg, bv, bcl, bs, bu}, p, g[0], g[1]);
+  });
+  Tensor unorm = workspace({1}, DType::f32);
+  norm(unorm, u);
+  Bound bun = bind(unorm), bpn = bind(pnorm);
+  for_each_chunk(*this, n, 4, [&](int64_t s, int64_t c) {
+    Bound bp = bind(param, s, c), bu = bind(u, s, c);
+    Bound be = ea ? bind(exp_avg, s, c) : bp;  // unused without beta1
+    AdafactorPush p = base;
+    p.n = u32(c), p.o0 = bp.first, p.o1 = bu.first, p.o2 = be.first, p.o3 = bun.first;
+    p.o4 = bpn.first;
+    auto g = grid(c, 256);
+    dispatch(ShaderId::adafactor_apply, {norm_or(bu), bp, bu, be, bun, bpn}, p, g[0], g[1]);
+  });
 }
 
 }  // namespace ct::vk
