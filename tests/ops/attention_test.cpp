@@ -65,6 +65,13 @@ TEST(Attention, SeveralRowBlocks) {
   check({1, 300, 24, 2}, 11, false);
 }
 
+// The model's own head sizes, where the fast path's AVX-512 kernels take full 6x64 tiles:
+// tiny (T 256, 6 heads of 64) and an odd head size with an odd T.
+TEST(Attention, ModelShapes) {
+  check({1, 256, 384, 6}, 12, false);
+  check({1, 77, 160, 2}, 13, false);
+}
+
 TEST(Attention, RejectsBadShapes) {
   for (Device* d : {&ref_dev(), &fast_dev()}) {
     Tensor out = upload(*d, {1, 4, 6}, Vec(24, 0.0f)), qkv = upload(*d, {1, 4, 18}, Vec(72, 0.0f));
