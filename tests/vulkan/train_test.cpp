@@ -115,5 +115,30 @@ TEST_F(TrainTest, DeviceLostKeepsPreviousCheckpoint) {
   fs::remove_all(d);
 }
 
+// Checkpoints are backend-neutral: a run checkpointed on one backend and resumed on the other
+// continues like the uninterrupted run (same data position, schedule and optimizer state), in
+// both directions, within the cross-backend loss tolerance.
+TEST_F(TrainTest, ResumeAcrossBackends) {
+  for (const auto& [first, second] : {std::pair<std::string, std::string>{"cpu", "vulkan"},
+                                      std::pair<std::string, std::string>{"vulkan", "cpu"}}) {
+    std::string straight = fresh_dir("x_straight_" + first), split = fresh_dir("x_split_" + first);
+    train(tiny_args(first, straight, 6));
+    TrainArgs a = tiny_args(first, split, 6);
+    a.save_steps = 3;
+    train(a);
+    fs::remove_all(fs::path(split) / "checkpoint-6");
+    TrainArgs b = tiny_args(second, split, 6);
+    b.resume_from_checkpoint = (fs::path(split) / "checkpoint-3").string();
+    train(b);
+    std::vector<double> want = losses(straight), got = losses(split);
+    ASSERT_EQ(want.size(), 6u);
+    ASSERT_EQ(got.size(), 6u) << first << " -> " << second;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << first << " -> " << second << ", step " << i + 1;
+    fs::remove_all(straight);
+    fs::remove_all(split);
+  }
+}
+
 }  // namespace
 }  // namespace ct::vktest
