@@ -25,6 +25,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/philox.h"
+#include "tests/common/test_data.h"
 
 namespace ct::test {
 
@@ -58,35 +59,18 @@ inline Tensor upload_i32(Device& d, const Shape& s, const std::vector<int32_t>& 
   d.upload(t, v.data(), v.size() * sizeof(int32_t));
   return t;
 }
-inline Vec download(Device& d, const Tensor& t) {
-  Vec v(static_cast<size_t>(t.numel()));
-  d.download(v.data(), t, v.size() * sizeof(float));
-  return v;
-}
+inline Vec download(Device& d, const Tensor& t) { return testdata::download_as<float>(d, t); }
 inline std::vector<int32_t> download_i32(Device& d, const Tensor& t) {
-  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
-  d.download(v.data(), t, v.size() * sizeof(int32_t));
-  return v;
+  return testdata::download_as<int32_t>(d, t);
 }
 
-// n normal values (times `scale`), a pure function of seed.
-inline Vec randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  Philox p(seed, 17);
-  Vec v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = scale * p.normal(i);
-  return v;
-}
+// Seeded inputs (Philox streams 17, 23, 29 of `seed`).
+inline Vec randn(size_t n, uint64_t seed, float scale = 1.0f) { return testdata::randn(n, seed, scale, 17); }
 inline Vec uniform(size_t n, uint64_t seed, float lo, float hi) {
-  Philox p(seed, 23);
-  Vec v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * p.uniform(i);
-  return v;
+  return testdata::uniform(n, seed, lo, hi, 23);
 }
 inline std::vector<int32_t> randint(size_t n, uint64_t seed, int32_t hi) {
-  Philox p(seed, 29);
-  std::vector<int32_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(p.u32(i) % static_cast<uint32_t>(hi));
-  return v;
+  return testdata::randint(n, seed, hi, 29);
 }
 inline VecD to_d(const Vec& v) { return VecD(v.begin(), v.end()); }
 

@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/philox.h"
 #include "core/registry.h"
+#include "tests/common/test_data.h"
 
 namespace ct::vktest {
 
@@ -108,35 +109,19 @@ inline Tensor up_i32(Device& d, const Shape& s, const std::vector<int32_t>& v) {
   d.upload(t, v.data(), v.size() * sizeof(int32_t));
   return t;
 }
-inline Vec down(Device& d, const Tensor& t) {
-  Vec v(static_cast<size_t>(t.numel()));
-  d.download(v.data(), t, v.size() * sizeof(float));
-  return v;
-}
+inline Vec down(Device& d, const Tensor& t) { return testdata::download_as<float>(d, t); }
 template <class T>
 std::vector<T> down_as(Device& d, const Tensor& t) {
-  std::vector<T> v(static_cast<size_t>(t.numel()));
-  d.download(v.data(), t, v.size() * sizeof(T));
-  return v;
+  return testdata::download_as<T>(d, t);
 }
 
-inline Vec randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  Philox p(seed, 41);
-  Vec v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = scale * p.normal(i);
-  return v;
-}
+// Seeded inputs (Philox streams 41, 43, 47 of `seed`).
+inline Vec randn(size_t n, uint64_t seed, float scale = 1.0f) { return testdata::randn(n, seed, scale, 41); }
 inline Vec uniform(size_t n, uint64_t seed, float lo, float hi) {
-  Philox p(seed, 43);
-  Vec v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * p.uniform(i);
-  return v;
+  return testdata::uniform(n, seed, lo, hi, 43);
 }
 inline std::vector<int32_t> randint(size_t n, uint64_t seed, int32_t hi) {
-  Philox p(seed, 47);
-  std::vector<int32_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(p.u32(i) % static_cast<uint32_t>(hi));
-  return v;
+  return testdata::randint(n, seed, hi, 47);
 }
 
 inline ::testing::AssertionResult close_nmse(const Vec& got, const Vec& want, double tol,
