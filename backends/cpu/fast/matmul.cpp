@@ -17,6 +17,7 @@ namespace {
 // 1024x768x768 with bias 29 -> 38 GFLOP/s median, 1024x384x384 13 -> 25). Idle, the pass is
 // ~1% of the product's time (one write of c, which sgemm then reads while it is warm).
 void prescale_bias(float* c, const float* bias, float beta, int64_t M, int64_t N) {
+#pragma omp parallel for schedule(static) if (M * N >= (1 << 18))
   for (int64_t i = 0; i < M; ++i) {
     float* ci = c + i * N;
     if (beta == 0.0f) {
