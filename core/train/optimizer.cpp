@@ -1,7 +1,14 @@
 #include "core/train/optimizer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
@@ -326,14 +333,101 @@ std::unique_ptr<FusedOptimizer> make_fused(const ParamSet& ps, const OptimizerSe
 }
 
 // ---- offload ------------------------------------------------------------------------------------
+// One background thread that runs one task at a time: the host update in flight. A persistent
+// thread rather than one per step, so its OpenMP team is made once.
+class UpdateWorker {
+ public:
+  using Clock = std::chrono::steady_clock;
+  UpdateWorker() : thread_([this] { loop(); }) {}
+  // Lets a task that is running finish (it writes buffers its owner is about to free), then joins.
+  ~UpdateWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  UpdateWorker(const UpdateWorker&) = delete;
+  UpdateWorker& operator=(const UpdateWorker&) = delete;
+
+  // Starts `task`; the previous one must have been waited for.
+  void launch(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      task_ = std::move(task);
+      done_ = false;
+      error_ = nullptr;
+    }
+    cv_.notify_all();
+  }
+  // Blocks until the task launched last has finished; rethrows what it threw. Returns the
+  // interval it ran in.
+  std::pair<Clock::time_point, Clock::time_point> wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    return {began_, ended_};
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || task_; });
+      if (!task_) return;  // stop_ with nothing to run
+      std::function<void()> task = std::move(task_);
+      task_ = nullptr;
+      lock.unlock();
+      const Clock::time_point began = Clock::now();
+      std::exception_ptr error;
+      try {
+        task();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      const Clock::time_point ended = Clock::now();
+      lock.lock();
+      began_ = began, ended_ = ended, error_ = error, done_ = true;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> task_;
+  bool done_ = true, stop_ = false;
+  std::exception_ptr error_;
+  Clock::time_point began_, ended_;
+  std::thread thread_;  // last: started once every member above exists
+};
+
 // ZeRO-Offload style: the optimizer state and an fp32 master copy of the weights live on a host
-// CPU device; each step downloads the gradients (and the norm), runs the same fused op there and
-// uploads the new weights into the model's fp32 parameters. The device holds no optimizer state.
-// What overlaps: nothing yet on the device side. The step is strictly ordered (download after
-// backward, host update, upload before the next forward), which keeps results equal to the
-// on-device optimizer; overlapping the host update with the next micro-batch needs either a
-// one-step-delayed update (ZeRO-Offload's DPU, which changes the maths) or per-layer gradient
-// readiness from backward, neither of which exists here yet.
+// CPU device; each step copies the gradients (and the norm) to the host, runs the same fused op
+// there, and uploads the new weights into the model's fp32 parameters. The device holds no
+// optimizer state. Two schedules:
+//
+// Synchronous (default): download gradients, update, upload weights, in that order, before
+// step() returns; the next forward sees this step's update, so results equal the on-device
+// optimizer's bit for bit wherever the host runs the same kernel (the CPU backend).
+//
+// Delayed (delayed_update; ZeRO-Offload's DPU, Ren et al. 2021 sec. 5.2). An exact overlap is
+// impossible here: every update needs the whole gradient (global-norm clipping, and the
+// gradients are only complete after the last backward of the step). So after a synchronous
+// first step, step() of step N
+//   1. downloads g_N (this is where the host waits for the device's backward of step N),
+//   2. waits for the update of step N-1 (it ran while the device computed step N),
+//   3. copies g_N into the host gradients and snapshots the master weights, which now hold every
+//      update up to step N-1,
+//   4. starts the update with g_N on the worker thread, and
+//   5. uploads the snapshot into the model's weights,
+// then returns. Step N+1's micro-batches therefore run at the weights updated with g_{N-1}
+// while the host applies g_N: weights used by step k are H_{k-2} for k >= 3 (H_j = the master
+// after j updates), H_{k-1} for k <= 2. Nothing the device reads is written concurrently: the
+// worker touches only host tensors, and the upload is an ordinary stream-ordered upload from a
+// snapshot the worker does not write. A skipped step (fp16 overflow: no step() call) leaves the
+// pipeline as it is: the update in flight lands in the next step(), so the skip changes neither
+// weights nor state, as with the synchronous optimizer.
 class Offloaded final : public Optimizer {
  public:
   Offloaded(GPT2& model, const OptimizerSettings& s) : host_(make_cpu_device(false)) {
@@ -349,8 +443,12 @@ class Offloaded final : public Optimizer {
     norm_ = host_->empty({1}, DType::f32, MemCategory::kWorkspace);
     host_->fill(norm_, 0.0f);
     inner_ = make_fused(ps, s);
+    if (s.delayed_update) worker_ = std::make_unique<UpdateWorker>();
   }
+  // worker_ is declared last, so it is joined (an update in flight finished) before the host
+  // tensors it writes go: also when the trainer unwinds from an exception.
   std::string name() const override { return inner_->name(); }
+
   void step(GPT2& model, const Tensor& grad_norm, double lr, int64_t step) override {
     Device& dev = model.device();
     const size_t bytes = static_cast<size_t>(host_ps_.n) * sizeof(float);
@@ -360,28 +458,89 @@ class Offloaded final : public Optimizer {
       host_->upload(host_ps_.params, staging_.data(), bytes);
       synced_ = true;
     }
-    dev.download(staging_.data(), model.grads_flat(), bytes);
-    host_->upload(host_ps_.grads, staging_.data(), bytes);
-    if (grad_norm.defined()) {
-      float gn = 0.0f;
-      dev.download(&gn, grad_norm, sizeof gn);
-      host_->upload(norm_, &gn, sizeof gn);
+    if (!worker_ || !warm_) {  // synchronous: the whole step here
+      dev.download(staging_.data(), model.grads_flat(), bytes);
+      host_->upload(host_ps_.grads, staging_.data(), bytes);
+      copy_norm(dev, grad_norm);
+      const auto t0 = Clock::now();
+      inner_->update(host_ps_, norm_, lr, step);
+      stats_.update_s += seconds(Clock::now() - t0);
+      ++stats_.updates;
+      host_->download(staging_.data(), host_ps_.params, bytes);
+      dev.upload(model.params_flat(), staging_.data(), bytes);
+      warm_ = worker_ != nullptr;  // from the next step on, delayed
+      return;
     }
-    inner_->update(host_ps_, norm_, lr, step);
+    // Delayed. 1: the gradients leave the device before the join, so the wait for the device
+    // (on a device backend) and the host update in flight overlap.
+    grad_staging_.resize(static_cast<size_t>(host_ps_.n));
+    dev.download(grad_staging_.data(), model.grads_flat(), bytes);
+    float gn = 0.0f;
+    if (grad_norm.defined()) dev.download(&gn, grad_norm, sizeof gn);
+    join();  // 2
+    host_->upload(host_ps_.grads, grad_staging_.data(), bytes);  // 3
+    if (grad_norm.defined()) host_->upload(norm_, &gn, sizeof gn);
     host_->download(staging_.data(), host_ps_.params, bytes);
-    dev.upload(model.params_flat(), staging_.data(), bytes);
+    worker_->launch([this, lr, step] { inner_->update(host_ps_, norm_, lr, step); });  // 4
+    in_flight_ = true;
+    dev.upload(model.params_flat(), staging_.data(), bytes);  // 5
+    resumed_at_ = Clock::now();  // the trainer goes on with the next step from here
   }
+
+  bool finish(GPT2& model) override {
+    if (!in_flight_) {
+      warm_ = false;
+      return false;
+    }
+    join();
+    const size_t bytes = static_cast<size_t>(host_ps_.n) * sizeof(float);
+    host_->download(staging_.data(), host_ps_.params, bytes);
+    model.device().upload(model.params_flat(), staging_.data(), bytes);
+    warm_ = false;  // the pipeline starts again with a synchronous step
+    return true;
+  }
+
   std::vector<NamedTensor> state() const override { return inner_->state(); }
   int64_t state_bytes() const override { return inner_->state_bytes(); }
   bool offloaded() const override { return true; }
+  OffloadStats offload_stats() const override { return stats_; }
 
  private:
+  using Clock = UpdateWorker::Clock;
+  static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+  void copy_norm(Device& dev, const Tensor& grad_norm) {
+    if (!grad_norm.defined()) return;
+    float gn = 0.0f;
+    dev.download(&gn, grad_norm, sizeof gn);
+    host_->upload(norm_, &gn, sizeof gn);
+  }
+  // Waits for the update in flight (if any) and books its times: the part of it that ran after
+  // step() had returned and before this wait began counts as overlapped.
+  void join() {
+    if (!in_flight_) return;
+    const auto t_wait = Clock::now();
+    in_flight_ = false;
+    const auto [began, ended] = worker_->wait();
+    stats_.wait_s += seconds(Clock::now() - t_wait);
+    stats_.update_s += seconds(ended - began);
+    const auto from = std::max(began, resumed_at_), to = std::min(ended, t_wait);
+    if (to > from) stats_.overlap_s += seconds(to - from);
+    ++stats_.updates;
+  }
+
   std::unique_ptr<Device> host_;
   ParamSet host_ps_;
   Tensor norm_;
   std::unique_ptr<FusedOptimizer> inner_;
-  std::vector<float> staging_;
-  bool synced_ = false;
+  std::vector<float> staging_;       // weights on their way to the device (and the first sync)
+  std::vector<float> grad_staging_;  // delayed: g_N while the update of g_{N-1} still runs
+  bool synced_ = false;              // the master copy holds the model's weights
+  bool warm_ = false;                // delayed: the synchronous first step is done
+  bool in_flight_ = false;           // delayed: an update runs on worker_
+  Clock::time_point resumed_at_;
+  OffloadStats stats_;
+  std::unique_ptr<UpdateWorker> worker_;  // last (see above)
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Optimizers over the model's two parameter groups (decayed / not decayed), fused on the device:
 // AdamW, Adafactor, 8-bit AdamW, Lion and SGD (core/device.h's optimizer ops), optionally with
-// their state offloaded to host memory. Their state is exposed as named tensors so checkpoints
-// can save and restore it bit for bit.
+// their state offloaded to host memory (and then, optionally, updated in the background with
+// ZeRO-Offload's one-step delayed parameter update). Their state is exposed as named tensors so
+// checkpoints can save and restore it bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,22 @@ struct OptimizerSettings {
   int64_t min_8bit_size = 4096;
   // Keep the state (and an fp32 master copy of the weights) in host memory and update there.
   bool offload = false;
+  // With offload: ZeRO-Offload's delayed parameter update (DPU). The first step (and the first
+  // after finish()) is synchronous; from then on step() hands the gradients to a host thread
+  // and returns at once, and the model's weights lag one update behind the master copy: the
+  // gradients of step N are computed at the weights updated with those of step N-2.
+  bool delayed_update = false;
+};
+
+// What offloading cost and hid, for metrics (all zero for an optimizer on the device).
+struct OffloadStats {
+  int64_t updates = 0;     // host updates finished (synchronous and delayed)
+  double update_s = 0;     // seconds the host spent in them
+  // Of update_s: seconds a delayed update ran while the trainer was already at the next step's
+  // work (on a device backend: recording the next micro-batches and waiting for the device to
+  // compute them; on the CPU backend the main thread computes them itself). 0 when synchronous.
+  double overlap_s = 0;
+  double wait_s = 0;       // seconds step()/finish() blocked waiting for an update in flight
 };
 
 // A named piece of optimizer state: `tensor` is a view into the optimizer's buffers with the
@@ -56,7 +73,9 @@ class Optimizer {
   // offloading does not change it (its state is the same).
   virtual std::string name() const = 0;
   // One update of every parameter from the accumulated gradients. `grad_norm` [1] holds the
-  // global gradient norm (read when clipping); `step` is 1-based; `lr` this step's rate.
+  // global gradient norm (read when clipping); `step` is 1-based; `lr` this step's rate. With
+  // delayed_update the update may still be running when this returns (see finish()); the
+  // gradients have been copied out by then, so the caller may zero them.
   virtual void step(GPT2& model, const Tensor& grad_norm, double lr, int64_t step) = 0;
   // Every state tensor, for checkpoints.
   virtual std::vector<NamedTensor> state() const = 0;
@@ -64,6 +83,13 @@ class Optimizer {
   virtual int64_t state_bytes() const = 0;
   // Whether the state lives in host memory rather than on the model's device.
   virtual bool offloaded() const { return false; }
+  // Waits for an update still running in the background (delayed_update) and gives the model
+  // the weights after every update so far, so that weights and state() agree (checkpoints, the
+  // end of training); the next step() is synchronous again. Returns whether the model's master
+  // weights changed (the caller then calls model.refresh_compute_weights()). Rethrows an error
+  // of the background update. A no-op returning false for synchronous optimizers.
+  virtual bool finish(GPT2& model) { (void)model; return false; }
+  virtual OffloadStats offload_stats() const { return {}; }
 };
 
 // The optimizer `settings.kind` over `model`'s parameters, state zero-initialised and accounted

@@ -38,6 +38,9 @@ struct TrainArgs {
   bool adafactor_warmup_init = false;
   double adafactor_clip_threshold = 1.0, adafactor_decay_rate = -0.8, adafactor_beta1 = 0.0;
   bool offload_optimizer = false;  // optimizer state in host memory, updated on the CPU
+  // with offload_optimizer: ZeRO-Offload's delayed parameter update (the host update of step N
+  // overlaps step N+1; weights one update behind from step 3 on)
+  bool offload_delayed_update = false;
   uint64_t seed = 42;
   int64_t logging_steps = 10;
   int64_t eval_steps = 50;       // 0 = evaluate only at the end

@@ -74,6 +74,10 @@ void validate_args(const TrainArgs& a) {
                "--fp16-init-scale", std::to_string(a.fp16_init_scale), "must be a positive finite float");
   if (a.fp16 && a.bf16)
     fail(ErrorKind::kInvalidArgument, "--fp16 and --bf16 are mutually exclusive: choose one precision");
+  if (a.offload_delayed_update && !a.offload_optimizer)
+    fail(ErrorKind::kInvalidArgument,
+         "--offload-delayed-update needs --offload-optimizer: the delayed update runs on the "
+         "offloaded (host) copy of the optimizer");
   require_flag(a.sample_tokens >= 0, "--sample-tokens", std::to_string(a.sample_tokens), "must be >= 0");
 }
 
@@ -129,6 +133,7 @@ nlohmann::json args_json(const TrainArgs& a) {
           {"max_grad_norm", a.max_grad_norm},
           {"optim", a.optim},
           {"offload_optimizer", a.offload_optimizer},
+          {"offload_delayed_update", a.offload_delayed_update},
           {"seed", a.seed},
           {"logging_steps", a.logging_steps},
           {"eval_steps", a.eval_steps},
@@ -211,6 +216,7 @@ TrainSummary train(const TrainArgs& args) {
   os.decay_rate = args.adafactor_decay_rate;
   os.adafactor_beta1 = args.adafactor_beta1;
   os.offload = args.offload_optimizer;
+  os.delayed_update = args.offload_delayed_update;
   std::unique_ptr<Optimizer> optimizer = make_optimizer(model, os);
   const double optimizer_bytes_per_param =
       static_cast<double>(optimizer->state_bytes()) / static_cast<double>(model.num_parameters());
@@ -263,6 +269,7 @@ TrainSummary train(const TrainArgs& args) {
   double eval_seconds = 0;
   int64_t window_tokens = 0;
   bool have_first = false;
+  OffloadStats offload_logged;  // offload_stats() at the last logging step
 
   for (int64_t step = start_step; step < args.max_steps; ++step) {
     // One optimizer step: `accum` micro-batches whose gradients add up to the gradient of the
@@ -294,6 +301,12 @@ TrainSummary train(const TrainArgs& args) {
     const bool do_eval = last || (args.eval_steps > 0 && done % args.eval_steps == 0);
     const bool do_log = do_eval || last || done % args.logging_steps == 0;
     const bool do_save = args.save_steps > 0 && done % args.save_steps == 0;
+    // --offload-delayed-update: a checkpoint and the end of training are pipeline barriers. The
+    // update in flight is finished and the model gets the weights after all `done` updates, so a
+    // checkpoint holds weights and optimizer state after the same number of updates, and the
+    // next step starts a new synchronous warm-up step (a resumed run does the same, which keeps
+    // resuming bit-exact). Evaluations in between use the model's weights, one update behind.
+    if ((last || do_save) && optimizer->finish(model)) model.refresh_compute_weights();
     if (do_log) {
       float host_loss_sum = 0, host_norm = 0;
       dev.download(&host_loss_sum, loss_sum, sizeof(float));
@@ -318,7 +331,16 @@ TrainSummary train(const TrainArgs& args) {
       rec["tokens_per_s"] = tps;
       rec["memory"] = memory_json(dev.memory());
       rec["optimizer_bytes_per_param"] = optimizer_bytes_per_param;
-      if (optimizer->offloaded()) rec["memory"]["optimizer_host"] = optimizer->state_bytes();
+      if (optimizer->offloaded()) {
+        rec["memory"]["optimizer_host"] = optimizer->state_bytes();
+        // Seconds of this logging window: host update time, and the part of it that ran while
+        // the next step was computed (0 unless --offload-delayed-update).
+        const OffloadStats os_now = optimizer->offload_stats();
+        rec["offload_update_s"] = os_now.update_s - offload_logged.update_s;
+        rec["offload_overlap_s"] = os_now.overlap_s - offload_logged.overlap_s;
+        rec["offload_wait_s"] = os_now.wait_s - offload_logged.wait_s;
+        offload_logged = os_now;
+      }
       if (scaler.enabled()) {
         rec["loss_scale"] = scaler.scale();
         rec["skipped_steps"] = scaler.skipped_steps();

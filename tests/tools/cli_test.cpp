@@ -71,6 +71,9 @@ TEST_F(Cli, HeadsMustDivideWidth) { expect_rejected(small() + " --n-head 3", "--
 TEST_F(Cli, UnknownModel) { expect_rejected(small() + " --model gpt5", "gpt5"); }
 TEST_F(Cli, UnknownBackend) { expect_rejected(small() + " --backend tpu", "tpu"); }
 TEST_F(Cli, UnknownScheduler) { expect_rejected(small() + " --lr-scheduler-type step", "--lr-scheduler-type"); }
+TEST_F(Cli, DelayedUpdateNeedsOffload) {
+  expect_rejected(small() + " --offload-delayed-update", "--offload-optimizer");
+}
 TEST_F(Cli, DeviceIndexOutOfRange) { expect_rejected(small() + " --backend cpu:9", "cpu:0"); }
 
 TEST_F(Cli, UnderscoreFlagsAndEvalJson) {

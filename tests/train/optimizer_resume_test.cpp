@@ -1,5 +1,6 @@
 // Every optimizer through the trainer: a run resumed from a checkpoint is bit-exact with the
-// straight run (state saved and restored with the checkpoint); the offloaded optimizer gives the
+// straight run (state saved and restored with the checkpoint; with --offload-delayed-update too,
+// since a checkpoint is a pipeline barrier); the synchronous offloaded optimizer gives the
 // on-device results bit for bit on the CPU; each one lowers the loss on a small model.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -30,6 +31,7 @@ class OptimizerRuns : public ::testing::TestWithParam<std::string> {
     TrainArgs a = testing::small_model_args(root_ / out);
     std::string spec = GetParam();
     a.offload_optimizer = spec.find("+offload") != std::string::npos;
+    a.offload_delayed_update = spec.find("+delayed") != std::string::npos;
     a.optim = spec.substr(0, spec.find('+'));
     a.sgd_momentum = 0.9;
     a.sgd_nesterov = true;
@@ -89,7 +91,8 @@ std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
 INSTANTIATE_TEST_SUITE_P(AllOptimizers, OptimizerRuns,
                          ::testing::Values("adamw", "adafactor", "adamw_8bit", "lion", "sgd",
                                            "adamw+offload", "adamw_8bit+offload",
-                                           "adafactor+offload"),
+                                           "adafactor+offload", "adamw+offload+delayed",
+                                           "adamw_8bit+offload+delayed"),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Offloaded, OffloadRuns,
                          ::testing::Values("adamw+offload", "adamw_8bit+offload", "adafactor+offload"),

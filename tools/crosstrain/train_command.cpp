@@ -48,6 +48,9 @@ Run add_train(CLI::App& app) {
   flag(&app, "--adafactor-beta1", a->adafactor_beta1, "Adafactor first moment (0 = none)");
   app.add_flag(names("--offload-optimizer"), a->offload_optimizer,
                "keep optimizer state in host memory and update on the CPU");
+  app.add_flag(names("--offload-delayed-update"), a->offload_delayed_update,
+               "with --offload-optimizer: update on the CPU while the device computes the next "
+               "step (ZeRO-Offload's delayed parameter update: weights one update behind)");
   flag(&app, "--seed", a->seed, "seed of initialisation and data order");
   flag(&app, "--logging-steps", a->logging_steps, "log a metrics record every N steps");
   flag(&app, "--eval-steps", a->eval_steps, "evaluate every N steps (0 = only at the end)");
