@@ -7,6 +7,7 @@
 
 #include "backends/cpu/fast/vec_math.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/nearest_code.h"
 
 CT_FAST_WIDE_VECTORS
 
@@ -94,6 +95,7 @@ void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, flo
       static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
   const float decay = 1.0f - hp.lr * hp.weight_decay;
   const int64_t nb = quant_blocks(n);
+  const auto near_s = NearestCode::cached(qmap_signed), near_u = NearestCode::cached(qmap_unsigned);
 #pragma omp parallel for schedule(static) if (nb > 64)
   for (int64_t b = 0; b < nb; ++b) {
     float m[kQuantBlockSize], v[kQuantBlockSize];
@@ -113,10 +115,9 @@ void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, flo
     }
     m_absmax[b] = mmax;
     v_absmax[b] = vmax;
-    for (int64_t j = 0; j < len; ++j) {
-      m_q[i0 + j] = quantize_nearest(qmap_signed, mmax > 0.0f ? m[j] / mmax : 0.0f);
-      v_q[i0 + j] = quantize_nearest(qmap_unsigned, vmax > 0.0f ? v[j] / vmax : 0.0f);
-    }
+    // quantize_nearest's codes, through the interval tables (bit-identical, ~10x faster).
+    near_s->encode(m, mmax, m_q + i0, len);
+    near_u->encode(v, vmax, v_q + i0, len);
   }
 }
 
