@@ -411,10 +411,10 @@ class UpdateWorker {
 // step() returns; the next forward sees this step's update, so results equal the on-device
 // optimizer's bit for bit wherever the host runs the same kernel (the CPU backend).
 //
-// Delayed (delayed_update; ZeRO-Offload's DPU, Ren et al. 2021 sec. 5.2). An exact overlap is
-// impossible here: every update needs the whole gradient (global-norm clipping, and the
-// gradients are only complete after the last backward of the step). So after a synchronous
-// first step, step() of step N
+// Delayed (delayed_update; ZeRO-Offload's one-step delayed parameter update, Ren et al. 2021).
+// Overlap with unchanged maths is impossible: every update needs the whole gradient
+// (global-norm clipping; the gradients are complete only after the step's last backward). So
+// after a synchronous first step, step() of step N
 //   1. downloads g_N (this is where the host waits for the device's backward of step N),
 //   2. waits for the update of step N-1 (it ran while the device computed step N),
 //   3. copies g_N into the host gradients and snapshots the master weights, which now hold every
