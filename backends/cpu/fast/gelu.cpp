@@ -37,7 +37,7 @@ inline __m512 tanh_arg16(__m512 c) {
   __m512 u = _mm512_mul_ps(_mm512_mul_ps(c, _mm512_set1_ps(2.0f * kS)),
                            _mm512_fmadd_ps(c2, _mm512_set1_ps(kA), _mm512_set1_ps(1.0f)));
   __m512 d = _mm512_add_ps(attn::exp16(u), _mm512_set1_ps(1.0f));
-  __m512 r = _mm512_rcp14_ps(d);
+  __m512 r = _mm512_maskz_rcp14_ps(0xFFFF, d);  // GCC 12: the unmasked form trips -Wmaybe-uninitialized
   r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));  // Newton: r (2 - d r)
   return _mm512_fnmadd_ps(_mm512_set1_ps(2.0f), r, _mm512_set1_ps(1.0f));
 }
