@@ -154,6 +154,10 @@ namespace fast {
 CT_CPU_DECLARE_KERNELS
 bool matmul_bf16(const MatmulBf16Args& m);
 const char* bf16_matmul_library();  // what runs matmul_bf16 ("oneDNN 2.6 ...") or why nothing does
+// oneDNN's f32 matmul for c = alpha a b^T + beta c (+ bias) where it is the faster library (see
+// matmul_bf16.cpp); false when it does not take the call (then c is untouched).
+bool matmul_f32_nt(float* c, const float* a, const float* b, const float* bias, int64_t M,
+                   int64_t N, int64_t K, float alpha, float beta);
 }  // namespace fast
 
 // The tables, in declaration order of Kernels.

@@ -57,6 +57,10 @@ void sgemm(const MatmulArgs& m, const float* a, const float* b, float* c, int64_
 // either may be shared by the whole batch. bias is (N).
 void matmul(Workspace&, const MatmulArgs& m) {
   if (m.batch == 0 || m.M == 0 || m.N == 0) return;
+  // a b^T as one product (row-major a): oneDNN where it is the faster library for the shape.
+  if (!m.trans_a && m.trans_b && (m.batch == 1 || (m.a_batched && !m.b_batched)) &&
+      matmul_f32_nt(m.c, m.a, m.b, m.bias, m.batch * m.M, m.N, m.K, m.alpha, m.beta))
+    return;
   float beta = m.beta;
   if (m.bias || m.K == 0) {
     prescale_bias(m.c, m.bias, m.beta, m.batch * m.M, m.N);

@@ -1,5 +1,6 @@
 // bf16 matmul on oneDNN's matmul primitive (AMX or AVX512_BF16 kernels, fp32 accumulation):
-// several times sgemm's throughput where the CPU has bf16 instructions. libdnnl.so.2 is opened
+// several times sgemm's throughput where the CPU has bf16 instructions. Also the f32 products
+// in the layout where oneDNN's f32 kernels beat OpenBLAS here (matmul_f32_nt, below). libdnnl.so.2 is opened
 // at run time, so the CPU backend neither links nor requires it; without it (or without the
 // header at build time, or on a CPU without bf16 instructions, or with CT_CPU_NO_DNNL set)
 // matmul_bf16 declines and the device widens the operands to f32 for sgemm instead.
@@ -116,9 +117,10 @@ struct Key {
   int64_t M, N, K;
   bool ta, tb, c_bf16, bias;
   float alpha, beta;
+  bool f32 = false;  // a, b (and c) f32 rather than bf16
   bool operator==(const Key& o) const {
     return M == o.M && N == o.N && K == o.K && ta == o.ta && tb == o.tb && c_bf16 == o.c_bf16 &&
-           bias == o.bias && alpha == o.alpha && beta == o.beta;
+           bias == o.bias && alpha == o.alpha && beta == o.beta && f32 == o.f32;
   }
 };
 
@@ -136,8 +138,9 @@ bool make_prim(Api& x, const Key& k, Prim* p) {
   dnnl_dims_t bd = {k.K, k.N}, bs = {k.tb ? 1 : k.N, k.tb ? k.K : 1};
   dnnl_dims_t cd = {k.M, k.N}, cs = {k.N, 1};
   dnnl_dims_t vd = {1, k.N}, vs = {k.N, 1};
-  if (x.md_init(&p->a, 2, ad, dnnl_bf16, as) != dnnl_success ||
-      x.md_init(&p->b, 2, bd, dnnl_bf16, bs) != dnnl_success ||
+  const dnnl_data_type_t ab = k.f32 ? dnnl_f32 : dnnl_bf16;
+  if (x.md_init(&p->a, 2, ad, ab, as) != dnnl_success ||
+      x.md_init(&p->b, 2, bd, ab, bs) != dnnl_success ||
       x.md_init(&p->c, 2, cd, k.c_bf16 ? dnnl_bf16 : dnnl_f32, cs) != dnnl_success ||
       x.md_init(&p->bias, 2, vd, dnnl_f32, vs) != dnnl_success)
     return false;
@@ -163,17 +166,9 @@ bool make_prim(Api& x, const Key& k, Prim* p) {
   return ok;
 }
 
-}  // namespace
-
-const char* bf16_matmul_library() { return api().what.c_str(); }
-
-// c is (M,N) f32 or bf16; a is (M,K) or (K,M); b is (K,N) or (N,K); bias is (N)
-bool matmul_bf16(const MatmulBf16Args& m) {
+// One product through a cached primitive for `k`; false (c untouched) when oneDNN declines it.
+bool run(const Key& k, const void* a, const void* b, void* c, const float* bias) {
   Api& x = api();
-  if (!x.ok) return false;
-  // With both, oneDNN would scale the bias too: keep the contract's alpha * ab + bias exact.
-  if (m.alpha != 1.0f && m.bias) return false;
-  Key k{m.M, m.N, m.K, m.trans_a, m.trans_b, m.c_bf16, m.bias != nullptr, m.alpha, m.beta};
   const Prim* p = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -187,31 +182,64 @@ bool matmul_bf16(const MatmulBf16Args& m) {
     }
   }
   dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, mv = nullptr;
-  bool ok = x.mem_create(&ma, &p->a, x.engine, const_cast<uint16_t*>(m.a)) == dnnl_success &&
-            x.mem_create(&mb, &p->b, x.engine, const_cast<uint16_t*>(m.b)) == dnnl_success &&
-            x.mem_create(&mc, &p->c, x.engine, m.c) == dnnl_success &&
-            (!m.bias || x.mem_create(&mv, &p->bias, x.engine, const_cast<float*>(m.bias)) ==
-                            dnnl_success);
+  bool ok = x.mem_create(&ma, &p->a, x.engine, const_cast<void*>(a)) == dnnl_success &&
+            x.mem_create(&mb, &p->b, x.engine, const_cast<void*>(b)) == dnnl_success &&
+            x.mem_create(&mc, &p->c, x.engine, c) == dnnl_success &&
+            (!bias || x.mem_create(&mv, &p->bias, x.engine, const_cast<float*>(bias)) ==
+                          dnnl_success);
   if (ok) {
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc},
                                {DNNL_ARG_BIAS, mv}};
-    ok = x.prim_execute(p->prim, x.stream, m.bias ? 4 : 3, args) == dnnl_success &&
+    ok = x.prim_execute(p->prim, x.stream, bias ? 4 : 3, args) == dnnl_success &&
          x.stream_wait(x.stream) == dnnl_success;
   }
   for (dnnl_memory_t mem : {ma, mb, mc, mv})
     if (mem) x.mem_destroy(mem);
   // c may be half written by now: an error, not a fallback.
   if (!ok)
-    fail(ErrorKind::kDevice, "cpu: oneDNN bf16 matmul failed (M " + std::to_string(m.M) +
-                                 ", N " + std::to_string(m.N) + ", K " + std::to_string(m.K) +
-                                 "); set CT_CPU_NO_DNNL=1 to use sgemm on widened operands");
+    fail(ErrorKind::kDevice, std::string("cpu: oneDNN ") + (k.f32 ? "f32" : "bf16") +
+                                 " matmul failed (M " + std::to_string(k.M) + ", N " +
+                                 std::to_string(k.N) + ", K " + std::to_string(k.K) +
+                                 "); set CT_CPU_NO_DNNL=1 to use sgemm instead");
   return true;
+}
+
+}  // namespace
+
+const char* bf16_matmul_library() { return api().what.c_str(); }
+
+// c is (M,N) f32 or bf16; a is (M,K) or (K,M); b is (K,N) or (N,K); bias is (N)
+bool matmul_bf16(const MatmulBf16Args& m) {
+  if (!api().ok) return false;
+  // With both, oneDNN would scale the bias too: keep the contract's alpha * ab + bias exact.
+  if (m.alpha != 1.0f && m.bias) return false;
+  Key k{m.M, m.N, m.K, m.trans_a, m.trans_b, m.c_bf16, m.bias != nullptr, m.alpha, m.beta};
+  return run(k, m.a, m.b, m.c, m.bias);
+}
+
+// f32 c (M,N) = alpha a (M,K) b^T + beta c (+ bias), b stored (N,K). The one layout where oneDNN's
+// f32 kernels were faster than OpenBLAS 0.3.21 on this machine (`gemm_bench`, single thread, the
+// "dx" rows: tiny's 1024x384x1152 150.7 -> 166.2 GFLOP/s, 1024x384x1536 146.3 -> 165.5,
+// 1024x1536x384 158.4 -> 165.2; gpt2's 1024x768x2304 162.1 -> 176.6); not for wide N (gpt2's
+// tied LM head, N = 50257: 163.0 -> 136.8), hence the bound. Same shapes always take the same
+// library, so results stay bitwise reproducible run to run.
+bool matmul_f32_nt(float* c, const float* a, const float* b, const float* bias, int64_t M,
+                   int64_t N, int64_t K, float alpha, float beta) {
+  constexpr int64_t kMaxN = 4096;
+  if (!api().ok || N > kMaxN || M == 0 || N == 0 || K == 0) return false;
+  if (alpha != 1.0f && bias) return false;
+  Key k{M, N, K, false, true, false, bias != nullptr, alpha, beta, true};
+  return run(k, a, b, c, bias);
 }
 
 #else  // no oneDNN header at build time
 
 const char* bf16_matmul_library() { return "none (built without oneDNN's header)"; }
 bool matmul_bf16(const MatmulBf16Args&) { return false; }
+bool matmul_f32_nt(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                   float, float) {
+  return false;
+}
 
 #endif
 
