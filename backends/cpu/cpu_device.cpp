@@ -299,11 +299,17 @@ class CpuDevice final : public Device, private Workspace {
     flt(op, "qkv", qkv);
     same_dtype(op, {&out, &att, &qkv});
     auto [B, T, C] = attention_dims(op, out, att, qkv, n_head);
-    float* o = out_(out, 0, false);
-    float* a = out_(att, 1, false);
-    k_.attention_forward(*this, o, a, in(qkv, 2), B, T, C, n_head);
-    store(out, o);
-    store(att, a);
+    // 16-bit: one batch element at a time, so the f32 staging holds [NH,T,T] rather than the
+    // whole att (gpt2-medium at 4 x 1024: 64 MiB instead of 256 MiB per slot).
+    const int64_t nb = out.dtype == DType::f32 ? B : 1;
+    for (int64_t b0 = 0; b0 < B; b0 += nb) {
+      const int64_t oe = b0 * T * C, ae = b0 * n_head * T * T, qe = b0 * T * 3 * C;
+      float* o = out_range(out, 0, oe, nb * T * C);
+      float* a = out_range(att, 1, ae, nb * n_head * T * T);
+      k_.attention_forward(*this, o, a, in_range(qkv, 2, qe, nb * T * 3 * C), nb, T, C, n_head);
+      store_range(out, o, oe, nb * T * C);
+      store_range(att, a, ae, nb * n_head * T * T);
+    }
   }
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& att, int n_head) override {
@@ -316,9 +322,15 @@ class CpuDevice final : public Device, private Workspace {
     CT_REQUIRE(dqkv.shape == qkv.shape, std::string(op) + ": dqkv must have the shape of qkv" +
                                             shapes({&dqkv, &qkv}));
     auto [B, T, C] = attention_dims(op, dout, att, qkv, n_head);
-    float* d = out_(dqkv, 0, false);
-    k_.attention_backward(*this, d, in(dout, 1), in(qkv, 2), in(att, 3), B, T, C, n_head);
-    store(dqkv, d);
+    const int64_t nb = dqkv.dtype == DType::f32 ? B : 1;  // as in attention_forward
+    for (int64_t b0 = 0; b0 < B; b0 += nb) {
+      const int64_t oe = b0 * T * C, ae = b0 * n_head * T * T, qe = b0 * T * 3 * C;
+      float* d = out_range(dqkv, 0, qe, nb * T * 3 * C);
+      k_.attention_backward(*this, d, in_range(dout, 1, oe, nb * T * C),
+                            in_range(qkv, 2, qe, nb * T * 3 * C),
+                            in_range(att, 3, ae, nb * n_head * T * T), nb, T, C, n_head);
+      store_range(dqkv, d, qe, nb * T * 3 * C);
+    }
   }
 
   void gelu_forward(const Tensor& out, const Tensor& x) override {
@@ -351,7 +363,14 @@ class CpuDevice final : public Device, private Workspace {
     auto [N, V] = crossentropy_dims(op, logits, targets);
     CT_REQUIRE(losses.numel() == N, std::string(op) + ": losses must be [N]" +
                                         shapes({&losses, &logits, &targets}));
-    k_.crossentropy_forward(f(losses), in(logits, 0), idx(targets), N, V);
+    // 16-bit logits: widened stage_rows(V) rows at a time (GPT-2's [B*T, 50257] would need
+    // 0.8 GB of f32 staging at 4 x 1024 in one piece).
+    const int64_t rows = logits.dtype == DType::f32 ? N : stage_rows(V);
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+      const int64_t nr = std::min(rows, N - r0);
+      k_.crossentropy_forward(f(losses) + r0, in_range(logits, 0, r0 * V, nr * V),
+                              idx(targets) + r0, nr, V);
+    }
   }
   void crossentropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                              float dloss) override {
@@ -366,10 +385,16 @@ class CpuDevice final : public Device, private Workspace {
     CT_REQUIRE(raw(dlogits) == raw(logits) || !overlaps(dlogits, logits),
                std::string(op) + ": dlogits may alias logits exactly but not partially");
     // In place with 16 bits: one staging copy serves as both (the kernel allows aliasing).
-    const float* l = in(logits, 0);
-    float* d = raw(dlogits) == raw(logits) ? const_cast<float*>(l) : out_(dlogits, 1, false);
-    k_.crossentropy_backward(d, l, idx(targets), N, V, dloss);
-    store(dlogits, d);
+    // 16-bit: in row chunks, as in crossentropy_forward.
+    const bool same = raw(dlogits) == raw(logits);
+    const int64_t rows = logits.dtype == DType::f32 ? N : stage_rows(V);
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+      const int64_t nr = std::min(rows, N - r0), e0 = r0 * V;
+      const float* l = in_range(logits, 0, e0, nr * V);
+      float* d = same ? const_cast<float*>(l) : out_range(dlogits, 1, e0, nr * V);
+      k_.crossentropy_backward(d, l, idx(targets) + r0, nr, V, dloss);
+      store_range(dlogits, d, e0, nr * V);
+    }
   }
 
   // -- reductions and optimizer ----------------------------------------------------------------
@@ -601,6 +626,25 @@ class CpuDevice final : public Device, private Workspace {
   }
   void store(const Tensor& t, const float* staged) {
     if (t.dtype != DType::f32) k_.copy(raw(t), t.dtype, staged, DType::f32, t.numel());
+  }
+  // The same over elements [e0, e0 + n) of t, for ops staged piece by piece.
+  float* in_range(const Tensor& t, int slot, int64_t e0, int64_t n) {
+    if (t.dtype == DType::f32) return f(t) + e0;
+    float* s = stage(slot, static_cast<size_t>(n));
+    k_.copy(s, DType::f32, static_cast<char*>(raw(t)) + e0 * dtype_size(t.dtype), t.dtype, n);
+    return s;
+  }
+  float* out_range(const Tensor& t, int slot, int64_t e0, int64_t n) {
+    return t.dtype == DType::f32 ? f(t) + e0 : stage(slot, static_cast<size_t>(n));
+  }
+  void store_range(const Tensor& t, const float* staged, int64_t e0, int64_t n) {
+    if (t.dtype != DType::f32)
+      k_.copy(static_cast<char*>(raw(t)) + e0 * dtype_size(t.dtype), t.dtype, staged, DType::f32, n);
+  }
+  // Rows of `row_elems` per staged piece: about kStageElems elements, at least one row.
+  static int64_t stage_rows(int64_t row_elems) {
+    constexpr int64_t kStageElems = int64_t{1} << 24;  // 64 MiB of f32
+    return std::max<int64_t>(1, kStageElems / std::max<int64_t>(row_elems, 1));
   }
   void u8(const char* op, const char* name, const Tensor& t) const {
     mine(op, name, t);

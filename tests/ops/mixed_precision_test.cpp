@@ -147,6 +147,54 @@ TEST_P(MixedPrecision, LayerNormCrossEntropyBiasGradAdd) {
   }
 }
 
+// The CPU device stages 16-bit logits in f32 a few rows at a time (64 MiB pieces): with GPT-2's
+// vocabulary and 400 rows that is two pieces. Every row must equal the f32 computation on the
+// same (rounded) values: losses bitwise, dlogits as the f32 result rounded to h.
+TEST_P(MixedPrecision, CrossEntropyStagedInPiecesEqualsF32) {
+  DType h = GetParam();
+  const int64_t N = 400, V = 50257;
+  Vec logits = round_h(randn(N * V, 21, 2.0f), h);
+  auto targets = randint(N, 22, V);
+  Device& d = fast_dev();
+  Tensor tl = upload_as(d, {N, V}, logits, h), tlf = upload(d, {N, V}, logits);
+  Tensor tt = upload_i32(d, {N}, targets);
+  Tensor l16 = upload(d, {N}, Vec(N)), l32 = upload(d, {N}, Vec(N));
+  d.crossentropy_forward(l16, tl, tt);
+  d.crossentropy_forward(l32, tlf, tt);
+  EXPECT_EQ(download(d, l16), download(d, l32));
+  d.crossentropy_backward(tl, tl, tt, 0.25f);  // in place, piece by piece
+  d.crossentropy_backward(tlf, tlf, tt, 0.25f);
+  EXPECT_EQ(download_as(d, tl), round_h(download(d, tlf), h));
+}
+
+// Attention in 16 bits is staged one batch element at a time: B = 3 must equal three B = 1 calls
+// on the slices, bitwise.
+TEST_P(MixedPrecision, AttentionStagedPerBatchElementEqualsSlices) {
+  DType h = GetParam();
+  const int64_t B = 3, T = 9, C = 16, NH = 2;
+  Vec qkv = round_h(randn(B * T * 3 * C, 23), h), dout = round_h(randn(B * T * C, 24), h);
+  Device& d = fast_dev();
+  Tensor tq = upload_as(d, {B, T, 3 * C}, qkv, h), td = upload_as(d, {B, T, C}, dout, h);
+  Tensor to = d.empty({B, T, C}, h, MemCategory::kActivations);
+  Tensor ta = d.empty({B, NH, T, T}, h, MemCategory::kActivations);
+  Tensor tdq = d.empty({B, T, 3 * C}, h, MemCategory::kGrads);
+  d.attention_forward(to, ta, tq, NH);
+  d.attention_backward(tdq, td, tq, ta, NH);
+  Vec out = download_as(d, to), dq = download_as(d, tdq);
+  for (int64_t b = 0; b < B; ++b) {
+    auto slice = [&](const Vec& v, int64_t n) { return Vec(v.begin() + b * n, v.begin() + (b + 1) * n); };
+    Tensor q1 = upload_as(d, {1, T, 3 * C}, slice(qkv, T * 3 * C), h);
+    Tensor d1 = upload_as(d, {1, T, C}, slice(dout, T * C), h);
+    Tensor o1 = d.empty({1, T, C}, h, MemCategory::kActivations);
+    Tensor a1 = d.empty({1, NH, T, T}, h, MemCategory::kActivations);
+    Tensor dq1 = d.empty({1, T, 3 * C}, h, MemCategory::kGrads);
+    d.attention_forward(o1, a1, q1, NH);
+    d.attention_backward(dq1, d1, q1, a1, NH);
+    EXPECT_EQ(download_as(d, o1), slice(out, T * C)) << "batch element " << b;
+    EXPECT_EQ(download_as(d, dq1), slice(dq, T * 3 * C)) << "batch element " << b;
+  }
+}
+
 TEST_P(MixedPrecision, F32OnlyOpsThrowUnsupported) {
   DType h = GetParam();
   for (Device* d : {&ref_dev(), &fast_dev()}) {
