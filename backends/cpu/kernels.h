@@ -158,6 +158,7 @@ const char* bf16_matmul_library();  // what runs matmul_bf16 ("oneDNN 2.6 ...") 
 // matmul_bf16.cpp); false when it does not take the call (then c is untouched).
 bool matmul_f32_nt(float* c, const float* a, const float* b, const float* bias, int64_t M,
                    int64_t N, int64_t K, float alpha, float beta);
+const char* f32_nt_matmul_library();  // the f32 GEMM libraries, for `devices`
 }  // namespace fast
 
 // The tables, in declaration order of Kernels.

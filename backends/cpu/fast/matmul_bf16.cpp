@@ -223,9 +223,16 @@ bool matmul_bf16(const MatmulBf16Args& m) {
 // 1024x1536x384 158.4 -> 165.2; gpt2's 1024x768x2304 162.1 -> 176.6); not for wide N (gpt2's
 // tied LM head, N = 50257: 163.0 -> 136.8), hence the bound. Same shapes always take the same
 // library, so results stay bitwise reproducible run to run.
+constexpr int64_t kMaxNtN = 4096;
+
+const char* f32_nt_matmul_library() {
+  return api().ok ? "OpenBLAS sgemm; a b^T with N <= 4096 on oneDNN's f32 matmul"
+                  : "OpenBLAS sgemm";
+}
+
 bool matmul_f32_nt(float* c, const float* a, const float* b, const float* bias, int64_t M,
                    int64_t N, int64_t K, float alpha, float beta) {
-  constexpr int64_t kMaxN = 4096;
+  constexpr int64_t kMaxN = kMaxNtN;
   if (!api().ok || N > kMaxN || M == 0 || N == 0 || K == 0) return false;
   if (alpha != 1.0f && bias) return false;
   Key k{M, N, K, false, true, false, bias != nullptr, alpha, beta, true};
@@ -240,6 +247,7 @@ bool matmul_f32_nt(float*, const float*, const float*, const float*, int64_t, in
                    float, float) {
   return false;
 }
+const char* f32_nt_matmul_library() { return "OpenBLAS sgemm"; }
 
 #endif
 
