@@ -140,5 +140,42 @@ TEST_F(TrainTest, ResumeAcrossBackends) {
   }
 }
 
+// --offload-optimizer on the Vulkan device (state and update on the host, weights uploaded):
+// the synchronous schedule equals the on-device optimizer on vulkan, and the delayed update
+// (--offload-delayed-update) follows the same trajectory on vulkan as on cpu, its host update
+// overlapping the device's next step.
+TEST_F(TrainTest, OffloadedOptimizerOnVulkan) {
+  const int64_t steps = 6;
+  auto run = [&](const std::string& backend, const std::string& name, bool offload, bool delayed) {
+    std::string dir = fresh_dir(name);
+    TrainArgs a = tiny_args(backend, dir, steps);
+    a.offload_optimizer = offload;
+    a.offload_delayed_update = delayed;
+    train(a);
+    return dir;
+  };
+  std::string on_device = run("vulkan", "off_dev", false, false);
+  std::string sync = run("vulkan", "off_sync", true, false);
+  std::string delayed_vk = run("vulkan", "off_dpu_vk", true, true);
+  std::string delayed_cpu = run("cpu", "off_dpu_cpu", true, true);
+  std::vector<double> dev = losses(on_device), syn = losses(sync), dvk = losses(delayed_vk),
+                      dcpu = losses(delayed_cpu);
+  ASSERT_EQ(dev.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(syn.size(), dev.size());
+  ASSERT_EQ(dvk.size(), dev.size());
+  ASSERT_EQ(dcpu.size(), dev.size());
+  for (size_t i = 0; i < dev.size(); ++i) {
+    EXPECT_NEAR(syn[i], dev[i], 1e-4 * std::abs(dev[i])) << "sync offload, step " << i + 1;
+    EXPECT_NEAR(dvk[i], dcpu[i], 1e-4 * std::abs(dcpu[i])) << "delayed vulkan vs cpu, step " << i + 1;
+  }
+  EXPECT_NE(dvk[2], syn[2]) << "the delayed schedule should differ from step 3 on";
+  double overlap = 0;
+  std::ifstream in(fs::path(delayed_vk) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);)
+    overlap += nlohmann::json::parse(line).value("offload_overlap_s", 0.0);
+  EXPECT_GT(overlap, 0.0) << "the host update never ran while the device computed";
+  for (const std::string& d : {on_device, sync, delayed_vk, delayed_cpu}) fs::remove_all(d);
+}
+
 }  // namespace
 }  // namespace ct::vktest
