@@ -74,7 +74,7 @@ DeviceInfo make_info(bool reference) {
              {"threads", std::to_string(reference ? 1 : cpu_threads())},
              {"isa", cpu_isa_flags()},
              {"blas", reference ? std::string("none (plain loops)")
-                                : fast::f32_nt_matmul_library()},
+                                : fast::f32_matmul_library()},
              {"16-bit tensors", "widened to f32, rounded to nearest even on store"},
              {"bf16 matmul", reference ? std::string("widened to f32")
                                        : std::string(fast::bf16_matmul_library())}};

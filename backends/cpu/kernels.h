@@ -154,11 +154,12 @@ namespace fast {
 CT_CPU_DECLARE_KERNELS
 bool matmul_bf16(const MatmulBf16Args& m);
 const char* bf16_matmul_library();  // what runs matmul_bf16 ("oneDNN 2.6 ...") or why nothing does
-// oneDNN's f32 matmul for c = alpha a b^T + beta c (+ bias) where it is the faster library (see
+// oneDNN's f32 matmul, c = alpha a op(b) + beta c (+ bias) with row-major a (see
 // matmul_bf16.cpp); false when it does not take the call (then c is untouched).
-bool matmul_f32_nt(float* c, const float* a, const float* b, const float* bias, int64_t M,
-                   int64_t N, int64_t K, float alpha, float beta);
-const char* f32_nt_matmul_library();  // the f32 GEMM libraries, for `devices`
+bool matmul_f32_onednn(float* c, const float* a, const float* b, const float* bias, int64_t M,
+                       int64_t N, int64_t K, bool trans_b, float alpha, float beta);
+bool onednn_f32_available();
+const char* f32_matmul_library();  // the f32 GEMM libraries and which products take which, for `devices`
 }  // namespace fast
 
 // The tables, in declaration order of Kernels.

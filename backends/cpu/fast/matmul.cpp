@@ -40,6 +40,25 @@ void prescale_bias(float* c, const float* bias, float beta, int64_t M, int64_t N
   }
 }
 
+// Products that go to oneDNN's f32 matmul rather than OpenBLAS: the layouts and sizes where it
+// was the faster library on this machine (OpenBLAS 0.3.21, oneDNN 2.7; `gemm_bench`, and
+// `step_profile --detail` with each choice in alternation). A fixed rule, not a run-time
+// benchmark, so that the same shapes always take the same library and results stay bitwise
+// reproducible from run to run.
+//   a b^T (the linear layers' dx), N <= 4096: gemm_bench single thread, tiny 1024x384x1152
+//     150.7 -> 166.2 GFLOP/s, 1024x384x1536 146.3 -> 165.5, 1024x1536x384 158.4 -> 165.2; gpt2
+//     1024x768x2304 162.1 -> 176.6. Not gpt2's tied LM head (N = 50257: 163.0 -> 136.8).
+//   a b + bias (the linear layers' forward), N <= 2048: oneDNN adds the bias in its epilogue
+//     where OpenBLAS needs the pre-fill and a read of c (beta = 1). tiny per step: fcproj
+//     26.2 -> 22.9 ms, fc 24.9 -> 23.5, qkv 18.5 -> 17.9, attproj 6.9 -> 6.3; gpt2 (B = 1):
+//     fcproj 191 -> 181, attproj 51 -> 45, qkv (N = 2304) 139 -> 139, but fc (N = 3072)
+//     183 -> 327: oneDNN's f32 kernels fall apart at N = 3072 (gemm_bench: 164 -> 59).
+bool prefer_onednn_f32(const MatmulArgs& m) {
+  if (m.trans_a || !(m.batch == 1 || (m.a_batched && !m.b_batched))) return false;
+  if (m.trans_b) return m.N <= 4096;
+  return m.bias != nullptr && m.N <= 2048;
+}
+
 // One (M,N) product with c already holding beta*c (+ bias) when `beta` is 1.
 void sgemm(const MatmulArgs& m, const float* a, const float* b, float* c, int64_t M,
            float beta) {
@@ -53,13 +72,19 @@ void sgemm(const MatmulArgs& m, const float* a, const float* b, float* c, int64_
 
 }  // namespace
 
+const char* f32_matmul_library() {
+  return onednn_f32_available()
+             ? "OpenBLAS sgemm; oneDNN f32 matmul for a b^T (N <= 4096) and a b + bias (N <= 2048)"
+             : "OpenBLAS sgemm";
+}
+
 // c is (batch,M,N); a is (M,K) or (K,M) with trans_a; b is (K,N) or (N,K) with trans_b;
 // either may be shared by the whole batch. bias is (N).
 void matmul(Workspace&, const MatmulArgs& m) {
   if (m.batch == 0 || m.M == 0 || m.N == 0) return;
-  // a b^T as one product (row-major a): oneDNN where it is the faster library for the shape.
-  if (!m.trans_a && m.trans_b && (m.batch == 1 || (m.a_batched && !m.b_batched)) &&
-      matmul_f32_nt(m.c, m.a, m.b, m.bias, m.batch * m.M, m.N, m.K, m.alpha, m.beta))
+  if (prefer_onednn_f32(m) &&
+      matmul_f32_onednn(m.c, m.a, m.b, m.bias, m.batch * m.M, m.N, m.K, m.trans_b, m.alpha,
+                        m.beta))
     return;
   float beta = m.beta;
   if (m.bias || m.K == 0) {

@@ -1,6 +1,6 @@
 // bf16 matmul on oneDNN's matmul primitive (AMX or AVX512_BF16 kernels, fp32 accumulation):
 // several times sgemm's throughput where the CPU has bf16 instructions. Also the f32 products
-// in the layout where oneDNN's f32 kernels beat OpenBLAS here (matmul_f32_nt, below). libdnnl.so.2 is opened
+// for which oneDNN's f32 kernels beat OpenBLAS here (matmul_f32_onednn; matmul.cpp chooses). libdnnl.so.2 is opened
 // at run time, so the CPU backend neither links nor requires it; without it (or without the
 // header at build time, or on a CPU without bf16 instructions, or with CT_CPU_NO_DNNL set)
 // matmul_bf16 declines and the device widens the operands to f32 for sgemm instead.
@@ -217,37 +217,27 @@ bool matmul_bf16(const MatmulBf16Args& m) {
   return run(k, m.a, m.b, m.c, m.bias);
 }
 
-// f32 c (M,N) = alpha a (M,K) b^T + beta c (+ bias), b stored (N,K). The one layout where oneDNN's
-// f32 kernels were faster than OpenBLAS 0.3.21 on this machine (`gemm_bench`, single thread, the
-// "dx" rows: tiny's 1024x384x1152 150.7 -> 166.2 GFLOP/s, 1024x384x1536 146.3 -> 165.5,
-// 1024x1536x384 158.4 -> 165.2; gpt2's 1024x768x2304 162.1 -> 176.6); not for wide N (gpt2's
-// tied LM head, N = 50257: 163.0 -> 136.8), hence the bound. Same shapes always take the same
-// library, so results stay bitwise reproducible run to run.
-constexpr int64_t kMaxNtN = 4096;
-
-const char* f32_nt_matmul_library() {
-  return api().ok ? "OpenBLAS sgemm; a b^T with N <= 4096 on oneDNN's f32 matmul"
-                  : "OpenBLAS sgemm";
-}
-
-bool matmul_f32_nt(float* c, const float* a, const float* b, const float* bias, int64_t M,
-                   int64_t N, int64_t K, float alpha, float beta) {
-  constexpr int64_t kMaxN = kMaxNtN;
-  if (!api().ok || N > kMaxN || M == 0 || N == 0 || K == 0) return false;
+// f32 c (M,N) = alpha a (M,K) op(b) + beta c (+ bias); b stored (K,N), or (N,K) with trans_b.
+// Which products come here is matmul.cpp's choice (prefer_onednn_f32).
+bool matmul_f32_onednn(float* c, const float* a, const float* b, const float* bias, int64_t M,
+                       int64_t N, int64_t K, bool trans_b, float alpha, float beta) {
+  if (!api().ok || M == 0 || N == 0 || K == 0) return false;
   if (alpha != 1.0f && bias) return false;
-  Key k{M, N, K, false, true, false, bias != nullptr, alpha, beta, true};
+  Key k{M, N, K, false, trans_b, false, bias != nullptr, alpha, beta, true};
   return run(k, a, b, c, bias);
 }
+
+bool onednn_f32_available() { return api().ok; }
 
 #else  // no oneDNN header at build time
 
 const char* bf16_matmul_library() { return "none (built without oneDNN's header)"; }
 bool matmul_bf16(const MatmulBf16Args&) { return false; }
-bool matmul_f32_nt(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                   float, float) {
+bool matmul_f32_onednn(float*, const float*, const float*, const float*, int64_t, int64_t,
+                       int64_t, bool, float, float) {
   return false;
 }
-const char* f32_nt_matmul_library() { return "OpenBLAS sgemm"; }
+bool onednn_f32_available() { return false; }
 
 #endif
 
