@@ -159,6 +159,28 @@ void truncate_metrics(const std::string& path, int64_t step) {
 
 }  // namespace
 
+OptimizerSettings optimizer_settings(const TrainArgs& a) {
+  OptimizerSettings os;
+  os.weight_decay = a.weight_decay;
+  os.beta1 = a.adam_beta1;
+  os.beta2 = a.adam_beta2;
+  os.eps = a.adam_epsilon;
+  os.max_grad_norm = a.max_grad_norm;
+  os.kind = parse_optim(a.optim);
+  os.momentum = a.sgd_momentum;
+  os.dampening = a.sgd_dampening;
+  os.nesterov = a.sgd_nesterov;
+  os.relative_step = a.adafactor_relative_step || a.learning_rate == 0.0;
+  os.scale_parameter = a.adafactor_scale_parameter || a.learning_rate == 0.0;
+  os.warmup_init = a.adafactor_warmup_init;
+  os.clip_threshold = a.adafactor_clip_threshold;
+  os.decay_rate = a.adafactor_decay_rate;
+  os.adafactor_beta1 = a.adafactor_beta1;
+  os.offload = a.offload_optimizer;
+  os.delayed_update = a.offload_delayed_update;
+  return os;
+}
+
 TrainSummary train(const TrainArgs& args) {
   // ---- everything is checked before anything is written --------------------------------------
   validate_args(args);
@@ -199,24 +221,7 @@ TrainSummary train(const TrainArgs& args) {
   scaler_config.init_scale = static_cast<float>(args.fp16_init_scale);
   LossScaler scaler(mopts.policy.loss_scaling, scaler_config);
   model.allocate_activations(B, T);
-  OptimizerSettings os;
-  os.weight_decay = args.weight_decay;
-  os.beta1 = args.adam_beta1;
-  os.beta2 = args.adam_beta2;
-  os.eps = args.adam_epsilon;
-  os.max_grad_norm = args.max_grad_norm;
-  os.kind = parse_optim(args.optim);
-  os.momentum = args.sgd_momentum;
-  os.dampening = args.sgd_dampening;
-  os.nesterov = args.sgd_nesterov;
-  os.relative_step = args.adafactor_relative_step || args.learning_rate == 0.0;
-  os.scale_parameter = args.adafactor_scale_parameter || args.learning_rate == 0.0;
-  os.warmup_init = args.adafactor_warmup_init;
-  os.clip_threshold = args.adafactor_clip_threshold;
-  os.decay_rate = args.adafactor_decay_rate;
-  os.adafactor_beta1 = args.adafactor_beta1;
-  os.offload = args.offload_optimizer;
-  os.delayed_update = args.offload_delayed_update;
+  const OptimizerSettings os = optimizer_settings(args);
   std::unique_ptr<Optimizer> optimizer = make_optimizer(model, os);
   const double optimizer_bytes_per_param =
       static_cast<double>(optimizer->state_bytes()) / static_cast<double>(model.num_parameters());

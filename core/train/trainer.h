@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "core/train/optimizer.h"
 #include "core/train/train_args.h"
 
 namespace ct {
@@ -29,5 +30,9 @@ struct TrainSummary {
 // args.output_dir: metrics.jsonl (one JSON record per logged step), model.safetensors and
 // config.json. Human-readable progress goes to stderr, the summary to stdout.
 TrainSummary train(const TrainArgs& args);
+
+// The optimizer the flags describe (--optim, its hyper-parameters, --offload-optimizer,
+// --offload-delayed-update), as train() builds it.
+OptimizerSettings optimizer_settings(const TrainArgs& a);
 
 }  // namespace ct

@@ -87,15 +87,9 @@ Reference reference(const TrainArgs& a) {
   LossScalerConfig sc;
   sc.init_scale = static_cast<float>(a.fp16_init_scale);
   LossScaler scaler(mo.policy.loss_scaling, sc);
-  OptimizerSettings os;  // as the trainer builds them, minus the offload
-  os.kind = parse_optim(a.optim);
-  os.weight_decay = a.weight_decay;
-  os.beta1 = a.adam_beta1;
-  os.beta2 = a.adam_beta2;
-  os.eps = a.adam_epsilon;
-  os.max_grad_norm = a.max_grad_norm;
-  os.clip_threshold = a.adafactor_clip_threshold;
-  os.decay_rate = a.adafactor_decay_rate;
+  OptimizerSettings os = optimizer_settings(a);  // as the trainer builds them, minus the offload
+  os.offload = false;
+  os.delayed_update = false;
   auto opt = make_optimizer(model, os);
 
   ByteTokenizer tok;
