@@ -101,20 +101,12 @@ INSTANTIATE_TEST_SUITE_P(Offloaded, OffloadRuns,
 TEST(OptimizerCheckpoint, AnotherOptimizersStateIsRefused) {
   fs::path root = fs::temp_directory_path() / ("crosstrain_optim_refuse_" + std::to_string(getpid()));
   fs::remove_all(root);
-  TrainArgs a;
+  TrainArgs a = testing::small_model_args(root);
   a.n_layer = 1;
-  a.n_head = 2;
-  a.n_embd = 32;
   a.block_size = 16;
-  a.data = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
-  a.output_dir = root.string();
   a.max_steps = 2;
   a.per_device_train_batch_size = 1;
   a.save_steps = 2;
-  a.eval_steps = 0;
-  a.max_eval_batches = 1;
-  a.sample_tokens = 0;
-  a.progress_bar = false;
   train(a);
   a.optim = "adamw_8bit";
   a.max_steps = 4;
