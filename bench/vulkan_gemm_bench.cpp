@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     auto dev = open_device(spec);
     std::printf("device: %s (%s); GFLOP per %s second\n", dev->info().name.c_str(),
                 dev->info().driver.c_str(), g_cpu_time ? "CPU" : "wall");
-    std::vector<const char*> variants = {"vsg", "vec", "reg", "tiled"};
+    std::vector<const char*> variants = {"vsg64", "vsg", "vec", "reg", "tiled"};
     if (const char* v = std::getenv("CT_BENCH_VARIANTS")) {  // comma-separated subset
       static std::string keep = v;
       variants.clear();

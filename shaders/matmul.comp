@@ -128,6 +128,15 @@ layout(std430, binding = 2) readonly buffer Bm { B_T b[]; };
 #extension GL_EXT_buffer_reference_uvec2 : require
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer V4Ptr { vec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer F1Ptr { float v[]; };
+#if defined(B_U64)
+// B_U64 (f32 b along n or k): a vec4 of b read as two 64-bit words. lavapipe gathers every
+// component of a per-lane load separately; a 64-bit component brings two floats per gather.
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer U64Ptr { u64vec2 v[]; };
+vec4 u64x2_to_vec4(u64vec2 w) {
+  return uintBitsToFloat(uvec4(unpackUint2x32(w.x), unpackUint2x32(w.y)));
+}
+#endif
 #if defined(A_H) || defined(B_H)
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer U2Ptr { uvec2 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer U1Ptr { uint v[]; };
@@ -165,6 +174,9 @@ void main() {
 #if (defined(A_K) || defined(A_M)) && defined(A_H)
   U2Ptr pa = U2Ptr(uvec2(pc.a_lo, pc.a_hi));
 #define a4(i) h4(pa.v[i])
+#elif (defined(A_K) || defined(A_M)) && defined(B_U64)
+  U64Ptr pa = U64Ptr(uvec2(pc.a_lo, pc.a_hi));
+#define a4(i) u64x2_to_vec4(pa.v[i])
 #elif defined(A_K) || defined(A_M)
   V4Ptr pa = V4Ptr(uvec2(pc.a_lo, pc.a_hi));
 #define a4(i) pa.v[i]
@@ -175,7 +187,10 @@ void main() {
   F1Ptr pa = F1Ptr(uvec2(pc.a_lo, pc.a_hi));
 #define a(i) pa.v[i]
 #endif
-#if (defined(B_N) || defined(B_K)) && defined(B_H)
+#if (defined(B_N) || defined(B_K)) && defined(B_U64)
+  U64Ptr pb = U64Ptr(uvec2(pc.b_lo, pc.b_hi));
+#define b4(i) u64x2_to_vec4(pb.v[i])
+#elif (defined(B_N) || defined(B_K)) && defined(B_H)
   U2Ptr pb = U2Ptr(uvec2(pc.b_lo, pc.b_hi));
 #define b4(i) h4(pb.v[i])
 #elif defined(B_N) || defined(B_K)

@@ -208,6 +208,7 @@ void Instance::enumerate() {
     pd.storage8 = f12.storageBuffer8BitAccess;
     pd.float16 = f12.shaderFloat16;
     pd.bda = f12.bufferDeviceAddress;
+    pd.int64 = feats.features.shaderInt64;
 
     auto p12 = vk_struct<VkPhysicalDeviceVulkan12Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_PROPERTIES);
     auto p11 = vk_struct<VkPhysicalDeviceVulkan11Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES);
@@ -266,6 +267,7 @@ void Instance::enumerate() {
          std::to_string(pd.props.limits.minStorageBufferOffsetAlignment)},
         {"shaderFloat16", yn(pd.float16)},
         {"storageBuffer16BitAccess", yn(pd.storage16)},
+        {"shaderInt64", yn(pd.int64)},
         {"storageBuffer8BitAccess", yn(pd.storage8)},
         {"subgroup size", std::to_string(p11.subgroupSize)},
         {"subgroup ops", subgroup_ops(p11.subgroupSupportedOperations)},

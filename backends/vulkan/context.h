@@ -25,6 +25,7 @@ struct PhysicalDevice {
   bool memory_budget = false;      // VK_EXT_memory_budget
   bool coopmat = false;            // VK_KHR_cooperative_matrix
   bool bda = false;                // bufferDeviceAddress (matmul reads operands through it)
+  bool int64 = false;              // shaderInt64 (MM_SG reads b as 64-bit pairs)
   uint32_t subgroup_size = 0;
   bool subgroup_ballot = false;    // subgroupBroadcast() in compute shaders
   uint64_t max_alloc = 0;          // maxMemoryAllocationSize

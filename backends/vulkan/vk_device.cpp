@@ -41,6 +41,7 @@ VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
   f11.pNext = &f12;
   auto feats = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
   feats.pNext = &f11;
+  feats.features.shaderInt64 = pd_.int64;
   std::vector<const char*> exts;
   if (pd_.memory_budget) exts.push_back(VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
   auto ci = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);

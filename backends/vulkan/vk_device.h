@@ -149,6 +149,7 @@ class VulkanDevice final : public Device {
   bool cpu_like() const { return info_.type == DeviceType::kCpu; }
   bool has_bda() const { return pd_.bda; }
   // MM_SG matmul (matmul.comp): subgroups of 8 with subgroupBroadcast in compute
+  bool has_int64() const { return pd_.int64; }
   bool has_sg8() const { return pd_.subgroup_size == 8 && pd_.subgroup_ballot; }
   uint32_t max_groups_x() const { return pd_.props.limits.maxComputeWorkGroupCount[0]; }
 

@@ -81,7 +81,7 @@ TEST_P(MatmulTest, BetaZeroIgnoresNaNInC) {
   EXPECT_TRUE(same(c, kTolGemm, "beta=0 over NaN"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, MatmulTest, ::testing::Values("vsg", "vec", "reg", "tiled"));
+INSTANTIATE_TEST_SUITE_P(Variants, MatmulTest, ::testing::Values("vsg64", "vsg", "vec", "reg", "tiled"));
 
 using BiasBackwardTest = VulkanTest;
 TEST_F(BiasBackwardTest, ColumnSums) {
