@@ -58,6 +58,9 @@
 #endif
 #define TM (8 * VRM)
 #define TN (8 * VRN)
+#ifndef MM_KU
+#define MM_KU 1  // 4-deep k steps per loop iteration
+#endif
 #if defined(MM_SG)
 // MM_SG (with MM_VEC, VRM == 8; the host picks it where the subgroup size is 8 and subgroups
 // support ballot in compute): the 8 invocations of a subgroup share their 8 rows of a, so each
@@ -248,53 +251,59 @@ void main() {
 #endif
 #endif
   uint K4 = pc.K & ~3u, k = 0;
-  for (; k < K4; k += 4u) {
-    float av[VRM][4], bv[4][VRN];
+  // MM_KU 4-deep k steps per iteration (the host picks MM_KU = 2 only when K % 8 == 0): on
+  // lavapipe every loop-carried accumulator costs a masked blend and a spill per iteration, so
+  // fewer, longer iterations leave more of the time to the arithmetic.
+  for (; k < K4; k += 4u * uint(MM_KU)) {
+    [[unroll]] for (uint ku = 0; ku < uint(MM_KU); ++ku) {
+    const uint kb = k + 4u * ku;
+      float av[VRM][4], bv[4][VRN];
 #if defined(MM_SG)
-    {
+      {
 #if defined(A_K)
-      vec4 v = a4(sg_a + (k >> 2));
+        vec4 v = a4(sg_a + (kb >> 2));
 #elif defined(A_M)
-      vec4 v = a4(sg_a + (k + sg_k) * ak4);
+        vec4 v = a4(sg_a + (kb + sg_k) * ak4);
 #else
-      vec4 v = vec4(a(sg_a + k * pc.sak), a(sg_a + (k + 1u) * pc.sak), a(sg_a + (k + 2u) * pc.sak),
-                    a(sg_a + (k + 3u) * pc.sak));
+        vec4 v = vec4(a(sg_a + kb * pc.sak), a(sg_a + (kb + 1u) * pc.sak), a(sg_a + (kb + 2u) * pc.sak),
+                      a(sg_a + (kb + 3u) * pc.sak));
 #endif
-      SGB(0u) SGB(1u) SGB(2u) SGB(3u) SGB(4u) SGB(5u) SGB(6u) SGB(7u)
-    }
-#elif defined(A_K)
-    [[unroll]] for (int i = 0; i < VRM; ++i) {
-      vec4 v = a4(ar[i] + (k >> 2));
-      av[i][0] = v.x; av[i][1] = v.y; av[i][2] = v.z; av[i][3] = v.w;
-    }
-#elif defined(A_M)
-    [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
-      [[unroll]] for (int i = 0; i < VRM / 4; ++i) {
-        vec4 v = a4(ar[i] + (k + kk) * ak4);
-        av[4 * i][kk] = v.x; av[4 * i + 1][kk] = v.y; av[4 * i + 2][kk] = v.z; av[4 * i + 3][kk] = v.w;
+        SGB(0u) SGB(1u) SGB(2u) SGB(3u) SGB(4u) SGB(5u) SGB(6u) SGB(7u)
       }
+#elif defined(A_K)
+      [[unroll]] for (int i = 0; i < VRM; ++i) {
+        vec4 v = a4(ar[i] + (kb >> 2));
+        av[i][0] = v.x; av[i][1] = v.y; av[i][2] = v.z; av[i][3] = v.w;
+      }
+#elif defined(A_M)
+      [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
+        [[unroll]] for (int i = 0; i < VRM / 4; ++i) {
+          vec4 v = a4(ar[i] + (kb + kk) * ak4);
+          av[4 * i][kk] = v.x; av[4 * i + 1][kk] = v.y; av[4 * i + 2][kk] = v.z; av[4 * i + 3][kk] = v.w;
+        }
 #else
-    [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
-      [[unroll]] for (int i = 0; i < VRM; ++i) av[i][kk] = a(ar[i] + (k + kk) * pc.sak);
+      [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
+        [[unroll]] for (int i = 0; i < VRM; ++i) av[i][kk] = a(ar[i] + (kb + kk) * pc.sak);
 #endif
 #if defined(B_N)
-    [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
-      [[unroll]] for (int j = 0; j < VRN / 4; ++j) {
-        vec4 v = b4(bc[j] + (k + kk) * bk4);
-        bv[kk][4 * j] = v.x; bv[kk][4 * j + 1] = v.y; bv[kk][4 * j + 2] = v.z; bv[kk][4 * j + 3] = v.w;
-      }
+      [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
+        [[unroll]] for (int j = 0; j < VRN / 4; ++j) {
+          vec4 v = b4(bc[j] + (kb + kk) * bk4);
+          bv[kk][4 * j] = v.x; bv[kk][4 * j + 1] = v.y; bv[kk][4 * j + 2] = v.z; bv[kk][4 * j + 3] = v.w;
+        }
 #elif defined(B_K)
-    [[unroll]] for (int j = 0; j < VRN; ++j) {
-      vec4 v = b4(bc[j] + (k >> 2));
-      bv[0][j] = v.x; bv[1][j] = v.y; bv[2][j] = v.z; bv[3][j] = v.w;
-    }
+      [[unroll]] for (int j = 0; j < VRN; ++j) {
+        vec4 v = b4(bc[j] + (kb >> 2));
+        bv[0][j] = v.x; bv[1][j] = v.y; bv[2][j] = v.z; bv[3][j] = v.w;
+      }
 #else
-    [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
-      [[unroll]] for (int j = 0; j < VRN; ++j) bv[kk][j] = b(bc[j] + (k + kk) * pc.sbk);
+      [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
+        [[unroll]] for (int j = 0; j < VRN; ++j) bv[kk][j] = b(bc[j] + (kb + kk) * pc.sbk);
 #endif
-    [[unroll]] for (int kk = 0; kk < 4; ++kk)
-      [[unroll]] for (int i = 0; i < VRM; ++i)
-        [[unroll]] for (int j = 0; j < VRN; ++j) acc[i][j] = fma(av[i][kk], bv[kk][j], acc[i][j]);
+      [[unroll]] for (int kk = 0; kk < 4; ++kk)
+        [[unroll]] for (int i = 0; i < VRM; ++i)
+          [[unroll]] for (int j = 0; j < VRN; ++j) acc[i][j] = fma(av[i][kk], bv[kk][j], acc[i][j]);
+    }
   }
 #if !defined(A_K) && !defined(B_K)
   for (; k < pc.K; ++k) {  // K % 4 tail, one k at a time

@@ -113,6 +113,15 @@ constexpr ShaderId kVsg64Ids[3][2] = {
     {ShaderId::matmul_vsg64_kn, ShaderId::matmul_vsg64_kk},
     {ShaderId::matmul_vsg64_mn, ShaderId::matmul_vsg64_mk},
     {ShaderId::matmul_vsg64_sn, ShaderId::matmul_vsg64_sk}};
+// The same with two 4-deep k steps per loop iteration (MM_KU = 2), for K % 8 == 0: lavapipe
+// blends and spills each of the 64 loop-carried accumulators once per iteration (1141 JIT
+// instructions per 4-deep iteration, 512 of them the multiply-adds). vulkan_gemm_bench, idle,
+// three runs against the 4-deep loop: 1024x384x1536 59.0-61.5 vs 52.3-56.4 GFLOP/s, 512^3
+// 50.8-55.7 vs 45.5-53.1; the K = 384 shapes within noise.
+constexpr ShaderId kVsg64k8Ids[3][2] = {
+    {ShaderId::matmul_vsg64k8_kn, ShaderId::matmul_vsg64k8_kk},
+    {ShaderId::matmul_vsg64k8_mn, ShaderId::matmul_vsg64k8_mk},
+    {ShaderId::matmul_vsg64k8_sn, ShaderId::matmul_vsg64k8_sk}};
 constexpr ShaderId kVsgIds[3][3] = {
     {ShaderId::matmul_vsg_kn, ShaderId::matmul_vsg_kk, ShaderId::matmul_vsg_ks},
     {ShaderId::matmul_vsg_mn, ShaderId::matmul_vsg_mk, ShaderId::matmul_vsg_ms},
@@ -274,6 +283,7 @@ void VulkanDevice::gemm(const GemmCall& g) {
     if (g.sb[2] == 1 && vec_ok(g.b, eb, g.sb[0], g.sb[1], g.N)) bm = 0;       // along n
     else if (g.sb[1] == 1 && vec_ok(g.b, eb, g.sb[0], g.sb[2], g.K)) bm = 1;  // along k
     id = combo >= 0                            ? kVsgH[combo][hi][am][bm]
+         : kind == MmKind::kVsg64 && bm < 2 && g.K % 8 == 0 ? kVsg64k8Ids[am][bm]
          : kind == MmKind::kVsg64 && bm < 2    ? kVsg64Ids[am][bm]
          : kind == MmKind::kVsg || kind == MmKind::kVsg64 ? kVsgIds[am][bm]
                                                : kVecIds[am][bm];
