@@ -26,6 +26,29 @@ CT_FAST_WIDE_VECTORS
 
 namespace ct::cpu::fast {
 
+namespace {
+// One (batch, head)'s operands of the backward pass: q, k, v and dq, dk, dv are (T,hs) with row
+// stride 3C inside qkv / dqkv; d (dout) is (T,hs) with row stride C; a (att) is (T,T).
+struct HeadGrads {
+  const float *q, *k, *v, *a, *d;
+  float *dq, *dk, *dv;
+};
+HeadGrads head_grads(float* dqkv, const float* dout, const float* qkv, const float* att,
+                     int64_t b, int64_t h, int64_t T, int64_t C, int64_t NH) {
+  const int64_t C3 = 3 * C, hs = C / NH;
+  HeadGrads g;
+  g.q = qkv + b * T * C3 + h * hs;
+  g.k = g.q + C;
+  g.v = g.q + 2 * C;
+  g.a = att + (b * NH + h) * T * T;
+  g.d = dout + b * T * C + h * hs;
+  g.dq = dqkv + b * T * C3 + h * hs;
+  g.dk = g.dq + C;
+  g.dv = g.dq + 2 * C;
+  return g;
+}
+}  // namespace
+
 
 #if defined(__AVX512F__)
 
@@ -127,14 +150,7 @@ void attention_backward(Workspace& ws, float* dqkv, const float* dout, const flo
     for (int64_t h = 0; h < NH; ++h) {
       float* ds = scratch + static_cast<int64_t>(omp_get_thread_num()) * per_thread;  // (T,Tp)
       float* vt = ds + T * Tp;                                                         // (hs,Tp)
-      const float* q = qkv + b * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      const float* a = att + (b * NH + h) * T * T;
-      const float* d = dout + b * T * C + h * hs;  // (T,hs), row stride C
-      float* dq = dqkv + b * T * C3 + h * hs;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
+      const auto [q, k, v, a, d, dq, dk, dv] = head_grads(dqkv, dout, qkv, att, b, h, T, C, NH);
       attn::pack_transposed(vt, Tp, v, C3, T, hs);
       for (int64_t r0 = 0; r0 < T; r0 += kRows) {
         int R = static_cast<int>(std::min<int64_t>(kRows, T - r0));
@@ -269,14 +285,7 @@ void attention_backward(Workspace& ws, float* dqkv, const float* dout, const flo
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < NH; ++h) {
       float* ds = scratch + static_cast<int64_t>(omp_get_thread_num()) * T * T;  // (T,T)
-      const float* q = qkv + b * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      const float* a = att + (b * NH + h) * T * T;
-      const float* d = dout + b * T * C + h * hs;  // (T,hs), row stride C
-      float* dq = dqkv + b * T * C3 + h * hs;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
+      const auto [q, k, v, a, d, dq, dk, dv] = head_grads(dqkv, dout, qkv, att, b, h, T, C, NH);
       for (int64_t r0 = 0; r0 < T; r0 += blk) {
         int64_t r1 = std::min(T, r0 + blk);
         // datt[r0:r1, 0:r1] = dout[r0:r1] v[0:r1]^T, then the softmax backward in place
