@@ -300,9 +300,9 @@ void main() {
       [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
         [[unroll]] for (int j = 0; j < VRN; ++j) bv[kk][j] = b(bc[j] + (kb + kk) * pc.sbk);
 #endif
-      [[unroll]] for (int kk = 0; kk < 4; ++kk)
+      [[unroll]] for (int j = 0; j < VRN; ++j)
         [[unroll]] for (int i = 0; i < VRM; ++i)
-          [[unroll]] for (int j = 0; j < VRN; ++j) acc[i][j] = fma(av[i][kk], bv[kk][j], acc[i][j]);
+          [[unroll]] for (int kk = 0; kk < 4; ++kk) acc[i][j] = fma(av[i][kk], bv[kk][j], acc[i][j]);
     }
   }
 #if !defined(A_K) && !defined(B_K)
