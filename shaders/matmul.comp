@@ -51,7 +51,11 @@
 // On lavapipe each buffer load costs about the same whether it fetches 1 or 4 floats, so vec4
 // loads cut the load count per FMA fourfold. A_K and B_K need K % 4 == 0.
 #ifndef VRM
+#if defined(MM_SG)
+#define VRM 16  // rows per invocation: MM_SG 16 (8: 7-10% slower on lavapipe, 32: 20-45% slower)
+#else
 #define VRM 8  // rows per invocation (multiple of 4)
+#endif
 #endif
 #ifndef VRN
 #define VRN 8  // columns per invocation (multiple of 4)
@@ -62,20 +66,26 @@
 #define MM_KU 1  // 4-deep k steps per loop iteration
 #endif
 #if defined(MM_SG)
-// MM_SG (with MM_VEC, VRM == 8; the host picks it where the subgroup size is 8 and subgroups
-// support ballot in compute): the 8 invocations of a subgroup share their 8 rows of a, so each
-// loads 1/8 of them -- one row each (A_K, A_S) or one vec4 of 4 rows at one k (A_M) -- and
-// subgroupBroadcast() hands the values round (on lavapipe an extract and a splat, against 8x
-// the gathers). The row block is the subgroup's, the column block the lane's, so nothing depends
-// on how the device lays subgroups over the workgroup.
+// MM_SG (with MM_VEC, VRM a multiple of 8, 16 by default; the host picks it where the subgroup
+// size is 8 and subgroups support ballot in compute): the 8 invocations of a subgroup share their
+// VRM rows of a, so each loads 1/8 of them -- rows l, l + 8, .. (A_K, A_S) or vec4s of 4 rows at
+// one k (A_M) -- and subgroupBroadcast() hands the values round (on lavapipe an extract and a
+// splat, against 8x the gathers). The row block is the subgroup's, the column block the lane's,
+// so nothing depends on how the device lays subgroups over the workgroup. 16 rows: each b value
+// loaded (a per-lane gather on lavapipe, about half the time of the 8-row block) serves 16
+// multiply-adds; the multiply-adds run in 8-row halves that reuse the loaded b.
 // Tried: 32-bit byte offsets from a 64-bit base (base + sext(offset)) so that LLVM might use
 // 32-bit-index gathers: LLVM 15 keeps vpgatherqd with 64-bit zmm addresses (already 8 lanes per
 // instruction with AVX-512), no faster. 8x4 blocks (32 accumulators, no spills): no faster.
+// 64-bit byte addresses carried through the k loop (one add per load instead of a 32-bit multiply
+// and a widening): no faster. 32 rows: 20-45% slower. All rows in one pass of the multiply-adds
+// (no halves): slower.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_ballot : require
-#if VRM != 8
-#error MM_SG needs VRM == 8
+#if VRM % 8 != 0
+#error MM_SG needs VRM % 8 == 0
 #endif
+#define SG_R (VRM / 8)  // rows of a each lane loads per k step
 #endif
 layout(local_size_x = 8, local_size_y = 8) in;
 #elif defined(MM_REG)
@@ -235,19 +245,22 @@ void main() {
 #if defined(MM_SG)
   // this lane's share of the subgroup's rows of a
 #if defined(A_K)
-  uint sg_a = (abase + min(mb + tx, pc.M - 1u) * pc.sam) >> 2;  // row tx, vec4 index at k = 0
+  uint sg_a[SG_R];  // rows tx + 8 r, vec4 index at k = 0
+  [[unroll]] for (int r = 0; r < SG_R; ++r) sg_a[r] = (abase + min(mb + tx + 8u * uint(r), pc.M - 1u) * pc.sam) >> 2;
 #elif defined(A_M)
-  uint sg_a = (abase + min(mb + 4u * (tx & 1u), pc.M - 4u)) >> 2;  // rows 4*(tx&1).., at k+tx/2
+  uint sg_a[SG_R];  // rows 4*((tx&1) + 2r) .., at k+tx/2
+  [[unroll]] for (int r = 0; r < SG_R; ++r) sg_a[r] = (abase + min(mb + 4u * ((tx & 1u) + 2u * uint(r)), pc.M - 4u)) >> 2;
   uint sg_k = tx >> 1u;
 #else
-  uint sg_a = abase + min(mb + tx, pc.M - 1u) * pc.sam;  // row tx, scalar index at k = 0
+  uint sg_a[SG_R];  // rows tx + 8 r, scalar index at k = 0
+  [[unroll]] for (int r = 0; r < SG_R; ++r) sg_a[r] = abase + min(mb + tx + 8u * uint(r), pc.M - 1u) * pc.sam;
 #endif
 #if defined(A_M)  // lane l holds rows 4*(l&1) .. +3 at k + l/2
-#define SGB(l) { vec4 w = subgroupBroadcast(v, l); const int i4 = int(l) & 1, q = int(l) >> 1; \
+#define SGB(l) { vec4 w = subgroupBroadcast(v, l); const int i4 = (int(l) & 1) + 2 * r, q = int(l) >> 1; \
     av[4 * i4][q] = w.x; av[4 * i4 + 1][q] = w.y; av[4 * i4 + 2][q] = w.z; av[4 * i4 + 3][q] = w.w; }
 #else  // lane l holds row l at k .. k+3
-#define SGB(l) { vec4 w = subgroupBroadcast(v, l); \
-    av[l][0] = w.x; av[l][1] = w.y; av[l][2] = w.z; av[l][3] = w.w; }
+#define SGB(l) { vec4 w = subgroupBroadcast(v, l); const int i = int(l) + 8 * r; \
+    av[i][0] = w.x; av[i][1] = w.y; av[i][2] = w.z; av[i][3] = w.w; }
 #endif
 #endif
   uint K4 = pc.K & ~3u, k = 0;
@@ -259,14 +272,14 @@ void main() {
     const uint kb = k + 4u * ku;
       float av[VRM][4], bv[4][VRN];
 #if defined(MM_SG)
-      {
+      [[unroll]] for (int r = 0; r < SG_R; ++r) {
 #if defined(A_K)
-        vec4 v = a4(sg_a + (kb >> 2));
+        vec4 v = a4(sg_a[r] + (kb >> 2));
 #elif defined(A_M)
-        vec4 v = a4(sg_a + (kb + sg_k) * ak4);
+        vec4 v = a4(sg_a[r] + (kb + sg_k) * ak4);
 #else
-        vec4 v = vec4(a(sg_a + kb * pc.sak), a(sg_a + (kb + 1u) * pc.sak), a(sg_a + (kb + 2u) * pc.sak),
-                      a(sg_a + (kb + 3u) * pc.sak));
+        vec4 v = vec4(a(sg_a[r] + kb * pc.sak), a(sg_a[r] + (kb + 1u) * pc.sak), a(sg_a[r] + (kb + 2u) * pc.sak),
+                      a(sg_a[r] + (kb + 3u) * pc.sak));
 #endif
         SGB(0u) SGB(1u) SGB(2u) SGB(3u) SGB(4u) SGB(5u) SGB(6u) SGB(7u)
       }
@@ -300,9 +313,10 @@ void main() {
       [[unroll]] for (uint kk = 0; kk < 4u; ++kk)
         [[unroll]] for (int j = 0; j < VRN; ++j) bv[kk][j] = b(bc[j] + (kb + kk) * pc.sbk);
 #endif
+      [[unroll]] for (int i0 = 0; i0 < VRM; i0 += 8)
       [[unroll]] for (int j = 0; j < VRN; ++j)
-        [[unroll]] for (int i = 0; i < VRM; ++i)
-          [[unroll]] for (int kk = 0; kk < 4; ++kk) acc[i][j] = fma(av[i][kk], bv[kk][j], acc[i][j]);
+        [[unroll]] for (int i = 0; i < 8; ++i)
+          [[unroll]] for (int kk = 0; kk < 4; ++kk) acc[i0 + i][j] = fma(av[i0 + i][kk], bv[kk][j], acc[i0 + i][j]);
     }
   }
 #if !defined(A_K) && !defined(B_K)

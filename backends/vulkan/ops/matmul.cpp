@@ -260,7 +260,10 @@ void VulkanDevice::gemm(const GemmCall& g) {
   const int hi = h == DType::bf16 ? 1 : 0;
   if (combo >= 0 && kind == MmKind::kVec) kind = MmKind::kReg;  // no MM_VEC 16-bit variants
   if (combo >= 0 && kind == MmKind::kVsg64) kind = MmKind::kVsg;  // f32 only
-  const int64_t tm = 64, tn = 64;  // TM, TN of every variant in matmul.comp (VRM = VRN = 8)
+  // TM, TN of matmul.comp: 64 x 64 (8 x 8 invocations, 8 x 8 blocks), MM_SG 128 x 64 (16-row
+  // blocks).
+  int64_t tm = 64;
+  const int64_t tn = 64;
   CT_CHECK(g.sc[2] == 1, "gemm: c must have unit column stride");
   MatmulPush p{};
   p.M = u32(g.M), p.N = u32(g.N), p.K = u32(g.K);
@@ -269,8 +272,6 @@ void VulkanDevice::gemm(const GemmCall& g) {
   p.oc = g.c.first, p.scm = u32(g.sc[1]), p.scb = u32(g.sc[0]);
   p.obias = g.bias.first, p.has_bias = g.has_bias ? 1u : 0u;
   p.alpha = g.alpha, p.beta = g.beta;
-  uint32_t gx = u32((g.N + tn - 1) / tn), gy = u32((g.M + tm - 1) / tm);
-  CT_CHECK(gx <= max_groups_x() && g.batch <= 65535, "matmul grid too large");
   ShaderId id = kind == MmKind::kReg ? ShaderId::matmul_reg : ShaderId::matmul_tiled;
   if (combo >= 0) id = kind == MmKind::kTiled ? kTiledH[combo][hi] : kRegH[combo][hi];
   if ((kind == MmKind::kVec || kind == MmKind::kVsg || kind == MmKind::kVsg64) && has_bda()) {
@@ -287,7 +288,10 @@ void VulkanDevice::gemm(const GemmCall& g) {
          : kind == MmKind::kVsg64 && bm < 2    ? kVsg64Ids[am][bm]
          : kind == MmKind::kVsg || kind == MmKind::kVsg64 ? kVsgIds[am][bm]
                                                : kVecIds[am][bm];
+    if (kind != MmKind::kVec) tm = 128;  // an MM_SG variant
   }
+  uint32_t gx = u32((g.N + tn - 1) / tn), gy = u32((g.M + tm - 1) / tm);
+  CT_CHECK(gx <= max_groups_x() && g.batch <= 65535, "matmul grid too large");
   dispatch(id, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
 }
 
