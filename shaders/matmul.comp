@@ -123,6 +123,9 @@ layout(push_constant) uniform Push {
   uint a_hi;
   uint b_lo;
   uint b_hi;
+  uint c_lo;   // MM_VEC: device address of c's bound range, used where c_vec != 0: c f32 with
+  uint c_hi;   // oc, scm, scb multiples of 4 (rows of whole blocks are then vec4-aligned)
+  uint c_vec;
 } pc;
 #if defined(MM_TILED)
 // As[k][m], Bs[k][n]; +1 column of padding against bank conflicts.
@@ -149,6 +152,15 @@ layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer U6
 vec4 u64x2_to_vec4(u64vec2 w) {
   return uintBitsToFloat(uvec4(unpackUint2x32(w.x), unpackUint2x32(w.y)));
 }
+#endif
+#if defined(B_U64)
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer CPtr { u64vec2 v[]; };
+#define C_GET(p, i) u64x2_to_vec4(p.v[i])
+#define C_PUT(p, i, x) p.v[i] = u64vec2(packUint2x32(floatBitsToUint(x.xy)), packUint2x32(floatBitsToUint(x.zw)))
+#else
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer CPtr { vec4 v[]; };
+#define C_GET(p, i) p.v[i]
+#define C_PUT(p, i, x) p.v[i] = x
 #endif
 #if defined(A_H) || defined(B_H)
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer U2Ptr { uvec2 v[]; };
@@ -340,6 +352,26 @@ void main() {
 #endif
     [[unroll]] for (int i = 0; i < VRM; ++i)
       [[unroll]] for (int j = 0; j < VRN; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+  }
+#endif
+#if !defined(C_H)
+  // A block wholly inside c writes its rows as vec4s through c's address: lavapipe stores to a
+  // descriptor-bound buffer one bounds-checked lane and component at a time (about 15% of the
+  // time of a K = 384 product went to the scalar stores). Same arithmetic as store().
+  if (pc.c_vec != 0u && mb + uint(VRM) <= pc.M && nb + uint(VRN) <= pc.N) {
+    float bs[VRN];
+    [[unroll]] for (int j = 0; j < VRN; ++j) bs[j] = pc.has_bias != 0u ? bias[pc.obias + nb + uint(j)] : 0.0;
+    CPtr pc4 = CPtr(uvec2(pc.c_lo, pc.c_hi));
+    [[unroll]] for (int i = 0; i < VRM; ++i) {
+      uint ci = (cbase + (mb + uint(i)) * pc.scm + nb) >> 2;  // vec4 index
+      [[unroll]] for (int j4 = 0; j4 < VRN / 4; ++j4) {
+        vec4 v = pc.alpha * vec4(acc[i][4 * j4], acc[i][4 * j4 + 1], acc[i][4 * j4 + 2], acc[i][4 * j4 + 3]);
+        if (pc.beta != 0.0) v += pc.beta * C_GET(pc4, ci + uint(j4));
+        if (pc.has_bias != 0u) v += vec4(bs[4 * j4], bs[4 * j4 + 1], bs[4 * j4 + 2], bs[4 * j4 + 3]);
+        C_PUT(pc4, ci + uint(j4), v);
+      }
+    }
+    return;
   }
 #endif
   [[unroll]] for (int i = 0; i < VRM; ++i)

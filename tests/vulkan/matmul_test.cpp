@@ -59,6 +59,18 @@ TEST_P(MatmulTest, AllTransposesVec4Sizes) {
         run_case({2, 68, 76, K, ta, tb, true, false, false, 1, 0.5f}, seed++);
 }
 
+// K % 8 == 0 (vsg64's two 4-deep steps per iteration), M past one 128-row MM_SG tile, and c
+// rows that are vec4-aligned, so whole 16 x 8 blocks take the vec4 epilogue through c's address
+// (with beta and bias) while the edge blocks take the per-element one.
+TEST_P(MatmulTest, WholeBlocksAndEdgesK8) {
+  uint64_t seed = 50;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      run_case({2, 136, 132, 40, ta, tb, true, false, false, 0.75f, 0.5f}, seed++);
+      run_case({1, 144, 64, 16, ta, tb, false, false, false, 1, 0}, seed++);
+    }
+}
+
 TEST_P(MatmulTest, BiasAlphaBeta) {
   run_case({1, 65, 33, 70, false, true, true, false, false, 0.5f, 0.25f}, 20);
   run_case({1, 1, 1, 1, false, false, true, false, false, 1.0f, 1.0f}, 21);

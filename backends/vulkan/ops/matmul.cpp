@@ -17,6 +17,7 @@ struct MatmulPush {
   uint32_t obias, has_bias;
   float alpha, beta;
   uint32_t a_lo, a_hi, b_lo, b_hi;
+  uint32_t c_lo, c_hi, c_vec;
 };
 CT_VK_PUSH_SIZE(MatmulPush, matmul_reg);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, M);
@@ -39,6 +40,7 @@ CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, alpha);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, beta);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, a_lo);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, b_hi);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, c_vec);
 static_assert(refl::matmul_vec_kn::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_tiled::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_vsg_kn::kPushSize == refl::matmul_reg::kPushSize);
@@ -277,6 +279,9 @@ void VulkanDevice::gemm(const GemmCall& g) {
   if ((kind == MmKind::kVec || kind == MmKind::kVsg || kind == MmKind::kVsg64) && has_bda()) {
     p.a_lo = static_cast<uint32_t>(g.a.addr), p.a_hi = static_cast<uint32_t>(g.a.addr >> 32);
     p.b_lo = static_cast<uint32_t>(g.b.addr), p.b_hi = static_cast<uint32_t>(g.b.addr >> 32);
+    p.c_lo = static_cast<uint32_t>(g.c.addr), p.c_hi = static_cast<uint32_t>(g.c.addr >> 32);
+    p.c_vec = g.tc == DType::f32 && g.c.addr % 16 == 0 && g.c.first % 4 == 0 && g.sc[1] % 4 == 0 &&
+                      g.sc[0] % 4 == 0;
     int am = 2, bm = 2;
     size_t ea = dtype_size(g.ta), eb = dtype_size(g.tb);
     if (g.sa[2] == 1 && vec_ok(g.a, ea, g.sa[0], g.sa[1], g.K)) am = 0;       // along k
