@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/vulkan/matmul_kind.h"
 #include "core/error.h"
 
 namespace ct::vk {
@@ -274,7 +275,9 @@ void Instance::enumerate() {
         {"cooperative matrix", yn(pd.coopmat)},
         {"max workgroup invocations", std::to_string(pd.props.limits.maxComputeWorkGroupInvocations)},
         {"shared memory", std::to_string(pd.props.limits.maxComputeSharedMemorySize) + " B"},
-        {"matmul variant", info.type == DeviceType::kCpu ? "register-blocked" : "shared-memory tiled"},
+        {"matmul variant",
+         describe(default_mm_kind(info.type == DeviceType::kCpu, pd.bda,
+                                  pd.subgroup_size == 8 && pd.subgroup_ballot, pd.int64))},
     };
     devices_.push_back(std::move(pd));
   }

@@ -59,7 +59,8 @@ TEST_P(MatmulTest, AllTransposesVec4Sizes) {
         run_case({2, 68, 76, K, ta, tb, true, false, false, 1, 0.5f}, seed++);
 }
 
-// K % 8 == 0 (vsg64's two 4-deep steps per iteration), M past one 128-row MM_SG tile, and c
+// K % 8 == 0 (vsg64's two 4-deep steps per iteration; K = 16 with a transposed: four), M past
+// one 128-row MM_SG tile, and c
 // rows that are vec4-aligned, so whole 16 x 8 blocks take the vec4 epilogue through c's address
 // (with beta and bias) while the edge blocks take the per-element one.
 TEST_P(MatmulTest, WholeBlocksAndEdgesK8) {

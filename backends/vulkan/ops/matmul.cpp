@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/vulkan/matmul_kind.h"
 #include "backends/vulkan/ops/op_util.h"
 
 namespace ct::vk {
@@ -87,7 +88,6 @@ std::pair<int64_t, int64_t> span(const Strides& s, int64_t z0, int64_t zc, int64
 // device also has shaderInt64: lavapipe gathers each component of a per-lane load on its own, and
 // a 64-bit component brings two floats per gather. On lavapipe (vulkan_gemm_bench, tiny shapes,
 // nn, two runs): 46.2-55.1 GFLOP/s against vsg's 42.7-50.8, +8-12%; nt +0-8%.
-enum class MmKind { kVsg, kVsg64, kVec, kReg, kTiled };
 
 MmKind pick_kind(const VulkanDevice& d) {
   if (const char* v = std::getenv("CROSSTRAIN_VK_MATMUL"); v && *v) {
@@ -98,10 +98,7 @@ MmKind pick_kind(const VulkanDevice& d) {
     if (std::strcmp(v, "reg") == 0) return MmKind::kReg;
     if (std::strcmp(v, "tiled") == 0) return MmKind::kTiled;
   }
-  if (!d.cpu_like()) return MmKind::kTiled;
-  if (!d.has_bda()) return MmKind::kReg;
-  if (!d.has_sg8()) return MmKind::kVec;
-  return d.has_int64() ? MmKind::kVsg64 : MmKind::kVsg;
+  return default_mm_kind(d.cpu_like(), d.has_bda(), d.has_sg8(), d.has_int64());
 }
 
 // matmul_vec_<a><b>: how each operand is read (see matmul.comp), indexed [a mode][b mode] with
@@ -124,6 +121,10 @@ constexpr ShaderId kVsg64k8Ids[3][2] = {
     {ShaderId::matmul_vsg64k8_kn, ShaderId::matmul_vsg64k8_kk},
     {ShaderId::matmul_vsg64k8_mn, ShaderId::matmul_vsg64k8_mk},
     {ShaderId::matmul_vsg64k8_sn, ShaderId::matmul_vsg64k8_sk}};
+// a along m (a^T rows 4 KB and more apart, tn products such as dW = x^T dout): four 4-deep k
+// steps per iteration where K % 16 == 0. vulkan_gemm_bench --layout tn, idle, 3 A/B runs
+// against k8: tiny shapes +0-5% (one run +9-10%); for nn and nt it was -3..+1%, so only here.
+constexpr ShaderId kVsg64k16MIds[2] = {ShaderId::matmul_vsg64k16_mn, ShaderId::matmul_vsg64k16_mk};
 constexpr ShaderId kVsgIds[3][3] = {
     {ShaderId::matmul_vsg_kn, ShaderId::matmul_vsg_kk, ShaderId::matmul_vsg_ks},
     {ShaderId::matmul_vsg_mn, ShaderId::matmul_vsg_mk, ShaderId::matmul_vsg_ms},
@@ -289,6 +290,7 @@ void VulkanDevice::gemm(const GemmCall& g) {
     if (g.sb[2] == 1 && vec_ok(g.b, eb, g.sb[0], g.sb[1], g.N)) bm = 0;       // along n
     else if (g.sb[1] == 1 && vec_ok(g.b, eb, g.sb[0], g.sb[2], g.K)) bm = 1;  // along k
     id = combo >= 0                            ? kVsgH[combo][hi][am][bm]
+         : kind == MmKind::kVsg64 && bm < 2 && am == 1 && g.K % 16 == 0 ? kVsg64k16MIds[bm]
          : kind == MmKind::kVsg64 && bm < 2 && g.K % 8 == 0 ? kVsg64k8Ids[am][bm]
          : kind == MmKind::kVsg64 && bm < 2    ? kVsg64Ids[am][bm]
          : kind == MmKind::kVsg || kind == MmKind::kVsg64 ? kVsgIds[am][bm]
