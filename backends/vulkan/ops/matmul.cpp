@@ -80,14 +80,13 @@ std::pair<int64_t, int64_t> span(const Strides& s, int64_t z0, int64_t zc, int64
   return {first, last - first + 1};
 }
 
-// CROSSTRAIN_VK_MATMUL=vsg64|vsg|vec|reg|tiled overrides the per-device choice (vsg, or vec without
-// subgroups of 8, on CPU-like devices with device addresses; tiled on GPUs); the tests run every
-// variant.
+// CROSSTRAIN_VK_MATMUL=vsg64|vsg|vec|reg|tiled overrides the per-device choice
+// (default_mm_kind(), matmul_kind.h); the tests run every variant.
 // vsg: MM_VEC with MM_SG (a subgroup of 8 shares a's loads), where has_sg8().
 // vsg64: vsg reading f32 operands' vec4s as two 64-bit words (B_U64), the default where the
 // device also has shaderInt64: lavapipe gathers each component of a per-lane load on its own, and
-// a 64-bit component brings two floats per gather. On lavapipe (vulkan_gemm_bench, tiny shapes,
-// nn, two runs): 46.2-55.1 GFLOP/s against vsg's 42.7-50.8, +8-12%; nt +0-8%.
+// a 64-bit component brings two floats per gather (+8-12% when introduced; measurements in
+// backends/vulkan/README.md).
 
 MmKind pick_kind(const VulkanDevice& d) {
   if (const char* v = std::getenv("CROSSTRAIN_VK_MATMUL"); v && *v) {
@@ -113,10 +112,9 @@ constexpr ShaderId kVsg64Ids[3][2] = {
     {ShaderId::matmul_vsg64_mn, ShaderId::matmul_vsg64_mk},
     {ShaderId::matmul_vsg64_sn, ShaderId::matmul_vsg64_sk}};
 // The same with two 4-deep k steps per loop iteration (MM_KU = 2), for K % 8 == 0: lavapipe
-// blends and spills each of the 64 loop-carried accumulators once per iteration (1141 JIT
-// instructions per 4-deep iteration, 512 of them the multiply-adds). vulkan_gemm_bench, idle,
-// three runs against the 4-deep loop: 1024x384x1536 59.0-61.5 vs 52.3-56.4 GFLOP/s, 512^3
-// 50.8-55.7 vs 45.5-53.1; the K = 384 shapes within noise.
+// blends and spills each loop-carried accumulator once per iteration. When introduced (8-row
+// blocks), vulkan_gemm_bench, idle, three runs against the 4-deep loop: 1024x384x1536 59.0-61.5
+// vs 52.3-56.4 GFLOP/s, 512^3 50.8-55.7 vs 45.5-53.1; the K = 384 shapes within noise.
 constexpr ShaderId kVsg64k8Ids[3][2] = {
     {ShaderId::matmul_vsg64k8_kn, ShaderId::matmul_vsg64k8_kk},
     {ShaderId::matmul_vsg64k8_mn, ShaderId::matmul_vsg64k8_mk},
