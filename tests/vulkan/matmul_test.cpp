@@ -72,6 +72,13 @@ TEST_P(MatmulTest, WholeBlocksAndEdgesK8) {
     }
 }
 
+// a transposed with K > 512: on CPU-type devices K runs in pieces chained through beta (1100 ->
+// four pieces of 275), the bias added once, on the last.
+TEST_P(MatmulTest, TransposedAWithLongK) {
+  run_case({1, 70, 66, 1100, true, false, true, false, false, 0.5f, 0.25f}, 60);
+  run_case({2, 36, 40, 1032, true, true, true, false, false, 1.0f, 0.0f}, 61);
+}
+
 TEST_P(MatmulTest, BiasAlphaBeta) {
   run_case({1, 65, 33, 70, false, true, true, false, false, 0.5f, 0.25f}, 20);
   run_case({1, 1, 1, 1, false, false, true, false, false, 1.0f, 1.0f}, 21);
