@@ -44,8 +44,11 @@
 #endif
 
 #if defined(MM_VEC)
-// 8x8 invocations, each a VRM x VRN register block (default 8x8; 16x8, 8x16 measured no faster
-// on lavapipe, 16x16 slower) of contiguous rows and columns; k advances 4 at a time. Operands are read as vec4 along their unit-stride dimension where aligned:
+// 8x8 invocations, each a VRM x VRN register block of contiguous rows and columns (8x8; MM_SG
+// 16x8; without MM_SG 16x8 and 8x16 measured no faster on lavapipe, 16x16 slower); k advances 4
+// at a time, and each accumulator takes its 4 k steps in a row (lavapipe reloads, blends and
+// stores a loop-carried accumulator around every run of multiply-adds on it). Operands are read
+// as vec4 along their unit-stride dimension where aligned:
 //   A_K: a rows along k (a not transposed)   A_M: along m (a transposed)   A_S: scalar loads
 //   B_N: b rows along n (b not transposed)   B_K: along k (b transposed)   B_S: scalar loads
 // On lavapipe each buffer load costs about the same whether it fetches 1 or 4 floats, so vec4
