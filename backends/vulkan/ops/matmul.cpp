@@ -205,13 +205,13 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
     auto [b0, bnum] = span(sb, x.z0, x.zc, x.k0, x.kc, x.n0, x.nc);
     auto [c0, cn] = span(sc, x.z0, x.zc, x.m0, x.mc, x.n0, x.nc);
     int64_t worst = std::max({an, bnum, cn});
-    if (worst <= limit && x.kc > kmax) {  // k: the second half accumulates onto the first
+    auto split_k = [&] {  // the second half accumulates onto the first; the bias comes last
       Box lo = x, hi = x;
       lo.kc = x.kc / 2, hi.k0 = x.k0 + lo.kc, hi.kc = x.kc - lo.kc;
       self(self, lo, beta_x, false);
       self(self, hi, 1.0f, with_bias);
-      return;
-    }
+    };
+    if (worst <= limit && x.kc > kmax) return split_k();
     if (worst > limit) {
       Box lo = x, hi = x;
       if (x.zc > 1) {
@@ -225,11 +225,8 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
           lo.nc = x.nc / 2, hi.n0 = x.n0 + lo.nc, hi.nc = x.nc - lo.nc;
       } else if (an > limit && x.mc > 1 && !trans_a) {
         lo.mc = x.mc / 2, hi.m0 = x.m0 + lo.mc, hi.mc = x.mc - lo.mc;
-      } else if (x.kc > 1) {  // k: the second half accumulates onto the first
-        lo.kc = x.kc / 2, hi.k0 = x.k0 + lo.kc, hi.kc = x.kc - lo.kc;
-        self(self, lo, beta_x, false);
-        self(self, hi, 1.0f, with_bias);
-        return;
+      } else if (x.kc > 1) {
+        return split_k();
       } else if (x.mc > 1) {
         lo.mc = x.mc / 2, hi.m0 = x.m0 + lo.mc, hi.mc = x.mc - lo.mc;
       } else if (x.nc > 1) {
