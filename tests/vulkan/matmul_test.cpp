@@ -72,11 +72,13 @@ TEST_P(MatmulTest, WholeBlocksAndEdgesK8) {
     }
 }
 
-// a transposed with K > 512: on CPU-type devices K runs in pieces chained through beta (1100 ->
-// four pieces of 275), the bias added once, on the last.
-TEST_P(MatmulTest, TransposedAWithLongK) {
+// Long K: on CPU-type devices it runs in pieces chained through beta, the bias added once, on
+// the last -- a transposed past 512 (1100 -> four pieces of 275), a b with N >= 768 past 768
+// (1540 -> four of 385).
+TEST_P(MatmulTest, LongKInPieces) {
   run_case({1, 70, 66, 1100, true, false, true, false, false, 0.5f, 0.25f}, 60);
   run_case({2, 36, 40, 1032, true, true, true, false, false, 1.0f, 0.0f}, 61);
+  run_case({1, 20, 772, 1540, false, false, true, false, false, 0.5f, 0.25f}, 62);
 }
 
 TEST_P(MatmulTest, BiasAlphaBeta) {

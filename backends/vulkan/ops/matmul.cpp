@@ -192,12 +192,15 @@ void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, boo
                        : Strides{b.ndim() == 2 ? 0 : K * N, N, 1};
   Strides sc{M * N, N, 1};
   int64_t limit = max_elems(4);
-  // CPU-type devices, a transposed (dW = x^T dout): K runs in pieces of at most 512, chained
-  // through beta like the range splits below. a^T's rows are a whole row of x apart, and with
-  // K large every workgroup walks thousands of pages of a and b (the eight subgroups one after
-  // another), which the TLB does not hold: vulkan_gemm_bench --layout tn, lavapipe, idle,
-  // 384x1536x1024 43.9 GFLOP/s whole against 60.5 for K = 512, 768x3072x1024 47.7 against 55.1.
-  const int64_t kmax = cpu_like() && trans_a ? 512 : K;
+  // CPU-type devices: K runs in pieces chained through beta like the range splits below, at most
+  // 512 with a transposed (dW = x^T dout), 768 for a b with N >= 768. With K large every
+  // workgroup walks thousands of pages of a^T (rows a whole row of x apart) and of b (rows N
+  // apart), the eight subgroups one after another, and the TLB does not hold them. Lavapipe,
+  // idle A/B of vulkan_gemm_bench: tn 384x1536x1024 50.8 -> 63.5 GFLOP/s, 768x3072x1024 47.5 ->
+  // 56.3; nn 1024x768x3072 59.3 -> 65.5, 1024x1536x1536 48.8 -> 56.3, 1024x3072x1536 47.6 ->
+  // 54.4; shorter K unchanged. Pieces of 512 for every layout measured -9..+12% (nt and short
+  // K lose), so only these two.
+  const int64_t kmax = !cpu_like() ? K : trans_a ? 512 : !trans_b && N >= 768 ? 768 : K;
 
   // Records one sub-problem, or splits it until every operand fits one binding.
   auto run = [&](auto&& self, const Box& x, float beta_x, bool with_bias) -> void {
