@@ -1,11 +1,17 @@
 // vulkan_gemm_bench: GFLOP/s of the Vulkan backend's GEMM variants (register-blocked and
 // shared-memory tiled) next to OpenBLAS sgemm, in the same run, on the model's GEMM shapes.
 //   vulkan_gemm_bench [--backend vulkan:N] [--iters N] [--cpu-time] [--layout nn|nt|tn]
-//                     [--shape MxNxK]...   (CT_BENCH_VARIANTS=vec,reg picks variants)
-// Each figure is the median over --iters runs.
+//                     [--shape MxNxK]... [--json FILE]   (CT_BENCH_VARIANTS=vec,reg picks variants)
+// Each figure is the median over --iters runs. Every variant's product is checked against
+// OpenBLAS's (max |c - c_blas| / max |c_blas| <= 1e-4): a wrong one is marked and the exit
+// status is 1, so no speed is reported for a kernel that does not compute the product.
+// --json FILE appends one JSON line per shape (GFLOP/s per variant, OpenBLAS, errors).
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <chrono>
 #include <ctime>
 #include <cstdio>
@@ -48,14 +54,21 @@ int main(int argc, char** argv) {
   int iters = 5;
   bool trans_a = false, trans_b = false;  // --layout nn|nt|tn
   std::vector<GemmShape> shapes;
+  std::string json_path, layout = "nn";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--backend") && i + 1 < argc) spec = argv[++i];
     else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) {
-      std::string l = argv[++i];
-      trans_a = l == "tn";
-      trans_b = l == "nt";
+      layout = argv[++i];
+      if (layout != "nn" && layout != "nt" && layout != "tn") {
+        std::fprintf(stderr, "--layout wants nn, nt or tn, not %s\n", layout.c_str());
+        return 2;
+      }
+      trans_a = layout == "tn";
+      trans_b = layout == "nt";
+    } else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
+      json_path = argv[++i];
     }
     else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) {
       long m, n, k;
@@ -65,7 +78,7 @@ int main(int argc, char** argv) {
       }
       shapes.push_back({m, n, k, "custom"});
     } else {
-      std::fprintf(stderr, "usage: %s [--backend vulkan:N] [--iters N] [--cpu-time] [--layout nn|nt|tn] [--shape MxNxK]...\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--backend vulkan:N] [--iters N] [--cpu-time] [--layout nn|nt|tn] [--shape MxNxK]... [--json FILE]\n", argv[0]);
       return 2;
     }
   }
@@ -82,6 +95,7 @@ int main(int argc, char** argv) {
       variants.clear();
       for (char* t = std::strtok(keep.data(), ","); t; t = std::strtok(nullptr, ",")) variants.push_back(t);
     }
+    std::vector<std::string> wrong;
     std::printf("%-10s %-16s", "shape", "MxNxK");
     for (auto* v : variants) std::printf(" %9s", v);
     std::printf(" %9s  best/blas\n", "openblas");
@@ -96,22 +110,8 @@ int main(int argc, char** argv) {
       dev->upload(ta, a.data(), a.size() * 4);
       dev->upload(tb, b.data(), b.size() * 4);
       double flop = 2.0 * s.M * s.N * s.K;
-      std::vector<double> gf(variants.size() + 1);
-      for (size_t v = 0; v < variants.size(); ++v) {
-        setenv("CROSSTRAIN_VK_MATMUL", variants[v], 1);
-        dev->matmul(tc, ta, tb, trans_a, trans_b);  // warm-up: pipeline creation
-        dev->synchronize();
-        std::vector<double> ts;
-        for (int it = 0; it < iters; ++it) {
-          double t0 = now_s();
-          dev->matmul(tc, ta, tb, trans_a, trans_b);
-          dev->synchronize();
-          ts.push_back(now_s() - t0);
-        }
-        gf[v] = flop / median(ts) * 1e-9;
-      }
       std::vector<double> ts;
-      for (int it = 0; it < iters + 1; ++it) {
+      for (int it = 0; it < iters + 1; ++it) {  // the first call warms up; c is the reference
         double t0 = now_s();
         cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                     trans_b ? CblasTrans : CblasNoTrans, int(s.M), int(s.N), int(s.K), 1.0f,
@@ -119,15 +119,56 @@ int main(int argc, char** argv) {
                     trans_b ? int(s.K) : int(s.N), 0.0f, c.data(), int(s.N));
         if (it > 0) ts.push_back(now_s() - t0);
       }
-      double blas = flop / median(ts) * 1e-9, top = 0;
+      double blas = flop / median(ts) * 1e-9, cmax = 0;
+      for (float x : c) cmax = std::max(cmax, double(std::fabs(x)));
+      std::vector<double> gf(variants.size()), err(variants.size());
+      std::vector<float> got(c.size());
+      for (size_t v = 0; v < variants.size(); ++v) {
+        setenv("CROSSTRAIN_VK_MATMUL", variants[v], 1);
+        dev->matmul(tc, ta, tb, trans_a, trans_b);  // warm-up: pipeline creation
+        dev->synchronize();
+        std::vector<double> tv;
+        for (int it = 0; it < iters; ++it) {
+          double t0 = now_s();
+          dev->matmul(tc, ta, tb, trans_a, trans_b);
+          dev->synchronize();
+          tv.push_back(now_s() - t0);
+        }
+        gf[v] = flop / median(tv) * 1e-9;
+        dev->download(got.data(), tc, got.size() * 4);
+        double e = 0;
+        for (size_t i = 0; i < c.size(); ++i) e = std::max(e, double(std::fabs(got[i] - c[i])));
+        err[v] = cmax > 0 ? e / cmax : e;
+        if (!(err[v] <= 1e-4)) wrong.push_back(std::string(variants[v]) + " on " + s.what);
+      }
+      double top = 0;
       char dims[48];
       std::snprintf(dims, sizeof dims, "%ldx%ldx%ld", long(s.M), long(s.N), long(s.K));
       std::printf("%-10s %-16s", s.what, dims);
+      nlohmann::json line = {{"shape", s.what}, {"M", s.M}, {"N", s.N}, {"K", s.K},
+                             {"layout", layout}, {"openblas_gflops", blas},
+                             {"device", dev->info().name}, {"gflops", nlohmann::json::object()},
+                             {"max_rel_err", nlohmann::json::object()}};
       for (size_t v = 0; v < variants.size(); ++v) {
-        std::printf(" %9.1f", gf[v]);
-        top = std::max(top, gf[v]);
+        bool ok = err[v] <= 1e-4;
+        std::printf(" %8.1f%s", gf[v], ok ? " " : "!");
+        if (ok) top = std::max(top, gf[v]);
+        line["gflops"][variants[v]] = gf[v];
+        line["max_rel_err"][variants[v]] = err[v];
       }
       std::printf(" %9.1f  %5.1f%%\n", blas, 100.0 * top / blas);
+      line["best_over_openblas"] = top / blas;
+      if (!json_path.empty()) {
+        std::ofstream out(json_path, std::ios::app);
+        out << line.dump() << "\n";
+        if (!out) throw std::runtime_error("cannot write " + json_path);
+      }
+    }
+    if (!wrong.empty()) {
+      std::fprintf(stderr, "vulkan_gemm_bench: wrong products (marked !, max relative error > 1e-4):");
+      for (const auto& w : wrong) std::fprintf(stderr, " %s;", w.c_str());
+      std::fprintf(stderr, "\n");
+      return 1;
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "vulkan_gemm_bench: %s\n", e.what());
