@@ -107,18 +107,18 @@ constexpr ShaderId kVecIds[3][3] = {
     {ShaderId::matmul_vec_mn, ShaderId::matmul_vec_mk, ShaderId::matmul_vec_ms},
     {ShaderId::matmul_vec_sn, ShaderId::matmul_vec_sk, ShaderId::matmul_vec_ss}};
 // vsg64: b along n or k read as 64-bit pairs (no scalar-b variant: those take vsg).
-constexpr ShaderId kVsg64Ids[3][2] = {
-    {ShaderId::matmul_vsg64_kn, ShaderId::matmul_vsg64_kk},
-    {ShaderId::matmul_vsg64_mn, ShaderId::matmul_vsg64_mk},
-    {ShaderId::matmul_vsg64_sn, ShaderId::matmul_vsg64_sk}};
+// [a mode][b mode] of a 64-bit-load family, b along n or k only.
+#define CT_U64_IDS(fam)                                             \
+  {{ShaderId::matmul_##fam##_kn, ShaderId::matmul_##fam##_kk},      \
+   {ShaderId::matmul_##fam##_mn, ShaderId::matmul_##fam##_mk},      \
+   {ShaderId::matmul_##fam##_sn, ShaderId::matmul_##fam##_sk}}
+constexpr ShaderId kVsg64Ids[3][2] = CT_U64_IDS(vsg64);
 // The same with two 4-deep k steps per loop iteration (MM_KU = 2), for K % 8 == 0: lavapipe
 // blends and spills each loop-carried accumulator once per iteration. When introduced (8-row
 // blocks), vulkan_gemm_bench, idle, three runs against the 4-deep loop: 1024x384x1536 59.0-61.5
 // vs 52.3-56.4 GFLOP/s, 512^3 50.8-55.7 vs 45.5-53.1; the K = 384 shapes within noise.
-constexpr ShaderId kVsg64k8Ids[3][2] = {
-    {ShaderId::matmul_vsg64k8_kn, ShaderId::matmul_vsg64k8_kk},
-    {ShaderId::matmul_vsg64k8_mn, ShaderId::matmul_vsg64k8_mk},
-    {ShaderId::matmul_vsg64k8_sn, ShaderId::matmul_vsg64k8_sk}};
+constexpr ShaderId kVsg64k8Ids[3][2] = CT_U64_IDS(vsg64k8);
+#undef CT_U64_IDS
 // a along m (a^T rows 4 KB and more apart, tn products such as dW = x^T dout): four 4-deep k
 // steps per iteration where K % 16 == 0. vulkan_gemm_bench --layout tn, idle, 3 A/B runs
 // against k8: tiny shapes +0-5% (one run +9-10%); for nn and nt it was -3..+1%, so only here.
