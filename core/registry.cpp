@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 
 namespace ct {
@@ -53,7 +52,7 @@ static BackendEntry load_plugin(const fs::path& path) {
 const std::vector<BackendEntry>& backends() {
   static const std::vector<BackendEntry> list = [] {
     std::vector<BackendEntry> v;
-    v.push_back({"cpu", "(built in)", make_cpu_backend(), ""});
+    for (auto& b : builtin_backends()) v.push_back({b->name(), "(built in)", b, ""});
     std::vector<fs::path> dirs = {executable_dir()};
     if (const char* extra = std::getenv("CROSSTRAIN_BACKEND_DIR")) dirs.insert(dirs.begin(), extra);
     std::vector<fs::path> found;

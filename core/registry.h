@@ -24,6 +24,11 @@ const std::vector<BackendEntry>& backends();
 // backends and devices when the spec does not match one, with the reason when it is unavailable.
 std::unique_ptr<Device> open_device(const std::string& spec);
 
+// The backends compiled into the core library (today: cpu), in the order they are listed. Core
+// does not include any backend: the translation unit that defines this function lives with the
+// built-in backends (backends/cpu/builtin_backends.cpp), and backends() is the only caller.
+std::vector<std::shared_ptr<Backend>> builtin_backends();
+
 // Directory holding the running executable (where plugins are looked for).
 std::string executable_dir();
 

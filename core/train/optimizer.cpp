@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/optim/quant_map.h"
+#include "core/registry.h"
 
 namespace ct {
 
@@ -430,7 +430,7 @@ class UpdateWorker {
 // weights nor state, as with the synchronous optimizer.
 class Offloaded final : public Optimizer {
  public:
-  Offloaded(GPT2& model, const OptimizerSettings& s) : host_(make_cpu_device(false)) {
+  Offloaded(GPT2& model, const OptimizerSettings& s) : host_(open_device("cpu")) {
     const int64_t n = model.num_parameters();
     ParamSet ps;
     ps.dev = host_.get();
