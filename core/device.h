@@ -117,6 +117,26 @@ class Buffer {
   MemCategory category_;
 };
 
+// A point in one device's stream (Device::record_event, Device::download_async): complete once
+// every op enqueued on that device before it has finished. A default-constructed Event is
+// complete. A small value: copy it freely, but it must not outlive its device.
+class Event {
+ public:
+  Event() = default;
+  Event(Device* device, uint64_t serial) : device_(device), serial_(serial) {}
+  Device* device() const { return device_; }
+  // Backend-defined position in the stream (Vulkan: the batch's serial); 0 is always complete.
+  uint64_t serial() const { return serial_; }
+  // Whether the event has completed; never blocks (Device::event_done).
+  bool done() const;
+  // Blocks the host until the event has completed (Device::wait_event).
+  void wait() const;
+
+ private:
+  Device* device_ = nullptr;
+  uint64_t serial_ = 0;
+};
+
 // Hyper-parameters of one fused AdamW update (PyTorch semantics, decoupled weight decay).
 struct AdamWHyper {
   float lr = 1e-3f;
@@ -209,6 +229,49 @@ class Device {
   virtual void flush() = 0;
   // Submit and wait until every enqueued op has finished.
   virtual void synchronize() = 0;
+  // Events and asynchronous copies. The defaults synchronize (correct, not asynchronous); a
+  // backend with a real stream overrides all four of event_done, wait_event, record_event and
+  // download_async_kernel.
+  // An event after every op enqueued so far. It may stay unsubmitted until flush(), or the first
+  // done()/wait() on it (which submit what it waits for).
+  virtual Event record_event() {
+    synchronize();
+    return Event(this, 0);
+  }
+  // Whether `e`, an event of this device, has completed. Never waits for the device.
+  virtual bool event_done(const Event& e) {
+    (void)e;
+    return true;
+  }
+  // Blocks the host until `e`, an event of this device, has completed. Downloads made with
+  // download_async() up to `e` have landed in host memory when this returns.
+  virtual void wait_event(const Event& e) { (void)e; }
+  // Later ops on this stream run after `e` completed. An event of this device is already
+  // ordered (one in-order stream); the default waits on the host for another device's event.
+  virtual void stream_wait(const Event& e) {
+    if (e.device() && e.device() != this) e.wait();
+  }
+  // Copies `bytes` bytes of `src` (contiguous, on this device) into `host` without waiting for
+  // the device: the copy is ordered after every op enqueued so far, and the bytes are in `host`
+  // once the returned event has completed and was observed (done() returned true, wait(), or
+  // synchronize()). `host` must stay valid and untouched until then. Later ops may overwrite
+  // `src` at once: the copy sees its value at this point of the stream. Checked here (the same
+  // rules as download), then download_async_kernel() does the work.
+  Event download_async(void* host, const Tensor& src, size_t bytes);
+  // The native stream or queue a collective library (NCCL, RCCL, ...) enqueues on, or nullptr.
+  //   cpu:    nullptr (ops run eagerly on the calling thread)
+  //   vulkan: the VkQueue the device submits to; call flush() first so that recorded ops are
+  //           on the queue, and submit to it only from the thread that drives this device
+  //   cuda:   cudaStream_t;  hip: hipStream_t   (the backends' own stream)
+  virtual void* native_stream() { return nullptr; }
+
+ protected:
+  virtual Event download_async_kernel(void* host, const Tensor& src, size_t bytes) {
+    download(host, src, bytes);
+    return Event(this, 0);
+  }
+
+ public:
   // Profiling (crosstrain train --profile): record per-op device times from now on, where the
   // backend can; profile_report() is a printable table of them ("" where not supported).
   virtual void set_profiling(bool on) { (void)on; }

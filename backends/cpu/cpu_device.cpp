@@ -134,6 +134,15 @@ class CpuDevice final : public Device, private Workspace {
   }
   void flush() override {}
   void synchronize() override {}
+  // Eager: every op has finished when its call returns, so events are complete at once and
+  // download_async copies before it returns. native_stream() stays nullptr.
+  Event record_event() override { return Event(this, 0); }
+  bool event_done(const Event&) override { return true; }
+  void wait_event(const Event&) override {}
+  Event download_async_kernel(void* host, const Tensor& src, size_t bytes) override {
+    std::memcpy(host, raw(src), bytes);
+    return Event(this, 0);
+  }
 
   // -- elementwise ----------------------------------------------------------------------------
   void fill(const Tensor& t, float value) override {

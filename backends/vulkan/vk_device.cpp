@@ -71,6 +71,7 @@ VulkanDevice::~VulkanDevice() {
     if (!lost_) recycle(true);
   } catch (...) {
   }
+  downloads_.clear();  // landed by the wait above, or lost with the device; retires the staging
   for (auto& r : retired_) {
     f_.vkDestroyBuffer(device_, r.buffer, nullptr);
     alloc_->free(r.alloc);
@@ -226,6 +227,71 @@ void VulkanDevice::download(void* host, const Tensor& src, size_t bytes) {
   ++n_copies_;
   synchronize();
   std::memcpy(host, staging->allocation().mapped, bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events and asynchronous downloads
+
+Event VulkanDevice::download_async_kernel(void* host, const Tensor& src, size_t bytes) {
+  const VkBufferObj& s = vkbuf(src);
+  // Always through a staging buffer, even where src is host-visible: ops enqueued after this
+  // call may overwrite src before the host looks, and the copy must see the value at this point.
+  auto staging = make_buffer(bytes, MemCategory::kWorkspace, true);
+  VkBufferCopy region{src.offset, 0, bytes};
+  VkCommandBuffer cb = cmd();
+  Access acc[2] = {{s.handle(), src.offset, src.offset + bytes, false},
+                   {staging->handle(), 0, bytes, true}};
+  hazard(cb, acc, 2);
+  stamp_begin(cb, "download_async");
+  f_.vkCmdCopyBuffer(cb, s.handle(), staging->handle(), 1, &region);
+  stamp_end(cb);
+  ++n_copies_;
+  const uint64_t serial = cur_->serial;
+  downloads_.push_back({serial, std::move(staging), host, bytes});
+  submit();  // the batch ends with a barrier to host reads; its fence completes the event
+  return Event(this, serial);
+}
+
+Event VulkanDevice::record_event() {
+  ensure_alive();
+  // The open batch if there is one (submitted by flush() or the first done()/wait()), else the
+  // last submitted batch; 0 before any submission, which counts as complete.
+  return Event(this, cur_ && cur_->open ? cur_->serial : next_serial_ - 1);
+}
+
+bool VulkanDevice::event_done(const Event& e) {
+  CT_REQUIRE(e.device() == this, "event_done: the event belongs to another device");
+  if (e.serial() <= completed_serial_) return true;
+  if (cur_ && cur_->open && cur_->serial <= e.serial())
+    submit();  // recycles what has completed, too
+  else
+    recycle(false);
+  return e.serial() <= completed_serial_;
+}
+
+void VulkanDevice::wait_event(const Event& e) {
+  CT_REQUIRE(e.device() == this, "wait_event: the event belongs to another device");
+  wait_serial(e.serial());
+}
+
+void VulkanDevice::wait_serial(uint64_t serial) {
+  if (serial <= completed_serial_) return;
+  if (cur_ && cur_->open && cur_->serial <= serial) submit();
+  // Batches in submission order: a later fence signalling says nothing about an earlier one.
+  for (auto& b : inflight_) {
+    if (b->serial > serial) break;
+    check(f_.vkWaitForFences(device_, 1, &b->fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+  }
+  recycle(false);
+  check_validation("wait_event");
+}
+
+void VulkanDevice::land_downloads() {
+  size_t n = 0;
+  for (; n < downloads_.size() && downloads_[n].serial <= completed_serial_; ++n)
+    std::memcpy(downloads_[n].host, downloads_[n].staging->allocation().mapped,
+                downloads_[n].bytes);
+  downloads_.erase(downloads_.begin(), downloads_.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
 void VulkanDevice::copy_bytes(const Tensor& dst, const Tensor& src) {
@@ -475,6 +541,7 @@ void VulkanDevice::recycle(bool wait_all) {
     spare_.push_back(std::move(inflight_.front()));
     inflight_.erase(inflight_.begin());
   }
+  land_downloads();
   // Nothing recorded and nothing in flight: everything retired is free to go.
   bool idle = inflight_.empty() && !(cur_ && cur_->open);
   size_t keep = 0;

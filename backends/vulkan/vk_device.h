@@ -74,6 +74,13 @@ class VulkanDevice final : public Device {
   void synchronize() override;
   void set_profiling(bool on) override;
   std::string profile_report() override;
+  // Events are batch serials: an event is complete when the fence of the batch holding it has
+  // signalled. download_async records a copy into a staging buffer and submits; the memcpy into
+  // host memory is done when the batch is seen complete (recycle()).
+  Event record_event() override;
+  bool event_done(const Event& e) override;
+  void wait_event(const Event& e) override;
+  void* native_stream() override { return reinterpret_cast<void*>(queue_); }
 
   void fill(const Tensor& t, float value) override;
   void copy(const Tensor& dst, const Tensor& src) override;
@@ -206,6 +213,11 @@ class VulkanDevice final : public Device {
   const Pipeline& pipeline(ShaderId id);
   std::shared_ptr<VkBufferObj> make_buffer(size_t bytes, MemCategory category, bool staging);
   void recycle(bool wait_all);
+  Event download_async_kernel(void* host, const Tensor& src, size_t bytes) override;
+  // Submits the open batch if it holds serial `serial`, then waits for every batch up to it.
+  void wait_serial(uint64_t serial);
+  // Copies the staged bytes of every async download whose batch has completed into host memory.
+  void land_downloads();
   void check_validation(const char* where);
   void load_pipeline_cache();
   void save_pipeline_cache();
@@ -224,6 +236,14 @@ class VulkanDevice final : public Device {
   std::vector<std::unique_ptr<Batch>> inflight_, spare_;
   uint64_t next_serial_ = 1, completed_serial_ = 0;
   std::vector<Retired> retired_;
+  // download_async copies waiting for their batch (serial) to complete, in serial order.
+  struct AsyncDownload {
+    uint64_t serial;
+    std::shared_ptr<VkBufferObj> staging;
+    void* host;
+    size_t bytes;
+  };
+  std::vector<AsyncDownload> downloads_;
   uint64_t validation_seen_ = 0;
   std::vector<Access> pending_;  // accesses since the last barrier
   bool lost_ = false;
