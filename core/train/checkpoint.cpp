@@ -1,12 +1,18 @@
 #include "core/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <regex>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/io/atomic_file.h"
@@ -81,7 +87,126 @@ void read_optimizer_state(const std::string& path, Optimizer& opt, Device& dev) 
   for (const NamedTensor& s : opt.state()) s.tensor.buffer->device().synchronize();
 }
 
+// ---- leftovers of killed writers ----------------------------------------------------------
+
+const char* kWriterRecord = "WRITER";
+
+// Fields 3 (state) and 22 (start time in clock ticks after boot) of /proc/<pid>/stat; false when
+// there is no such process.
+bool proc_stat(long pid, char* state, uint64_t* start) {
+  std::string stat;
+  try {
+    stat = read_file_bytes("/proc/" + std::to_string(pid) + "/stat");
+  } catch (const Error&) {
+    return false;
+  }
+  size_t close = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos) return false;
+  std::istringstream in(stat.substr(close + 1));
+  std::string field;
+  in >> *state;
+  for (int i = 4; i < 22 && in >> field; ++i) {
+  }
+  return static_cast<bool>(in >> *start);
+}
+
+std::string boot_id() {
+  try {
+    std::string id = read_file_bytes("/proc/sys/kernel/random/boot_id");
+    while (!id.empty() && std::isspace(static_cast<unsigned char>(id.back()))) id.pop_back();
+    return id;
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+// Empty when the writer `pid` of `dir` may still be alive, else why it is not.
+std::string writer_gone(const fs::path& dir, long pid) {
+  const std::string who = "writer PID " + std::to_string(pid);
+  if (pid == static_cast<long>(::getpid())) return "";
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return who + " is not running";
+  char state = '?';
+  uint64_t start = 0;
+  bool running = proc_stat(pid, &state, &start);
+  if (running && (state == 'Z' || state == 'X')) return who + " has exited";
+  std::ifstream rec(dir / kWriterRecord);
+  long rec_pid = 0;
+  uint64_t rec_start = 0;
+  std::string rec_boot;
+  if (rec >> rec_pid >> rec_start >> rec_boot && rec_pid == pid) {
+    if (rec_boot != boot_id()) return who + " ran before the last reboot";
+    if (!running) return who + " is not running";
+    if (start != rec_start) return who + " is now another process (started later)";
+  }
+  return "";
+}
+
+uint64_t tree_bytes(const fs::path& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec))
+    if (it->is_regular_file(ec)) n += it->file_size(ec);
+  return n;
+}
+
 }  // namespace
+
+std::string make_checkpoint_temp(const std::string& output_dir, int64_t step) {
+  const long pid = static_cast<long>(::getpid());
+  std::string name = ".";
+  name += kPrefix;
+  name += std::to_string(step) + ".tmp-" + std::to_string(pid);
+  fs::path tmp = fs::path(output_dir) / name;
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) fail(ErrorKind::kIo, "cannot create " + tmp.string() + ": " + ec.message());
+  char state = '?';
+  uint64_t start = 0;
+  proc_stat(pid, &state, &start);
+  write_file_atomic((tmp / kWriterRecord).string(), std::to_string(pid) + " " +
+                                                        std::to_string(start) + " " + boot_id() +
+                                                        "\n");
+  return tmp.string();
+}
+
+std::vector<StaleCheckpointTemp> remove_stale_checkpoint_temps(const std::string& output_dir) {
+  static const std::regex kTemp(R"(\.checkpoint-([0-9]+)\.tmp-([0-9]+)(\.old)?)");
+  std::vector<StaleCheckpointTemp> done;
+  std::error_code ec;
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(output_dir, ec))
+    if (e.is_directory()) found.push_back(e.path());
+  std::sort(found.begin(), found.end());
+  for (const fs::path& dir : found) {
+    std::smatch m;
+    std::string name = dir.filename().string();
+    if (!std::regex_match(name, m, kTemp)) continue;
+    std::string why = writer_gone(dir, std::stol(m[2].str()));
+    if (why.empty()) continue;
+    StaleCheckpointTemp t;
+    t.path = dir.string();
+    t.why = why;
+    fs::path final_dir = fs::path(output_dir) / (kPrefix + m[1].str());
+    if (m[3].matched && !fs::exists(final_dir / kCheckpointMarker) &&
+        fs::exists(dir / kCheckpointMarker)) {
+      // The writer died after moving the complete checkpoint-N aside and before the new one
+      // was marked complete: the old one is the only complete copy.
+      fs::remove_all(final_dir, ec);
+      fs::rename(dir, final_dir, ec);
+      if (ec) fail(ErrorKind::kIo, "cannot restore " + t.path + ": " + ec.message());
+      fsync_path(output_dir);
+      t.restored = final_dir.string();
+    } else {
+      t.bytes = tree_bytes(dir);
+      fs::remove_all(dir, ec);
+      if (ec) fail(ErrorKind::kIo, "cannot remove " + t.path + ": " + ec.message());
+    }
+    done.push_back(std::move(t));
+  }
+  return done;
+}
 
 std::vector<std::string> list_checkpoints(const std::string& output_dir) {
   std::vector<std::pair<int64_t, std::string>> found;
@@ -102,11 +227,8 @@ std::string save_checkpoint(const std::string& output_dir, int64_t step, const G
                             int save_total_limit) {
   const std::string name = kPrefix + std::to_string(step);
   fs::path final_dir = fs::path(output_dir) / name;
-  fs::path tmp = fs::path(output_dir) / ("." + name + ".tmp-" + std::to_string(::getpid()));
+  fs::path tmp = make_checkpoint_temp(output_dir, step);
   std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) fail(ErrorKind::kIo, "cannot create " + tmp.string() + ": " + ec.message());
   try {
     save_model(tmp.string(), model);  // model.safetensors + config.json
     write_optimizer_state((tmp / "optimizer.safetensors").string(), optimizer, model.device());
@@ -114,6 +236,7 @@ std::string save_checkpoint(const std::string& output_dir, int64_t step, const G
     for (const auto& f : kHashedFiles) files[f] = sha256_file((tmp / f).string());
     trainer_state["files"] = files;
     write_json_file((tmp / "trainer_state.json").string(), trainer_state);
+    fs::remove(tmp / kWriterRecord);  // not part of the checkpoint
     fsync_path(tmp);
     // A checkpoint of the same step from an earlier run is replaced only now that this one is
     // whole: move it aside, move the new one in, then delete the old.

@@ -30,6 +30,29 @@ std::string save_checkpoint(const std::string& output_dir, int64_t step, const G
                             const Optimizer& optimizer, nlohmann::json trainer_state,
                             int save_total_limit);
 
+// The hidden folder a checkpoint of `step` is assembled in, <output_dir>/.checkpoint-<step>.tmp-<pid>,
+// created empty apart from a WRITER record (pid, process start time, boot id) that tells a later
+// run whether the process writing it is still alive. Removed or renamed by save_checkpoint().
+std::string make_checkpoint_temp(const std::string& output_dir, int64_t step);
+
+// What remove_stale_checkpoint_temps() did with one leftover folder.
+struct StaleCheckpointTemp {
+  std::string path;       // the folder as found
+  uint64_t bytes = 0;     // bytes freed (0 when restored)
+  std::string restored;   // non-empty: the folder was put back as this checkpoint instead
+  std::string why;        // "writer PID 123 is not running", ...
+};
+
+// Cleans up after runs killed while writing a checkpoint: removes the `.checkpoint-N.tmp-PID`
+// folders (and `.checkpoint-N.tmp-PID.old`, an earlier checkpoint-N moved aside) of output_dir
+// whose writer is no longer alive. A `.old` that is the only complete copy of checkpoint-N (the
+// writer died between the two renames) is renamed back instead. The writer counts as alive --
+// the folder is left alone -- when it is this process, or when PID runs and is not a zombie and,
+// where the folder holds a WRITER record, it has the recorded start time on the same boot (a
+// reused PID is dead). Without a record (a .old folder, or a writer killed before writing it) a
+// running PID counts as alive: a reused one keeps the folder until that process ends.
+std::vector<StaleCheckpointTemp> remove_stale_checkpoint_temps(const std::string& output_dir);
+
 // Complete checkpoints in output_dir, oldest step first.
 std::vector<std::string> list_checkpoints(const std::string& output_dir);
 

@@ -200,6 +200,18 @@ TrainSummary train(const TrainArgs& args) {
   TokenSplit split = split_train_val(tokens, args.validation_split, T + 1);
   if (fs::exists(args.output_dir) && !fs::is_directory(args.output_dir))
     fail(ErrorKind::kInvalidArgument, "--output-dir '" + args.output_dir + "' exists and is not a folder");
+  // Leftovers of runs killed while writing a checkpoint, before `latest` is looked for (a
+  // checkpoint moved aside by a killed writer is put back).
+  if (fs::is_directory(args.output_dir)) {
+    for (const StaleCheckpointTemp& t : remove_stale_checkpoint_temps(args.output_dir)) {
+      if (t.restored.empty())
+        std::printf("removed %s, left by a killed checkpoint writer (%s): %s freed\n",
+                    t.path.c_str(), t.why.c_str(), format_bytes(static_cast<int64_t>(t.bytes)).c_str());
+      else
+        std::printf("restored %s from %s, left by a killed checkpoint writer (%s)\n",
+                    t.restored.c_str(), t.path.c_str(), t.why.c_str());
+    }
+  }
   std::string resume_dir;
   if (!args.resume_from_checkpoint.empty())
     resume_dir = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir);
