@@ -62,7 +62,9 @@ Tensor Device::empty(const Shape& shape, DType dtype, MemCategory category) {
   return t;
 }
 
-bool Event::done() const { return device_ == nullptr || device_->event_done(*this); }
+bool Event::done() const {
+  return device_ == nullptr || device_->event_done(*this);
+}
 
 void Event::wait() const {
   if (device_) device_->wait_event(*this);
@@ -70,13 +72,13 @@ void Event::wait() const {
 
 Event Device::download_async(void* host, const Tensor& src, size_t bytes) {
   CT_REQUIRE(src.defined(), "download_async: source is undefined");
-  CT_REQUIRE(&src.buffer->device() == this, "download_async: source " + src.describe() +
-                                                " is on " + src.buffer->device().info().id() +
-                                                ", not on " + info().id());
+  CT_REQUIRE(&src.buffer->device() == this, "download_async: source " + src.describe() + " is on " +
+                                                src.buffer->device().info().id() + ", not on " +
+                                                info().id());
   CT_REQUIRE(src.is_contiguous(),
              "download_async: source " + src.describe() + " is not contiguous");
-  CT_REQUIRE(bytes <= src.nbytes(), "download_async: " + std::to_string(bytes) +
-                                        " bytes exceed " + src.describe());
+  CT_REQUIRE(bytes <= src.nbytes(),
+             "download_async: " + std::to_string(bytes) + " bytes exceed " + src.describe());
   CT_REQUIRE(host != nullptr || bytes == 0, "download_async: host pointer is null");
   if (bytes == 0) return Event(this, 0);
   return download_async_kernel(host, src, bytes);

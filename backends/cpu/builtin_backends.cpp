@@ -5,6 +5,8 @@
 
 namespace ct {
 
-std::vector<std::shared_ptr<Backend>> builtin_backends() { return {make_cpu_backend()}; }
+std::vector<std::shared_ptr<Backend>> builtin_backends() {
+  return {make_cpu_backend()};
+}
 
 }  // namespace ct

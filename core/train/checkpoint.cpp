@@ -165,9 +165,8 @@ std::string make_checkpoint_temp(const std::string& output_dir, int64_t step) {
   char state = '?';
   uint64_t start = 0;
   proc_stat(pid, &state, &start);
-  write_file_atomic((tmp / kWriterRecord).string(), std::to_string(pid) + " " +
-                                                        std::to_string(start) + " " + boot_id() +
-                                                        "\n");
+  std::string record = std::to_string(pid) + " " + std::to_string(start) + " " + boot_id() + "\n";
+  write_file_atomic((tmp / kWriterRecord).string(), record);
   return tmp.string();
 }
 

@@ -30,17 +30,18 @@ std::string save_checkpoint(const std::string& output_dir, int64_t step, const G
                             const Optimizer& optimizer, nlohmann::json trainer_state,
                             int save_total_limit);
 
-// The hidden folder a checkpoint of `step` is assembled in, <output_dir>/.checkpoint-<step>.tmp-<pid>,
-// created empty apart from a WRITER record (pid, process start time, boot id) that tells a later
-// run whether the process writing it is still alive. Removed or renamed by save_checkpoint().
+// The hidden folder a checkpoint of `step` is assembled in,
+// <output_dir>/.checkpoint-<step>.tmp-<pid>, created empty apart from a WRITER record (pid, process
+// start time, boot id) that tells a later run whether the process writing it is still alive.
+// Removed or renamed by save_checkpoint().
 std::string make_checkpoint_temp(const std::string& output_dir, int64_t step);
 
 // What remove_stale_checkpoint_temps() did with one leftover folder.
 struct StaleCheckpointTemp {
-  std::string path;       // the folder as found
-  uint64_t bytes = 0;     // bytes freed (0 when restored)
-  std::string restored;   // non-empty: the folder was put back as this checkpoint instead
-  std::string why;        // "writer PID 123 is not running", ...
+  std::string path;      // the folder as found
+  uint64_t bytes = 0;    // bytes freed (0 when restored)
+  std::string restored;  // non-empty: the folder was put back as this checkpoint instead
+  std::string why;       // "writer PID 123 is not running", ...
 };
 
 // Cleans up after runs killed while writing a checkpoint: removes the `.checkpoint-N.tmp-PID`

@@ -206,7 +206,8 @@ TrainSummary train(const TrainArgs& args) {
     for (const StaleCheckpointTemp& t : remove_stale_checkpoint_temps(args.output_dir)) {
       if (t.restored.empty())
         std::printf("removed %s, left by a killed checkpoint writer (%s): %s freed\n",
-                    t.path.c_str(), t.why.c_str(), format_bytes(static_cast<int64_t>(t.bytes)).c_str());
+                    t.path.c_str(), t.why.c_str(),
+                    format_bytes(static_cast<int64_t>(t.bytes)).c_str());
       else
         std::printf("restored %s from %s, left by a killed checkpoint writer (%s)\n",
                     t.restored.c_str(), t.path.c_str(), t.why.c_str());

@@ -48,8 +48,8 @@ TEST(Layering, CoreIncludesNoBackend) {
 
 TEST(Layering, CoreCallsNoBackendFactory) {
   // The offload optimizer's host device, like every device core uses, comes from open_device().
-  auto hits = grep_tree(fs::path(CT_SOURCE_DIR) / "core",
-                        std::regex(R"(\bmake_cpu_(device|backend)\b)"));
+  auto hits =
+      grep_tree(fs::path(CT_SOURCE_DIR) / "core", std::regex(R"(\bmake_cpu_(device|backend)\b)"));
   EXPECT_TRUE(hits.empty()) << "core/ opens devices with open_device():" << joined(hits);
 }
 

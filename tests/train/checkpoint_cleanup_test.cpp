@@ -132,8 +132,8 @@ TEST_F(StaleCheckpointTemps, AReusedPidIsNotTheWriter) {
   fs::path own = temp_of(root_, 9, ::getpid());
   fs::create_directories(own);
   auto done = remove_stale_checkpoint_temps(root_.string());
-  EXPECT_EQ(names(done), (std::vector<std::string>{reused.filename().string(),
-                                                   rebooted.filename().string()}));
+  EXPECT_EQ(names(done),
+            (std::vector<std::string>{reused.filename().string(), rebooted.filename().string()}));
   EXPECT_TRUE(fs::exists(temp_of(root_, 5, live)));
   EXPECT_TRUE(fs::exists(unknown));
   EXPECT_TRUE(fs::exists(own));

@@ -87,7 +87,8 @@ TEST_P(Stream, DownloadAsyncSeesItsPointInTheStreamWithSeveralOutstanding) {
   for (const Event& e : ev) EXPECT_TRUE(e.done());
   const float want[3] = {1.0f, 2.0f, 6.0f};
   for (int k = 0; k < 3; ++k)
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(host[k][i], want[k]) << "download " << k << " at " << i;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(host[k][i], want[k]) << "download " << k << " at " << i;
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(host[3][i], i < 5 ? 0.5f : -7.0f) << i;
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(host[4][i], i < 3 ? 0.5f : -7.0f) << i;
 }
@@ -211,8 +212,7 @@ TEST_P(Stream, NativeStreamAndArgumentChecks) {
   EXPECT_EQ(kind([&] { d().download_async(nullptr, t, 4); }), ErrorKind::kInvalidArgument);
   auto other = open_device("cpu:1");
   Tensor elsewhere = other->empty({4}, DType::f32, MemCategory::kActivations);
-  EXPECT_EQ(kind([&] { d().download_async(h.data(), elsewhere, 4); }),
-            ErrorKind::kInvalidArgument);
+  EXPECT_EQ(kind([&] { d().download_async(h.data(), elsewhere, 4); }), ErrorKind::kInvalidArgument);
   EXPECT_TRUE(d().download_async(nullptr, t, 0).done());  // nothing to copy
 }
 
