@@ -14,17 +14,23 @@ namespace ct::cpu {
 
 const char* isa_level_name(IsaLevel level) {
   switch (level) {
-    case IsaLevel::kBaseline: return "x86-64";
-    case IsaLevel::kX86_64_v2: return "x86-64-v2";
-    case IsaLevel::kAvx2: return "avx2";
-    case IsaLevel::kAvx512Bf16: return "avx512_bf16";
+    case IsaLevel::kBaseline:
+      return "x86-64";
+    case IsaLevel::kX86_64_v2:
+      return "x86-64-v2";
+    case IsaLevel::kAvx2:
+      return "avx2";
+    case IsaLevel::kAvx512Bf16:
+      return "avx512_bf16";
   }
   return "?";
 }
 
 namespace {
 
-bool bit(uint32_t reg, int n) { return (reg >> n) & 1u; }
+bool bit(uint32_t reg, int n) {
+  return (reg >> n) & 1u;
+}
 
 // XCR0, the register state the OS saves on a context switch (valid when CPUID.1:ECX.OSXSAVE).
 uint64_t read_xcr0() {
@@ -60,7 +66,7 @@ CpuFeatures detect_cpu_features() {
   f.f16c = bit(c, 29);
   if (bit(c, 27)) {  // OSXSAVE: xgetbv is available
     uint64_t xcr0 = read_xcr0();
-    f.os_avx = (xcr0 & 0x6) == 0x6;      // SSE and AVX (YMM) state
+    f.os_avx = (xcr0 & 0x6) == 0x6;       // SSE and AVX (YMM) state
     f.os_avx512 = (xcr0 & 0xE6) == 0xE6;  // plus opmask, ZMM0-15 upper halves, ZMM16-31
   }
   if (max_leaf >= 7) {
@@ -95,10 +101,14 @@ bool cpu_supports(const CpuFeatures& f, IsaLevel level) {
   const bool v4_bf16 = v3 && f.avx512f && f.avx512bw && f.avx512cd && f.avx512dq && f.avx512vl &&
                        f.avx512_vnni && f.avx512_bf16 && f.os_avx512;
   switch (level) {
-    case IsaLevel::kBaseline: return true;
-    case IsaLevel::kX86_64_v2: return v2;
-    case IsaLevel::kAvx2: return v3;
-    case IsaLevel::kAvx512Bf16: return v4_bf16;
+    case IsaLevel::kBaseline:
+      return true;
+    case IsaLevel::kX86_64_v2:
+      return v2;
+    case IsaLevel::kAvx2:
+      return v3;
+    case IsaLevel::kAvx512Bf16:
+      return v4_bf16;
   }
   return false;
 }
@@ -111,12 +121,20 @@ IsaLevel best_isa_level(const CpuFeatures& cpu) {
 }
 
 std::string describe(const CpuFeatures& f) {
-  const std::pair<bool, const char*> flags[] = {
-      {f.sse42, "sse4.2"},       {f.popcnt, "popcnt"},     {f.avx, "avx"},
-      {f.avx2, "avx2"},          {f.fma, "fma"},           {f.f16c, "f16c"},
-      {f.bmi2, "bmi2"},          {f.avx512f, "avx512f"},   {f.avx512bw, "avx512bw"},
-      {f.avx512cd, "avx512cd"},  {f.avx512dq, "avx512dq"}, {f.avx512vl, "avx512vl"},
-      {f.avx512_vnni, "avx512_vnni"}, {f.avx512_bf16, "avx512_bf16"}};
+  const std::pair<bool, const char*> flags[] = {{f.sse42, "sse4.2"},
+                                                {f.popcnt, "popcnt"},
+                                                {f.avx, "avx"},
+                                                {f.avx2, "avx2"},
+                                                {f.fma, "fma"},
+                                                {f.f16c, "f16c"},
+                                                {f.bmi2, "bmi2"},
+                                                {f.avx512f, "avx512f"},
+                                                {f.avx512bw, "avx512bw"},
+                                                {f.avx512cd, "avx512cd"},
+                                                {f.avx512dq, "avx512dq"},
+                                                {f.avx512vl, "avx512vl"},
+                                                {f.avx512_vnni, "avx512_vnni"},
+                                                {f.avx512_bf16, "avx512_bf16"}};
   std::string out;
   for (const auto& [have, name] : flags) {
     if (!have) continue;
@@ -141,9 +159,10 @@ IsaChoice choose_isa_level(const CpuFeatures& cpu, const char* request) {
     names += isa_level_name(l);
     if (want != isa_level_name(l)) continue;
     if (!cpu_supports(cpu, l))
-      fail(ErrorKind::kInvalidArgument,
-           "cpu: CT_CPU_ISA=" + std::string(want) + " asks for kernels this CPU cannot run; it has " +
-               describe(cpu) + ", the best level it supports is " + isa_level_name(c.best));
+      fail(ErrorKind::kInvalidArgument, "cpu: CT_CPU_ISA=" + std::string(want) +
+                                            " asks for kernels this CPU cannot run; it has " +
+                                            describe(cpu) + ", the best level it supports is " +
+                                            isa_level_name(c.best));
     c.level = l;
     c.forced = true;
     return c;

@@ -32,10 +32,9 @@ BlasCoreClass classify_openblas_core(std::string_view name) {
   static constexpr std::string_view kAvx512[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
   static constexpr std::string_view kAvx2[] = {"Haswell", "Zen", "Excavator"};
   static constexpr std::string_view kGeneric[] = {
-      "Unknown", "Katmai",   "Coppermine", "Northwood",    "Prescott",  "Banias",
-      "Atom",    "Core2",    "Penryn",     "Dunnington",   "Nehalem",   "Athlon",
-      "Opteron", "Opteron_SSE3", "Barcelona", "Nano",      "Sandybridge", "Bobcat",
-      "Bulldozer", "Piledriver", "Steamroller"};
+      "Unknown",   "Katmai", "Coppermine",  "Northwood", "Prescott",  "Banias",     "Atom",
+      "Core2",     "Penryn", "Dunnington",  "Nehalem",   "Athlon",    "Opteron",    "Opteron_SSE3",
+      "Barcelona", "Nano",   "Sandybridge", "Bobcat",    "Bulldozer", "Piledriver", "Steamroller"};
   for (std::string_view n : kAvx512)
     if (iequal(n, name)) return BlasCoreClass::kAvx512;
   for (std::string_view n : kAvx2)

@@ -119,10 +119,8 @@ TEST(CpuIsa, DetectionAgreesWithTheCompiler) {
   EXPECT_EQ(f.fma && f.os_avx, static_cast<bool>(__builtin_cpu_supports("fma")));
   EXPECT_EQ(f.avx512f && f.os_avx512, static_cast<bool>(__builtin_cpu_supports("avx512f")));
   EXPECT_EQ(f.avx512bw && f.os_avx512, static_cast<bool>(__builtin_cpu_supports("avx512bw")));
-  EXPECT_EQ(f.avx512_vnni && f.os_avx512,
-            static_cast<bool>(__builtin_cpu_supports("avx512vnni")));
-  EXPECT_EQ(f.avx512_bf16 && f.os_avx512,
-            static_cast<bool>(__builtin_cpu_supports("avx512bf16")));
+  EXPECT_EQ(f.avx512_vnni && f.os_avx512, static_cast<bool>(__builtin_cpu_supports("avx512vnni")));
+  EXPECT_EQ(f.avx512_bf16 && f.os_avx512, static_cast<bool>(__builtin_cpu_supports("avx512bf16")));
   EXPECT_FALSE(f.vendor.empty());
 }
 
@@ -142,9 +140,15 @@ TEST(CpuIsa, ThisProcessRunsTheChosenTable) {
   const Kernels& k = fast_kernels();
   EXPECT_EQ(&k, &fast_kernels(c.level));
   switch (c.level) {
-    case IsaLevel::kBaseline: EXPECT_EQ(&k, &reference_kernels()); break;
-    case IsaLevel::kX86_64_v2: EXPECT_EQ(k.gelu_forward, &fast::x86_64_v2::gelu_forward); break;
-    case IsaLevel::kAvx2: EXPECT_EQ(k.gelu_forward, &fast::avx2::gelu_forward); break;
+    case IsaLevel::kBaseline:
+      EXPECT_EQ(&k, &reference_kernels());
+      break;
+    case IsaLevel::kX86_64_v2:
+      EXPECT_EQ(k.gelu_forward, &fast::x86_64_v2::gelu_forward);
+      break;
+    case IsaLevel::kAvx2:
+      EXPECT_EQ(k.gelu_forward, &fast::avx2::gelu_forward);
+      break;
     case IsaLevel::kAvx512Bf16:
       EXPECT_EQ(k.gelu_forward, &fast::avx512_bf16::gelu_forward);
       break;
