@@ -13,6 +13,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/openblas_core.h"
 #include "backends/cpu/system_info.h"
 #include "core/error.h"
 
@@ -78,6 +79,14 @@ DeviceInfo make_info(bool reference) {
              {"16-bit tensors", "widened to f32, rounded to nearest even on store"},
              {"bf16 matmul", reference ? std::string("widened to f32")
                                        : std::string(fast::bf16_matmul_library())}};
+  // The fast device: which level of its kernels runs (fast_kernels() chose it, and settled
+  // OpenBLAS's core, before this is built), and which kernels OpenBLAS runs.
+  if (!reference) {
+    i.extra.push_back({"cpu kernels", describe(active_isa())});
+    const OpenBlasCore& blas = openblas_core();
+    i.extra.push_back({"openblas core", blas.core + " (" + blas.selected + ")"});
+    if (!blas.warning.empty()) i.extra.push_back({"warning", blas.warning});
+  }
   return i;
 }
 

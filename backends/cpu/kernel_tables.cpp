@@ -1,5 +1,7 @@
-// The two kernel tables. Keep the order of the Kernels struct.
+// The kernel tables: the reference, and the fast one per instruction-set level, chosen at run
+// time. Keep the order of the Kernels struct.
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/openblas_core.h"
 
 namespace ct::cpu {
 
@@ -18,9 +20,26 @@ const Kernels& reference_kernels() {
   return k;
 }
 
+const Kernels& fast_kernels(IsaLevel level) {
+  static const Kernels v2 = CT_CPU_KERNEL_TABLE(fast::x86_64_v2, fast::matmul_bf16);
+  static const Kernels v3 = CT_CPU_KERNEL_TABLE(fast::avx2, fast::matmul_bf16);
+  static const Kernels v4 = CT_CPU_KERNEL_TABLE(fast::avx512_bf16, fast::matmul_bf16);
+  switch (level) {
+    case IsaLevel::kBaseline: break;
+    case IsaLevel::kX86_64_v2: return v2;
+    case IsaLevel::kAvx2: return v3;
+    case IsaLevel::kAvx512Bf16: return v4;
+  }
+  return reference_kernels();  // a CPU below x86-64-v2 runs no fast table
+}
+
+// The first use (the fast device's constructor) also settles OpenBLAS's core, before the first
+// product. A CT_CPU_ISA the CPU cannot run throws here, every time.
 const Kernels& fast_kernels() {
-  static const Kernels k = CT_CPU_KERNEL_TABLE(fast, fast::matmul_bf16);
-  return k;
+  const IsaChoice& isa = active_isa();
+  static const bool blas_checked = (openblas_core(), true);
+  (void)blas_checked;
+  return fast_kernels(isa.level);
 }
 
 }  // namespace ct::cpu

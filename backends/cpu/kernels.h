@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cpu/isa.h"
 #include "core/device.h"
 #include "core/dtype.h"
 
@@ -151,20 +152,38 @@ namespace ref {
 CT_CPU_DECLARE_KERNELS
 }  // namespace ref
 namespace fast {
+// The fast kernels (backends/cpu/fast/*.cpp) are compiled once per instruction-set level
+// (CMakeLists.txt), each copy into its own namespace, named by the compile definition CT_CPU_ISA:
+// fast::x86_64_v2 (SSE4.2, POPCNT), fast::avx2 (x86-64-v3: AVX2, FMA, F16C, BMI2) and
+// fast::avx512_bf16 (x86-64-v4 with AVX512_BF16 and AVX512_VNNI). kernel_tables.cpp picks one
+// table at run time (backends/cpu/isa.h). Inline functions of fast/*.h live in the same
+// namespaces, so no level calls another level's copy.
+namespace x86_64_v2 {
 CT_CPU_DECLARE_KERNELS
+}  // namespace x86_64_v2
+namespace avx2 {
+CT_CPU_DECLARE_KERNELS
+}  // namespace avx2
+namespace avx512_bf16 {
+CT_CPU_DECLARE_KERNELS
+}  // namespace avx512_bf16
+
+// Shared by the levels, compiled once (onednn_matmul.cpp): oneDNN picks its own kernels.
 bool matmul_bf16(const MatmulBf16Args& m);
 const char* bf16_matmul_library();  // what runs matmul_bf16 ("oneDNN 2.6 ...") or why nothing does
 // oneDNN's f32 matmul, c = alpha a op(b) + beta c (+ bias) with row-major a (see
-// matmul_bf16.cpp); false when it does not take the call (then c is untouched).
+// onednn_matmul.cpp); false when it does not take the call (then c is untouched).
 bool matmul_f32_onednn(float* c, const float* a, const float* b, const float* bias, int64_t M,
                        int64_t N, int64_t K, bool trans_b, float alpha, float beta);
 bool onednn_f32_available();
 const char* f32_matmul_library();  // the f32 GEMM libraries and which products take which, for `devices`
 }  // namespace fast
 
-// The tables, in declaration order of Kernels.
+// The tables, in declaration order of Kernels. fast_kernels() is the level chosen at run time
+// (isa.h: the best the CPU supports, or CT_CPU_ISA's), fast_kernels(level) a given one.
 const Kernels& reference_kernels();
 const Kernels& fast_kernels();
+const Kernels& fast_kernels(IsaLevel level);
 
 // Shared scalar helpers (same formula on both sides).
 

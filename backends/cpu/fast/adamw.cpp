@@ -7,7 +7,7 @@
 
 CT_FAST_WIDE_VECTORS
 
-namespace ct::cpu::fast {
+namespace ct::cpu::fast::CT_CPU_ISA {
 
 namespace {
 
@@ -53,4 +53,4 @@ void adamw(float* param, const float* grad, float* m, float* v, const float* gra
     adamw_span(param, grad, m, v, c * kChunk, std::min(n, (c + 1) * kChunk), k);
 }
 
-}  // namespace ct::cpu::fast
+}  // namespace ct::cpu::fast::CT_CPU_ISA

@@ -24,7 +24,7 @@
 
 CT_FAST_WIDE_VECTORS
 
-namespace ct::cpu::fast {
+namespace ct::cpu::fast::CT_CPU_ISA {
 
 namespace {
 // One (batch, head)'s operands of the backward pass: q, k, v and dq, dk, dv are (T,hs) with row
@@ -318,4 +318,4 @@ void attention_backward(Workspace& ws, float* dqkv, const float* dout, const flo
 
 #endif  // __AVX512F__
 
-}  // namespace ct::cpu::fast
+}  // namespace ct::cpu::fast::CT_CPU_ISA

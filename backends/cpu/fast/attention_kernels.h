@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-namespace ct::cpu::fast::attn {
+namespace ct::cpu::fast::CT_CPU_ISA::attn {
 
 // Accumulators are named variables, not an array: GCC keeps a __m512 acc[R][NV] array in
 // registers but also stores it to the stack on every iteration.
@@ -177,4 +177,4 @@ inline void pack_transposed(float* dst, int64_t ld, const float* src, int64_t st
   }
 }
 
-}  // namespace ct::cpu::fast::attn
+}  // namespace ct::cpu::fast::CT_CPU_ISA::attn

@@ -6,7 +6,7 @@
 
 CT_FAST_WIDE_VECTORS
 
-namespace ct::cpu::fast {
+namespace ct::cpu::fast::CT_CPU_ISA {
 
 namespace {
 // x is (V)
@@ -67,4 +67,4 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
   }
 }
 
-}  // namespace ct::cpu::fast
+}  // namespace ct::cpu::fast::CT_CPU_ISA

@@ -3,7 +3,7 @@
 
 #include "backends/cpu/kernels.h"
 
-namespace ct::cpu::fast {
+namespace ct::cpu::fast::CT_CPU_ISA {
 
 namespace {
 constexpr int64_t kParallelMin = 1 << 15;  // below this, threads cost more than they save
@@ -101,4 +101,4 @@ void scale(float* t, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) t[i] *= s;
 }
 
-}  // namespace ct::cpu::fast
+}  // namespace ct::cpu::fast::CT_CPU_ISA

@@ -3,7 +3,7 @@
 
 #include "backends/cpu/kernels.h"
 
-namespace ct::cpu::fast {
+namespace ct::cpu::fast::CT_CPU_ISA {
 
 // out is (B,T,C), tokens is (B,T), wte is (V,C), wpe is (maxT,C)
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
@@ -44,4 +44,4 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   }
 }
 
-}  // namespace ct::cpu::fast
+}  // namespace ct::cpu::fast::CT_CPU_ISA

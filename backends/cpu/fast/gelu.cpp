@@ -13,7 +13,7 @@
 
 CT_FAST_WIDE_VECTORS
 
-namespace ct::cpu::fast {
+namespace ct::cpu::fast::CT_CPU_ISA {
 
 namespace {
 constexpr float kS = 0.7978845608028654f;  // sqrt(2/pi)
@@ -101,4 +101,4 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n) {
 #endif
 }
 
-}  // namespace ct::cpu::fast
+}  // namespace ct::cpu::fast::CT_CPU_ISA

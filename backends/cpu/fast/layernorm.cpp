@@ -4,7 +4,7 @@
 
 #include "backends/cpu/kernels.h"
 
-namespace ct::cpu::fast {
+namespace ct::cpu::fast::CT_CPU_ISA {
 
 // out, x are (N,C); w, b are (C); mean, rstd are (N)
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
@@ -84,4 +84,4 @@ void layernorm_backward(Workspace& ws, float* dx, float* dw, float* db, const fl
   }
 }
 
-}  // namespace ct::cpu::fast
+}  // namespace ct::cpu::fast::CT_CPU_ISA

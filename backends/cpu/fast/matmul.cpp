@@ -1,4 +1,5 @@
-// Fast matrix multiply on OpenBLAS sgemm, and the bias gradient.
+// Fast matrix multiply on OpenBLAS sgemm, and the bias gradient. Compiled once per ISA level
+// (CMakeLists.txt); oneDNN's loader, shared by the levels, is backends/cpu/onednn_matmul.cpp.
 #include <cblas.h>
 #include <omp.h>
 
@@ -6,7 +7,7 @@
 
 #include "backends/cpu/kernels.h"
 
-namespace ct::cpu::fast {
+namespace ct::cpu::fast::CT_CPU_ISA {
 
 namespace {
 
@@ -72,12 +73,6 @@ void sgemm(const MatmulArgs& m, const float* a, const float* b, float* c, int64_
 
 }  // namespace
 
-const char* f32_matmul_library() {
-  return onednn_f32_available()
-             ? "OpenBLAS sgemm; oneDNN f32 matmul for a b^T (N <= 4096) and a b + bias (N <= 2048)"
-             : "OpenBLAS sgemm";
-}
-
 // c is (batch,M,N); a is (M,K) or (K,M) with trans_a; b is (K,N) or (N,K) with trans_b;
 // either may be shared by the whole batch. bias is (N).
 void matmul(Workspace&, const MatmulArgs& m) {
@@ -124,4 +119,4 @@ void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N) {
   }
 }
 
-}  // namespace ct::cpu::fast
+}  // namespace ct::cpu::fast::CT_CPU_ISA

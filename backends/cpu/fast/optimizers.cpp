@@ -11,7 +11,7 @@
 
 CT_FAST_WIDE_VECTORS
 
-namespace ct::cpu::fast {
+namespace ct::cpu::fast::CT_CPU_ISA {
 
 namespace {
 
@@ -229,4 +229,4 @@ void adafactor(float* param, const float* grad, float* row, float* col, float* v
   }
 }
 
-}  // namespace ct::cpu::fast
+}  // namespace ct::cpu::fast::CT_CPU_ISA

@@ -6,7 +6,7 @@
 
 #include "backends/cpu/kernels.h"
 
-namespace ct::cpu::fast {
+namespace ct::cpu::fast::CT_CPU_ISA {
 
 namespace {
 constexpr int64_t kParts = 64;
@@ -81,4 +81,4 @@ void unscale_check(float* x, int32_t* flag, float inv_scale, int64_t n) {
   if (bad) flag[0] |= 1;
 }
 
-}  // namespace ct::cpu::fast
+}  // namespace ct::cpu::fast::CT_CPU_ISA

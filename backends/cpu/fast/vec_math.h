@@ -15,7 +15,7 @@
 #define CT_FAST_WIDE_VECTORS
 #endif
 
-namespace ct::cpu::fast {
+namespace ct::cpu::fast::CT_CPU_ISA {
 
 inline float fast_exp(float x) {
   const float kHi = 88.3762626647949f, kLo = -87.3365447504019f;
@@ -65,4 +65,4 @@ inline float fast_tanh(float u) {
   return 1.0f - 2.0f / (e + 1.0f);
 }
 
-}  // namespace ct::cpu::fast
+}  // namespace ct::cpu::fast::CT_CPU_ISA

@@ -1,6 +1,7 @@
 // bf16 matmul on oneDNN's matmul primitive (AMX or AVX512_BF16 kernels, fp32 accumulation):
 // several times sgemm's throughput where the CPU has bf16 instructions. Also the f32 products
-// for which oneDNN's f32 kernels beat OpenBLAS here (matmul_f32_onednn; matmul.cpp chooses). libdnnl.so.2 is opened
+// for which oneDNN's f32 kernels beat OpenBLAS here (matmul_f32_onednn; fast/matmul.cpp
+// chooses). One copy, shared by every ISA level of the fast kernels. libdnnl.so.2 is opened
 // at run time, so the CPU backend neither links nor requires it; without it (or without the
 // header at build time, or on a CPU without bf16 instructions, or with CT_CPU_NO_DNNL set)
 // matmul_bf16 declines and the device widens the operands to f32 for sgemm instead.
@@ -229,6 +230,12 @@ bool matmul_f32_onednn(float* c, const float* a, const float* b, const float* bi
 
 bool onednn_f32_available() { return api().ok; }
 
+const char* f32_matmul_library() {
+  return onednn_f32_available()
+             ? "OpenBLAS sgemm; oneDNN f32 matmul for a b^T (N <= 4096) and a b + bias (N <= 2048)"
+             : "OpenBLAS sgemm";
+}
+
 #else  // no oneDNN header at build time
 
 const char* bf16_matmul_library() { return "none (built without oneDNN's header)"; }
@@ -238,6 +245,7 @@ bool matmul_f32_onednn(float*, const float*, const float*, const float*, int64_t
   return false;
 }
 bool onednn_f32_available() { return false; }
+const char* f32_matmul_library() { return "OpenBLAS sgemm"; }
 
 #endif
 
