@@ -52,7 +52,7 @@ static BackendEntry load_plugin(const fs::path& path) {
 const std::vector<BackendEntry>& backends() {
   static const std::vector<BackendEntry> list = [] {
     std::vector<BackendEntry> v;
-    for (auto& b : builtin_backends()) v.push_back({b->name(), "(built in)", b, ""});
+    for (auto& b : builtin_backends()) v.push_back({b->name(), "built in", b, ""});
     std::vector<fs::path> dirs = {executable_dir()};
     if (const char* extra = std::getenv("CROSSTRAIN_BACKEND_DIR")) dirs.insert(dirs.begin(), extra);
     std::vector<fs::path> found;

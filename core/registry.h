@@ -11,7 +11,7 @@ namespace ct {
 
 struct BackendEntry {
   std::string name;                  // "cpu", "vulkan", ...
-  std::string path;                  // plugin file, or "(built in)"
+  std::string path;                  // plugin file, or "built in"
   std::shared_ptr<Backend> backend;  // null when it could not be loaded
   std::string error;                 // why it could not be loaded or used; empty if usable
 };

@@ -59,7 +59,7 @@ TEST(Layering, BuiltinCpuBackendIsRegistered) {
   EXPECT_EQ(builtin.front()->name(), "cpu");
   ASSERT_FALSE(backends().empty());
   EXPECT_EQ(backends().front().name, "cpu");
-  EXPECT_EQ(backends().front().path, "(built in)");
+  EXPECT_EQ(backends().front().path, "built in");
   EXPECT_TRUE(backends().front().error.empty()) << backends().front().error;
   auto dev = open_device("cpu");
   EXPECT_EQ(dev->info().id(), "cpu:0");
