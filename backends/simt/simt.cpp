@@ -18,6 +18,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace ct::simt {
 namespace ctx = boost::context;
 
@@ -61,11 +65,23 @@ class StackCache {
   static std::size_t page() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
   std::vector<void*> free_;
 };
-struct StackRef {
-  StackCache* cache;
-  ctx::stack_context allocate() { return cache->allocate(); }
-  void deallocate(ctx::stack_context& sc) { cache->deallocate(sc); }
-};
+
+// AddressSanitizer must be told about every stack switch (Boost's fcontext does not tell it).
+void switch_begin([[maybe_unused]] void** fake, [[maybe_unused]] const void* bottom,
+                  [[maybe_unused]] std::size_t size) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(fake, bottom, size);
+#endif
+}
+void switch_end([[maybe_unused]] void* fake, [[maybe_unused]] const void** bottom,
+                [[maybe_unused]] std::size_t* size) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(fake, bottom, size);
+#endif
+}
+
+// Thrown into suspended fibers when their block fails, so their stacks unwind normally.
+struct Abort {};
 
 std::string where_str(const std::source_location& w) {
   std::string f = w.file_name();
@@ -97,6 +113,9 @@ enum class State : unsigned char { kReady, kBarrier, kWarp, kDone };
 struct Block;
 struct Fiber : Lane {
   Block* block = nullptr;
+  const void* stack_bottom = nullptr;
+  std::size_t stack_size = 0;
+  void* fake_stack = nullptr;  // AddressSanitizer's, while suspended
   ctx::fiber self;   // this fiber while it is suspended
   ctx::fiber sched;  // the scheduler while this fiber runs
   State state = State::kDone;
@@ -127,7 +146,11 @@ struct Block {
   std::size_t static_used = 0;
   std::vector<std::pair<const void*, std::size_t>> statics;  // key -> offset in arena
   std::exception_ptr error;
+  bool aborting = false;
   StackCache stacks;
+  const void* sched_bottom = nullptr;  // the scheduler's stack, for AddressSanitizer
+  std::size_t sched_size = 0;
+  void* sched_fake = nullptr;
 
   [[noreturn]] void fail(const std::string& what) const {
     const uint3& b = info.block_idx;
@@ -141,6 +164,8 @@ struct Block {
   }
   std::size_t dynamic_region() const { return (cfg->shared_bytes + 63) & ~std::size_t{63}; }
   void run(std::size_t index);
+  void resume(Fiber& f);
+  void abort_suspended();
   void check_finished(const Fiber& f);
   [[noreturn]] void deadlock() const;
 };
@@ -151,7 +176,40 @@ Fiber& current() {
   if (!current_lane) throw std::logic_error("simt: a device function was called outside a kernel");
   return *static_cast<Fiber*>(current_lane);
 }
-void yield(Fiber& f) { f.sched = std::move(f.sched).resume(); }
+struct StackRef {
+  StackCache* cache;
+  Fiber* fiber;
+  ctx::stack_context allocate() {
+    ctx::stack_context sc = cache->allocate();
+    fiber->stack_bottom = static_cast<char*>(sc.sp) - sc.size;
+    fiber->stack_size = sc.size;
+    return sc;
+  }
+  void deallocate(ctx::stack_context& sc) { cache->deallocate(sc); }
+};
+
+void yield(Fiber& f) {
+  Block& b = *f.block;
+  switch_begin(&f.fake_stack, b.sched_bottom, b.sched_size);
+  f.sched = std::move(f.sched).resume();
+  switch_end(f.fake_stack, &b.sched_bottom, &b.sched_size);
+  if (b.aborting) throw Abort{};
+}
+
+void Block::resume(Fiber& f) {
+  current_lane = &f;
+  switch_begin(&sched_fake, f.stack_bottom, f.stack_size);
+  f.self = std::move(f.self).resume();
+  switch_end(sched_fake, nullptr, nullptr);
+  current_lane = nullptr;
+}
+
+// After an error: every fiber not yet returned is resumed once more and unwinds (Abort).
+void Block::abort_suspended() {
+  aborting = true;
+  for (int i = 0; i < threads; ++i)
+    if (fibers[i].self) resume(fibers[i]);
+}
 
 void Block::run(std::size_t index) {
   const dim3& g = info.grid_dim;
@@ -159,6 +217,7 @@ void Block::run(std::size_t index) {
                     static_cast<unsigned>(index / (std::size_t{g.x} * g.y))};
   done = barrier_arrived = 0;
   error = nullptr;
+  aborting = false;
   statics.clear();
   static_used = 0;
   std::fill_n(arena.begin(), cfg->shared_bytes, std::byte{kPoison});
@@ -172,16 +231,19 @@ void Block::run(std::size_t index) {
     f.block = this;
     f.linear = i;
     f.state = State::kReady;
-    f.self = ctx::fiber(std::allocator_arg, StackRef{&stacks}, [this, &f](ctx::fiber&& sched) {
-      f.sched = std::move(sched);
+    f.self = ctx::fiber(std::allocator_arg, StackRef{&stacks, &f}, [this, &f](ctx::fiber&& s) {
+      switch_end(nullptr, &sched_bottom, &sched_size);
+      f.sched = std::move(s);
       try {
-        entry(call);
+        if (!aborting) entry(call);
       } catch (const ctx::detail::forced_unwind&) {
         throw;
+      } catch (const Abort&) {
       } catch (...) {
         if (!error) error = std::current_exception();
       }
       f.state = State::kDone;
+      switch_begin(nullptr, sched_bottom, sched_size);
       return std::move(f.sched);
     });
   }
@@ -190,7 +252,7 @@ void Block::run(std::size_t index) {
     Block* b;
     ~Cleanup() {
       current_lane = nullptr;
-      for (int i = 0; i < b->threads; ++i) b->fibers[i].self = ctx::fiber();
+      b->abort_suspended();
     }
   } cleanup{this};
 
@@ -200,9 +262,7 @@ void Block::run(std::size_t index) {
       Fiber& f = fibers[i];
       if (f.state != State::kReady) continue;
       progressed = true;
-      current_lane = &f;
-      f.self = std::move(f.self).resume();
-      current_lane = nullptr;
+      resume(f);
       if (error) std::rethrow_exception(error);
       if (f.state == State::kDone) check_finished(f);
     }
