@@ -62,7 +62,10 @@ class StackCache {
   }
 
  private:
-  static std::size_t page() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+  static std::size_t page() {
+    static const std::size_t bytes = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    return bytes;
+  }
   std::vector<void*> free_;
 };
 
@@ -91,7 +94,7 @@ std::string where_str(const std::source_location& w) {
 }
 bool same_place(const std::source_location& a, const std::source_location& b) {
   return a.line() == b.line() && a.column() == b.column() &&
-         std::string_view(a.file_name()) == b.file_name();
+         (a.file_name() == b.file_name() || std::string_view(a.file_name()) == b.file_name());
 }
 const char* op_name(Shuffle op) {
   switch (op) {
