@@ -41,7 +41,7 @@ inline constexpr int kMaxWarp = 64;
 
 #define CT_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
 #define CT_SHARED(type, name, count) __shared__ type name[count]
-#define CT_DYNAMIC_SHARED(type, name)                    \
+#define CT_DYNAMIC_SHARED(type, name)                               \
   extern __shared__ __align__(16) unsigned char ct_dynamic_smem_[]; \
   type* name = reinterpret_cast<type*>(ct_dynamic_smem_)
 
@@ -68,12 +68,18 @@ template <typename T>
 __device__ __forceinline__ T ct_shfl_idx(T v, int src_lane, int width) {
   return __shfl_sync(ct_full_mask, v, src_lane, width);
 }
-__device__ __forceinline__ bool ct_any(bool p) { return __any_sync(ct_full_mask, p) != 0; }
-__device__ __forceinline__ bool ct_all(bool p) { return __all_sync(ct_full_mask, p) != 0; }
+__device__ __forceinline__ bool ct_any(bool p) {
+  return __any_sync(ct_full_mask, p) != 0;
+}
+__device__ __forceinline__ bool ct_all(bool p) {
+  return __all_sync(ct_full_mask, p) != 0;
+}
 __device__ __forceinline__ std::uint64_t ct_ballot(bool p) {
   return __ballot_sync(ct_full_mask, p);
 }
-__device__ __forceinline__ void ct_syncwarp() { __syncwarp(); }
+__device__ __forceinline__ void ct_syncwarp() {
+  __syncwarp();
+}
 #else  // HIP: Debian's 5.2 headers have only the maskless, width-taking forms.
 using ct_stream_t = hipStream_t;
 using ct_error_t = hipError_t;
@@ -96,11 +102,19 @@ template <typename T>
 __device__ __forceinline__ T ct_shfl_idx(T v, int src_lane, int width) {
   return __shfl(v, src_lane, width);
 }
-__device__ __forceinline__ bool ct_any(bool p) { return __any(p) != 0; }
-__device__ __forceinline__ bool ct_all(bool p) { return __all(p) != 0; }
-__device__ __forceinline__ std::uint64_t ct_ballot(bool p) { return __ballot(p); }
+__device__ __forceinline__ bool ct_any(bool p) {
+  return __any(p) != 0;
+}
+__device__ __forceinline__ bool ct_all(bool p) {
+  return __all(p) != 0;
+}
+__device__ __forceinline__ std::uint64_t ct_ballot(bool p) {
+  return __ballot(p);
+}
 // AMD wavefronts execute in lockstep: only the compiler must not move memory accesses across.
-__device__ __forceinline__ void ct_syncwarp() { __builtin_amdgcn_wave_barrier(); }
+__device__ __forceinline__ void ct_syncwarp() {
+  __builtin_amdgcn_wave_barrier();
+}
 #endif
 
 namespace ct::gpu {
@@ -135,8 +149,8 @@ void launch(KernelRef<P...> k, dim3 grid, dim3 block, std::size_t shared_bytes, 
 #define CT_LAUNCH_BOUNDS(threads)
 // Every thread of a block gets the same storage for `name` (keyed by this declaration), fresh per
 // block.
-#define CT_SHARED(type, name, count)                          \
-  static const char ct_shared_key_##name = 0;                 \
+#define CT_SHARED(type, name, count)          \
+  static const char ct_shared_key_##name = 0; \
   type* name = ::ct::simt::static_shared<type>(&ct_shared_key_##name, (count))
 #define CT_DYNAMIC_SHARED(type, name) type* name = ::ct::simt::dynamic_shared<type>()
 
@@ -161,12 +175,18 @@ template <typename T>
 inline T ct_shfl_idx(T v, int src_lane, int width, CT_SIMT_WHERE) {
   return ::ct::simt::shuffle(::ct::simt::Shuffle::kIdx, v, src_lane, width, where);
 }
-inline bool ct_any(bool p, CT_SIMT_WHERE) { return ::ct::simt::ballot(p, where) != 0; }
+inline bool ct_any(bool p, CT_SIMT_WHERE) {
+  return ::ct::simt::ballot(p, where) != 0;
+}
 inline bool ct_all(bool p, CT_SIMT_WHERE) {
   return ::ct::simt::ballot(p, where) == ::ct::simt::warp_member_mask();
 }
-inline std::uint64_t ct_ballot(bool p, CT_SIMT_WHERE) { return ::ct::simt::ballot(p, where); }
-inline void ct_syncwarp(CT_SIMT_WHERE) { ::ct::simt::ballot(true, where); }
+inline std::uint64_t ct_ballot(bool p, CT_SIMT_WHERE) {
+  return ::ct::simt::ballot(p, where);
+}
+inline void ct_syncwarp(CT_SIMT_WHERE) {
+  ::ct::simt::ballot(true, where);
+}
 
 namespace ct::gpu {
 template <typename... P>
@@ -188,5 +208,7 @@ void launch(KernelRef<P...> k, dim3 grid, dim3 block, std::size_t shared_bytes, 
 #endif
 
 // CT_KERNEL(name<WARP, 256>): the kernel with its spelling, for error messages.
-#define CT_KERNEL(...) \
-  ::ct::gpu::KernelRef { __VA_ARGS__, #__VA_ARGS__ }
+#define CT_KERNEL(...)        \
+  ::ct::gpu::KernelRef {      \
+    __VA_ARGS__, #__VA_ARGS__ \
+  }

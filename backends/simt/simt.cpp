@@ -31,9 +31,9 @@ constexpr std::size_t kStackBytes = 512 << 10;
 #else
 constexpr std::size_t kStackBytes = 64 << 10;
 #endif
-constexpr std::size_t kStaticSharedLimit = 48 << 10;      // CUDA's static __shared__ limit
-constexpr std::size_t kDynamicSharedLimit = 227 << 10;    // sm_90's opt-in maximum
-constexpr unsigned char kPoison = 0xff;                   // fresh shared memory reads as NaN
+constexpr std::size_t kStaticSharedLimit = 48 << 10;    // CUDA's static __shared__ limit
+constexpr std::size_t kDynamicSharedLimit = 227 << 10;  // sm_90's opt-in maximum
+constexpr unsigned char kPoison = 0xff;                 // fresh shared memory reads as NaN
 
 // Fiber stacks (with a guard page below) kept per host thread and reused by every block.
 class StackCache {
@@ -98,11 +98,16 @@ bool same_place(const std::source_location& a, const std::source_location& b) {
 }
 const char* op_name(Shuffle op) {
   switch (op) {
-    case Shuffle::kDown: return "shfl_down";
-    case Shuffle::kUp: return "shfl_up";
-    case Shuffle::kXor: return "shfl_xor";
-    case Shuffle::kIdx: return "shfl_idx";
-    case Shuffle::kBallot: return "vote";
+    case Shuffle::kDown:
+      return "shfl_down";
+    case Shuffle::kUp:
+      return "shfl_up";
+    case Shuffle::kXor:
+      return "shfl_xor";
+    case Shuffle::kIdx:
+      return "shfl_idx";
+    case Shuffle::kBallot:
+      return "vote";
   }
   return "?";
 }
@@ -119,8 +124,8 @@ struct Fiber : Lane {
   const void* stack_bottom = nullptr;
   std::size_t stack_size = 0;
   void* fake_stack = nullptr;  // AddressSanitizer's, while suspended
-  ctx::fiber self;   // this fiber while it is suspended
-  ctx::fiber sched;  // the scheduler while this fiber runs
+  ctx::fiber self;             // this fiber while it is suspended
+  ctx::fiber sched;            // the scheduler while this fiber runs
   State state = State::kDone;
   int linear = 0;
   std::source_location at;  // where it waits
@@ -281,20 +286,29 @@ void Block::check_finished(const Fiber& f) {
     fail(thread_str(f) + " returned while " + std::to_string(barrier_arrived) +
          " threads wait at __syncthreads (" + where_str(barrier_at) + ")");
   if (w.arrived > 0)
-    fail(thread_str(f) + " returned while " + std::to_string(w.arrived) + " lanes of its warp wait at " +
-         op_name(w.op) + " (" + where_str(w.at) + ")");
+    fail(thread_str(f) + " returned while " + std::to_string(w.arrived) +
+         " lanes of its warp wait at " + op_name(w.op) + " (" + where_str(w.at) + ")");
 }
 
 void Block::deadlock() const {
   std::string what = "deadlock: no thread can run;";
   if (barrier_arrived > 0)
-    what.append(1, ' ').append(std::to_string(barrier_arrived))
-        .append(" wait at __syncthreads (").append(where_str(barrier_at)).append(");");
+    what.append(1, ' ')
+        .append(std::to_string(barrier_arrived))
+        .append(" wait at __syncthreads (")
+        .append(where_str(barrier_at))
+        .append(");");
   for (std::size_t k = 0; k < warps.size(); ++k)
     if (warps[k].arrived > 0)
-      what.append(1, ' ').append(std::to_string(warps[k].arrived)).append(" lanes of warp ")
-          .append(std::to_string(k)).append(" wait at ").append(op_name(warps[k].op))
-          .append(" (").append(where_str(warps[k].at)).append(");");
+      what.append(1, ' ')
+          .append(std::to_string(warps[k].arrived))
+          .append(" lanes of warp ")
+          .append(std::to_string(k))
+          .append(" wait at ")
+          .append(op_name(warps[k].op))
+          .append(" (")
+          .append(where_str(warps[k].at))
+          .append(");");
   what.append(1, ' ').append(std::to_string(done)).append(" returned");
   fail(what);
 }
@@ -337,11 +351,23 @@ void compute(Warp& w, int warp_size) {
     int j = l;
     bool ok = true;
     switch (w.op) {
-      case Shuffle::kDown: j = l + a; ok = a >= 0 && j <= last; break;
-      case Shuffle::kUp: j = l - a; ok = a >= 0 && j >= first; break;
-      case Shuffle::kXor: j = l ^ (a & (warp_size - 1)); ok = j <= last; break;
-      case Shuffle::kIdx: j = first + (a & (w.width - 1)); break;
-      case Shuffle::kBallot: break;
+      case Shuffle::kDown:
+        j = l + a;
+        ok = a >= 0 && j <= last;
+        break;
+      case Shuffle::kUp:
+        j = l - a;
+        ok = a >= 0 && j >= first;
+        break;
+      case Shuffle::kXor:
+        j = l ^ (a & (warp_size - 1));
+        ok = j <= last;
+        break;
+      case Shuffle::kIdx:
+        j = first + (a & (w.width - 1));
+        break;
+      case Shuffle::kBallot:
+        break;
     }
     if (!ok || j >= w.members) j = l;
     w.out[l] = w.in[j];
@@ -425,7 +451,8 @@ void run_one_block(void* job_ptr, std::size_t index) {
   if (b.fibers.size() < static_cast<std::size_t>(b.threads)) b.fibers.resize(b.threads);
   const int nwarps = (b.threads + b.warp_size - 1) / b.warp_size;
   b.warps.resize(nwarps);
-  for (int k = 0; k < nwarps; ++k) b.warps[k].members = std::min(b.warp_size, b.threads - k * b.warp_size);
+  for (int k = 0; k < nwarps; ++k)
+    b.warps[k].members = std::min(b.warp_size, b.threads - k * b.warp_size);
   const std::size_t arena = b.dynamic_region() + kStaticSharedLimit;
   if (b.arena.size() < arena) b.arena.resize(arena);
   b.run(index);
@@ -516,7 +543,9 @@ Runtime::~Runtime() {
   for (auto& t : pool_->workers) t.join();
 }
 
-int Runtime::threads() const { return pool_->threads; }
+int Runtime::threads() const {
+  return pool_->threads;
+}
 
 void Runtime::run_blocks(std::size_t blocks, void (*body)(void*, std::size_t), void* ctx) {
   Pool& p = *pool_;

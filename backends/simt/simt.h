@@ -63,7 +63,9 @@ struct Lane {
   const BlockInfo* info;
 };
 extern __thread Lane* current_lane;  // the running fiber's lane
-inline const BlockInfo& block_info() { return *current_lane->info; }
+inline const BlockInfo& block_info() {
+  return *current_lane->info;
+}
 
 using Entry = void (*)(void* call);
 // Runs every block of the launch; call is handed to entry in every thread of every block.
@@ -109,7 +111,8 @@ void launch(Runtime* rt, const LaunchConfig& cfg, void (*kernel)(P...), P... arg
     std::tuple<P...> args;
   } call{kernel, std::tuple<P...>(args...)};
   detail::run_launch(
-      rt, cfg, [](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->args); },
+      rt, cfg,
+      [](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->args); },
       &call);
 }
 
@@ -138,18 +141,30 @@ inline T ct_simt_atomic_rmw(T* p, T v, int op) {
       return old;
   }
 }
-inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline int atomicAdd(int* p, int v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
   return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
   return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
-inline float atomicAdd(float* p, float v) { return ct_simt_atomic_rmw(p, v, 0); }
-inline int atomicMax(int* p, int v) { return ct_simt_atomic_rmw(p, v, 1); }
-inline unsigned atomicMax(unsigned* p, unsigned v) { return ct_simt_atomic_rmw(p, v, 1); }
-inline int atomicMin(int* p, int v) { return ct_simt_atomic_rmw(p, v, 2); }
-inline unsigned atomicMin(unsigned* p, unsigned v) { return ct_simt_atomic_rmw(p, v, 2); }
+inline float atomicAdd(float* p, float v) {
+  return ct_simt_atomic_rmw(p, v, 0);
+}
+inline int atomicMax(int* p, int v) {
+  return ct_simt_atomic_rmw(p, v, 1);
+}
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+  return ct_simt_atomic_rmw(p, v, 1);
+}
+inline int atomicMin(int* p, int v) {
+  return ct_simt_atomic_rmw(p, v, 2);
+}
+inline unsigned atomicMin(unsigned* p, unsigned v) {
+  return ct_simt_atomic_rmw(p, v, 2);
+}
 template <typename T>
 inline T atomicCAS(T* p, T compare, T v) {
   static_assert(std::is_integral_v<T>, "atomicCAS takes int, unsigned or unsigned long long");

@@ -38,18 +38,18 @@ int main(int argc, char** argv) {
   ct::simt::Runtime one(1), many(host_threads);
   std::vector<int> sink(64);
 
-  for (auto [name, kernel] : {std::pair{"__syncthreads", &barrier_loop},
-                              std::pair{"shfl_xor", &shuffle_loop}}) {
+  for (auto [name, kernel] :
+       {std::pair{"__syncthreads", &barrier_loop}, std::pair{"shfl_xor", &shuffle_loop}}) {
     const int threads = 256;
     ct::gpu::launch<32>(ct::gpu::KernelRef{kernel, name}, dim3(1), dim3(threads), 0, &one, 10,
                         sink.data());
     auto t0 = std::chrono::steady_clock::now();
-    ct::gpu::launch<32>(ct::gpu::KernelRef{kernel, name}, dim3(1), dim3(threads), 0, &one,
-                        kRounds, sink.data());
+    ct::gpu::launch<32>(ct::gpu::KernelRef{kernel, name}, dim3(1), dim3(threads), 0, &one, kRounds,
+                        sink.data());
     const double s = seconds_since(t0);
     // Every thread suspends once per round and is resumed once: two switches.
-    std::printf("%-14s %6.1f ns per fiber switch (%d threads x %d rounds, one host thread)\n",
-                name, s * 1e9 / (2.0 * threads * kRounds), threads, kRounds);
+    std::printf("%-14s %6.1f ns per fiber switch (%d threads x %d rounds, one host thread)\n", name,
+                s * 1e9 / (2.0 * threads * kRounds), threads, kRounds);
   }
 
   const std::int64_t n = std::int64_t{1} << 24;

@@ -21,7 +21,8 @@ using ct::simt::Runtime;
 
 // --- kernels -----------------------------------------------------------------------------------
 
-// x is (gridDim.x * 256), out is (gridDim.x): a pairwise tree in shared memory, a barrier per level.
+// x is (gridDim.x * 256), out is (gridDim.x): a pairwise tree in shared memory, a barrier per
+// level.
 __global__ void CT_LAUNCH_BOUNDS(256) tree_sum(const float* x, float* out) {
   CT_SHARED(float, s, 256);
   const unsigned t = threadIdx.x;
@@ -45,7 +46,10 @@ __global__ void CT_LAUNCH_BOUNDS(128) divergent(int* out) {
     v = t * 2;
   } else {
     int k = t;
-    while (k > 0) { v += 2; --k; }
+    while (k > 0) {
+      v += 2;
+      --k;
+    }
   }
   out[t] = ct_shfl_xor(v, 1, WARP);  // every lane has v = 2t
 }
@@ -77,8 +81,7 @@ __global__ void CT_LAUNCH_BOUNDS(128) shared_per_block(unsigned* out, unsigned* 
   CT_SHARED(unsigned, b, 128);
   CT_DYNAMIC_SHARED(unsigned, d);
   const unsigned t = threadIdx.x, n = blockDim.x;
-  if (a[t] != 0xffffffffu || b[t] != 0xffffffffu || d[t] != 0xffffffffu)
-    atomicAdd(fresh, 1u);
+  if (a[t] != 0xffffffffu || b[t] != 0xffffffffu || d[t] != 0xffffffffu) atomicAdd(fresh, 1u);
   __syncthreads();
   a[t] = blockIdx.x * 1000 + t;
   b[t] = blockIdx.x * 7 + t * 3;
@@ -145,10 +148,10 @@ __global__ void CT_LAUNCH_BOUNDS(64) throws_in_kernel(int* out) {
 int expect(int kind, const std::vector<int>& in, int lane, int arg, int width, int members) {
   const int seg = lane / width * width;
   int src = lane;
-  if (kind == 0 && lane % width + arg < width) src = lane + arg;               // down
-  if (kind == 1 && lane % width >= arg) src = lane - arg;                      // up
-  if (kind == 2 && (lane ^ arg) < seg + width) src = lane ^ arg;               // xor
-  if (kind == 3) src = seg + (arg + lane % 3) % width;                         // idx
+  if (kind == 0 && lane % width + arg < width) src = lane + arg;  // down
+  if (kind == 1 && lane % width >= arg) src = lane - arg;         // up
+  if (kind == 2 && (lane ^ arg) < seg + width) src = lane ^ arg;  // xor
+  if (kind == 3) src = seg + (arg + lane % 3) % width;            // idx
   return src < members ? in[src] : in[lane];
 }
 
@@ -234,11 +237,11 @@ TEST(SimtRuntime, ShuffleWidth32InsideA64WideWarp) {
   std::vector<int> in(4 * 64), out(4 * 64);
   for (int i = 0; i < 4 * 64; ++i) in[i] = i % 64;  // every lane holds its lane id
   launch<64>(CT_KERNEL(shuffles<64>), dim3(1), dim3(64), 0, &rt, in.data(), out.data(), 1, 32);
-  EXPECT_EQ(out[30], 31);        // down: within the first half
-  EXPECT_EQ(out[31], 31);        // down: lane 32 is another segment, keeps its own
-  EXPECT_EQ(out[32], 33);        // down: the second half reads within itself
+  EXPECT_EQ(out[30], 31);  // down: within the first half
+  EXPECT_EQ(out[31], 31);  // down: lane 32 is another segment, keeps its own
+  EXPECT_EQ(out[32], 33);  // down: the second half reads within itself
   EXPECT_EQ(out[63], 63);
-  EXPECT_EQ(out[64 + 32], 32);   // up: lane 32 may not read lane 31
+  EXPECT_EQ(out[64 + 32], 32);  // up: lane 32 may not read lane 31
   EXPECT_EQ(out[64 + 33], 32);
   EXPECT_EQ(out[128 + 31], 30);  // xor 1
   EXPECT_EQ(out[192 + 0], 1);    // idx 1 + 0 within segment 0
@@ -247,8 +250,8 @@ TEST(SimtRuntime, ShuffleWidth32InsideA64WideWarp) {
   EXPECT_EQ(out[192 + 0], 5);    // idx 37 wraps to 5 in segment 0
   EXPECT_EQ(out[192 + 33], 37);  // idx 37 + (33 % 3 = 0) wraps to 5 in segment 1: lane 37
   launch<64>(CT_KERNEL(shuffles<64>), dim3(1), dim3(64), 0, &rt, in.data(), out.data(), 16, 16);
-  EXPECT_EQ(out[128 + 0], 0);    // xor 16 at width 16: a later segment, keeps its own
-  EXPECT_EQ(out[128 + 16], 0);   // ... an earlier segment is read
+  EXPECT_EQ(out[128 + 0], 0);   // xor 16 at width 16: a later segment, keeps its own
+  EXPECT_EQ(out[128 + 16], 0);  // ... an earlier segment is read
   EXPECT_EQ(out[128 + 48], 32);
 }
 
@@ -350,13 +353,14 @@ TEST(SimtRuntime, OddOneTwoAndThreeDimensionalGeometry) {
 TEST(SimtRuntime, KernelErrorsNameKernelAndBlockInsteadOfHanging) {
   Runtime rt(2);
   std::vector<int> out(64);
-  std::string e = error_of(
-      [&] { launch<32>(CT_KERNEL(early_return), dim3(3), dim3(64), 0, &rt, out.data()); });
+  std::string e =
+      error_of([&] { launch<32>(CT_KERNEL(early_return), dim3(3), dim3(64), 0, &rt, out.data()); });
   EXPECT_NE(e.find("early_return"), std::string::npos) << e;
   EXPECT_NE(e.find("block ("), std::string::npos) << e;
   EXPECT_NE(e.find("returned"), std::string::npos) << e;
 
-  e = error_of([&] { launch<32>(CT_KERNEL(split_barriers), dim3(2), dim3(64), 0, &rt, out.data()); });
+  e = error_of(
+      [&] { launch<32>(CT_KERNEL(split_barriers), dim3(2), dim3(64), 0, &rt, out.data()); });
   EXPECT_NE(e.find("different"), std::string::npos) << e;
 
   e = error_of([&] {
@@ -365,10 +369,12 @@ TEST(SimtRuntime, KernelErrorsNameKernelAndBlockInsteadOfHanging) {
   EXPECT_NE(e.find("deadlock"), std::string::npos) << e;
   EXPECT_NE(e.find("shfl_down"), std::string::npos) << e;
 
-  e = error_of([&] { launch<32>(CT_KERNEL(throws_in_kernel), dim3(4), dim3(64), 0, &rt, out.data()); });
+  e = error_of(
+      [&] { launch<32>(CT_KERNEL(throws_in_kernel), dim3(4), dim3(64), 0, &rt, out.data()); });
   EXPECT_EQ(e, "kernel says no");
 
-  e = error_of([&] { launch<32>(CT_KERNEL(early_return), dim3(1), dim3(1025), 0, &rt, out.data()); });
+  e = error_of(
+      [&] { launch<32>(CT_KERNEL(early_return), dim3(1), dim3(1025), 0, &rt, out.data()); });
   EXPECT_NE(e.find("1024"), std::string::npos) << e;
 
   // The runtime is usable after errors.

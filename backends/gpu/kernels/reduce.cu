@@ -55,8 +55,8 @@ void reduce_sum(const float* x, float* partial, float* out, std::int64_t n, ct_s
   const int blocks = reduce_sum_partials(n);
   launch<WARP>(CT_KERNEL(reduce_sum_pass1<WARP>), dim3(blocks), dim3(kThreads), 0, stream, x,
                partial, n);
-  launch<WARP>(CT_KERNEL(reduce_sum_pass2<WARP>), dim3(1), dim3(kThreads), 0, stream, partial,
-               out, blocks);
+  launch<WARP>(CT_KERNEL(reduce_sum_pass2<WARP>), dim3(1), dim3(kThreads), 0, stream, partial, out,
+               blocks);
 }
 
 }  // namespace
