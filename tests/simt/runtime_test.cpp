@@ -35,6 +35,22 @@ __global__ void CT_LAUNCH_BOUNDS(256) tree_sum(const float* x, float* out) {
   if (t == 0) out[blockIdx.x] = s[0];
 }
 
+// x, out are (gridDim.x, blockDim.x): inclusive prefix sums per block (Hillis-Steele), two
+// barriers per level: every read of a level happens before any write of it.
+__global__ void CT_LAUNCH_BOUNDS(1024) block_scan(const int* x, int* out) {
+  CT_DYNAMIC_SHARED(int, s);
+  const unsigned t = threadIdx.x, n = blockDim.x, base = blockIdx.x * n;
+  s[t] = x[base + t];
+  __syncthreads();
+  for (unsigned d = 1; d < n; d *= 2) {
+    const int add = t >= d ? s[t - d] : 0;
+    __syncthreads();
+    s[t] += add;
+    __syncthreads();
+  }
+  out[base + t] = s[t];
+}
+
 // out is (blockDim.x): lanes take different branches and loop counts, then meet at one shuffle.
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(128) divergent(int* out) {
@@ -217,6 +233,25 @@ TEST(SimtRuntime, BarrierTreeEqualsSequentialSumAtEveryWarpAndThreadCount) {
       ASSERT_EQ(0, std::memcmp(first.data(), out_noisy.data(), blocks * sizeof(float)))
           << "warp " << warp << ", " << host_threads << " host threads";
     }
+  }
+}
+
+TEST(SimtRuntime, BarriersOrderAPrefixScanOverFullSizeBlocks) {
+  Runtime rt(3);
+  for (unsigned threads : {1024u, 1000u, 33u}) {
+    const unsigned blocks = 5;
+    std::vector<int> x(blocks * threads), out(blocks * threads), want(blocks * threads);
+    std::mt19937 rng(threads);
+    for (auto& v : x) v = static_cast<int>(rng() % 100) - 50;
+    for (unsigned b = 0; b < blocks; ++b)
+      std::partial_sum(x.begin() + b * threads, x.begin() + (b + 1) * threads,
+                       want.begin() + b * threads);
+    launch<64>(CT_KERNEL(block_scan), dim3(blocks), dim3(threads), threads * sizeof(int), &rt,
+               x.data(), out.data());
+    EXPECT_EQ(out, want) << threads << " threads";
+    launch<32>(CT_KERNEL(block_scan), dim3(blocks), dim3(threads), threads * sizeof(int), &rt,
+               x.data(), out.data());
+    EXPECT_EQ(out, want) << threads << " threads";
   }
 }
 
