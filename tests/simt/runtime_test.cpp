@@ -154,6 +154,22 @@ __global__ void CT_LAUNCH_BOUNDS(64) barrier_vs_shuffle(int* out) {
   out[threadIdx.x] = v;
 }
 
+template <int WARP>
+__global__ void CT_LAUNCH_BOUNDS(64) mixed_collectives(int* out) {
+  int v = threadIdx.x;
+  if (threadIdx.x % 2)
+    v = ct_shfl_down(v, 1, WARP);
+  else
+    v = ct_shfl_xor(v, 1, WARP);
+  out[threadIdx.x] = v;
+}
+
+__global__ void CT_LAUNCH_BOUNDS(64) too_much_static_shared(int* out) {
+  CT_SHARED(int, big, 13000);  // 52,000 bytes: over CUDA's 48 KiB of static shared memory
+  big[threadIdx.x] = 1;
+  out[threadIdx.x] = big[threadIdx.x];
+}
+
 __global__ void CT_LAUNCH_BOUNDS(64) throws_in_kernel(int* out) {
   if (blockIdx.x == 2 && threadIdx.x == 9) throw std::domain_error("kernel says no");
   __syncthreads();
@@ -403,6 +419,15 @@ TEST(SimtRuntime, KernelErrorsNameKernelAndBlockInsteadOfHanging) {
   });
   EXPECT_NE(e.find("deadlock"), std::string::npos) << e;
   EXPECT_NE(e.find("shfl_down"), std::string::npos) << e;
+
+  e = error_of(
+      [&] { launch<64>(CT_KERNEL(mixed_collectives<64>), dim3(1), dim3(64), 0, &rt, out.data()); });
+  EXPECT_NE(e.find("while its warp waits at"), std::string::npos) << e;
+
+  e = error_of([&] {
+    launch<32>(CT_KERNEL(too_much_static_shared), dim3(1), dim3(64), 0, &rt, out.data());
+  });
+  EXPECT_NE(e.find("static shared memory"), std::string::npos) << e;
 
   e = error_of(
       [&] { launch<32>(CT_KERNEL(throws_in_kernel), dim3(4), dim3(64), 0, &rt, out.data()); });
