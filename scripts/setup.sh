@@ -8,6 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
+  libboost-context-dev                       # fibers of the CPU SIMT runtime (backends/simt)
   libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev libssl-dev
   fortunes                                   # the built-in default training text
   gnuplot-nox                                # charts of the benchmarks

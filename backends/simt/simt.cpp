@@ -1,0 +1,579 @@
+// The CPU SIMT runtime's scheduler: a pool of host threads takes blocks; on its host thread a
+// block's threads are fibers resumed in order until each waits (barrier, warp collective) or
+// returns. Semantics and checks are described in simt.h.
+#include "backends/simt/simt.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/context/fiber.hpp>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace ct::simt {
+namespace ctx = boost::context;
+
+namespace {
+#if defined(__SANITIZE_ADDRESS__)
+constexpr std::size_t kStackBytes = 512 << 10;
+#else
+constexpr std::size_t kStackBytes = 64 << 10;
+#endif
+constexpr std::size_t kStaticSharedLimit = 48 << 10;    // CUDA's static __shared__ limit
+constexpr std::size_t kDynamicSharedLimit = 227 << 10;  // sm_90's opt-in maximum
+constexpr unsigned char kPoison = 0xff;                 // fresh shared memory reads as NaN
+
+// Fiber stacks (with a guard page below) kept per host thread and reused by every block.
+class StackCache {
+ public:
+  ~StackCache() {
+    for (void* p : free_) munmap(p, kStackBytes + page());
+  }
+  ctx::stack_context allocate() {
+    void* base;
+    if (!free_.empty()) {
+      base = free_.back();
+      free_.pop_back();
+    } else {
+      base = mmap(nullptr, kStackBytes + page(), PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (base == MAP_FAILED) throw std::bad_alloc();
+      mprotect(base, page(), PROT_NONE);
+    }
+    ctx::stack_context sc;
+    sc.size = kStackBytes;
+    sc.sp = static_cast<char*>(base) + page() + kStackBytes;
+    return sc;
+  }
+  void deallocate(ctx::stack_context& sc) {
+    free_.push_back(static_cast<char*>(sc.sp) - kStackBytes - page());
+  }
+
+ private:
+  static std::size_t page() {
+    static const std::size_t bytes = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    return bytes;
+  }
+  std::vector<void*> free_;
+};
+
+// AddressSanitizer must be told about every stack switch (Boost's fcontext does not tell it).
+void switch_begin([[maybe_unused]] void** fake, [[maybe_unused]] const void* bottom,
+                  [[maybe_unused]] std::size_t size) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(fake, bottom, size);
+#endif
+}
+void switch_end([[maybe_unused]] void* fake, [[maybe_unused]] const void** bottom,
+                [[maybe_unused]] std::size_t* size) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(fake, bottom, size);
+#endif
+}
+
+// Thrown into suspended fibers when their block fails, so their stacks unwind normally.
+struct Abort {};
+
+std::string where_str(const std::source_location& w) {
+  std::string f = w.file_name();
+  auto slash = f.rfind('/');
+  if (slash != std::string::npos) f = f.substr(slash + 1);
+  return f + ":" + std::to_string(w.line());
+}
+bool same_place(const std::source_location& a, const std::source_location& b) {
+  return a.line() == b.line() && a.column() == b.column() &&
+         (a.file_name() == b.file_name() || std::string_view(a.file_name()) == b.file_name());
+}
+const char* op_name(Shuffle op) {
+  switch (op) {
+    case Shuffle::kDown:
+      return "shfl_down";
+    case Shuffle::kUp:
+      return "shfl_up";
+    case Shuffle::kXor:
+      return "shfl_xor";
+    case Shuffle::kIdx:
+      return "shfl_idx";
+    case Shuffle::kBallot:
+      return "vote";
+  }
+  return "?";
+}
+}  // namespace
+
+namespace detail {
+__thread Lane* current_lane = nullptr;
+
+enum class State : unsigned char { kReady, kBarrier, kWarp, kDone };
+
+struct Block;
+struct Fiber : Lane {
+  Block* block = nullptr;
+  const void* stack_bottom = nullptr;
+  std::size_t stack_size = 0;
+  void* fake_stack = nullptr;  // AddressSanitizer's, while suspended
+  ctx::fiber self;             // this fiber while it is suspended
+  ctx::fiber sched;            // the scheduler while this fiber runs
+  State state = State::kDone;
+  int linear = 0;
+  std::source_location at;  // where it waits
+};
+
+struct Warp {
+  int members = 0, arrived = 0, done = 0;
+  Shuffle op = Shuffle::kBallot;
+  int width = 0;
+  std::source_location at;
+  std::uint64_t in[64], out[64];
+  int arg[64];
+};
+
+// One block in flight on a host thread; reused for every block that thread runs.
+struct Block {
+  BlockInfo info;
+  const LaunchConfig* cfg = nullptr;
+  Entry entry = nullptr;
+  void* call = nullptr;
+  int threads = 0, warp_size = 32, done = 0, barrier_arrived = 0;
+  std::source_location barrier_at;
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  std::vector<std::byte> arena;  // dynamic shared memory, then the static declarations
+  std::size_t static_used = 0;
+  std::vector<std::pair<const void*, std::size_t>> statics;  // key -> offset in arena
+  std::exception_ptr error;
+  bool aborting = false;
+  StackCache stacks;
+  const void* sched_bottom = nullptr;  // the scheduler's stack, for AddressSanitizer
+  std::size_t sched_size = 0;
+  void* sched_fake = nullptr;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    const uint3& b = info.block_idx;
+    throw std::runtime_error("simt: kernel " + std::string(cfg->kernel) + ", block (" +
+                             std::to_string(b.x) + "," + std::to_string(b.y) + "," +
+                             std::to_string(b.z) + "): " + what);
+  }
+  std::string thread_str(const Fiber& f) const {
+    return "thread (" + std::to_string(f.thread_idx.x) + "," + std::to_string(f.thread_idx.y) +
+           "," + std::to_string(f.thread_idx.z) + ")";
+  }
+  std::size_t dynamic_region() const { return (cfg->shared_bytes + 63) & ~std::size_t{63}; }
+  void run(std::size_t index);
+  void resume(Fiber& f);
+  void abort_suspended();
+  void check_finished(const Fiber& f);
+  [[noreturn]] void deadlock() const;
+};
+
+thread_local Block tls_block;  // the block this host thread runs
+
+Fiber& current() {
+  if (!current_lane) throw std::logic_error("simt: a device function was called outside a kernel");
+  return *static_cast<Fiber*>(current_lane);
+}
+struct StackRef {
+  StackCache* cache;
+  Fiber* fiber;
+  ctx::stack_context allocate() {
+    ctx::stack_context sc = cache->allocate();
+    fiber->stack_bottom = static_cast<char*>(sc.sp) - sc.size;
+    fiber->stack_size = sc.size;
+    return sc;
+  }
+  void deallocate(ctx::stack_context& sc) { cache->deallocate(sc); }
+};
+
+void yield(Fiber& f) {
+  Block& b = *f.block;
+  switch_begin(&f.fake_stack, b.sched_bottom, b.sched_size);
+  f.sched = std::move(f.sched).resume();
+  switch_end(f.fake_stack, &b.sched_bottom, &b.sched_size);
+  if (b.aborting) throw Abort{};
+}
+
+void Block::resume(Fiber& f) {
+  current_lane = &f;
+  switch_begin(&sched_fake, f.stack_bottom, f.stack_size);
+  f.self = std::move(f.self).resume();
+  switch_end(sched_fake, nullptr, nullptr);
+  current_lane = nullptr;
+}
+
+// After an error: every fiber not yet returned is resumed once more and unwinds (Abort).
+void Block::abort_suspended() {
+  aborting = true;
+  for (int i = 0; i < threads; ++i)
+    if (fibers[i].self) resume(fibers[i]);
+}
+
+void Block::run(std::size_t index) {
+  const dim3& g = info.grid_dim;
+  info.block_idx = {static_cast<unsigned>(index % g.x), static_cast<unsigned>(index / g.x % g.y),
+                    static_cast<unsigned>(index / (std::size_t{g.x} * g.y))};
+  done = barrier_arrived = 0;
+  error = nullptr;
+  aborting = false;
+  statics.clear();
+  static_used = 0;
+  std::fill_n(arena.begin(), cfg->shared_bytes, std::byte{kPoison});
+  for (Warp& w : warps) w.arrived = w.done = 0;
+
+  const dim3& bd = info.block_dim;
+  for (int i = 0; i < threads; ++i) {
+    Fiber& f = fibers[i];
+    f.thread_idx = {i % bd.x, i / bd.x % bd.y, i / (bd.x * bd.y)};
+    f.info = &info;
+    f.block = this;
+    f.linear = i;
+    f.state = State::kReady;
+    f.self = ctx::fiber(std::allocator_arg, StackRef{&stacks, &f}, [this, &f](ctx::fiber&& s) {
+      switch_end(nullptr, &sched_bottom, &sched_size);
+      f.sched = std::move(s);
+      try {
+        if (!aborting) entry(call);
+      } catch (const ctx::detail::forced_unwind&) {
+        throw;
+      } catch (const Abort&) {
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+      f.state = State::kDone;
+      switch_begin(nullptr, sched_bottom, sched_size);
+      return std::move(f.sched);
+    });
+  }
+  // On any exit, suspended fibers are unwound and their stacks go back to the cache.
+  struct Cleanup {
+    Block* b;
+    ~Cleanup() {
+      current_lane = nullptr;
+      b->abort_suspended();
+    }
+  } cleanup{this};
+
+  while (done < threads) {
+    bool progressed = false;
+    for (int i = 0; i < threads; ++i) {
+      Fiber& f = fibers[i];
+      if (f.state != State::kReady) continue;
+      progressed = true;
+      resume(f);
+      if (error) std::rethrow_exception(error);
+      if (f.state == State::kDone) check_finished(f);
+    }
+    if (!progressed) deadlock();
+  }
+}
+
+void Block::check_finished(const Fiber& f) {
+  ++done;
+  Warp& w = warps[f.linear / warp_size];
+  ++w.done;
+  if (barrier_arrived > 0)
+    fail(thread_str(f) + " returned while " + std::to_string(barrier_arrived) +
+         " threads wait at __syncthreads (" + where_str(barrier_at) + ")");
+  if (w.arrived > 0)
+    fail(thread_str(f) + " returned while " + std::to_string(w.arrived) +
+         " lanes of its warp wait at " + op_name(w.op) + " (" + where_str(w.at) + ")");
+}
+
+void Block::deadlock() const {
+  std::string what = "deadlock: no thread can run;";
+  if (barrier_arrived > 0)
+    what.append(1, ' ')
+        .append(std::to_string(barrier_arrived))
+        .append(" wait at __syncthreads (")
+        .append(where_str(barrier_at))
+        .append(");");
+  for (std::size_t k = 0; k < warps.size(); ++k)
+    if (warps[k].arrived > 0)
+      what.append(1, ' ')
+          .append(std::to_string(warps[k].arrived))
+          .append(" lanes of warp ")
+          .append(std::to_string(k))
+          .append(" wait at ")
+          .append(op_name(warps[k].op))
+          .append(" (")
+          .append(where_str(warps[k].at))
+          .append(");");
+  what.append(1, ' ').append(std::to_string(done)).append(" returned");
+  fail(what);
+}
+
+void sync_block(const std::source_location& where) {
+  Fiber& f = current();
+  Block& b = *f.block;
+  if (b.done > 0)
+    b.fail(b.thread_str(f) + " waits at __syncthreads (" + where_str(where) + ") but " +
+           std::to_string(b.done) + " threads of the block have returned");
+  if (b.barrier_arrived == 0) {
+    b.barrier_at = where;
+  } else if (!same_place(where, b.barrier_at)) {
+    b.fail(b.thread_str(f) + " waits at __syncthreads (" + where_str(where) +
+           ") while others wait at a different one (" + where_str(b.barrier_at) + ")");
+  }
+  if (++b.barrier_arrived == b.threads) {
+    b.barrier_arrived = 0;
+    for (int i = 0; i < b.threads; ++i)
+      if (b.fibers[i].state == State::kBarrier) b.fibers[i].state = State::kReady;
+    return;
+  }
+  f.state = State::kBarrier;
+  yield(f);
+}
+
+// CUDA's rules (PTX shfl.sync with c = ((warp - width) << 8) | clamp): a warp is cut into
+// segments of `width` lanes; down and xor may not read past the segment's last lane, up not below
+// its first, idx reads lane (src mod width) of the segment; a lane whose source is out of bounds,
+// or does not exist (a partial last warp), keeps its own value. xor may read an earlier segment.
+void compute(Warp& w, int warp_size) {
+  if (w.op == Shuffle::kBallot) {
+    std::uint64_t mask = 0;
+    for (int l = 0; l < w.members; ++l) mask |= (w.in[l] & 1) << l;
+    std::fill_n(w.out, w.members, mask);
+    return;
+  }
+  for (int l = 0; l < w.members; ++l) {
+    const int first = l & ~(w.width - 1), last = first + w.width - 1, a = w.arg[l];
+    int j = l;
+    bool ok = true;
+    switch (w.op) {
+      case Shuffle::kDown:
+        j = l + a;
+        ok = a >= 0 && j <= last;
+        break;
+      case Shuffle::kUp:
+        j = l - a;
+        ok = a >= 0 && j >= first;
+        break;
+      case Shuffle::kXor:
+        j = l ^ (a & (warp_size - 1));
+        ok = j <= last;
+        break;
+      case Shuffle::kIdx:
+        j = first + (a & (w.width - 1));
+        break;
+      case Shuffle::kBallot:
+        break;
+    }
+    if (!ok || j >= w.members) j = l;
+    w.out[l] = w.in[j];
+  }
+}
+
+std::uint64_t warp_collective(Shuffle op, std::uint64_t bits, int arg, int width,
+                              const std::source_location& where) {
+  Fiber& f = current();
+  Block& b = *f.block;
+  const int lane = f.linear % b.warp_size;
+  Warp& w = b.warps[f.linear / b.warp_size];
+  if (op != Shuffle::kBallot && (width < 1 || width > b.warp_size || (width & (width - 1))))
+    b.fail(b.thread_str(f) + ": " + op_name(op) + " (" + where_str(where) + ") with width " +
+           std::to_string(width) + ": not a power of two <= the warp size " +
+           std::to_string(b.warp_size));
+  if (w.done > 0)
+    b.fail(b.thread_str(f) + " calls " + op_name(op) + " (" + where_str(where) + ") but " +
+           std::to_string(w.done) + " lanes of its warp have returned");
+  if (w.arrived == 0) {
+    w.op = op;
+    w.width = width;
+    w.at = where;
+  } else if (w.op != op || w.width != width) {
+    b.fail(b.thread_str(f) + " calls " + op_name(op) + " width " + std::to_string(width) + " (" +
+           where_str(where) + ") while its warp waits at " + op_name(w.op) + " width " +
+           std::to_string(w.width) + " (" + where_str(w.at) + ")");
+  }
+  w.in[lane] = bits;
+  w.arg[lane] = arg;
+  if (++w.arrived == w.members) {
+    w.arrived = 0;
+    compute(w, b.warp_size);
+    const int base = f.linear - lane;
+    for (int l = 0; l < w.members; ++l)
+      if (b.fibers[base + l].state == State::kWarp) b.fibers[base + l].state = State::kReady;
+    return w.out[lane];
+  }
+  f.state = State::kWarp;
+  yield(f);
+  return w.out[lane];
+}
+
+void* static_shared(const void* key, std::size_t bytes, std::size_t align) {
+  Block& b = *current().block;
+  for (auto& [k, offset] : b.statics)
+    if (k == key) return b.arena.data() + offset;
+  align = std::max<std::size_t>(align, 16);
+  std::size_t offset = (b.static_used + align - 1) & ~(align - 1);
+  if (offset + bytes > kStaticSharedLimit)
+    b.fail("static shared memory over " + std::to_string(kStaticSharedLimit) + " bytes");
+  b.static_used = offset + bytes;
+  offset += b.dynamic_region();
+  b.statics.emplace_back(key, offset);
+  std::fill_n(b.arena.begin() + static_cast<std::ptrdiff_t>(offset), bytes, std::byte{kPoison});
+  return b.arena.data() + offset;
+}
+
+void* dynamic_shared() {
+  Block& b = *current().block;
+  return b.cfg->shared_bytes ? b.arena.data() : nullptr;
+}
+
+namespace {
+struct LaunchJob {
+  const LaunchConfig* cfg;
+  Entry entry;
+  void* call;
+};
+void run_one_block(void* job_ptr, std::size_t index) {
+  const LaunchJob& job = *static_cast<const LaunchJob*>(job_ptr);
+  Block& b = tls_block;
+  const LaunchConfig& cfg = *job.cfg;
+  b.cfg = &cfg;
+  b.entry = job.entry;
+  b.call = job.call;
+  b.info.block_dim = cfg.block;
+  b.info.grid_dim = cfg.grid;
+  b.warp_size = cfg.warp_size;
+  b.threads = static_cast<int>(cfg.block.x * cfg.block.y * cfg.block.z);
+  if (b.fibers.size() < static_cast<std::size_t>(b.threads)) b.fibers.resize(b.threads);
+  const int nwarps = (b.threads + b.warp_size - 1) / b.warp_size;
+  b.warps.resize(nwarps);
+  for (int k = 0; k < nwarps; ++k)
+    b.warps[k].members = std::min(b.warp_size, b.threads - k * b.warp_size);
+  const std::size_t arena = b.dynamic_region() + kStaticSharedLimit;
+  if (b.arena.size() < arena) b.arena.resize(arena);
+  b.run(index);
+}
+}  // namespace
+
+void run_launch(Runtime* rt, const LaunchConfig& cfg, Entry entry, void* call) {
+  auto bad = [&](const std::string& what) {
+    throw std::runtime_error("simt: launch of " + std::string(cfg.kernel) + ": " + what);
+  };
+  const dim3 &g = cfg.grid, &bd = cfg.block;
+  if (cfg.warp_size != 32 && cfg.warp_size != 64) bad("warp size must be 32 or 64");
+  if (!g.x || !g.y || !g.z || !bd.x || !bd.y || !bd.z) bad("a grid or block dimension is 0");
+  if (g.y > 65535 || g.z > 65535) bad("grid.y and grid.z are at most 65535");
+  if (bd.z > 64 || std::size_t{bd.x} * bd.y * bd.z > 1024) bad("more than 1024 threads per block");
+  if (cfg.shared_bytes > kDynamicSharedLimit) bad("dynamic shared memory over 227 KiB");
+  if (current_lane) bad("kernels cannot launch kernels here");
+  LaunchJob job{&cfg, entry, call};
+  (rt ? *rt : default_runtime()).run_blocks(std::size_t{g.x} * g.y * g.z, run_one_block, &job);
+}
+}  // namespace detail
+
+std::uint64_t warp_member_mask() {
+  detail::Fiber& f = detail::current();
+  const int m = f.block->warps[f.linear / f.block->warp_size].members;
+  return m == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << m) - 1;
+}
+
+// --- the host thread pool --------------------------------------------------------------------
+struct Runtime::Pool {
+  int threads = 1;
+  std::vector<std::thread> workers;
+  std::mutex launch_mutex;  // one launch at a time per runtime
+  std::mutex m;
+  std::condition_variable wake, finished;
+  std::uint64_t generation = 0;
+  bool stop = false;
+  int busy = 0;
+  // the current job
+  std::size_t blocks = 0;
+  void (*body)(void*, std::size_t) = nullptr;
+  void* ctx = nullptr;
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+
+  void work() {
+    while (!failed.load(std::memory_order_relaxed)) {
+      const std::size_t i = next.fetch_add(1);
+      if (i >= blocks) return;
+      try {
+        body(ctx, i);
+      } catch (...) {
+        std::lock_guard lock(m);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  }
+  void worker() {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock lock(m);
+        wake.wait(lock, [&] { return stop || generation != seen; });
+        if (stop) return;
+        seen = generation;
+      }
+      work();
+      std::lock_guard lock(m);
+      if (--busy == 0) finished.notify_one();
+    }
+  }
+};
+
+Runtime::Runtime(int threads) : pool_(std::make_unique<Pool>()) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  pool_->threads = threads;
+  for (int i = 1; i < threads; ++i) pool_->workers.emplace_back([p = pool_.get()] { p->worker(); });
+}
+
+Runtime::~Runtime() {
+  {
+    std::lock_guard lock(pool_->m);
+    pool_->stop = true;
+  }
+  pool_->wake.notify_all();
+  for (auto& t : pool_->workers) t.join();
+}
+
+int Runtime::threads() const {
+  return pool_->threads;
+}
+
+void Runtime::run_blocks(std::size_t blocks, void (*body)(void*, std::size_t), void* ctx) {
+  Pool& p = *pool_;
+  std::lock_guard launch(p.launch_mutex);
+  {
+    std::lock_guard lock(p.m);
+    p.blocks = blocks;
+    p.body = body;
+    p.ctx = ctx;
+    p.next = 0;
+    p.failed = false;
+    p.error = nullptr;
+    p.busy = static_cast<int>(p.workers.size());
+    ++p.generation;
+  }
+  p.wake.notify_all();
+  p.work();
+  std::unique_lock lock(p.m);
+  p.finished.wait(lock, [&] { return p.busy == 0; });
+  if (p.error) std::rethrow_exception(p.error);
+}
+
+Runtime& default_runtime() {
+  static Runtime rt([] {
+    const char* env = std::getenv("CT_SIMT_THREADS");
+    return env ? std::atoi(env) : 0;
+  }());
+  return rt;
+}
+
+}  // namespace ct::simt

@@ -1,0 +1,179 @@
+// The CPU SIMT runtime: runs CUDA-style kernels (compiled by g++ through backends/gpu/
+// portability.h) on the host. Blocks are spread over a pool of host threads; the threads of one
+// block are fibers (Boost.Context) on one host thread, switched at __syncthreads and at every warp
+// collective. Barriers and collectives are checked: a block whose threads wait at different
+// __syncthreads, or wait while others have returned, raises an error naming kernel and block
+// instead of hanging.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <source_location>
+#include <tuple>
+#include <type_traits>
+
+// CUDA's vector types for launch geometry and indices.
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+
+namespace ct::simt {
+
+enum class Shuffle { kDown, kUp, kXor, kIdx, kBallot };
+
+struct LaunchConfig {
+  dim3 grid, block;
+  std::size_t shared_bytes = 0;  // dynamic shared memory per block
+  int warp_size = 32;            // 32 (simt) or 64 (simt64)
+  const char* kernel = "kernel";
+};
+
+// A pool of host threads that blocks are spread over. Results of a kernel without float atomics
+// do not depend on the thread count.
+class Runtime {
+ public:
+  explicit Runtime(int threads);  // threads <= 0: the hardware concurrency
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+  int threads() const;
+  // Runs body(block_index) for every block in [0, blocks); the first error is rethrown.
+  void run_blocks(std::size_t blocks, void (*body)(void*, std::size_t), void* ctx);
+
+ private:
+  struct Pool;
+  std::unique_ptr<Pool> pool_;
+};
+Runtime& default_runtime();  // threads from CT_SIMT_THREADS, else the hardware concurrency
+
+namespace detail {
+struct Block;
+struct BlockInfo {
+  uint3 block_idx;
+  dim3 block_dim, grid_dim;
+};
+struct Lane {
+  uint3 thread_idx;
+  const BlockInfo* info;
+};
+extern __thread Lane* current_lane;  // the running fiber's lane
+inline const BlockInfo& block_info() {
+  return *current_lane->info;
+}
+
+using Entry = void (*)(void* call);
+// Runs every block of the launch; call is handed to entry in every thread of every block.
+void run_launch(Runtime* rt, const LaunchConfig& cfg, Entry entry, void* call);
+std::uint64_t warp_collective(Shuffle op, std::uint64_t bits, int arg, int width,
+                              const std::source_location& where);
+void* static_shared(const void* key, std::size_t bytes, std::size_t align);
+void* dynamic_shared();
+}  // namespace detail
+
+// The lanes of the calling thread's warp that exist (a block's last warp may be partial).
+std::uint64_t warp_member_mask();
+
+template <typename T>
+T shuffle(Shuffle op, T v, int arg, int width,
+          const std::source_location& where = std::source_location::current()) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "shuffles move <= 8 bytes");
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  bits = detail::warp_collective(op, bits, arg, width, where);
+  std::memcpy(&v, &bits, sizeof(T));
+  return v;
+}
+inline std::uint64_t ballot(bool p,
+                            const std::source_location& where = std::source_location::current()) {
+  return detail::warp_collective(Shuffle::kBallot, p, 0, 0, where);
+}
+
+template <typename T>
+T* static_shared(const void* key, std::size_t count) {
+  return static_cast<T*>(detail::static_shared(key, sizeof(T) * count, alignof(T)));
+}
+template <typename T>
+T* dynamic_shared() {
+  return static_cast<T*>(detail::dynamic_shared());
+}
+
+// kernel(args...) over cfg.grid x cfg.block; returns when every block has finished.
+template <typename... P>
+void launch(Runtime* rt, const LaunchConfig& cfg, void (*kernel)(P...), P... args) {
+  struct Call {
+    void (*kernel)(P...);
+    std::tuple<P...> args;
+  } call{kernel, std::tuple<P...>(args...)};
+  detail::run_launch(
+      rt, cfg,
+      [](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->args); },
+      &call);
+}
+
+}  // namespace ct::simt
+
+#define threadIdx (::ct::simt::detail::current_lane->thread_idx)
+#define blockIdx (::ct::simt::detail::block_info().block_idx)
+#define blockDim (::ct::simt::detail::block_info().block_dim)
+#define gridDim (::ct::simt::detail::block_info().grid_dim)
+
+namespace ct::simt::detail {
+void sync_block(const std::source_location& where);
+}
+inline void __syncthreads(std::source_location where = std::source_location::current()) {
+  ::ct::simt::detail::sync_block(where);
+}
+
+// Atomics: fibers of one host thread never interleave inside a call, so only host threads race.
+template <typename T>
+inline T ct_simt_atomic_rmw(T* p, T v, int op) {
+  T old;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  for (;;) {
+    T next = op == 0 ? old + v : op == 1 ? (old < v ? v : old) : (v < old ? v : old);
+    if (__atomic_compare_exchange(p, &old, &next, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+      return old;
+  }
+}
+inline int atomicAdd(int* p, int v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline float atomicAdd(float* p, float v) {
+  return ct_simt_atomic_rmw(p, v, 0);
+}
+inline int atomicMax(int* p, int v) {
+  return ct_simt_atomic_rmw(p, v, 1);
+}
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+  return ct_simt_atomic_rmw(p, v, 1);
+}
+inline int atomicMin(int* p, int v) {
+  return ct_simt_atomic_rmw(p, v, 2);
+}
+inline unsigned atomicMin(unsigned* p, unsigned v) {
+  return ct_simt_atomic_rmw(p, v, 2);
+}
+template <typename T>
+inline T atomicCAS(T* p, T compare, T v) {
+  static_assert(std::is_integral_v<T>, "atomicCAS takes int, unsigned or unsigned long long");
+  __atomic_compare_exchange_n(p, &compare, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return compare;
+}
+template <typename T>
+inline T atomicExch(T* p, T v) {
+  T old;
+  __atomic_exchange(p, &v, &old, __ATOMIC_SEQ_CST);
+  return old;
+}
