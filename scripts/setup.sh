@@ -9,6 +9,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libboost-context-dev                       # fibers of the CPU SIMT runtime (backends/simt)
+  hipcc libamdhip64-dev                      # HIP compile check of the one kernel source (gfx90a, gfx1030)
   libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev libssl-dev
   fortunes                                   # the built-in default training text
   gnuplot-nox                                # charts of the benchmarks
