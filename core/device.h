@@ -23,8 +23,29 @@
 //   bias_backward       dout f32 | h; dbias f32
 //   add                 out, a f32; b f32 | h
 //   copy                any float dtype to any float dtype
-// supports(op, dtype) answers for the 16-bit dtype in question; a backend that says no for h
-// must throw Error(kUnsupported) when given it.
+// supports(op, dtype) answers for the 16-bit dtype in question; given a 16-bit tensor where it
+// says no, or where the table allows only f32, the op throws Error(kUnsupported) naming the op,
+// the tensor and its dtype.
+//
+// Argument checks. Each op is a non-virtual member that checks its arguments once, in core
+// (core/op_checks.cpp), with one set of messages for every backend, and then calls the protected
+// virtual <op>_kernel() that a backend implements. What a kernel may take as given: every tensor
+// it is handed is defined, belongs to this device (its buffer's device() is this one; another
+// device of the same backend is rejected too), is contiguous, lies within its buffer, has a dtype
+// the table above allows and supports() accepts, and the shapes agree. A violation is
+// Error(kInvalidArgument) (the dtype cases above: kUnsupported). The rules, decided once:
+//   - tensors that an op writes must not overlap the tensors it reads where the op says so:
+//     matmul's c must not overlap a or b; a converting copy must not overlap its source (a
+//     same-dtype copy may: it is a memmove); crossentropy_backward's dlogits may alias logits
+//     exactly (in place) but not partially.
+//   - matmul: a batched a or b has c's batch dims, compared one by one ([2,3,M,K] does not match
+//     c [3,2,M,N]); a 2-D a or b is broadcast over the batch.
+//   - crossentropy: logits [V] (1-D) is one row, N = 1.
+//   - copy converts only between f32, f16 and bf16; other dtypes copy to their own dtype.
+// Left to kernels: checks of data the device holds (the CPU reads token and target indices,
+// host memory to it, and rejects one out of range; a GPU would need a read-back and does not)
+// and a backend's own limits (Vulkan splits work to fit maxStorageBufferRange and says
+// Error(kUnsupported) where it cannot).
 #pragma once
 
 #include <array>
@@ -192,6 +213,13 @@ struct AdafactorHyper {
 inline constexpr int64_t kQuantBlockSize = 256;
 inline int64_t quant_blocks(int64_t n) { return (n + kQuantBlockSize - 1) / kQuantBlockSize; }
 
+// What matmul() resolved from its operands, handed to matmul_kernel().
+struct MatmulDims {
+  int64_t batch = 1;  // product of c's leading dims
+  int64_t M = 0, N = 0, K = 0;
+  bool a_batched = false, b_batched = false;  // false: a 2-D operand broadcast over the batch
+};
+
 enum class OpKind {
   kFill, kCopy, kAdd, kAccumulate, kScale,
   kEmbedding, kLayerNorm, kMatmul, kBiasGrad, kAttention, kGelu,
@@ -220,9 +248,9 @@ class Device {
   // A new contiguous tensor in a buffer of its own.
   Tensor empty(const Shape& shape, DType dtype, MemCategory category);
   // Copy `bytes` host bytes into `dst` (contiguous). The host memory may be reused on return.
-  virtual void upload(const Tensor& dst, const void* host, size_t bytes) = 0;
+  void upload(const Tensor& dst, const void* host, size_t bytes);
   // Wait for all enqueued work that writes `src`, then copy it into host memory.
-  virtual void download(void* host, const Tensor& src, size_t bytes) = 0;
+  void download(void* host, const Tensor& src, size_t bytes);
 
   // -- stream ------------------------------------------------------------------------------
   // Submit what has been recorded so far without waiting for it.
@@ -279,97 +307,94 @@ class Device {
 
   // -- elementwise ---------------------------------------------------------------------------
   // t (=) value, any dtype (integers take the value truncated).
-  virtual void fill(const Tensor& t, float value) = 0;
+  void fill(const Tensor& t, float value);
   // dst (=) src, same numel; converts between float dtypes (round to nearest even).
-  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  void copy(const Tensor& dst, const Tensor& src);
   // out (=) a + b, all [N].
-  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  void add(const Tensor& out, const Tensor& a, const Tensor& b);
   // dst (+=) src, both [N].
-  virtual void accumulate(const Tensor& dst, const Tensor& src) = 0;
+  void accumulate(const Tensor& dst, const Tensor& src);
   // t (=) t * s, [N].
-  virtual void scale(const Tensor& t, float s) = 0;
+  void scale(const Tensor& t, float s);
 
   // -- transformer ops -------------------------------------------------------------------------
   // out[b,t,:] (=) wte[tokens[b,t],:] + wpe[t,:].
   // out [B,T,C]; tokens [B,T] i32 in [0,V); wte [V,C]; wpe [maxT,C] with maxT >= T.
-  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                 const Tensor& wpe) = 0;
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe);
   // dwte (+=) scatter of dout by token, dwpe (+=) sum of dout over the batch. Deterministic:
   // for every row of dwte, contributions are added in (b,t) order.
-  virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                  const Tensor& tokens) = 0;
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens);
 
   // out (=) (x - mean) * rstd * w + b over the last dim; saves mean and rstd.
   // x, out [N,C]; w, b [C]; mean, rstd [N] (f32). Statistics in fp32 or better.
-  virtual void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                 const Tensor& x, const Tensor& w, const Tensor& b,
-                                 float eps) = 0;
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& x, const Tensor& w, const Tensor& b,
+                         float eps);
   // dx (+=), dw (+=), db (+=), from dout [N,C] and the saved x, w, mean, rstd.
-  virtual void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
-                                  const Tensor& dout, const Tensor& x, const Tensor& w,
-                                  const Tensor& mean, const Tensor& rstd) = 0;
+  void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                          const Tensor& dout, const Tensor& x, const Tensor& w,
+                          const Tensor& mean, const Tensor& rstd);
 
   // c (=) alpha * op(a) @ op(b) + beta * c (+ bias broadcast over rows, if given).
   // op(a) [..., M, K], op(b) [..., K, N], c [..., M, N]; op(x) is x or its transpose over the
   // last two dims as stored ([..., K, M] with trans_a). Leading (batch) dims of c are matched by
   // a and b, or a/b is 2-D and broadcast over the batch. bias [N]. fp32 accumulation.
-  virtual void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
-                      bool trans_b, float alpha = 1.0f, float beta = 0.0f,
-                      const Tensor* bias = nullptr) = 0;
+  void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
+              bool trans_b, float alpha = 1.0f, float beta = 0.0f,
+              const Tensor* bias = nullptr);
   // dbias (+=) column sums of dout: dout [M,N], dbias [N].
-  virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
+  void bias_backward(const Tensor& dbias, const Tensor& dout);
 
   // Causal multi-head self-attention, scale 1/sqrt(C/n_head).
   // qkv [B,T,3C] holds q | k | v, each split into n_head heads of C/n_head; out [B,T,C] with
   // heads concatenated; att [B,n_head,T,T] (=) softmax probabilities, zero above the diagonal.
-  virtual void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                                 int n_head) = 0;
+  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                         int n_head);
   // dqkv (=) gradient w.r.t. qkv, from dout [B,T,C] and the saved qkv and att.
-  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                  const Tensor& att, int n_head) = 0;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& att, int n_head);
 
   // GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). x, out [N].
-  virtual void gelu_forward(const Tensor& out, const Tensor& x) = 0;
+  void gelu_forward(const Tensor& out, const Tensor& x);
   // dx (=) dout * gelu'(x). dx, dout, x [N].
-  virtual void gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) = 0;
+  void gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout);
 
   // Fused log-softmax + negative log-likelihood, fp32.
   // losses [N] (=) -log softmax(logits[n,:])[targets[n]]; logits [N,V]; targets [N] i32.
-  virtual void crossentropy_forward(const Tensor& losses, const Tensor& logits,
-                                    const Tensor& targets) = 0;
+  void crossentropy_forward(const Tensor& losses, const Tensor& logits,
+                            const Tensor& targets);
   // dlogits (=) dloss * (softmax(logits) - onehot(targets)); dlogits may alias logits (in-place).
-  virtual void crossentropy_backward(const Tensor& dlogits, const Tensor& logits,
-                                     const Tensor& targets, float dloss) = 0;
+  void crossentropy_backward(const Tensor& dlogits, const Tensor& logits,
+                             const Tensor& targets, float dloss);
 
   // -- reductions and optimizer ------------------------------------------------------------------
   // out[0] (=) scale * sum(x). out [1], x [N]. Deterministic order.
-  virtual void sum(const Tensor& out, const Tensor& x, float scale = 1.0f) = 0;
+  void sum(const Tensor& out, const Tensor& x, float scale = 1.0f);
   // out[0] (=) sqrt(sum(x^2)) (the global L2 norm). out [1], x [N]. Deterministic order.
-  virtual void norm(const Tensor& out, const Tensor& x) = 0;
+  void norm(const Tensor& out, const Tensor& x);
   // flag[0] (=) flag[0] | (any element of x is inf or NaN). flag [1] i32, x [N].
-  virtual void check_finite(const Tensor& flag, const Tensor& x) = 0;
+  void check_finite(const Tensor& flag, const Tensor& x);
   // Loss-scaler step, fused where the backend can: x (=) x * inv_scale, and flag[0] (=) flag[0] |
   // (any element of x, before or after scaling, is inf or NaN). x [N] f32, flag [1] i32.
   // The default runs scale() then check_finite().
-  virtual void unscale_check(const Tensor& x, const Tensor& flag, float inv_scale) {
-    scale(x, inv_scale);
-    check_finite(flag, x);
-  }
+  void unscale_check(const Tensor& x, const Tensor& flag, float inv_scale);
   // One fused AdamW step on param, grad, m, v (all [N]). grad_norm [1] is the global norm of
   // all gradients, read only when hp.max_grad_norm > 0 (clipping); may be undefined otherwise.
   //   g = grad * clip;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
   //   param -= lr * wd * param;  param -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
-  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                     const Tensor& grad_norm, const AdamWHyper& hp) = 0;
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+             const Tensor& grad_norm, const AdamWHyper& hp);
 
   // -- optimizers --------------------------------------------------------------------------------
   // Fused optimizer steps. Each call updates one group of parameters in one dispatch; all
   // arithmetic in fp32 (the CPU reference in fp64). param and grad are f32 with the same numel;
   // grad_norm [1] f32 is read only when hp.max_grad_norm > 0 (may be undefined otherwise);
   // clip = min(1, max_grad_norm / (grad_norm[0] + 1e-6)) and g = grad * clip below. State
-  // tensors are updated in place. The defaults throw Error(kUnsupported) naming the op, so a
-  // backend without the kernel says so; supports(kSgd | kLion | kAdamW8bit | kAdafactor, f32)
-  // answers whether it has it.
+  // tensors are updated in place. The default kernels throw Error(kUnsupported) naming the op,
+  // so a backend without the kernel says so; supports(kSgd | kLion | kAdamW8bit | kAdafactor,
+  // f32) answers whether it has it.
 
   // SGD, torch.optim.SGD semantics. param, grad, momentum_buf [N] (momentum_buf undefined when
   // hp.momentum == 0):
@@ -377,20 +402,14 @@ class Device {
   //   if momentum:  buf = (step == 1) ? g : momentum * buf + (1 - dampening) * g
   //                 g = nesterov ? g + momentum * buf : buf
   //   param -= lr * g
-  virtual void sgd(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
-                   const Tensor& grad_norm, const SgdHyper& hp) {
-    (void)param, (void)grad, (void)momentum_buf, (void)grad_norm, (void)hp;
-    fail(ErrorKind::kUnsupported, "sgd: not implemented on " + info().id());
-  }
+  void sgd(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+           const Tensor& grad_norm, const SgdHyper& hp);
   // Lion. param, grad, m [N]:
   //   c = b1 * m + (1 - b1) * g
   //   param *= 1 - lr * wd;  param -= lr * sign(c)      (sign(0) = 0)
   //   m = b2 * m + (1 - b2) * g
-  virtual void lion(const Tensor& param, const Tensor& grad, const Tensor& m,
-                    const Tensor& grad_norm, const LionHyper& hp) {
-    (void)param, (void)grad, (void)m, (void)grad_norm, (void)hp;
-    fail(ErrorKind::kUnsupported, "lion: not implemented on " + info().id());
-  }
+  void lion(const Tensor& param, const Tensor& grad, const Tensor& m,
+            const Tensor& grad_norm, const LionHyper& hp);
   // AdamW with both moments quantised block-wise to 8 bits (bitsandbytes' blockwise 8-bit Adam).
   // param, grad [N] f32; m_q, v_q [N] u8 (indices into the code tables); m_absmax, v_absmax
   // [quant_blocks(N)] f32; qmap_signed, qmap_unsigned [256] f32, each sorted ascending (the
@@ -405,14 +424,10 @@ class Device {
   // where nearest(code, x) is the index i minimising |code[i] - x|, the lower index on a tie,
   // and x is taken as 0 when the block's absmax is 0. A fresh optimizer is absmax 0 (every index
   // then dequantises to 0; the optimizer zero-fills m_q and v_q too).
-  virtual void adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m_q,
-                          const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
-                          const Tensor& qmap_signed, const Tensor& qmap_unsigned,
-                          const Tensor& grad_norm, const AdamWHyper& hp) {
-    (void)param, (void)grad, (void)m_q, (void)v_q, (void)m_absmax, (void)v_absmax;
-    (void)qmap_signed, (void)qmap_unsigned, (void)grad_norm, (void)hp;
-    fail(ErrorKind::kUnsupported, "adamw_8bit: not implemented on " + info().id());
-  }
+  void adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m_q,
+                  const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
+                  const Tensor& qmap_signed, const Tensor& qmap_unsigned,
+                  const Tensor& grad_norm, const AdamWHyper& hp);
   // Adafactor (HF semantics) on ONE parameter tensor; the reductions below are inside the op
   // and deterministic (a fixed summation order that does not depend on thread count).
   // Factored when param has rank >= 2: param, grad [R, C] (R = product of the leading dims,
@@ -427,15 +442,72 @@ class Device {
   //   U /= max(1, RMS(U) / clip_threshold);  U *= lr_t
   //   if beta1 > 0:  exp_avg = b1 exp_avg + (1-b1) U;  U = exp_avg
   //   param -= wd * lr_t * param;  param -= U
-  virtual void adafactor(const Tensor& param, const Tensor& grad, const Tensor& row,
-                         const Tensor& col, const Tensor& v, const Tensor& exp_avg,
-                         const Tensor& grad_norm, const AdafactorHyper& hp) {
-    (void)param, (void)grad, (void)row, (void)col, (void)v, (void)exp_avg, (void)grad_norm;
-    (void)hp;
-    fail(ErrorKind::kUnsupported, "adafactor: not implemented on " + info().id());
-  }
+  void adafactor(const Tensor& param, const Tensor& grad, const Tensor& row,
+                 const Tensor& col, const Tensor& v, const Tensor& exp_avg,
+                 const Tensor& grad_norm, const AdafactorHyper& hp);
 
  protected:
+  // -- kernels -------------------------------------------------------------------------------
+  // What a backend implements: one protected virtual per op, called by the public op of the
+  // same name once its arguments passed the checks of core/op_checks.cpp (see "Argument checks"
+  // at the top of this file for what a kernel may take as given). Backends check nothing of
+  // their own beyond their limits and data they read anyway.
+  virtual void upload_kernel(const Tensor& dst, const void* host, size_t bytes) = 0;
+  virtual void download_kernel(void* host, const Tensor& src, size_t bytes) = 0;
+  virtual void fill_kernel(const Tensor& t, float value) = 0;
+  virtual void copy_kernel(const Tensor& dst, const Tensor& src) = 0;
+  virtual void add_kernel(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  virtual void accumulate_kernel(const Tensor& dst, const Tensor& src) = 0;
+  virtual void scale_kernel(const Tensor& t, float s) = 0;
+  virtual void embedding_forward_kernel(const Tensor& out, const Tensor& tokens,
+                                        const Tensor& wte, const Tensor& wpe) = 0;
+  virtual void embedding_backward_kernel(const Tensor& dwte, const Tensor& dwpe,
+                                         const Tensor& dout, const Tensor& tokens) = 0;
+  virtual void layernorm_forward_kernel(const Tensor& out, const Tensor& mean,
+                                        const Tensor& rstd, const Tensor& x, const Tensor& w,
+                                        const Tensor& b, float eps) = 0;
+  virtual void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                         const Tensor& dout, const Tensor& x, const Tensor& w,
+                                         const Tensor& mean, const Tensor& rstd) = 0;
+  // `d` holds the dimensions matmul() resolved: c is [batch..., M, N], op(a) [M, K] per batch
+  // element, and a_batched / b_batched say whether a / b carry c's batch dims (false: one 2-D
+  // matrix broadcast over the batch).
+  virtual void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b,
+                             const MatmulDims& d, bool trans_a, bool trans_b, float alpha,
+                             float beta, const Tensor* bias) = 0;
+  virtual void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) = 0;
+  virtual void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                                        int n_head) = 0;
+  virtual void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout,
+                                         const Tensor& qkv, const Tensor& att, int n_head) = 0;
+  virtual void gelu_forward_kernel(const Tensor& out, const Tensor& x) = 0;
+  virtual void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) = 0;
+  // logits may be 1-D ([V], one row): a kernel takes N = numel / V rows of V = shape[-1].
+  virtual void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
+                                           const Tensor& targets) = 0;
+  virtual void crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
+                                            const Tensor& targets, float dloss) = 0;
+  virtual void sum_kernel(const Tensor& out, const Tensor& x, float scale) = 0;
+  virtual void norm_kernel(const Tensor& out, const Tensor& x) = 0;
+  virtual void check_finite_kernel(const Tensor& flag, const Tensor& x) = 0;
+  // The default runs scale_kernel() then check_finite_kernel().
+  virtual void unscale_check_kernel(const Tensor& x, const Tensor& flag, float inv_scale);
+  virtual void adamw_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
+                            const Tensor& v, const Tensor& grad_norm, const AdamWHyper& hp) = 0;
+  // The optimizer kernels' defaults throw Error(kUnsupported) naming the op and the device.
+  virtual void sgd_kernel(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                          const Tensor& grad_norm, const SgdHyper& hp);
+  virtual void lion_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
+                           const Tensor& grad_norm, const LionHyper& hp);
+  virtual void adamw_8bit_kernel(const Tensor& param, const Tensor& grad, const Tensor& m_q,
+                                 const Tensor& v_q, const Tensor& m_absmax,
+                                 const Tensor& v_absmax, const Tensor& qmap_signed,
+                                 const Tensor& qmap_unsigned, const Tensor& grad_norm,
+                                 const AdamWHyper& hp);
+  virtual void adafactor_kernel(const Tensor& param, const Tensor& grad, const Tensor& row,
+                                const Tensor& col, const Tensor& v, const Tensor& exp_avg,
+                                const Tensor& grad_norm, const AdafactorHyper& hp);
+
   MemoryTracker tracker_;
 };
 

@@ -184,11 +184,7 @@ static const VkBufferObj& vkbuf(const Tensor& t) {
   return *b;
 }
 
-void VulkanDevice::upload(const Tensor& dst, const void* host, size_t bytes) {
-  CT_REQUIRE(dst.is_contiguous(), "upload: destination " + dst.describe() + " is not contiguous");
-  CT_REQUIRE(bytes <= dst.nbytes(), "upload: " + std::to_string(bytes) +
-                                        " bytes do not fit " + dst.describe());
-  if (bytes == 0) return;
+void VulkanDevice::upload_kernel(const Tensor& dst, const void* host, size_t bytes) {
   const VkBufferObj& d = vkbuf(dst);
   auto staging = make_buffer(bytes, MemCategory::kWorkspace, true);
   std::memcpy(staging->allocation().mapped, host, bytes);
@@ -202,11 +198,7 @@ void VulkanDevice::upload(const Tensor& dst, const void* host, size_t bytes) {
   ++n_copies_;
 }
 
-void VulkanDevice::download(void* host, const Tensor& src, size_t bytes) {
-  CT_REQUIRE(src.is_contiguous(), "download: source " + src.describe() + " is not contiguous");
-  CT_REQUIRE(bytes <= src.nbytes(), "download: " + std::to_string(bytes) +
-                                        " bytes exceed " + src.describe());
-  if (bytes == 0) return;
+void VulkanDevice::download_kernel(void* host, const Tensor& src, size_t bytes) {
   const VkBufferObj& s = vkbuf(src);
   if (s.allocation().coherent) {
     // Host-visible device memory (lavapipe, integrated GPUs): every batch ends with a barrier

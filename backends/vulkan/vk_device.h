@@ -68,8 +68,6 @@ class VulkanDevice final : public Device {
   const DeviceInfo& info() const override { return info_; }
   bool supports(OpKind op, DType dtype) const override;
   std::shared_ptr<Buffer> allocate(size_t bytes, MemCategory category) override;
-  void upload(const Tensor& dst, const void* host, size_t bytes) override;
-  void download(void* host, const Tensor& src, size_t bytes) override;
   void flush() override;
   void synchronize() override;
   void set_profiling(bool on) override;
@@ -81,52 +79,6 @@ class VulkanDevice final : public Device {
   bool event_done(const Event& e) override;
   void wait_event(const Event& e) override;
   void* native_stream() override { return reinterpret_cast<void*>(queue_); }
-
-  void fill(const Tensor& t, float value) override;
-  void copy(const Tensor& dst, const Tensor& src) override;
-  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
-  void accumulate(const Tensor& dst, const Tensor& src) override;
-  void scale(const Tensor& t, float s) override;
-  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                         const Tensor& wpe) override;
-  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                          const Tensor& tokens) override;
-  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& x, const Tensor& w, const Tensor& b, float eps) override;
-  void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
-                          const Tensor& dout, const Tensor& x, const Tensor& w,
-                          const Tensor& mean, const Tensor& rstd) override;
-  void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
-              float alpha, float beta, const Tensor* bias) override;
-  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
-  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                         int n_head) override;
-  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                          const Tensor& att, int n_head) override;
-  void gelu_forward(const Tensor& out, const Tensor& x) override;
-  void gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) override;
-  void crossentropy_forward(const Tensor& losses, const Tensor& logits,
-                            const Tensor& targets) override;
-  void crossentropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
-                             float dloss) override;
-  void sum(const Tensor& out, const Tensor& x, float scale) override;
-  void norm(const Tensor& out, const Tensor& x) override;
-  void check_finite(const Tensor& flag, const Tensor& x) override;
-  void unscale_check(const Tensor& x, const Tensor& flag, float inv_scale) override;
-  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-             const Tensor& grad_norm, const AdamWHyper& hp) override;
-  // ops/optimizers.cpp
-  void sgd(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
-           const Tensor& grad_norm, const SgdHyper& hp) override;
-  void lion(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& grad_norm,
-            const LionHyper& hp) override;
-  void adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m_q, const Tensor& v_q,
-                  const Tensor& m_absmax, const Tensor& v_absmax, const Tensor& qmap_signed,
-                  const Tensor& qmap_unsigned, const Tensor& grad_norm,
-                  const AdamWHyper& hp) override;
-  void adafactor(const Tensor& param, const Tensor& grad, const Tensor& row, const Tensor& col,
-                 const Tensor& v, const Tensor& exp_avg, const Tensor& grad_norm,
-                 const AdafactorHyper& hp) override;
 
   // -- for the op files ------------------------------------------------------------------------
   // Elements [start, start+count) of t (contiguous), bound at an offset the device accepts;
@@ -163,6 +115,60 @@ class VulkanDevice final : public Device {
   // Called by VkBufferObj's destructor.
   void retire(VkBuffer buffer, const Allocation& alloc, MemCategory category, size_t size,
               bool tracked);
+
+
+ protected:
+  // The op kernels (core/op_checks.cpp has checked the arguments), one family per file under
+  // ops/; upload and download in vk_device.cpp.
+  void upload_kernel(const Tensor& dst, const void* host, size_t bytes) override;
+  void download_kernel(void* host, const Tensor& src, size_t bytes) override;
+  void fill_kernel(const Tensor& t, float value) override;
+  void copy_kernel(const Tensor& dst, const Tensor& src) override;
+  void add_kernel(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void accumulate_kernel(const Tensor& dst, const Tensor& src) override;
+  void scale_kernel(const Tensor& t, float s) override;
+  void embedding_forward_kernel(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                const Tensor& wpe) override;
+  void embedding_backward_kernel(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                 const Tensor& tokens) override;
+  void layernorm_forward_kernel(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& x, const Tensor& w, const Tensor& b,
+                                float eps) override;
+  void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                 const Tensor& dout, const Tensor& x, const Tensor& w,
+                                 const Tensor& mean, const Tensor& rstd) override;
+  void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
+                     bool trans_a, bool trans_b, float alpha, float beta,
+                     const Tensor* bias) override;
+  void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) override;
+  void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                                int n_head) override;
+  void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                 const Tensor& att, int n_head) override;
+  void gelu_forward_kernel(const Tensor& out, const Tensor& x) override;
+  void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) override;
+  void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
+                                   const Tensor& targets) override;
+  void crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
+                                    const Tensor& targets, float dloss) override;
+  void sum_kernel(const Tensor& out, const Tensor& x, float scale) override;
+  void norm_kernel(const Tensor& out, const Tensor& x) override;
+  void check_finite_kernel(const Tensor& flag, const Tensor& x) override;
+  void unscale_check_kernel(const Tensor& x, const Tensor& flag, float inv_scale) override;
+  void adamw_kernel(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                    const Tensor& grad_norm, const AdamWHyper& hp) override;
+  // ops/optimizers.cpp
+  void sgd_kernel(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                  const Tensor& grad_norm, const SgdHyper& hp) override;
+  void lion_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
+                   const Tensor& grad_norm, const LionHyper& hp) override;
+  void adamw_8bit_kernel(const Tensor& param, const Tensor& grad, const Tensor& m_q,
+                         const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
+                         const Tensor& qmap_signed, const Tensor& qmap_unsigned,
+                         const Tensor& grad_norm, const AdamWHyper& hp) override;
+  void adafactor_kernel(const Tensor& param, const Tensor& grad, const Tensor& row,
+                        const Tensor& col, const Tensor& v, const Tensor& exp_avg,
+                        const Tensor& grad_norm, const AdafactorHyper& hp) override;
 
  private:
   struct Batch {

@@ -25,21 +25,10 @@ CT_VK_PUSH_MEMBER(AdamWPush, adamw, bc1);
 CT_VK_PUSH_MEMBER(AdamWPush, adamw, bc2);
 CT_VK_PUSH_MEMBER(AdamWPush, adamw, max_norm);
 
-void VulkanDevice::adamw(const Tensor& param, const Tensor& grad, const Tensor& m,
-                         const Tensor& v, const Tensor& grad_norm, const AdamWHyper& hp) {
-  const char* op = "adamw";
-  for (auto [t, nm] : {std::pair{&param, "param"}, {&grad, "grad"}, {&m, "m"}, {&v, "v"}})
-    require_f32(*t, op, nm);
+void VulkanDevice::adamw_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
+                                const Tensor& v, const Tensor& grad_norm, const AdamWHyper& hp) {
   int64_t n = param.numel();
-  require_numel(grad, n, op, "grad");
-  require_numel(m, n, op, "m");
-  require_numel(v, n, op, "v");
   bool clip = hp.max_grad_norm > 0.0f;
-  if (clip) {
-    require_f32(grad_norm, op, "grad_norm");
-    require_numel(grad_norm, 1, op, "grad_norm");
-  }
-  CT_REQUIRE(hp.step >= 1, "adamw: step must be >= 1");
   double t = static_cast<double>(hp.step);
   float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), t));
   float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), t));

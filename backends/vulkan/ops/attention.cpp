@@ -53,22 +53,14 @@ struct AttShape {
   int64_t B, T, C, NH, hs;
 };
 
-AttShape check_attention(const VulkanDevice& d, const char* op, const Tensor& out,
-                         const Tensor& att, const Tensor& qkv, int n_head) {
-  require_flt(d, out, OpKind::kAttention, op, "out");
-  require_flt(d, att, OpKind::kAttention, op, "att");
-  require_flt(d, qkv, OpKind::kAttention, op, "qkv");
-  require_same_dtype(out, qkv, op, "out", "qkv");
-  require_same_dtype(att, qkv, op, "att", "qkv");
-  CT_REQUIRE(qkv.ndim() == 3 && qkv.shape[2] % 3 == 0, std::string(op) + ": qkv must be [B,T,3C]");
+// out (or dout) [B,T,C] and qkv [B,T,3C], checked by core/op_checks.cpp; the head size is this
+// backend's own limit.
+AttShape attention_shape(const char* op, const Tensor& qkv, int n_head) {
   AttShape s{qkv.shape[0], qkv.shape[1], qkv.shape[2] / 3, n_head, 0};
-  CT_REQUIRE(n_head > 0 && s.C % n_head == 0,
-             std::string(op) + ": C = " + std::to_string(s.C) + " not divisible by n_head");
   s.hs = s.C / n_head;
-  CT_REQUIRE(s.hs <= kMaxHeadSize, std::string(op) + ": head size " + std::to_string(s.hs) +
-                                       " exceeds the Vulkan kernel's limit of 128");
-  require_numel(out, s.B * s.T * s.C, op, "out");
-  require_numel(att, s.B * s.NH * s.T * s.T, op, "att");
+  if (s.hs > kMaxHeadSize)
+    fail(ErrorKind::kUnsupported, std::string(op) + ": head size " + std::to_string(s.hs) +
+                                      " exceeds the Vulkan kernel's limit of 128");
   return s;
 }
 
@@ -93,9 +85,9 @@ SoftmaxPush softmax_push(const Bound& att, const Bound& d, int64_t rows, int64_t
                      static_cast<uint32_t>(att.addr), static_cast<uint32_t>(att.addr >> 32),
                      static_cast<uint32_t>(d.addr), static_cast<uint32_t>(d.addr >> 32)};
 }
-void VulkanDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                                     int n_head) {
-  AttShape s = check_attention(*this, "attention_forward", out, att, qkv, n_head);
+void VulkanDevice::attention_forward_kernel(const Tensor& out, const Tensor& att,
+                                            const Tensor& qkv, int n_head) {
+  AttShape s = attention_shape("attention_forward", qkv, n_head);
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hs)));
   int64_t bc = batch_chunk(*this, s);
   const int64_t T = s.T, C = s.C, NH = s.NH, hs = s.hs;
@@ -150,12 +142,9 @@ void VulkanDevice::attention_forward(const Tensor& out, const Tensor& att, const
   }
 }
 
-void VulkanDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                      const Tensor& att, int n_head) {
-  AttShape s = check_attention(*this, "attention_backward", dout, att, qkv, n_head);
-  require_flt(*this, dqkv, OpKind::kAttention, "attention_backward", "dqkv");
-  require_same_dtype(dqkv, qkv, "attention_backward", "dqkv", "qkv");
-  require_numel(dqkv, qkv.numel(), "attention_backward", "dqkv");
+void VulkanDevice::attention_backward_kernel(const Tensor& dqkv, const Tensor& dout,
+                                             const Tensor& qkv, const Tensor& att, int n_head) {
+  AttShape s = attention_shape("attention_backward", qkv, n_head);
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hs)));
   int64_t bc = batch_chunk(*this, s);
   const int64_t T = s.T, C = s.C, NH = s.NH, hs = s.hs;

@@ -23,22 +23,16 @@ CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_bwd_f16);
 CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_bwd_bf16);
 
 namespace {
-std::pair<int64_t, int64_t> check_ce(const VulkanDevice& dev, const char* op, const Tensor& logits,
-                                     const Tensor& targets) {
-  require_flt(dev, logits, OpKind::kCrossEntropy, op, "logits");
-  require_dtype(targets, DType::i32, op, "targets");
-  CT_REQUIRE(logits.ndim() >= 2, std::string(op) + ": logits must be [N, V]");
-  int64_t V = logits.shape[-1], N = logits.numel() / std::max<int64_t>(V, 1);
-  require_numel(targets, N, op, "targets");
-  return {N, V};
+// Rows N and row length V of logits [N,V], or of [V] as one row (core/device.h).
+std::pair<int64_t, int64_t> rows_of(const Tensor& logits) {
+  int64_t V = logits.shape[-1];
+  return {logits.numel() / std::max<int64_t>(V, 1), V};
 }
 }  // namespace
 
-void VulkanDevice::crossentropy_forward(const Tensor& losses, const Tensor& logits,
-                                        const Tensor& targets) {
-  auto [N, V] = check_ce(*this, "crossentropy_forward", logits, targets);
-  require_f32(losses, "crossentropy_forward", "losses");
-  require_numel(losses, N, "crossentropy_forward", "losses");
+void VulkanDevice::crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
+                                               const Tensor& targets) {
+  auto [N, V] = rows_of(logits);
   int64_t rows = std::max<int64_t>(1, max_elems(4) / V);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     int64_t nr = std::min(rows, N - r0);
@@ -51,12 +45,9 @@ void VulkanDevice::crossentropy_forward(const Tensor& losses, const Tensor& logi
   }
 }
 
-void VulkanDevice::crossentropy_backward(const Tensor& dlogits, const Tensor& logits,
-                                         const Tensor& targets, float dloss) {
-  auto [N, V] = check_ce(*this, "crossentropy_backward", logits, targets);
-  require_flt(*this, dlogits, OpKind::kCrossEntropy, "crossentropy_backward", "dlogits");
-  require_same_dtype(dlogits, logits, "crossentropy_backward", "dlogits", "logits");
-  require_numel(dlogits, N * V, "crossentropy_backward", "dlogits");
+void VulkanDevice::crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
+                                                const Tensor& targets, float dloss) {
+  auto [N, V] = rows_of(logits);
   int64_t rows = std::max<int64_t>(1, max_elems(4) / V);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     int64_t nr = std::min(rows, N - r0);

@@ -51,10 +51,7 @@ static I saturate(float v, float lo, float hi) {
   return static_cast<I>(v);
 }
 
-void VulkanDevice::fill(const Tensor& t, float value) {
-  CT_REQUIRE(t.defined() && t.is_contiguous(), "fill: tensor must be defined and contiguous");
-  CT_REQUIRE(supports(OpKind::kFill, t.dtype),
-             std::string("fill: dtype ") + dtype_name(t.dtype) + " unsupported on this device");
+void VulkanDevice::fill_kernel(const Tensor& t, float value) {
   uint32_t bits = 0;
   ShaderId id = ShaderId::fill_b32;
   switch (t.dtype) {
@@ -90,18 +87,19 @@ static ShaderId convert_shader(DType src, DType dst) {
                                     " to " + dtype_name(dst));
 }
 
-void VulkanDevice::copy(const Tensor& dst, const Tensor& src) {
-  CT_REQUIRE(dst.defined() && src.defined(), "copy: undefined tensor");
-  CT_REQUIRE(dst.is_contiguous() && src.is_contiguous(), "copy: tensors must be contiguous");
-  CT_REQUIRE(dst.numel() == src.numel(), "copy: " + dst.describe() + " <- " + src.describe() +
-                                             ": element counts differ");
-  if (dst.numel() == 0) return;
+void VulkanDevice::copy_kernel(const Tensor& dst, const Tensor& src) {
   if (dst.dtype == src.dtype) {
+    // A same-dtype copy may overlap its source (a memmove); vkCmdCopyBuffer regions must not.
+    if (dst.buffer == src.buffer && dst.offset < src.offset + src.nbytes() &&
+        src.offset < dst.offset + dst.nbytes()) {
+      Tensor tmp = workspace(src.shape, src.dtype);
+      copy_bytes(tmp, src);
+      copy_bytes(dst, tmp);
+      return;
+    }
     copy_bytes(dst, src);
     return;
   }
-  CT_REQUIRE(supports(OpKind::kCopy, dst.dtype) && supports(OpKind::kCopy, src.dtype),
-             "copy: dtype unsupported on this device");
   ShaderId id = convert_shader(src.dtype, dst.dtype);
   for_each_chunk(*this, dst.numel(), 4, [&](int64_t s, int64_t n) {
     Bound bd = bind(dst, s, n), bs = bind(src, s, n);
@@ -119,24 +117,15 @@ static void add_impl(VulkanDevice& dev, const Tensor& out, const Tensor& a, cons
   });
 }
 
-void VulkanDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
-  require_f32(out, "add", "out");
-  require_f32(a, "add", "a");
-  require_flt(*this, b, OpKind::kAdd, "add", "b");  // out, a f32; b f32 | h
-  require_numel(a, out.numel(), "add", "a");
-  require_numel(b, out.numel(), "add", "b");
+void VulkanDevice::add_kernel(const Tensor& out, const Tensor& a, const Tensor& b) {
   add_impl(*this, out, a, b);
 }
 
-void VulkanDevice::accumulate(const Tensor& dst, const Tensor& src) {
-  require_f32(dst, "accumulate", "dst");
-  require_f32(src, "accumulate", "src");
-  require_numel(src, dst.numel(), "accumulate", "src");
+void VulkanDevice::accumulate_kernel(const Tensor& dst, const Tensor& src) {
   add_impl(*this, dst, dst, src);
 }
 
-void VulkanDevice::scale(const Tensor& t, float s) {
-  require_f32(t, "scale", "t");
+void VulkanDevice::scale_kernel(const Tensor& t, float s) {
   for_each_chunk(*this, t.numel(), 4, [&](int64_t st, int64_t n) {
     Bound b = bind(t, st, n);
     auto g = grid(n, kLocal);

@@ -55,25 +55,15 @@ namespace {
 struct EmbShape {
   int64_t B, T, C, V;
 };
-EmbShape check_embedding(const char* op, const Tensor& out, const Tensor& tokens,
-                         const Tensor& wte, const Tensor& wpe) {
-  require_f32(out, op, "out");
-  require_dtype(tokens, DType::i32, op, "tokens");
-  require_f32(wte, op, "wte");
-  require_f32(wpe, op, "wpe");
-  CT_REQUIRE(tokens.ndim() == 2 && wte.ndim() == 2 && wpe.ndim() == 2,
-             std::string(op) + ": tokens [B,T], wte [V,C], wpe [maxT,C] expected");
-  EmbShape s{tokens.shape[0], tokens.shape[1], wte.shape[1], wte.shape[0]};
-  CT_REQUIRE(out.numel() == s.B * s.T * s.C && wpe.shape[1] == s.C && wpe.shape[0] >= s.T,
-             std::string(op) + ": shapes disagree: out " + out.describe() + ", tokens " +
-                 tokens.describe() + ", wte " + wte.describe() + ", wpe " + wpe.describe());
-  return s;
+// out (or dout) [B,T,C], wte [V,C]: checked by core/op_checks.cpp.
+EmbShape dims(const Tensor& out, const Tensor& wte) {
+  return {out.shape[0], out.shape[1], out.shape[2], wte.shape[0]};
 }
 }  // namespace
 
-void VulkanDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                     const Tensor& wpe) {
-  EmbShape s = check_embedding("embedding_forward", out, tokens, wte, wpe);
+void VulkanDevice::embedding_forward_kernel(const Tensor& out, const Tensor& tokens,
+                                            const Tensor& wte, const Tensor& wpe) {
+  EmbShape s = dims(out, wte);
   int64_t n = s.B * s.T * s.C;
   if (n == 0) return;
   int64_t rows = std::max<int64_t>(1, max_elems(4) / s.C);
@@ -89,9 +79,9 @@ void VulkanDevice::embedding_forward(const Tensor& out, const Tensor& tokens, co
   }
 }
 
-void VulkanDevice::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                      const Tensor& tokens) {
-  EmbShape s = check_embedding("embedding_backward", dout, tokens, dwte, dwpe);
+void VulkanDevice::embedding_backward_kernel(const Tensor& dwte, const Tensor& dwpe,
+                                             const Tensor& dout, const Tensor& tokens) {
+  EmbShape s = dims(dout, dwte);
   int64_t BT = s.B * s.T, n = BT * s.C;
   if (n == 0) return;
   // Per position: is it its token's first occurrence, and where the token occurs next. Each

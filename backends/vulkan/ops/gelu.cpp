@@ -25,11 +25,7 @@ CT_VK_PUSH_MEMBER(GeluBwdPush, gelu_bwd, odo);
 CT_VK_PUSH_SIZE(GeluBwdPush, gelu_bwd_f16);
 CT_VK_PUSH_SIZE(GeluBwdPush, gelu_bwd_bf16);
 
-void VulkanDevice::gelu_forward(const Tensor& out, const Tensor& x) {
-  require_flt(*this, out, OpKind::kGelu, "gelu_forward", "out");
-  require_flt(*this, x, OpKind::kGelu, "gelu_forward", "x");
-  require_same_dtype(out, x, "gelu_forward", "out", "x");
-  require_numel(x, out.numel(), "gelu_forward", "x");
+void VulkanDevice::gelu_forward_kernel(const Tensor& out, const Tensor& x) {
   for_each_chunk(*this, out.numel(), 4, [&](int64_t s, int64_t n) {
     Bound bo = bind(out, s, n), bx = bind(x, s, n);
     auto g = grid(n, 256);
@@ -39,14 +35,7 @@ void VulkanDevice::gelu_forward(const Tensor& out, const Tensor& x) {
   });
 }
 
-void VulkanDevice::gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) {
-  require_flt(*this, dx, OpKind::kGelu, "gelu_backward", "dx");
-  require_flt(*this, x, OpKind::kGelu, "gelu_backward", "x");
-  require_flt(*this, dout, OpKind::kGelu, "gelu_backward", "dout");
-  require_same_dtype(dx, x, "gelu_backward", "dx", "x");
-  require_same_dtype(dx, dout, "gelu_backward", "dx", "dout");
-  require_numel(x, dx.numel(), "gelu_backward", "x");
-  require_numel(dout, dx.numel(), "gelu_backward", "dout");
+void VulkanDevice::gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) {
   for_each_chunk(*this, dx.numel(), 4, [&](int64_t s, int64_t n) {
     Bound bd = bind(dx, s, n), bx = bind(x, s, n), bo = bind(dout, s, n);
     auto g = grid(n, 256);

@@ -58,21 +58,10 @@ static int64_t row_chunk(const VulkanDevice& d, int64_t C) {
   return std::max<int64_t>(1, d.max_elems(4) / std::max<int64_t>(C, 1));
 }
 
-void VulkanDevice::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                     const Tensor& x, const Tensor& w, const Tensor& b,
-                                     float eps) {
-  const char* op = "layernorm_forward";
-  for (auto [t, n] : {std::pair{&mean, "mean"}, {&rstd, "rstd"}, {&x, "x"}, {&w, "w"},
-                      {&b, "b"}})
-    require_f32(*t, op, n);
-  require_flt(*this, out, OpKind::kLayerNorm, op, "out");
-  CT_REQUIRE(x.ndim() >= 1, "layernorm_forward: x needs a last dim");
+void VulkanDevice::layernorm_forward_kernel(const Tensor& out, const Tensor& mean,
+                                            const Tensor& rstd, const Tensor& x, const Tensor& w,
+                                            const Tensor& b, float eps) {
   int64_t C = x.shape[-1], N = C ? x.numel() / C : 0;
-  require_numel(out, N * C, op, "out");
-  require_numel(mean, N, op, "mean");
-  require_numel(rstd, N, op, "rstd");
-  require_numel(w, C, op, "w");
-  require_numel(b, C, op, "b");
   int64_t rows = row_chunk(*this, C);
   Bound bw = bind(w), bb = bind(b);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
@@ -89,22 +78,10 @@ void VulkanDevice::layernorm_forward(const Tensor& out, const Tensor& mean, cons
   }
 }
 
-void VulkanDevice::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
-                                      const Tensor& dout, const Tensor& x, const Tensor& w,
-                                      const Tensor& mean, const Tensor& rstd) {
-  const char* op = "layernorm_backward";
-  for (auto [t, n] : {std::pair{&dx, "dx"}, {&dw, "dw"}, {&db, "db"}, {&x, "x"}, {&w, "w"},
-                      {&mean, "mean"}, {&rstd, "rstd"}})
-    require_f32(*t, op, n);
-  require_flt(*this, dout, OpKind::kLayerNorm, op, "dout");
+void VulkanDevice::layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                             const Tensor& dout, const Tensor& x, const Tensor& w,
+                                             const Tensor& mean, const Tensor& rstd) {
   int64_t C = x.shape[-1], N = C ? x.numel() / C : 0;
-  require_numel(dx, N * C, op, "dx");
-  require_numel(dout, N * C, op, "dout");
-  require_numel(dw, C, op, "dw");
-  require_numel(db, C, op, "db");
-  require_numel(w, C, op, "w");
-  require_numel(mean, N, op, "mean");
-  require_numel(rstd, N, op, "rstd");
   int64_t rows = row_chunk(*this, C);
   Bound bw = bind(w), bdw = bind(dw), bdb = bind(db);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {

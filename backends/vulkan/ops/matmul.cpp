@@ -156,40 +156,17 @@ bool vec_ok(const Bound& bd, size_t esize, int64_t sbatch, int64_t sother, int64
 
 }  // namespace
 
-void VulkanDevice::matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
-                          bool trans_b, float alpha, float beta, const Tensor* bias) {
-  const char* op = "matmul";
-  // core/device.h: a, b f32 | h (the same); c f32 | a's dtype; bias f32
-  require_flt(*this, a, OpKind::kMatmul, op, "a");
-  require_flt(*this, b, OpKind::kMatmul, op, "b");
-  require_flt(*this, c, OpKind::kMatmul, op, "c");
-  require_same_dtype(a, b, op, "a", "b");
-  CT_REQUIRE(c.dtype == DType::f32 || c.dtype == a.dtype,
-             std::string(op) + ": c " + c.describe() + " must be f32 or a's dtype " +
-                 dtype_name(a.dtype));
-  CT_REQUIRE(c.ndim() >= 2 && a.ndim() >= 2 && b.ndim() >= 2, "matmul: operands must be >= 2-D");
-  int64_t M = c.shape[-2], N = c.shape[-1];
-  int64_t K = trans_a ? a.shape[-2] : a.shape[-1];
-  int64_t am = trans_a ? a.shape[-1] : a.shape[-2];
-  int64_t bk = trans_b ? b.shape[-1] : b.shape[-2];
-  int64_t bn = trans_b ? b.shape[-2] : b.shape[-1];
+void VulkanDevice::matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b,
+                                 const MatmulDims& d, bool trans_a, bool trans_b, float alpha,
+                                 float beta, const Tensor* bias) {
+  const int64_t M = d.M, N = d.N, K = d.K, batch = d.batch;
   std::string shapes = " (c " + c.describe() + ", a " + a.describe() + (trans_a ? "^T" : "") +
                        ", b " + b.describe() + (trans_b ? "^T" : "") + ")";
-  CT_REQUIRE(am == M && bn == N && bk == K, "matmul: inner shapes disagree" + shapes);
-  int64_t batch = c.numel() / std::max<int64_t>(M * N, 1);
-  int64_t abatch = a.numel() / std::max<int64_t>(M * K, 1);
-  int64_t bbatch = b.numel() / std::max<int64_t>(K * N, 1);
-  CT_REQUIRE(abatch == batch || a.ndim() == 2, "matmul: batch of a does not match c" + shapes);
-  CT_REQUIRE(bbatch == batch || b.ndim() == 2, "matmul: batch of b does not match c" + shapes);
-  if (bias) {
-    require_f32(*bias, op, "bias");
-    require_numel(*bias, N, op, "bias");
-  }
   if (batch == 0 || M == 0 || N == 0) return;
-  Strides sa = trans_a ? Strides{a.ndim() == 2 ? 0 : M * K, 1, M}
-                       : Strides{a.ndim() == 2 ? 0 : M * K, K, 1};
-  Strides sb = trans_b ? Strides{b.ndim() == 2 ? 0 : K * N, 1, K}
-                       : Strides{b.ndim() == 2 ? 0 : K * N, N, 1};
+  Strides sa = trans_a ? Strides{d.a_batched ? M * K : 0, 1, M}
+                       : Strides{d.a_batched ? M * K : 0, K, 1};
+  Strides sb = trans_b ? Strides{d.b_batched ? K * N : 0, 1, K}
+                       : Strides{d.b_batched ? K * N : 0, N, 1};
   Strides sc{M * N, N, 1};
   int64_t limit = max_elems(4);
   // CPU-type devices: K runs in pieces chained through beta like the range splits below, at most
@@ -313,12 +290,9 @@ void VulkanDevice::gemm(const GemmCall& g) {
   dispatch(id, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
 }
 
-void VulkanDevice::bias_backward(const Tensor& dbias, const Tensor& dout) {
-  require_f32(dbias, "bias_backward", "dbias");
-  require_flt(*this, dout, OpKind::kBiasGrad, "bias_backward", "dout");  // dout f32 | h
+void VulkanDevice::bias_backward_kernel(const Tensor& dbias, const Tensor& dout) {
   int64_t N = dbias.numel();
-  CT_REQUIRE(N > 0 && dout.numel() % N == 0 && dout.shape[-1] == N,
-             "bias_backward: dout " + dout.describe() + " does not end in " + std::to_string(N));
+  if (N == 0) return;
   int64_t M = dout.numel() / N;
   int64_t rows = std::max<int64_t>(1, max_elems(4) / N);
   Bound bd = bind(dbias);

@@ -92,34 +92,11 @@ CT_AF_PUSH(adafactor_u);
 CT_AF_PUSH(adafactor_apply);
 #undef CT_AF_PUSH
 
-namespace {
-// Whether the op clips; checks grad_norm (f32 [1]) when it does.
-bool clip_norm(const Tensor& grad_norm, float max_grad_norm, const char* op) {
-  bool clip = max_grad_norm > 0.0f;
-  if (clip) {
-    require_f32(grad_norm, op, "grad_norm");
-    require_numel(grad_norm, 1, op, "grad_norm");
-  }
-  return clip;
-}
-}  // namespace
-
-void VulkanDevice::sgd(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
-                       const Tensor& grad_norm, const SgdHyper& hp) {
-  const char* op = "sgd";
-  require_f32(param, op, "param");
-  require_f32(grad, op, "grad");
+void VulkanDevice::sgd_kernel(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                              const Tensor& grad_norm, const SgdHyper& hp) {
   int64_t n = param.numel();
-  require_numel(grad, n, op, "grad");
   bool has_buf = hp.momentum != 0.0f;
-  if (has_buf) {
-    require_f32(momentum_buf, op, "momentum_buf");
-    require_numel(momentum_buf, n, op, "momentum_buf");
-  }
-  CT_REQUIRE(!hp.nesterov || (hp.momentum > 0.0f && hp.dampening == 0.0f),
-             "sgd: nesterov needs momentum > 0 and dampening 0");
-  CT_REQUIRE(hp.step >= 1, "sgd: step must be >= 1");
-  bool clip = clip_norm(grad_norm, hp.max_grad_norm, op);
+  bool clip = hp.max_grad_norm > 0.0f;
   Bound bn = clip ? bind(grad_norm) : Bound{};
   for_each_chunk(*this, n, 4, [&](int64_t s, int64_t c) {
     Bound bp = bind(param, s, c), bg = bind(grad, s, c);
@@ -134,15 +111,10 @@ void VulkanDevice::sgd(const Tensor& param, const Tensor& grad, const Tensor& mo
   });
 }
 
-void VulkanDevice::lion(const Tensor& param, const Tensor& grad, const Tensor& m,
-                        const Tensor& grad_norm, const LionHyper& hp) {
-  const char* op = "lion";
-  for (auto [t, nm] : {std::pair{&param, "param"}, {&grad, "grad"}, {&m, "m"}})
-    require_f32(*t, op, nm);
+void VulkanDevice::lion_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
+                               const Tensor& grad_norm, const LionHyper& hp) {
   int64_t n = param.numel();
-  require_numel(grad, n, op, "grad");
-  require_numel(m, n, op, "m");
-  bool clip = clip_norm(grad_norm, hp.max_grad_norm, op);
+  bool clip = hp.max_grad_norm > 0.0f;
   Bound bn = clip ? bind(grad_norm) : Bound{};
   for_each_chunk(*this, n, 4, [&](int64_t s, int64_t c) {
     Bound bp = bind(param, s, c), bg = bind(grad, s, c), bm = bind(m, s, c);
@@ -154,31 +126,16 @@ void VulkanDevice::lion(const Tensor& param, const Tensor& grad, const Tensor& m
   });
 }
 
-void VulkanDevice::adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m_q,
-                              const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
-                              const Tensor& qmap_signed, const Tensor& qmap_unsigned,
-                              const Tensor& grad_norm, const AdamWHyper& hp) {
-  const char* op = "adamw_8bit";
-  for (auto [t, nm] : {std::pair{&param, "param"}, {&grad, "grad"}, {&m_absmax, "m_absmax"},
-                       {&v_absmax, "v_absmax"}, {&qmap_signed, "qmap_signed"},
-                       {&qmap_unsigned, "qmap_unsigned"}})
-    require_f32(*t, op, nm);
-  require_dtype(m_q, DType::u8, op, "m_q");
-  require_dtype(v_q, DType::u8, op, "v_q");
+void VulkanDevice::adamw_8bit_kernel(const Tensor& param, const Tensor& grad, const Tensor& m_q,
+                                     const Tensor& v_q, const Tensor& m_absmax,
+                                     const Tensor& v_absmax, const Tensor& qmap_signed,
+                                     const Tensor& qmap_unsigned, const Tensor& grad_norm,
+                                     const AdamWHyper& hp) {
   int64_t n = param.numel();
-  require_numel(grad, n, op, "grad");
-  require_numel(m_q, n, op, "m_q");
-  require_numel(v_q, n, op, "v_q");
-  int64_t nb = quant_blocks(n);
-  require_numel(m_absmax, nb, op, "m_absmax");
-  require_numel(v_absmax, nb, op, "v_absmax");
-  require_numel(qmap_signed, 256, op, "qmap_signed");
-  require_numel(qmap_unsigned, 256, op, "qmap_unsigned");
-  CT_REQUIRE(hp.step >= 1, "adamw_8bit: step must be >= 1");
   if (n == 0) return;
   if (!supports(OpKind::kAdamW8bit, DType::f32))
     fail(ErrorKind::kUnsupported, "adamw_8bit: this Vulkan device lacks 8-bit storage");
-  bool clip = clip_norm(grad_norm, hp.max_grad_norm, op);
+  bool clip = hp.max_grad_norm > 0.0f;
   double t = static_cast<double>(hp.step);
   float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), t));
   float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), t));
@@ -201,34 +158,14 @@ void VulkanDevice::adamw_8bit(const Tensor& param, const Tensor& grad, const Ten
   }
 }
 
-void VulkanDevice::adafactor(const Tensor& param, const Tensor& grad, const Tensor& row,
-                             const Tensor& col, const Tensor& v, const Tensor& exp_avg,
-                             const Tensor& grad_norm, const AdafactorHyper& hp) {
-  const char* op = "adafactor";
-  require_f32(param, op, "param");
-  require_f32(grad, op, "grad");
+void VulkanDevice::adafactor_kernel(const Tensor& param, const Tensor& grad, const Tensor& row,
+                                    const Tensor& col, const Tensor& v, const Tensor& exp_avg,
+                                    const Tensor& grad_norm, const AdafactorHyper& hp) {
   const int64_t n = param.numel();
-  require_numel(grad, n, op, "grad");
-  CT_REQUIRE(n > 0, "adafactor: param is empty");
-  CT_REQUIRE(hp.step >= 1, "adafactor: step must be >= 1");
   const bool factored = param.ndim() >= 2;
   const int64_t C = factored ? param.shape[-1] : n, R = n / C;
-  if (factored) {
-    require_f32(row, op, "row");
-    require_f32(col, op, "col");
-    CT_REQUIRE(row.numel() == R && col.numel() == C && !v.defined(),
-               "adafactor: a rank >= 2 param [R,C] takes row [R], col [C] and no v");
-  } else {
-    require_f32(v, op, "v");
-    require_numel(v, n, op, "v");
-    CT_REQUIRE(!row.defined() && !col.defined(), "adafactor: a 1-D param takes v, not row/col");
-  }
   const bool ea = hp.beta1 > 0.0f;
-  if (ea) {
-    require_f32(exp_avg, op, "exp_avg");
-    require_numel(exp_avg, n, op, "exp_avg");
-  }
-  const bool clip = clip_norm(grad_norm, hp.max_grad_norm, op);
+  const bool clip = hp.max_grad_norm > 0.0f;
 
   const double t = static_cast<double>(hp.step);
   double rho = hp.lr;

@@ -40,10 +40,6 @@ constexpr int64_t kMaxGroups = 512;  // workgroups per chunk in the first pass
 int64_t groups_for(int64_t n) { return std::clamp<int64_t>((n + 4095) / 4096, 1, kMaxGroups); }
 
 void reduce(VulkanDevice& d, const Tensor& out, const Tensor& x, float scale, bool square) {
-  const char* op = square ? "norm" : "sum";
-  require_f32(out, op, "out");
-  require_f32(x, op, "x");
-  require_numel(out, 1, op, "out");
   int64_t n = x.numel();
   int64_t chunk = d.max_elems(4);
   int64_t total = 0;
@@ -66,11 +62,13 @@ void reduce(VulkanDevice& d, const Tensor& out, const Tensor& x, float scale, bo
 }
 }  // namespace
 
-void VulkanDevice::sum(const Tensor& out, const Tensor& x, float scale) {
+void VulkanDevice::sum_kernel(const Tensor& out, const Tensor& x, float scale) {
   reduce(*this, out, x, scale, false);
 }
 
-void VulkanDevice::norm(const Tensor& out, const Tensor& x) { reduce(*this, out, x, 1.0f, true); }
+void VulkanDevice::norm_kernel(const Tensor& out, const Tensor& x) {
+  reduce(*this, out, x, 1.0f, true);
+}
 
 struct UnscalePush {
   uint32_t n, ox, of;
@@ -80,10 +78,7 @@ CT_VK_PUSH_SIZE(UnscalePush, unscale_check);
 CT_VK_PUSH_MEMBER(UnscalePush, unscale_check, inv_scale);
 
 // One pass instead of the default scale() + check_finite().
-void VulkanDevice::unscale_check(const Tensor& x, const Tensor& flag, float inv_scale) {
-  require_dtype(flag, DType::i32, "unscale_check", "flag");
-  require_numel(flag, 1, "unscale_check", "flag");
-  require_f32(x, "unscale_check", "x");
+void VulkanDevice::unscale_check_kernel(const Tensor& x, const Tensor& flag, float inv_scale) {
   Bound bf = bind(flag);
   for_each_chunk(*this, x.numel(), 4, [&](int64_t s, int64_t n) {
     Bound bx = bind(x, s, n);
@@ -93,10 +88,7 @@ void VulkanDevice::unscale_check(const Tensor& x, const Tensor& flag, float inv_
   });
 }
 
-void VulkanDevice::check_finite(const Tensor& flag, const Tensor& x) {
-  require_dtype(flag, DType::i32, "check_finite", "flag");
-  require_numel(flag, 1, "check_finite", "flag");
-  require_f32(x, "check_finite", "x");
+void VulkanDevice::check_finite_kernel(const Tensor& flag, const Tensor& x) {
   Bound bf = bind(flag);
   for_each_chunk(*this, x.numel(), 4, [&](int64_t s, int64_t n) {
     Bound bx = bind(x, s, n);

@@ -1,0 +1,548 @@
+// The public ops of ct::Device: each checks its arguments here, once for every backend and with
+// one set of messages, then calls the backend's protected kernel (core/device.h, "Argument
+// checks", says what a kernel may take as given and which rules were decided here).
+#include <algorithm>
+#include <initializer_list>
+#include <string>
+
+#include "core/device.h"
+#include "core/error.h"
+
+namespace ct {
+namespace {
+
+bool is_h(DType d) { return d == DType::f16 || d == DType::bf16; }
+
+// " (got f32[2, 3], ...)" for an error message.
+std::string shapes(std::initializer_list<const Tensor*> ts) {
+  std::string s = " (got";
+  bool first = true;
+  for (const Tensor* t : ts) {
+    s += (first ? " " : ", ") + t->describe();
+    first = false;
+  }
+  return s + ")";
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.buffer != b.buffer) return false;
+  return a.offset < b.offset + b.nbytes() && b.offset < a.offset + a.nbytes();
+}
+
+// The checks of one op on one device.
+class Check {
+ public:
+  Check(const Device& dev, const char* op) : dev_(dev), op_(op) {}
+
+  // Defined, on this device, contiguous and within its buffer.
+  void mine(const char* name, const Tensor& t) const {
+    CT_REQUIRE(t.defined(), op_ + ": " + name + " is undefined");
+    CT_REQUIRE(&t.buffer->device() == &dev_,
+               op_ + ": " + name + " lives on another device (" +
+                   t.buffer->device().info().id() + ", this is " + dev_.info().id() + ")");
+    CT_REQUIRE(t.is_contiguous(), op_ + ": " + name + " must be contiguous: " + t.describe());
+    CT_REQUIRE(t.offset + t.nbytes() <= t.buffer->size(),
+               op_ + ": " + name + " " + t.describe() + " exceeds its buffer of " +
+                   std::to_string(t.buffer->size()) + " bytes");
+  }
+  // An f32-only argument: a 16-bit tensor here is an unsupported op/dtype, anything else wrong.
+  void f32(const char* name, const Tensor& t) const {
+    mine(name, t);
+    if (is_h(t.dtype))
+      fail(ErrorKind::kUnsupported, op_ + ": " + name + " must be f32 here, got " +
+                                        t.describe() + " (ask supports() first)");
+    CT_REQUIRE(t.dtype == DType::f32, op_ + ": " + name + " must be f32, got " + t.describe());
+  }
+  // An argument the mixed-precision table allows in f32 or 16 bits: 16 bits only where
+  // supports(kind, dtype) says yes.
+  void flt(const char* name, const Tensor& t, OpKind kind) const {
+    mine(name, t);
+    if (is_h(t.dtype) && !dev_.supports(kind, t.dtype))
+      fail(ErrorKind::kUnsupported, op_ + ": " + name + " is " + dtype_name(t.dtype) +
+                                        ", which " + dev_.info().id() +
+                                        " does not support for this op (ask supports() first)");
+    CT_REQUIRE(t.dtype == DType::f32 || is_h(t.dtype),
+               op_ + ": " + name + " must be f32, f16 or bf16, got " + t.describe());
+  }
+  void is(const char* name, const Tensor& t, DType d) const {
+    mine(name, t);
+    CT_REQUIRE(t.dtype == d,
+               op_ + ": " + name + " must be " + dtype_name(d) + ", got " + t.describe());
+  }
+  void same_numel(const Tensor& a, const Tensor& b) const {
+    CT_REQUIRE(a.numel() == b.numel(), op_ + ": element counts differ" + shapes({&a, &b}));
+  }
+  void same_dtype(std::initializer_list<const Tensor*> ts) const {
+    for (const Tensor* t : ts)
+      CT_REQUIRE(t->dtype == (*ts.begin())->dtype,
+                 op_ + ": these tensors must share one dtype" + shapes(ts));
+  }
+  // grad_norm when the optimizer clips (max_grad_norm > 0): f32 [1]. Unread otherwise.
+  void clip_norm(const Tensor& grad_norm, float max_grad_norm) const {
+    if (!(max_grad_norm > 0.0f)) return;
+    f32("grad_norm", grad_norm);
+    CT_REQUIRE(grad_norm.numel() == 1, op_ + ": grad_norm must be [1] when clipping");
+  }
+  void step(int64_t step) const {
+    CT_REQUIRE(step >= 1, op_ + ": step must be >= 1 (got " + std::to_string(step) + ")");
+  }
+  const std::string& op() const { return op_; }
+
+ private:
+  const Device& dev_;
+  std::string op_;
+};
+
+// [B,T,C] of attention's out (or dout), att [B,NH,T,T] and qkv [B,T,3C].
+void attention_dims(const Check& k, const Tensor& out, const Tensor& att, const Tensor& qkv,
+                    int n_head) {
+  std::string desc = shapes({&out, &att, &qkv}) + " n_head " + std::to_string(n_head);
+  CT_REQUIRE(out.ndim() == 3 && qkv.ndim() == 3 && att.ndim() == 4,
+             k.op() + ": expected out [B,T,C], att [B,NH,T,T], qkv [B,T,3C]" + desc);
+  int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+  CT_REQUIRE(n_head > 0 && C % n_head == 0, k.op() + ": C must be a multiple of n_head" + desc);
+  CT_REQUIRE(qkv.shape[0] == B && qkv.shape[1] == T && qkv.shape[2] == 3 * C &&
+                 att.shape[0] == B && att.shape[1] == n_head && att.shape[2] == T &&
+                 att.shape[3] == T,
+             k.op() + ": shape mismatch" + desc);
+}
+
+// logits [N,V] or [V] (one row), targets [N].
+void crossentropy_dims(const Check& k, const Tensor& logits, const Tensor& targets) {
+  CT_REQUIRE(logits.ndim() >= 1, k.op() + ": logits must be [N,V]");
+  int64_t V = logits.shape[-1], N = V ? logits.numel() / V : 0;
+  CT_REQUIRE(targets.numel() == N,
+             k.op() + ": expected logits [N,V], targets [N]" + shapes({&logits, &targets}));
+}
+
+// Whether x ([..., r, c]) carries c's batch dims (true) or is one matrix broadcast (false).
+bool batch_matches(const Check& k, const Tensor& x, const Tensor& c, const std::string& desc) {
+  if (x.ndim() == 2) return false;
+  bool same = x.ndim() == c.ndim();
+  for (int i = 0; same && i < c.ndim() - 2; ++i) same = x.shape[i] == c.shape[i];
+  CT_REQUIRE(same, k.op() +
+                       ": batch dimensions of an operand must match c's or the operand must "
+                       "be 2-D" +
+                       desc);
+  return true;
+}
+
+}  // namespace
+
+// -- memory ---------------------------------------------------------------------------------------
+
+void Device::upload(const Tensor& dst, const void* host, size_t bytes) {
+  Check(*this, "upload").mine("tensor", dst);
+  CT_REQUIRE(bytes <= dst.nbytes(),
+             "upload: " + std::to_string(bytes) + " bytes do not fit " + dst.describe());
+  if (bytes) upload_kernel(dst, host, bytes);
+}
+
+void Device::download(void* host, const Tensor& src, size_t bytes) {
+  Check(*this, "download").mine("tensor", src);
+  CT_REQUIRE(bytes <= src.nbytes(),
+             "download: " + std::to_string(bytes) + " bytes do not fit " + src.describe());
+  if (bytes) download_kernel(host, src, bytes);
+}
+
+// -- elementwise ----------------------------------------------------------------------------------
+
+void Device::fill(const Tensor& t, float value) {
+  Check k(*this, "fill");
+  k.mine("t", t);
+  if (!supports(OpKind::kFill, t.dtype))
+    fail(ErrorKind::kUnsupported, std::string("fill: t is ") + dtype_name(t.dtype) + ", which " +
+                                      info().id() + " does not support for this op");
+  fill_kernel(t, value);
+}
+
+void Device::copy(const Tensor& dst, const Tensor& src) {
+  Check k(*this, "copy");
+  k.mine("dst", dst);
+  k.mine("src", src);
+  CT_REQUIRE(dst.numel() == src.numel(), "copy: dst " + dst.describe() + " and src " +
+                                             src.describe() + " differ in element count");
+  if (dst.dtype != src.dtype) {
+    CT_REQUIRE(dtype_is_float(dst.dtype) && dtype_is_float(src.dtype),
+               "copy: converts only between f32, f16 and bf16" + shapes({&dst, &src}));
+    for (const Tensor* t : {&dst, &src})
+      if (!supports(OpKind::kCopy, t->dtype))
+        fail(ErrorKind::kUnsupported, std::string("copy: ") + (t == &dst ? "dst" : "src") +
+                                          " is " + dtype_name(t->dtype) + ", which " +
+                                          info().id() + " does not support for this op");
+    CT_REQUIRE(!overlaps(dst, src),
+               "copy: a converting copy must not overlap its source" + shapes({&dst, &src}));
+  }
+  if (dst.numel() == 0) return;
+  if (dst.dtype == src.dtype && dst.buffer == src.buffer && dst.offset == src.offset) return;
+  copy_kernel(dst, src);
+}
+
+void Device::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  Check k(*this, "add");
+  k.f32("out", out);
+  k.f32("a", a);
+  k.flt("b", b, OpKind::kAdd);
+  k.same_numel(out, a);
+  k.same_numel(out, b);
+  add_kernel(out, a, b);
+}
+
+void Device::accumulate(const Tensor& dst, const Tensor& src) {
+  Check k(*this, "accumulate");
+  k.f32("dst", dst);
+  k.f32("src", src);
+  k.same_numel(dst, src);
+  accumulate_kernel(dst, src);
+}
+
+void Device::scale(const Tensor& t, float s) {
+  Check(*this, "scale").f32("t", t);
+  scale_kernel(t, s);
+}
+
+// -- transformer ops ------------------------------------------------------------------------------
+
+void Device::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                               const Tensor& wpe) {
+  Check k(*this, "embedding_forward");
+  k.f32("out", out);
+  k.is("tokens", tokens, DType::i32);
+  k.f32("wte", wte);
+  k.f32("wpe", wpe);
+  std::string desc = shapes({&out, &tokens, &wte, &wpe});
+  CT_REQUIRE(out.ndim() == 3 && tokens.ndim() == 2 && wte.ndim() == 2 && wpe.ndim() == 2,
+             k.op() + ": expected out [B,T,C], tokens [B,T], wte [V,C], wpe [maxT,C]" + desc);
+  int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+  CT_REQUIRE(tokens.shape[0] == B && tokens.shape[1] == T && wte.shape[1] == C &&
+                 wpe.shape[1] == C && wpe.shape[0] >= T,
+             k.op() + ": shape mismatch" + desc);
+  embedding_forward_kernel(out, tokens, wte, wpe);
+}
+
+void Device::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                const Tensor& tokens) {
+  Check k(*this, "embedding_backward");
+  k.f32("dwte", dwte);
+  k.f32("dwpe", dwpe);
+  k.f32("dout", dout);
+  k.is("tokens", tokens, DType::i32);
+  std::string desc = shapes({&dwte, &dwpe, &dout, &tokens});
+  CT_REQUIRE(dout.ndim() == 3 && tokens.ndim() == 2 && dwte.ndim() == 2 && dwpe.ndim() == 2,
+             k.op() + ": expected dout [B,T,C], tokens [B,T], dwte [V,C], dwpe [maxT,C]" + desc);
+  int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
+  CT_REQUIRE(tokens.shape[0] == B && tokens.shape[1] == T && dwte.shape[1] == C &&
+                 dwpe.shape[1] == C && dwpe.shape[0] >= T,
+             k.op() + ": shape mismatch" + desc);
+  embedding_backward_kernel(dwte, dwpe, dout, tokens);
+}
+
+void Device::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                               const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
+  Check k(*this, "layernorm_forward");
+  for (auto [n, t] : {std::pair{"mean", &mean}, {"rstd", &rstd}, {"x", &x}, {"w", &w},
+                      {"b", &b}})
+    k.f32(n, *t);
+  k.flt("out", out, OpKind::kLayerNorm);
+  CT_REQUIRE(x.ndim() >= 1, k.op() + ": x must have a last dimension");
+  int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+  CT_REQUIRE(out.shape == x.shape && w.numel() == C && b.numel() == C && mean.numel() == N &&
+                 rstd.numel() == N,
+             k.op() + ": expected x, out [N,C], w, b [C], mean, rstd [N]" +
+                 shapes({&out, &mean, &rstd, &x, &w, &b}));
+  layernorm_forward_kernel(out, mean, rstd, x, w, b, eps);
+}
+
+void Device::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                const Tensor& dout, const Tensor& x, const Tensor& w,
+                                const Tensor& mean, const Tensor& rstd) {
+  Check k(*this, "layernorm_backward");
+  for (auto [n, t] : {std::pair{"dx", &dx}, {"dw", &dw}, {"db", &db}, {"x", &x}, {"w", &w},
+                      {"mean", &mean}, {"rstd", &rstd}})
+    k.f32(n, *t);
+  k.flt("dout", dout, OpKind::kLayerNorm);
+  CT_REQUIRE(x.ndim() >= 1, k.op() + ": x must have a last dimension");
+  int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+  CT_REQUIRE(dx.shape == x.shape && dout.shape == x.shape && w.numel() == C &&
+                 dw.numel() == C && db.numel() == C && mean.numel() == N && rstd.numel() == N,
+             k.op() + ": expected dx, dout, x [N,C], dw, db, w [C], mean, rstd [N]" +
+                 shapes({&dx, &dw, &db, &dout, &x, &w, &mean, &rstd}));
+  layernorm_backward_kernel(dx, dw, db, dout, x, w, mean, rstd);
+}
+
+void Device::matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
+                    bool trans_b, float alpha, float beta, const Tensor* bias) {
+  Check k(*this, "matmul");
+  k.flt("c", c, OpKind::kMatmul);
+  k.flt("a", a, OpKind::kMatmul);
+  k.flt("b", b, OpKind::kMatmul);
+  std::string desc =
+      shapes({&c, &a, &b}) + (trans_a ? " trans_a" : "") + (trans_b ? " trans_b" : "");
+  CT_REQUIRE(c.ndim() >= 2 && a.ndim() >= 2 && b.ndim() >= 2,
+             k.op() + ": operands must be at least 2-D" + desc);
+  MatmulDims d;
+  d.M = c.shape[-2];
+  d.N = c.shape[-1];
+  d.batch = c.numel() / std::max<int64_t>(d.M * d.N, 1);
+  int64_t am = trans_a ? a.shape[-1] : a.shape[-2], ak = trans_a ? a.shape[-2] : a.shape[-1];
+  int64_t bk = trans_b ? b.shape[-1] : b.shape[-2], bn = trans_b ? b.shape[-2] : b.shape[-1];
+  d.K = ak;
+  CT_REQUIRE(am == d.M && bn == d.N && ak == bk,
+             k.op() + ": inner or outer dimensions do not match" + desc);
+  CT_REQUIRE(a.dtype == b.dtype && (c.dtype == DType::f32 || c.dtype == a.dtype),
+             k.op() + ": a and b must share a dtype, and c be f32 or that dtype" + desc);
+  CT_REQUIRE(!overlaps(c, a) && !overlaps(c, b), k.op() + ": c must not overlap a or b" + desc);
+  d.a_batched = batch_matches(k, a, c, desc);
+  d.b_batched = batch_matches(k, b, c, desc);
+  if (bias) {
+    k.f32("bias", *bias);
+    CT_REQUIRE(bias->numel() == d.N,
+               k.op() + ": bias must be [N]" + desc + " bias " + bias->describe());
+  }
+  matmul_kernel(c, a, b, d, trans_a, trans_b, alpha, beta, bias);
+}
+
+void Device::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  Check k(*this, "bias_backward");
+  k.f32("dbias", dbias);
+  k.flt("dout", dout, OpKind::kBiasGrad);
+  CT_REQUIRE(dout.ndim() >= 1 && dbias.numel() == dout.shape[-1],
+             "bias_backward: expected dout [M,N], dbias [N]" + shapes({&dbias, &dout}));
+  bias_backward_kernel(dbias, dout);
+}
+
+void Device::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                               int n_head) {
+  Check k(*this, "attention_forward");
+  k.flt("out", out, OpKind::kAttention);
+  k.flt("att", att, OpKind::kAttention);
+  k.flt("qkv", qkv, OpKind::kAttention);
+  k.same_dtype({&out, &att, &qkv});
+  attention_dims(k, out, att, qkv, n_head);
+  attention_forward_kernel(out, att, qkv, n_head);
+}
+
+void Device::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                const Tensor& att, int n_head) {
+  Check k(*this, "attention_backward");
+  k.flt("dqkv", dqkv, OpKind::kAttention);
+  k.flt("dout", dout, OpKind::kAttention);
+  k.flt("qkv", qkv, OpKind::kAttention);
+  k.flt("att", att, OpKind::kAttention);
+  k.same_dtype({&dqkv, &dout, &qkv, &att});
+  CT_REQUIRE(dqkv.shape == qkv.shape,
+             k.op() + ": dqkv must have the shape of qkv" + shapes({&dqkv, &qkv}));
+  attention_dims(k, dout, att, qkv, n_head);
+  attention_backward_kernel(dqkv, dout, qkv, att, n_head);
+}
+
+void Device::gelu_forward(const Tensor& out, const Tensor& x) {
+  Check k(*this, "gelu_forward");
+  k.flt("out", out, OpKind::kGelu);
+  k.flt("x", x, OpKind::kGelu);
+  k.same_dtype({&out, &x});
+  k.same_numel(out, x);
+  gelu_forward_kernel(out, x);
+}
+
+void Device::gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout) {
+  Check k(*this, "gelu_backward");
+  k.flt("dx", dx, OpKind::kGelu);
+  k.flt("x", x, OpKind::kGelu);
+  k.flt("dout", dout, OpKind::kGelu);
+  k.same_dtype({&dx, &x, &dout});
+  k.same_numel(dx, x);
+  k.same_numel(dx, dout);
+  gelu_backward_kernel(dx, x, dout);
+}
+
+void Device::crossentropy_forward(const Tensor& losses, const Tensor& logits,
+                                  const Tensor& targets) {
+  Check k(*this, "crossentropy_forward");
+  k.f32("losses", losses);
+  k.flt("logits", logits, OpKind::kCrossEntropy);
+  k.is("targets", targets, DType::i32);
+  crossentropy_dims(k, logits, targets);
+  CT_REQUIRE(losses.numel() == targets.numel(),
+             k.op() + ": losses must be [N]" + shapes({&losses, &logits, &targets}));
+  crossentropy_forward_kernel(losses, logits, targets);
+}
+
+void Device::crossentropy_backward(const Tensor& dlogits, const Tensor& logits,
+                                   const Tensor& targets, float dloss) {
+  Check k(*this, "crossentropy_backward");
+  k.flt("dlogits", dlogits, OpKind::kCrossEntropy);
+  k.flt("logits", logits, OpKind::kCrossEntropy);
+  k.is("targets", targets, DType::i32);
+  k.same_dtype({&dlogits, &logits});
+  crossentropy_dims(k, logits, targets);
+  CT_REQUIRE(dlogits.shape == logits.shape,
+             k.op() + ": dlogits must match logits" + shapes({&dlogits, &logits}));
+  CT_REQUIRE(dlogits.offset == logits.offset || !overlaps(dlogits, logits),
+             k.op() + ": dlogits may alias logits exactly but not partially" +
+                 shapes({&dlogits, &logits}));
+  crossentropy_backward_kernel(dlogits, logits, targets, dloss);
+}
+
+// -- reductions and optimizer ---------------------------------------------------------------------
+
+void Device::sum(const Tensor& out, const Tensor& x, float scale) {
+  Check k(*this, "sum");
+  k.f32("out", out);
+  k.f32("x", x);
+  CT_REQUIRE(out.numel() == 1, "sum: out must be [1]" + shapes({&out, &x}));
+  sum_kernel(out, x, scale);
+}
+
+void Device::norm(const Tensor& out, const Tensor& x) {
+  Check k(*this, "norm");
+  k.f32("out", out);
+  k.f32("x", x);
+  CT_REQUIRE(out.numel() == 1, "norm: out must be [1]" + shapes({&out, &x}));
+  norm_kernel(out, x);
+}
+
+void Device::check_finite(const Tensor& flag, const Tensor& x) {
+  Check k(*this, "check_finite");
+  k.is("flag", flag, DType::i32);
+  k.f32("x", x);
+  CT_REQUIRE(flag.numel() == 1, "check_finite: flag must be [1] i32" + shapes({&flag, &x}));
+  check_finite_kernel(flag, x);
+}
+
+void Device::unscale_check(const Tensor& x, const Tensor& flag, float inv_scale) {
+  Check k(*this, "unscale_check");
+  k.f32("x", x);
+  k.is("flag", flag, DType::i32);
+  CT_REQUIRE(flag.numel() == 1, "unscale_check: flag must be [1] i32" + shapes({&flag, &x}));
+  unscale_check_kernel(x, flag, inv_scale);
+}
+
+void Device::unscale_check_kernel(const Tensor& x, const Tensor& flag, float inv_scale) {
+  scale_kernel(x, inv_scale);
+  check_finite_kernel(flag, x);
+}
+
+void Device::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                   const Tensor& grad_norm, const AdamWHyper& hp) {
+  Check k(*this, "adamw");
+  k.f32("param", param);
+  k.f32("grad", grad);
+  k.f32("m", m);
+  k.f32("v", v);
+  k.same_numel(param, grad);
+  k.same_numel(param, m);
+  k.same_numel(param, v);
+  k.clip_norm(grad_norm, hp.max_grad_norm);
+  k.step(hp.step);
+  adamw_kernel(param, grad, m, v, grad_norm, hp);
+}
+
+// -- optimizers -----------------------------------------------------------------------------------
+
+void Device::sgd(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                 const Tensor& grad_norm, const SgdHyper& hp) {
+  Check k(*this, "sgd");
+  k.f32("param", param);
+  k.f32("grad", grad);
+  k.same_numel(param, grad);
+  if (hp.momentum != 0.0f) {
+    k.f32("momentum_buf", momentum_buf);
+    k.same_numel(param, momentum_buf);
+  }
+  CT_REQUIRE(!hp.nesterov || (hp.momentum > 0.0f && hp.dampening == 0.0f),
+             "sgd: nesterov needs momentum > 0 and dampening 0");
+  k.step(hp.step);
+  k.clip_norm(grad_norm, hp.max_grad_norm);
+  sgd_kernel(param, grad, momentum_buf, grad_norm, hp);
+}
+
+void Device::lion(const Tensor& param, const Tensor& grad, const Tensor& m,
+                  const Tensor& grad_norm, const LionHyper& hp) {
+  Check k(*this, "lion");
+  k.f32("param", param);
+  k.f32("grad", grad);
+  k.f32("m", m);
+  k.same_numel(param, grad);
+  k.same_numel(param, m);
+  k.clip_norm(grad_norm, hp.max_grad_norm);
+  lion_kernel(param, grad, m, grad_norm, hp);
+}
+
+void Device::adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m_q,
+                        const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
+                        const Tensor& qmap_signed, const Tensor& qmap_unsigned,
+                        const Tensor& grad_norm, const AdamWHyper& hp) {
+  Check k(*this, "adamw_8bit");
+  for (auto [n, t] : {std::pair{"param", &param}, {"grad", &grad}, {"m_absmax", &m_absmax},
+                      {"v_absmax", &v_absmax}, {"qmap_signed", &qmap_signed},
+                      {"qmap_unsigned", &qmap_unsigned}})
+    k.f32(n, *t);
+  k.is("m_q", m_q, DType::u8);
+  k.is("v_q", v_q, DType::u8);
+  k.same_numel(param, grad);
+  k.same_numel(param, m_q);
+  k.same_numel(param, v_q);
+  const int64_t nb = quant_blocks(param.numel());
+  CT_REQUIRE(m_absmax.numel() == nb && v_absmax.numel() == nb && qmap_signed.numel() == 256 &&
+                 qmap_unsigned.numel() == 256,
+             k.op() + ": expected m_absmax, v_absmax [" + std::to_string(nb) +
+                 "] and qmaps [256]" +
+                 shapes({&m_absmax, &v_absmax, &qmap_signed, &qmap_unsigned}));
+  k.step(hp.step);
+  k.clip_norm(grad_norm, hp.max_grad_norm);
+  adamw_8bit_kernel(param, grad, m_q, v_q, m_absmax, v_absmax, qmap_signed, qmap_unsigned,
+                    grad_norm, hp);
+}
+
+void Device::adafactor(const Tensor& param, const Tensor& grad, const Tensor& row,
+                       const Tensor& col, const Tensor& v, const Tensor& exp_avg,
+                       const Tensor& grad_norm, const AdafactorHyper& hp) {
+  Check k(*this, "adafactor");
+  k.f32("param", param);
+  k.f32("grad", grad);
+  k.same_numel(param, grad);
+  CT_REQUIRE(param.numel() > 0, "adafactor: param is empty");
+  k.step(hp.step);
+  const bool factored = param.ndim() >= 2;
+  const int64_t C = factored ? param.shape[-1] : param.numel(), R = param.numel() / C;
+  if (factored) {
+    k.f32("row", row);
+    k.f32("col", col);
+    CT_REQUIRE(row.numel() == R && col.numel() == C && !v.defined(),
+               "adafactor: a rank >= 2 param [R,C] takes row [R], col [C] and no v" +
+                   shapes({&param, &row, &col}));
+  } else {
+    k.f32("v", v);
+    k.same_numel(param, v);
+    CT_REQUIRE(!row.defined() && !col.defined(), "adafactor: a 1-D param takes v, not row/col");
+  }
+  if (hp.beta1 > 0.0f) {
+    k.f32("exp_avg", exp_avg);
+    k.same_numel(param, exp_avg);
+  }
+  k.clip_norm(grad_norm, hp.max_grad_norm);
+  adafactor_kernel(param, grad, row, col, v, exp_avg, grad_norm, hp);
+}
+
+// The optimizer kernels a backend need not have.
+void Device::sgd_kernel(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const SgdHyper&) {
+  fail(ErrorKind::kUnsupported, "sgd: not implemented on " + info().id());
+}
+void Device::lion_kernel(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const LionHyper&) {
+  fail(ErrorKind::kUnsupported, "lion: not implemented on " + info().id());
+}
+void Device::adamw_8bit_kernel(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&, const AdamWHyper&) {
+  fail(ErrorKind::kUnsupported, "adamw_8bit: not implemented on " + info().id());
+}
+void Device::adafactor_kernel(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&,
+                              const AdafactorHyper&) {
+  fail(ErrorKind::kUnsupported, "adafactor: not implemented on " + info().id());
+}
+
+}  // namespace ct
