@@ -1,0 +1,66 @@
+// The plugin ABI's version history. A plugin (core/device.h: libcrosstrain_backend_<name>.so)
+// is built against one core/device.h; the registry loads it only when its version is
+// kBackendAbiVersion. Each version records the fingerprint of the device.h it stands for: the
+// SHA-256 of the file with comments removed and whitespace collapsed (abi_normalise()), so a
+// change to a comment or the layout keeps it, any change to a declaration does not.
+// tests/core/backend_abi_test.cpp fails when device.h's fingerprint is not the one recorded for
+// kBackendAbiVersion: then bump kBackendAbiVersion in core/device.h and add a row here with the
+// fingerprint the test prints.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace ct {
+
+struct BackendAbiRevision {
+  int version;
+  const char* device_h_sha256;  // of abi_normalise(core/device.h); "" where not recorded
+  const char* what;
+};
+
+inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
+    {1, "", "the first plugin interface (before fingerprints were recorded)"},
+    {2, "31c54c142f3a0610b7c6a04cff393dae467090b2c05ef9f8df7e9d6008a7de97",
+     "ops non-virtual, checked in core; backends implement protected *_kernel virtuals"},
+};
+
+// device.h's text without // and /* */ comments, every run of whitespace one space, trimmed.
+// String and character literals are kept as they are.
+inline std::string abi_normalise(std::string_view src) {
+  std::string out;
+  bool space = false;
+  auto put = [&](char c) {
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') {
+      space = !out.empty();
+      return;
+    }
+    if (space) out += ' ';
+    space = false;
+    out += c;
+  };
+  for (size_t i = 0; i < src.size(); ++i) {
+    char c = src[i];
+    if (c == '/' && i + 1 < src.size() && src[i + 1] == '/') {
+      while (i < src.size() && src[i] != '\n') ++i;
+      put('\n');
+    } else if (c == '/' && i + 1 < src.size() && src[i + 1] == '*') {
+      i += 2;
+      while (i + 1 < src.size() && !(src[i] == '*' && src[i + 1] == '/')) ++i;
+      ++i;
+      put(' ');
+    } else if (c == '"' || c == '\'') {
+      put(c);
+      for (++i; i < src.size() && src[i] != c; ++i) {
+        out += src[i];
+        if (src[i] == '\\' && i + 1 < src.size()) out += src[++i];
+      }
+      if (i < src.size()) out += c;
+    } else {
+      put(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace ct
