@@ -21,8 +21,9 @@ struct BackendAbiRevision {
 
 inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {1, "", "the first plugin interface (before fingerprints were recorded)"},
-    {2, "31c54c142f3a0610b7c6a04cff393dae467090b2c05ef9f8df7e9d6008a7de97",
-     "ops non-virtual, checked in core; backends implement protected *_kernel virtuals"},
+    {2, "4a619556eb151fe62ff7324bd9175e9f93f0ac3bdb5b0999d47de09360402400",
+     "ops non-virtual, checked in core; backends implement protected *_kernel virtuals; "
+     "events, download_async and native_stream"},
 };
 
 // device.h's text without // and /* */ comments, every run of whitespace one space, trimmed.

@@ -18,7 +18,7 @@
 namespace ct {
 namespace {
 
-// As tests/vulkan/vk_test_util.h: lavapipe unless the environment already chose a driver.
+// As tests/common/device_harness.h: lavapipe unless the environment already chose a driver.
 const bool kPinned = [] {
 #ifdef CT_VK_LAVAPIPE_ICD
   if (std::getenv("VK_DRIVER_FILES") || std::getenv("VK_ICD_FILENAMES")) return false;

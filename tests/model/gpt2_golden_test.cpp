@@ -1,6 +1,6 @@
 // GPT-2 against the PyTorch golden state written by scripts/make_golden.py (tiny preset, seed 42,
-// B=2, T=64): initial weights, logits, loss, every gradient, and 5 AdamW steps, on the CPU fast
-// and reference devices. Tolerances and why:
+// B=2, T=64): initial weights, logits, loss, every gradient, and 5 AdamW steps, on the CPU
+// reference device and on every device of every backend. Tolerances and why:
 //   weights        |d| <= 1e-7 abs     (Philox bits identical; Box-Muller log/cos within 3 ulp)
 //   logits         |d| <= 2e-5 abs     (fp32 forward in a different summation order)
 //   loss           rel 1e-5
@@ -21,9 +21,9 @@
 #include <cstdio>
 #include <cstring>
 
-#include "backends/cpu/cpu_backend.h"
 #include "core/io/safetensors.h"
 #include "core/model/gpt2.h"
+#include "tests/common/device_harness.h"
 
 namespace ct {
 namespace {
@@ -77,12 +77,10 @@ bool is_key_bias(const GPT2& model, const ParamInfo& p, int64_t flat_index) {
   return j >= C && j < 2 * C;
 }
 
-class GPT2Golden : public ::testing::TestWithParam<bool> {};
-
-TEST_P(GPT2Golden, MatchesPyTorch) {
-  const bool reference = GetParam();
+// The golden run on device d (`label` names it in the printed summary).
+void check_golden(Device& d, const std::string& label) {
+  Device* dev = &d;
   Golden g = load_golden();
-  auto dev = make_cpu_device(reference);
   GPT2 model(*dev, GPT2Config::preset("tiny"));
   const std::vector<ParamInfo>& table = model.params();
   ASSERT_EQ(g.init_sum.size(), table.size());
@@ -194,12 +192,16 @@ TEST_P(GPT2Golden, MatchesPyTorch) {
   std::printf(
       "[%s] max |dw0| %.3g, max |dlogits| %.3g, loss rel %.3g, worst grad-norm rel %.3g, worst "
       "grad sample |d|/max|g| %.3g, adamw loss rel %.3g, grad-norm rel %.3g, final |dw| %.3g\n",
-      reference ? "reference" : "fast", max_w, max_logit, std::fabs(loss - g.loss[0]) / g.loss[0],
+      label.c_str(), max_w, max_logit, std::fabs(loss - g.loss[0]) / g.loss[0],
       worst_norm, worst_sample, worst_step_loss, worst_step_norm, worst_final);
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuDevices, GPT2Golden, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Reference" : "Fast"; });
+TEST(ReferenceGPT2Golden, MatchesPyTorch) { check_golden(test::ref(), "cpu:1"); }
+
+// Every device of every backend (tests/common/device_harness.h).
+using GPT2Golden = test::DeviceTest;
+TEST_P(GPT2Golden, MatchesPyTorch) { check_golden(dev(), id()); }
+CT_INSTANTIATE_DEVICE_SUITE(GPT2Golden);
 
 }  // namespace
 }  // namespace ct

@@ -1,10 +1,13 @@
-// adamw: a hand-computed two-step update, clipping, and fast vs reference.
-#include "tests/ops/op_test_util.h"
+// adamw: a hand-computed two-step update, clipping, and every device against the reference over
+// steps, with and without clipping.
+#include "tests/common/device_harness.h"
 
 namespace ct::test {
 namespace {
 
-TEST(AdamW, TwoStepsByHand) {
+using AdamW = DeviceTest;
+
+TEST_P(AdamW, TwoStepsByHand) {
   // p = [1, -2]; grads [0.5, 3] then [-0.25, 1]; lr 0.1, betas (0.9, 0.999), eps 1e-8, wd 0.01.
   // Step 1: m = 0.1 g = [0.05, 0.3]; v = 0.001 g^2 = [2.5e-4, 9e-3]; p *= (1 - lr wd);
   //         mhat / sqrt(vhat) = g / |g| = +-1, so p = [0.999 - 0.1, -1.998 - 0.1] (less eps).
@@ -15,7 +18,7 @@ TEST(AdamW, TwoStepsByHand) {
   const Vec want_p2 = {0.8714672981392735f, -2.1830083963514952f};
   const Vec want_m2 = {0.020000003576278402f, 0.3700000810623152f};
   const Vec want_v2 = {0.00031224598312373786f, 0.009990871485708652f};
-  for (Device* d : {&ref_dev(), &fast_dev()}) {
+  for (Device* d : {&ref(), &dev()}) {
     Tensor p = upload(*d, {2}, {1.0f, -2.0f}), m = upload(*d, {2}, {0.0f, 0.0f});
     Tensor v = upload(*d, {2}, {0.0f, 0.0f}), g = upload(*d, {2}, {0.5f, 3.0f});
     AdamWHyper hp;
@@ -39,10 +42,10 @@ TEST(AdamW, TwoStepsByHand) {
   }
 }
 
-TEST(AdamW, ClipsByGlobalNorm) {
+TEST_P(AdamW, ClipsByGlobalNorm) {
   // grad_norm 10, max 1: g is scaled by 1 / (10 + 1e-6); with m = v = 0 the first step moves
   // p by lr * sign(g) whatever the scale, so check the moments instead.
-  for (Device* d : {&ref_dev(), &fast_dev()}) {
+  for (Device* d : {&ref(), &dev()}) {
     Tensor p = upload(*d, {3}, {1.0f, 1.0f, 1.0f}), m = upload(*d, {3}, Vec(3, 0.0f));
     Tensor v = upload(*d, {3}, Vec(3, 0.0f)), g = upload(*d, {3}, {6.0f, -8.0f, 0.0f});
     Tensor gn = upload(*d, {1}, {10.0f});
@@ -62,12 +65,12 @@ TEST(AdamW, ClipsByGlobalNorm) {
   }
 }
 
-TEST(AdamW, FastMatchesReferenceOverSteps) {
+TEST_P(AdamW, MatchesReferenceOverSteps) {
   const int64_t n = 100003;
   Vec p0 = randn(n, 1), m0(n, 0.0f), v0(n, 0.0f);
   Vec out[2][3];
   int k = 0;
-  for (Device* d : {&ref_dev(), &fast_dev()}) {
+  for (Device* d : {&ref(), &dev()}) {
     Tensor p = upload(*d, {n}, p0), m = upload(*d, {n}, m0), v = upload(*d, {n}, v0);
     Tensor gn = upload(*d, {1}, {3.0f});
     AdamWHyper hp;
@@ -85,10 +88,37 @@ TEST(AdamW, FastMatchesReferenceOverSteps) {
     out[k][2] = download(*d, v);
     ++k;
   }
-  EXPECT_TRUE(close_nmse(out[1][0], out[0][0], kTolFast, "param"));
-  EXPECT_TRUE(close_nmse(out[1][1], out[0][1], kTolFast, "m"));
-  EXPECT_TRUE(close_nmse(out[1][2], out[0][2], kTolFast, "v"));
+  EXPECT_TRUE(close_nmse(out[1][0], out[0][0], tol(), "param on " + id()));
+  EXPECT_TRUE(close_nmse(out[1][1], out[0][1], tol(), "m on " + id()));
+  EXPECT_TRUE(close_nmse(out[1][2], out[0][2], tol(), "v on " + id()));
 }
+
+TEST_P(AdamW, WithAndWithoutClippingAgainstTheNormOp) {
+  const int64_t n = 5003;
+  for (float max_norm : {0.0f, 0.5f}) {
+    Pair p = both({n}, randn(n, 130)), g = both({n}, randn(n, 131));
+    Pair m = both({n}, randn(n, 132, 0.1f)), v = both({n}, uniform(n, 133, 0.0f, 0.2f));
+    Pair gn = both_empty({1});
+    dev().norm(gn.d, g.d);
+    ref().norm(gn.r, g.r);
+    AdamWHyper hp;
+    hp.lr = 3e-3f;
+    hp.weight_decay = 0.1f;
+    hp.step = 7;
+    hp.max_grad_norm = max_norm;
+    for (int step = 0; step < 3; ++step) {
+      hp.step = 7 + step;
+      dev().adamw(p.d, g.d, m.d, v.d, gn.d, hp);
+      ref().adamw(p.r, g.r, m.r, v.r, gn.r, hp);
+    }
+    std::string w = max_norm > 0 ? " (clipped)" : "";
+    EXPECT_TRUE(same(p, tol(), "adamw param" + w));
+    EXPECT_TRUE(same(m, tol(), "adamw m" + w));
+    EXPECT_TRUE(same(v, tol(), "adamw v" + w));
+  }
+}
+
+CT_INSTANTIATE_DEVICE_SUITE(AdamW);
 
 }  // namespace
 }  // namespace ct::test

@@ -1,13 +1,26 @@
-// attention_forward / attention_backward: fast vs reference vs fp64, and finite differences.
+// attention_forward / attention_backward: every device against the reference (odd sizes, several
+// row blocks, the model's head sizes); the reference against fp64 and central differences.
 #include <sstream>
 
-#include "tests/ops/op_test_util.h"
+#include "tests/common/device_harness.h"
+#include "tests/common/fp64_ops.h"
 
 namespace ct::test {
 namespace {
 
 struct AttnCase {
   int64_t B, T, C, NH;
+  uint64_t seed;
+  bool finite_differences;  // the reference's backward against central differences too
+  bool tight;               // fp32 kernels land near 1e-13: checked against 1e-10 as well
+};
+const AttnCase kCases[] = {
+    {2, 7, 12, 3, 1, true, false},     {1, 5, 8, 1, 2, true, false},
+    {3, 1, 6, 2, 3, true, false},      {2, 11, 21, 3, 80, false, true},
+    {2, 37, 12, 3, 10, false, false},  {1, 300, 24, 2, 11, false, false},
+    // The model's own head sizes, where the fast CPU path's AVX-512 kernels take full 6x64
+    // tiles: tiny (T 256, 6 heads of 64) and an odd head size with an odd T.
+    {1, 256, 384, 6, 12, false, false}, {1, 77, 160, 2, 13, false, false},
 };
 
 struct AttnOut {
@@ -31,22 +44,42 @@ std::string name(const AttnCase& c) {
   return os.str();
 }
 
-void check(const AttnCase& c, uint64_t seed, bool fd) {
-  Vec qkv = randn(c.B * c.T * 3 * c.C, seed), dout = randn(c.B * c.T * c.C, seed + 1);
-  AttnOut r = run(ref_dev(), c, qkv, dout), f = run(fast_dev(), c, qkv, dout);
-  VecD att64;
-  VecD out64 = f64::attention(to_d(qkv), c.B, c.T, c.C, c.NH, &att64);
-  EXPECT_TRUE(close_nmse(r.out, out64, kTolF64, "out ref vs fp64 " + name(c)));
-  EXPECT_TRUE(close_nmse(r.att, att64, kTolF64, "att ref vs fp64 " + name(c)));
-  EXPECT_TRUE(close_nmse(f.out, r.out, kTolGemm, "out fast vs ref " + name(c)));
-  EXPECT_TRUE(close_nmse(f.att, r.att, kTolGemm, "att fast vs ref " + name(c)));
-  EXPECT_TRUE(close_nmse(f.dqkv, r.dqkv, kTolGemm, "dqkv fast vs ref " + name(c)));
-  // Zero above the diagonal, exactly, on both devices.
-  for (const Vec* a : {&r.att, &f.att})
+using Attention = DeviceTest;
+
+TEST_P(Attention, MatchesReference) {
+  for (const AttnCase& c : kCases) {
+    Vec qkv = randn(c.B * c.T * 3 * c.C, c.seed), dout = randn(c.B * c.T * c.C, c.seed + 1);
+    AttnOut r = run(ref(), c, qkv, dout), f = run(dev(), c, qkv, dout);
+    std::string nm = name(c) + " on " + id();
+    double t = tol(Tol::kGemm);
+    EXPECT_TRUE(close_nmse(f.out, r.out, t, "out vs ref " + nm));
+    EXPECT_TRUE(close_nmse(f.att, r.att, t, "att vs ref " + nm));
+    EXPECT_TRUE(close_nmse(f.dqkv, r.dqkv, t, "dqkv vs ref " + nm));
+    if (c.tight) {
+      EXPECT_TRUE(close_nmse(f.out, r.out, 1e-10, "out vs ref (tight) " + nm));
+      EXPECT_TRUE(close_nmse(f.dqkv, r.dqkv, 1e-10, "dqkv vs ref (tight) " + nm));
+    }
+    // Zero above the diagonal, exactly.
+    for (int64_t bh = 0; bh < c.B * c.NH; ++bh)
+      for (int64_t tt = 0; tt < c.T; ++tt)
+        for (int64_t u = tt + 1; u < c.T; ++u) ASSERT_EQ(f.att[(bh * c.T + tt) * c.T + u], 0.0f);
+  }
+}
+
+CT_INSTANTIATE_DEVICE_SUITE(Attention);
+
+TEST(ReferenceAttention, MatchesFp64AndFiniteDifferences) {
+  for (const AttnCase& c : kCases) {
+    Vec qkv = randn(c.B * c.T * 3 * c.C, c.seed), dout = randn(c.B * c.T * c.C, c.seed + 1);
+    AttnOut r = run(ref(), c, qkv, dout);
+    VecD att64;
+    VecD out64 = f64::attention(to_d(qkv), c.B, c.T, c.C, c.NH, &att64);
+    EXPECT_TRUE(close_nmse(r.out, out64, kTolF64, "out ref vs fp64 " + name(c)));
+    EXPECT_TRUE(close_nmse(r.att, att64, kTolF64, "att ref vs fp64 " + name(c)));
     for (int64_t bh = 0; bh < c.B * c.NH; ++bh)
       for (int64_t t = 0; t < c.T; ++t)
-        for (int64_t u = t + 1; u < c.T; ++u) ASSERT_EQ((*a)[(bh * c.T + t) * c.T + u], 0.0f);
-  if (fd) {
+        for (int64_t u = t + 1; u < c.T; ++u) ASSERT_EQ(r.att[(bh * c.T + t) * c.T + u], 0.0f);
+    if (!c.finite_differences) continue;
     VecD num = numeric_grad(
         [&](const VecD& x) { return f64::attention(x, c.B, c.T, c.C, c.NH); }, to_d(qkv),
         to_d(dout));
@@ -54,32 +87,15 @@ void check(const AttnCase& c, uint64_t seed, bool fd) {
   }
 }
 
-TEST(Attention, OddSizesWithFiniteDifferences) {
-  check({2, 7, 12, 3}, 1, true);
-  check({1, 5, 8, 1}, 2, true);
-  check({3, 1, 6, 2}, 3, true);
-}
-
-TEST(Attention, SeveralRowBlocks) {
-  check({2, 37, 12, 3}, 10, false);
-  check({1, 300, 24, 2}, 11, false);
-}
-
-// The model's own head sizes, where the fast path's AVX-512 kernels take full 6x64 tiles:
-// tiny (T 256, 6 heads of 64) and an odd head size with an odd T.
-TEST(Attention, ModelShapes) {
-  check({1, 256, 384, 6}, 12, false);
-  check({1, 77, 160, 2}, 13, false);
-}
-
-TEST(Attention, RejectsBadShapes) {
-  for (Device* d : {&ref_dev(), &fast_dev()}) {
-    Tensor out = upload(*d, {1, 4, 6}, Vec(24, 0.0f)), qkv = upload(*d, {1, 4, 18}, Vec(72, 0.0f));
-    Tensor att = upload(*d, {1, 2, 4, 4}, Vec(32, 0.0f));
-    EXPECT_THROW(d->attention_forward(out, att, qkv, 4), Error);  // C=6 not a multiple of 4
-    EXPECT_THROW(d->attention_forward(out, att, qkv, 3), Error);  // att has 2 heads
-    Tensor bad = upload(*d, {1, 4, 12}, Vec(48, 0.0f));
-    EXPECT_THROW(d->attention_forward(out, att, bad, 2), Error);  // qkv is not 3C
+TEST(CpuAttention, RejectsBadShapes) {
+  for (const char* spec : {"cpu:1", "cpu:0"}) {
+    Device& d = open_cached(spec);
+    Tensor out = upload(d, {1, 4, 6}, Vec(24, 0.0f)), qkv = upload(d, {1, 4, 18}, Vec(72, 0.0f));
+    Tensor att = upload(d, {1, 2, 4, 4}, Vec(32, 0.0f));
+    EXPECT_THROW(d.attention_forward(out, att, qkv, 4), Error);  // C=6 not a multiple of 4
+    EXPECT_THROW(d.attention_forward(out, att, qkv, 3), Error);  // att has 2 heads
+    Tensor bad = upload(d, {1, 4, 12}, Vec(48, 0.0f));
+    EXPECT_THROW(d.attention_forward(out, att, bad, 2), Error);  // qkv is not 3C
   }
 }
 

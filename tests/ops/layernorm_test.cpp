@@ -1,5 +1,7 @@
-// layernorm_forward / layernorm_backward.
-#include "tests/ops/op_test_util.h"
+// layernorm_forward / layernorm_backward: every device against the reference (odd sizes, many
+// rows, a row with a large mean, 3-D input); the reference against fp64 and central differences.
+#include "tests/common/device_harness.h"
+#include "tests/common/fp64_ops.h"
 
 namespace ct::test {
 namespace {
@@ -8,75 +10,107 @@ struct LnOut {
   Vec out, mean, rstd, dx, dw, db;
 };
 
-LnOut run(Device& d, int64_t N, int64_t C, const Vec& x, const Vec& w, const Vec& b,
-          const Vec& dout, const Vec& dx0, const Vec& dw0, const Vec& db0) {
-  Tensor tx = upload(d, {N, C}, x), tw = upload(d, {C}, w), tb = upload(d, {C}, b);
-  Tensor to = upload(d, {N, C}, Vec(N * C, NAN));
+LnOut run(Device& d, const Shape& xs, const Vec& x, const Vec& w, const Vec& b, const Vec& dout,
+          const Vec& dx0, const Vec& dw0, const Vec& db0) {
+  int64_t C = xs[-1], N = xs.numel() / C;
+  Tensor tx = upload(d, xs, x), tw = upload(d, {C}, w), tb = upload(d, {C}, b);
+  Tensor to = upload(d, xs, Vec(N * C, NAN));
   Tensor tm = upload(d, {N}, Vec(N, NAN)), tr = upload(d, {N}, Vec(N, NAN));
   d.layernorm_forward(to, tm, tr, tx, tw, tb, 1e-5f);
-  Tensor td = upload(d, {N, C}, dout), tdx = upload(d, {N, C}, dx0);
+  Tensor td = upload(d, xs, dout), tdx = upload(d, xs, dx0);
   Tensor tdw = upload(d, {C}, dw0), tdb = upload(d, {C}, db0);
   d.layernorm_backward(tdx, tdw, tdb, td, tx, tw, tm, tr);
   return {download(d, to), download(d, tm), download(d, tr),
           download(d, tdx), download(d, tdw), download(d, tdb)};
 }
 
-void check(int64_t N, int64_t C, uint64_t seed, bool fd) {
-  Vec x = randn(N * C, seed, 2.0f), w = randn(C, seed + 1), b = randn(C, seed + 2);
-  for (auto& v : x) v += 0.5f;  // a non-zero mean
-  Vec dout = randn(N * C, seed + 3), dx0 = randn(N * C, seed + 4), dw0 = randn(C, seed + 5),
-      db0 = randn(C, seed + 6);
-  LnOut r = run(ref_dev(), N, C, x, w, b, dout, dx0, dw0, db0);
-  LnOut f = run(fast_dev(), N, C, x, w, b, dout, dx0, dw0, db0);
-  std::string nm = " N" + std::to_string(N) + " C" + std::to_string(C);
-  EXPECT_TRUE(close_nmse(r.out, f64::layernorm(to_d(x), to_d(w), to_d(b), N, C, 1e-5), kTolF64,
-                         "out ref vs fp64" + nm));
-  EXPECT_TRUE(close_nmse(f.out, r.out, kTolFast, "out fast vs ref" + nm));
-  EXPECT_TRUE(close_nmse(f.mean, r.mean, kTolFast, "mean fast vs ref" + nm));
-  EXPECT_TRUE(close_nmse(f.rstd, r.rstd, kTolFast, "rstd fast vs ref" + nm));
-  EXPECT_TRUE(close_nmse(f.dx, r.dx, kTolFast, "dx fast vs ref" + nm));
-  EXPECT_TRUE(close_nmse(f.dw, r.dw, kTolFast, "dw fast vs ref" + nm));
-  EXPECT_TRUE(close_nmse(f.db, r.db, kTolFast, "db fast vs ref" + nm));
-  if (!fd) return;
-  VecD g = to_d(dout);
-  auto plus = [](VecD n, const Vec& init) {
-    for (size_t i = 0; i < n.size(); ++i) n[i] += init[i];
-    return n;
-  };
-  VecD nx = numeric_grad([&](const VecD& xx) { return f64::layernorm(xx, to_d(w), to_d(b), N, C, 1e-5); }, to_d(x), g);
-  VecD nw = numeric_grad([&](const VecD& ww) { return f64::layernorm(to_d(x), ww, to_d(b), N, C, 1e-5); }, to_d(w), g);
-  VecD nb = numeric_grad([&](const VecD& bb) { return f64::layernorm(to_d(x), to_d(w), bb, N, C, 1e-5); }, to_d(b), g);
-  // (+=): the device adds to the initial values.
-  EXPECT_TRUE(close_nmse(r.dx, plus(nx, dx0), kTolGrad, "dx ref vs finite differences" + nm));
-  EXPECT_TRUE(close_nmse(r.dw, plus(nw, dw0), kTolGrad, "dw ref vs finite differences" + nm));
-  EXPECT_TRUE(close_nmse(r.db, plus(nb, db0), kTolGrad, "db ref vs finite differences" + nm));
+struct LnCase {
+  Shape shape;
+  uint64_t seed;
+  bool finite_differences;  // the reference's backward against central differences too
+  float big_first_row = 0;  // added to the first row: a large mean
+};
+const LnCase kCases[] = {
+    {{14, 12}, 1, true},        {{3, 5}, 2, true},  {{1, 1}, 3, false},
+    {{1037, 96}, 4, false},     {{2, 19, 77}, 70, false, 100.0f},
+};
+
+struct LnInputs {
+  Vec x, w, b, dout, dx0, dw0, db0;
+};
+LnInputs inputs(const LnCase& c) {
+  int64_t C = c.shape[-1], N = c.shape.numel() / C;
+  uint64_t s = c.seed;
+  LnInputs in{randn(N * C, s, 2.0f), randn(C, s + 1), randn(C, s + 2), randn(N * C, s + 3),
+              randn(N * C, s + 4), randn(C, s + 5), randn(C, s + 6)};
+  for (auto& v : in.x) v += 0.5f;  // a non-zero mean
+  for (int64_t i = 0; i < C; ++i) in.x[i] += c.big_first_row;
+  return in;
 }
 
-TEST(LayerNorm, OddSizesWithFiniteDifferences) {
-  check(14, 12, 1, true);
-  check(3, 5, 2, true);
-  check(1, 1, 3, false);
+using LayerNorm = DeviceTest;
+
+TEST_P(LayerNorm, MatchesReference) {
+  for (const LnCase& c : kCases) {
+    LnInputs in = inputs(c);
+    LnOut r = run(ref(), c.shape, in.x, in.w, in.b, in.dout, in.dx0, in.dw0, in.db0);
+    LnOut f = run(dev(), c.shape, in.x, in.w, in.b, in.dout, in.dx0, in.dw0, in.db0);
+    std::string nm = " " + c.shape.str() + " on " + id();
+    EXPECT_TRUE(close_nmse(f.out, r.out, tol(), "out vs ref" + nm));
+    EXPECT_TRUE(close_nmse(f.mean, r.mean, tol(), "mean vs ref" + nm));
+    EXPECT_TRUE(close_nmse(f.rstd, r.rstd, tol(), "rstd vs ref" + nm));
+    EXPECT_TRUE(close_nmse(f.dx, r.dx, tol(), "dx vs ref" + nm));
+    EXPECT_TRUE(close_nmse(f.dw, r.dw, tol(), "dw vs ref" + nm));
+    EXPECT_TRUE(close_nmse(f.db, r.db, tol(), "db vs ref" + nm));
+  }
 }
 
-TEST(LayerNorm, ManyRowsAcrossChunks) { check(1037, 96, 4, false); }
-
-TEST(LayerNorm, BackwardIsDeterministic) {
+TEST_P(LayerNorm, BackwardIsDeterministic) {
   const int64_t N = 777, C = 48;
   Vec x = randn(N * C, 9), w = randn(C, 10), b = randn(C, 11), dout = randn(N * C, 12);
   Vec z(N * C, 0.0f), zc(C, 0.0f);
-  LnOut a = run(fast_dev(), N, C, x, w, b, dout, z, zc, zc);
-  LnOut c = run(fast_dev(), N, C, x, w, b, dout, z, zc, zc);
+  LnOut a = run(dev(), {N, C}, x, w, b, dout, z, zc, zc);
+  LnOut c = run(dev(), {N, C}, x, w, b, dout, z, zc, zc);
   EXPECT_EQ(a.dw, c.dw);
   EXPECT_EQ(a.db, c.db);
   EXPECT_EQ(a.dx, c.dx);
 }
 
-TEST(LayerNorm, RejectsBadShapes) {
-  for (Device* d : {&ref_dev(), &fast_dev()}) {
-    Tensor x = upload(*d, {4, 6}, Vec(24, 1.0f)), out = upload(*d, {4, 6}, Vec(24, 0.0f));
-    Tensor w = upload(*d, {5}, Vec(5, 1.0f)), b = upload(*d, {6}, Vec(6, 0.0f));
-    Tensor m = upload(*d, {4}, Vec(4, 0.0f)), r = upload(*d, {4}, Vec(4, 0.0f));
-    EXPECT_THROW(d->layernorm_forward(out, m, r, x, w, b, 1e-5f), Error);
+CT_INSTANTIATE_DEVICE_SUITE(LayerNorm);
+
+TEST(ReferenceLayerNorm, MatchesFp64AndFiniteDifferences) {
+  for (const LnCase& c : kCases) {
+    if (c.shape.ndim != 2 || c.big_first_row != 0) continue;
+    int64_t N = c.shape[0], C = c.shape[1];
+    LnInputs in = inputs(c);
+    const Vec &x = in.x, &w = in.w, &b = in.b;
+    LnOut r = run(ref(), c.shape, x, w, b, in.dout, in.dx0, in.dw0, in.db0);
+    std::string nm = " " + c.shape.str();
+    EXPECT_TRUE(close_nmse(r.out, f64::layernorm(to_d(x), to_d(w), to_d(b), N, C, 1e-5), kTolF64,
+                           "out ref vs fp64" + nm));
+    if (!c.finite_differences) continue;
+    VecD g = to_d(in.dout);
+    auto plus = [](VecD n, const Vec& init) {
+      for (size_t i = 0; i < n.size(); ++i) n[i] += init[i];
+      return n;
+    };
+    VecD nx = numeric_grad([&](const VecD& xx) { return f64::layernorm(xx, to_d(w), to_d(b), N, C, 1e-5); }, to_d(x), g);
+    VecD nw = numeric_grad([&](const VecD& ww) { return f64::layernorm(to_d(x), ww, to_d(b), N, C, 1e-5); }, to_d(w), g);
+    VecD nb = numeric_grad([&](const VecD& bb) { return f64::layernorm(to_d(x), to_d(w), bb, N, C, 1e-5); }, to_d(b), g);
+    // (+=): the device adds to the initial values.
+    EXPECT_TRUE(close_nmse(r.dx, plus(nx, in.dx0), kTolGrad, "dx ref vs finite differences" + nm));
+    EXPECT_TRUE(close_nmse(r.dw, plus(nw, in.dw0), kTolGrad, "dw ref vs finite differences" + nm));
+    EXPECT_TRUE(close_nmse(r.db, plus(nb, in.db0), kTolGrad, "db ref vs finite differences" + nm));
+  }
+}
+
+TEST(CpuLayerNorm, RejectsBadShapes) {
+  for (const char* spec : {"cpu:1", "cpu:0"}) {
+    Device& d = open_cached(spec);
+    Tensor x = upload(d, {4, 6}, Vec(24, 1.0f)), out = upload(d, {4, 6}, Vec(24, 0.0f));
+    Tensor w = upload(d, {5}, Vec(5, 1.0f)), b = upload(d, {6}, Vec(6, 0.0f));
+    Tensor m = upload(d, {4}, Vec(4, 0.0f)), r = upload(d, {4}, Vec(4, 0.0f));
+    EXPECT_THROW(d.layernorm_forward(out, m, r, x, w, b, 1e-5f), Error);
   }
 }
 

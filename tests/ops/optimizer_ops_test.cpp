@@ -1,9 +1,11 @@
-// Optimizer ops: fast device vs reference over several steps at sizes that split into many
-// OpenMP chunks and partial 8-bit blocks; a hand-computed Lion and SGD step; 8-bit
-// quantisation round trips; argument checks.
+// Optimizer ops: every device against the reference over several steps at sizes that split into
+// many OpenMP chunks and partial 8-bit blocks; a hand-computed Lion and SGD step; the 8-bit state
+// against fp32 AdamW; the CPU kernels' 8-bit quantisation; the CPU reference's argument checks.
+#include <algorithm>
+
 #include "backends/cpu/kernels.h"
 #include "core/optim/quant_map.h"
-#include "tests/ops/op_test_util.h"
+#include "tests/common/device_harness.h"
 
 namespace ct::test {
 namespace {
@@ -14,8 +16,12 @@ std::vector<uint8_t> download_u8(Device& d, const Tensor& t) {
   return v;
 }
 
-TEST(OptimizerOps, LionAndSgdByHand) {
-  for (Device* d : {&ref_dev(), &fast_dev()}) {
+using OptimizerOps = DeviceTest;
+
+TEST_P(OptimizerOps, LionAndSgdByHand) {
+  CT_REQUIRE_SUPPORT(OpKind::kLion, DType::f32);
+  CT_REQUIRE_SUPPORT(OpKind::kSgd, DType::f32);
+  for (Device* d : {&ref(), &dev()}) {
     // Lion: m = 0, g = [2, -1, 0]: c = 0.1 g, sign = [1, -1, 0]; p = p (1 - lr wd) - lr sign.
     Tensor p = upload(*d, {3}, {1.0f, 1.0f, 1.0f}), g = upload(*d, {3}, {2.0f, -1.0f, 0.0f});
     Tensor m = upload(*d, {3}, Vec(3, 0.0f));
@@ -43,7 +49,7 @@ TEST(OptimizerOps, LionAndSgdByHand) {
   }
 }
 
-TEST(OptimizerOps, QuantizeNearestPicksTheClosestCode) {
+TEST(CpuOptimizerKernels, QuantizeNearestPicksTheClosestCode) {
   const auto& s = dynamic_map_signed();
   const auto& u = dynamic_map_unsigned();
   for (int i = 0; i < 256; ++i) {
@@ -117,7 +123,9 @@ OpRun run_op(Device& d, const std::string& op, const Shape& shape, int steps) {
   return r;
 }
 
-TEST(OptimizerOps, FastMatchesReferenceOverSteps) {
+TEST_P(OptimizerOps, MatchesReferenceOverSteps) {
+  for (OpKind op : {OpKind::kSgd, OpKind::kLion, OpKind::kAdamW8bit, OpKind::kAdafactor})
+    CT_REQUIRE_SUPPORT(op, DType::f32);
   struct Case {
     std::string op;
     Shape shape;
@@ -125,8 +133,8 @@ TEST(OptimizerOps, FastMatchesReferenceOverSteps) {
   for (const Case& c : {Case{"sgd", {100003}}, Case{"lion", {100003}},
                         Case{"adamw_8bit", {100003}}, Case{"adafactor", {301, 257}},
                         Case{"adafactor", {70001}}}) {
-    OpRun a = run_op(ref_dev(), c.op, c.shape, 3), b = run_op(fast_dev(), c.op, c.shape, 3);
-    std::string tag = c.op + c.shape.str();
+    OpRun a = run_op(ref(), c.op, c.shape, 3), b = run_op(dev(), c.op, c.shape, 3);
+    std::string tag = c.op + c.shape.str() + " on " + id();
     // Lion's sign() flips where b1 m + (1-b1) g rounds to the other side of 0 in f32 vs f64:
     // count those instead of comparing by MSE.
     if (c.op == "lion") {
@@ -134,10 +142,10 @@ TEST(OptimizerOps, FastMatchesReferenceOverSteps) {
       for (size_t i = 0; i < a.param.size(); ++i) differ += std::abs(a.param[i] - b.param[i]) > 1e-6f;
       EXPECT_LE(differ, a.param.size() / 10000) << tag;
     } else {
-      EXPECT_TRUE(close_nmse(b.param, a.param, kTolFast, tag + " param"));
+      EXPECT_TRUE(close_nmse(b.param, a.param, tol(), tag + " param"));
     }
     for (size_t k = 0; k < a.state.size(); ++k)
-      EXPECT_TRUE(close_nmse(b.state[k], a.state[k], c.op == "adamw_8bit" ? 1e-9 : kTolFast,
+      EXPECT_TRUE(close_nmse(b.state[k], a.state[k], c.op == "adamw_8bit" ? std::max(1e-9, tol()) : tol(),
                              tag + " state " + std::to_string(k)));
     for (size_t k = 0; k < a.q.size(); ++k) {
       size_t same = 0;
@@ -150,17 +158,19 @@ TEST(OptimizerOps, FastMatchesReferenceOverSteps) {
   }
 }
 
-TEST(OptimizerOps, FastIsDeterministic) {
-  OpRun a = run_op(fast_dev(), "adafactor", {301, 257}, 2), b = run_op(fast_dev(), "adafactor", {301, 257}, 2);
+TEST_P(OptimizerOps, IsDeterministic) {
+  CT_REQUIRE_SUPPORT(OpKind::kAdafactor, DType::f32);
+  OpRun a = run_op(dev(), "adafactor", {301, 257}, 2), b = run_op(dev(), "adafactor", {301, 257}, 2);
   EXPECT_EQ(a.param, b.param);
   EXPECT_EQ(a.state, b.state);
 }
 
-TEST(OptimizerOps, EightBitStateTracksFp32Adam) {
+TEST_P(OptimizerOps, EightBitStateTracksFp32Adam) {
+  CT_REQUIRE_SUPPORT(OpKind::kAdamW8bit, DType::f32);
   // Over 10 steps the 8-bit moments stay close to fp32 AdamW's: parameters within a small
   // relative error of the distance travelled.
   const int64_t n = 65536;
-  Device& d = fast_dev();
+  Device& d = dev();
   Vec p0 = randn(n, 5, 0.5f);
   Tensor p8 = upload(d, {n}, p0), p32 = upload(d, {n}, p0);
   Tensor m = upload(d, {n}, Vec(n, 0.0f)), v = upload(d, {n}, Vec(n, 0.0f));
@@ -188,8 +198,10 @@ TEST(OptimizerOps, EightBitStateTracksFp32Adam) {
   EXPECT_LT(std::sqrt(num / den), 0.05);
 }
 
-TEST(OptimizerOps, ArgumentChecks) {
-  Device& d = ref_dev();
+CT_INSTANTIATE_DEVICE_SUITE(OptimizerOps);
+
+TEST(CpuOptimizerOps, ArgumentChecks) {
+  Device& d = ref();
   Tensor p = upload(d, {4, 3}, Vec(12, 1.0f)), g = upload(d, {4, 3}, Vec(12, 0.1f));
   AdafactorHyper h;
   EXPECT_THROW(d.adafactor(p, g, Tensor{}, Tensor{}, upload(d, {12}, Vec(12, 0.0f)), Tensor{}, Tensor{}, h),

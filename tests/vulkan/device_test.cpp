@@ -1,7 +1,8 @@
 // Instance, device listing, memory accounting and errors of the Vulkan backend.
 #include <functional>
 
-#include "tests/vulkan/vk_test_util.h"
+#include "tests/vulkan/vulkan_fixture.h"
+#include "core/optim/quant_map.h"
 
 namespace ct::vktest {
 namespace {
@@ -114,6 +115,29 @@ TEST_F(DeviceTest, DeviceLostStopsAllSubmits) {
   EXPECT_TRUE(lost([&] { d->download(h.data(), t, 256); }));
   t = Tensor();
   d.reset();  // and the device closes cleanly
+}
+
+TEST_F(DeviceTest, Supports) {
+  EXPECT_TRUE(vk().supports(OpKind::kSgd, DType::f32));
+  EXPECT_TRUE(vk().supports(OpKind::kLion, DType::f32));
+  EXPECT_TRUE(vk().supports(OpKind::kAdamW8bit, DType::f32));
+  EXPECT_TRUE(vk().supports(OpKind::kAdafactor, DType::f32));
+  EXPECT_FALSE(vk().supports(OpKind::kSgd, DType::f16));
+}
+
+TEST_F(DeviceTest, ArgumentChecks) {
+  Tensor p = up(vk(), {12}, Vec(12, 1.0f)), g = up(vk(), {12}, Vec(12, 0.1f));
+  SgdHyper s;
+  s.momentum = 0.9f;
+  EXPECT_THROW(vk().sgd(p, g, Tensor{}, Tensor{}, s), Error);  // momentum needs a buffer
+  s.max_grad_norm = 1.0f;
+  EXPECT_THROW(vk().sgd(p, g, g, Tensor{}, s), Error);  // clipping needs grad_norm
+  Tensor one = up(vk(), {1}, {0.0f}), q256 = up(vk(), {256}, Vec(256, 0.0f));
+  AdamWHyper a;
+  EXPECT_THROW(vk().adamw_8bit(p, g, g, g, one, one, q256, q256, Tensor{}, a), Error);  // u8 q
+  Tensor q = vk().empty({12}, DType::u8, MemCategory::kOptimizer);
+  vk().fill(q, 0.0f);
+  EXPECT_THROW(vk().adamw_8bit(p, g, q, q, q256, one, q256, q256, Tensor{}, a), Error);  // absmax
 }
 
 }  // namespace

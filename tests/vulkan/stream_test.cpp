@@ -12,7 +12,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/registry.h"
-#include "tests/vulkan/vk_test_util.h"
+#include "tests/vulkan/vulkan_fixture.h"
 
 namespace ct {
 namespace {

@@ -12,7 +12,7 @@
 #include "core/train/checkpoint.h"
 #include "core/train/train_args.h"
 #include "core/train/trainer.h"
-#include "tests/vulkan/vk_test_util.h"
+#include "tests/vulkan/vulkan_fixture.h"
 
 namespace ct::vktest {
 namespace {

@@ -1,13 +1,13 @@
-// The fused optimizer ops (sgd, lion, adamw_8bit, adafactor): Vulkan vs the CPU reference device over
-// three steps at odd sizes (partial workgroups, a partial 8-bit block), with and without
-// clipping, and once on a tensor beyond maxStorageBufferRange (chunked).
+// The fused optimizer ops (sgd, lion, adamw_8bit, adafactor): every device against the CPU
+// reference over three steps at odd sizes (partial workgroups, a partial 8-bit block), with and
+// without clipping, and once on tensors past the device's binding range (chunked).
 #include "core/optim/quant_map.h"
-#include "tests/vulkan/vk_test_util.h"
+#include "tests/common/device_harness.h"
 
-namespace ct::vktest {
+namespace ct::test {
 namespace {
 
-using OptimizerTest = VulkanTest;
+using Optimizer = DeviceTest;
 
 Pair zeros(int64_t n) { return both({n}, Vec(static_cast<size_t>(n), 0.0f)); }
 
@@ -18,15 +18,8 @@ size_t count_differ(const Vec& a, const Vec& b, float tol) {
   return k;
 }
 
-TEST_F(OptimizerTest, Supports) {
-  EXPECT_TRUE(vk().supports(OpKind::kSgd, DType::f32));
-  EXPECT_TRUE(vk().supports(OpKind::kLion, DType::f32));
-  EXPECT_TRUE(vk().supports(OpKind::kAdamW8bit, DType::f32));
-  EXPECT_TRUE(vk().supports(OpKind::kAdafactor, DType::f32));
-  EXPECT_FALSE(vk().supports(OpKind::kSgd, DType::f16));
-}
-
-TEST_F(OptimizerTest, SgdMatchesReference) {
+TEST_P(Optimizer, SgdMatchesReference) {
+  CT_REQUIRE_SUPPORT(OpKind::kSgd, DType::f32);
   struct Cfg {
     float momentum, dampening;
     bool nesterov;
@@ -41,20 +34,21 @@ TEST_F(OptimizerTest, SgdMatchesReference) {
         for (int s = 1; s <= 3; ++s) {
           Pair g = both({n}, randn(n, 310 + s, 0.05f));
           h.step = s;
-          Tensor bv = cfg.momentum != 0.0f ? buf.v : Tensor{}, br = cfg.momentum != 0.0f ? buf.r : Tensor{};
-          vk().sgd(p.v, g.v, bv, max_norm > 0 ? gn.v : Tensor{}, h);
+          Tensor bv = cfg.momentum != 0.0f ? buf.d : Tensor{}, br = cfg.momentum != 0.0f ? buf.r : Tensor{};
+          dut().sgd(p.d, g.d, bv, max_norm > 0 ? gn.d : Tensor{}, h);
           ref().sgd(p.r, g.r, br, max_norm > 0 ? gn.r : Tensor{}, h);
         }
         std::string w = " n=" + std::to_string(n) + " momentum=" + std::to_string(cfg.momentum) +
                         (cfg.nesterov ? " nesterov" : "") + (max_norm > 0 ? " clipped" : "");
-        EXPECT_TRUE(same(p, kTol, "sgd param" + w));
+        EXPECT_TRUE(same(p, dut_tol(), "sgd param" + w));
         if (cfg.momentum != 0.0f) {
-          EXPECT_TRUE(same(buf, kTol, "sgd buf" + w));
+          EXPECT_TRUE(same(buf, dut_tol(), "sgd buf" + w));
         }
       }
 }
 
-TEST_F(OptimizerTest, LionMatchesReference) {
+TEST_P(Optimizer, LionMatchesReference) {
+  CT_REQUIRE_SUPPORT(OpKind::kLion, DType::f32);
   for (float max_norm : {0.0f, 1.0f})
     for (int64_t n : {int64_t{3}, int64_t{100003}}) {
       Pair p = both({n}, randn(n, 400 + n, 0.5f)), m = zeros(n), gn = both({1}, {4.0f});
@@ -62,14 +56,14 @@ TEST_F(OptimizerTest, LionMatchesReference) {
       h.weight_decay = 0.1f, h.max_grad_norm = max_norm;
       for (int s = 1; s <= 3; ++s) {
         Pair g = both({n}, randn(n, 410 + s, 0.05f));
-        vk().lion(p.v, g.v, m.v, max_norm > 0 ? gn.v : Tensor{}, h);
+        dut().lion(p.d, g.d, m.d, max_norm > 0 ? gn.d : Tensor{}, h);
         ref().lion(p.r, g.r, m.r, max_norm > 0 ? gn.r : Tensor{}, h);
       }
       std::string w = " n=" + std::to_string(n) + (max_norm > 0 ? " clipped" : "");
-      EXPECT_TRUE(same(p, kTol, "lion param" + w));
-      EXPECT_TRUE(same(m, kTol, "lion m" + w));
+      EXPECT_TRUE(same(p, dut_tol(), "lion param" + w));
+      EXPECT_TRUE(same(m, dut_tol(), "lion m" + w));
       // sign(c) may flip where c rounds to the other side of 0 in f32 vs the reference's f64
-      Vec a = down(vk(), p.v), b = down(ref(), p.r);
+      Vec a = download(dut(), p.d), b = download(ref(), p.r);
       EXPECT_LE(count_differ(a, b, 1e-6f), a.size() / 10000) << "lion sign flips" << w;
     }
 }
@@ -84,7 +78,7 @@ Adam8 make_adam8(int64_t n, uint64_t seed) {
   s.mq = both_empty({n}, DType::u8);
   s.vq = both_empty({n}, DType::u8);
   for (Pair* q : {&s.mq, &s.vq}) {
-    vk().fill(q->v, 0.0f);
+    dut().fill(q->d, 0.0f);
     ref().fill(q->r, 0.0f);
   }
   s.ma = zeros(quant_blocks(n));
@@ -96,8 +90,8 @@ Adam8 make_adam8(int64_t n, uint64_t seed) {
 
 void step_adam8(Adam8& s, const Pair& g, const Pair& gn, const AdamWHyper& h) {
   bool clip = h.max_grad_norm > 0;
-  vk().adamw_8bit(s.p.v, g.v, s.mq.v, s.vq.v, s.ma.v, s.va.v, s.qs.v, s.qu.v,
-                  clip ? gn.v : Tensor{}, h);
+  dut().adamw_8bit(s.p.d, g.d, s.mq.d, s.vq.d, s.ma.d, s.va.d, s.qs.d, s.qu.d,
+                  clip ? gn.d : Tensor{}, h);
   ref().adamw_8bit(s.p.r, g.r, s.mq.r, s.vq.r, s.ma.r, s.va.r, s.qs.r, s.qu.r,
                    clip ? gn.r : Tensor{}, h);
 }
@@ -105,16 +99,16 @@ void step_adam8(Adam8& s, const Pair& g, const Pair& gn, const AdamWHyper& h) {
 // The 8-bit contract's bounds (tests/ops/optimizer_ops_test.cpp): indices within 1 and equal on
 // >= 99.9%, absmax within 1e-5 relative.
 void expect_adam8_close(const Adam8& s, const std::string& w) {
-  EXPECT_TRUE(same(s.p, kTol, "adamw_8bit param" + w));
+  EXPECT_TRUE(same(s.p, dut_tol(), "adamw_8bit param" + w));
   for (const Pair* a : {&s.ma, &s.va}) {
-    Vec got = down(vk(), a->v), want = down(ref(), a->r);
+    Vec got = download(dut(), a->d), want = download(ref(), a->r);
     size_t bad = 0;
     for (size_t i = 0; i < got.size(); ++i)
       bad += std::abs(got[i] - want[i]) > 1e-5f * std::abs(want[i]);
     EXPECT_EQ(bad, 0u) << "adamw_8bit absmax" << w << (a == &s.ma ? " (m)" : " (v)");
   }
   for (const Pair* q : {&s.mq, &s.vq}) {
-    auto got = down_as<uint8_t>(vk(), q->v), want = down_as<uint8_t>(ref(), q->r);
+    auto got = download_as<uint8_t>(dut(), q->d), want = download_as<uint8_t>(ref(), q->r);
     size_t equal = 0, far = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       equal += got[i] == want[i];
@@ -129,7 +123,8 @@ void expect_adam8_close(const Adam8& s, const std::string& w) {
   }
 }
 
-TEST_F(OptimizerTest, AdamW8bitMatchesReference) {
+TEST_P(Optimizer, AdamW8bitMatchesReference) {
+  CT_REQUIRE_SUPPORT(OpKind::kAdamW8bit, DType::f32);
   for (float max_norm : {0.0f, 1.0f})
     for (int64_t n : {int64_t{5}, int64_t{100003}}) {
       Adam8 s = make_adam8(n, 500 + n);
@@ -168,14 +163,15 @@ Afactor run_adafactor(const Shape& shape, const AdafactorHyper& base, int steps,
   for (int s = 1; s <= steps; ++s) {
     Pair g = both(shape, randn(static_cast<size_t>(n), seed + 10 + s, 0.05f));
     h.step = s;
-    Tensor cv = h.max_grad_norm > 0 ? gn.v : Tensor{}, cr = h.max_grad_norm > 0 ? gn.r : Tensor{};
-    vk().adafactor(a.p.v, g.v, a.row.v, a.col.v, a.v.v, a.ea.v, cv, h);
+    Tensor cv = h.max_grad_norm > 0 ? gn.d : Tensor{}, cr = h.max_grad_norm > 0 ? gn.r : Tensor{};
+    dut().adafactor(a.p.d, g.d, a.row.d, a.col.d, a.v.d, a.ea.d, cv, h);
     ref().adafactor(a.p.r, g.r, a.row.r, a.col.r, a.v.r, a.ea.r, cr, h);
   }
   return a;
 }
 
-TEST_F(OptimizerTest, AdafactorMatchesReference) {
+TEST_P(Optimizer, AdafactorMatchesReference) {
+  CT_REQUIRE_SUPPORT(OpKind::kAdafactor, DType::f32);
   AdafactorHyper hf;  // the CPU optimizer test's settings
   hf.relative_step = hf.scale_parameter = true;
   hf.beta1 = 0.9f, hf.weight_decay = 0.01f, hf.max_grad_norm = 1.0f;
@@ -185,55 +181,45 @@ TEST_F(OptimizerTest, AdafactorMatchesReference) {
     for (const AdafactorHyper* h : {&hf, &plain}) {
       Afactor a = run_adafactor(shape, *h, 3, 700 + shape.numel());
       std::string w = " " + shape.str() + (h == &hf ? " relative/scaled/beta1/clipped" : " plain");
-      EXPECT_TRUE(same(a.p, kTol, "adafactor param" + w));
+      EXPECT_TRUE(same(a.p, dut_tol(), "adafactor param" + w));
       if (shape.ndim >= 2) {
-        EXPECT_TRUE(same(a.row, kTol, "adafactor row" + w));
-        EXPECT_TRUE(same(a.col, kTol, "adafactor col" + w));
+        EXPECT_TRUE(same(a.row, dut_tol(), "adafactor row" + w));
+        EXPECT_TRUE(same(a.col, dut_tol(), "adafactor col" + w));
       } else {
-        EXPECT_TRUE(same(a.v, kTol, "adafactor v" + w));
+        EXPECT_TRUE(same(a.v, dut_tol(), "adafactor v" + w));
       }
       if (h->beta1 > 0) {
-        EXPECT_TRUE(same(a.ea, kTol, "adafactor exp_avg" + w));
+        EXPECT_TRUE(same(a.ea, dut_tol(), "adafactor exp_avg" + w));
       }
     }
 }
 
-TEST_F(OptimizerTest, AdafactorIsDeterministic) {
+TEST_P(Optimizer, AdafactorIsDeterministic) {
+  CT_REQUIRE_SUPPORT(OpKind::kAdafactor, DType::f32);
   AdafactorHyper h;
   h.relative_step = h.scale_parameter = true;
   Afactor a = run_adafactor({301, 257}, h, 2, 800), b = run_adafactor({301, 257}, h, 2, 800);
-  EXPECT_EQ(down(vk(), a.p.v), down(vk(), b.p.v));
-  EXPECT_EQ(down(vk(), a.col.v), down(vk(), b.col.v));
+  EXPECT_EQ(download(dut(), a.p.d), download(dut(), b.p.d));
+  EXPECT_EQ(download(dut(), a.col.d), download(dut(), b.col.d));
 }
 
-TEST_F(OptimizerTest, ArgumentChecks) {
-  Tensor p = up(vk(), {12}, Vec(12, 1.0f)), g = up(vk(), {12}, Vec(12, 0.1f));
-  SgdHyper s;
-  s.momentum = 0.9f;
-  EXPECT_THROW(vk().sgd(p, g, Tensor{}, Tensor{}, s), Error);  // momentum needs a buffer
-  s.max_grad_norm = 1.0f;
-  EXPECT_THROW(vk().sgd(p, g, g, Tensor{}, s), Error);  // clipping needs grad_norm
-  Tensor one = up(vk(), {1}, {0.0f}), q256 = up(vk(), {256}, Vec(256, 0.0f));
-  AdamWHyper a;
-  EXPECT_THROW(vk().adamw_8bit(p, g, g, g, one, one, q256, q256, Tensor{}, a), Error);  // u8 q
-  Tensor q = vk().empty({12}, DType::u8, MemCategory::kOptimizer);
-  vk().fill(q, 0.0f);
-  EXPECT_THROW(vk().adamw_8bit(p, g, q, q, q256, one, q256, q256, Tensor{}, a), Error);  // absmax
-}
-
-// Chunked: the tensors span more than one maxStorageBufferRange binding.
-TEST_F(OptimizerTest, BeyondMaxStorageBufferRange) {
-  const int64_t n = vk().info().max_buffer_range_bytes / 4 + 1001;
+// Chunked: the tensors span more than one binding (maxStorageBufferRange on Vulkan).
+TEST_P(Optimizer, BeyondMaxBufferRange) {
+  for (OpKind op : {OpKind::kLion, OpKind::kAdamW8bit, OpKind::kAdafactor})
+    CT_REQUIRE_SUPPORT(op, DType::f32);
+  const int64_t n = dut().info().max_buffer_range_bytes / 4 + 1001;
+  // p, g, m on both devices and on the host
+  if (std::string why = cannot_hold(n * 4, 9); !why.empty()) GTEST_SKIP() << why;
   Pair gn = both({1}, {4.0f});
   Pair g = both({n}, randn(static_cast<size_t>(n), 601, 0.05f));
   {
     Pair p = both({n}, randn(static_cast<size_t>(n), 600, 0.5f)), m = zeros(n);
     LionHyper h;
     h.max_grad_norm = 1.0f;
-    vk().lion(p.v, g.v, m.v, gn.v, h);
+    dut().lion(p.d, g.d, m.d, gn.d, h);
     ref().lion(p.r, g.r, m.r, gn.r, h);
-    EXPECT_TRUE(same(p, kTol, "lion param (large)"));
-    EXPECT_TRUE(same(m, kTol, "lion m (large)"));
+    EXPECT_TRUE(same(p, dut_tol(), "lion param (large)"));
+    EXPECT_TRUE(same(m, dut_tol(), "lion m (large)"));
   }
   {
     Adam8 s = make_adam8(n, 602);
@@ -248,11 +234,13 @@ TEST_F(OptimizerTest, BeyondMaxStorageBufferRange) {
     AdafactorHyper h;
     h.relative_step = h.scale_parameter = true, h.beta1 = 0.9f;
     Afactor a = run_adafactor({R, C}, h, 1, 603);
-    EXPECT_TRUE(same(a.p, kTol, "adafactor param (large)"));
-    EXPECT_TRUE(same(a.row, kTol, "adafactor row (large)"));
-    EXPECT_TRUE(same(a.col, kTol, "adafactor col (large)"));
+    EXPECT_TRUE(same(a.p, dut_tol(), "adafactor param (large)"));
+    EXPECT_TRUE(same(a.row, dut_tol(), "adafactor row (large)"));
+    EXPECT_TRUE(same(a.col, dut_tol(), "adafactor col (large)"));
   }
 }
 
+CT_INSTANTIATE_DEVICE_SUITE(Optimizer);
+
 }  // namespace
-}  // namespace ct::vktest
+}  // namespace ct::test

@@ -1,0 +1,108 @@
+// fp64 forwards of the ops, the oracle for the reference device (cpu:1) in the Reference* suites.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace ct::test {
+
+using VecD = std::vector<double>;
+
+namespace f64 {
+
+// x is (N,C); w, b are (C)
+inline VecD layernorm(const VecD& x, const VecD& w, const VecD& b, int64_t N, int64_t C,
+                      double eps) {
+  VecD out(x.size());
+  for (int64_t n = 0; n < N; ++n) {
+    double m = 0.0, v = 0.0;
+    for (int64_t i = 0; i < C; ++i) m += x[n * C + i];
+    m /= C;
+    for (int64_t i = 0; i < C; ++i) v += (x[n * C + i] - m) * (x[n * C + i] - m);
+    v /= C;
+    double r = 1.0 / std::sqrt(v + eps);
+    for (int64_t i = 0; i < C; ++i) out[n * C + i] = (x[n * C + i] - m) * r * w[i] + b[i];
+  }
+  return out;
+}
+
+// c (M,N) = op(a) op(b); a is (M,K) or (K,M), b is (K,N) or (N,K)
+inline VecD matmul(const VecD& a, const VecD& b, int64_t M, int64_t N, int64_t K, bool ta,
+                   bool tb) {
+  VecD c(static_cast<size_t>(M * N));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0.0;
+      for (int64_t k = 0; k < K; ++k)
+        s += (ta ? a[k * M + i] : a[i * K + k]) * (tb ? b[j * K + k] : b[k * N + j]);
+      c[i * N + j] = s;
+    }
+  return c;
+}
+
+// qkv is (B,T,3C) -> out (B,T,C); att (B,NH,T,T) if non-null
+inline VecD attention(const VecD& qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
+                      VecD* att = nullptr) {
+  int64_t hs = C / NH;
+  double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  VecD out(static_cast<size_t>(B * T * C), 0.0);
+  if (att) att->assign(static_cast<size_t>(B * NH * T * T), 0.0);
+  VecD p(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        double mx = -INFINITY;
+        for (int64_t u = 0; u <= t; ++u) {
+          double s = 0.0;
+          for (int64_t i = 0; i < hs; ++i)
+            s += qkv[(b * T + t) * 3 * C + h * hs + i] * qkv[(b * T + u) * 3 * C + C + h * hs + i];
+          p[u] = s * scale;
+          mx = std::max(mx, p[u]);
+        }
+        double z = 0.0;
+        for (int64_t u = 0; u <= t; ++u) z += (p[u] = std::exp(p[u] - mx));
+        for (int64_t u = 0; u <= t; ++u) {
+          p[u] /= z;
+          if (att) (*att)[((b * NH + h) * T + t) * T + u] = p[u];
+          for (int64_t i = 0; i < hs; ++i)
+            out[(b * T + t) * C + h * hs + i] += p[u] * qkv[(b * T + u) * 3 * C + 2 * C + h * hs + i];
+        }
+      }
+  return out;
+}
+
+inline VecD gelu(const VecD& x) {
+  VecD y(x.size());
+  const double s = std::sqrt(2.0 / M_PI);
+  for (size_t i = 0; i < x.size(); ++i)
+    y[i] = 0.5 * x[i] * (1.0 + std::tanh(s * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
+  return y;
+}
+
+// logits (N,V), targets (N) -> losses (N)
+inline VecD crossentropy(const VecD& logits, const std::vector<int32_t>& targets, int64_t N,
+                         int64_t V) {
+  VecD l(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    double mx = -INFINITY, z = 0.0;
+    for (int64_t i = 0; i < V; ++i) mx = std::max(mx, logits[n * V + i]);
+    for (int64_t i = 0; i < V; ++i) z += std::exp(logits[n * V + i] - mx);
+    l[n] = std::log(z) + mx - logits[n * V + targets[n]];
+  }
+  return l;
+}
+
+// tokens (B,T), wte (V,C), wpe (maxT,C) -> (B,T,C)
+inline VecD embedding(const std::vector<int32_t>& tokens, const VecD& wte, const VecD& wpe,
+                      int64_t B, int64_t T, int64_t C) {
+  VecD out(static_cast<size_t>(B * T * C));
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t i = 0; i < C; ++i)
+      out[bt * C + i] = wte[tokens[bt] * C + i] + wpe[(bt % T) * C + i];
+  return out;
+}
+
+}  // namespace f64
+}  // namespace ct::test
