@@ -3,11 +3,12 @@
 # and builds it into build/. Idempotent: a second run installs nothing and rebuilds only changes.
 #   bash scripts/setup.sh            # build, tests included
 #   bash scripts/setup.sh --torch    # also install PyTorch (golden-file script, benchmarks)
+#   bash scripts/setup.sh --packages-only   # install, do not build
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packages=(
-  build-essential cmake ninja-build ccache pkg-config
+  build-essential cmake ninja-build ccache pkg-config clang-format
   libboost-context-dev                       # fibers of the CPU SIMT runtime (backends/simt)
   hipcc libamdhip64-dev                      # HIP compile check of the one kernel source (gfx90a, gfx1030)
   libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev libssl-dev
@@ -15,10 +16,12 @@ packages=(
   gnuplot-nox                                # charts of the benchmarks
   libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-tools spirv-cross
 )
+packages_only=0
 for arg in "$@"; do
   case "$arg" in
     --torch) packages+=(python3-torch python3-numpy) ;;
-    *) echo "setup.sh: unknown option '$arg' (known: --torch)" >&2; exit 2 ;;
+    --packages-only) packages_only=1 ;;
+    *) echo "setup.sh: unknown option '$arg' (known: --torch, --packages-only)" >&2; exit 2 ;;
   esac
 done
 
@@ -53,5 +56,6 @@ if ((${#missing[@]})) || ((want_backports)); then
   fi
 fi
 
+((packages_only)) && exit 0
 cmake --preset release >/dev/null
 cmake --build --preset release
