@@ -11,14 +11,13 @@
 //   dx    dx = dy W^T       NT  (M, K, N)
 //   dw    dW = x^T dy       TN  (K, N, M)
 #include <cblas.h>
-
-#include <algorithm>
 #include <omp.h>
 
-#include <ctime>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -150,15 +149,15 @@ int main(int argc, char** argv) {
     long M, K, N;
     const char* what;
   };
-  std::vector<Shape> shapes = {{1024, 384, 1152, "qkv    6L/384"},  {1024, 384, 1536, "fc     6L/384"},
-                               {1024, 1536, 384, "proj   6L/384"},  {1024, 768, 2304, "qkv    124M"},
-                               {1024, 768, 3072, "fc     124M"},    {1024, 3072, 768, "proj   124M"},
-                               {1024, 768, 50257, "lmhead 124M"}};
+  std::vector<Shape> shapes = {
+      {1024, 384, 1152, "qkv    6L/384"}, {1024, 384, 1536, "fc     6L/384"},
+      {1024, 1536, 384, "proj   6L/384"}, {1024, 768, 2304, "qkv    124M"},
+      {1024, 768, 3072, "fc     124M"},   {1024, 3072, 768, "proj   124M"},
+      {1024, 768, 50257, "lmhead 124M"}};
   if (quick) shapes.resize(3);
   if (shape_m > 0) shapes = {{shape_m, shape_k, shape_n, "custom"}};
-  std::printf("OpenBLAS %s, %d threads; median of %d runs (%s); GFLOP/s\n",
-              openblas_get_config(), openblas_get_num_threads(), reps,
-              g_cpu_time ? "CPU time / threads" : "wall time");
+  std::printf("OpenBLAS %s, %d threads; median of %d runs (%s); GFLOP/s\n", openblas_get_config(),
+              openblas_get_num_threads(), reps, g_cpu_time ? "CPU time / threads" : "wall time");
   std::printf("%-14s %-18s %-4s %10s %12s %12s\n", "layer", "M x K x N", "op", "OpenBLAS",
               "oneDNN f32", "oneDNN bf16");
   for (const Shape& sh : shapes) {

@@ -59,9 +59,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
-    if (a == "--n") n = next();
-    else if (a == "--reps") reps = static_cast<int>(next());
-    else if (a == "--values") values = next();
+    if (a == "--n")
+      n = next();
+    else if (a == "--reps")
+      reps = static_cast<int>(next());
+    else if (a == "--values")
+      values = next();
     else {
       std::fprintf(stderr, "usage: optim_bench [--n N] [--reps R] [--values V]\n");
       return 2;
@@ -75,16 +78,19 @@ int main(int argc, char** argv) {
   for (size_t b = 0; b < g.size(); b += 256) {
     const size_t e = std::min(g.size(), b + 256);
     float am = 0, av = 0;
-    for (size_t i = b; i < e; ++i) am = std::max(am, std::abs(g[i])), av = std::max(av, g[i] * g[i]);
+    for (size_t i = b; i < e; ++i)
+      am = std::max(am, std::abs(g[i])), av = std::max(av, g[i] * g[i]);
     for (size_t i = b; i < e; ++i) xm[i] = g[i] / am, xv[i] = g[i] * g[i] / av;
   }
   const auto& qs = dynamic_map_signed();
   const auto& qu = dynamic_map_unsigned();
   std::vector<uint8_t> out(g.size());
   auto search = [&](auto&& f) {
-    return min_seconds(reps, [&] {
-      for (size_t i = 0; i < g.size(); ++i) out[i] = f(i);
-    }) / static_cast<double>(g.size()) * 1e9;
+    return min_seconds(reps,
+                       [&] {
+                         for (size_t i = 0; i < g.size(); ++i) out[i] = f(i);
+                       }) /
+           static_cast<double>(g.size()) * 1e9;
   };
   const double t_bs_m = search([&](size_t i) { return cpu::quantize_nearest(qs.data(), xm[i]); });
   const double t_bs_v = search([&](size_t i) { return cpu::quantize_nearest(qu.data(), xv[i]); });
@@ -95,17 +101,25 @@ int main(int argc, char** argv) {
   const double t_nc_v = search([&](size_t i) { return nu(xv[i]); });
   // encode(): the kernel's per-block form (vectorised), on the same normalised values.
   auto encode = [&](const cpu::NearestCode& nc, const std::vector<float>& x) {
-    return min_seconds(reps, [&] {
-      for (size_t b = 0; b < x.size(); b += 256)
-        nc.encode(x.data() + b, 1.0f, out.data() + b, static_cast<int64_t>(std::min<size_t>(256, x.size() - b)));
-    }) / static_cast<double>(x.size()) * 1e9;
+    return min_seconds(reps,
+                       [&] {
+                         for (size_t b = 0; b < x.size(); b += 256)
+                           nc.encode(x.data() + b, 1.0f, out.data() + b,
+                                     static_cast<int64_t>(std::min<size_t>(256, x.size() - b)));
+                       }) /
+           static_cast<double>(x.size()) * 1e9;
   };
   const double t_en_m = encode(ns, xm), t_en_v = encode(nu, xv);
-  std::printf("8-bit code search, %lld values, ns/value (single thread):\n", static_cast<long long>(values));
-  std::printf("  binary search (quantize_nearest)      signed %.2f  unsigned %.2f\n", t_bs_m, t_bs_v);
-  std::printf("  interval table, one value at a time   signed %.2f  unsigned %.2f  (span %d/%d, built in %.2f ms)\n",
-              t_nc_m, t_nc_v, ns.span(), nu.span(), t_build * 1e3);
-  std::printf("  interval table, encode() per block    signed %.2f  unsigned %.2f\n", t_en_m, t_en_v);
+  std::printf("8-bit code search, %lld values, ns/value (single thread):\n",
+              static_cast<long long>(values));
+  std::printf("  binary search (quantize_nearest)      signed %.2f  unsigned %.2f\n", t_bs_m,
+              t_bs_v);
+  std::printf(
+      "  interval table, one value at a time   signed %.2f  unsigned %.2f  (span %d/%d, built in "
+      "%.2f ms)\n",
+      t_nc_m, t_nc_v, ns.span(), nu.span(), t_build * 1e3);
+  std::printf("  interval table, encode() per block    signed %.2f  unsigned %.2f\n", t_en_m,
+              t_en_v);
 
   // ---- fused optimizer steps on the fast device ------------------------------------------------
   auto dev = make_cpu_device(false);
@@ -127,7 +141,8 @@ int main(int argc, char** argv) {
   };
   double t_adamw = 0;
   {
-    Tensor m = dev->empty({n}, DType::f32, MemCategory::kOptimizer), v = dev->empty({n}, DType::f32, MemCategory::kOptimizer);
+    Tensor m = dev->empty({n}, DType::f32, MemCategory::kOptimizer),
+           v = dev->empty({n}, DType::f32, MemCategory::kOptimizer);
     dev->fill(m, 0.0f);
     dev->fill(v, 0.0f);
     t_adamw = per_param([&](int64_t s) {
@@ -139,9 +154,12 @@ int main(int argc, char** argv) {
   double t_8bit = 0;
   {
     const int64_t nb = quant_blocks(n);
-    Tensor mq = dev->empty({n}, DType::u8, MemCategory::kOptimizer), vq = dev->empty({n}, DType::u8, MemCategory::kOptimizer);
-    Tensor ma = dev->empty({nb}, DType::f32, MemCategory::kOptimizer), va = dev->empty({nb}, DType::f32, MemCategory::kOptimizer);
-    Tensor ts = dev->empty({256}, DType::f32, MemCategory::kOptimizer), tu = dev->empty({256}, DType::f32, MemCategory::kOptimizer);
+    Tensor mq = dev->empty({n}, DType::u8, MemCategory::kOptimizer),
+           vq = dev->empty({n}, DType::u8, MemCategory::kOptimizer);
+    Tensor ma = dev->empty({nb}, DType::f32, MemCategory::kOptimizer),
+           va = dev->empty({nb}, DType::f32, MemCategory::kOptimizer);
+    Tensor ts = dev->empty({256}, DType::f32, MemCategory::kOptimizer),
+           tu = dev->empty({256}, DType::f32, MemCategory::kOptimizer);
     for (const Tensor& t : {mq, vq, ma, va}) dev->fill(t, 0.0f);
     dev->upload(ts, qs.data(), 1024);
     dev->upload(tu, qu.data(), 1024);
@@ -153,7 +171,8 @@ int main(int argc, char** argv) {
   }
   const char* threads = std::getenv("OMP_NUM_THREADS");
   std::printf("fused steps on %s, %lld parameters, OMP_NUM_THREADS=%s, ns/param (min of %d):\n",
-              dev->info().id().c_str(), static_cast<long long>(n), threads ? threads : "(unset)", reps);
+              dev->info().id().c_str(), static_cast<long long>(n), threads ? threads : "(unset)",
+              reps);
   std::printf("  adamw       %.2f\n  adamw_8bit  %.2f\n", t_adamw, t_8bit);
   return 0;
 }

@@ -82,17 +82,26 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
-    if (a == "--model" && i + 1 < argc) model = argv[++i];
-    else if (a == "--batch") B = next();
-    else if (a == "--seq") T = next();
-    else if (a == "--layers") layers = next();
-    else if (a == "--steps") steps = std::max(1, next());
-    else if (a == "--warmup") warmup = std::max(0, next());
-    else if (a == "--detail") detail = true;
-    else if (a == "--cpu-time") g_cpu_time = true;
+    if (a == "--model" && i + 1 < argc)
+      model = argv[++i];
+    else if (a == "--batch")
+      B = next();
+    else if (a == "--seq")
+      T = next();
+    else if (a == "--layers")
+      layers = next();
+    else if (a == "--steps")
+      steps = std::max(1, next());
+    else if (a == "--warmup")
+      warmup = std::max(0, next());
+    else if (a == "--detail")
+      detail = true;
+    else if (a == "--cpu-time")
+      g_cpu_time = true;
     else {
-      std::fprintf(stderr, "usage: step_profile [--model tiny|gpt2] [--batch B] [--seq T] "
-                           "[--layers L] [--steps N] [--warmup W] [--detail] [--cpu-time]\n");
+      std::fprintf(stderr,
+                   "usage: step_profile [--model tiny|gpt2] [--batch B] [--seq T] "
+                   "[--layers L] [--steps N] [--warmup W] [--detail] [--cpu-time]\n");
       return 2;
     }
   }
@@ -202,7 +211,7 @@ int main(int argc, char** argv) {
   auto linear_bwd = [&](const char* role, const Tensor& dinp, const Tensor& dw, const Tensor& db,
                         const Tensor& dout, const Tensor& inp, const Tensor& w) {
     prof.time(mm_label(role, "dx NT"), [&] { d.matmul(dinp, dout, w, false, true); });
-    prof.time(mm_label(role, "dw TN+=") , [&] { d.matmul(dw, inp, dout, true, false, 1, 1); });
+    prof.time(mm_label(role, "dw TN+="), [&] { d.matmul(dw, inp, dout, true, false, 1, 1); });
     prof.time("bias_backward", [&] { d.bias_backward(db, dout); });
   };
 
@@ -210,51 +219,76 @@ int main(int argc, char** argv) {
   for (int s = 0; s < warmup + steps; ++s) {
     prof.begin();
     // ---- forward
-    prof.time("embedding fwd", [&] { d.embedding_forward(res[0].reshape({B, T, C}), tokens, wte, wpe); });
+    prof.time("embedding fwd", [&] {
+      d.embedding_forward(res[0].reshape({B, T, C}), tokens, wte, wpe);
+    });
     for (int64_t l = 0; l < L; ++l) {
       Layer& w = p[static_cast<size_t>(l)];
       Acts& a = acts[static_cast<size_t>(l)];
-      prof.time("layernorm fwd", [&] { d.layernorm_forward(a.ln1, a.ln1m, a.ln1r, res[l], w.ln1w, w.ln1b, eps); });
+      prof.time("layernorm fwd",
+                [&] { d.layernorm_forward(a.ln1, a.ln1m, a.ln1r, res[l], w.ln1w, w.ln1b, eps); });
       linear_fwd("qkv", a.qkv, a.ln1, w.qkvw, w.qkvb);
       prof.time("attention fwd", [&] {
-        d.attention_forward(a.atty.reshape({B, T, C}), a.att, a.qkv.reshape({B, T, 3 * C}), static_cast<int>(NH));
+        d.attention_forward(a.atty.reshape({B, T, C}), a.att, a.qkv.reshape({B, T, 3 * C}),
+                            static_cast<int>(NH));
       });
       linear_fwd("attproj", a.attproj, a.atty, w.projw, w.projb);
-      prof.time("add", [&] { d.add(a.res2.reshape({BT * C}), res[l].reshape({BT * C}), a.attproj.reshape({BT * C})); });
-      prof.time("layernorm fwd", [&] { d.layernorm_forward(a.ln2, a.ln2m, a.ln2r, a.res2, w.ln2w, w.ln2b, eps); });
+      prof.time("add", [&] {
+        d.add(a.res2.reshape({BT * C}), res[l].reshape({BT * C}), a.attproj.reshape({BT * C}));
+      });
+      prof.time("layernorm fwd",
+                [&] { d.layernorm_forward(a.ln2, a.ln2m, a.ln2r, a.res2, w.ln2w, w.ln2b, eps); });
       linear_fwd("fc", a.fch, a.ln2, w.fcw, w.fcb);
-      prof.time("gelu fwd", [&] { d.gelu_forward(a.fchg.reshape({BT * 4 * C}), a.fch.reshape({BT * 4 * C})); });
+      prof.time("gelu fwd",
+                [&] { d.gelu_forward(a.fchg.reshape({BT * 4 * C}), a.fch.reshape({BT * 4 * C})); });
       linear_fwd("fcproj", a.fcproj, a.fchg, w.fcprojw, w.fcprojb);
-      prof.time("add", [&] { d.add(res[l + 1].reshape({BT * C}), a.res2.reshape({BT * C}), a.fcproj.reshape({BT * C})); });
+      prof.time("add", [&] {
+        d.add(res[l + 1].reshape({BT * C}), a.res2.reshape({BT * C}), a.fcproj.reshape({BT * C}));
+      });
     }
-    prof.time("layernorm fwd", [&] { d.layernorm_forward(lnf, lnfm, lnfr, res[L], lnfw, lnfb, eps); });
+    prof.time("layernorm fwd",
+              [&] { d.layernorm_forward(lnf, lnfm, lnfr, res[L], lnfw, lnfb, eps); });
     prof.time(mm_label("lmhead", "fwd NT"), [&] { d.matmul(logits, lnf, wte, false, true); });
     prof.time("crossentropy fwd", [&] { d.crossentropy_forward(losses, logits, targets); });
     prof.time("sum", [&] { d.sum(loss, losses, 1.0f / static_cast<float>(BT)); });
     // ---- backward
-    prof.time("crossentropy bwd", [&] { d.crossentropy_backward(logits, logits, targets, 1.0f / static_cast<float>(BT)); });
+    prof.time("crossentropy bwd", [&] {
+      d.crossentropy_backward(logits, logits, targets, 1.0f / static_cast<float>(BT));
+    });
     prof.time(mm_label("lmhead", "dx NN"), [&] { d.matmul(dln, logits, wte, false, false); });
-    prof.time(mm_label("lmhead", "dw TN+="), [&] { d.matmul(dwte, logits, lnf, true, false, 1, 1); });
+    prof.time(mm_label("lmhead", "dw TN+="),
+              [&] { d.matmul(dwte, logits, lnf, true, false, 1, 1); });
     prof.time("fill", [&] { d.fill(dres, 0.0f); });
-    prof.time("layernorm bwd", [&] { d.layernorm_backward(dres, dlnfw, dlnfb, dln, res[L], lnfw, lnfm, lnfr); });
+    prof.time("layernorm bwd",
+              [&] { d.layernorm_backward(dres, dlnfw, dlnfb, dln, res[L], lnfw, lnfm, lnfr); });
     for (int64_t l = L - 1; l >= 0; --l) {
       Layer& w = p[static_cast<size_t>(l)];
       Layer& gw = g[static_cast<size_t>(l)];
       Acts& a = acts[static_cast<size_t>(l)];
       linear_bwd("fcproj", d4a, gw.fcprojw, gw.fcprojb, dres, a.fchg, w.fcprojw);
-      prof.time("gelu bwd", [&] { d.gelu_backward(d4b.reshape({BT * 4 * C}), a.fch.reshape({BT * 4 * C}), d4a.reshape({BT * 4 * C})); });
+      prof.time("gelu bwd", [&] {
+        d.gelu_backward(d4b.reshape({BT * 4 * C}), a.fch.reshape({BT * 4 * C}),
+                        d4a.reshape({BT * 4 * C}));
+      });
       linear_bwd("fc", dln, gw.fcw, gw.fcb, d4b, a.ln2, w.fcw);
-      prof.time("layernorm bwd", [&] { d.layernorm_backward(dres, gw.ln2w, gw.ln2b, dln, a.res2, w.ln2w, a.ln2m, a.ln2r); });
+      prof.time("layernorm bwd", [&] {
+        d.layernorm_backward(dres, gw.ln2w, gw.ln2b, dln, a.res2, w.ln2w, a.ln2m, a.ln2r);
+      });
       Tensor datty = d4b.slice_flat(0, {BT, C});
       linear_bwd("attproj", datty, gw.projw, gw.projb, dres, a.atty, w.projw);
       Tensor dqkv = d4a.slice_flat(0, {BT, 3 * C});
       prof.time("attention bwd", [&] {
-        d.attention_backward(dqkv.reshape({B, T, 3 * C}), datty.reshape({B, T, C}), a.qkv.reshape({B, T, 3 * C}), a.att, static_cast<int>(NH));
+        d.attention_backward(dqkv.reshape({B, T, 3 * C}), datty.reshape({B, T, C}),
+                             a.qkv.reshape({B, T, 3 * C}), a.att, static_cast<int>(NH));
       });
       linear_bwd("qkv", dln, gw.qkvw, gw.qkvb, dqkv, a.ln1, w.qkvw);
-      prof.time("layernorm bwd", [&] { d.layernorm_backward(dres, gw.ln1w, gw.ln1b, dln, res[l], w.ln1w, a.ln1m, a.ln1r); });
+      prof.time("layernorm bwd", [&] {
+        d.layernorm_backward(dres, gw.ln1w, gw.ln1b, dln, res[l], w.ln1w, a.ln1m, a.ln1r);
+      });
     }
-    prof.time("embedding bwd", [&] { d.embedding_backward(dwte, dwpe, dres.reshape({B, T, C}), tokens); });
+    prof.time("embedding bwd", [&] {
+      d.embedding_backward(dwte, dwpe, dres.reshape({B, T, C}), tokens);
+    });
     // ---- optimizer: global norm, then one AdamW over all parameters (the trainer runs it per
     // group; the bytes touched are the same)
     prof.time("norm", [&] { d.norm(gnorm, flat_g); });
@@ -268,8 +302,8 @@ int main(int argc, char** argv) {
   std::vector<std::pair<double, std::string>> rows;
   for (auto& [k, v] : prof.all) rows.push_back({median(v), k});
   std::sort(rows.rbegin(), rows.rend());
-  std::printf("step_profile %s: B=%d T=%d, %d steps (+%d warm-up), %s time, %s\n", model.c_str(),
-              B, T, steps, warmup, g_cpu_time ? "CPU" : "wall", d.info().driver.c_str());
+  std::printf("step_profile %s: B=%d T=%d, %d steps (+%d warm-up), %s time, %s\n", model.c_str(), B,
+              T, steps, warmup, g_cpu_time ? "CPU" : "wall", d.info().driver.c_str());
   std::printf("%-28s %10s %7s\n", "op", "ms/step", "share");
   double listed = 0;
   for (auto& [t, k] : rows) {

@@ -9,14 +9,14 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <chrono>
-#include <ctime>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -56,9 +56,12 @@ int main(int argc, char** argv) {
   std::vector<GemmShape> shapes;
   std::string json_path, layout = "nn";
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--backend") && i + 1 < argc) spec = argv[++i];
-    else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
-    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--backend") && i + 1 < argc)
+      spec = argv[++i];
+    else if (!std::strcmp(argv[i], "--cpu-time"))
+      g_cpu_time = true;
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) {
       layout = argv[++i];
       if (layout != "nn" && layout != "nt" && layout != "tn") {
@@ -69,8 +72,7 @@ int main(int argc, char** argv) {
       trans_b = layout == "nt";
     } else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
-    }
-    else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) {
+    } else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) {
       long m, n, k;
       if (std::sscanf(argv[++i], "%ldx%ldx%ld", &m, &n, &k) != 3) {
         std::fprintf(stderr, "--shape wants MxNxK\n");
@@ -78,13 +80,18 @@ int main(int argc, char** argv) {
       }
       shapes.push_back({m, n, k, "custom"});
     } else {
-      std::fprintf(stderr, "usage: %s [--backend vulkan:N] [--iters N] [--cpu-time] [--layout nn|nt|tn] [--shape MxNxK]... [--json FILE]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--backend vulkan:N] [--iters N] [--cpu-time] [--layout nn|nt|tn] "
+                   "[--shape MxNxK]... [--json FILE]\n",
+                   argv[0]);
       return 2;
     }
   }
   if (shapes.empty())  // tiny preset (B*T = 1024 tokens, C = 384) and a square one
-    shapes = {{1024, 1152, 384, "tiny qkv"}, {1024, 1536, 384, "tiny fc"},
-              {1024, 384, 1536, "tiny proj"}, {512, 512, 512, "square"}};
+    shapes = {{1024, 1152, 384, "tiny qkv"},
+              {1024, 1536, 384, "tiny fc"},
+              {1024, 384, 1536, "tiny proj"},
+              {512, 512, 512, "square"}};
   try {
     auto dev = open_device(spec);
     std::printf("device: %s (%s); GFLOP per %s second\n", dev->info().name.c_str(),
@@ -93,7 +100,8 @@ int main(int argc, char** argv) {
     if (const char* v = std::getenv("CT_BENCH_VARIANTS")) {  // comma-separated subset
       static std::string keep = v;
       variants.clear();
-      for (char* t = std::strtok(keep.data(), ","); t; t = std::strtok(nullptr, ",")) variants.push_back(t);
+      for (char* t = std::strtok(keep.data(), ","); t; t = std::strtok(nullptr, ","))
+        variants.push_back(t);
     }
     std::vector<std::string> wrong;
     std::printf("%-10s %-16s", "shape", "MxNxK");
@@ -104,8 +112,10 @@ int main(int argc, char** argv) {
       std::vector<float> a(s.M * s.K), b(s.K * s.N), c(s.M * s.N);
       for (size_t i = 0; i < a.size(); ++i) a[i] = p.normal(i);
       for (size_t i = 0; i < b.size(); ++i) b[i] = p.normal(i + a.size());
-      Tensor ta = dev->empty(trans_a ? Shape{s.K, s.M} : Shape{s.M, s.K}, DType::f32, MemCategory::kWorkspace);
-      Tensor tb = dev->empty(trans_b ? Shape{s.N, s.K} : Shape{s.K, s.N}, DType::f32, MemCategory::kWorkspace);
+      Tensor ta = dev->empty(trans_a ? Shape{s.K, s.M} : Shape{s.M, s.K}, DType::f32,
+                             MemCategory::kWorkspace);
+      Tensor tb = dev->empty(trans_b ? Shape{s.N, s.K} : Shape{s.K, s.N}, DType::f32,
+                             MemCategory::kWorkspace);
       Tensor tc = dev->empty({s.M, s.N}, DType::f32, MemCategory::kWorkspace);
       dev->upload(ta, a.data(), a.size() * 4);
       dev->upload(tb, b.data(), b.size() * 4);
@@ -145,9 +155,14 @@ int main(int argc, char** argv) {
       char dims[48];
       std::snprintf(dims, sizeof dims, "%ldx%ldx%ld", long(s.M), long(s.N), long(s.K));
       std::printf("%-10s %-16s", s.what, dims);
-      nlohmann::json line = {{"shape", s.what}, {"M", s.M}, {"N", s.N}, {"K", s.K},
-                             {"layout", layout}, {"openblas_gflops", blas},
-                             {"device", dev->info().name}, {"gflops", nlohmann::json::object()},
+      nlohmann::json line = {{"shape", s.what},
+                             {"M", s.M},
+                             {"N", s.N},
+                             {"K", s.K},
+                             {"layout", layout},
+                             {"openblas_gflops", blas},
+                             {"device", dev->info().name},
+                             {"gflops", nlohmann::json::object()},
                              {"max_rel_err", nlohmann::json::object()}};
       for (size_t v = 0; v < variants.size(); ++v) {
         bool ok = err[v] <= 1e-4;
@@ -165,7 +180,8 @@ int main(int argc, char** argv) {
       }
     }
     if (!wrong.empty()) {
-      std::fprintf(stderr, "vulkan_gemm_bench: wrong products (marked !, max relative error > 1e-4):");
+      std::fprintf(stderr,
+                   "vulkan_gemm_bench: wrong products (marked !, max relative error > 1e-4):");
       for (const auto& w : wrong) std::fprintf(stderr, " %s;", w.c_str());
       std::fprintf(stderr, "\n");
       return 1;

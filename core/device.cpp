@@ -6,22 +6,32 @@ namespace ct {
 
 const char* mem_category_name(MemCategory c) {
   switch (c) {
-    case MemCategory::kWeights: return "weights";
-    case MemCategory::kGrads: return "grads";
-    case MemCategory::kOptimizer: return "optimizer";
-    case MemCategory::kActivations: return "activations";
-    case MemCategory::kWorkspace: return "workspace";
+    case MemCategory::kWeights:
+      return "weights";
+    case MemCategory::kGrads:
+      return "grads";
+    case MemCategory::kOptimizer:
+      return "optimizer";
+    case MemCategory::kActivations:
+      return "activations";
+    case MemCategory::kWorkspace:
+      return "workspace";
   }
   return "?";
 }
 
 const char* device_type_name(DeviceType t) {
   switch (t) {
-    case DeviceType::kCpu: return "cpu";
-    case DeviceType::kIntegratedGpu: return "integrated-gpu";
-    case DeviceType::kDiscreteGpu: return "discrete-gpu";
-    case DeviceType::kVirtualGpu: return "virtual-gpu";
-    case DeviceType::kOther: return "other";
+    case DeviceType::kCpu:
+      return "cpu";
+    case DeviceType::kIntegratedGpu:
+      return "integrated-gpu";
+    case DeviceType::kDiscreteGpu:
+      return "discrete-gpu";
+    case DeviceType::kVirtualGpu:
+      return "virtual-gpu";
+    case DeviceType::kOther:
+      return "other";
   }
   return "?";
 }

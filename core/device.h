@@ -102,10 +102,10 @@ struct DeviceInfo {
   int index = 0;        // index within the backend ("vulkan:1")
   std::string name;     // marketing or driver name
   DeviceType type = DeviceType::kCpu;
-  std::string driver;                // driver name and version
-  int64_t memory_bytes = 0;          // total memory usable by this device
-  int64_t memory_budget_bytes = 0;   // currently available (0 if unknown)
-  int64_t max_allocation_bytes = 0;  // largest single allocation
+  std::string driver;                  // driver name and version
+  int64_t memory_bytes = 0;            // total memory usable by this device
+  int64_t memory_budget_bytes = 0;     // currently available (0 if unknown)
+  int64_t max_allocation_bytes = 0;    // largest single allocation
   int64_t max_buffer_range_bytes = 0;  // largest range one op may bind (Vulkan storage range)
   std::vector<DType> dtypes;           // element types the op set supports
   bool cooperative_matrix = false;
@@ -176,7 +176,7 @@ struct AdamWHyper {
 // torch.optim.SGD: coupled (L2) weight decay, momentum buffer set to the first gradient.
 struct SgdHyper {
   float lr = 1e-3f;
-  float momentum = 0.0f;      // 0: no buffer (momentum_buf may be undefined)
+  float momentum = 0.0f;  // 0: no buffer (momentum_buf may be undefined)
   float dampening = 0.0f;
   float weight_decay = 0.0f;  // g += weight_decay * param (before momentum)
   bool nesterov = false;      // needs momentum > 0 and dampening == 0 (as PyTorch)
@@ -195,23 +195,25 @@ struct LionHyper {
 
 // Adafactor with Hugging Face transformers.optimization.Adafactor semantics.
 struct AdafactorHyper {
-  float lr = 1e-3f;               // the step size when !relative_step
-  float eps1 = 1e-30f;            // added to grad^2 (HF eps[0])
-  float eps2 = 1e-3f;             // floor of the parameter RMS (HF eps[1])
-  float clip_threshold = 1.0f;    // update /= max(1, RMS(update) / clip_threshold)
-  float decay_rate = -0.8f;       // beta2_t = 1 - step^decay_rate
-  float beta1 = 0.0f;             // > 0: first moment in exp_avg (HF beta1); 0: HF's None
-  float weight_decay = 0.0f;      // param -= weight_decay * lr_t * param
-  bool relative_step = false;     // lr_t from the step: min(1e-2 | 1e-6 step, 1/sqrt(step))
-  bool scale_parameter = false;   // lr_t *= max(eps2, RMS(param))
-  bool warmup_init = false;       // relative step 1e-6 * step instead of 1e-2
-  int64_t step = 1;               // 1-based
+  float lr = 1e-3f;              // the step size when !relative_step
+  float eps1 = 1e-30f;           // added to grad^2 (HF eps[0])
+  float eps2 = 1e-3f;            // floor of the parameter RMS (HF eps[1])
+  float clip_threshold = 1.0f;   // update /= max(1, RMS(update) / clip_threshold)
+  float decay_rate = -0.8f;      // beta2_t = 1 - step^decay_rate
+  float beta1 = 0.0f;            // > 0: first moment in exp_avg (HF beta1); 0: HF's None
+  float weight_decay = 0.0f;     // param -= weight_decay * lr_t * param
+  bool relative_step = false;    // lr_t from the step: min(1e-2 | 1e-6 step, 1/sqrt(step))
+  bool scale_parameter = false;  // lr_t *= max(eps2, RMS(param))
+  bool warmup_init = false;      // relative step 1e-6 * step instead of 1e-2
+  int64_t step = 1;              // 1-based
   float max_grad_norm = 0.0f;
 };
 
 // Block size of the block-wise 8-bit optimizer states: one fp32 absmax per block of 256.
 inline constexpr int64_t kQuantBlockSize = 256;
-inline int64_t quant_blocks(int64_t n) { return (n + kQuantBlockSize - 1) / kQuantBlockSize; }
+inline int64_t quant_blocks(int64_t n) {
+  return (n + kQuantBlockSize - 1) / kQuantBlockSize;
+}
 
 // What matmul() resolved from its operands, handed to matmul_kernel().
 struct MatmulDims {
@@ -221,11 +223,28 @@ struct MatmulDims {
 };
 
 enum class OpKind {
-  kFill, kCopy, kAdd, kAccumulate, kScale,
-  kEmbedding, kLayerNorm, kMatmul, kBiasGrad, kAttention, kGelu,
-  kCrossEntropy, kSum, kNorm, kAdamW, kCheckFinite, kUnscaleCheck,
+  kFill,
+  kCopy,
+  kAdd,
+  kAccumulate,
+  kScale,
+  kEmbedding,
+  kLayerNorm,
+  kMatmul,
+  kBiasGrad,
+  kAttention,
+  kGelu,
+  kCrossEntropy,
+  kSum,
+  kNorm,
+  kAdamW,
+  kCheckFinite,
+  kUnscaleCheck,
   // optimizers
-  kSgd, kLion, kAdamW8bit, kAdafactor,
+  kSgd,
+  kLion,
+  kAdamW8bit,
+  kAdafactor,
 };
 
 class Device {
@@ -329,29 +348,25 @@ class Device {
 
   // out (=) (x - mean) * rstd * w + b over the last dim; saves mean and rstd.
   // x, out [N,C]; w, b [C]; mean, rstd [N] (f32). Statistics in fp32 or better.
-  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& x, const Tensor& w, const Tensor& b,
-                         float eps);
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                         const Tensor& w, const Tensor& b, float eps);
   // dx (+=), dw (+=), db (+=), from dout [N,C] and the saved x, w, mean, rstd.
-  void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
-                          const Tensor& dout, const Tensor& x, const Tensor& w,
-                          const Tensor& mean, const Tensor& rstd);
+  void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                          const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd);
 
   // c (=) alpha * op(a) @ op(b) + beta * c (+ bias broadcast over rows, if given).
   // op(a) [..., M, K], op(b) [..., K, N], c [..., M, N]; op(x) is x or its transpose over the
   // last two dims as stored ([..., K, M] with trans_a). Leading (batch) dims of c are matched by
   // a and b, or a/b is 2-D and broadcast over the batch. bias [N]. fp32 accumulation.
-  void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
-              bool trans_b, float alpha = 1.0f, float beta = 0.0f,
-              const Tensor* bias = nullptr);
+  void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+              float alpha = 1.0f, float beta = 0.0f, const Tensor* bias = nullptr);
   // dbias (+=) column sums of dout: dout [M,N], dbias [N].
   void bias_backward(const Tensor& dbias, const Tensor& dout);
 
   // Causal multi-head self-attention, scale 1/sqrt(C/n_head).
   // qkv [B,T,3C] holds q | k | v, each split into n_head heads of C/n_head; out [B,T,C] with
   // heads concatenated; att [B,n_head,T,T] (=) softmax probabilities, zero above the diagonal.
-  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                         int n_head);
+  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int n_head);
   // dqkv (=) gradient w.r.t. qkv, from dout [B,T,C] and the saved qkv and att.
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& att, int n_head);
@@ -363,11 +378,10 @@ class Device {
 
   // Fused log-softmax + negative log-likelihood, fp32.
   // losses [N] (=) -log softmax(logits[n,:])[targets[n]]; logits [N,V]; targets [N] i32.
-  void crossentropy_forward(const Tensor& losses, const Tensor& logits,
-                            const Tensor& targets);
+  void crossentropy_forward(const Tensor& losses, const Tensor& logits, const Tensor& targets);
   // dlogits (=) dloss * (softmax(logits) - onehot(targets)); dlogits may alias logits (in-place).
-  void crossentropy_backward(const Tensor& dlogits, const Tensor& logits,
-                             const Tensor& targets, float dloss);
+  void crossentropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                             float dloss);
 
   // -- reductions and optimizer ------------------------------------------------------------------
   // out[0] (=) scale * sum(x). out [1], x [N]. Deterministic order.
@@ -408,8 +422,8 @@ class Device {
   //   c = b1 * m + (1 - b1) * g
   //   param *= 1 - lr * wd;  param -= lr * sign(c)      (sign(0) = 0)
   //   m = b2 * m + (1 - b2) * g
-  void lion(const Tensor& param, const Tensor& grad, const Tensor& m,
-            const Tensor& grad_norm, const LionHyper& hp);
+  void lion(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& grad_norm,
+            const LionHyper& hp);
   // AdamW with both moments quantised block-wise to 8 bits (bitsandbytes' blockwise 8-bit Adam).
   // param, grad [N] f32; m_q, v_q [N] u8 (indices into the code tables); m_absmax, v_absmax
   // [quant_blocks(N)] f32; qmap_signed, qmap_unsigned [256] f32, each sorted ascending (the
@@ -424,10 +438,9 @@ class Device {
   // where nearest(code, x) is the index i minimising |code[i] - x|, the lower index on a tie,
   // and x is taken as 0 when the block's absmax is 0. A fresh optimizer is absmax 0 (every index
   // then dequantises to 0; the optimizer zero-fills m_q and v_q too).
-  void adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m_q,
-                  const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
-                  const Tensor& qmap_signed, const Tensor& qmap_unsigned,
-                  const Tensor& grad_norm, const AdamWHyper& hp);
+  void adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m_q, const Tensor& v_q,
+                  const Tensor& m_absmax, const Tensor& v_absmax, const Tensor& qmap_signed,
+                  const Tensor& qmap_unsigned, const Tensor& grad_norm, const AdamWHyper& hp);
   // Adafactor (HF semantics) on ONE parameter tensor; the reductions below are inside the op
   // and deterministic (a fixed summation order that does not depend on thread count).
   // Factored when param has rank >= 2: param, grad [R, C] (R = product of the leading dims,
@@ -442,9 +455,9 @@ class Device {
   //   U /= max(1, RMS(U) / clip_threshold);  U *= lr_t
   //   if beta1 > 0:  exp_avg = b1 exp_avg + (1-b1) U;  U = exp_avg
   //   param -= wd * lr_t * param;  param -= U
-  void adafactor(const Tensor& param, const Tensor& grad, const Tensor& row,
-                 const Tensor& col, const Tensor& v, const Tensor& exp_avg,
-                 const Tensor& grad_norm, const AdafactorHyper& hp);
+  void adafactor(const Tensor& param, const Tensor& grad, const Tensor& row, const Tensor& col,
+                 const Tensor& v, const Tensor& exp_avg, const Tensor& grad_norm,
+                 const AdafactorHyper& hp);
 
  protected:
   // -- kernels -------------------------------------------------------------------------------
@@ -459,27 +472,27 @@ class Device {
   virtual void add_kernel(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   virtual void accumulate_kernel(const Tensor& dst, const Tensor& src) = 0;
   virtual void scale_kernel(const Tensor& t, float s) = 0;
-  virtual void embedding_forward_kernel(const Tensor& out, const Tensor& tokens,
-                                        const Tensor& wte, const Tensor& wpe) = 0;
-  virtual void embedding_backward_kernel(const Tensor& dwte, const Tensor& dwpe,
-                                         const Tensor& dout, const Tensor& tokens) = 0;
-  virtual void layernorm_forward_kernel(const Tensor& out, const Tensor& mean,
-                                        const Tensor& rstd, const Tensor& x, const Tensor& w,
-                                        const Tensor& b, float eps) = 0;
+  virtual void embedding_forward_kernel(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                        const Tensor& wpe) = 0;
+  virtual void embedding_backward_kernel(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                         const Tensor& tokens) = 0;
+  virtual void layernorm_forward_kernel(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& x, const Tensor& w, const Tensor& b,
+                                        float eps) = 0;
   virtual void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
                                          const Tensor& dout, const Tensor& x, const Tensor& w,
                                          const Tensor& mean, const Tensor& rstd) = 0;
   // `d` holds the dimensions matmul() resolved: c is [batch..., M, N], op(a) [M, K] per batch
   // element, and a_batched / b_batched say whether a / b carry c's batch dims (false: one 2-D
   // matrix broadcast over the batch).
-  virtual void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b,
-                             const MatmulDims& d, bool trans_a, bool trans_b, float alpha,
-                             float beta, const Tensor* bias) = 0;
+  virtual void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
+                             bool trans_a, bool trans_b, float alpha, float beta,
+                             const Tensor* bias) = 0;
   virtual void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) = 0;
   virtual void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv,
                                         int n_head) = 0;
-  virtual void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout,
-                                         const Tensor& qkv, const Tensor& att, int n_head) = 0;
+  virtual void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                         const Tensor& att, int n_head) = 0;
   virtual void gelu_forward_kernel(const Tensor& out, const Tensor& x) = 0;
   virtual void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) = 0;
   // logits may be 1-D ([V], one row): a kernel takes N = numel / V rows of V = shape[-1].
@@ -500,10 +513,9 @@ class Device {
   virtual void lion_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
                            const Tensor& grad_norm, const LionHyper& hp);
   virtual void adamw_8bit_kernel(const Tensor& param, const Tensor& grad, const Tensor& m_q,
-                                 const Tensor& v_q, const Tensor& m_absmax,
-                                 const Tensor& v_absmax, const Tensor& qmap_signed,
-                                 const Tensor& qmap_unsigned, const Tensor& grad_norm,
-                                 const AdamWHyper& hp);
+                                 const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
+                                 const Tensor& qmap_signed, const Tensor& qmap_unsigned,
+                                 const Tensor& grad_norm, const AdamWHyper& hp);
   virtual void adafactor_kernel(const Tensor& param, const Tensor& grad, const Tensor& row,
                                 const Tensor& col, const Tensor& v, const Tensor& exp_avg,
                                 const Tensor& grad_norm, const AdafactorHyper& hp);

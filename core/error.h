@@ -24,21 +24,23 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
 };
 
-[[noreturn]] inline void fail(ErrorKind kind, const std::string& what) { throw Error(kind, what); }
+[[noreturn]] inline void fail(ErrorKind kind, const std::string& what) {
+  throw Error(kind, what);
+}
 
 }  // namespace ct
 
 // CT_CHECK(cond, msg): an internal invariant; failing it is a bug, reported with its location.
-#define CT_CHECK(cond, msg)                                                                     \
-  do {                                                                                          \
-    if (!(cond))                                                                                \
-      ::ct::fail(::ct::ErrorKind::kInternal, std::string(__FILE__) + ":" +                      \
-                                                 std::to_string(__LINE__) + ": check `" #cond \
-                                                 "` failed: " + std::string(msg));             \
+#define CT_CHECK(cond, msg)                                               \
+  do {                                                                    \
+    if (!(cond))                                                          \
+      ::ct::fail(::ct::ErrorKind::kInternal,                              \
+                 std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
+                     ": check `" #cond "` failed: " + std::string(msg));  \
   } while (0)
 
 // CT_REQUIRE(cond, msg): a precondition on caller-supplied arguments (shapes, dtypes).
-#define CT_REQUIRE(cond, msg)                                            \
-  do {                                                                   \
+#define CT_REQUIRE(cond, msg)                                          \
+  do {                                                                 \
     if (!(cond)) ::ct::fail(::ct::ErrorKind::kInvalidArgument, (msg)); \
   } while (0)

@@ -11,7 +11,9 @@
 namespace ct {
 namespace {
 
-bool is_h(DType d) { return d == DType::f16 || d == DType::bf16; }
+bool is_h(DType d) {
+  return d == DType::f16 || d == DType::bf16;
+}
 
 // " (got f32[2, 3], ...)" for an error message.
 std::string shapes(std::initializer_list<const Tensor*> ts) {
@@ -37,9 +39,9 @@ class Check {
   // Defined, on this device, contiguous and within its buffer.
   void mine(const char* name, const Tensor& t) const {
     CT_REQUIRE(t.defined(), op_ + ": " + name + " is undefined");
-    CT_REQUIRE(&t.buffer->device() == &dev_,
-               op_ + ": " + name + " lives on another device (" +
-                   t.buffer->device().info().id() + ", this is " + dev_.info().id() + ")");
+    CT_REQUIRE(&t.buffer->device() == &dev_, op_ + ": " + name + " lives on another device (" +
+                                                 t.buffer->device().info().id() + ", this is " +
+                                                 dev_.info().id() + ")");
     CT_REQUIRE(t.is_contiguous(), op_ + ": " + name + " must be contiguous: " + t.describe());
     CT_REQUIRE(t.offset + t.nbytes() <= t.buffer->size(),
                op_ + ": " + name + " " + t.describe() + " exceeds its buffer of " +
@@ -49,8 +51,8 @@ class Check {
   void f32(const char* name, const Tensor& t) const {
     mine(name, t);
     if (is_h(t.dtype))
-      fail(ErrorKind::kUnsupported, op_ + ": " + name + " must be f32 here, got " +
-                                        t.describe() + " (ask supports() first)");
+      fail(ErrorKind::kUnsupported, op_ + ": " + name + " must be f32 here, got " + t.describe() +
+                                        " (ask supports() first)");
     CT_REQUIRE(t.dtype == DType::f32, op_ + ": " + name + " must be f32, got " + t.describe());
   }
   // An argument the mixed-precision table allows in f32 or 16 bits: 16 bits only where
@@ -58,8 +60,8 @@ class Check {
   void flt(const char* name, const Tensor& t, OpKind kind) const {
     mine(name, t);
     if (is_h(t.dtype) && !dev_.supports(kind, t.dtype))
-      fail(ErrorKind::kUnsupported, op_ + ": " + name + " is " + dtype_name(t.dtype) +
-                                        ", which " + dev_.info().id() +
+      fail(ErrorKind::kUnsupported, op_ + ": " + name + " is " + dtype_name(t.dtype) + ", which " +
+                                        dev_.info().id() +
                                         " does not support for this op (ask supports() first)");
     CT_REQUIRE(t.dtype == DType::f32 || is_h(t.dtype),
                op_ + ": " + name + " must be f32, f16 or bf16, got " + t.describe());
@@ -101,9 +103,8 @@ void attention_dims(const Check& k, const Tensor& out, const Tensor& att, const 
              k.op() + ": expected out [B,T,C], att [B,NH,T,T], qkv [B,T,3C]" + desc);
   int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
   CT_REQUIRE(n_head > 0 && C % n_head == 0, k.op() + ": C must be a multiple of n_head" + desc);
-  CT_REQUIRE(qkv.shape[0] == B && qkv.shape[1] == T && qkv.shape[2] == 3 * C &&
-                 att.shape[0] == B && att.shape[1] == n_head && att.shape[2] == T &&
-                 att.shape[3] == T,
+  CT_REQUIRE(qkv.shape[0] == B && qkv.shape[1] == T && qkv.shape[2] == 3 * C && att.shape[0] == B &&
+                 att.shape[1] == n_head && att.shape[2] == T && att.shape[3] == T,
              k.op() + ": shape mismatch" + desc);
 }
 
@@ -167,9 +168,9 @@ void Device::copy(const Tensor& dst, const Tensor& src) {
                "copy: converts only between f32, f16 and bf16" + shapes({&dst, &src}));
     for (const Tensor* t : {&dst, &src})
       if (!supports(OpKind::kCopy, t->dtype))
-        fail(ErrorKind::kUnsupported, std::string("copy: ") + (t == &dst ? "dst" : "src") +
-                                          " is " + dtype_name(t->dtype) + ", which " +
-                                          info().id() + " does not support for this op");
+        fail(ErrorKind::kUnsupported, std::string("copy: ") + (t == &dst ? "dst" : "src") + " is " +
+                                          dtype_name(t->dtype) + ", which " + info().id() +
+                                          " does not support for this op");
     CT_REQUIRE(!overlaps(dst, src),
                "copy: a converting copy must not overlap its source" + shapes({&dst, &src}));
   }
@@ -240,8 +241,7 @@ void Device::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Te
 void Device::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                                const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
   Check k(*this, "layernorm_forward");
-  for (auto [n, t] : {std::pair{"mean", &mean}, {"rstd", &rstd}, {"x", &x}, {"w", &w},
-                      {"b", &b}})
+  for (auto [n, t] : {std::pair{"mean", &mean}, {"rstd", &rstd}, {"x", &x}, {"w", &w}, {"b", &b}})
     k.f32(n, *t);
   k.flt("out", out, OpKind::kLayerNorm);
   CT_REQUIRE(x.ndim() >= 1, k.op() + ": x must have a last dimension");
@@ -257,21 +257,26 @@ void Device::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor
                                 const Tensor& dout, const Tensor& x, const Tensor& w,
                                 const Tensor& mean, const Tensor& rstd) {
   Check k(*this, "layernorm_backward");
-  for (auto [n, t] : {std::pair{"dx", &dx}, {"dw", &dw}, {"db", &db}, {"x", &x}, {"w", &w},
-                      {"mean", &mean}, {"rstd", &rstd}})
+  for (auto [n, t] : {std::pair{"dx", &dx},
+                      {"dw", &dw},
+                      {"db", &db},
+                      {"x", &x},
+                      {"w", &w},
+                      {"mean", &mean},
+                      {"rstd", &rstd}})
     k.f32(n, *t);
   k.flt("dout", dout, OpKind::kLayerNorm);
   CT_REQUIRE(x.ndim() >= 1, k.op() + ": x must have a last dimension");
   int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
-  CT_REQUIRE(dx.shape == x.shape && dout.shape == x.shape && w.numel() == C &&
-                 dw.numel() == C && db.numel() == C && mean.numel() == N && rstd.numel() == N,
+  CT_REQUIRE(dx.shape == x.shape && dout.shape == x.shape && w.numel() == C && dw.numel() == C &&
+                 db.numel() == C && mean.numel() == N && rstd.numel() == N,
              k.op() + ": expected dx, dout, x [N,C], dw, db, w [C], mean, rstd [N]" +
                  shapes({&dx, &dw, &db, &dout, &x, &w, &mean, &rstd}));
   layernorm_backward_kernel(dx, dw, db, dout, x, w, mean, rstd);
 }
 
-void Device::matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
-                    bool trans_b, float alpha, float beta, const Tensor* bias) {
+void Device::matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                    float alpha, float beta, const Tensor* bias) {
   Check k(*this, "matmul");
   k.flt("c", c, OpKind::kMatmul);
   k.flt("a", a, OpKind::kMatmul);
@@ -457,8 +462,8 @@ void Device::sgd(const Tensor& param, const Tensor& grad, const Tensor& momentum
   sgd_kernel(param, grad, momentum_buf, grad_norm, hp);
 }
 
-void Device::lion(const Tensor& param, const Tensor& grad, const Tensor& m,
-                  const Tensor& grad_norm, const LionHyper& hp) {
+void Device::lion(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& grad_norm,
+                  const LionHyper& hp) {
   Check k(*this, "lion");
   k.f32("param", param);
   k.f32("grad", grad);
@@ -474,8 +479,11 @@ void Device::adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m
                         const Tensor& qmap_signed, const Tensor& qmap_unsigned,
                         const Tensor& grad_norm, const AdamWHyper& hp) {
   Check k(*this, "adamw_8bit");
-  for (auto [n, t] : {std::pair{"param", &param}, {"grad", &grad}, {"m_absmax", &m_absmax},
-                      {"v_absmax", &v_absmax}, {"qmap_signed", &qmap_signed},
+  for (auto [n, t] : {std::pair{"param", &param},
+                      {"grad", &grad},
+                      {"m_absmax", &m_absmax},
+                      {"v_absmax", &v_absmax},
+                      {"qmap_signed", &qmap_signed},
                       {"qmap_unsigned", &qmap_unsigned}})
     k.f32(n, *t);
   k.is("m_q", m_q, DType::u8);
@@ -486,8 +494,7 @@ void Device::adamw_8bit(const Tensor& param, const Tensor& grad, const Tensor& m
   const int64_t nb = quant_blocks(param.numel());
   CT_REQUIRE(m_absmax.numel() == nb && v_absmax.numel() == nb && qmap_signed.numel() == 256 &&
                  qmap_unsigned.numel() == 256,
-             k.op() + ": expected m_absmax, v_absmax [" + std::to_string(nb) +
-                 "] and qmaps [256]" +
+             k.op() + ": expected m_absmax, v_absmax [" + std::to_string(nb) + "] and qmaps [256]" +
                  shapes({&m_absmax, &v_absmax, &qmap_signed, &qmap_unsigned}));
   k.step(hp.step);
   k.clip_norm(grad_norm, hp.max_grad_norm);
@@ -540,8 +547,7 @@ void Device::adamw_8bit_kernel(const Tensor&, const Tensor&, const Tensor&, cons
   fail(ErrorKind::kUnsupported, "adamw_8bit: not implemented on " + info().id());
 }
 void Device::adafactor_kernel(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&, const Tensor&, const Tensor&,
-                              const AdafactorHyper&) {
+                              const Tensor&, const Tensor&, const Tensor&, const AdafactorHyper&) {
   fail(ErrorKind::kUnsupported, "adafactor: not implemented on " + info().id());
 }
 

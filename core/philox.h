@@ -40,9 +40,9 @@ class Philox {
 
   // Four uniform 32-bit words for block `block`.
   PhiloxBlock block(uint64_t block) const {
-    return philox4x32({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                       stream_lo_, stream_hi_},
-                      key_);
+    return philox4x32(
+        {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), stream_lo_, stream_hi_},
+        key_);
   }
   uint32_t u32(uint64_t i) const { return block(i / 4)[i % 4]; }
   float uniform(uint64_t i) const { return uint_to_unit_float(u32(i)); }

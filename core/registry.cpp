@@ -67,7 +67,8 @@ const std::vector<BackendEntry>& backends() {
     std::sort(found.begin(), found.end());
     for (const auto& p : found) {
       BackendEntry e = load_plugin(p);
-      bool dup = std::any_of(v.begin(), v.end(), [&](const BackendEntry& x) { return x.name == e.name; });
+      bool dup =
+          std::any_of(v.begin(), v.end(), [&](const BackendEntry& x) { return x.name == e.name; });
       if (!dup) v.push_back(std::move(e));
     }
     return v;
@@ -93,16 +94,15 @@ std::unique_ptr<Device> open_device(const std::string& spec) {
     known += (known.empty() ? "" : ", ") + e.name;
     if (e.name != name) continue;
     if (!e.backend || !e.error.empty())
-      fail(ErrorKind::kInvalidArgument, "--backend " + spec + ": backend '" + name +
-                                            "' is unavailable: " + e.error);
+      fail(ErrorKind::kInvalidArgument,
+           "--backend " + spec + ": backend '" + name + "' is unavailable: " + e.error);
     auto devs = e.backend->devices();
     if (index >= static_cast<int>(devs.size())) {
       std::string list;
       for (const auto& d : devs) list += "\n  " + d.id() + "  " + d.name;
-      fail(ErrorKind::kInvalidArgument, "--backend " + spec + ": device index " +
-                                            std::to_string(index) + " out of range; " + name +
-                                            " has " + std::to_string(devs.size()) +
-                                            " device(s):" + list);
+      fail(ErrorKind::kInvalidArgument,
+           "--backend " + spec + ": device index " + std::to_string(index) + " out of range; " +
+               name + " has " + std::to_string(devs.size()) + " device(s):" + list);
     }
     return e.backend->open(index);
   }

@@ -64,9 +64,9 @@ Tensor Tensor::reshape(const Shape& s) const {
 
 Tensor Tensor::slice_flat(int64_t start, const Shape& s) const {
   CT_CHECK(is_contiguous(), "slice_flat of a non-contiguous tensor " + describe());
-  CT_CHECK(start >= 0 && start + s.numel() <= numel(),
-           "slice_flat out of range: " + std::to_string(start) + " + " + s.str() + " in " +
-               describe());
+  CT_CHECK(
+      start >= 0 && start + s.numel() <= numel(),
+      "slice_flat out of range: " + std::to_string(start) + " + " + s.str() + " in " + describe());
   Tensor t = *this;
   t.offset += static_cast<size_t>(start) * dtype_size(dtype);
   t.shape = s;

@@ -17,7 +17,8 @@ int main(int argc, char** argv) {
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator(argv[1])) {
     std::ifstream f(e.path(), std::ios::binary);
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)),
+                               std::istreambuf_iterator<char>());
     LLVMFuzzerTestOneInput(bytes.data(), bytes.size());
     ++n;
   }

@@ -12,7 +12,8 @@
 #include "core/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string path = "/dev/shm/crosstrain_fuzz_" + std::to_string(getpid()) + ".safetensors";
+  static const std::string path =
+      "/dev/shm/crosstrain_fuzz_" + std::to_string(getpid()) + ".safetensors";
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) return 0;
   std::fwrite(data, 1, size, f);
@@ -22,7 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     volatile uint8_t sink = 0;
     for (const auto& name : st.names()) {
       auto bytes = st.data(name);
-      if (!bytes.empty()) sink = sink ^ static_cast<uint8_t>(bytes.front()) ^ static_cast<uint8_t>(bytes.back());
+      if (!bytes.empty())
+        sink = sink ^ static_cast<uint8_t>(bytes.front()) ^ static_cast<uint8_t>(bytes.back());
       (void)st.info(name).to_shape();
     }
     (void)sink;

@@ -39,8 +39,7 @@ void* allocate_host(size_t rounded) {
 
 class CpuBuffer final : public Buffer {
  public:
-  CpuBuffer(Device& device, size_t size, MemCategory category, void* data,
-            MemoryTracker& tracker)
+  CpuBuffer(Device& device, size_t size, MemCategory category, void* data, MemoryTracker& tracker)
       : Buffer(device, size, category), data_(data), tracker_(tracker) {}
   ~CpuBuffer() override {
     std::free(data_);
@@ -62,8 +61,8 @@ DeviceInfo make_info(bool reference) {
   i.backend = "cpu";
   i.index = reference ? 1 : 0;
   i.type = DeviceType::kCpu;
-  i.name = reference ? "CPU reference (single-threaded, fp64 accumulation)"
-                     : "CPU (OpenBLAS + OpenMP)";
+  i.name =
+      reference ? "CPU reference (single-threaded, fp64 accumulation)" : "CPU (OpenBLAS + OpenMP)";
   i.driver = reference ? "built in" : std::string(openblas_get_config());
   i.memory_bytes = total_memory_bytes();
   i.memory_budget_bytes = available_memory_bytes();
@@ -73,8 +72,7 @@ DeviceInfo make_info(bool reference) {
   i.extra = {{"processor", cpu_model_name()},
              {"threads", std::to_string(reference ? 1 : cpu_threads())},
              {"isa", cpu_isa_flags()},
-             {"blas", reference ? std::string("none (plain loops)")
-                                : fast::f32_matmul_library()},
+             {"blas", reference ? std::string("none (plain loops)") : fast::f32_matmul_library()},
              {"16-bit tensors", "widened to f32, rounded to nearest even on store"},
              {"bf16 matmul", reference ? std::string("widened to f32")
                                        : std::string(fast::bf16_matmul_library())}};
@@ -92,8 +90,7 @@ DeviceInfo make_info(bool reference) {
 class CpuDevice final : public Device, private Workspace {
  public:
   explicit CpuDevice(bool reference)
-      : k_(reference ? reference_kernels() : fast_kernels()),
-        info_(make_info(reference)) {}
+      : k_(reference ? reference_kernels() : fast_kernels()), info_(make_info(reference)) {}
 
   const DeviceInfo& info() const override { return info_; }
 
@@ -104,8 +101,13 @@ class CpuDevice final : public Device, private Workspace {
     if (op == OpKind::kAdamW8bit && dtype == DType::u8) return true;
     if (!is_h(dtype)) return false;
     switch (op) {
-      case OpKind::kAdd: case OpKind::kMatmul: case OpKind::kLayerNorm: case OpKind::kBiasGrad:
-      case OpKind::kAttention: case OpKind::kGelu: case OpKind::kCrossEntropy:
+      case OpKind::kAdd:
+      case OpKind::kMatmul:
+      case OpKind::kLayerNorm:
+      case OpKind::kBiasGrad:
+      case OpKind::kAttention:
+      case OpKind::kGelu:
+      case OpKind::kCrossEntropy:
         return true;
       default:
         return false;
@@ -118,10 +120,9 @@ class CpuDevice final : public Device, private Workspace {
     if (static_cast<int64_t>(rounded) > free_memory_fast_bytes()) {
       int64_t avail = available_memory_bytes();
       if (static_cast<int64_t>(rounded) > avail || static_cast<int64_t>(rounded) > limit)
-        fail(ErrorKind::kOutOfMemory,
-             "cpu: cannot allocate " + mib(static_cast<int64_t>(bytes)) + " of " +
-                 mem_category_name(category) + ": " + mib(avail) + " available of " +
-                 mib(limit) + " host memory");
+        fail(ErrorKind::kOutOfMemory, "cpu: cannot allocate " + mib(static_cast<int64_t>(bytes)) +
+                                          " of " + mem_category_name(category) + ": " + mib(avail) +
+                                          " available of " + mib(limit) + " host memory");
     }
     void* p = allocate_host(rounded);
     if (!p)
@@ -196,8 +197,8 @@ class CpuDevice final : public Device, private Workspace {
                                  const Tensor& dout, const Tensor& x, const Tensor& w,
                                  const Tensor& mean, const Tensor& rstd) override {
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
-    k_.layernorm_backward(*this, f(dx), f(dw), f(db), in(dout, 0), f(x), f(w), f(mean), f(rstd),
-                          N, C);
+    k_.layernorm_backward(*this, f(dx), f(dw), f(db), in(dout, 0), f(x), f(w), f(mean), f(rstd), N,
+                          C);
   }
 
   void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
@@ -312,8 +313,8 @@ class CpuDevice final : public Device, private Workspace {
   }
   void adamw_kernel(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                     const Tensor& grad_norm, const AdamWHyper& hp) override {
-    k_.adamw(f(param), f(grad), f(m), f(v), clip_norm(grad_norm, hp.max_grad_norm),
-             param.numel(), hp);
+    k_.adamw(f(param), f(grad), f(m), f(v), clip_norm(grad_norm, hp.max_grad_norm), param.numel(),
+             hp);
   }
 
   // -- optimizers (backends/cpu/*/optimizers.cpp) ---------------------------------------------
@@ -415,7 +416,8 @@ class CpuDevice final : public Device, private Workspace {
   }
   void store_range(const Tensor& t, const float* staged, int64_t e0, int64_t n) {
     if (t.dtype != DType::f32)
-      k_.copy(static_cast<char*>(raw(t)) + e0 * dtype_size(t.dtype), t.dtype, staged, DType::f32, n);
+      k_.copy(static_cast<char*>(raw(t)) + e0 * dtype_size(t.dtype), t.dtype, staged, DType::f32,
+              n);
   }
   // Rows of `row_elems` per staged piece: about kStageElems elements, at least one row.
   static int64_t stage_rows(int64_t row_elems) {
@@ -433,10 +435,9 @@ class CpuDevice final : public Device, private Workspace {
     int64_t n = t.numel();
     for (int64_t i = 0; i < n; ++i)
       if (p[i] < 0 || p[i] >= limit)
-        fail(ErrorKind::kInvalidArgument, std::string(op) + ": " + name + "[" +
-                                              std::to_string(i) + "] = " + std::to_string(p[i]) +
-                                              " is out of range [0, " + std::to_string(limit) +
-                                              ")");
+        fail(ErrorKind::kInvalidArgument,
+             std::string(op) + ": " + name + "[" + std::to_string(i) + "] = " +
+                 std::to_string(p[i]) + " is out of range [0, " + std::to_string(limit) + ")");
   }
   static void* raw(const Tensor& t) {
     return static_cast<char*>(static_cast<CpuBuffer*>(t.buffer.get())->data()) + t.offset;
@@ -468,7 +469,9 @@ class CpuBackend final : public Backend {
 }  // namespace
 }  // namespace cpu
 
-std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<cpu::CpuBackend>(); }
+std::shared_ptr<Backend> make_cpu_backend() {
+  return std::make_shared<cpu::CpuBackend>();
+}
 
 std::unique_ptr<Device> make_cpu_device(bool reference) {
   return std::make_unique<cpu::CpuDevice>(reference);

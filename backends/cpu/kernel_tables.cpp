@@ -5,14 +5,14 @@
 
 namespace ct::cpu {
 
-#define CT_CPU_KERNEL_TABLE(ns, bf16_matmul)                                                     \
-  Kernels {                                                                                      \
-    ns::fill, ns::copy, ns::add, ns::accumulate, ns::scale, ns::embedding_forward,               \
-        ns::embedding_backward, ns::layernorm_forward, ns::layernorm_backward, ns::matmul,       \
-        ns::bias_backward, ns::attention_forward, ns::attention_backward, ns::gelu_forward,      \
-        ns::gelu_backward, ns::crossentropy_forward, ns::crossentropy_backward, ns::sum,         \
-        ns::norm, ns::check_finite, ns::unscale_check, ns::adamw, ns::sgd, ns::lion,               \
-        ns::adamw_8bit, ns::adafactor, bf16_matmul                                               \
+#define CT_CPU_KERNEL_TABLE(ns, bf16_matmul)                                                       \
+  Kernels {                                                                                        \
+    ns::fill, ns::copy, ns::add, ns::accumulate, ns::scale, ns::embedding_forward,                 \
+        ns::embedding_backward, ns::layernorm_forward, ns::layernorm_backward, ns::matmul,         \
+        ns::bias_backward, ns::attention_forward, ns::attention_backward, ns::gelu_forward,        \
+        ns::gelu_backward, ns::crossentropy_forward, ns::crossentropy_backward, ns::sum, ns::norm, \
+        ns::check_finite, ns::unscale_check, ns::adamw, ns::sgd, ns::lion, ns::adamw_8bit,         \
+        ns::adafactor, bf16_matmul                                                                 \
   }
 
 const Kernels& reference_kernels() {
@@ -25,10 +25,14 @@ const Kernels& fast_kernels(IsaLevel level) {
   static const Kernels v3 = CT_CPU_KERNEL_TABLE(fast::avx2, fast::matmul_bf16);
   static const Kernels v4 = CT_CPU_KERNEL_TABLE(fast::avx512_bf16, fast::matmul_bf16);
   switch (level) {
-    case IsaLevel::kBaseline: break;
-    case IsaLevel::kX86_64_v2: return v2;
-    case IsaLevel::kAvx2: return v3;
-    case IsaLevel::kAvx512Bf16: return v4;
+    case IsaLevel::kBaseline:
+      break;
+    case IsaLevel::kX86_64_v2:
+      return v2;
+    case IsaLevel::kAvx2:
+      return v3;
+    case IsaLevel::kAvx512Bf16:
+      return v4;
   }
   return reference_kernels();  // a CPU below x86-64-v2 runs no fast table
 }

@@ -22,9 +22,9 @@ class Workspace {
 
 // c = alpha * op(a) @ op(b) + beta * c (+ bias), for `batch` matrices.
 struct MatmulArgs {
-  float* c = nullptr;        // [batch, M, N]
-  const float* a = nullptr;  // [batch?, M, K], or [batch?, K, M] with trans_a
-  const float* b = nullptr;  // [batch?, K, N], or [batch?, N, K] with trans_b
+  float* c = nullptr;           // [batch, M, N]
+  const float* a = nullptr;     // [batch?, M, K], or [batch?, K, M] with trans_a
+  const float* b = nullptr;     // [batch?, K, N], or [batch?, N, K] with trans_b
   const float* bias = nullptr;  // [N] or null
   int64_t batch = 1, M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false;
@@ -34,7 +34,7 @@ struct MatmulArgs {
 
 // The same for bf16 a, b (and c when c_bf16), one (M,N) product; for oneDNN's bf16 matmul.
 struct MatmulBf16Args {
-  void* c = nullptr;           // (M,N) f32, or bf16 when c_bf16
+  void* c = nullptr;            // (M,N) f32, or bf16 when c_bf16
   const uint16_t* a = nullptr;  // (M,K) or (K,M) with trans_a
   const uint16_t* b = nullptr;  // (K,N) or (N,K) with trans_b
   const float* bias = nullptr;  // (N) or null
@@ -50,16 +50,16 @@ struct Kernels {
   void (*accumulate)(float* dst, const float* src, int64_t n);
   void (*scale)(float* t, float s, int64_t n);
 
-  void (*embedding_forward)(float* out, const int32_t* tokens, const float* wte,
-                            const float* wpe, int64_t B, int64_t T, int64_t C);
+  void (*embedding_forward)(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                            int64_t B, int64_t T, int64_t C);
   void (*embedding_backward)(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                              int64_t B, int64_t T, int64_t C);
 
   void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* x, const float* w,
                             const float* b, int64_t N, int64_t C, float eps);
   void (*layernorm_backward)(Workspace& ws, float* dx, float* dw, float* db, const float* dout,
-                             const float* x, const float* w, const float* mean,
-                             const float* rstd, int64_t N, int64_t C);
+                             const float* x, const float* w, const float* mean, const float* rstd,
+                             int64_t N, int64_t C);
 
   void (*matmul)(Workspace& ws, const MatmulArgs& m);
   void (*bias_backward)(float* dbias, const float* dout, int64_t M, int64_t N);
@@ -90,10 +90,9 @@ struct Kernels {
               const SgdHyper& hp);
   void (*lion)(float* param, const float* grad, float* m, const float* grad_norm, int64_t n,
                const LionHyper& hp);
-  void (*adamw_8bit)(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q,
-                     float* m_absmax, float* v_absmax, const float* qmap_signed,
-                     const float* qmap_unsigned, const float* grad_norm, int64_t n,
-                     const AdamWHyper& hp);
+  void (*adamw_8bit)(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, float* m_absmax,
+                     float* v_absmax, const float* qmap_signed, const float* qmap_unsigned,
+                     const float* grad_norm, int64_t n, const AdamWHyper& hp);
   void (*adafactor)(float* param, const float* grad, float* row, float* col, float* v,
                     float* exp_avg, const float* grad_norm, int64_t R, int64_t C,
                     const AdafactorHyper& hp);
@@ -104,48 +103,48 @@ struct Kernels {
 };
 
 // Declares one family's functions in a namespace (ref or fast), so both sides keep one list.
-#define CT_CPU_DECLARE_KERNELS                                                                   \
-  void fill(void* p, DType dt, int64_t n, float value);                                          \
-  void copy(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);                  \
-  void add(float* out, const float* a, const float* b, int64_t n);                               \
-  void accumulate(float* dst, const float* src, int64_t n);                                      \
-  void scale(float* t, float s, int64_t n);                                                      \
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, \
-                         int64_t B, int64_t T, int64_t C);                                       \
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,   \
-                          int64_t B, int64_t T, int64_t C);                                      \
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,   \
-                         const float* b, int64_t N, int64_t C, float eps);                       \
-  void layernorm_backward(Workspace& ws, float* dx, float* dw, float* db, const float* dout,    \
-                          const float* x, const float* w, const float* mean, const float* rstd, \
-                          int64_t N, int64_t C);                                                 \
-  void matmul(Workspace& ws, const MatmulArgs& m);                                               \
-  void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N);                     \
-  void attention_forward(Workspace& ws, float* out, float* att, const float* qkv, int64_t B,    \
-                         int64_t T, int64_t C, int64_t NH);                                      \
-  void attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,      \
-                          const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);        \
-  void gelu_forward(float* out, const float* x, int64_t n);                                      \
-  void gelu_backward(float* dx, const float* x, const float* dout, int64_t n);                   \
-  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets,         \
-                            int64_t N, int64_t V);                                               \
-  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,       \
-                             int64_t N, int64_t V, float dloss);                                 \
-  void sum(float* out, const float* x, int64_t n, float scale);                                  \
-  void norm(float* out, const float* x, int64_t n);                                              \
-  void check_finite(int32_t* flag, const float* x, int64_t n);                                   \
-  void unscale_check(float* x, int32_t* flag, float inv_scale, int64_t n);                       \
-  void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm,        \
-             int64_t n, const AdamWHyper& hp);                                                   \
-  void sgd(float* param, const float* grad, float* buf, const float* grad_norm, int64_t n,       \
-           const SgdHyper& hp);                                                                  \
-  void lion(float* param, const float* grad, float* m, const float* grad_norm, int64_t n,        \
-            const LionHyper& hp);                                                                \
-  void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, float* m_absmax,  \
-                  float* v_absmax, const float* qmap_signed, const float* qmap_unsigned,         \
-                  const float* grad_norm, int64_t n, const AdamWHyper& hp);                      \
-  void adafactor(float* param, const float* grad, float* row, float* col, float* v,              \
-                 float* exp_avg, const float* grad_norm, int64_t R, int64_t C,                   \
+#define CT_CPU_DECLARE_KERNELS                                                                     \
+  void fill(void* p, DType dt, int64_t n, float value);                                            \
+  void copy(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);                    \
+  void add(float* out, const float* a, const float* b, int64_t n);                                 \
+  void accumulate(float* dst, const float* src, int64_t n);                                        \
+  void scale(float* t, float s, int64_t n);                                                        \
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,    \
+                         int64_t B, int64_t T, int64_t C);                                         \
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,      \
+                          int64_t B, int64_t T, int64_t C);                                        \
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,     \
+                         const float* b, int64_t N, int64_t C, float eps);                         \
+  void layernorm_backward(Workspace& ws, float* dx, float* dw, float* db, const float* dout,       \
+                          const float* x, const float* w, const float* mean, const float* rstd,    \
+                          int64_t N, int64_t C);                                                   \
+  void matmul(Workspace& ws, const MatmulArgs& m);                                                 \
+  void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N);                       \
+  void attention_forward(Workspace& ws, float* out, float* att, const float* qkv, int64_t B,       \
+                         int64_t T, int64_t C, int64_t NH);                                        \
+  void attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,         \
+                          const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);          \
+  void gelu_forward(float* out, const float* x, int64_t n);                                        \
+  void gelu_backward(float* dx, const float* x, const float* dout, int64_t n);                     \
+  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N, \
+                            int64_t V);                                                            \
+  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,          \
+                             int64_t N, int64_t V, float dloss);                                   \
+  void sum(float* out, const float* x, int64_t n, float scale);                                    \
+  void norm(float* out, const float* x, int64_t n);                                                \
+  void check_finite(int32_t* flag, const float* x, int64_t n);                                     \
+  void unscale_check(float* x, int32_t* flag, float inv_scale, int64_t n);                         \
+  void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm,          \
+             int64_t n, const AdamWHyper& hp);                                                     \
+  void sgd(float* param, const float* grad, float* buf, const float* grad_norm, int64_t n,         \
+           const SgdHyper& hp);                                                                    \
+  void lion(float* param, const float* grad, float* m, const float* grad_norm, int64_t n,          \
+            const LionHyper& hp);                                                                  \
+  void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, float* m_absmax,    \
+                  float* v_absmax, const float* qmap_signed, const float* qmap_unsigned,           \
+                  const float* grad_norm, int64_t n, const AdamWHyper& hp);                        \
+  void adafactor(float* param, const float* grad, float* row, float* col, float* v,                \
+                 float* exp_avg, const float* grad_norm, int64_t R, int64_t C,                     \
                  const AdafactorHyper& hp);
 
 namespace ref {
@@ -176,7 +175,8 @@ const char* bf16_matmul_library();  // what runs matmul_bf16 ("oneDNN 2.6 ...") 
 bool matmul_f32_onednn(float* c, const float* a, const float* b, const float* bias, int64_t M,
                        int64_t N, int64_t K, bool trans_b, float alpha, float beta);
 bool onednn_f32_available();
-const char* f32_matmul_library();  // the f32 GEMM libraries and which products take which, for `devices`
+const char*
+f32_matmul_library();  // the f32 GEMM libraries and which products take which, for `devices`
 }  // namespace fast
 
 // The tables, in declaration order of Kernels. fast_kernels() is the level chosen at run time
@@ -206,12 +206,18 @@ inline uint8_t quantize_nearest(const float* code, float x) {
 }
 inline float read_as_f32(const void* p, DType dt, int64_t i) {
   switch (dt) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::i8: return static_cast<const int8_t*>(p)[i];
-    case DType::u8: return static_cast<const uint8_t*>(p)[i];
-    case DType::i32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::f16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::i8:
+      return static_cast<const int8_t*>(p)[i];
+    case DType::u8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DType::i32:
+      return static_cast<float>(static_cast<const int32_t*>(p)[i]);
   }
   return 0.0f;
 }
@@ -227,11 +233,21 @@ inline I saturate_int(float v, float lo, float hi) {
 
 inline void write_from_f32(void* p, DType dt, int64_t i, float v) {
   switch (dt) {
-    case DType::f32: static_cast<float*>(p)[i] = v; return;
-    case DType::f16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); return;
-    case DType::bf16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); return;
-    case DType::i8: static_cast<int8_t*>(p)[i] = saturate_int<int8_t>(v, -128.f, 127.f); return;
-    case DType::u8: static_cast<uint8_t*>(p)[i] = saturate_int<uint8_t>(v, 0.f, 255.f); return;
+    case DType::f32:
+      static_cast<float*>(p)[i] = v;
+      return;
+    case DType::f16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
+      return;
+    case DType::bf16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+      return;
+    case DType::i8:
+      static_cast<int8_t*>(p)[i] = saturate_int<int8_t>(v, -128.f, 127.f);
+      return;
+    case DType::u8:
+      static_cast<uint8_t*>(p)[i] = saturate_int<uint8_t>(v, 0.f, 255.f);
+      return;
     case DType::i32:
       // 2147483520 is the largest float below 2^31.
       static_cast<int32_t*>(p)[i] = saturate_int<int32_t>(v, -2147483648.f, 2147483520.f);

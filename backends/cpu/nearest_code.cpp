@@ -19,7 +19,8 @@ float from_key(uint32_t k) {
 
 // #{i < n : a[i] < x} for ascending a.
 int count_below(const float* a, int n, float x) {
-  return static_cast<int>(std::lower_bound(a, a + n, x, [](float c, float v) { return c < v; }) - a);
+  return static_cast<int>(std::lower_bound(a, a + n, x, [](float c, float v) { return c < v; }) -
+                          a);
 }
 
 }  // namespace
@@ -38,8 +39,10 @@ NearestCode::NearestCode(const float* code) : first_(size_t{1} << (32 - kKeyShif
     uint32_t lo = key(a), hi = key(c);  // invariant: keeps_lower(lo); the answer is in [lo, hi]
     while (lo < hi) {
       const uint32_t mid = lo + (hi - lo + 1) / 2;
-      if (keeps_lower(mid)) lo = mid;
-      else hi = mid - 1;
+      if (keeps_lower(mid))
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     thresholds_[static_cast<size_t>(i - 1)] = from_key(lo);
   }
@@ -80,8 +83,9 @@ void NearestCode::encode(const float* values, float absmax, uint8_t* out, int64_
     const float x = values[j] / absmax;
     const int base = first[key(x) >> kKeyShift];
     const int r = base + (t[base] < x ? 1 : 0);
-    out[j] = static_cast<uint8_t>(r & -static_cast<int>(x == x));  // NaN -> 0; a mask, not
-                                                                    // `?:`, which GCC leaves a branch
+    out[j] =
+        static_cast<uint8_t>(r & -static_cast<int>(x == x));  // NaN -> 0; a mask, not
+                                                              // `?:`, which GCC leaves a branch
   }
 }
 

@@ -183,14 +183,14 @@ bool run(const Key& k, const void* a, const void* b, void* c, const float* bias)
     }
   }
   dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, mv = nullptr;
-  bool ok = x.mem_create(&ma, &p->a, x.engine, const_cast<void*>(a)) == dnnl_success &&
-            x.mem_create(&mb, &p->b, x.engine, const_cast<void*>(b)) == dnnl_success &&
-            x.mem_create(&mc, &p->c, x.engine, c) == dnnl_success &&
-            (!bias || x.mem_create(&mv, &p->bias, x.engine, const_cast<float*>(bias)) ==
-                          dnnl_success);
+  bool ok =
+      x.mem_create(&ma, &p->a, x.engine, const_cast<void*>(a)) == dnnl_success &&
+      x.mem_create(&mb, &p->b, x.engine, const_cast<void*>(b)) == dnnl_success &&
+      x.mem_create(&mc, &p->c, x.engine, c) == dnnl_success &&
+      (!bias || x.mem_create(&mv, &p->bias, x.engine, const_cast<float*>(bias)) == dnnl_success);
   if (ok) {
-    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc},
-                               {DNNL_ARG_BIAS, mv}};
+    dnnl_exec_arg_t args[4] = {
+        {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_BIAS, mv}};
     ok = x.prim_execute(p->prim, x.stream, bias ? 4 : 3, args) == dnnl_success &&
          x.stream_wait(x.stream) == dnnl_success;
   }
@@ -207,7 +207,9 @@ bool run(const Key& k, const void* a, const void* b, void* c, const float* bias)
 
 }  // namespace
 
-const char* bf16_matmul_library() { return api().what.c_str(); }
+const char* bf16_matmul_library() {
+  return api().what.c_str();
+}
 
 // c is (M,N) f32 or bf16; a is (M,K) or (K,M); b is (K,N) or (N,K); bias is (N)
 bool matmul_bf16(const MatmulBf16Args& m) {
@@ -228,7 +230,9 @@ bool matmul_f32_onednn(float* c, const float* a, const float* b, const float* bi
   return run(k, a, b, c, bias);
 }
 
-bool onednn_f32_available() { return api().ok; }
+bool onednn_f32_available() {
+  return api().ok;
+}
 
 const char* f32_matmul_library() {
   return onednn_f32_available()
@@ -238,14 +242,22 @@ const char* f32_matmul_library() {
 
 #else  // no oneDNN header at build time
 
-const char* bf16_matmul_library() { return "none (built without oneDNN's header)"; }
-bool matmul_bf16(const MatmulBf16Args&) { return false; }
-bool matmul_f32_onednn(float*, const float*, const float*, const float*, int64_t, int64_t,
-                       int64_t, bool, float, float) {
+const char* bf16_matmul_library() {
+  return "none (built without oneDNN's header)";
+}
+bool matmul_bf16(const MatmulBf16Args&) {
   return false;
 }
-bool onednn_f32_available() { return false; }
-const char* f32_matmul_library() { return "OpenBLAS sgemm"; }
+bool matmul_f32_onednn(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                       bool, float, float) {
+  return false;
+}
+bool onednn_f32_available() {
+  return false;
+}
+const char* f32_matmul_library() {
+  return "OpenBLAS sgemm";
+}
 
 #endif
 

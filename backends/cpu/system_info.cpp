@@ -33,9 +33,9 @@ std::string cpu_model_name() {
 }
 
 std::string cpu_isa_flags() {
-  static const char* kInteresting[] = {"avx",        "avx2",        "fma",         "f16c",
-                                       "avx512f",    "avx512bw",    "avx512vl",    "avx512_bf16",
-                                       "avx512_fp16", "avx512_vnni", "amx_bf16",   "amx_tile"};
+  static const char* kInteresting[] = {"avx",         "avx2",        "fma",      "f16c",
+                                       "avx512f",     "avx512bw",    "avx512vl", "avx512_bf16",
+                                       "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile"};
   std::istringstream is(cpuinfo_field("flags"));
   std::set<std::string> have;
   for (std::string w; is >> w;) have.insert(w);
@@ -74,6 +74,8 @@ int64_t free_memory_fast_bytes() {
   return static_cast<int64_t>(si.freeram) * si.mem_unit;
 }
 
-int cpu_threads() { return omp_get_max_threads(); }
+int cpu_threads() {
+  return omp_get_max_threads();
+}
 
 }  // namespace ct::cpu

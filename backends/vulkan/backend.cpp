@@ -28,7 +28,8 @@ class VulkanBackend final : public Backend {
     int n = static_cast<int>(instance_->devices().size());
     if (index < 0 || index >= n) {
       std::string list;
-      for (const auto& pd : instance_->devices()) list += "\n  " + pd.info.id() + "  " + pd.info.name;
+      for (const auto& pd : instance_->devices())
+        list += "\n  " + pd.info.id() + "  " + pd.info.name;
       fail(ErrorKind::kInvalidArgument, "vulkan:" + std::to_string(index) +
                                             " out of range; vulkan has " + std::to_string(n) +
                                             " device(s):" + list);

@@ -16,10 +16,11 @@ static bool env_flag(const char* name) {
   return v && *v && std::strcmp(v, "0") != 0;
 }
 
-static VKAPI_ATTR VkBool32 VKAPI_CALL debug_callback(
-    VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
-    const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
-  const char* sev = (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) ? "error" : "warning";
+static VKAPI_ATTR VkBool32 VKAPI_CALL
+debug_callback(VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
+               const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
+  const char* sev =
+      (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) ? "error" : "warning";
   std::fprintf(stderr, "[vulkan validation %s] %s\n", sev, data->pMessage ? data->pMessage : "");
   static_cast<Instance*>(user)->record_message(data->pMessage ? data->pMessage : "");
   return VK_FALSE;
@@ -68,8 +69,9 @@ std::shared_ptr<Instance> Instance::create(std::string* why) {
     bool have_layer = false;
     for (auto& l : lp) have_layer |= std::strcmp(l.layerName, kValidationLayer) == 0;
     if (!have_layer) {
-      *why = "CROSSTRAIN_VK_VALIDATION is set but VK_LAYER_KHRONOS_validation is not installed "
-             "(Debian: vulkan-validationlayers)";
+      *why =
+          "CROSSTRAIN_VK_VALIDATION is set but VK_LAYER_KHRONOS_validation is not installed "
+          "(Debian: vulkan-validationlayers)";
       return nullptr;
     }
     layers.push_back(kValidationLayer);
@@ -108,7 +110,8 @@ std::shared_ptr<Instance> Instance::create(std::string* why) {
   try {
     load_instance(inst->fns_, inst->instance_);
     if (validate && inst->fns_.vkCreateDebugUtilsMessengerEXT) {
-      auto mi = vk_struct<VkDebugUtilsMessengerCreateInfoEXT>(VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT);
+      auto mi = vk_struct<VkDebugUtilsMessengerCreateInfoEXT>(
+          VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT);
       mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT |
                            VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
       mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
@@ -125,8 +128,9 @@ std::shared_ptr<Instance> Instance::create(std::string* why) {
     return nullptr;
   }
   if (inst->devices_.empty()) {
-    *why = "no Vulkan device with a compute queue and Vulkan 1.2 was found (install "
-           "mesa-vulkan-drivers for the lavapipe CPU device)";
+    *why =
+        "no Vulkan device with a compute queue and Vulkan 1.2 was found (install "
+        "mesa-vulkan-drivers for the lavapipe CPU device)";
     return nullptr;
   }
   return inst;
@@ -140,28 +144,38 @@ Instance::~Instance() {
 
 static DeviceType device_type(VkPhysicalDeviceType t) {
   switch (t) {
-    case VK_PHYSICAL_DEVICE_TYPE_CPU: return DeviceType::kCpu;
-    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return DeviceType::kIntegratedGpu;
-    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return DeviceType::kDiscreteGpu;
-    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return DeviceType::kVirtualGpu;
-    default: return DeviceType::kOther;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return DeviceType::kCpu;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return DeviceType::kIntegratedGpu;
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return DeviceType::kDiscreteGpu;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return DeviceType::kVirtualGpu;
+    default:
+      return DeviceType::kOther;
   }
 }
 
 static std::string subgroup_ops(VkSubgroupFeatureFlags f) {
   static const std::pair<VkSubgroupFeatureFlagBits, const char*> names[] = {
-      {VK_SUBGROUP_FEATURE_BASIC_BIT, "basic"},       {VK_SUBGROUP_FEATURE_VOTE_BIT, "vote"},
-      {VK_SUBGROUP_FEATURE_ARITHMETIC_BIT, "arithmetic"}, {VK_SUBGROUP_FEATURE_BALLOT_BIT, "ballot"},
+      {VK_SUBGROUP_FEATURE_BASIC_BIT, "basic"},
+      {VK_SUBGROUP_FEATURE_VOTE_BIT, "vote"},
+      {VK_SUBGROUP_FEATURE_ARITHMETIC_BIT, "arithmetic"},
+      {VK_SUBGROUP_FEATURE_BALLOT_BIT, "ballot"},
       {VK_SUBGROUP_FEATURE_SHUFFLE_BIT, "shuffle"},
       {VK_SUBGROUP_FEATURE_SHUFFLE_RELATIVE_BIT, "shuffle-relative"},
-      {VK_SUBGROUP_FEATURE_CLUSTERED_BIT, "clustered"}, {VK_SUBGROUP_FEATURE_QUAD_BIT, "quad"}};
+      {VK_SUBGROUP_FEATURE_CLUSTERED_BIT, "clustered"},
+      {VK_SUBGROUP_FEATURE_QUAD_BIT, "quad"}};
   std::string s;
   for (auto& [bit, name] : names)
     if (f & bit) s += (s.empty() ? "" : ",") + std::string(name);
   return s.empty() ? "none" : s;
 }
 
-static std::string mib(uint64_t b) { return std::to_string(b >> 20) + " MiB"; }
+static std::string mib(uint64_t b) {
+  return std::to_string(b >> 20) + " MiB";
+}
 
 void Instance::enumerate() {
   const Functions& f = fns_;
@@ -199,8 +213,10 @@ void Instance::enumerate() {
     pd.memory_budget = has_ext(VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     pd.coopmat = has_ext("VK_KHR_cooperative_matrix");
 
-    auto f12 = vk_struct<VkPhysicalDeviceVulkan12Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES);
-    auto f11 = vk_struct<VkPhysicalDeviceVulkan11Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES);
+    auto f12 = vk_struct<VkPhysicalDeviceVulkan12Features>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES);
+    auto f11 = vk_struct<VkPhysicalDeviceVulkan11Features>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES);
     f11.pNext = &f12;
     auto feats = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
     feats.pNext = &f11;
@@ -211,10 +227,13 @@ void Instance::enumerate() {
     pd.bda = f12.bufferDeviceAddress;
     pd.int64 = feats.features.shaderInt64;
 
-    auto p12 = vk_struct<VkPhysicalDeviceVulkan12Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_PROPERTIES);
-    auto p11 = vk_struct<VkPhysicalDeviceVulkan11Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES);
+    auto p12 = vk_struct<VkPhysicalDeviceVulkan12Properties>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_PROPERTIES);
+    auto p11 = vk_struct<VkPhysicalDeviceVulkan11Properties>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES);
     p11.pNext = &p12;
-    auto props2 = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+    auto props2 =
+        vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
     props2.pNext = &p11;
     f.vkGetPhysicalDeviceProperties2(h, &props2);
     pd.subgroup_size = p11.subgroupSize;
@@ -273,7 +292,8 @@ void Instance::enumerate() {
         {"subgroup size", std::to_string(p11.subgroupSize)},
         {"subgroup ops", subgroup_ops(p11.subgroupSupportedOperations)},
         {"cooperative matrix", yn(pd.coopmat)},
-        {"max workgroup invocations", std::to_string(pd.props.limits.maxComputeWorkGroupInvocations)},
+        {"max workgroup invocations",
+         std::to_string(pd.props.limits.maxComputeWorkGroupInvocations)},
         {"shared memory", std::to_string(pd.props.limits.maxComputeSharedMemorySize) + " B"},
         {"matmul variant",
          describe(default_mm_kind(info.type == DeviceType::kCpu, pd.bda,
@@ -287,13 +307,15 @@ int64_t Instance::memory_budget(const PhysicalDevice& pd) const {
   if (!pd.memory_budget) return 0;
   auto budget = vk_struct<VkPhysicalDeviceMemoryBudgetPropertiesEXT>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT);
-  auto mp = vk_struct<VkPhysicalDeviceMemoryProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2);
+  auto mp = vk_struct<VkPhysicalDeviceMemoryProperties2>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2);
   mp.pNext = &budget;
   fns_.vkGetPhysicalDeviceMemoryProperties2(pd.handle, &mp);
   int64_t total = 0;
   for (uint32_t i = 0; i < mp.memoryProperties.memoryHeapCount; ++i)
     if (mp.memoryProperties.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
-      total += static_cast<int64_t>(budget.heapBudget[i] - std::min(budget.heapBudget[i], budget.heapUsage[i]));
+      total += static_cast<int64_t>(budget.heapBudget[i] -
+                                    std::min(budget.heapBudget[i], budget.heapUsage[i]));
   return total;
 }
 

@@ -18,17 +18,17 @@ struct PhysicalDevice {
   DeviceInfo info;
   VkPhysicalDeviceProperties props{};
   VkPhysicalDeviceMemoryProperties mem{};
-  uint32_t queue_family = 0;       // a family with compute
-  bool storage16 = false;          // storageBuffer16BitAccess
-  bool storage8 = false;           // storageBuffer8BitAccess
-  bool float16 = false;            // shaderFloat16
-  bool memory_budget = false;      // VK_EXT_memory_budget
-  bool coopmat = false;            // VK_KHR_cooperative_matrix
-  bool bda = false;                // bufferDeviceAddress (matmul reads operands through it)
-  bool int64 = false;              // shaderInt64 (MM_SG reads b as 64-bit pairs)
+  uint32_t queue_family = 0;   // a family with compute
+  bool storage16 = false;      // storageBuffer16BitAccess
+  bool storage8 = false;       // storageBuffer8BitAccess
+  bool float16 = false;        // shaderFloat16
+  bool memory_budget = false;  // VK_EXT_memory_budget
+  bool coopmat = false;        // VK_KHR_cooperative_matrix
+  bool bda = false;            // bufferDeviceAddress (matmul reads operands through it)
+  bool int64 = false;          // shaderInt64 (MM_SG reads b as 64-bit pairs)
   uint32_t subgroup_size = 0;
-  bool subgroup_ballot = false;    // subgroupBroadcast() in compute shaders
-  uint64_t max_alloc = 0;          // maxMemoryAllocationSize
+  bool subgroup_ballot = false;  // subgroupBroadcast() in compute shaders
+  uint64_t max_alloc = 0;        // maxMemoryAllocationSize
 };
 
 // One VkInstance per process, shared by the backend and every device opened from it.

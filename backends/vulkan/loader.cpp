@@ -34,8 +34,8 @@ bool load_global(Functions& f, std::string* why) {
 }
 
 void load_instance(Functions& f, VkInstance instance) {
-#define CT_VK_LOAD_INSTANCE(name)                                                      \
-  f.name = reinterpret_cast<PFN_##name>(f.vkGetInstanceProcAddr(instance, #name));     \
+#define CT_VK_LOAD_INSTANCE(name)                                                  \
+  f.name = reinterpret_cast<PFN_##name>(f.vkGetInstanceProcAddr(instance, #name)); \
   if (!f.name) fail(ErrorKind::kDevice, "Vulkan instance lacks entry point " #name);
   CT_VK_INSTANCE_FUNCTIONS(CT_VK_LOAD_INSTANCE)
 #undef CT_VK_LOAD_INSTANCE
@@ -46,8 +46,8 @@ void load_instance(Functions& f, VkInstance instance) {
 }
 
 void load_device(Functions& f, VkDevice device) {
-#define CT_VK_LOAD_DEVICE(name)                                                  \
-  f.name = reinterpret_cast<PFN_##name>(f.vkGetDeviceProcAddr(device, #name));   \
+#define CT_VK_LOAD_DEVICE(name)                                                \
+  f.name = reinterpret_cast<PFN_##name>(f.vkGetDeviceProcAddr(device, #name)); \
   if (!f.name) fail(ErrorKind::kDevice, "Vulkan device lacks entry point " #name);
   CT_VK_DEVICE_FUNCTIONS(CT_VK_LOAD_DEVICE)
 #undef CT_VK_LOAD_DEVICE
@@ -56,7 +56,8 @@ void load_device(Functions& f, VkDevice device) {
 const char* result_name(VkResult r) {
   switch (r) {
 #define CT_VK_CASE(x) \
-  case x: return #x;
+  case x:             \
+    return #x;
     CT_VK_CASE(VK_SUCCESS)
     CT_VK_CASE(VK_NOT_READY)
     CT_VK_CASE(VK_TIMEOUT)
@@ -76,7 +77,8 @@ const char* result_name(VkResult r) {
     CT_VK_CASE(VK_ERROR_OUT_OF_POOL_MEMORY)
     CT_VK_CASE(VK_ERROR_UNKNOWN)
 #undef CT_VK_CASE
-    default: return "VkResult(?)";
+    default:
+      return "VkResult(?)";
   }
 }
 

@@ -13,81 +13,81 @@
 
 namespace ct::vk {
 
-#define CT_VK_GLOBAL_FUNCTIONS(X)             \
-  X(vkCreateInstance)                         \
-  X(vkEnumerateInstanceExtensionProperties)   \
-  X(vkEnumerateInstanceLayerProperties)       \
+#define CT_VK_GLOBAL_FUNCTIONS(X)           \
+  X(vkCreateInstance)                       \
+  X(vkEnumerateInstanceExtensionProperties) \
+  X(vkEnumerateInstanceLayerProperties)     \
   X(vkEnumerateInstanceVersion)
 
-#define CT_VK_INSTANCE_FUNCTIONS(X)          \
-  X(vkDestroyInstance)                       \
-  X(vkEnumeratePhysicalDevices)              \
-  X(vkGetPhysicalDeviceProperties)           \
-  X(vkGetPhysicalDeviceProperties2)          \
-  X(vkGetPhysicalDeviceFeatures2)            \
-  X(vkGetPhysicalDeviceMemoryProperties)     \
-  X(vkGetPhysicalDeviceMemoryProperties2)    \
+#define CT_VK_INSTANCE_FUNCTIONS(X)           \
+  X(vkDestroyInstance)                        \
+  X(vkEnumeratePhysicalDevices)               \
+  X(vkGetPhysicalDeviceProperties)            \
+  X(vkGetPhysicalDeviceProperties2)           \
+  X(vkGetPhysicalDeviceFeatures2)             \
+  X(vkGetPhysicalDeviceMemoryProperties)      \
+  X(vkGetPhysicalDeviceMemoryProperties2)     \
   X(vkGetPhysicalDeviceQueueFamilyProperties) \
-  X(vkEnumerateDeviceExtensionProperties)    \
-  X(vkCreateDevice)                          \
+  X(vkEnumerateDeviceExtensionProperties)     \
+  X(vkCreateDevice)                           \
   X(vkGetDeviceProcAddr)
 
-#define CT_VK_DEBUG_FUNCTIONS(X)       \
-  X(vkCreateDebugUtilsMessengerEXT)    \
+#define CT_VK_DEBUG_FUNCTIONS(X)    \
+  X(vkCreateDebugUtilsMessengerEXT) \
   X(vkDestroyDebugUtilsMessengerEXT)
 
-#define CT_VK_DEVICE_FUNCTIONS(X)      \
-  X(vkDestroyDevice)                   \
-  X(vkDeviceWaitIdle)                  \
-  X(vkGetDeviceQueue)                  \
-  X(vkCreateBuffer)                    \
-  X(vkDestroyBuffer)                   \
-  X(vkGetBufferMemoryRequirements)     \
-  X(vkAllocateMemory)                  \
-  X(vkFreeMemory)                      \
-  X(vkBindBufferMemory)                \
-  X(vkMapMemory)                       \
-  X(vkUnmapMemory)                     \
-  X(vkCreateCommandPool)               \
-  X(vkDestroyCommandPool)              \
-  X(vkResetCommandPool)                \
-  X(vkAllocateCommandBuffers)          \
-  X(vkBeginCommandBuffer)              \
-  X(vkEndCommandBuffer)                \
-  X(vkCmdBindPipeline)                 \
-  X(vkCmdBindDescriptorSets)           \
-  X(vkCmdPushConstants)                \
-  X(vkCmdDispatch)                     \
-  X(vkCmdPipelineBarrier)              \
-  X(vkCmdCopyBuffer)                   \
-  X(vkCmdFillBuffer)                   \
-  X(vkQueueSubmit)                     \
-  X(vkCreateFence)                     \
-  X(vkDestroyFence)                    \
-  X(vkWaitForFences)                   \
-  X(vkResetFences)                     \
-  X(vkGetFenceStatus)                  \
-  X(vkCreateDescriptorSetLayout)       \
-  X(vkDestroyDescriptorSetLayout)      \
-  X(vkCreatePipelineLayout)            \
-  X(vkDestroyPipelineLayout)           \
-  X(vkCreateComputePipelines)          \
-  X(vkDestroyPipeline)                 \
-  X(vkCreateShaderModule)              \
-  X(vkDestroyShaderModule)             \
-  X(vkCreateDescriptorPool)            \
-  X(vkDestroyDescriptorPool)           \
-  X(vkResetDescriptorPool)             \
-  X(vkAllocateDescriptorSets)          \
-  X(vkUpdateDescriptorSets)            \
-  X(vkCreatePipelineCache)             \
-  X(vkDestroyPipelineCache)            \
-  X(vkGetPipelineCacheData)            \
-  X(vkGetBufferDeviceAddress)          \
-  X(vkCreateQueryPool)                 \
-  X(vkDestroyQueryPool)                \
-  X(vkCmdResetQueryPool)               \
-  X(vkCmdWriteTimestamp)               \
+#define CT_VK_DEVICE_FUNCTIONS(X)  \
+  X(vkDestroyDevice)               \
+  X(vkDeviceWaitIdle)              \
+  X(vkGetDeviceQueue)              \
+  X(vkCreateBuffer)                \
+  X(vkDestroyBuffer)               \
+  X(vkGetBufferMemoryRequirements) \
+  X(vkAllocateMemory)              \
+  X(vkFreeMemory)                  \
+  X(vkBindBufferMemory)            \
+  X(vkMapMemory)                   \
+  X(vkUnmapMemory)                 \
+  X(vkCreateCommandPool)           \
+  X(vkDestroyCommandPool)          \
+  X(vkResetCommandPool)            \
+  X(vkAllocateCommandBuffers)      \
+  X(vkBeginCommandBuffer)          \
+  X(vkEndCommandBuffer)            \
+  X(vkCmdBindPipeline)             \
+  X(vkCmdBindDescriptorSets)       \
+  X(vkCmdPushConstants)            \
+  X(vkCmdDispatch)                 \
+  X(vkCmdPipelineBarrier)          \
+  X(vkCmdCopyBuffer)               \
+  X(vkCmdFillBuffer)               \
+  X(vkQueueSubmit)                 \
+  X(vkCreateFence)                 \
+  X(vkDestroyFence)                \
+  X(vkWaitForFences)               \
+  X(vkResetFences)                 \
+  X(vkGetFenceStatus)              \
+  X(vkCreateDescriptorSetLayout)   \
+  X(vkDestroyDescriptorSetLayout)  \
+  X(vkCreatePipelineLayout)        \
+  X(vkDestroyPipelineLayout)       \
+  X(vkCreateComputePipelines)      \
+  X(vkDestroyPipeline)             \
+  X(vkCreateShaderModule)          \
+  X(vkDestroyShaderModule)         \
+  X(vkCreateDescriptorPool)        \
+  X(vkDestroyDescriptorPool)       \
+  X(vkResetDescriptorPool)         \
+  X(vkAllocateDescriptorSets)      \
+  X(vkUpdateDescriptorSets)        \
+  X(vkCreatePipelineCache)         \
+  X(vkDestroyPipelineCache)        \
+  X(vkGetPipelineCacheData)        \
+  X(vkGetBufferDeviceAddress)      \
+  X(vkCreateQueryPool)             \
+  X(vkDestroyQueryPool)            \
+  X(vkCmdResetQueryPool)           \
+  X(vkCmdWriteTimestamp)           \
   X(vkGetQueryPoolResults)
 
 #define CT_VK_DECLARE_FN(name) PFN_##name name = nullptr;
@@ -126,9 +126,8 @@ const char* result_name(VkResult r);
 }  // namespace ct::vk
 
 // VK_CHECK(call): a Vulkan call that must return VK_SUCCESS; the error names the call.
-#define VK_CHECK(call)                                                   \
-  do {                                                                   \
-    VkResult ct_vk_r_ = (call);                                          \
-    if (ct_vk_r_ != VK_SUCCESS)                                          \
-      ::ct::vk::throw_vk_error(ct_vk_r_, #call, __FILE__, __LINE__);     \
+#define VK_CHECK(call)                                                                         \
+  do {                                                                                         \
+    VkResult ct_vk_r_ = (call);                                                                \
+    if (ct_vk_r_ != VK_SUCCESS) ::ct::vk::throw_vk_error(ct_vk_r_, #call, __FILE__, __LINE__); \
   } while (0)

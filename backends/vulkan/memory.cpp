@@ -6,7 +6,9 @@
 
 namespace ct::vk {
 
-static VkDeviceSize align_up(VkDeviceSize v, VkDeviceSize a) { return (v + a - 1) / a * a; }
+static VkDeviceSize align_up(VkDeviceSize v, VkDeviceSize a) {
+  return (v + a - 1) / a * a;
+}
 static std::string mib(uint64_t b) {
   return std::to_string(b >> 20) + " MiB (" + std::to_string(b) + " bytes)";
 }
@@ -23,10 +25,9 @@ Allocator::~Allocator() {
 }
 
 int Allocator::find_type(uint32_t bits, bool host_visible) const {
-  VkMemoryPropertyFlags want = host_visible
-                                   ? (VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
-                                      VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
-                                   : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
+  VkMemoryPropertyFlags want =
+      host_visible ? (VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
+                   : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
   int fallback = -1;
   for (uint32_t i = 0; i < pd_.mem.memoryTypeCount; ++i) {
     if (!(bits & (1u << i))) continue;
@@ -47,12 +48,12 @@ void Allocator::out_of_memory(VkDeviceSize bytes, const char* limit) const {
     if (pd_.mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
       heap += pd_.mem.memoryHeaps[i].size;
   int64_t budget = instance_.memory_budget(pd_);
-  uint64_t free_bytes = budget > 0 ? static_cast<uint64_t>(budget)
-                                   : (heap > reserved_ ? heap - reserved_ : 0) + (reserved_ - used_);
-  fail(ErrorKind::kOutOfMemory,
-       "Vulkan out of memory on " + std::string(pd_.props.deviceName) + ": requested " +
-           mib(bytes) + ", free " + mib(free_bytes) + " (in use " + mib(used_) + "); limit hit: " +
-           limit);
+  uint64_t free_bytes = budget > 0
+                            ? static_cast<uint64_t>(budget)
+                            : (heap > reserved_ ? heap - reserved_ : 0) + (reserved_ - used_);
+  fail(ErrorKind::kOutOfMemory, "Vulkan out of memory on " + std::string(pd_.props.deviceName) +
+                                    ": requested " + mib(bytes) + ", free " + mib(free_bytes) +
+                                    " (in use " + mib(used_) + "); limit hit: " + limit);
 }
 
 bool Allocator::new_block(uint32_t type, VkDeviceSize size, bool dedicated, int* index) {
@@ -107,7 +108,8 @@ Allocation Allocator::allocate(const VkMemoryRequirements& req, bool host_visibl
   // first fit over existing blocks of this type
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Block& b = blocks_[i];
-    if (b.memory == VK_NULL_HANDLE || b.dedicated || b.type != static_cast<uint32_t>(type)) continue;
+    if (b.memory == VK_NULL_HANDLE || b.dedicated || b.type != static_cast<uint32_t>(type))
+      continue;
     for (auto it = b.free.begin(); it != b.free.end(); ++it) {
       VkDeviceSize start = align_up(it->first, align);
       VkDeviceSize end = it->first + it->second;
@@ -117,8 +119,12 @@ Allocation Allocator::allocate(const VkMemoryRequirements& req, bool host_visibl
       if (start > fo) b.free[fo] = start - fo;
       if (start + bytes < end) b.free[start + bytes] = end - (start + bytes);
       used_ += bytes;
-      return {b.memory, start, bytes, b.mapped ? static_cast<char*>(b.mapped) : nullptr,
-              static_cast<int>(i), coherent(b)};
+      return {b.memory,
+              start,
+              bytes,
+              b.mapped ? static_cast<char*>(b.mapped) : nullptr,
+              static_cast<int>(i),
+              coherent(b)};
     }
   }
   bool dedicated = bytes > block_size_ / 2;

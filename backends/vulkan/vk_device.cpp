@@ -16,10 +16,16 @@ namespace ct::vk {
 
 VkBufferObj::VkBufferObj(VulkanDevice& dev, size_t size, MemCategory category, VkBuffer buffer,
                          const Allocation& alloc, bool tracked, VkDeviceAddress addr)
-    : Buffer(dev, size, category), vdev_(dev), buffer_(buffer), alloc_(alloc), tracked_(tracked),
+    : Buffer(dev, size, category),
+      vdev_(dev),
+      buffer_(buffer),
+      alloc_(alloc),
+      tracked_(tracked),
       addr_(addr) {}
 
-VkBufferObj::~VkBufferObj() { vdev_.retire(buffer_, alloc_, category(), size(), tracked_); }
+VkBufferObj::~VkBufferObj() {
+  vdev_.retire(buffer_, alloc_, category(), size(), tracked_);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Device creation
@@ -32,11 +38,13 @@ VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
   qi.queueFamilyIndex = pd_.queue_family;
   qi.queueCount = 1;
   qi.pQueuePriorities = &prio;
-  auto f12 = vk_struct<VkPhysicalDeviceVulkan12Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES);
+  auto f12 = vk_struct<VkPhysicalDeviceVulkan12Features>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES);
   f12.storageBuffer8BitAccess = pd_.storage8;
   f12.shaderFloat16 = pd_.float16;
   f12.bufferDeviceAddress = pd_.bda;
-  auto f11 = vk_struct<VkPhysicalDeviceVulkan11Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES);
+  auto f11 = vk_struct<VkPhysicalDeviceVulkan11Features>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES);
   f11.storageBuffer16BitAccess = pd_.storage16;
   f11.pNext = &f12;
   auto feats = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
@@ -101,20 +109,31 @@ bool VulkanDevice::supports(OpKind op, DType dtype) const {
   bool have = std::find(info_.dtypes.begin(), info_.dtypes.end(), dtype) != info_.dtypes.end();
   if (!have) return false;
   switch (op) {
-    case OpKind::kFill: return true;
-    case OpKind::kCopy: return true;  // same dtype: any; conversions: between f32/f16/bf16
+    case OpKind::kFill:
+      return true;
+    case OpKind::kCopy:
+      return true;  // same dtype: any; conversions: between f32/f16/bf16
     // 16-bit storage (the H_F16 / H_BF16 shader variants), fp32 arithmetic, for the tensors
     // core/device.h's mixed-precision table allows in 16 bits.
-    case OpKind::kAdd: case OpKind::kGelu: case OpKind::kLayerNorm: case OpKind::kBiasGrad:
-    case OpKind::kCrossEntropy: case OpKind::kMatmul:
+    case OpKind::kAdd:
+    case OpKind::kGelu:
+    case OpKind::kLayerNorm:
+    case OpKind::kBiasGrad:
+    case OpKind::kCrossEntropy:
+    case OpKind::kMatmul:
       return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
     // the 16-bit attention runs the GEMM path, which reads through device addresses
     case OpKind::kAttention:
       return dtype == DType::f32 || ((dtype == DType::f16 || dtype == DType::bf16) && pd_.bda);
     // ops/optimizers.cpp; 8-bit AdamW stores its indices as uint8_t (8-bit storage)
-    case OpKind::kSgd: case OpKind::kLion: case OpKind::kAdafactor: return dtype == DType::f32;
-    case OpKind::kAdamW8bit: return dtype == DType::f32 && pd_.storage8;
-    default: return dtype == DType::f32;
+    case OpKind::kSgd:
+    case OpKind::kLion:
+    case OpKind::kAdafactor:
+      return dtype == DType::f32;
+    case OpKind::kAdamW8bit:
+      return dtype == DType::f32 && pd_.storage8;
+    default:
+      return dtype == DType::f32;
   }
 }
 
@@ -190,7 +209,8 @@ void VulkanDevice::upload_kernel(const Tensor& dst, const void* host, size_t byt
   std::memcpy(staging->allocation().mapped, host, bytes);
   VkBufferCopy region{0, dst.offset, bytes};
   VkCommandBuffer cb = cmd();
-  Access acc{d.handle(), dst.offset, dst.offset + bytes, true};  // staging: written by the host only
+  Access acc{d.handle(), dst.offset, dst.offset + bytes,
+             true};  // staging: written by the host only
   hazard(cb, &acc, 1);
   stamp_begin(cb, "upload");
   f_.vkCmdCopyBuffer(cb, staging->handle(), d.handle(), 1, &region);
@@ -319,7 +339,8 @@ VkCommandBuffer VulkanDevice::cmd() {
       pi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
       pi.queueFamilyIndex = pd_.queue_family;
       VK_CHECK(f_.vkCreateCommandPool(device_, &pi, nullptr, &cur_->pool));
-      auto ai = vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+      auto ai =
+          vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
       ai.commandPool = cur_->pool;
       ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
       ai.commandBufferCount = 1;
@@ -445,15 +466,14 @@ std::string VulkanDevice::profile_report() {
   std::snprintf(line, sizeof line, "  %-26s %9s %12.1f\n", "total", "", total * 1e-6);
   o << line;
   double fl = static_cast<double>(std::max<uint64_t>(n_flushes_, 1));
-  std::snprintf(line, sizeof line,
-                "  %llu dispatches, %llu copies, %llu barriers, %llu queue submits over %llu "
-                "flushes (per flush: %.1f dispatches, %.1f barriers, %.2f submits)\n",
-                static_cast<unsigned long long>(n_dispatches_),
-                static_cast<unsigned long long>(n_copies_),
-                static_cast<unsigned long long>(n_barriers_),
-                static_cast<unsigned long long>(n_submits_),
-                static_cast<unsigned long long>(n_flushes_), n_dispatches_ / fl, n_barriers_ / fl,
-                n_submits_ / fl);
+  std::snprintf(
+      line, sizeof line,
+      "  %llu dispatches, %llu copies, %llu barriers, %llu queue submits over %llu "
+      "flushes (per flush: %.1f dispatches, %.1f barriers, %.2f submits)\n",
+      static_cast<unsigned long long>(n_dispatches_), static_cast<unsigned long long>(n_copies_),
+      static_cast<unsigned long long>(n_barriers_), static_cast<unsigned long long>(n_submits_),
+      static_cast<unsigned long long>(n_flushes_), n_dispatches_ / fl, n_barriers_ / fl,
+      n_submits_ / fl);
   o << line;
   return o.str();
 }
@@ -553,8 +573,8 @@ void VulkanDevice::check_validation(const char* where) {
   if (n > validation_seen_) {
     validation_seen_ = n;
     fail(ErrorKind::kDevice, std::string("Vulkan validation reported ") + std::to_string(n) +
-                                 " message(s) by " + where + "; first: " +
-                                 instance_->first_validation_message());
+                                 " message(s) by " + where +
+                                 "; first: " + instance_->first_validation_message());
   }
 }
 
@@ -563,7 +583,8 @@ VkDescriptorSet VulkanDevice::descriptor_set(VkDescriptorSetLayout dsl) {
   for (;;) {
     if (b.dpool_cur == b.dpools.size()) {
       VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 4096};
-      auto pi = vk_struct<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
+      auto pi =
+          vk_struct<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
       pi.maxSets = 1024;
       pi.poolSizeCount = 1;
       pi.pPoolSizes = &ps;
@@ -571,7 +592,8 @@ VkDescriptorSet VulkanDevice::descriptor_set(VkDescriptorSetLayout dsl) {
       VK_CHECK(f_.vkCreateDescriptorPool(device_, &pi, nullptr, &pool));
       b.dpools.push_back(pool);
     }
-    auto ai = vk_struct<VkDescriptorSetAllocateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO);
+    auto ai =
+        vk_struct<VkDescriptorSetAllocateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO);
     ai.descriptorPool = b.dpools[b.dpool_cur];
     ai.descriptorSetCount = 1;
     ai.pSetLayouts = &dsl;
@@ -600,7 +622,8 @@ const VulkanDevice::Pipeline& VulkanDevice::pipeline(ShaderId id) {
     b.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
     lb.push_back(b);
   }
-  auto di = vk_struct<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
+  auto di = vk_struct<VkDescriptorSetLayoutCreateInfo>(
+      VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
   di.bindingCount = static_cast<uint32_t>(lb.size());
   di.pBindings = lb.data();
   VK_CHECK(f_.vkCreateDescriptorSetLayout(device_, &di, nullptr, &p.dsl));
@@ -625,16 +648,19 @@ const VulkanDevice::Pipeline& VulkanDevice::pipeline(ShaderId id) {
   VkResult r = f_.vkCreateComputePipelines(device_, cache_, 1, &ci, nullptr, &p.pipeline);
   f_.vkDestroyShaderModule(device_, mod, nullptr);
   if (r != VK_SUCCESS)
-    fail(ErrorKind::kDevice, std::string("vkCreateComputePipelines(") + sb.name +
-                                 ") failed: " + result_name(r));
+    fail(ErrorKind::kDevice,
+         std::string("vkCreateComputePipelines(") + sb.name + ") failed: " + result_name(r));
   return p;
 }
 
 std::string VulkanDevice::pipeline_cache_path() const {
   std::string base;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) base = x;
-  else if (const char* h = std::getenv("HOME"); h && *h) base = std::string(h) + "/.cache";
-  else return "";
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    base = x;
+  else if (const char* h = std::getenv("HOME"); h && *h)
+    base = std::string(h) + "/.cache";
+  else
+    return "";
   char uuid[2 * VK_UUID_SIZE + 1];
   for (uint32_t i = 0; i < VK_UUID_SIZE; ++i)
     std::snprintf(uuid + 2 * i, 3, "%02x", pd_.props.pipelineCacheUUID[i]);
@@ -710,11 +736,10 @@ Bound VulkanDevice::bind(const Tensor& t, int64_t start, int64_t count) const {
   r.addr = b.address() ? b.address() + off : 0;
   CT_CHECK((begin - off) % es == 0, "tensor offset is not a multiple of its element size");
   if (r.range > pd_.props.limits.maxStorageBufferRange)
-    fail(ErrorKind::kUnsupported,
-         "binding " + std::to_string(r.range) + " bytes of " + t.describe() +
-             " exceeds maxStorageBufferRange (" +
-             std::to_string(pd_.props.limits.maxStorageBufferRange) +
-             "); this op does not split such tensors");
+    fail(ErrorKind::kUnsupported, "binding " + std::to_string(r.range) + " bytes of " +
+                                      t.describe() + " exceeds maxStorageBufferRange (" +
+                                      std::to_string(pd_.props.limits.maxStorageBufferRange) +
+                                      "); this op does not split such tensors");
   return r;
 }
 

@@ -92,8 +92,8 @@ class VulkanDevice final : public Device {
   // last barrier wrote, or writes one that such a command read (bindings the shader declares
   // readonly count as reads, all others as writes).
   template <class Push>
-  void dispatch(ShaderId id, std::initializer_list<Bound> bindings, const Push& push,
-                uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
+  void dispatch(ShaderId id, std::initializer_list<Bound> bindings, const Push& push, uint32_t gx,
+                uint32_t gy = 1, uint32_t gz = 1) {
     dispatch_raw(id, bindings.begin(), bindings.size(), &push, sizeof(Push), gx, gy, gz);
   }
   // Records one GEMM (ops/matmul.cpp); every binding must already fit (no splitting here).
@@ -115,7 +115,6 @@ class VulkanDevice final : public Device {
   // Called by VkBufferObj's destructor.
   void retire(VkBuffer buffer, const Allocation& alloc, MemCategory category, size_t size,
               bool tracked);
-
 
  protected:
   // The op kernels (core/op_checks.cpp has checked the arguments), one family per file under

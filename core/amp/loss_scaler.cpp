@@ -27,9 +27,9 @@ void LossScaler::update(bool found_inf, int64_t step) {
     ++skipped_;
     if (++consecutive_skips_ >= config_.max_consecutive_skips)
       fail(ErrorKind::kInvalidArgument,
-           "fp16 training stopped at step " + std::to_string(step) + ": the gradients were inf/NaN for " +
-               std::to_string(consecutive_skips_) + " steps in a row (loss scale now " +
-               std::to_string(scale_) +
+           "fp16 training stopped at step " + std::to_string(step) +
+               ": the gradients were inf/NaN for " + std::to_string(consecutive_skips_) +
+               " steps in a row (loss scale now " + std::to_string(scale_) +
                "), so the loss itself is not finite; try a lower --learning-rate or --bf16");
     return;
   }

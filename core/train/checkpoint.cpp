@@ -69,18 +69,18 @@ void read_optimizer_state(const std::string& path, Optimizer& opt, Device& dev) 
   SafetensorsFile f = read_safetensors(path);
   auto it = f.metadata().find("optimizer");
   if (it == f.metadata().end() || it->second != opt.name())
-    fail(ErrorKind::kInvalidArgument,
-         path + ": holds state of optimizer '" + (it == f.metadata().end() ? "?" : it->second) +
-             "', this run uses '" + opt.name() + "'");
+    fail(ErrorKind::kInvalidArgument, path + ": holds state of optimizer '" +
+                                          (it == f.metadata().end() ? "?" : it->second) +
+                                          "', this run uses '" + opt.name() + "'");
   for (const NamedTensor& s : opt.state()) {
     if (!f.contains(s.name))
       fail(ErrorKind::kInvalidArgument, path + ": optimizer state '" + s.name + "' is missing");
     const SafetensorsInfo& info = f.info(s.name);
     if (info.dtype != s.tensor.dtype || info.to_shape() != s.tensor.shape)
-      fail(ErrorKind::kInvalidArgument, path + ": optimizer state '" + s.name + "' is " +
-                                            safetensors_dtype_name(info.dtype) + info.to_shape().str() +
-                                            ", expected " + safetensors_dtype_name(s.tensor.dtype) +
-                                            s.tensor.shape.str());
+      fail(ErrorKind::kInvalidArgument,
+           path + ": optimizer state '" + s.name + "' is " + safetensors_dtype_name(info.dtype) +
+               info.to_shape().str() + ", expected " + safetensors_dtype_name(s.tensor.dtype) +
+               s.tensor.shape.str());
     s.tensor.buffer->device().upload(s.tensor, f.data(s.name).data(), s.tensor.nbytes());
   }
   dev.synchronize();  // the mapping goes away with `f`
@@ -263,15 +263,15 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
   if (spec == "latest") {
     std::vector<std::string> all = list_checkpoints(output_dir);
     if (all.empty())
-      fail(ErrorKind::kInvalidArgument, "--resume-from-checkpoint latest: no complete checkpoint in '" +
-                                            output_dir + "'");
+      fail(ErrorKind::kInvalidArgument,
+           "--resume-from-checkpoint latest: no complete checkpoint in '" + output_dir + "'");
     return all.back();
   }
   if (!fs::is_directory(spec))
     fail(ErrorKind::kInvalidArgument, "--resume-from-checkpoint '" + spec + "' is not a folder");
   if (!fs::exists(fs::path(spec) / kCheckpointMarker))
-    fail(ErrorKind::kInvalidArgument, "--resume-from-checkpoint '" + spec +
-                                          "' is incomplete (no " + kCheckpointMarker +
+    fail(ErrorKind::kInvalidArgument, "--resume-from-checkpoint '" + spec + "' is incomplete (no " +
+                                          kCheckpointMarker +
                                           " marker): it was being written when the run stopped");
   return spec;
 }
@@ -290,7 +290,8 @@ nlohmann::json load_checkpoint(const std::string& dir, GPT2& model, Optimizer& o
   }
   if (marker.substr(0, 64) != sha256_file(state_path))
     fail(ErrorKind::kInvalidArgument, state_path + ": SHA-256 does not match the " +
-                                          std::string(kCheckpointMarker) + " marker (file modified or corrupt)");
+                                          std::string(kCheckpointMarker) +
+                                          " marker (file modified or corrupt)");
   if (!state.contains("files") || !state["files"].is_object())
     fail(ErrorKind::kInvalidArgument, state_path + ": field 'files' is missing");
   for (const auto& f : kHashedFiles) {
@@ -304,13 +305,15 @@ nlohmann::json load_checkpoint(const std::string& dir, GPT2& model, Optimizer& o
   }
   GPT2Config saved = GPT2Config::from_hf_json(read_json_file((d / "config.json").string()));
   if (!(saved == model.config()))
-    fail(ErrorKind::kInvalidArgument, (d / "config.json").string() + ": the checkpoint is a different model (" +
-                                          saved.str() + ") than this run's (" + model.config().str() + ")");
+    fail(ErrorKind::kInvalidArgument, (d / "config.json").string() +
+                                          ": the checkpoint is a different model (" + saved.str() +
+                                          ") than this run's (" + model.config().str() + ")");
   load_weights((d / "model.safetensors").string(), model);
   read_optimizer_state((d / "optimizer.safetensors").string(), optimizer, model.device());
   for (const char* key : {"step", "data_position"})
     if (!state.contains(key) || !state[key].is_number_integer())
-      fail(ErrorKind::kInvalidArgument, state_path + ": field '" + std::string(key) + "' is missing or not an integer");
+      fail(ErrorKind::kInvalidArgument,
+           state_path + ": field '" + std::string(key) + "' is missing or not an integer");
   return state;
 }
 

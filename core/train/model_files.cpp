@@ -23,7 +23,8 @@ void save_model(const std::string& dir, const GPT2& model) {
     t.name = p.name;
     t.dtype = DType::f32;
     t.shape.assign(p.shape.d.begin(), p.shape.d.begin() + p.shape.ndim);
-    t.data = std::as_bytes(std::span<const float>(flat.data() + p.offset, static_cast<size_t>(p.numel)));
+    t.data =
+        std::as_bytes(std::span<const float>(flat.data() + p.offset, static_cast<size_t>(p.numel)));
     tensors.push_back(std::move(t));
   }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
@@ -76,7 +77,8 @@ void load_weights(const std::string& weights_path, GPT2& model) {
   for (const std::string& name : file.names()) {
     std::string bare = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
     if (named.count(bare) == 0 && bare != "lm_head.weight" &&
-        bare.find(".attn.bias") == std::string::npos && bare.find(".attn.masked_bias") == std::string::npos)
+        bare.find(".attn.bias") == std::string::npos &&
+        bare.find(".attn.masked_bias") == std::string::npos)
       fail(ErrorKind::kInvalidArgument,
            weights_path + ": tensor '" + name + "' is not part of a GPT-2 with " + config.str());
   }

@@ -26,18 +26,25 @@ OptimKind parse_optim(const std::string& name) {
   if (name == "lion" || name == "lion_32bit") return OptimKind::kLion;
   if (name == "sgd") return OptimKind::kSgd;
   fail(ErrorKind::kInvalidArgument,
-       "--optim " + name + ": unknown optimizer; choose adamw, adafactor, adamw_8bit, lion or sgd "
-       "(Hugging Face names adamw_torch, adamw_torch_fused, adamw_apex_fused, adamw_bnb_8bit and "
-       "lion_32bit are accepted too)");
+       "--optim " + name +
+           ": unknown optimizer; choose adamw, adafactor, adamw_8bit, lion or sgd "
+           "(Hugging Face names adamw_torch, adamw_torch_fused, adamw_apex_fused, adamw_bnb_8bit "
+           "and "
+           "lion_32bit are accepted too)");
 }
 
 const char* optim_name(OptimKind k) {
   switch (k) {
-    case OptimKind::kAdamW: return "adamw";
-    case OptimKind::kAdafactor: return "adafactor";
-    case OptimKind::kAdamW8bit: return "adamw_8bit";
-    case OptimKind::kLion: return "lion";
-    case OptimKind::kSgd: return "sgd";
+    case OptimKind::kAdamW:
+      return "adamw";
+    case OptimKind::kAdafactor:
+      return "adafactor";
+    case OptimKind::kAdamW8bit:
+      return "adamw_8bit";
+    case OptimKind::kLion:
+      return "lion";
+    case OptimKind::kSgd:
+      return "sgd";
   }
   return "?";
 }
@@ -53,8 +60,8 @@ struct ParamSet {
   const std::vector<ParamInfo>* table = nullptr;
 
   static ParamSet of(GPT2& m) {
-    return {&m.device(), m.params_flat(), m.grads_flat(), m.num_parameters(), m.decay_count(),
-            &m.params()};
+    return {&m.device(),        m.params_flat(), m.grads_flat(),
+            m.num_parameters(), m.decay_count(), &m.params()};
   }
   Tensor param(const ParamInfo& p) const { return params.slice_flat(p.offset, p.shape); }
   Tensor grad(const ParamInfo& p) const { return grads.slice_flat(p.offset, p.shape); }
@@ -135,7 +142,8 @@ class SgdLion final : public FusedOptimizer {
     if (!lion_ && s.momentum == 0.0) return;
     buf_ = alloc({ps.n});
     for (const ParamInfo& p : *ps.table)
-      name_state((lion_ ? "exp_avg." : "momentum_buffer.") + p.name, buf_.slice_flat(p.offset, p.shape));
+      name_state((lion_ ? "exp_avg." : "momentum_buffer.") + p.name,
+                 buf_.slice_flat(p.offset, p.shape));
   }
   void update(const ParamSet& ps, const Tensor& grad_norm, double lr, int64_t step) override {
     const int64_t nd = ps.decay_count, n = ps.n;
@@ -171,11 +179,12 @@ class SgdLion final : public FusedOptimizer {
   Tensor buf_;
 };
 
-// ---- 8-bit AdamW ----------------------------------------------------------------------------------
-// Tensors of >= min_8bit_size elements keep m and v as u8 codes with one absmax per block of
-// 256 of their own elements (bitsandbytes' per-tensor blocks); smaller ones keep fp32 moments.
-// Consecutive tensors of one kind and group share one dispatch; an 8-bit run ends after a
-// tensor whose size is not a multiple of 256, so no block straddles two tensors.
+// ---- 8-bit AdamW
+// ---------------------------------------------------------------------------------- Tensors of >=
+// min_8bit_size elements keep m and v as u8 codes with one absmax per block of 256 of their own
+// elements (bitsandbytes' per-tensor blocks); smaller ones keep fp32 moments. Consecutive tensors
+// of one kind and group share one dispatch; an 8-bit run ends after a tensor whose size is not a
+// multiple of 256, so no block straddles two tensors.
 class AdamW8bit final : public FusedOptimizer {
  public:
   AdamW8bit(const ParamSet& ps, const OptimizerSettings& s) : FusedOptimizer(ps, s) {
@@ -188,8 +197,10 @@ class AdamW8bit final : public FusedOptimizer {
                           (!q8 || last->len % kQuantBlockSize == 0);
       if (!extend) runs_.push_back({q8, p.decay, p.offset, 0, q8 ? n8 : n32, nb});
       runs_.back().len += p.numel;
-      if (q8) n8 += p.numel, nb += quant_blocks(p.numel);
-      else n32 += p.numel;
+      if (q8)
+        n8 += p.numel, nb += quant_blocks(p.numel);
+      else
+        n32 += p.numel;
     }
     if (n8) {
       mq_ = alloc({n8}, DType::u8), vq_ = alloc({n8}, DType::u8);
@@ -240,9 +251,9 @@ class AdamW8bit final : public FusedOptimizer {
  private:
   struct Run {
     bool q8, decay;
-    int64_t off, len;        // elements of the flat parameters
-    int64_t state_off;       // into mq_/vq_ (q8) or m_/v_
-    int64_t block_off;       // into ma_/va_ (q8)
+    int64_t off, len;   // elements of the flat parameters
+    int64_t state_off;  // into mq_/vq_ (q8) or m_/v_
+    int64_t block_off;  // into ma_/va_ (q8)
   };
   std::vector<Run> runs_;
   Tensor mq_, vq_, ma_, va_, qs_, qu_, m_, v_;
@@ -315,7 +326,9 @@ class Adafactor final : public FusedOptimizer {
   };
   // C of a factored [.., R, C] tensor: its last dimension.
   static int64_t cols(const ParamInfo& p) {
-    return p.shape.ndim >= 2 ? std::max<int64_t>(p.shape.d[static_cast<size_t>(p.shape.ndim - 1)], 1) : p.numel;
+    return p.shape.ndim >= 2
+               ? std::max<int64_t>(p.shape.d[static_cast<size_t>(p.shape.ndim - 1)], 1)
+               : p.numel;
   }
   Tensor stats_, exp_avg_;
   std::vector<Slot> slots_;
@@ -323,11 +336,15 @@ class Adafactor final : public FusedOptimizer {
 
 std::unique_ptr<FusedOptimizer> make_fused(const ParamSet& ps, const OptimizerSettings& s) {
   switch (s.kind) {
-    case OptimKind::kAdamW: return std::make_unique<AdamW>(ps, s);
-    case OptimKind::kAdamW8bit: return std::make_unique<AdamW8bit>(ps, s);
-    case OptimKind::kAdafactor: return std::make_unique<Adafactor>(ps, s);
+    case OptimKind::kAdamW:
+      return std::make_unique<AdamW>(ps, s);
+    case OptimKind::kAdamW8bit:
+      return std::make_unique<AdamW8bit>(ps, s);
+    case OptimKind::kAdafactor:
+      return std::make_unique<Adafactor>(ps, s);
     case OptimKind::kLion:
-    case OptimKind::kSgd: return std::make_unique<SgdLion>(ps, s);
+    case OptimKind::kSgd:
+      return std::make_unique<SgdLion>(ps, s);
   }
   fail(ErrorKind::kInternal, "make_optimizer: unknown kind");
 }
@@ -477,7 +494,7 @@ class Offloaded final : public Optimizer {
     dev.download(grad_staging_.data(), model.grads_flat(), bytes);
     float gn = 0.0f;
     if (grad_norm.defined()) dev.download(&gn, grad_norm, sizeof gn);
-    join();  // 2
+    join();                                                      // 2
     host_->upload(host_ps_.grads, grad_staging_.data(), bytes);  // 3
     if (grad_norm.defined()) host_->upload(norm_, &gn, sizeof gn);
     host_->download(staging_.data(), host_ps_.params, bytes);

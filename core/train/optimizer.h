@@ -25,9 +25,9 @@ const char* optim_name(OptimKind k);  // the canonical name ("adamw_8bit")
 
 struct OptimizerSettings {
   OptimKind kind = OptimKind::kAdamW;
-  double weight_decay = 0.0;  // applied to the decay group only
+  double weight_decay = 0.0;                      // applied to the decay group only
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW, 8-bit AdamW; Lion's betas too
-  double max_grad_norm = 0.0;  // > 0: clip by the global norm
+  double max_grad_norm = 0.0;                     // > 0: clip by the global norm
   // SGD (torch.optim.SGD)
   double momentum = 0.0, dampening = 0.0;
   bool nesterov = false;
@@ -50,13 +50,13 @@ struct OptimizerSettings {
 
 // What offloading cost and hid, for metrics (all zero for an optimizer on the device).
 struct OffloadStats {
-  int64_t updates = 0;     // host updates finished (synchronous and delayed)
-  double update_s = 0;     // seconds the host spent in them
+  int64_t updates = 0;  // host updates finished (synchronous and delayed)
+  double update_s = 0;  // seconds the host spent in them
   // Of update_s: seconds a delayed update ran while the trainer was already at the next step's
   // work (on a device backend: recording the next micro-batches and waiting for the device to
   // compute them; on the CPU backend the main thread computes them itself). 0 when synchronous.
   double overlap_s = 0;
-  double wait_s = 0;       // seconds step()/finish() blocked waiting for an update in flight
+  double wait_s = 0;  // seconds step()/finish() blocked waiting for an update in flight
 };
 
 // A named piece of optimizer state: `tensor` is a view into the optimizer's buffers with the
@@ -88,7 +88,10 @@ class Optimizer {
   // end of training); the next step() is synchronous again. Returns whether the model's master
   // weights changed (the caller then calls model.refresh_compute_weights()). Rethrows an error
   // of the background update. A no-op returning false for synchronous optimizers.
-  virtual bool finish(GPT2& model) { (void)model; return false; }
+  virtual bool finish(GPT2& model) {
+    (void)model;
+    return false;
+  }
   virtual OffloadStats offload_stats() const { return {}; }
 };
 

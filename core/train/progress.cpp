@@ -52,7 +52,9 @@ ProgressBar::ProgressBar(int64_t first_step, int64_t total, bool enabled, std::F
       start_(std::chrono::steady_clock::now()),
       last_draw_() {}
 
-ProgressBar::~ProgressBar() { finish(); }
+ProgressBar::~ProgressBar() {
+  finish();
+}
 
 void ProgressBar::update(int64_t step, double loss, double tokens_per_s, int64_t memory_bytes) {
   step_ = step;
@@ -76,8 +78,8 @@ void ProgressBar::draw(bool force) {
   last_draw_ = now;
   double elapsed = std::chrono::duration<double>(now - start_).count();
   int64_t done = step_ - first_;
-  double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_ - step_)
-                        : NAN;
+  double eta =
+      done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_ - step_) : NAN;
   constexpr int kWidth = 24;
   int filled = total_ > 0 ? static_cast<int>(kWidth * step_ / total_) : 0;
   std::string bar(static_cast<size_t>(filled), '#');

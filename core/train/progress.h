@@ -8,9 +8,9 @@
 
 namespace ct {
 
-std::string format_bytes(int64_t bytes);        // "312.4 MiB"
-std::string format_duration(double seconds);     // "1:05:09" or "2:03"
-std::string format_count(double v);              // "12,345"
+std::string format_bytes(int64_t bytes);      // "312.4 MiB"
+std::string format_duration(double seconds);  // "1:05:09" or "2:03"
+std::string format_count(double v);           // "12,345"
 
 class ProgressBar {
  public:

@@ -17,9 +17,12 @@ LrSchedule parse_lr_schedule(const std::string& name) {
 
 const char* lr_schedule_name(LrSchedule s) {
   switch (s) {
-    case LrSchedule::kCosine: return "cosine";
-    case LrSchedule::kLinear: return "linear";
-    case LrSchedule::kConstant: return "constant";
+    case LrSchedule::kCosine:
+      return "cosine";
+    case LrSchedule::kLinear:
+      return "linear";
+    case LrSchedule::kConstant:
+      return "constant";
   }
   return "?";
 }
@@ -27,7 +30,8 @@ const char* lr_schedule_name(LrSchedule s) {
 double lr_at(LrSchedule s, double base_lr, int64_t step, int64_t warmup_steps,
              int64_t total_steps) {
   if (step < warmup_steps)
-    return base_lr * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup_steps));
+    return base_lr * static_cast<double>(step) /
+           static_cast<double>(std::max<int64_t>(1, warmup_steps));
   if (s == LrSchedule::kConstant) return base_lr;
   double progress = static_cast<double>(step - warmup_steps) /
                     static_cast<double>(std::max<int64_t>(1, total_steps - warmup_steps));

@@ -43,21 +43,22 @@ struct TrainArgs {
   bool offload_delayed_update = false;
   uint64_t seed = 42;
   int64_t logging_steps = 10;
-  int64_t eval_steps = 50;       // 0 = evaluate only at the end
-  int64_t max_eval_batches = 16; // cap on validation batches per evaluation during training
+  int64_t eval_steps = 50;        // 0 = evaluate only at the end
+  int64_t max_eval_batches = 16;  // cap on validation batches per evaluation during training
   double validation_split = 0.1;
 
   // precision and memory techniques (Hugging Face names)
   bool fp16 = false;  // fp16 mixed precision with dynamic loss scaling
-  double fp16_init_scale = 65536.0;  // the loss scaler's first scale (PyTorch GradScaler's init_scale)
+  double fp16_init_scale =
+      65536.0;        // the loss scaler's first scale (PyTorch GradScaler's init_scale)
   bool bf16 = false;  // bf16 mixed precision
   bool tf32 = false;  // TF32 tensor-core matmuls (CUDA only; a notice elsewhere)
   bool gradient_checkpointing = false;
 
   // checkpoints: <output_dir>/checkpoint-<step>/ every save_steps steps (0 = none)
   int64_t save_steps = 0;
-  int save_total_limit = 0;             // keep only the newest K checkpoints (0 = all)
-  std::string resume_from_checkpoint;   // a checkpoint folder, "latest", or empty
+  int save_total_limit = 0;            // keep only the newest K checkpoints (0 = all)
+  std::string resume_from_checkpoint;  // a checkpoint folder, "latest", or empty
 
   // the sample printed at the end
   std::string sample_prompt = "The ";

@@ -17,11 +17,11 @@
 #include "core/error.h"
 #include "core/model/gpt2.h"
 #include "core/registry.h"
+#include "core/train/checkpoint.h"
 #include "core/train/evaluate.h"
 #include "core/train/model_files.h"
 #include "core/train/optimizer.h"
 #include "core/train/progress.h"
-#include "core/train/checkpoint.h"
 #include "core/train/schedule.h"
 
 namespace ct {
@@ -41,7 +41,8 @@ void validate_args(const TrainArgs& a) {
                std::to_string(a.per_device_train_batch_size), "must be > 0");
   require_flag(std::isfinite(a.learning_rate) && a.learning_rate >= 0, "--learning-rate",
                std::to_string(a.learning_rate), "must be a finite number >= 0");
-  require_flag(a.warmup_steps >= 0, "--warmup-steps", std::to_string(a.warmup_steps), "must be >= 0");
+  require_flag(a.warmup_steps >= 0, "--warmup-steps", std::to_string(a.warmup_steps),
+               "must be >= 0");
   require_flag(std::isfinite(a.weight_decay) && a.weight_decay >= 0, "--weight-decay",
                std::to_string(a.weight_decay), "must be >= 0");
   require_flag(a.adam_beta1 >= 0 && a.adam_beta1 < 1, "--adam-beta1", std::to_string(a.adam_beta1),
@@ -51,7 +52,8 @@ void validate_args(const TrainArgs& a) {
   require_flag(a.adam_epsilon > 0, "--adam-epsilon", std::to_string(a.adam_epsilon), "must be > 0");
   require_flag(std::isfinite(a.max_grad_norm) && a.max_grad_norm >= 0, "--max-grad-norm",
                std::to_string(a.max_grad_norm), "must be >= 0 (0 disables clipping)");
-  require_flag(a.logging_steps > 0, "--logging-steps", std::to_string(a.logging_steps), "must be > 0");
+  require_flag(a.logging_steps > 0, "--logging-steps", std::to_string(a.logging_steps),
+               "must be > 0");
   require_flag(a.eval_steps >= 0, "--eval-steps", std::to_string(a.eval_steps),
                "must be >= 0 (0 evaluates only at the end)");
   require_flag(a.validation_split > 0 && a.validation_split < 1, "--validation-split",
@@ -60,31 +62,38 @@ void validate_args(const TrainArgs& a) {
                "must be >= 0 (0 evaluates every window)");
   require_flag(a.gradient_accumulation_steps > 0, "--gradient-accumulation-steps",
                std::to_string(a.gradient_accumulation_steps), "must be > 0");
-  require_flag(a.save_steps >= 0, "--save-steps", std::to_string(a.save_steps), "must be >= 0 (0 = no checkpoints)");
+  require_flag(a.save_steps >= 0, "--save-steps", std::to_string(a.save_steps),
+               "must be >= 0 (0 = no checkpoints)");
   require_flag(a.save_total_limit >= 0, "--save-total-limit", std::to_string(a.save_total_limit),
                "must be >= 0 (0 = keep all)");
   parse_optim(a.optim);  // names --optim's accepted values when unknown
   require_flag(a.sgd_momentum >= 0 && a.sgd_dampening >= 0, "--sgd-momentum/--sgd-dampening",
-               std::to_string(a.sgd_momentum) + "/" + std::to_string(a.sgd_dampening), "must be >= 0");
+               std::to_string(a.sgd_momentum) + "/" + std::to_string(a.sgd_dampening),
+               "must be >= 0");
   require_flag(a.adafactor_clip_threshold > 0, "--adafactor-clip-threshold",
                std::to_string(a.adafactor_clip_threshold), "must be > 0");
   require_flag(a.adafactor_beta1 >= 0 && a.adafactor_beta1 < 1, "--adafactor-beta1",
                std::to_string(a.adafactor_beta1), "must be in [0, 1) (0 = no first moment)");
   require_flag(std::isfinite(static_cast<float>(a.fp16_init_scale)) && a.fp16_init_scale > 0,
-               "--fp16-init-scale", std::to_string(a.fp16_init_scale), "must be a positive finite float");
+               "--fp16-init-scale", std::to_string(a.fp16_init_scale),
+               "must be a positive finite float");
   if (a.fp16 && a.bf16)
-    fail(ErrorKind::kInvalidArgument, "--fp16 and --bf16 are mutually exclusive: choose one precision");
+    fail(ErrorKind::kInvalidArgument,
+         "--fp16 and --bf16 are mutually exclusive: choose one precision");
   if (a.offload_delayed_update && !a.offload_optimizer)
     fail(ErrorKind::kInvalidArgument,
          "--offload-delayed-update needs --offload-optimizer: the delayed update runs on the "
          "offloaded (host) copy of the optimizer");
-  require_flag(a.sample_tokens >= 0, "--sample-tokens", std::to_string(a.sample_tokens), "must be >= 0");
+  require_flag(a.sample_tokens >= 0, "--sample-tokens", std::to_string(a.sample_tokens),
+               "must be >= 0");
 }
 
 GPT2Config resolve_config(const TrainArgs& a) {
   GPT2Config c = GPT2Config::preset(a.model);
   auto override_dim = [](int v, int& field, const char* flag) {
-    if (v < 0) fail(ErrorKind::kInvalidArgument, std::string(flag) + " " + std::to_string(v) + ": must be > 0");
+    if (v < 0)
+      fail(ErrorKind::kInvalidArgument,
+           std::string(flag) + " " + std::to_string(v) + ": must be > 0");
     if (v > 0) field = v;
   };
   override_dim(a.n_layer, c.n_layer, "--n-layer");
@@ -151,7 +160,8 @@ void truncate_metrics(const std::string& path, int64_t step) {
   std::string kept, line;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= step) kept += line + "\n";
+    if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= step)
+      kept += line + "\n";
   }
   in.close();
   std::ofstream(path, std::ios::trunc) << kept;
@@ -192,14 +202,15 @@ TrainSummary train(const TrainArgs& args) {
 
   std::string data_path = args.data.empty() ? kDefaultDataPath : args.data;
   if (args.data.empty() && !fs::exists(data_path))
-    fail(ErrorKind::kInvalidArgument,
-         "the built-in default data " + data_path +
-             " is missing: install Debian's 'fortunes' package (the setup script does) or pass --data");
+    fail(ErrorKind::kInvalidArgument, "the built-in default data " + data_path +
+                                          " is missing: install Debian's 'fortunes' package (the "
+                                          "setup script does) or pass --data");
   ByteTokenizer tokenizer;
   std::vector<int32_t> tokens = tokenizer.encode(load_text(data_path, 1));
   TokenSplit split = split_train_val(tokens, args.validation_split, T + 1);
   if (fs::exists(args.output_dir) && !fs::is_directory(args.output_dir))
-    fail(ErrorKind::kInvalidArgument, "--output-dir '" + args.output_dir + "' exists and is not a folder");
+    fail(ErrorKind::kInvalidArgument,
+         "--output-dir '" + args.output_dir + "' exists and is not a folder");
   // Leftovers of runs killed while writing a checkpoint, before `latest` is looked for (a
   // checkpoint moved aside by a killed writer is put back).
   if (fs::is_directory(args.output_dir)) {
@@ -259,7 +270,8 @@ TrainSummary train(const TrainArgs& args) {
 
   std::error_code ec;
   fs::create_directories(args.output_dir, ec);
-  if (ec) fail(ErrorKind::kIo, "cannot create --output-dir '" + args.output_dir + "': " + ec.message());
+  if (ec)
+    fail(ErrorKind::kIo, "cannot create --output-dir '" + args.output_dir + "': " + ec.message());
   std::string metrics_path = (fs::path(args.output_dir) / "metrics.jsonl").string();
   if (start_step > 0) truncate_metrics(metrics_path, start_step);
   std::ofstream metrics(metrics_path, start_step > 0 ? std::ios::app : std::ios::trunc);
@@ -334,9 +346,9 @@ TrainSummary train(const TrainArgs& args) {
       double tps = static_cast<double>(window_tokens) / std::max(window_s, 1e-9);
       double mean_loss = host_loss_sum / static_cast<double>(window_steps * accum);
       if (!std::isfinite(mean_loss))
-        fail(ErrorKind::kInvalidArgument, "training diverged: the loss is " + std::to_string(mean_loss) +
-                                              " at step " + std::to_string(done) +
-                                              " (try a lower --learning-rate)");
+        fail(ErrorKind::kInvalidArgument,
+             "training diverged: the loss is " + std::to_string(mean_loss) + " at step " +
+                 std::to_string(done) + " (try a lower --learning-rate)");
       if (!have_first) s.first_loss = mean_loss, have_first = true;
       s.final_loss = mean_loss;
       s.tokens_per_s = tps;
@@ -364,7 +376,8 @@ TrainSummary train(const TrainArgs& args) {
         rec["skipped_steps"] = scaler.skipped_steps();
       }
       char line[256];
-      std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
+      std::snprintf(line, sizeof line,
+                    "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
                     static_cast<long long>(done), static_cast<long long>(args.max_steps), mean_loss,
                     lr, host_norm, format_count(tps).c_str());
       std::string text = line;
@@ -391,17 +404,22 @@ TrainSummary train(const TrainArgs& args) {
                            {"data_position", loader.position()},
                            {"logging_window_loss_sum", partial},
                            {"logging_window_steps", window_steps},
-                           {"rng", {{"init_seed", args.seed}, {"data_seed", args.seed},
-                                    {"data_stream", BatchLoader::kBatchLoaderStream}}},
-                           {"schedule", {{"type", lr_schedule_name(schedule)}, {"lr", lr},
-                                         {"warmup_steps", args.warmup_steps},
-                                         {"total_steps", args.max_steps}}},
+                           {"rng",
+                            {{"init_seed", args.seed},
+                             {"data_seed", args.seed},
+                             {"data_stream", BatchLoader::kBatchLoaderStream}}},
+                           {"schedule",
+                            {{"type", lr_schedule_name(schedule)},
+                             {"lr", lr},
+                             {"warmup_steps", args.warmup_steps},
+                             {"total_steps", args.max_steps}}},
                            {"optimizer", optimizer->name()},
                            {"loss_scaler", scaler.state()},
                            {"precision", mopts.policy.name()},
                            {"model_config", config.to_hf_json()},
                            {"args", args_json(args)}};
-      std::string path = save_checkpoint(args.output_dir, done, model, *optimizer, st, args.save_total_limit);
+      std::string path =
+          save_checkpoint(args.output_dir, done, model, *optimizer, st, args.save_total_limit);
       bar.println("saved " + path);
       t_window = Clock::now();
     }
@@ -422,8 +440,10 @@ TrainSummary train(const TrainArgs& args) {
     so.temperature = 0.8f;
     so.top_k = 40;
     so.seed = args.seed;
-    std::vector<int32_t> prompt = tokenizer.encode(args.sample_prompt.empty() ? "\n" : args.sample_prompt);
-    s.sample = args.sample_prompt + tokenizer.decode(model.generate(prompt, args.sample_tokens, so));
+    std::vector<int32_t> prompt =
+        tokenizer.encode(args.sample_prompt.empty() ? "\n" : args.sample_prompt);
+    s.sample =
+        args.sample_prompt + tokenizer.decode(model.generate(prompt, args.sample_tokens, so));
   }
   return s;
 }

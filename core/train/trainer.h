@@ -15,14 +15,14 @@ struct TrainSummary {
   int64_t steps = 0;
   int64_t tokens = 0;
   double seconds = 0;
-  double first_loss = 0;   // mean training loss of the first logging window
-  double final_loss = 0;   // mean training loss of the last logging window
-  double eval_loss = 0;    // validation loss at the end
-  double tokens_per_s = 0; // over the whole run, excluding evaluation
-  int64_t peak_memory = 0; // device accounting, all categories
+  double first_loss = 0;    // mean training loss of the first logging window
+  double final_loss = 0;    // mean training loss of the last logging window
+  double eval_loss = 0;     // validation loss at the end
+  double tokens_per_s = 0;  // over the whole run, excluding evaluation
+  int64_t peak_memory = 0;  // device accounting, all categories
   int64_t num_parameters = 0;
   std::string device;
-  std::string sample;      // generated at the end (may be empty)
+  std::string sample;  // generated at the end (may be empty)
 };
 
 // Checks every setting and input (flags, model shape, backend, data) before anything is written;

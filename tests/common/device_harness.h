@@ -65,16 +65,18 @@ using VecD = std::vector<double>;
 // ---- the device list -----------------------------------------------------------------------
 
 struct DeviceCase {
-  std::string backend;  // "cpu", "vulkan", ...
-  int index = -1;       // -1: the backend is unavailable
-  std::string why;      // why it is unavailable ("" when usable)
+  std::string backend;    // "cpu", "vulkan", ...
+  int index = -1;         // -1: the backend is unavailable
+  std::string why;        // why it is unavailable ("" when usable)
   bool expected = false;  // this build must be able to test it: unavailable fails, never skips
   std::string spec() const { return backend + ":" + std::to_string(index); }
   std::string test_name() const {
     return index < 0 ? backend + "_unavailable" : backend + "_" + std::to_string(index);
   }
 };
-inline void PrintTo(const DeviceCase& c, std::ostream* os) { *os << c.test_name(); }
+inline void PrintTo(const DeviceCase& c, std::ostream* os) {
+  *os << c.test_name();
+}
 
 // Before anything opens Vulkan: pins the loader to lavapipe (CT_VK_LAVAPIPE_ICD, found at
 // configure time) unless the environment already chose a driver, and turns the Khronos
@@ -180,7 +182,9 @@ inline Device& open_cached(const std::string& spec) {
 }
 
 // The oracle: the CPU reference device.
-inline Device& ref() { return open_cached("cpu:1"); }
+inline Device& ref() {
+  return open_cached("cpu:1");
+}
 
 // Messages counted by a backend's validation hook (Vulkan: CROSSTRAIN_VK_VALIDATION=1).
 inline uint64_t validation_messages(const std::string& backend) {
@@ -189,8 +193,10 @@ inline uint64_t validation_messages(const std::string& backend) {
   void* h = dlopen(e->path.c_str(), RTLD_NOW | RTLD_NOLOAD);
   if (!h) return 0;
   using Fn = uint64_t (*)();
-  auto fn = reinterpret_cast<Fn>(dlsym(h, ("crosstrain_" + backend + "_validation_messages").c_str()));
-  if (!fn && backend == "vulkan") fn = reinterpret_cast<Fn>(dlsym(h, "crosstrain_vk_validation_messages"));
+  auto fn =
+      reinterpret_cast<Fn>(dlsym(h, ("crosstrain_" + backend + "_validation_messages").c_str()));
+  if (!fn && backend == "vulkan")
+    fn = reinterpret_cast<Fn>(dlsym(h, "crosstrain_vk_validation_messages"));
   uint64_t n = fn ? fn() : 0;
   dlclose(h);
   return n;
@@ -210,7 +216,9 @@ inline Tensor upload_i32(Device& d, const Shape& s, const std::vector<int32_t>& 
   d.upload(t, v.data(), v.size() * sizeof(int32_t));
   return t;
 }
-inline Vec download(Device& d, const Tensor& t) { return testdata::download_as<float>(d, t); }
+inline Vec download(Device& d, const Tensor& t) {
+  return testdata::download_as<float>(d, t);
+}
 inline std::vector<int32_t> download_i32(Device& d, const Tensor& t) {
   return testdata::download_as<int32_t>(d, t);
 }
@@ -234,7 +242,9 @@ inline Vec uniform(size_t n, uint64_t seed, float lo, float hi) {
 inline std::vector<int32_t> randint(size_t n, uint64_t seed, int32_t hi) {
   return testdata::randint(n, seed, hi, 29);
 }
-inline VecD to_d(const Vec& v) { return VecD(v.begin(), v.end()); }
+inline VecD to_d(const Vec& v) {
+  return VecD(v.begin(), v.end());
+}
 
 // ---- the comparison --------------------------------------------------------------------------
 
@@ -295,10 +305,14 @@ inline Device& dut() {
   if (!current_device()) throw std::logic_error("dut() outside a DeviceTest case");
   return *current_device();
 }
-inline std::string dut_id() { return dut().info().id(); }
+inline std::string dut_id() {
+  return dut().info().id();
+}
 // True on a device of the reference's own backend (cpu:0): the tight tolerances and the checks
 // that backend promises bit for bit.
-inline bool dut_same_backend_as_ref() { return dut().info().backend == ref().info().backend; }
+inline bool dut_same_backend_as_ref() {
+  return dut().info().backend == ref().info().backend;
+}
 inline double dut_tol(Tol t = Tol::kElementwise) {
   if (dut_same_backend_as_ref()) return kTolSame;
   return t == Tol::kGemm ? kTolGemm : kTol;
@@ -308,7 +322,9 @@ inline double dut_tol(Tol t = Tol::kElementwise) {
 struct Pair {
   Tensor d, r;  // device under test, reference
 };
-inline Pair both(const Shape& s, const Vec& v) { return {upload(dut(), s, v), upload(ref(), s, v)}; }
+inline Pair both(const Shape& s, const Vec& v) {
+  return {upload(dut(), s, v), upload(ref(), s, v)};
+}
 inline Pair both_i32(const Shape& s, const std::vector<int32_t>& v) {
   return {upload_i32(dut(), s, v), upload_i32(ref(), s, v)};
 }
@@ -375,14 +391,14 @@ class DeviceTest : public ::testing::TestWithParam<DeviceCase> {
 };
 
 // Skips the case (with the reason) when the device lacks (op, dtype).
-#define CT_REQUIRE_SUPPORT(op, dt)                                           \
-  do {                                                                       \
-    std::string ct_why_ = unsupported(op, dt);                               \
-    if (!ct_why_.empty()) GTEST_SKIP() << ct_why_;                           \
+#define CT_REQUIRE_SUPPORT(op, dt)                 \
+  do {                                             \
+    std::string ct_why_ = unsupported(op, dt);     \
+    if (!ct_why_.empty()) GTEST_SKIP() << ct_why_; \
   } while (0)
 
 // Instantiates a DeviceTest suite over every device under test (names On/Suite.Case/cpu_0).
-#define CT_INSTANTIATE_DEVICE_SUITE(Suite)                                                 \
+#define CT_INSTANTIATE_DEVICE_SUITE(Suite)                                                   \
   INSTANTIATE_TEST_SUITE_P(On, Suite, ::testing::ValuesIn(::ct::test::devices_under_test()), \
                            ::ct::test::device_param_name)
 

@@ -67,7 +67,8 @@ inline VecD attention(const VecD& qkv, int64_t B, int64_t T, int64_t C, int64_t 
           p[u] /= z;
           if (att) (*att)[((b * NH + h) * T + t) * T + u] = p[u];
           for (int64_t i = 0; i < hs; ++i)
-            out[(b * T + t) * C + h * hs + i] += p[u] * qkv[(b * T + u) * 3 * C + 2 * C + h * hs + i];
+            out[(b * T + t) * C + h * hs + i] +=
+                p[u] * qkv[(b * T + u) * 3 * C + 2 * C + h * hs + i];
         }
       }
   return out;

@@ -16,8 +16,12 @@
 
 namespace ct::test {
 
-inline uint16_t to_h(float v, DType h) { return h == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v); }
-inline float from_h(uint16_t v, DType h) { return h == DType::bf16 ? bf16_to_f32(v) : f16_to_f32(v); }
+inline uint16_t to_h(float v, DType h) {
+  return h == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+inline float from_h(uint16_t v, DType h) {
+  return h == DType::bf16 ? bf16_to_f32(v) : f16_to_f32(v);
+}
 
 inline Tensor up_as(Device& d, const Shape& s, const Vec& v, DType dt) {
   if (dt == DType::f32) return upload(d, s, v);
@@ -32,13 +36,20 @@ inline Pair both_as(const Shape& s, const Vec& v, DType dt) {
 }
 
 // Position of a 16-bit float on a monotone integer line (so that neighbours differ by 1).
-inline int32_t ordered(uint16_t b) { return (b & 0x8000u) ? -static_cast<int32_t>(b & 0x7fffu) : b; }
-inline bool is_nan_h(uint16_t b, DType h) { return std::isnan(from_h(b, h)); }
-inline bool is_inf_h(uint16_t b, DType h) { return std::isinf(from_h(b, h)); }
+inline int32_t ordered(uint16_t b) {
+  return (b & 0x8000u) ? -static_cast<int32_t>(b & 0x7fffu) : b;
+}
+inline bool is_nan_h(uint16_t b, DType h) {
+  return std::isnan(from_h(b, h));
+}
+inline bool is_inf_h(uint16_t b, DType h) {
+  return std::isinf(from_h(b, h));
+}
 
 // 16-bit outputs: every element within 1 ulp of the reference, NaN where it has NaN; or, with
 // abs_tol, within abs_tol of it (see the gelu test).
-inline ::testing::AssertionResult same_h(const Pair& p, const std::string& what, double abs_tol = 0) {
+inline ::testing::AssertionResult same_h(const Pair& p, const std::string& what,
+                                         double abs_tol = 0) {
   DType h = p.d.dtype;
   auto got = download_as<uint16_t>(dut(), p.d), want = download_as<uint16_t>(ref(), p.r);
   size_t equal = 0, zeros = 0, tail = 0;
@@ -47,9 +58,9 @@ inline ::testing::AssertionResult same_h(const Pair& p, const std::string& what,
     bool gn = is_nan_h(got[i], h), wn = is_nan_h(want[i], h);
     if (gn || wn) {
       if (gn != wn)
-        return ::testing::AssertionFailure() << what << ": NaN mismatch at " << i << ": got "
-                                             << from_h(got[i], h) << ", want "
-                                             << from_h(want[i], h);
+        return ::testing::AssertionFailure()
+               << what << ": NaN mismatch at " << i << ": got " << from_h(got[i], h) << ", want "
+               << from_h(want[i], h);
       ++equal;
       continue;
     }
@@ -62,12 +73,13 @@ inline ::testing::AssertionResult same_h(const Pair& p, const std::string& what,
       continue;
     }
     if (d > 1)
-      return ::testing::AssertionFailure()
-             << what << ": " << d << " ulp apart at " << i << ": got " << from_h(got[i], h)
-             << ", want " << from_h(want[i], h);
+      return ::testing::AssertionFailure() << what << ": " << d << " ulp apart at " << i << ": got "
+                                           << from_h(got[i], h) << ", want " << from_h(want[i], h);
     worst = std::max(worst, d);
-    if (got[i] == want[i]) ++equal;
-    else if (d == 0) ++zeros;  // +0 and -0: 0 ulp apart, not bitwise equal
+    if (got[i] == want[i])
+      ++equal;
+    else if (d == 0)
+      ++zeros;  // +0 and -0: 0 ulp apart, not bitwise equal
   }
   if (std::getenv("CT_PRINT_NMSE"))
     std::printf("  16-bit %-34s %zu/%zu bitwise equal, %zu +-0, max %d ulp, %zu in the tail\n",

@@ -1,5 +1,7 @@
 // The plugin ABI: core/device.h's fingerprint must be the one recorded for kBackendAbiVersion in
 // core/backend_abi.h, and a plugin built for another version is listed as unavailable.
+#include "core/backend_abi.h"
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -8,7 +10,6 @@
 #include <sstream>
 #include <string>
 
-#include "core/backend_abi.h"
 #include "core/device.h"
 #include "core/io/sha256.h"
 
@@ -36,8 +37,8 @@ TEST(BackendAbi, DeviceHeaderMatchesTheRecordedVersion) {
   for (const auto& r : kBackendAbiHistory)
     if (r.version == kBackendAbiVersion) rev = &r;
   ASSERT_NE(rev, nullptr) << "core/backend_abi.h has no row for kBackendAbiVersion "
-                          << kBackendAbiVersion << ": add {" << kBackendAbiVersion << ", \""
-                          << got << "\", \"what changed\"}";
+                          << kBackendAbiVersion << ": add {" << kBackendAbiVersion << ", \"" << got
+                          << "\", \"what changed\"}";
   EXPECT_EQ(got, rev->device_h_sha256)
       << "core/device.h declares another interface than backend ABI " << kBackendAbiVersion
       << " was recorded with. A plugin built against the old header would load and call the "

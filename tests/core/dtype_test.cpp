@@ -1,9 +1,9 @@
 // f32 <-> f16 / bf16 conversions: rounding, special values, exhaustive round trips.
+#include "core/dtype.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
-
-#include "core/dtype.h"
 
 namespace ct {
 namespace {
@@ -42,9 +42,9 @@ TEST(BFloat16, EveryValueRoundTrips) {
 TEST(Float16, SpecialValuesAndRounding) {
   EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(f32_to_f16(-2.0f), 0xc000);
-  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);   // max half
-  EXPECT_EQ(f32_to_f16(65519.0f), 0x7bff);   // rounds down to max
-  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);   // rounds to inf
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);  // max half
+  EXPECT_EQ(f32_to_f16(65519.0f), 0x7bff);  // rounds down to max
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);  // rounds to inf
   EXPECT_EQ(f32_to_f16(1e10f), 0x7c00);
   EXPECT_EQ(f32_to_f16(INFINITY), 0x7c00);
   EXPECT_EQ(f32_to_f16(-INFINITY), 0xfc00);

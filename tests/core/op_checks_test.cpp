@@ -64,7 +64,9 @@ Tensor up_i32(Device& d, const Shape& s, const std::vector<int32_t>& v) {
   d.upload(t, v.data(), v.size() * sizeof(int32_t));
   return t;
 }
-Vec down(Device& d, const Tensor& t) { return testdata::download_as<float>(d, t); }
+Vec down(Device& d, const Tensor& t) {
+  return testdata::download_as<float>(d, t);
+}
 
 struct Outcome {
   bool threw = false;
@@ -95,8 +97,10 @@ void expect_rule(const std::function<void(Device&)>& call, ErrorKind kind, const
     ASSERT_TRUE(o.threw) << "no error";
     EXPECT_EQ(o.kind, kind) << o.what;
     EXPECT_NE(o.what.find(part), std::string::npos) << o.what;
-    if (first.empty()) first = o.what;
-    else if (same_text) EXPECT_EQ(o.what, first);
+    if (first.empty())
+      first = o.what;
+    else if (same_text)
+      EXPECT_EQ(o.what, first);
     d->synchronize();
   }
 }

@@ -1,9 +1,9 @@
 // Philox4x32-10: the Random123 known-answer vectors and stream properties.
+#include "core/philox.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
-
-#include "core/philox.h"
 
 namespace ct {
 namespace {
@@ -12,12 +12,12 @@ TEST(Philox, KnownAnswers) {
   // Random123's kat_vectors for philox4x32_10.
   EXPECT_EQ(philox4x32({0, 0, 0, 0}, {0, 0}),
             (PhiloxBlock{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
-  EXPECT_EQ(philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
-                       {0xffffffffu, 0xffffffffu}),
-            (PhiloxBlock{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
-  EXPECT_EQ(philox4x32({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
-                       {0xa4093822u, 0x299f31d0u}),
-            (PhiloxBlock{0xd16cfe09u, 0x94fdcceb, 0x5001e420u, 0x24126ea1u}));
+  EXPECT_EQ(
+      philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu}),
+      (PhiloxBlock{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+  EXPECT_EQ(
+      philox4x32({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}),
+      (PhiloxBlock{0xd16cfe09u, 0x94fdcceb, 0x5001e420u, 0x24126ea1u}));
 }
 
 TEST(Philox, StreamsArePureFunctions) {

@@ -192,15 +192,19 @@ void check_golden(Device& d, const std::string& label) {
   std::printf(
       "[%s] max |dw0| %.3g, max |dlogits| %.3g, loss rel %.3g, worst grad-norm rel %.3g, worst "
       "grad sample |d|/max|g| %.3g, adamw loss rel %.3g, grad-norm rel %.3g, final |dw| %.3g\n",
-      label.c_str(), max_w, max_logit, std::fabs(loss - g.loss[0]) / g.loss[0],
-      worst_norm, worst_sample, worst_step_loss, worst_step_norm, worst_final);
+      label.c_str(), max_w, max_logit, std::fabs(loss - g.loss[0]) / g.loss[0], worst_norm,
+      worst_sample, worst_step_loss, worst_step_norm, worst_final);
 }
 
-TEST(ReferenceGPT2Golden, MatchesPyTorch) { check_golden(test::ref(), "cpu:1"); }
+TEST(ReferenceGPT2Golden, MatchesPyTorch) {
+  check_golden(test::ref(), "cpu:1");
+}
 
 // Every device of every backend (tests/common/device_harness.h).
 using GPT2Golden = test::DeviceTest;
-TEST_P(GPT2Golden, MatchesPyTorch) { check_golden(dev(), id()); }
+TEST_P(GPT2Golden, MatchesPyTorch) {
+  check_golden(dev(), id());
+}
 CT_INSTANTIATE_DEVICE_SUITE(GPT2Golden);
 
 }  // namespace

@@ -15,12 +15,16 @@ struct AttnCase {
   bool tight;               // fp32 kernels land near 1e-13: checked against 1e-10 as well
 };
 const AttnCase kCases[] = {
-    {2, 7, 12, 3, 1, true, false},     {1, 5, 8, 1, 2, true, false},
-    {3, 1, 6, 2, 3, true, false},      {2, 11, 21, 3, 80, false, true},
-    {2, 37, 12, 3, 10, false, false},  {1, 300, 24, 2, 11, false, false},
+    {2, 7, 12, 3, 1, true, false},
+    {1, 5, 8, 1, 2, true, false},
+    {3, 1, 6, 2, 3, true, false},
+    {2, 11, 21, 3, 80, false, true},
+    {2, 37, 12, 3, 10, false, false},
+    {1, 300, 24, 2, 11, false, false},
     // The model's own head sizes, where the fast CPU path's AVX-512 kernels take full 6x64
     // tiles: tiny (T 256, 6 heads of 64) and an odd head size with an odd T.
-    {1, 256, 384, 6, 12, false, false}, {1, 77, 160, 2, 13, false, false},
+    {1, 256, 384, 6, 12, false, false},
+    {1, 77, 160, 2, 13, false, false},
 };
 
 struct AttnOut {
@@ -80,9 +84,8 @@ TEST(ReferenceAttention, MatchesFp64AndFiniteDifferences) {
       for (int64_t t = 0; t < c.T; ++t)
         for (int64_t u = t + 1; u < c.T; ++u) ASSERT_EQ(r.att[(bh * c.T + t) * c.T + u], 0.0f);
     if (!c.finite_differences) continue;
-    VecD num = numeric_grad(
-        [&](const VecD& x) { return f64::attention(x, c.B, c.T, c.C, c.NH); }, to_d(qkv),
-        to_d(dout));
+    VecD num = numeric_grad([&](const VecD& x) { return f64::attention(x, c.B, c.T, c.C, c.NH); },
+                            to_d(qkv), to_d(dout));
     EXPECT_TRUE(close_nmse(r.dqkv, num, kTolGrad, "dqkv ref vs finite differences " + name(c)));
   }
 }

@@ -20,11 +20,13 @@ struct CeCase {
   int64_t N, V;
   uint64_t seed;
   bool finite_differences;
-  float scale;          // logits of scale 4 make some rows confident (loss near 0)
-  float dominant = 0;   // when non-zero: logits[5], a dominant logit
+  float scale;         // logits of scale 4 make some rows confident (loss near 0)
+  float dominant = 0;  // when non-zero: logits[5], a dominant logit
 };
 const CeCase kCases[] = {
-    {7, 13, 1, true, 1.0f}, {1, 2, 2, true, 1.0f}, {1, 2, 2, false, 4.0f},
+    {7, 13, 1, true, 1.0f},
+    {1, 2, 2, true, 1.0f},
+    {1, 2, 2, false, 4.0f},
     {5, 3, 5, false, 4.0f},
     {3, 1, 3, false, 4.0f},  // a single class: loss 0, gradient 0
     {23, 1001, 90, false, 3.0f, 80.0f},
@@ -37,8 +39,8 @@ struct CeInputs {
   float dloss;
 };
 CeInputs inputs(const CeCase& c) {
-  CeInputs in{randn(c.N * c.V, c.seed, c.scale), randint(c.N, c.seed + 1, static_cast<int32_t>(c.V)),
-              1.0f / static_cast<float>(c.N)};
+  CeInputs in{randn(c.N * c.V, c.seed, c.scale),
+              randint(c.N, c.seed + 1, static_cast<int32_t>(c.V)), 1.0f / static_cast<float>(c.N)};
   if (c.dominant != 0) in.logits[5] = c.dominant;
   return in;
 }
@@ -84,9 +86,9 @@ TEST(ReferenceCrossEntropy, MatchesFp64AndFiniteDifferences) {
                            "loss ref vs fp64" + nm));
     if (!c.finite_differences) continue;
     VecD g(static_cast<size_t>(c.N), in.dloss);
-    VecD num = numeric_grad(
-        [&](const VecD& x) { return f64::crossentropy(x, in.targets, c.N, c.V); },
-        to_d(in.logits), g);
+    VecD num =
+        numeric_grad([&](const VecD& x) { return f64::crossentropy(x, in.targets, c.N, c.V); },
+                     to_d(in.logits), g);
     EXPECT_TRUE(close_nmse(rd, num, kTolGrad, "dlogits ref vs finite differences" + nm));
   }
 }

@@ -102,8 +102,9 @@ TEST_P(Elementwise, CopyConvertsBetweenFloatTypes) {
 // NaN, inf): byte for byte what the reference gives.
 TEST_P(Elementwise, CopyConvertsLikeTheReference) {
   Vec x = randn(4099, 2, 3.0f);
-  Vec edges = {0.0f, -0.0f, 1.0f + 1.0f / 256, 65504.0f, 65520.0f, 1e-7f, 6e-8f, 3e-5f,
-               1e30f, -1e30f, NAN, INFINITY, -INFINITY, 1.00390625f, 1.01171875f};
+  Vec edges = {
+      0.0f,   -0.0f, 1.0f + 1.0f / 256, 65504.0f,  65520.0f,    1e-7f,      6e-8f, 3e-5f, 1e30f,
+      -1e30f, NAN,   INFINITY,          -INFINITY, 1.00390625f, 1.01171875f};
   x.insert(x.end(), edges.begin(), edges.end());
   Shape s{static_cast<int64_t>(x.size())};
   DType fl[] = {DType::f32, DType::f16, DType::bf16};
@@ -148,7 +149,8 @@ TEST_P(Elementwise, AddAccumulateScale) {
       ASSERT_EQ(res[0][1][i], a[i] + b[i]);
       ASSERT_EQ(res[0][2][i], b[i] * -0.375f);
     }
-    for (int j = 0; j < 3; ++j) EXPECT_EQ(res[1][j], res[0][j]) << id() << " n " << n << " op " << j;
+    for (int j = 0; j < 3; ++j)
+      EXPECT_EQ(res[1][j], res[0][j]) << id() << " n " << n << " op " << j;
   }
 }
 

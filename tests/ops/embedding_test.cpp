@@ -87,8 +87,10 @@ TEST(ReferenceEmbedding, MatchesFp64AndFiniteDifferences) {
                          "out ref vs fp64"));
   // Against central differences of the forward, plus the initial values (+=).
   VecD g = to_d(dout);
-  VecD ne = numeric_grad([&](const VecD& e) { return f64::embedding(tokens, e, to_d(wpe), B, T, C); }, to_d(wte), g);
-  VecD np = numeric_grad([&](const VecD& p) { return f64::embedding(tokens, to_d(wte), p, B, T, C); }, to_d(wpe), g);
+  VecD ne = numeric_grad(
+      [&](const VecD& e) { return f64::embedding(tokens, e, to_d(wpe), B, T, C); }, to_d(wte), g);
+  VecD np = numeric_grad(
+      [&](const VecD& p) { return f64::embedding(tokens, to_d(wte), p, B, T, C); }, to_d(wpe), g);
   for (size_t i = 0; i < ne.size(); ++i) ne[i] += dwte0[i];
   for (size_t i = 0; i < np.size(); ++i) np[i] += dwpe0[i];
   EXPECT_TRUE(close_nmse(r.dwte, ne, kTolGrad, "dwte vs finite differences"));

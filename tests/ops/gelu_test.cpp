@@ -33,8 +33,8 @@ TEST_P(Gelu, MatchesReference) {
 }
 
 TEST_P(Gelu, ExtremeValues) {
-  Vec x = {0.0f, -0.0f, 1e-30f, -1e-30f, 20.0f, -20.0f, 100.0f, -100.0f, 1e30f, -1e30f,
-           INFINITY, -INFINITY, NAN};
+  Vec x = {0.0f,    -0.0f, 1e-30f, -1e-30f,  20.0f,     -20.0f, 100.0f,
+           -100.0f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN};
   Vec dout(x.size(), 1.0f);
   auto [ro, rd] = run(ref(), x, dout);
   auto [fo, fd] = run(dev(), x, dout);
@@ -55,7 +55,8 @@ TEST(ReferenceGelu, MatchesFp64) {
   for (int64_t n : {1, 7, 1001, 100003}) {
     Vec x = randn(n, 1 + n, 3.0f), dout = randn(n, 2 + n);
     auto [ro, rd] = run(ref(), x, dout);
-    EXPECT_TRUE(close_nmse(ro, f64::gelu(to_d(x)), kTolF64, "out ref vs fp64 n=" + std::to_string(n)));
+    EXPECT_TRUE(
+        close_nmse(ro, f64::gelu(to_d(x)), kTolF64, "out ref vs fp64 n=" + std::to_string(n)));
   }
 }
 

@@ -20,7 +20,7 @@ LnOut run(Device& d, const Shape& xs, const Vec& x, const Vec& w, const Vec& b, 
   Tensor td = upload(d, xs, dout), tdx = upload(d, xs, dx0);
   Tensor tdw = upload(d, {C}, dw0), tdb = upload(d, {C}, db0);
   d.layernorm_backward(tdx, tdw, tdb, td, tx, tw, tm, tr);
-  return {download(d, to), download(d, tm), download(d, tr),
+  return {download(d, to),  download(d, tm),  download(d, tr),
           download(d, tdx), download(d, tdw), download(d, tdb)};
 }
 
@@ -31,8 +31,11 @@ struct LnCase {
   float big_first_row = 0;  // added to the first row: a large mean
 };
 const LnCase kCases[] = {
-    {{14, 12}, 1, true},        {{3, 5}, 2, true},  {{1, 1}, 3, false},
-    {{1037, 96}, 4, false},     {{2, 19, 77}, 70, false, 100.0f},
+    {{14, 12}, 1, true},
+    {{3, 5}, 2, true},
+    {{1, 1}, 3, false},
+    {{1037, 96}, 4, false},
+    {{2, 19, 77}, 70, false, 100.0f},
 };
 
 struct LnInputs {
@@ -42,7 +45,7 @@ LnInputs inputs(const LnCase& c) {
   int64_t C = c.shape[-1], N = c.shape.numel() / C;
   uint64_t s = c.seed;
   LnInputs in{randn(N * C, s, 2.0f), randn(C, s + 1), randn(C, s + 2), randn(N * C, s + 3),
-              randn(N * C, s + 4), randn(C, s + 5), randn(C, s + 6)};
+              randn(N * C, s + 4),   randn(C, s + 5), randn(C, s + 6)};
   for (auto& v : in.x) v += 0.5f;  // a non-zero mean
   for (int64_t i = 0; i < C; ++i) in.x[i] += c.big_first_row;
   return in;
@@ -94,9 +97,15 @@ TEST(ReferenceLayerNorm, MatchesFp64AndFiniteDifferences) {
       for (size_t i = 0; i < n.size(); ++i) n[i] += init[i];
       return n;
     };
-    VecD nx = numeric_grad([&](const VecD& xx) { return f64::layernorm(xx, to_d(w), to_d(b), N, C, 1e-5); }, to_d(x), g);
-    VecD nw = numeric_grad([&](const VecD& ww) { return f64::layernorm(to_d(x), ww, to_d(b), N, C, 1e-5); }, to_d(w), g);
-    VecD nb = numeric_grad([&](const VecD& bb) { return f64::layernorm(to_d(x), to_d(w), bb, N, C, 1e-5); }, to_d(b), g);
+    VecD nx = numeric_grad(
+        [&](const VecD& xx) { return f64::layernorm(xx, to_d(w), to_d(b), N, C, 1e-5); }, to_d(x),
+        g);
+    VecD nw = numeric_grad(
+        [&](const VecD& ww) { return f64::layernorm(to_d(x), ww, to_d(b), N, C, 1e-5); }, to_d(w),
+        g);
+    VecD nb = numeric_grad(
+        [&](const VecD& bb) { return f64::layernorm(to_d(x), to_d(w), bb, N, C, 1e-5); }, to_d(b),
+        g);
     // (+=): the device adds to the initial values.
     EXPECT_TRUE(close_nmse(r.dx, plus(nx, in.dx0), kTolGrad, "dx ref vs finite differences" + nm));
     EXPECT_TRUE(close_nmse(r.dw, plus(nw, in.dw0), kTolGrad, "dw ref vs finite differences" + nm));

@@ -71,7 +71,8 @@ struct Inputs {
   Vec a, b, c0, bias;
 };
 Inputs inputs(const MatmulCase& c) {
-  int64_t na = (c.a_batched ? c.batch : 1) * c.M * c.K, nb = (c.b_batched ? c.batch : 1) * c.K * c.N;
+  int64_t na = (c.a_batched ? c.batch : 1) * c.M * c.K,
+          nb = (c.b_batched ? c.batch : 1) * c.K * c.N;
   return {randn(static_cast<size_t>(na), c.seed), randn(static_cast<size_t>(nb), c.seed + 1),
           randn(static_cast<size_t>(c.batch * c.M * c.N), c.seed + 2),
           randn(static_cast<size_t>(c.N), c.seed + 3)};
@@ -124,13 +125,27 @@ class MatmulTable : public DeviceTest {
   }
 };
 
-TEST_P(MatmulTable, EveryTransposeOddSizes) { run_group("odd"); }
-TEST_P(MatmulTable, BatchedAndBroadcast) { run_group("batched"); }
-TEST_P(MatmulTable, BiasAlphaBeta) { run_group("bias"); }
-TEST_P(MatmulTable, Vec4Sizes) { run_group("vec4"); }
-TEST_P(MatmulTable, WholeBlocksAndEdgesK8) { run_group("blocks"); }
-TEST_P(MatmulTable, LargerThanOneThreadBlock) { run_group("large"); }
-TEST_P(MatmulTable, LongKInPieces) { run_group("longk"); }
+TEST_P(MatmulTable, EveryTransposeOddSizes) {
+  run_group("odd");
+}
+TEST_P(MatmulTable, BatchedAndBroadcast) {
+  run_group("batched");
+}
+TEST_P(MatmulTable, BiasAlphaBeta) {
+  run_group("bias");
+}
+TEST_P(MatmulTable, Vec4Sizes) {
+  run_group("vec4");
+}
+TEST_P(MatmulTable, WholeBlocksAndEdgesK8) {
+  run_group("blocks");
+}
+TEST_P(MatmulTable, LargerThanOneThreadBlock) {
+  run_group("large");
+}
+TEST_P(MatmulTable, LongKInPieces) {
+  run_group("longk");
+}
 CT_INSTANTIATE_DEVICE_SUITE(MatmulTable);
 
 // The reference against fp64, every case of the table.
@@ -190,17 +205,21 @@ TEST(ReferenceMatmul, GradientsMatchFiniteDifferences) {
   Tensor tx = upload(d, {M, K}, x), tw = upload(d, {N, K}, w), tdy = upload(d, {M, N}, dy);
   Tensor dx = upload(d, {M, K}, Vec(M * K, 0.0f)), dw = upload(d, {N, K}, Vec(N * K, 0.0f));
   Tensor db = upload(d, {N}, Vec(N, 0.0f));
-  d.matmul(dx, tdy, tw, false, false);          // dx = dy W
+  d.matmul(dx, tdy, tw, false, false);             // dx = dy W
   d.matmul(dw, tdy, tx, true, false, 1.0f, 1.0f);  // dw += dy^T x
   d.bias_backward(db, tdy);
   VecD g = to_d(dy);
-  VecD nx = numeric_grad([&](const VecD& xx) { return f64::matmul(xx, to_d(w), M, N, K, false, true); }, to_d(x), g);
-  VecD nw = numeric_grad([&](const VecD& ww) { return f64::matmul(to_d(x), ww, M, N, K, false, true); }, to_d(w), g);
-  VecD nb = numeric_grad([&](const VecD& bb) {
-    VecD y(M * N);
-    for (int64_t i = 0; i < M * N; ++i) y[i] = bb[i % N];
-    return y;
-  }, VecD(N, 0.0), g);
+  VecD nx = numeric_grad(
+      [&](const VecD& xx) { return f64::matmul(xx, to_d(w), M, N, K, false, true); }, to_d(x), g);
+  VecD nw = numeric_grad(
+      [&](const VecD& ww) { return f64::matmul(to_d(x), ww, M, N, K, false, true); }, to_d(w), g);
+  VecD nb = numeric_grad(
+      [&](const VecD& bb) {
+        VecD y(M * N);
+        for (int64_t i = 0; i < M * N; ++i) y[i] = bb[i % N];
+        return y;
+      },
+      VecD(N, 0.0), g);
   EXPECT_TRUE(close_nmse(download(d, dx), nx, kTolGrad, "dx"));
   EXPECT_TRUE(close_nmse(download(d, dw), nw, kTolGrad, "dw"));
   EXPECT_TRUE(close_nmse(download(d, db), nb, kTolGrad, "db"));

@@ -3,6 +3,8 @@
 // table, the codes, their neighbours and the midpoints between them, zeros, infinities and NaNs;
 // through operator() and through encode() (the vectorised per-block path, with its division);
 // for both dynamic codes and for other sorted tables (wider spans, and one too wide to use).
+#include "backends/cpu/nearest_code.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +14,6 @@
 #include <vector>
 
 #include "backends/cpu/kernels.h"
-#include "backends/cpu/nearest_code.h"
 #include "core/optim/quant_map.h"
 #include "core/philox.h"
 
@@ -39,13 +40,30 @@ uint32_t bits_of(float x) {
 // raw random bit patterns (any float, NaNs and denormals included).
 std::vector<float> probe_values(const float* code) {
   const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, -2.0f, inf, -inf,
-                           std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                           from_bits(0x7f800001u), from_bits(0xffc00001u),
-                           std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min(),
-                           std::numeric_limits<float>::min(), -std::numeric_limits<float>::min(),
-                           std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
-                           1e-7f, -1e-7f, 0.5f, -0.5f, 0.1f, -0.1f};
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           -1.0f,
+                           2.0f,
+                           -2.0f,
+                           inf,
+                           -inf,
+                           std::numeric_limits<float>::quiet_NaN(),
+                           -std::numeric_limits<float>::quiet_NaN(),
+                           from_bits(0x7f800001u),
+                           from_bits(0xffc00001u),
+                           std::numeric_limits<float>::denorm_min(),
+                           -std::numeric_limits<float>::denorm_min(),
+                           std::numeric_limits<float>::min(),
+                           -std::numeric_limits<float>::min(),
+                           std::numeric_limits<float>::max(),
+                           -std::numeric_limits<float>::max(),
+                           1e-7f,
+                           -1e-7f,
+                           0.5f,
+                           -0.5f,
+                           0.1f,
+                           -0.1f};
   for (int i = 0; i < 256; ++i) {
     xs.push_back(code[i]);
     float c = code[i];
@@ -67,8 +85,10 @@ std::vector<float> probe_values(const float* code) {
     }
   }
   for (uint32_t p = 0; p < (1u << (32 - NearestCode::kKeyShift)); ++p) {  // interval ends
-    const uint32_t lo_key = p << NearestCode::kKeyShift, hi_key = lo_key | ((1u << NearestCode::kKeyShift) - 1);
-    for (uint32_t k : {lo_key, hi_key}) xs.push_back(from_bits((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k));
+    const uint32_t lo_key = p << NearestCode::kKeyShift,
+                   hi_key = lo_key | ((1u << NearestCode::kKeyShift) - 1);
+    for (uint32_t k : {lo_key, hi_key})
+      xs.push_back(from_bits((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k));
   }
   Philox rng(7, 0);
   const uint64_t n = 1u << 20;
@@ -90,8 +110,8 @@ void expect_same_as_search(const float* code, const NearestCode& nc) {
   for (float x : xs) {
     const uint8_t want = quantize_nearest(code, x), got = nc(x);
     if (got != want && ++bad <= 5)
-      ADD_FAILURE() << "x = " << x << " (bits " << std::hex << bits_of(x) << std::dec << "): "
-                    << int(got) << " instead of " << int(want);
+      ADD_FAILURE() << "x = " << x << " (bits " << std::hex << bits_of(x) << std::dec
+                    << "): " << int(got) << " instead of " << int(want);
   }
   EXPECT_EQ(bad, 0u) << "of " << xs.size() << " values";
 
@@ -108,7 +128,8 @@ void expect_same_as_search(const float* code, const NearestCode& nc) {
   for (size_t b = 0; b < xs.size(); b += 256) {
     const int64_t len = static_cast<int64_t>(std::min<size_t>(256, xs.size() - b));
     nc.encode(scaled.data() + b, absmax, out.data() + b, len);
-    for (int64_t j = 0; j < len; ++j) bad += out[b + j] != quantize_nearest(code, scaled[b + j] / absmax);
+    for (int64_t j = 0; j < len; ++j)
+      bad += out[b + j] != quantize_nearest(code, scaled[b + j] / absmax);
   }
   EXPECT_EQ(bad, 0u) << "encode, absmax " << absmax;
   nc.encode(scaled.data(), 0.0f, out.data(), 256);  // an all-zero block: everything is x = 0

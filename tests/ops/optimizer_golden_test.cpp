@@ -28,7 +28,9 @@ const json& golden() {
   return j;
 }
 
-Vec vec(const json& a) { return a.get<Vec>(); }
+Vec vec(const json& a) {
+  return a.get<Vec>();
+}
 
 struct MaxDiff {
   double worst = 0.0;  // max |got - want|
@@ -64,7 +66,8 @@ double replay(Device& d, const json& c) {
   }
   const int64_t n = shape.numel();
   const std::string tag = op + shape.str() + " on " + d.info().id();
-  Tensor p = upload(d, shape, vec(c["param0"])), g = d.empty(shape, DType::f32, MemCategory::kGrads);
+  Tensor p = upload(d, shape, vec(c["param0"])),
+         g = d.empty(shape, DType::f32, MemCategory::kGrads);
   Tensor gn = upload(d, {1}, {c["grad_norm"].get<float>()});
   std::map<std::string, Tensor> st;
   auto zeros = [&](const std::string& name, const Shape& s) {
@@ -85,8 +88,10 @@ double replay(Device& d, const json& c) {
     zeros("v_absmax", {quant_blocks(n)});
   }
   if (op == "adafactor") {
-    if (shape.ndim >= 2) zeros("row", {shape[0]}), zeros("col", {shape[1]});
-    else zeros("v", shape);
+    if (shape.ndim >= 2)
+      zeros("row", {shape[0]}), zeros("col", {shape[1]});
+    else
+      zeros("v", shape);
     if (h["beta1"].get<float>() > 0.0f) zeros("exp_avg", shape);
   }
   MaxDiff md;
@@ -104,8 +109,10 @@ double replay(Device& d, const json& c) {
       hp.weight_decay = h["weight_decay"];
       hp.max_grad_norm = h["max_grad_norm"];
       hp.step = step;
-      if (op == "adamw") d.adamw(p, g, st["m"], st["v"], gn, hp);
-      else d.adamw_8bit(p, g, mq, vq, st["m_absmax"], st["v_absmax"], qs, qu, gn, hp);
+      if (op == "adamw")
+        d.adamw(p, g, st["m"], st["v"], gn, hp);
+      else
+        d.adamw_8bit(p, g, mq, vq, st["m_absmax"], st["v_absmax"], qs, qu, gn, hp);
     } else if (op == "sgd") {
       SgdHyper hp;
       hp.lr = h["lr"];

@@ -89,8 +89,10 @@ OpRun run_op(Device& d, const std::string& op, const Shape& shape, int steps) {
     qs = upload(d, {256}, Vec(dynamic_map_signed().begin(), dynamic_map_signed().end()));
     qu = upload(d, {256}, Vec(dynamic_map_unsigned().begin(), dynamic_map_unsigned().end()));
   } else if (op == "adafactor") {
-    if (shape.ndim == 2) st = {z(shape[0]), z(shape[1]), z(n)};
-    else st = {z(n), z(n)};
+    if (shape.ndim == 2)
+      st = {z(shape[0]), z(shape[1]), z(n)};
+    else
+      st = {z(n), z(n)};
   } else {
     st = {z(n)};
   }
@@ -113,8 +115,10 @@ OpRun run_op(Device& d, const std::string& op, const Shape& shape, int steps) {
       AdafactorHyper h;
       h.relative_step = h.scale_parameter = true;
       h.beta1 = 0.9f, h.weight_decay = 0.01f, h.step = s, h.max_grad_norm = 1.0f;
-      if (shape.ndim == 2) d.adafactor(p, g, st[0], st[1], Tensor{}, st[2], gn, h);
-      else d.adafactor(p, g, Tensor{}, Tensor{}, st[0], st[1], gn, h);
+      if (shape.ndim == 2)
+        d.adafactor(p, g, st[0], st[1], Tensor{}, st[2], gn, h);
+      else
+        d.adafactor(p, g, Tensor{}, Tensor{}, st[0], st[1], gn, h);
     }
   }
   r.param = download(d, p);
@@ -130,27 +134,29 @@ TEST_P(OptimizerOps, MatchesReferenceOverSteps) {
     std::string op;
     Shape shape;
   };
-  for (const Case& c : {Case{"sgd", {100003}}, Case{"lion", {100003}},
-                        Case{"adamw_8bit", {100003}}, Case{"adafactor", {301, 257}},
-                        Case{"adafactor", {70001}}}) {
+  for (const Case& c : {Case{"sgd", {100003}}, Case{"lion", {100003}}, Case{"adamw_8bit", {100003}},
+                        Case{"adafactor", {301, 257}}, Case{"adafactor", {70001}}}) {
     OpRun a = run_op(ref(), c.op, c.shape, 3), b = run_op(dev(), c.op, c.shape, 3);
     std::string tag = c.op + c.shape.str() + " on " + id();
     // Lion's sign() flips where b1 m + (1-b1) g rounds to the other side of 0 in f32 vs f64:
     // count those instead of comparing by MSE.
     if (c.op == "lion") {
       size_t differ = 0;
-      for (size_t i = 0; i < a.param.size(); ++i) differ += std::abs(a.param[i] - b.param[i]) > 1e-6f;
+      for (size_t i = 0; i < a.param.size(); ++i)
+        differ += std::abs(a.param[i] - b.param[i]) > 1e-6f;
       EXPECT_LE(differ, a.param.size() / 10000) << tag;
     } else {
       EXPECT_TRUE(close_nmse(b.param, a.param, tol(), tag + " param"));
     }
     for (size_t k = 0; k < a.state.size(); ++k)
-      EXPECT_TRUE(close_nmse(b.state[k], a.state[k], c.op == "adamw_8bit" ? std::max(1e-9, tol()) : tol(),
+      EXPECT_TRUE(close_nmse(b.state[k], a.state[k],
+                             c.op == "adamw_8bit" ? std::max(1e-9, tol()) : tol(),
                              tag + " state " + std::to_string(k)));
     for (size_t k = 0; k < a.q.size(); ++k) {
       size_t same = 0;
       for (size_t i = 0; i < a.q[k].size(); ++i) {
-        EXPECT_LE(std::abs(int(a.q[k][i]) - int(b.q[k][i])), 1) << tag << " q" << k << "[" << i << "]";
+        EXPECT_LE(std::abs(int(a.q[k][i]) - int(b.q[k][i])), 1)
+            << tag << " q" << k << "[" << i << "]";
         same += a.q[k][i] == b.q[k][i];
       }
       EXPECT_GE(same, a.q[k].size() * 999 / 1000) << tag << " q" << k;
@@ -160,7 +166,8 @@ TEST_P(OptimizerOps, MatchesReferenceOverSteps) {
 
 TEST_P(OptimizerOps, IsDeterministic) {
   CT_REQUIRE_SUPPORT(OpKind::kAdafactor, DType::f32);
-  OpRun a = run_op(dev(), "adafactor", {301, 257}, 2), b = run_op(dev(), "adafactor", {301, 257}, 2);
+  OpRun a = run_op(dev(), "adafactor", {301, 257}, 2),
+        b = run_op(dev(), "adafactor", {301, 257}, 2);
   EXPECT_EQ(a.param, b.param);
   EXPECT_EQ(a.state, b.state);
 }
@@ -174,10 +181,12 @@ TEST_P(OptimizerOps, EightBitStateTracksFp32Adam) {
   Vec p0 = randn(n, 5, 0.5f);
   Tensor p8 = upload(d, {n}, p0), p32 = upload(d, {n}, p0);
   Tensor m = upload(d, {n}, Vec(n, 0.0f)), v = upload(d, {n}, Vec(n, 0.0f));
-  Tensor mq = d.empty({n}, DType::u8, MemCategory::kOptimizer), vq = d.empty({n}, DType::u8, MemCategory::kOptimizer);
+  Tensor mq = d.empty({n}, DType::u8, MemCategory::kOptimizer),
+         vq = d.empty({n}, DType::u8, MemCategory::kOptimizer);
   d.fill(mq, 0.0f);
   d.fill(vq, 0.0f);
-  Tensor ma = upload(d, {n / 256}, Vec(n / 256, 0.0f)), va = upload(d, {n / 256}, Vec(n / 256, 0.0f));
+  Tensor ma = upload(d, {n / 256}, Vec(n / 256, 0.0f)),
+         va = upload(d, {n / 256}, Vec(n / 256, 0.0f));
   Tensor qs = upload(d, {256}, Vec(dynamic_map_signed().begin(), dynamic_map_signed().end()));
   Tensor qu = upload(d, {256}, Vec(dynamic_map_unsigned().begin(), dynamic_map_unsigned().end()));
   AdamWHyper h;
@@ -194,7 +203,8 @@ TEST_P(OptimizerOps, EightBitStateTracksFp32Adam) {
     num += (a[i] - b[i]) * (a[i] - b[i]);
     den += (a[i] - p0[i]) * (a[i] - p0[i]);
   }
-  std::printf("  8-bit vs fp32 AdamW after 10 steps: |dp8 - dp32| / |dp32| = %.4f\n", std::sqrt(num / den));
+  std::printf("  8-bit vs fp32 AdamW after 10 steps: |dp8 - dp32| / |dp32| = %.4f\n",
+              std::sqrt(num / den));
   EXPECT_LT(std::sqrt(num / den), 0.05);
 }
 
@@ -204,10 +214,11 @@ TEST(CpuOptimizerOps, ArgumentChecks) {
   Device& d = ref();
   Tensor p = upload(d, {4, 3}, Vec(12, 1.0f)), g = upload(d, {4, 3}, Vec(12, 0.1f));
   AdafactorHyper h;
-  EXPECT_THROW(d.adafactor(p, g, Tensor{}, Tensor{}, upload(d, {12}, Vec(12, 0.0f)), Tensor{}, Tensor{}, h),
-               Error);
-  EXPECT_THROW(d.adafactor(p, g, upload(d, {3}, Vec(3, 0.0f)), upload(d, {3}, Vec(3, 0.0f)), Tensor{},
-                           Tensor{}, Tensor{}, h),
+  EXPECT_THROW(
+      d.adafactor(p, g, Tensor{}, Tensor{}, upload(d, {12}, Vec(12, 0.0f)), Tensor{}, Tensor{}, h),
+      Error);
+  EXPECT_THROW(d.adafactor(p, g, upload(d, {3}, Vec(3, 0.0f)), upload(d, {3}, Vec(3, 0.0f)),
+                           Tensor{}, Tensor{}, Tensor{}, h),
                Error);
   AdamWHyper a;
   Tensor q = d.empty({12}, DType::u8, MemCategory::kOptimizer);

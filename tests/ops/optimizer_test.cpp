@@ -9,7 +9,9 @@ namespace {
 
 using Optimizer = DeviceTest;
 
-Pair zeros(int64_t n) { return both({n}, Vec(static_cast<size_t>(n), 0.0f)); }
+Pair zeros(int64_t n) {
+  return both({n}, Vec(static_cast<size_t>(n), 0.0f));
+}
 
 // Elements whose parameter moved by more than `tol` differently on the two devices.
 size_t count_differ(const Vec& a, const Vec& b, float tol) {
@@ -34,7 +36,8 @@ TEST_P(Optimizer, SgdMatchesReference) {
         for (int s = 1; s <= 3; ++s) {
           Pair g = both({n}, randn(n, 310 + s, 0.05f));
           h.step = s;
-          Tensor bv = cfg.momentum != 0.0f ? buf.d : Tensor{}, br = cfg.momentum != 0.0f ? buf.r : Tensor{};
+          Tensor bv = cfg.momentum != 0.0f ? buf.d : Tensor{},
+                 br = cfg.momentum != 0.0f ? buf.r : Tensor{};
           dut().sgd(p.d, g.d, bv, max_norm > 0 ? gn.d : Tensor{}, h);
           ref().sgd(p.r, g.r, br, max_norm > 0 ? gn.r : Tensor{}, h);
         }
@@ -91,7 +94,7 @@ Adam8 make_adam8(int64_t n, uint64_t seed) {
 void step_adam8(Adam8& s, const Pair& g, const Pair& gn, const AdamWHyper& h) {
   bool clip = h.max_grad_norm > 0;
   dut().adamw_8bit(s.p.d, g.d, s.mq.d, s.vq.d, s.ma.d, s.va.d, s.qs.d, s.qu.d,
-                  clip ? gn.d : Tensor{}, h);
+                   clip ? gn.d : Tensor{}, h);
   ref().adamw_8bit(s.p.r, g.r, s.mq.r, s.vq.r, s.ma.r, s.va.r, s.qs.r, s.qu.r,
                    clip ? gn.r : Tensor{}, h);
 }

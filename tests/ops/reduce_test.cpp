@@ -22,7 +22,8 @@ using Reduce = DeviceTest;
 // cross-backend tolerance elsewhere.
 TEST_P(Reduce, SumAndNormMatchFp64) {
   double t = same_backend_as_ref() ? kTolF64 : kTol;
-  for (size_t n : {size_t{1}, size_t{7}, size_t{255}, size_t{1000}, size_t{4097}, size_t{1000003}}) {
+  for (size_t n :
+       {size_t{1}, size_t{7}, size_t{255}, size_t{1000}, size_t{4097}, size_t{1000003}}) {
     Vec x = randn(n, n);
     double s = 0.0, q = 0.0;
     for (float v : x) {
@@ -61,7 +62,8 @@ TEST_P(Reduce, CheckFiniteFindsInfAndNan) {
         Tensor tx = upload(d, {static_cast<int64_t>(n)}, x);
         Tensor flag = upload_i32(d, {1}, {0});
         d.check_finite(flag, tx);
-        EXPECT_EQ(download_i32(d, flag)[0], 1) << id() << " n " << n << " bad " << bad << " at " << pos;
+        EXPECT_EQ(download_i32(d, flag)[0], 1)
+            << id() << " n " << n << " bad " << bad << " at " << pos;
       }
     }
     Vec x = randn(n, 4, 1e30f);  // huge but finite

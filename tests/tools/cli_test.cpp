@@ -34,8 +34,9 @@ ProcResult run(const std::string& args) {
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("crosstrain_cli_test_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("crosstrain_cli_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     out_ = (dir_ / "out").string();
@@ -44,19 +45,24 @@ class Cli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
   std::string small() const {
     return "train --no-progress --n-layer 1 --n-head 2 --n-embd 16 --block-size 16 --max-steps 3 "
-           "--sample-tokens 0 --data " + data_ + " --output-dir " + out_;
+           "--sample-tokens 0 --data " +
+           data_ + " --output-dir " + out_;
   }
   void expect_rejected(const std::string& args, const std::string& mention) {
     ProcResult r = run(args);
     EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
-    EXPECT_NE(r.output.find(mention), std::string::npos) << "message should name '" << mention << "':\n" << r.output;
+    EXPECT_NE(r.output.find(mention), std::string::npos)
+        << "message should name '" << mention << "':\n"
+        << r.output;
     EXPECT_FALSE(fs::exists(out_)) << args << " wrote " << out_;
   }
   fs::path dir_;
   std::string out_, data_;
 };
 
-TEST_F(Cli, MissingDataFile) { expect_rejected(small() + " --data /no/such/file.txt", "/no/such/file.txt"); }
+TEST_F(Cli, MissingDataFile) {
+  expect_rejected(small() + " --data /no/such/file.txt", "/no/such/file.txt");
+}
 
 TEST_F(Cli, EmptyDataFile) {
   std::string empty = (dir_ / "empty.txt").string();
@@ -64,17 +70,33 @@ TEST_F(Cli, EmptyDataFile) {
   expect_rejected(small() + " --data " + empty, "empty.txt");
 }
 
-TEST_F(Cli, NonNumericFlag) { expect_rejected(small() + " --max-steps abc", "max-steps"); }
-TEST_F(Cli, OutOfRangeFlag) { expect_rejected(small() + " --max-steps -3", "--max-steps"); }
-TEST_F(Cli, OutOfRangeLearningRate) { expect_rejected(small() + " --learning-rate -1", "--learning-rate"); }
-TEST_F(Cli, HeadsMustDivideWidth) { expect_rejected(small() + " --n-head 3", "--n-head"); }
-TEST_F(Cli, UnknownModel) { expect_rejected(small() + " --model gpt5", "gpt5"); }
-TEST_F(Cli, UnknownBackend) { expect_rejected(small() + " --backend tpu", "tpu"); }
-TEST_F(Cli, UnknownScheduler) { expect_rejected(small() + " --lr-scheduler-type step", "--lr-scheduler-type"); }
+TEST_F(Cli, NonNumericFlag) {
+  expect_rejected(small() + " --max-steps abc", "max-steps");
+}
+TEST_F(Cli, OutOfRangeFlag) {
+  expect_rejected(small() + " --max-steps -3", "--max-steps");
+}
+TEST_F(Cli, OutOfRangeLearningRate) {
+  expect_rejected(small() + " --learning-rate -1", "--learning-rate");
+}
+TEST_F(Cli, HeadsMustDivideWidth) {
+  expect_rejected(small() + " --n-head 3", "--n-head");
+}
+TEST_F(Cli, UnknownModel) {
+  expect_rejected(small() + " --model gpt5", "gpt5");
+}
+TEST_F(Cli, UnknownBackend) {
+  expect_rejected(small() + " --backend tpu", "tpu");
+}
+TEST_F(Cli, UnknownScheduler) {
+  expect_rejected(small() + " --lr-scheduler-type step", "--lr-scheduler-type");
+}
 TEST_F(Cli, DelayedUpdateNeedsOffload) {
   expect_rejected(small() + " --offload-delayed-update", "--offload-optimizer");
 }
-TEST_F(Cli, DeviceIndexOutOfRange) { expect_rejected(small() + " --backend cpu:9", "cpu:0"); }
+TEST_F(Cli, DeviceIndexOutOfRange) {
+  expect_rejected(small() + " --backend cpu:9", "cpu:0");
+}
 
 TEST_F(Cli, UnderscoreFlagsAndEvalJson) {
   ProcResult t = run(small() + " --max_steps 4 --per_device_train_batch_size 2");

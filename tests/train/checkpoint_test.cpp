@@ -1,5 +1,7 @@
 // Checkpoints: resume is bit-exact, `latest` finds the newest complete one, damaged or foreign
 // checkpoints are refused with a message naming the file, and old ones are pruned.
+#include "core/train/checkpoint.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,7 +13,6 @@
 
 #include "core/error.h"
 #include "core/io/read_file.h"
-#include "core/train/checkpoint.h"
 #include "core/train/trainer.h"
 #include "tests/train/train_test_util.h"
 
@@ -21,9 +22,7 @@ namespace fs = std::filesystem;
 
 class Checkpoints : public ::testing::Test {
  protected:
-  void SetUp() override {
-    root_ = testing::fresh_temp_dir("ckpt");
-  }
+  void SetUp() override { root_ = testing::fresh_temp_dir("ckpt"); }
   void TearDown() override { fs::remove_all(root_); }
 
   TrainArgs args(const std::string& out) const {
@@ -46,7 +45,6 @@ class Checkpoints : public ::testing::Test {
     }
   }
 };
-
 
 // K steps, then a second run resumes and trains K more: the same losses and weight bytes as 2K
 // straight (constant schedule, so the first run's --max-steps does not change the rates).
@@ -77,9 +75,10 @@ TEST_F(Checkpoints, InterruptedRunResumesExactly) {
   train(straight);
   TrainArgs resumed = args("resumed");
   fs::create_directories(resumed.output_dir);
-  fs::copy(fs::path(straight.output_dir) / "checkpoint-6", fs::path(resumed.output_dir) / "checkpoint-6",
-           fs::copy_options::recursive);
-  fs::copy(fs::path(straight.output_dir) / "metrics.jsonl", fs::path(resumed.output_dir) / "metrics.jsonl");
+  fs::copy(fs::path(straight.output_dir) / "checkpoint-6",
+           fs::path(resumed.output_dir) / "checkpoint-6", fs::copy_options::recursive);
+  fs::copy(fs::path(straight.output_dir) / "metrics.jsonl",
+           fs::path(resumed.output_dir) / "metrics.jsonl");
   resumed.resume_from_checkpoint = (fs::path(resumed.output_dir) / "checkpoint-6").string();
   train(resumed);
   ASSERT_EQ(testing::read_metrics(resumed.output_dir).size(), 12u);
@@ -95,7 +94,8 @@ TEST_F(Checkpoints, LatestSkipsIncompleteAndLimitPrunes) {
   ASSERT_EQ(kept.size(), 2u);
   EXPECT_EQ(fs::path(kept[0]).filename(), "checkpoint-10");
   EXPECT_EQ(fs::path(kept[1]).filename(), "checkpoint-12");
-  for (const char* f : {"model.safetensors", "optimizer.safetensors", "config.json", "trainer_state.json", "COMPLETE"})
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "config.json",
+                        "trainer_state.json", "COMPLETE"})
     EXPECT_TRUE(fs::exists(fs::path(kept[1]) / f)) << f;
   // A folder that was being written when a run died has no marker: `latest` passes it over.
   fs::remove(fs::path(kept[1]) / kCheckpointMarker);
@@ -136,9 +136,7 @@ TEST_F(Checkpoints, DamagedFilesAreRefused) {
   fs::remove(ck / "config.json");
   expect_refused(resume, "config.json");
   restore();
-  {
-    std::ofstream(ck / "trainer_state.json", std::ios::app) << " ";
-  }
+  { std::ofstream(ck / "trainer_state.json", std::ios::app) << " "; }
   expect_refused(resume, "trainer_state.json");
   restore();
   TrainArgs other = resume;

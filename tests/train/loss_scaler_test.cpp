@@ -1,17 +1,18 @@
 // fp16 dynamic loss scaling through the trainer: overflowing steps are skipped without touching
 // parameters or optimizer state, the scale backs off, training then proceeds; a loss that stays
 // non-finite stops the run with a diagnostic. Plus the scaler's own schedule.
+#include "core/amp/loss_scaler.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 #include <string>
 
-#include "core/amp/loss_scaler.h"
+#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/io/safetensors.h"
 #include "core/model/gpt2.h"
-#include "backends/cpu/cpu_backend.h"
 #include "core/registry.h"
 #include "core/train/trainer.h"
 #include "tests/train/train_test_util.h"
@@ -56,7 +57,8 @@ TEST(LossScaler, SkippedStepsLeaveWeightsAndStateUntouched) {
   // Steps 1..5 all overflowed: skipped, scale halved each time.
   EXPECT_EQ(recs[4]["skipped_steps"].get<int64_t>(), 5);
   EXPECT_EQ(recs[4]["loss_scale"].get<double>(), 1099511627776.0 / 32);
-  EXPECT_LT(recs.back()["skipped_steps"].get<int64_t>(), 30) << "the scale should come down to a usable value";
+  EXPECT_LT(recs.back()["skipped_steps"].get<int64_t>(), 30)
+      << "the scale should come down to a usable value";
   EXPECT_LT(s.final_loss, s.first_loss);
 
   // After 5 skipped steps the checkpoint holds exactly the initial weights and zero moments.
@@ -71,7 +73,8 @@ TEST(LossScaler, SkippedStepsLeaveWeightsAndStateUntouched) {
   auto expected = init.download_param_map();
   SafetensorsFile w = read_safetensors((out / "checkpoint-5" / "model.safetensors").string());
   for (const auto& [name, values] : expected)
-    EXPECT_EQ(std::memcmp(w.data(name).data(), values.data(), values.size() * sizeof(float)), 0) << name;
+    EXPECT_EQ(std::memcmp(w.data(name).data(), values.data(), values.size() * sizeof(float)), 0)
+        << name;
   SafetensorsFile o = read_safetensors((out / "checkpoint-5" / "optimizer.safetensors").string());
   for (const auto& name : o.names()) {
     auto bytes = o.data(name);

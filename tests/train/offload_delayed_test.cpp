@@ -40,7 +40,9 @@ struct Case {
   int64_t save_steps = 0;
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 TrainArgs case_args(const Case& c, const fs::path& out) {
   TrainArgs a = testing::small_model_args(out);
@@ -79,8 +81,11 @@ Reference reference(const TrainArgs& a) {
   cfg.n_embd = a.n_embd;
   cfg.block_size = a.block_size;
   GPT2Options mo;
-  mo.policy = PrecisionPolicy::make(a.fp16 ? Precision::kFp16 : a.bf16 ? Precision::kBf16 : Precision::kFp32);
-  const int B = a.per_device_train_batch_size, T = cfg.block_size, accum = a.gradient_accumulation_steps;
+  mo.policy = PrecisionPolicy::make(a.fp16   ? Precision::kFp16
+                                    : a.bf16 ? Precision::kBf16
+                                             : Precision::kFp32);
+  const int B = a.per_device_train_batch_size, T = cfg.block_size,
+            accum = a.gradient_accumulation_steps;
   GPT2 model(*dev, cfg, true, mo);
   model.init(a.seed);
   model.allocate_activations(B, T);
@@ -154,12 +159,14 @@ std::vector<float> read_flat(const fs::path& file, const TrainArgs& a) {
   for (const ParamInfo& p : gpt2_param_table(cfg)) {
     auto bytes = f.data(p.name);
     EXPECT_EQ(bytes.size(), static_cast<size_t>(p.numel) * sizeof(float)) << p.name;
-    std::memcpy(flat.data() + p.offset, bytes.data(), std::min(bytes.size(), static_cast<size_t>(p.numel) * 4));
+    std::memcpy(flat.data() + p.offset, bytes.data(),
+                std::min(bytes.size(), static_cast<size_t>(p.numel) * 4));
   }
   return flat;
 }
 
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+void expect_close(const std::vector<float>& got, const std::vector<float>& want,
+                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double worst = 0;
   size_t at = 0;
@@ -167,7 +174,8 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     const double d = std::abs(static_cast<double>(got[i]) - want[i]) / (1e-3 + std::abs(want[i]));
     if (d > worst) worst = d, at = i;
   }
-  EXPECT_LE(worst, 1e-5) << what << ": element " << at << " is " << got[at] << ", reference " << want[at];
+  EXPECT_LE(worst, 1e-5) << what << ": element " << at << " is " << got[at] << ", reference "
+                         << want[at];
 }
 
 class DelayedUpdate : public ::testing::TestWithParam<Case> {
@@ -185,7 +193,8 @@ TEST_P(DelayedUpdate, EqualsTheExplicitReference) {
   auto recs = testing::read_metrics(out_);
   ASSERT_EQ(recs.size(), ref.losses.size());
   for (size_t i = 0; i < recs.size(); ++i)
-    EXPECT_NEAR(recs[i]["loss"].get<double>(), ref.losses[i], 1e-6 * ref.losses[i]) << "step " << i + 1;
+    EXPECT_NEAR(recs[i]["loss"].get<double>(), ref.losses[i], 1e-6 * ref.losses[i])
+        << "step " << i + 1;
   expect_close(read_flat(out_ / "model.safetensors", a), ref.final_params, "final weights");
   // A checkpoint holds the weights after as many updates as its optimizer state.
   for (size_t k = 0; k < ref.saved.size(); ++k) {
@@ -195,16 +204,18 @@ TEST_P(DelayedUpdate, EqualsTheExplicitReference) {
   }
   if (c.fp16) {
     EXPECT_GT(recs.back()["skipped_steps"].get<int64_t>(), 0) << "the case should skip steps";
-    EXPECT_LE(recs.back()["skipped_steps"].get<int64_t>(), a.max_steps - 4) << "and then update a few times";
+    EXPECT_LE(recs.back()["skipped_steps"].get<int64_t>(), a.max_steps - 4)
+        << "and then update a few times";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Offload, DelayedUpdate,
-    ::testing::Values(Case{"adamw"}, Case{"adamw_8bit", "adamw_8bit"}, Case{"adafactor", "adafactor"},
-                      Case{"bf16_accum2", "adamw", true, false, 2}, Case{"fp16_skips", "adamw", false, true},
-                      Case{"checkpoints", "adamw", false, false, 1, 3}),
-    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Offload, DelayedUpdate,
+                         ::testing::Values(Case{"adamw"}, Case{"adamw_8bit", "adamw_8bit"},
+                                           Case{"adafactor", "adafactor"},
+                                           Case{"bf16_accum2", "adamw", true, false, 2},
+                                           Case{"fp16_skips", "adamw", false, true},
+                                           Case{"checkpoints", "adamw", false, false, 1, 3}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // The schedule is really delayed (the test above would pass vacuously if the delayed run were
 // synchronous): step 3's loss differs from the synchronous offload run's, steps 1-2 do not.

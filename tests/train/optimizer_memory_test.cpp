@@ -25,13 +25,19 @@ int64_t expected_bytes(const GPT2& m, OptimKind k) {
   for (const ParamInfo& p : m.params()) {
     const int64_t C = p.shape[p.shape.ndim - 1], R = p.numel / C;
     switch (k) {
-      case OptimKind::kAdamW: b += 8 * p.numel; break;
+      case OptimKind::kAdamW:
+        b += 8 * p.numel;
+        break;
       case OptimKind::kAdamW8bit:
         b += p.numel >= 4096 ? 2 * p.numel + 8 * quant_blocks(p.numel) : 8 * p.numel;
         break;
-      case OptimKind::kAdafactor: b += p.shape.ndim >= 2 ? 4 * (R + C) : 4 * p.numel; break;
+      case OptimKind::kAdafactor:
+        b += p.shape.ndim >= 2 ? 4 * (R + C) : 4 * p.numel;
+        break;
       case OptimKind::kLion:
-      case OptimKind::kSgd: b += 4 * p.numel; break;
+      case OptimKind::kSgd:
+        b += 4 * p.numel;
+        break;
     }
   }
   if (k == OptimKind::kAdamW8bit) b += 2 * 256 * 4;  // the two code tables
@@ -49,7 +55,8 @@ TEST(OptimizerMemory, BytesPerParameterMatchTheFormulas) {
     s.momentum = 0.9;
     const int64_t before = dev->memory().current[static_cast<int>(MemCategory::kOptimizer)];
     std::unique_ptr<Optimizer> opt = make_optimizer(model, s);
-    const int64_t accounted = dev->memory().current[static_cast<int>(MemCategory::kOptimizer)] - before;
+    const int64_t accounted =
+        dev->memory().current[static_cast<int>(MemCategory::kOptimizer)] - before;
     EXPECT_EQ(accounted, expected_bytes(model, k)) << optim_name(k);
     EXPECT_EQ(opt->state_bytes(), accounted) << optim_name(k);
     std::printf("  %-10s %.3f optimizer bytes / parameter (%lld parameters)\n", optim_name(k),
@@ -82,7 +89,8 @@ TEST(OptimizerMemory, OffloadKeepsTheStateOffTheDevice) {
   EXPECT_TRUE(opt->offloaded());
   EXPECT_EQ(opt->state_bytes(), 8 * model.num_parameters());
   EXPECT_EQ(opt->name(), "adamw");
-  for (const NamedTensor& t : opt->state()) EXPECT_NE(&t.tensor.buffer->device(), dev.get()) << t.name;
+  for (const NamedTensor& t : opt->state())
+    EXPECT_NE(&t.tensor.buffer->device(), dev.get()) << t.name;
 }
 
 TEST(OptimizerMemory, NamesAndAliases) {

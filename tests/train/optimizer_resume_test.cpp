@@ -44,8 +44,12 @@ class OptimizerRuns : public ::testing::TestWithParam<std::string> {
     a.max_eval_batches = 1;
     return a;
   }
-  static std::vector<nlohmann::json> records(const std::string& dir) { return testing::read_metrics(dir); }
-  static void expect_same(const std::string& a, const std::string& b) { testing::expect_same_run(a, b); }
+  static std::vector<nlohmann::json> records(const std::string& dir) {
+    return testing::read_metrics(dir);
+  }
+  static void expect_same(const std::string& a, const std::string& b) {
+    testing::expect_same_run(a, b);
+  }
   fs::path root_;
 };
 
@@ -60,9 +64,10 @@ TEST_P(OptimizerRuns, ResumeIsBitExactAndLossFalls) {
   // A run interrupted after checkpoint-4, resumed in another folder.
   TrainArgs resumed = args("resumed");
   fs::create_directories(resumed.output_dir);
-  fs::copy(fs::path(straight.output_dir) / "checkpoint-4", fs::path(resumed.output_dir) / "checkpoint-4",
-           fs::copy_options::recursive);
-  fs::copy(fs::path(straight.output_dir) / "metrics.jsonl", fs::path(resumed.output_dir) / "metrics.jsonl");
+  fs::copy(fs::path(straight.output_dir) / "checkpoint-4",
+           fs::path(resumed.output_dir) / "checkpoint-4", fs::copy_options::recursive);
+  fs::copy(fs::path(straight.output_dir) / "metrics.jsonl",
+           fs::path(resumed.output_dir) / "metrics.jsonl");
   resumed.resume_from_checkpoint = (fs::path(resumed.output_dir) / "checkpoint-4").string();
   train(resumed);
   expect_same(straight.output_dir, resumed.output_dir);
@@ -95,11 +100,13 @@ INSTANTIATE_TEST_SUITE_P(AllOptimizers, OptimizerRuns,
                                            "adamw_8bit+offload+delayed"),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Offloaded, OffloadRuns,
-                         ::testing::Values("adamw+offload", "adamw_8bit+offload", "adafactor+offload"),
+                         ::testing::Values("adamw+offload", "adamw_8bit+offload",
+                                           "adafactor+offload"),
                          param_name);
 
 TEST(OptimizerCheckpoint, AnotherOptimizersStateIsRefused) {
-  fs::path root = fs::temp_directory_path() / ("crosstrain_optim_refuse_" + std::to_string(getpid()));
+  fs::path root =
+      fs::temp_directory_path() / ("crosstrain_optim_refuse_" + std::to_string(getpid()));
   fs::remove_all(root);
   TrainArgs a = testing::small_model_args(root);
   a.n_layer = 1;

@@ -1,7 +1,8 @@
 // End-to-end training on the CPU backend with a small GPT: the loss falls, the run is
 // reproducible, and the files written load back.
-#include <gtest/gtest.h>
+#include "core/train/trainer.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -11,13 +12,12 @@
 #include <vector>
 
 #include "core/data/text_dataset.h"
-#include "core/error.h"
 #include "core/data/tokenizer.h"
+#include "core/error.h"
 #include "core/registry.h"
 #include "core/train/evaluate.h"
 #include "core/train/model_files.h"
 #include "core/train/schedule.h"
-#include "core/train/trainer.h"
 #include "tests/train/train_test_util.h"
 
 namespace ct {
@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
 
 using testing::read_metrics;
 
-fs::path temp_dir(const std::string& name) { return testing::fresh_temp_dir("train_" + name); }
+fs::path temp_dir(const std::string& name) {
+  return testing::fresh_temp_dir("train_" + name);
+}
 
 TrainArgs small_args(const fs::path& out) {
   TrainArgs a = testing::small_model_args(out);
@@ -45,7 +47,8 @@ TEST(Trainer, LossFallsAndFilesAreWritten) {
   fs::path out = temp_dir("falls");
   TrainSummary s = train(small_args(out));
   EXPECT_EQ(s.steps, 60);
-  EXPECT_LT(s.final_loss, s.first_loss - 1.0) << "first " << s.first_loss << " final " << s.final_loss;
+  EXPECT_LT(s.final_loss, s.first_loss - 1.0)
+      << "first " << s.first_loss << " final " << s.final_loss;
   EXPECT_TRUE(std::isfinite(s.eval_loss));
   EXPECT_EQ(s.sample.size(), std::string("The ").size() + 16);
 
@@ -54,13 +57,15 @@ TEST(Trainer, LossFallsAndFilesAreWritten) {
   for (size_t i = 0; i < recs.size(); ++i) {
     const auto& r = recs[i];
     EXPECT_EQ(r["step"].get<int64_t>(), static_cast<int64_t>(10 * (i + 1)));
-    for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s"}) EXPECT_TRUE(r.contains(key)) << key;
+    for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s"})
+      EXPECT_TRUE(r.contains(key)) << key;
     for (const char* key : {"weights", "grads", "optimizer", "activations", "workspace"})
       EXPECT_GT(r["memory"][key].get<int64_t>(), 0) << key;
     EXPECT_EQ(r.contains("eval_loss"), r["step"] == 30 || r["step"] == 60);
   }
   // AdamW keeps two fp32 moments per parameter.
-  EXPECT_EQ(recs[0]["memory"]["optimizer"].get<int64_t>(), 2 * recs[0]["memory"]["weights"].get<int64_t>());
+  EXPECT_EQ(recs[0]["memory"]["optimizer"].get<int64_t>(),
+            2 * recs[0]["memory"]["weights"].get<int64_t>());
 
   ASSERT_TRUE(fs::exists(out / "model.safetensors"));
   ASSERT_TRUE(fs::exists(out / "config.json"));
@@ -95,7 +100,8 @@ TEST(Trainer, SameSeedSameLosses) {
   bool differs = false;
   for (size_t i = 0; i < ra.size(); ++i) {
     EXPECT_EQ(ra[i]["loss"].get<double>(), rb[i]["loss"].get<double>()) << "step " << i + 1;
-    EXPECT_EQ(ra[i]["grad_norm"].get<double>(), rb[i]["grad_norm"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(ra[i]["grad_norm"].get<double>(), rb[i]["grad_norm"].get<double>())
+        << "step " << i + 1;
     differs |= ra[i]["loss"].get<double>() != rc[i]["loss"].get<double>();
   }
   EXPECT_TRUE(differs) << "another seed should give other losses";

@@ -1,8 +1,8 @@
 // Instance, device listing, memory accounting and errors of the Vulkan backend.
 #include <functional>
 
-#include "tests/vulkan/vulkan_fixture.h"
 #include "core/optim/quant_map.h"
+#include "tests/vulkan/vulkan_fixture.h"
 
 namespace ct::vktest {
 namespace {
@@ -69,14 +69,16 @@ TEST_F(DeviceTest, OutOfMemoryNamesSizeAndLimit) {
 
 TEST_F(DeviceTest, ManySmallBuffersShareBlocks) {
   std::vector<Tensor> ts;
-  for (int i = 0; i < 300; ++i) ts.push_back(vk().empty({i + 1}, DType::f32, MemCategory::kWorkspace));
+  for (int i = 0; i < 300; ++i)
+    ts.push_back(vk().empty({i + 1}, DType::f32, MemCategory::kWorkspace));
   for (int i = 0; i < 300; i += 37) vk().fill(ts[i], static_cast<float>(i));
   for (int i = 0; i < 300; i += 37) EXPECT_EQ(down(vk(), ts[i])[i], static_cast<float>(i));
 }
 
 TEST_F(DeviceTest, ValidationLayerIsOnUnderCtest) {
   const char* v = std::getenv("CROSSTRAIN_VK_VALIDATION");
-  if (!v) GTEST_SKIP() << "CROSSTRAIN_VK_VALIDATION not set (ctest sets it when CT_VK_VALIDATION=ON)";
+  if (!v)
+    GTEST_SKIP() << "CROSSTRAIN_VK_VALIDATION not set (ctest sets it when CT_VK_VALIDATION=ON)";
   bool found = false;
   // The backend's messenger is active: the extra symbol exists and counts from zero.
   EXPECT_EQ(validation_messages(), 0u);
@@ -108,9 +110,9 @@ TEST_F(DeviceTest, DeviceLostStopsAllSubmits) {
     }
     return false;
   };
-  EXPECT_TRUE(lost([&] { d->flush(); }));            // submit 2: lost
-  EXPECT_TRUE(lost([&] { d->fill(t, 3.0f); }));      // nothing more is recorded ...
-  EXPECT_TRUE(lost([&] { d->synchronize(); }));      // ... or submitted
+  EXPECT_TRUE(lost([&] { d->flush(); }));        // submit 2: lost
+  EXPECT_TRUE(lost([&] { d->fill(t, 3.0f); }));  // nothing more is recorded ...
+  EXPECT_TRUE(lost([&] { d->synchronize(); }));  // ... or submitted
   std::vector<float> h(64);
   EXPECT_TRUE(lost([&] { d->download(h.data(), t, 256); }));
   t = Tensor();

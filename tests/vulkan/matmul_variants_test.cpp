@@ -47,7 +47,8 @@ void run_case(const MatmulCase& k, uint64_t seed) {
 TEST_P(MatmulTest, AllTransposesOddSizes) {
   uint64_t seed = 10;
   for (bool ta : {false, true})
-    for (bool tb : {false, true}) run_case({1, 37, 53, 29, ta, tb, false, false, false, 1, 0}, seed++);
+    for (bool tb : {false, true})
+      run_case({1, 37, 53, 29, ta, tb, false, false, false, 1, 0}, seed++);
 }
 
 // Sizes in multiples of 4: MM_VEC/MM_SG's vec4 loads along k, m, n (with and without a K % 4
@@ -91,8 +92,8 @@ TEST_P(MatmulTest, BiasAlphaBeta) {
 TEST_P(MatmulTest, BatchedAndBroadcast) {
   run_case({3, 17, 45, 66, false, false, false, false, false, 1, 0}, 30);
   run_case({4, 33, 20, 31, true, true, false, false, false, 1, 0.5f}, 31);
-  run_case({3, 19, 23, 41, false, false, true, false, true, 1, 0}, 32);   // b 2-D
-  run_case({2, 21, 25, 9, false, true, false, true, false, 1, 0}, 33);    // a 2-D
+  run_case({3, 19, 23, 41, false, false, true, false, true, 1, 0}, 32);  // b 2-D
+  run_case({2, 21, 25, 9, false, true, false, true, false, 1, 0}, 33);   // a 2-D
 }
 
 TEST_P(MatmulTest, BetaZeroIgnoresNaNInC) {
@@ -104,7 +105,8 @@ TEST_P(MatmulTest, BetaZeroIgnoresNaNInC) {
   EXPECT_TRUE(same(c, kTolGemm, "beta=0 over NaN"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, MatmulTest, ::testing::Values("vsg64", "vsg", "vec", "reg", "tiled"));
+INSTANTIATE_TEST_SUITE_P(Variants, MatmulTest,
+                         ::testing::Values("vsg64", "vsg", "vec", "reg", "tiled"));
 
 }  // namespace
 }  // namespace ct::vktest

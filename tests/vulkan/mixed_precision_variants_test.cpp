@@ -41,8 +41,8 @@ TEST_P(MixedPrecisionTest, DtypeRulesOfTheTable) {
   vk().fill(xf, 1.0f);
   vk().fill(xh, 1.0f);
   EXPECT_THROW(vk().gelu_forward(xf, xh), Error);  // gelu: one dtype throughout
-  EXPECT_THROW(vk().add(xh, xf, xf), Error);        // add: out and a are f32
-  EXPECT_THROW(vk().accumulate(xf, xh), Error);     // accumulate: f32 only
+  EXPECT_THROW(vk().add(xh, xf, xf), Error);       // add: out and a are f32
+  EXPECT_THROW(vk().accumulate(xf, xh), Error);    // accumulate: f32 only
   Tensor dbh = vk().empty({n}, h, MemCategory::kActivations);
   EXPECT_THROW(vk().bias_backward(dbh, xf), Error);  // dbias is f32
   // matmul: a and b share a dtype; c is f32 or a's dtype; bias f32
@@ -92,11 +92,12 @@ TEST_P(MixedPrecisionTest, MatmulH) {
           vk().matmul(c.d, a.d, b.d, ta, tb, alpha, bt, bias ? &bs.d : nullptr);
           ref().matmul(c.r, a.r, b.r, ta, tb, alpha, bt, bias ? &bs.r : nullptr);
           std::string what = std::string("matmul ") + kind + " " + std::to_string(k.M) + "x" +
-                             std::to_string(k.N) + "x" + std::to_string(k.K) +
-                             (ta ? " ta" : "") + (tb ? " tb" : "") + " c " + dtype_name(tc) +
-                             " " + dtype_name(h);
-          if (tc == DType::f32) EXPECT_TRUE(same(c, kTol, what));
-          else EXPECT_TRUE(same_h(c, what, kAccTol));
+                             std::to_string(k.N) + "x" + std::to_string(k.K) + (ta ? " ta" : "") +
+                             (tb ? " tb" : "") + " c " + dtype_name(tc) + " " + dtype_name(h);
+          if (tc == DType::f32)
+            EXPECT_TRUE(same(c, kTol, what));
+          else
+            EXPECT_TRUE(same_h(c, what, kAccTol));
         }
   }
   unsetenv("CROSSTRAIN_VK_MATMUL");

@@ -4,10 +4,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/train/checkpoint.h"
 #include "core/train/train_args.h"
@@ -39,7 +38,8 @@ TrainArgs tiny_args(const std::string& backend, const std::string& dir, int64_t 
 }
 
 std::string fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("ct_vk_train_" + name + "_" + std::to_string(::getpid()));
+  fs::path d =
+      fs::temp_directory_path() / ("ct_vk_train_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   return d.string();
 }
@@ -134,7 +134,8 @@ TEST_F(TrainTest, ResumeAcrossBackends) {
     ASSERT_EQ(want.size(), 6u);
     ASSERT_EQ(got.size(), 6u) << first << " -> " << second;
     for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << first << " -> " << second << ", step " << i + 1;
+      EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i]))
+          << first << " -> " << second << ", step " << i + 1;
     fs::remove_all(straight);
     fs::remove_all(split);
   }
@@ -166,7 +167,8 @@ TEST_F(TrainTest, OffloadedOptimizerOnVulkan) {
   ASSERT_EQ(dcpu.size(), dev.size());
   for (size_t i = 0; i < dev.size(); ++i) {
     EXPECT_NEAR(syn[i], dev[i], 1e-4 * std::abs(dev[i])) << "sync offload, step " << i + 1;
-    EXPECT_NEAR(dvk[i], dcpu[i], 1e-4 * std::abs(dcpu[i])) << "delayed vulkan vs cpu, step " << i + 1;
+    EXPECT_NEAR(dvk[i], dcpu[i], 1e-4 * std::abs(dcpu[i]))
+        << "delayed vulkan vs cpu, step " << i + 1;
   }
   EXPECT_NE(dvk[2], syn[2]) << "the delayed schedule should differ from step 3 on";
   double overlap = 0;

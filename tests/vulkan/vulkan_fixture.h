@@ -12,7 +12,9 @@ using namespace ::ct::test;  // NOLINT: the harness is this suite's vocabulary
 
 inline const bool kPinnedToLavapipe = prepare_environment();
 
-inline const BackendEntry* vulkan_entry() { return backend_entry("vulkan"); }
+inline const BackendEntry* vulkan_entry() {
+  return backend_entry("vulkan");
+}
 
 // Why there is no usable Vulkan device, or "" if there is one.
 inline std::string vulkan_missing() {
@@ -21,9 +23,13 @@ inline std::string vulkan_missing() {
   return "libcrosstrain_backend_vulkan.so was not found beside the test binary";
 }
 
-inline uint64_t validation_messages() { return ::ct::test::validation_messages("vulkan"); }
+inline uint64_t validation_messages() {
+  return ::ct::test::validation_messages("vulkan");
+}
 
-inline Device& vk() { return open_cached("vulkan:0"); }
+inline Device& vk() {
+  return open_cached("vulkan:0");
+}
 
 // Fails (never skips) without a Vulkan device; fails on any validation message.
 class VulkanTest : public ::testing::Test {
@@ -54,7 +60,11 @@ inline std::vector<int32_t> randint(size_t n, uint64_t seed, int32_t hi) {
   return testdata::randint(n, seed, hi, 47);
 }
 
-inline Tensor up(Device& d, const Shape& s, const Vec& v) { return upload(d, s, v); }
-inline Vec down(Device& d, const Tensor& t) { return download(d, t); }
+inline Tensor up(Device& d, const Shape& s, const Vec& v) {
+  return upload(d, s, v);
+}
+inline Vec down(Device& d, const Tensor& t) {
+  return download(d, t);
+}
 
 }  // namespace ct::vktest

@@ -43,9 +43,12 @@ double optimizer_bytes_per_param(const GPT2Config& cfg, const std::string& kind)
   for (const ParamInfo& p : gpt2_param_table(cfg)) {
     const double numel = static_cast<double>(p.numel), cols = static_cast<double>(p.shape.d[1]);
     n += numel;
-    if (kind == "adafactor") bytes += p.shape.ndim >= 2 ? 4 * (numel / cols + cols) : 4 * numel;
-    else if (kind == "adamw_8bit" && p.numel >= 4096) bytes += 2 * numel + 8.0 * static_cast<double>(quant_blocks(p.numel));
-    else bytes += 8 * numel;
+    if (kind == "adafactor")
+      bytes += p.shape.ndim >= 2 ? 4 * (numel / cols + cols) : 4 * numel;
+    else if (kind == "adamw_8bit" && p.numel >= 4096)
+      bytes += 2 * numel + 8.0 * static_cast<double>(quant_blocks(p.numel));
+    else
+      bytes += 8 * numel;
   }
   return bytes / n;
 }
@@ -100,7 +103,8 @@ Row read_row(const fs::path& dir, int64_t batch_tokens, int T) {
     return r;
   }
   std::vector<double> tps;  // the first record includes warm-up: leave it out when we can
-  for (size_t i = recs.size() > 1 ? 1 : 0; i < recs.size(); ++i) tps.push_back(recs[i]["tokens_per_s"].get<double>());
+  for (size_t i = recs.size() > 1 ? 1 : 0; i < recs.size(); ++i)
+    tps.push_back(recs[i]["tokens_per_s"].get<double>());
   std::sort(tps.begin(), tps.end());
   r.tokens_per_s = tps[tps.size() / 2];
   r.samples_per_s = r.tokens_per_s / T;
@@ -129,18 +133,22 @@ Run add_bench(CLI::App& app) {
   flag(&app, "--model", o->model, "model preset");
   flag(&app, "--block-size", o->block_size, "override the preset's context length (0 = keep)");
   flag(&app, "--backends", o->backends, "comma-separated backends (default: every available one)");
-  flag(&app, "--per-device-train-batch-size", o->batch, "effective batch (sequences per optimizer step)");
-  flag(&app, "--gradient-accumulation-steps", o->accumulation, "micro-batches in the accumulation rows");
+  flag(&app, "--per-device-train-batch-size", o->batch,
+       "effective batch (sequences per optimizer step)");
+  flag(&app, "--gradient-accumulation-steps", o->accumulation,
+       "micro-batches in the accumulation rows");
   flag(&app, "--max-steps", o->steps, "optimizer steps per row");
   flag(&app, "--logging-steps", o->logging, "steps per throughput sample");
   flag(&app, "--data", o->data, "text file or folder (default: the built-in data)");
   flag(&app, "--output-dir", o->output_dir, "where techniques.md/.json/.png and the runs go");
   return [o] {
-    if (!o->techniques) fail(ErrorKind::kInvalidArgument, "bench: say which benchmark (--techniques)");
+    if (!o->techniques)
+      fail(ErrorKind::kInvalidArgument, "bench: say which benchmark (--techniques)");
     if (o->batch <= 0 || o->accumulation <= 0 || o->batch % o->accumulation != 0)
-      fail(ErrorKind::kInvalidArgument, "--per-device-train-batch-size " + std::to_string(o->batch) +
-                                            " must be a positive multiple of --gradient-accumulation-steps " +
-                                            std::to_string(o->accumulation));
+      fail(ErrorKind::kInvalidArgument,
+           "--per-device-train-batch-size " + std::to_string(o->batch) +
+               " must be a positive multiple of --gradient-accumulation-steps " +
+               std::to_string(o->accumulation));
     std::vector<std::string> backends;
     if (o->backends.empty()) {
       for (const auto& e : ct::backends())
@@ -157,8 +165,10 @@ Run add_bench(CLI::App& app) {
         {"+ fp16", {"--fp16"}, 1, true},
         {"+ bf16", {"--bf16"}, 1, true},
         {"bf16 + checkpointing + accumulation x" + acc,
-         {"--bf16", "--gradient-checkpointing", "--gradient-accumulation-steps", acc}, o->accumulation,
-         true, true},
+         {"--bf16", "--gradient-checkpointing", "--gradient-accumulation-steps", acc},
+         o->accumulation,
+         true,
+         true},
     };
     GPT2Config cfg = GPT2Config::preset(o->model);
     if (o->block_size > 0) cfg.block_size = o->block_size;
@@ -170,7 +180,10 @@ Run add_bench(CLI::App& app) {
     techniques.push_back({"+ 8-bit AdamW", {"--optim", "adamw_8bit"}, 1, false, false, bpp_8});
     techniques.push_back({"+ offload optimizer", {"--offload-optimizer"}, 1, false, false, 0.0});
     techniques.push_back({"bf16 + checkpointing + 8-bit AdamW",
-                          {"--bf16", "--gradient-checkpointing", "--optim", "adamw_8bit"}, 1, true, true,
+                          {"--bf16", "--gradient-checkpointing", "--optim", "adamw_8bit"},
+                          1,
+                          true,
+                          true,
                           bpp_8});
     fs::create_directories(o->output_dir);
     const std::string exe = (fs::path(executable_dir()) / "crosstrain").string();
@@ -179,16 +192,34 @@ Run add_bench(CLI::App& app) {
     int T = 0;
     for (const auto& backend : backends) {
       for (const auto& t : techniques) {
-        fs::path dir = fs::path(o->output_dir) / "runs" / (backend + "-" + std::to_string(rows.size()));
+        fs::path dir =
+            fs::path(o->output_dir) / "runs" / (backend + "-" + std::to_string(rows.size()));
         fs::remove_all(dir);
-        std::vector<std::string> argv = {exe, "train", "--no-progress", "--model", o->model,
-                                         "--backend", backend, "--output-dir", dir.string(),
-                                         "--max-steps", std::to_string(o->steps), "--logging-steps",
-                                         std::to_string(o->logging), "--eval-steps", "0",
-                                         "--max-eval-batches", "1", "--sample-tokens", "0",
-                                         "--warmup-steps", "2", "--per-device-train-batch-size",
+        std::vector<std::string> argv = {exe,
+                                         "train",
+                                         "--no-progress",
+                                         "--model",
+                                         o->model,
+                                         "--backend",
+                                         backend,
+                                         "--output-dir",
+                                         dir.string(),
+                                         "--max-steps",
+                                         std::to_string(o->steps),
+                                         "--logging-steps",
+                                         std::to_string(o->logging),
+                                         "--eval-steps",
+                                         "0",
+                                         "--max-eval-batches",
+                                         "1",
+                                         "--sample-tokens",
+                                         "0",
+                                         "--warmup-steps",
+                                         "2",
+                                         "--per-device-train-batch-size",
                                          std::to_string(o->batch / t.micro_batch_divisor)};
-        if (o->block_size > 0) argv.insert(argv.end(), {"--block-size", std::to_string(o->block_size)});
+        if (o->block_size > 0)
+          argv.insert(argv.end(), {"--block-size", std::to_string(o->block_size)});
         if (!o->data.empty()) argv.insert(argv.end(), {"--data", o->data});
         argv.insert(argv.end(), t.flags.begin(), t.flags.end());
         std::fprintf(stderr, "bench: %s / %s ...\n", backend.c_str(), t.name.c_str());
@@ -212,13 +243,15 @@ Run add_bench(CLI::App& app) {
     std::ostringstream md;
     // "model" = weights + grads + optimizer + activations: what the first-principles formula
     // predicts. Backend workspace (scratch of its kernels) is shown apart.
-    md << "| backend | technique | samples/s | tokens/s | peak memory (accounting) | model tensors | "
+    md << "| backend | technique | samples/s | tokens/s | peak memory (accounting) | model tensors "
+          "| "
           "predicted | model vs predicted | workspace | process RSS | activations | final loss |\n"
        << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     nlohmann::json js = nlohmann::json::array();
     for (const auto& r : rows) {
       if (!r.error.empty()) {
-        md << "| " << r.backend << " | " << r.technique << " | failed: " << r.error << " | | | | | | | | | |\n";
+        md << "| " << r.backend << " | " << r.technique << " | failed: " << r.error
+           << " | | | | | | | | | |\n";
       } else {
         char buf[512];
         const int64_t model = r.weights + r.grads + r.optimizer + r.activations;
@@ -232,11 +265,20 @@ Run add_bench(CLI::App& app) {
                       format_bytes(r.activations).c_str(), r.final_loss);
         md << buf;
       }
-      js.push_back({{"backend", r.backend}, {"technique", r.technique}, {"samples_per_s", r.samples_per_s},
-                    {"tokens_per_s", r.tokens_per_s}, {"peak_memory_accounted", r.peak_accounted},
-                    {"peak_rss", r.peak_rss}, {"predicted_memory", r.predicted}, {"weights", r.weights}, {"grads", r.grads},
-                    {"optimizer", r.optimizer}, {"activations", r.activations}, {"workspace", r.workspace},
-                    {"final_loss", r.final_loss}, {"error", r.error}});
+      js.push_back({{"backend", r.backend},
+                    {"technique", r.technique},
+                    {"samples_per_s", r.samples_per_s},
+                    {"tokens_per_s", r.tokens_per_s},
+                    {"peak_memory_accounted", r.peak_accounted},
+                    {"peak_rss", r.peak_rss},
+                    {"predicted_memory", r.predicted},
+                    {"weights", r.weights},
+                    {"grads", r.grads},
+                    {"optimizer", r.optimizer},
+                    {"activations", r.activations},
+                    {"workspace", r.workspace},
+                    {"final_loss", r.final_loss},
+                    {"error", r.error}});
     }
     fs::path base = fs::path(o->output_dir) / "techniques";
     std::ofstream(base.string() + ".md") << md.str();
@@ -245,22 +287,27 @@ Run add_bench(CLI::App& app) {
     // Chart: gnuplot when present (Debian's gnuplot-nox); the table stands on its own otherwise.
     std::ofstream dat(base.string() + ".dat");
     for (size_t i = 0; i < rows.size(); ++i)
-      dat << i << " \"" << rows[i].backend << ": " << rows[i].technique << "\" " << rows[i].samples_per_s << " "
-          << rows[i].peak_accounted / 1048576.0 << "\n";
+      dat << i << " \"" << rows[i].backend << ": " << rows[i].technique << "\" "
+          << rows[i].samples_per_s << " " << rows[i].peak_accounted / 1048576.0 << "\n";
     dat.close();
     std::ofstream gp(base.string() + ".gp");
-    gp << "set terminal pngcairo size 1200,680 font ',10'\nset output '" << base.string() << ".png'\n"
+    gp << "set terminal pngcairo size 1200,680 font ',10'\nset output '" << base.string()
+       << ".png'\n"
        << "set multiplot layout 1,2 title 'crosstrain techniques (" << o->model << ")'\n"
-       << "set style fill solid 0.8\nset boxwidth 0.7\nset xtics rotate by -35 left\nset grid ytics\nset yrange [0:*]\nset bmargin 14\n"
+       << "set style fill solid 0.8\nset boxwidth 0.7\nset xtics rotate by -35 left\nset grid "
+          "ytics\nset yrange [0:*]\nset bmargin 14\n"
        << "set title 'throughput'\nset ylabel 'samples/s'\nplot '" << base.string()
        << ".dat' using 1:3:xtic(2) with boxes notitle lc rgb '#4477aa'\n"
        << "set title 'peak memory (accounting)'\nset ylabel 'MiB'\nplot '" << base.string()
        << ".dat' using 1:4:xtic(2) with boxes notitle lc rgb '#cc6677'\nunset multiplot\n";
     gp.close();
-    if (std::system(("command -v gnuplot >/dev/null 2>&1 && gnuplot '" + base.string() + ".gp'").c_str()) == 0)
+    if (std::system(
+            ("command -v gnuplot >/dev/null 2>&1 && gnuplot '" + base.string() + ".gp'").c_str()) ==
+        0)
       std::printf("\nwrote %s.md, .json and .png\n", base.string().c_str());
     else
-      std::printf("\nwrote %s.md and .json (install gnuplot-nox for the PNG chart)\n", base.string().c_str());
+      std::printf("\nwrote %s.md and .json (install gnuplot-nox for the PNG chart)\n",
+                  base.string().c_str());
     return 0;
   };
 }

@@ -49,15 +49,20 @@ Run add_devices(CLI::App& app) {
         std::printf("  %-9s %s [%s]\n", d.id().c_str(), d.name.c_str(), device_type_name(d.type));
         if (!d.driver.empty()) std::printf("            driver: %s\n", d.driver.c_str());
         std::printf("            memory: %s", format_bytes(d.memory_bytes).c_str());
-        if (d.memory_budget_bytes) std::printf(" (budget %s)", format_bytes(d.memory_budget_bytes).c_str());
+        if (d.memory_budget_bytes)
+          std::printf(" (budget %s)", format_bytes(d.memory_budget_bytes).c_str());
         std::printf(", max allocation %s, max buffer range %s\n",
-                    format_bytes(d.max_allocation_bytes).c_str(), format_bytes(d.max_buffer_range_bytes).c_str());
+                    format_bytes(d.max_allocation_bytes).c_str(),
+                    format_bytes(d.max_buffer_range_bytes).c_str());
         std::string dt;
         for (DType t : d.dtypes) dt += std::string(dt.empty() ? "" : " ") + dtype_name(t);
-        std::printf("            dtypes: %s; fp16 arithmetic: %s; bf16 arithmetic: %s; cooperative matrix: %s\n",
-                    dt.c_str(), d.fp16_arithmetic ? "yes" : "no", d.bf16_arithmetic ? "yes" : "no",
-                    d.cooperative_matrix ? "yes" : "no");
-        for (const auto& [k, v] : d.extra) std::printf("            %s: %s\n", k.c_str(), v.c_str());
+        std::printf(
+            "            dtypes: %s; fp16 arithmetic: %s; bf16 arithmetic: %s; cooperative matrix: "
+            "%s\n",
+            dt.c_str(), d.fp16_arithmetic ? "yes" : "no", d.bf16_arithmetic ? "yes" : "no",
+            d.cooperative_matrix ? "yes" : "no");
+        for (const auto& [k, v] : d.extra)
+          std::printf("            %s: %s\n", k.c_str(), v.c_str());
       }
     }
     if (*as_json) std::printf("%s\n", out.dump(2).c_str());

@@ -19,20 +19,23 @@ Run add_eval(CLI::App& app) {
     int batch = 4;
   };
   auto o = std::make_shared<Opts>();
-  flag(&app, "--model-path", o->model_path, "folder with config.json and model.safetensors")->required();
+  flag(&app, "--model-path", o->model_path, "folder with config.json and model.safetensors")
+      ->required();
   flag(&app, "--data", o->data, "text file or folder to evaluate on")->required();
   flag(&app, "--backend", o->backend, "cpu, vulkan, vulkan:N, ...");
   flag(&app, "--per-device-eval-batch-size", o->batch, "windows per forward pass");
   return [o] {
     if (o->batch <= 0)
-      fail(ErrorKind::kInvalidArgument, "--per-device-eval-batch-size " + std::to_string(o->batch) + ": must be > 0");
+      fail(ErrorKind::kInvalidArgument,
+           "--per-device-eval-batch-size " + std::to_string(o->batch) + ": must be > 0");
     std::vector<int32_t> tokens = ByteTokenizer().encode(load_text(o->data, 1));
     auto device = open_device(o->backend);
     auto model = load_model(o->model_path, *device);
     int T = model->config().block_size;
     if (static_cast<int64_t>(tokens.size()) < T + 1)
       fail(ErrorKind::kInvalidArgument, "--data " + o->data + ": " + std::to_string(tokens.size()) +
-                                            " tokens, fewer than one window of " + std::to_string(T + 1));
+                                            " tokens, fewer than one window of " +
+                                            std::to_string(T + 1));
     model->allocate_activations(o->batch, T);
     EvalResult r = evaluate(*model, tokens, T, o->batch);
     std::printf("%s\n", nlohmann::json{{"eval_loss", r.loss}, {"tokens", r.tokens}}.dump().c_str());
@@ -48,7 +51,8 @@ Run add_generate(CLI::App& app) {
     uint64_t seed = 42;
   };
   auto o = std::make_shared<Opts>();
-  flag(&app, "--model-path", o->model_path, "folder with config.json and model.safetensors")->required();
+  flag(&app, "--model-path", o->model_path, "folder with config.json and model.safetensors")
+      ->required();
   flag(&app, "--prompt", o->prompt, "text to continue")->required();
   flag(&app, "--max-new-tokens", o->max_new_tokens, "tokens to generate");
   flag(&app, "--temperature", o->temperature, "sampling temperature (0 = greedy)");
@@ -58,8 +62,10 @@ Run add_generate(CLI::App& app) {
   return [o] {
     if (o->prompt.empty()) fail(ErrorKind::kInvalidArgument, "--prompt: must not be empty");
     if (o->max_new_tokens < 0)
-      fail(ErrorKind::kInvalidArgument, "--max-new-tokens " + std::to_string(o->max_new_tokens) + ": must be >= 0");
-    if (o->top_k < 0) fail(ErrorKind::kInvalidArgument, "--top-k " + std::to_string(o->top_k) + ": must be >= 0");
+      fail(ErrorKind::kInvalidArgument,
+           "--max-new-tokens " + std::to_string(o->max_new_tokens) + ": must be >= 0");
+    if (o->top_k < 0)
+      fail(ErrorKind::kInvalidArgument, "--top-k " + std::to_string(o->top_k) + ": must be >= 0");
     auto device = open_device(o->backend);
     auto model = load_model(o->model_path, *device);
     ByteTokenizer tok;

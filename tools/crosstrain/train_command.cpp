@@ -16,8 +16,10 @@ Run add_train(CLI::App& app) {
   flag(&app, "--n-embd", a->n_embd, "override the preset's width (0 = keep)");
   flag(&app, "--block-size", a->block_size, "override the preset's context length (0 = keep)");
   flag(&app, "--vocab-size", a->vocab_size, "override the preset's vocabulary (0 = keep)");
-  flag(&app, "--data", a->data, std::string("text file or folder (default: ") + kDefaultDataPath + ")");
-  flag(&app, "--output-dir", a->output_dir, "where metrics.jsonl, model.safetensors, config.json go");
+  flag(&app, "--data", a->data,
+       std::string("text file or folder (default: ") + kDefaultDataPath + ")");
+  flag(&app, "--output-dir", a->output_dir,
+       "where metrics.jsonl, model.safetensors, config.json go");
   flag(&app, "--backend", a->backend, "cpu, vulkan, vulkan:N, ... (see `crosstrain devices`)");
   flag(&app, "--max-steps", a->max_steps, "optimizer steps to train");
   flag(&app, "--per-device-train-batch-size", a->per_device_train_batch_size, "sequences per step");
@@ -26,7 +28,8 @@ Run add_train(CLI::App& app) {
   flag(&app, "--learning-rate", a->learning_rate, "peak learning rate");
   flag(&app, "--warmup-steps", a->warmup_steps, "linear warmup steps");
   flag(&app, "--lr-scheduler-type", a->lr_scheduler_type, "cosine, linear or constant");
-  flag(&app, "--weight-decay", a->weight_decay, "AdamW decoupled weight decay (matrices and embeddings)");
+  flag(&app, "--weight-decay", a->weight_decay,
+       "AdamW decoupled weight decay (matrices and embeddings)");
   flag(&app, "--adam-beta1", a->adam_beta1, "AdamW beta1");
   flag(&app, "--adam-beta2", a->adam_beta2, "AdamW beta2");
   flag(&app, "--adam-epsilon", a->adam_epsilon, "AdamW epsilon");
@@ -43,8 +46,10 @@ Run add_train(CLI::App& app) {
                "Adafactor: scale the step by the parameter RMS");
   app.add_flag(names("--adafactor-warmup-init"), a->adafactor_warmup_init,
                "Adafactor: relative step 1e-6 * step (with --adafactor-relative-step)");
-  flag(&app, "--adafactor-clip-threshold", a->adafactor_clip_threshold, "Adafactor update clipping");
-  flag(&app, "--adafactor-decay-rate", a->adafactor_decay_rate, "Adafactor: beta2_t = 1 - t^decay_rate");
+  flag(&app, "--adafactor-clip-threshold", a->adafactor_clip_threshold,
+       "Adafactor update clipping");
+  flag(&app, "--adafactor-decay-rate", a->adafactor_decay_rate,
+       "Adafactor: beta2_t = 1 - t^decay_rate");
   flag(&app, "--adafactor-beta1", a->adafactor_beta1, "Adafactor first moment (0 = none)");
   app.add_flag(names("--offload-optimizer"), a->offload_optimizer,
                "keep optimizer state in host memory and update on the CPU");
@@ -54,36 +59,44 @@ Run add_train(CLI::App& app) {
   flag(&app, "--seed", a->seed, "seed of initialisation and data order");
   flag(&app, "--logging-steps", a->logging_steps, "log a metrics record every N steps");
   flag(&app, "--eval-steps", a->eval_steps, "evaluate every N steps (0 = only at the end)");
-  flag(&app, "--max-eval-batches", a->max_eval_batches, "validation batches per evaluation during training (0 = all)");
-  flag(&app, "--validation-split", a->validation_split, "fraction of the data held out for validation");
+  flag(&app, "--max-eval-batches", a->max_eval_batches,
+       "validation batches per evaluation during training (0 = all)");
+  flag(&app, "--validation-split", a->validation_split,
+       "fraction of the data held out for validation");
   flag(&app, "--save-steps", a->save_steps, "write checkpoint-<step>/ every N steps (0 = none)");
-  flag(&app, "--save-total-limit", a->save_total_limit, "keep only the newest K checkpoints (0 = all)");
+  flag(&app, "--save-total-limit", a->save_total_limit,
+       "keep only the newest K checkpoints (0 = all)");
   flag(&app, "--resume-from-checkpoint", a->resume_from_checkpoint,
        "continue from a checkpoint folder, or 'latest' in --output-dir");
   flag(&app, "--sample-prompt", a->sample_prompt, "prompt of the sample generated at the end");
   flag(&app, "--sample-tokens", a->sample_tokens, "tokens to generate at the end (0 = none)");
   app.add_flag("--fp16", a->fp16, "fp16 mixed precision with dynamic loss scaling");
-  flag(&app, "--fp16-init-scale", a->fp16_init_scale, "first loss scale of --fp16 (GradScaler's init_scale)");
+  flag(&app, "--fp16-init-scale", a->fp16_init_scale,
+       "first loss scale of --fp16 (GradScaler's init_scale)");
   app.add_flag("--bf16", a->bf16, "bf16 mixed precision");
   app.add_flag("--tf32", a->tf32, "TF32 matmuls where the device has them (CUDA)");
   app.add_flag(names("--gradient-checkpointing"), a->gradient_checkpointing,
                "keep only block inputs and recompute each block in the backward pass");
   app.add_flag("--profile", a->profile,
                "print a per-op device time table (GPU timestamps on Vulkan) at the end");
-  app.add_flag("--no-progress,--no_progress", [a](int64_t) { a->progress_bar = false; },
-               "plain log lines even on a terminal");
+  app.add_flag(
+      "--no-progress,--no_progress", [a](int64_t) { a->progress_bar = false; },
+      "plain log lines even on a terminal");
   return [a] {
     TrainSummary s = train(*a);
     std::printf("\n== summary ==\n");
     std::printf("device           %s\n", s.device.c_str());
-    std::printf("parameters       %s\n", format_count(static_cast<double>(s.num_parameters)).c_str());
+    std::printf("parameters       %s\n",
+                format_count(static_cast<double>(s.num_parameters)).c_str());
     std::printf("steps            %lld (%s tokens) in %s\n", static_cast<long long>(s.steps),
-                format_count(static_cast<double>(s.tokens)).c_str(), format_duration(s.seconds).c_str());
+                format_count(static_cast<double>(s.tokens)).c_str(),
+                format_duration(s.seconds).c_str());
     std::printf("train loss       %.4f -> %.4f\n", s.first_loss, s.final_loss);
     std::printf("validation loss  %.4f\n", s.eval_loss);
     std::printf("throughput       %s tokens/s\n", format_count(s.tokens_per_s).c_str());
     std::printf("peak memory      %s (device accounting)\n", format_bytes(s.peak_memory).c_str());
-    std::printf("saved            %s/model.safetensors, config.json, metrics.jsonl\n", a->output_dir.c_str());
+    std::printf("saved            %s/model.safetensors, config.json, metrics.jsonl\n",
+                a->output_dir.c_str());
     if (!s.sample.empty()) std::printf("\n== sample ==\n%s\n", s.sample.c_str());
     return 0;
   };

@@ -31,8 +31,8 @@ void adamw_span(float* param, const float* grad, float* m, float* v, int64_t i0,
 }  // namespace
 
 // param, grad, m, v are (n); grad_norm is (1) or null (no clipping)
-void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm,
-           int64_t n, const AdamWHyper& hp) {
+void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm, int64_t n,
+           const AdamWHyper& hp) {
   AdamWConsts k;
   k.clip = 1.0f;
   if (hp.max_grad_norm > 0.0f && grad_norm)

@@ -33,8 +33,8 @@ struct HeadGrads {
   const float *q, *k, *v, *a, *d;
   float *dq, *dk, *dv;
 };
-HeadGrads head_grads(float* dqkv, const float* dout, const float* qkv, const float* att,
-                     int64_t b, int64_t h, int64_t T, int64_t C, int64_t NH) {
+HeadGrads head_grads(float* dqkv, const float* dout, const float* qkv, const float* att, int64_t b,
+                     int64_t h, int64_t T, int64_t C, int64_t NH) {
   const int64_t C3 = 3 * C, hs = C / NH;
   HeadGrads g;
   g.q = qkv + b * T * C3 + h * hs;
@@ -49,14 +49,15 @@ HeadGrads head_grads(float* dqkv, const float* dout, const float* qkv, const flo
 }
 }  // namespace
 
-
 #if defined(__AVX512F__)
 
 namespace {
 
 // Row stride of the per-thread score/probability buffers and of the packed K^T / V^T: T rounded
 // up to whole vectors, plus one vector so that rows do not all fall into the same L1 sets.
-int64_t padded(int64_t T) { return ((T + 15) & ~int64_t{15}) + 16; }
+int64_t padded(int64_t T) {
+  return ((T + 15) & ~int64_t{15}) + 16;
+}
 
 }  // namespace
 
@@ -149,7 +150,7 @@ void attention_backward(Workspace& ws, float* dqkv, const float* dout, const flo
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < NH; ++h) {
       float* ds = scratch + static_cast<int64_t>(omp_get_thread_num()) * per_thread;  // (T,Tp)
-      float* vt = ds + T * Tp;                                                         // (hs,Tp)
+      float* vt = ds + T * Tp;                                                        // (hs,Tp)
       const auto [q, k, v, a, d, dq, dk, dv] = head_grads(dqkv, dout, qkv, att, b, h, T, C, NH);
       attn::pack_transposed(vt, Tp, v, C3, T, hs);
       for (int64_t r0 = 0; r0 < T; r0 += kRows) {
@@ -173,10 +174,9 @@ void attention_backward(Workspace& ws, float* dqkv, const float* dout, const flo
           __m512 dot = _mm512_set1_ps(attn::reduce16<false>(acc)), sc = _mm512_set1_ps(scale);
           for (int64_t j = 0; j < W; j += 16) {
             __m512 p = _mm512_maskz_loadu_ps(attn::upto(t, j), arow + j);
-            _mm512_storeu_ps(row + j,
-                             _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(row + j),
-                                                                          dot)),
-                                           sc));
+            _mm512_storeu_ps(
+                row + j,
+                _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(row + j), dot)), sc));
           }
         }
         // dq[r0:r1] = ds[r0:r1, 0:r1] k[0:r1]
@@ -184,7 +184,8 @@ void attention_backward(Workspace& ws, float* dqkv, const float* dout, const flo
       }
       // Column blocks of 16 (one cache line of ds and att), rows in chunks of kChunk so that the
       // chunk's ds/att lines and q/dout rows stay in L1 across the 6-wide groups:
-      //   dk[g0:g1] (+)= ds[i0:i1, g0:g1]^T q[i0:i1];  dv[g0:g1] (+)= att[i0:i1, g0:g1]^T dout[i0:i1]
+      //   dk[g0:g1] (+)= ds[i0:i1, g0:g1]^T q[i0:i1];  dv[g0:g1] (+)= att[i0:i1, g0:g1]^T
+      //   dout[i0:i1]
       // Rows t >= g0 are the only ones that see keys/values in [g0, g1): ds (zeroed past each
       // row's diagonal to a multiple of 16) and att are zero above it.
       constexpr int64_t kChunk = 64;
@@ -195,8 +196,8 @@ void attention_backward(Workspace& ws, float* dqkv, const float* dout, const flo
           for (int64_t g0 = c0; g0 < c1; g0 += kRows) {
             int R = static_cast<int>(std::min<int64_t>(kRows, c1 - g0));
             int64_t k0 = std::max(i0, g0);
-            attn::tile(R, hs, i1 - k0, ds + k0 * Tp + g0, 1, Tp, q + k0 * C3, C3, dk + g0 * C3,
-                       C3, i0 != c0);
+            attn::tile(R, hs, i1 - k0, ds + k0 * Tp + g0, 1, Tp, q + k0 * C3, C3, dk + g0 * C3, C3,
+                       i0 != c0);
             attn::tile(R, hs, i1 - k0, a + k0 * T + g0, 1, T, d + k0 * C, C, dv + g0 * C3, C3,
                        i0 != c0);
           }
@@ -211,23 +212,24 @@ void attention_backward(Workspace& ws, float* dqkv, const float* dout, const flo
 namespace {
 
 // Rows per block: small enough to skip most of the triangle, big enough for sgemm to be fast.
-int64_t block_rows(int64_t T) { return std::clamp<int64_t>(T / 16, 32, 64); }
+int64_t block_rows(int64_t T) {
+  return std::clamp<int64_t>(T / 16, 32, 64);
+}
 
 // y (M,N) = alpha * op(a) op(b) + beta * y, row-major with leading dimensions.
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* y, int64_t ldy) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha,
-              a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, y,
+              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, y,
               static_cast<blasint>(ldy));
 }
 
 }  // namespace
 
-
 // out is (B,T,C); att is (B,NH,T,T); qkv is (B,T,3C) holding q | k | v, heads of hs = C/NH
-void attention_forward(Workspace&, float* out, float* att, const float* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t NH) {
+void attention_forward(Workspace&, float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                       int64_t C, int64_t NH) {
   int64_t C3 = 3 * C, hs = C / NH, blk = block_rows(T);
   float scale = 1.0f / std::sqrt(static_cast<float>(hs));
 #pragma omp parallel for collapse(2) schedule(dynamic)

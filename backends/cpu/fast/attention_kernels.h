@@ -14,40 +14,42 @@ namespace ct::cpu::fast::CT_CPU_ISA::attn {
 
 // Accumulators are named variables, not an array: GCC keeps a __m512 acc[R][NV] array in
 // registers but also stores it to the stack on every iteration.
-#define CT_ATTN_ROW_DECL(r)                                                                 \
+#define CT_ATTN_ROW_DECL(r) \
   __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = c##r##0, c##r##2 = c##r##0, c##r##3 = c##r##0;
-#define CT_ATTN_ROW_FMA(r)                                          \
-  if constexpr (R > r) {                                            \
-    __m512 av = _mm512_set1_ps(a[r * ars]);                         \
-    c##r##0 = _mm512_fmadd_ps(av, b0, c##r##0);                     \
+#define CT_ATTN_ROW_FMA(r)                                            \
+  if constexpr (R > r) {                                              \
+    __m512 av = _mm512_set1_ps(a[r * ars]);                           \
+    c##r##0 = _mm512_fmadd_ps(av, b0, c##r##0);                       \
     if constexpr (NV > 1) c##r##1 = _mm512_fmadd_ps(av, b1, c##r##1); \
     if constexpr (NV > 2) c##r##2 = _mm512_fmadd_ps(av, b2, c##r##2); \
     if constexpr (NV > 3) c##r##3 = _mm512_fmadd_ps(av, b3, c##r##3); \
   }
-#define CT_ATTN_ROW_STORE(r)                                                        \
-  if constexpr (R > r) {                                                            \
-    float* cr = c + r * ldc;                                                        \
-    if constexpr (NV == 1) _mm512_mask_storeu_ps(cr, last, c##r##0);                \
-    if constexpr (NV > 1) _mm512_storeu_ps(cr, c##r##0);                            \
-    if constexpr (NV == 2) _mm512_mask_storeu_ps(cr + 16, last, c##r##1);           \
-    if constexpr (NV > 2) _mm512_storeu_ps(cr + 16, c##r##1);                       \
-    if constexpr (NV == 3) _mm512_mask_storeu_ps(cr + 32, last, c##r##2);           \
-    if constexpr (NV > 3) _mm512_storeu_ps(cr + 32, c##r##2);                       \
-    if constexpr (NV == 4) _mm512_mask_storeu_ps(cr + 48, last, c##r##3);           \
+#define CT_ATTN_ROW_STORE(r)                                              \
+  if constexpr (R > r) {                                                  \
+    float* cr = c + r * ldc;                                              \
+    if constexpr (NV == 1) _mm512_mask_storeu_ps(cr, last, c##r##0);      \
+    if constexpr (NV > 1) _mm512_storeu_ps(cr, c##r##0);                  \
+    if constexpr (NV == 2) _mm512_mask_storeu_ps(cr + 16, last, c##r##1); \
+    if constexpr (NV > 2) _mm512_storeu_ps(cr + 16, c##r##1);             \
+    if constexpr (NV == 3) _mm512_mask_storeu_ps(cr + 32, last, c##r##2); \
+    if constexpr (NV > 3) _mm512_storeu_ps(cr + 32, c##r##2);             \
+    if constexpr (NV == 4) _mm512_mask_storeu_ps(cr + 48, last, c##r##3); \
   }
 
-#define CT_ATTN_ROW_LOAD(r)                                                              \
-  if constexpr (R > r) {                                                                 \
-    const float* cr = c + r * ldc;                                                       \
-    if constexpr (NV == 1) c##r##0 = _mm512_maskz_loadu_ps(last, cr);                    \
-    if constexpr (NV > 1) c##r##0 = _mm512_loadu_ps(cr);                                 \
-    if constexpr (NV == 2) c##r##1 = _mm512_maskz_loadu_ps(last, cr + 16);               \
-    if constexpr (NV > 2) c##r##1 = _mm512_loadu_ps(cr + 16);                            \
-    if constexpr (NV == 3) c##r##2 = _mm512_maskz_loadu_ps(last, cr + 32);               \
-    if constexpr (NV > 3) c##r##2 = _mm512_loadu_ps(cr + 32);                            \
-    if constexpr (NV == 4) c##r##3 = _mm512_maskz_loadu_ps(last, cr + 48);               \
+#define CT_ATTN_ROW_LOAD(r)                                                \
+  if constexpr (R > r) {                                                   \
+    const float* cr = c + r * ldc;                                         \
+    if constexpr (NV == 1) c##r##0 = _mm512_maskz_loadu_ps(last, cr);      \
+    if constexpr (NV > 1) c##r##0 = _mm512_loadu_ps(cr);                   \
+    if constexpr (NV == 2) c##r##1 = _mm512_maskz_loadu_ps(last, cr + 16); \
+    if constexpr (NV > 2) c##r##1 = _mm512_loadu_ps(cr + 16);              \
+    if constexpr (NV == 3) c##r##2 = _mm512_maskz_loadu_ps(last, cr + 32); \
+    if constexpr (NV > 3) c##r##2 = _mm512_loadu_ps(cr + 32);              \
+    if constexpr (NV == 4) c##r##3 = _mm512_maskz_loadu_ps(last, cr + 48); \
   }
 
+// One row of macro statements per line (the formatter would run them together).
+// clang-format off
 // ACC: c (+)= instead of (=).
 template <int R, int NV, bool ACC>
 inline void micro(int64_t K, const float* a, int64_t ars, int64_t aks, const float* b,
@@ -76,6 +78,8 @@ inline void micro(int64_t K, const float* a, int64_t ars, int64_t aks, const flo
   CT_ATTN_ROW_STORE(0) CT_ATTN_ROW_STORE(1) CT_ATTN_ROW_STORE(2)
   CT_ATTN_ROW_STORE(3) CT_ATTN_ROW_STORE(4) CT_ATTN_ROW_STORE(5)
 }
+
+// clang-format on
 
 #undef CT_ATTN_ROW_DECL
 #undef CT_ATTN_ROW_LOAD
@@ -123,7 +127,9 @@ inline void tile(int R, int64_t W, int64_t K, const float* a, int64_t ars, int64
 // an undefined source and trip -Wmaybe-uninitialized, hence the all-ones masked forms here.
 template <bool kMax>
 inline float reduce16(__m512 v) {
-  auto op = [](__m512 x, __m512 y) { return kMax ? _mm512_mask_max_ps(x, 0xFFFF, x, y) : _mm512_add_ps(x, y); };
+  auto op = [](__m512 x, __m512 y) {
+    return kMax ? _mm512_mask_max_ps(x, 0xFFFF, x, y) : _mm512_add_ps(x, y);
+  };
   v = op(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
   v = op(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
   v = op(v, _mm512_mask_permute_ps(v, 0xFFFF, v, _MM_SHUFFLE(1, 0, 3, 2)));
@@ -134,8 +140,9 @@ inline float reduce16(__m512 v) {
 // Lanes j0 + l with j0 + l <= t.
 inline __mmask16 upto(int64_t t, int64_t j0) {
   int64_t n = t - j0 + 1;
-  return n >= 16 ? static_cast<__mmask16>(0xFFFF)
-                 : n <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << n) - 1u);
+  return n >= 16  ? static_cast<__mmask16>(0xFFFF)
+         : n <= 0 ? static_cast<__mmask16>(0)
+                  : static_cast<__mmask16>((1u << n) - 1u);
 }
 
 // fast_exp (vec_math.h) on 16 lanes: the same Cephes polynomial, 2^n by scalef. Inputs here are
@@ -143,9 +150,11 @@ inline __mmask16 upto(int64_t t, int64_t j0) {
 inline __m512 exp16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.3365447504019f);
   __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  __m512 xc = _mm512_mask_max_ps(lo, 0xFFFF, _mm512_mask_min_ps(x, 0xFFFF, x, _mm512_set1_ps(88.3762626647949f)), lo);
+  __m512 xc = _mm512_mask_max_ps(
+      lo, 0xFFFF, _mm512_mask_min_ps(x, 0xFFFF, x, _mm512_set1_ps(88.3762626647949f)), lo);
   __m512 xl = _mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f));
-  __m512 n = _mm512_mask_roundscale_ps(xl, 0xFFFF, xl, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 n =
+      _mm512_mask_roundscale_ps(xl, 0xFFFF, xl, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
   __m512 p = _mm512_set1_ps(1.9875691500e-4f);
@@ -161,9 +170,9 @@ inline __m512 exp16(__m512 x) {
 // dst[d * ld + j] = src[j * stride + d] for j < T, d < hs; zero for j in [T, round16(T)).
 inline void pack_transposed(float* dst, int64_t ld, const float* src, int64_t stride, int64_t T,
                             int64_t hs) {
-  __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-                                                     13, 14, 15),
-                                   _mm512_set1_epi32(static_cast<int32_t>(stride)));
+  __m512i idx =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int32_t>(stride)));
   for (int64_t j0 = 0; j0 < T; j0 += 16) {
     __mmask16 m = upto(T - 1, j0);
     const float* s = src + j0 * stride;

@@ -43,8 +43,8 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 // dlogits, logits are (N,V), possibly the same memory; targets is (N)
 // One exp per element: dx holds exp(x - max) from the summing pass, then is scaled by
 // dloss / sum; element i of x is read before element i of dx is written.
-void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                           int64_t N, int64_t V, float dloss) {
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets, int64_t N,
+                           int64_t V, float dloss) {
 #pragma omp parallel for schedule(static) if (N * V > (1 << 15))
   for (int64_t n = 0; n < N; ++n) {
     const float* x = logits + n * V;

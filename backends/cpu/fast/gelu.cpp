@@ -20,7 +20,9 @@ constexpr float kS = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kA = 0.044715f;
 constexpr int64_t kParallelMin = 1 << 14;
 // Beyond |x| = 10, tanh(...) is +-1 in f32; clamping keeps x^3 from overflowing into 0 * inf.
-inline float clamp10(float x) { return x > 10.0f ? 10.0f : (x < -10.0f ? -10.0f : x); }
+inline float clamp10(float x) {
+  return x > 10.0f ? 10.0f : (x < -10.0f ? -10.0f : x);
+}
 
 #if defined(__AVX512F__)
 constexpr int64_t kChunk = 4096;  // elements per OpenMP work item (a multiple of 16)
@@ -37,7 +39,8 @@ inline __m512 tanh_arg16(__m512 c) {
   __m512 u = _mm512_mul_ps(_mm512_mul_ps(c, _mm512_set1_ps(2.0f * kS)),
                            _mm512_fmadd_ps(c2, _mm512_set1_ps(kA), _mm512_set1_ps(1.0f)));
   __m512 d = _mm512_add_ps(attn::exp16(u), _mm512_set1_ps(1.0f));
-  __m512 r = _mm512_maskz_rcp14_ps(0xFFFF, d);  // GCC 12: the unmasked form trips -Wmaybe-uninitialized
+  __m512 r =
+      _mm512_maskz_rcp14_ps(0xFFFF, d);  // GCC 12: the unmasked form trips -Wmaybe-uninitialized
   r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));  // Newton: r (2 - d r)
   return _mm512_fnmadd_ps(_mm512_set1_ps(2.0f), r, _mm512_set1_ps(1.0f));
 }
@@ -50,7 +53,8 @@ void for_chunks(int64_t n, Body body) {
     const int64_t end = std::min(n, (ch + 1) * kChunk);
     for (int64_t i = ch * kChunk; i < end; i += 16) {
       const int64_t left = end - i;
-      body(i, left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u));
+      body(i,
+           left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u));
     }
   }
 }
@@ -63,7 +67,8 @@ void gelu_forward(float* out, const float* x, int64_t n) {
   for_chunks(n, [&](int64_t i, __mmask16 m) {
     __m512 v = _mm512_maskz_loadu_ps(m, x + i);
     __m512 th = tanh_arg16(clamp10_16(v));
-    __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(th, _mm512_set1_ps(1.0f)));
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v),
+                             _mm512_add_ps(th, _mm512_set1_ps(1.0f)));
     _mm512_mask_storeu_ps(out + i, m, y);
   });
 #else

@@ -61,8 +61,7 @@ bool prefer_onednn_f32(const MatmulArgs& m) {
 }
 
 // One (M,N) product with c already holding beta*c (+ bias) when `beta` is 1.
-void sgemm(const MatmulArgs& m, const float* a, const float* b, float* c, int64_t M,
-           float beta) {
+void sgemm(const MatmulArgs& m, const float* a, const float* b, float* c, int64_t M, float beta) {
   cblas_sgemm(CblasRowMajor, m.trans_a ? CblasTrans : CblasNoTrans,
               m.trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
               static_cast<blasint>(m.N), static_cast<blasint>(m.K), m.alpha, a,
@@ -78,8 +77,7 @@ void sgemm(const MatmulArgs& m, const float* a, const float* b, float* c, int64_
 void matmul(Workspace&, const MatmulArgs& m) {
   if (m.batch == 0 || m.M == 0 || m.N == 0) return;
   if (prefer_onednn_f32(m) &&
-      matmul_f32_onednn(m.c, m.a, m.b, m.bias, m.batch * m.M, m.N, m.K, m.trans_b, m.alpha,
-                        m.beta))
+      matmul_f32_onednn(m.c, m.a, m.b, m.bias, m.batch * m.M, m.N, m.K, m.trans_b, m.alpha, m.beta))
     return;
   float beta = m.beta;
   if (m.bias || m.K == 0) {

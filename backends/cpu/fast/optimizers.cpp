@@ -17,7 +17,9 @@ namespace {
 
 constexpr int64_t kChunk = 1 << 14;
 
-int64_t chunks_of(int64_t n, int64_t chunk) { return (n + chunk - 1) / chunk; }
+int64_t chunks_of(int64_t n, int64_t chunk) {
+  return (n + chunk - 1) / chunk;
+}
 
 // Deterministic sum over [0, n) of f(i) in fp64: per-chunk partials added in chunk order.
 template <typename F>
@@ -123,9 +125,8 @@ void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, flo
 
 // ---- Adafactor ----------------------------------------------------------------------------------
 // param, grad, exp_avg are (R,C); factored: row (R), col (C); else v (R*C)
-void adafactor(float* param, const float* grad, float* row, float* col, float* v,
-               float* exp_avg, const float* grad_norm, int64_t R, int64_t C,
-               const AdafactorHyper& hp) {
+void adafactor(float* param, const float* grad, float* row, float* col, float* v, float* exp_avg,
+               const float* grad_norm, int64_t R, int64_t C, const AdafactorHyper& hp) {
   const int64_t n = R * C;
   const float clip = static_cast<float>(clip_factor(hp.max_grad_norm, grad_norm));
   const double t = static_cast<double>(hp.step);
@@ -173,8 +174,10 @@ void adafactor(float* param, const float* grad, float* row, float* col, float* v
     const double row_mean = row_sum / static_cast<double>(R);
     rfac.resize(static_cast<size_t>(R));
     cfac.resize(static_cast<size_t>(C));
-    for (int64_t r = 0; r < R; ++r) rfac[r] = static_cast<float>(1.0 / std::sqrt(row[r] / row_mean));
-    for (int64_t c = 0; c < C; ++c) cfac[c] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(col[c])));
+    for (int64_t r = 0; r < R; ++r)
+      rfac[r] = static_cast<float>(1.0 / std::sqrt(row[r] / row_mean));
+    for (int64_t c = 0; c < C; ++c)
+      cfac[c] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(col[c])));
   } else {
 #pragma omp parallel for schedule(static) if (n > kChunk)
     for (int64_t i = 0; i < n; ++i) {

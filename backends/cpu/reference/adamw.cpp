@@ -7,8 +7,8 @@
 namespace ct::cpu::ref {
 
 // param, grad, m, v are (n); grad_norm is (1) or null (no clipping)
-void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm,
-           int64_t n, const AdamWHyper& hp) {
+void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm, int64_t n,
+           const AdamWHyper& hp) {
   double clip = 1.0;
   if (hp.max_grad_norm > 0.0f && grad_norm)
     clip = std::min(1.0, hp.max_grad_norm / (static_cast<double>(grad_norm[0]) + 1e-6));

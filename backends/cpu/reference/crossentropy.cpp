@@ -29,8 +29,8 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 }
 
 // dlogits, logits are (N,V) and may be the same memory; targets is (N)
-void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,
-                           int64_t N, int64_t V, float dloss) {
+void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets, int64_t N,
+                           int64_t V, float dloss) {
   for (int64_t n = 0; n < N; ++n) {
     const float* x = logits + n * V;
     float* dx = dlogits + n * V;

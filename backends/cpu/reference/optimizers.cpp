@@ -59,8 +59,8 @@ void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, flo
       const int64_t i = i0 + j;
       double g = grad[i] * clip;
       double mi = b1 * (static_cast<double>(qmap_signed[m_q[i]]) * m_absmax[b]) + (1.0 - b1) * g;
-      double vi = b2 * (static_cast<double>(qmap_unsigned[v_q[i]]) * v_absmax[b]) +
-                  (1.0 - b2) * g * g;
+      double vi =
+          b2 * (static_cast<double>(qmap_unsigned[v_q[i]]) * v_absmax[b]) + (1.0 - b2) * g * g;
       m[j] = static_cast<float>(mi);
       v[j] = static_cast<float>(vi);
       mmax = std::max(mmax, std::abs(m[j]));
@@ -81,15 +81,13 @@ void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, flo
 
 // ---- Adafactor ----------------------------------------------------------------------------------
 // param, grad, exp_avg are (R,C); factored: row (R), col (C); else v (R*C)
-void adafactor(float* param, const float* grad, float* row, float* col, float* v,
-               float* exp_avg, const float* grad_norm, int64_t R, int64_t C,
-               const AdafactorHyper& hp) {
+void adafactor(float* param, const float* grad, float* row, float* col, float* v, float* exp_avg,
+               const float* grad_norm, int64_t R, int64_t C, const AdafactorHyper& hp) {
   const int64_t n = R * C;
   const double clip = clip_factor(hp.max_grad_norm, grad_norm);
   const double t = static_cast<double>(hp.step);
   double rho = hp.lr;
-  if (hp.relative_step)
-    rho = std::min(hp.warmup_init ? 1e-6 * t : 1e-2, 1.0 / std::sqrt(t));
+  if (hp.relative_step) rho = std::min(hp.warmup_init ? 1e-6 * t : 1e-2, 1.0 / std::sqrt(t));
   double scale = 1.0;
   if (hp.scale_parameter) {
     double ss = 0.0;

@@ -36,8 +36,19 @@ void VulkanDevice::adamw_kernel(const Tensor& param, const Tensor& grad, const T
   for_each_chunk(*this, n, 4, [&](int64_t s, int64_t c) {
     Bound bp = bind(param, s, c), bg = bind(grad, s, c), bm = bind(m, s, c), bv = bind(v, s, c);
     Bound bnorm = clip ? bn : bg;  // unread without clipping; any valid binding will do
-    AdamWPush p{u32(c), bp.first, bg.first, bm.first, bv.first, clip ? bnorm.first : 0u,
-                hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, bc1, bc2,
+    AdamWPush p{u32(c),
+                bp.first,
+                bg.first,
+                bm.first,
+                bv.first,
+                clip ? bnorm.first : 0u,
+                hp.lr,
+                hp.beta1,
+                hp.beta2,
+                hp.eps,
+                hp.weight_decay,
+                bc1,
+                bc2,
                 clip ? hp.max_grad_norm : 0.0f};
     auto g = grid(c, 256);
     dispatch(ShaderId::adamw, {bp, bg, bm, bv, bnorm}, p, g[0], g[1]);

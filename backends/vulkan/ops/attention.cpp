@@ -40,7 +40,8 @@ CT_VK_PUSH_SIZE(SoftmaxPush, attention_softmax_fwd);
 CT_VK_PUSH_MEMBER(SoftmaxPush, attention_softmax_fwd, oatt);
 CT_VK_PUSH_MEMBER(SoftmaxPush, attention_softmax_fwd, d_hi);
 static_assert(refl::attention_softmax_bwd::kPushSize == refl::attention_softmax_fwd::kPushSize);
-static_assert(refl::attention_softmax_fwd_bf16::kPushSize == refl::attention_softmax_fwd::kPushSize);
+static_assert(refl::attention_softmax_fwd_bf16::kPushSize ==
+              refl::attention_softmax_fwd::kPushSize);
 static_assert(refl::attention_softmax_bwd_f16::kPushSize == refl::attention_softmax_fwd::kPushSize);
 
 static_assert(refl::attention_bwd_q::kPushSize == refl::attention_fwd::kPushSize &&
@@ -81,12 +82,18 @@ Bound shifted(Bound b, int64_t elems) {
 }
 
 SoftmaxPush softmax_push(const Bound& att, const Bound& d, int64_t rows, int64_t T, float scale) {
-  return SoftmaxPush{u32(rows), u32(T), scale, att.first, d.first,
-                     static_cast<uint32_t>(att.addr), static_cast<uint32_t>(att.addr >> 32),
-                     static_cast<uint32_t>(d.addr), static_cast<uint32_t>(d.addr >> 32)};
+  return SoftmaxPush{u32(rows),
+                     u32(T),
+                     scale,
+                     att.first,
+                     d.first,
+                     static_cast<uint32_t>(att.addr),
+                     static_cast<uint32_t>(att.addr >> 32),
+                     static_cast<uint32_t>(d.addr),
+                     static_cast<uint32_t>(d.addr >> 32)};
 }
-void VulkanDevice::attention_forward_kernel(const Tensor& out, const Tensor& att,
-                                            const Tensor& qkv, int n_head) {
+void VulkanDevice::attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                                            int n_head) {
   AttShape s = attention_shape("attention_forward", qkv, n_head);
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hs)));
   int64_t bc = batch_chunk(*this, s);
@@ -102,7 +109,7 @@ void VulkanDevice::attention_forward_kernel(const Tensor& out, const Tensor& att
       Bound ba = bind(att, b * NH * T * T, NH * T * T);
       Bound bo = bind(out, b * T * C, T * C);
       Bound bp = h16 ? bs : ba;  // where the f32 probabilities are formed
-      GemmCall g;  // att[h] = q[h] k[h]^T (scaled in the softmax)
+      GemmCall g;                // att[h] = q[h] k[h]^T (scaled in the softmax)
       g.batch = NH, g.M = T, g.N = T, g.K = hs;
       g.a = bq, g.sa = {hs, 3 * C, 1};
       g.b = shifted(bq, C), g.sb = {hs, 1, 3 * C};
@@ -199,8 +206,8 @@ void VulkanDevice::attention_backward_kernel(const Tensor& dqkv, const Tensor& d
     Bound bq = bind(qkv, b0 * s.T * 3 * s.C, nb * s.T * 3 * s.C);
     Bound bo = bind(dout, b0 * s.T * s.C, nb * s.T * s.C);
     Bound bs = bind(rowsum, b0 * s.NH * s.T, rows);
-    AttentionPush p{u32(rows), u32(s.T), u32(s.C), u32(s.NH), scale, bd.first, ba.first,
-                    bq.first, bo.first, bs.first};
+    AttentionPush p{u32(rows), u32(s.T), u32(s.C), u32(s.NH), scale,
+                    bd.first,  ba.first, bq.first, bo.first,  bs.first};
     auto g = grid(rows, 64);
     dispatch(ShaderId::attention_bwd_q, {bd, ba, bq, bo, bs}, p, g[0], g[1]);
     dispatch(ShaderId::attention_bwd_kv, {bd, ba, bq, bo, bs}, p, g[0], g[1]);

@@ -40,8 +40,8 @@ void VulkanDevice::crossentropy_forward_kernel(const Tensor& losses, const Tenso
     auto g = grid(nr, 1);
     dispatch(h_variant(logits.dtype, ShaderId::crossentropy_fwd, ShaderId::crossentropy_fwd_f16,
                        ShaderId::crossentropy_fwd_bf16),
-             {bl, bx, bt},
-             CrossEntropyPush{u32(nr), u32(V), 0.0f, bl.first, bx.first, bt.first}, g[0], g[1]);
+             {bl, bx, bt}, CrossEntropyPush{u32(nr), u32(V), 0.0f, bl.first, bx.first, bt.first},
+             g[0], g[1]);
   }
 }
 
@@ -57,8 +57,8 @@ void VulkanDevice::crossentropy_backward_kernel(const Tensor& dlogits, const Ten
     auto g = grid(nr, 1);
     dispatch(h_variant(logits.dtype, ShaderId::crossentropy_bwd, ShaderId::crossentropy_bwd_f16,
                        ShaderId::crossentropy_bwd_bf16),
-             {bd, bx, bt},
-             CrossEntropyPush{u32(nr), u32(V), dloss, bd.first, bx.first, bt.first}, g[0], g[1]);
+             {bd, bx, bt}, CrossEntropyPush{u32(nr), u32(V), dloss, bd.first, bx.first, bt.first},
+             g[0], g[1]);
   }
 }
 

@@ -55,18 +55,29 @@ void VulkanDevice::fill_kernel(const Tensor& t, float value) {
   uint32_t bits = 0;
   ShaderId id = ShaderId::fill_b32;
   switch (t.dtype) {
-    case DType::f32: bits = f32_bits(value); break;
+    case DType::f32:
+      bits = f32_bits(value);
+      break;
     case DType::i32:
       // 2147483520 is the largest float below 2^31.
       bits = static_cast<uint32_t>(saturate<int32_t>(value, -2147483648.f, 2147483520.f));
       break;
-    case DType::f16: bits = f32_to_f16(value); id = ShaderId::fill_b16; break;
-    case DType::bf16: bits = f32_to_bf16(value); id = ShaderId::fill_b16; break;
+    case DType::f16:
+      bits = f32_to_f16(value);
+      id = ShaderId::fill_b16;
+      break;
+    case DType::bf16:
+      bits = f32_to_bf16(value);
+      id = ShaderId::fill_b16;
+      break;
     case DType::i8:
       bits = static_cast<uint8_t>(saturate<int8_t>(value, -128.f, 127.f));
       id = ShaderId::fill_b8;
       break;
-    case DType::u8: bits = saturate<uint8_t>(value, 0.f, 255.f); id = ShaderId::fill_b8; break;
+    case DType::u8:
+      bits = saturate<uint8_t>(value, 0.f, 255.f);
+      id = ShaderId::fill_b8;
+      break;
   }
   for_each_chunk(*this, t.numel(), dtype_size(t.dtype), [&](int64_t s, int64_t n) {
     Bound b = bind(t, s, n);
@@ -83,8 +94,8 @@ static ShaderId convert_shader(DType src, DType dst) {
   if (src == D::f16 && dst == D::bf16) return ShaderId::convert_f16_bf16;
   if (src == D::bf16 && dst == D::f32) return ShaderId::convert_bf16_f32;
   if (src == D::bf16 && dst == D::f16) return ShaderId::convert_bf16_f16;
-  fail(ErrorKind::kUnsupported, std::string("copy: no conversion from ") + dtype_name(src) +
-                                    " to " + dtype_name(dst));
+  fail(ErrorKind::kUnsupported,
+       std::string("copy: no conversion from ") + dtype_name(src) + " to " + dtype_name(dst));
 }
 
 void VulkanDevice::copy_kernel(const Tensor& dst, const Tensor& src) {

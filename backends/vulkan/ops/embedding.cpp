@@ -73,8 +73,8 @@ void VulkanDevice::embedding_forward_kernel(const Tensor& out, const Tensor& tok
     int64_t vc = std::min(rows, s.V - v0);
     Bound bw = bind(wte, v0 * s.C, vc * s.C);
     dispatch(ShaderId::embedding_fwd, {bo, bt, bw, bp},
-             EmbFwdPush{u32(n), u32(s.T), u32(s.C), u32(v0), u32(vc), bo.first, bt.first,
-                        bw.first, bp.first},
+             EmbFwdPush{u32(n), u32(s.T), u32(s.C), u32(v0), u32(vc), bo.first, bt.first, bw.first,
+                        bp.first},
              g[0], g[1]);
   }
 }
@@ -97,8 +97,7 @@ void VulkanDevice::embedding_backward_kernel(const Tensor& dwte, const Tensor& d
     int64_t vc = std::min(rows, s.V - v0);
     Bound bw = bind(dwte, v0 * s.C, vc * s.C);
     dispatch(ShaderId::embedding_bwd_wte, {bw, bd, bt, bl},
-             EmbWtePush{u32(n), u32(s.C), u32(v0), u32(vc), bw.first, bd.first, bt.first,
-                        bl.first},
+             EmbWtePush{u32(n), u32(s.C), u32(v0), u32(vc), bw.first, bd.first, bt.first, bl.first},
              g[0], g[1]);
   }
   Bound bp = bind(dwpe, 0, s.T * s.C);

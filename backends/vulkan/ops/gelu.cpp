@@ -29,9 +29,9 @@ void VulkanDevice::gelu_forward_kernel(const Tensor& out, const Tensor& x) {
   for_each_chunk(*this, out.numel(), 4, [&](int64_t s, int64_t n) {
     Bound bo = bind(out, s, n), bx = bind(x, s, n);
     auto g = grid(n, 256);
-    dispatch(h_variant(x.dtype, ShaderId::gelu_fwd, ShaderId::gelu_fwd_f16,
-                       ShaderId::gelu_fwd_bf16),
-             {bo, bx}, GeluFwdPush{u32(n), bo.first, bx.first}, g[0], g[1]);
+    dispatch(
+        h_variant(x.dtype, ShaderId::gelu_fwd, ShaderId::gelu_fwd_f16, ShaderId::gelu_fwd_bf16),
+        {bo, bx}, GeluFwdPush{u32(n), bo.first, bx.first}, g[0], g[1]);
   });
 }
 
@@ -39,9 +39,9 @@ void VulkanDevice::gelu_backward_kernel(const Tensor& dx, const Tensor& x, const
   for_each_chunk(*this, dx.numel(), 4, [&](int64_t s, int64_t n) {
     Bound bd = bind(dx, s, n), bx = bind(x, s, n), bo = bind(dout, s, n);
     auto g = grid(n, 256);
-    dispatch(h_variant(x.dtype, ShaderId::gelu_bwd, ShaderId::gelu_bwd_f16,
-                       ShaderId::gelu_bwd_bf16),
-             {bd, bx, bo}, GeluBwdPush{u32(n), bd.first, bx.first, bo.first}, g[0], g[1]);
+    dispatch(
+        h_variant(x.dtype, ShaderId::gelu_bwd, ShaderId::gelu_bwd_f16, ShaderId::gelu_bwd_bf16),
+        {bd, bx, bo}, GeluBwdPush{u32(n), bd.first, bx.first, bo.first}, g[0], g[1]);
   });
 }
 

@@ -69,12 +69,12 @@ void VulkanDevice::layernorm_forward_kernel(const Tensor& out, const Tensor& mea
     Bound bo = bind(out, r0 * C, nr * C), bm = bind(mean, r0, nr), br = bind(rstd, r0, nr),
           bx = bind(x, r0 * C, nr * C);
     auto g = grid(nr, 1);
-    dispatch(h_variant(out.dtype, ShaderId::layernorm_fwd, ShaderId::layernorm_fwd_f16,
-                       ShaderId::layernorm_fwd_bf16),
-             {bo, bm, br, bx, bw, bb},
-             LnFwdPush{u32(nr), u32(C), eps, bo.first, bm.first, br.first, bx.first, bw.first,
-                       bb.first},
-             g[0], g[1]);
+    dispatch(
+        h_variant(out.dtype, ShaderId::layernorm_fwd, ShaderId::layernorm_fwd_f16,
+                  ShaderId::layernorm_fwd_bf16),
+        {bo, bm, br, bx, bw, bb},
+        LnFwdPush{u32(nr), u32(C), eps, bo.first, bm.first, br.first, bx.first, bw.first, bb.first},
+        g[0], g[1]);
   }
 }
 
@@ -89,19 +89,19 @@ void VulkanDevice::layernorm_backward_kernel(const Tensor& dx, const Tensor& dw,
     Bound bdx = bind(dx, r0 * C, nr * C), bdo = bind(dout, r0 * C, nr * C),
           bx = bind(x, r0 * C, nr * C), bm = bind(mean, r0, nr), br = bind(rstd, r0, nr);
     auto g = grid(nr, 1);
-    dispatch(h_variant(dout.dtype, ShaderId::layernorm_bwd_dx, ShaderId::layernorm_bwd_dx_f16,
-                       ShaderId::layernorm_bwd_dx_bf16),
-             {bdx, bdo, bx, bw, bm, br},
-             LnDxPush{u32(nr), u32(C), bdx.first, bdo.first, bx.first, bw.first, bm.first,
-                      br.first},
-             g[0], g[1]);
+    dispatch(
+        h_variant(dout.dtype, ShaderId::layernorm_bwd_dx, ShaderId::layernorm_bwd_dx_f16,
+                  ShaderId::layernorm_bwd_dx_bf16),
+        {bdx, bdo, bx, bw, bm, br},
+        LnDxPush{u32(nr), u32(C), bdx.first, bdo.first, bx.first, bw.first, bm.first, br.first},
+        g[0], g[1]);
     auto gc = grid(C, 256);
-    dispatch(h_variant(dout.dtype, ShaderId::layernorm_bwd_dwdb, ShaderId::layernorm_bwd_dwdb_f16,
-                       ShaderId::layernorm_bwd_dwdb_bf16),
-             {bdw, bdb, bdo, bx, bm, br},
-             LnDwPush{u32(nr), u32(C), bdw.first, bdb.first, bdo.first, bx.first, bm.first,
-                      br.first},
-             gc[0], gc[1]);
+    dispatch(
+        h_variant(dout.dtype, ShaderId::layernorm_bwd_dwdb, ShaderId::layernorm_bwd_dwdb_f16,
+                  ShaderId::layernorm_bwd_dwdb_bf16),
+        {bdw, bdb, bdo, bx, bm, br},
+        LnDwPush{u32(nr), u32(C), bdw.first, bdb.first, bdo.first, bx.first, bm.first, br.first},
+        gc[0], gc[1]);
   }
 }
 

@@ -73,8 +73,8 @@ struct Box {
 };
 
 // First element and element count spanned by (z, i, j) ranges.
-std::pair<int64_t, int64_t> span(const Strides& s, int64_t z0, int64_t zc, int64_t i0,
-                                 int64_t ic, int64_t j0, int64_t jc) {
+std::pair<int64_t, int64_t> span(const Strides& s, int64_t z0, int64_t zc, int64_t i0, int64_t ic,
+                                 int64_t j0, int64_t jc) {
   int64_t first = z0 * s.sb + i0 * s.si + j0 * s.sj;
   int64_t last = (z0 + zc - 1) * s.sb + (i0 + ic - 1) * s.si + (j0 + jc - 1) * s.sj;
   return {first, last - first + 1};
@@ -108,10 +108,13 @@ constexpr ShaderId kVecIds[3][3] = {
     {ShaderId::matmul_vec_sn, ShaderId::matmul_vec_sk, ShaderId::matmul_vec_ss}};
 // vsg64: b along n or k read as 64-bit pairs (no scalar-b variant: those take vsg).
 // [a mode][b mode] of a 64-bit-load family, b along n or k only.
-#define CT_U64_IDS(fam)                                             \
-  {{ShaderId::matmul_##fam##_kn, ShaderId::matmul_##fam##_kk},      \
-   {ShaderId::matmul_##fam##_mn, ShaderId::matmul_##fam##_mk},      \
-   {ShaderId::matmul_##fam##_sn, ShaderId::matmul_##fam##_sk}}
+#define CT_U64_IDS(fam)                                               \
+  {                                                                   \
+    {ShaderId::matmul_##fam##_kn, ShaderId::matmul_##fam##_kk},       \
+        {ShaderId::matmul_##fam##_mn, ShaderId::matmul_##fam##_mk}, { \
+      ShaderId::matmul_##fam##_sn, ShaderId::matmul_##fam##_sk        \
+    }                                                                 \
+  }
 constexpr ShaderId kVsg64Ids[3][2] = CT_U64_IDS(vsg64);
 // The same with two 4-deep k steps per loop iteration (MM_KU = 2), for K % 8 == 0: lavapipe
 // blends and spills each loop-carried accumulator once per iteration. When introduced (8-row
@@ -129,13 +132,18 @@ constexpr ShaderId kVsgIds[3][3] = {
     {ShaderId::matmul_vsg_sn, ShaderId::matmul_vsg_sk, ShaderId::matmul_vsg_ss}};
 
 // 16-bit variants (backends/vulkan/CMakeLists.txt), [combo hhf, hhh, fhh][f16, bf16].
-#define CT_VSG_H(sfx)                                                                           \
-  {{ShaderId::matmul_vsg_kn_##sfx, ShaderId::matmul_vsg_kk_##sfx, ShaderId::matmul_vsg_ks_##sfx}, \
-   {ShaderId::matmul_vsg_mn_##sfx, ShaderId::matmul_vsg_mk_##sfx, ShaderId::matmul_vsg_ms_##sfx}, \
-   {ShaderId::matmul_vsg_sn_##sfx, ShaderId::matmul_vsg_sk_##sfx, ShaderId::matmul_vsg_ss_##sfx}}
+#define CT_VSG_H(sfx)                                                                              \
+  {                                                                                                \
+    {ShaderId::matmul_vsg_kn_##sfx, ShaderId::matmul_vsg_kk_##sfx, ShaderId::matmul_vsg_ks_##sfx}, \
+        {ShaderId::matmul_vsg_mn_##sfx, ShaderId::matmul_vsg_mk_##sfx,                             \
+         ShaderId::matmul_vsg_ms_##sfx},                                                           \
+    {                                                                                              \
+      ShaderId::matmul_vsg_sn_##sfx, ShaderId::matmul_vsg_sk_##sfx, ShaderId::matmul_vsg_ss_##sfx  \
+    }                                                                                              \
+  }
 constexpr ShaderId kVsgH[3][2][3][3] = {{CT_VSG_H(hhf_f16), CT_VSG_H(hhf_bf16)},
-                                         {CT_VSG_H(hhh_f16), CT_VSG_H(hhh_bf16)},
-                                         {CT_VSG_H(fhh_f16), CT_VSG_H(fhh_bf16)}};
+                                        {CT_VSG_H(hhh_f16), CT_VSG_H(hhh_bf16)},
+                                        {CT_VSG_H(fhh_f16), CT_VSG_H(fhh_bf16)}};
 #undef CT_VSG_H
 constexpr ShaderId kRegH[3][2] = {{ShaderId::matmul_reg_hhf_f16, ShaderId::matmul_reg_hhf_bf16},
                                   {ShaderId::matmul_reg_hhh_f16, ShaderId::matmul_reg_hhh_bf16},
@@ -163,10 +171,10 @@ void VulkanDevice::matmul_kernel(const Tensor& c, const Tensor& a, const Tensor&
   std::string shapes = " (c " + c.describe() + ", a " + a.describe() + (trans_a ? "^T" : "") +
                        ", b " + b.describe() + (trans_b ? "^T" : "") + ")";
   if (batch == 0 || M == 0 || N == 0) return;
-  Strides sa = trans_a ? Strides{d.a_batched ? M * K : 0, 1, M}
-                       : Strides{d.a_batched ? M * K : 0, K, 1};
-  Strides sb = trans_b ? Strides{d.b_batched ? K * N : 0, 1, K}
-                       : Strides{d.b_batched ? K * N : 0, N, 1};
+  Strides sa =
+      trans_a ? Strides{d.a_batched ? M * K : 0, 1, M} : Strides{d.a_batched ? M * K : 0, K, 1};
+  Strides sb =
+      trans_b ? Strides{d.b_batched ? K * N : 0, 1, K} : Strides{d.b_batched ? K * N : 0, N, 1};
   Strides sc{M * N, N, 1};
   int64_t limit = max_elems(4);
   // CPU-type devices: K runs in pieces chained through beta like the range splits below, at most
@@ -230,9 +238,12 @@ void VulkanDevice::matmul_kernel(const Tensor& c, const Tensor& a, const Tensor&
   };
   if (K == 0) {  // c = beta * c: there is nothing to multiply
     CT_REQUIRE(!bias, "matmul: K = 0 with a bias is not supported on Vulkan" + shapes);
-    if (beta == 0.0f) fill(c, 0.0f);
-    else if (c.dtype == DType::f32) scale(c, beta);
-    else fail(ErrorKind::kUnsupported, "matmul: K = 0 with beta != 0 and a 16-bit c" + shapes);
+    if (beta == 0.0f)
+      fill(c, 0.0f);
+    else if (c.dtype == DType::f32)
+      scale(c, beta);
+    else
+      fail(ErrorKind::kUnsupported, "matmul: K = 0 with beta != 0 and a 16-bit c" + shapes);
     return;
   }
   run(run, Box{0, batch, 0, M, 0, N, 0, K}, beta, true);
@@ -243,13 +254,18 @@ void VulkanDevice::gemm(const GemmCall& g) {
   // 16-bit combination: -1 all f32; 0 hhf (a, b h; c f32), 1 hhh, 2 fhh (a f32; b, c h)
   int combo = -1;
   const DType h = g.tb;
-  if (g.ta == DType::f32 && g.tb == DType::f32 && g.tc == DType::f32) combo = -1;
-  else if (is_h(g.ta) && g.tb == g.ta && g.tc == DType::f32) combo = 0;
-  else if (is_h(g.ta) && g.tb == g.ta && g.tc == g.ta) combo = 1;
-  else if (g.ta == DType::f32 && is_h(g.tb) && g.tc == g.tb) combo = 2;
-  else CT_CHECK(false, "gemm: unsupported operand dtype combination");
+  if (g.ta == DType::f32 && g.tb == DType::f32 && g.tc == DType::f32)
+    combo = -1;
+  else if (is_h(g.ta) && g.tb == g.ta && g.tc == DType::f32)
+    combo = 0;
+  else if (is_h(g.ta) && g.tb == g.ta && g.tc == g.ta)
+    combo = 1;
+  else if (g.ta == DType::f32 && is_h(g.tb) && g.tc == g.tb)
+    combo = 2;
+  else
+    CT_CHECK(false, "gemm: unsupported operand dtype combination");
   const int hi = h == DType::bf16 ? 1 : 0;
-  if (combo >= 0 && kind == MmKind::kVec) kind = MmKind::kReg;  // no MM_VEC 16-bit variants
+  if (combo >= 0 && kind == MmKind::kVec) kind = MmKind::kReg;    // no MM_VEC 16-bit variants
   if (combo >= 0 && kind == MmKind::kVsg64) kind = MmKind::kVsg;  // f32 only
   // TM, TN of matmul.comp: 64 x 64 (8 x 8 invocations, 8 x 8 blocks), MM_SG 128 x 64 (16-row
   // blocks).
@@ -270,19 +286,23 @@ void VulkanDevice::gemm(const GemmCall& g) {
     p.b_lo = static_cast<uint32_t>(g.b.addr), p.b_hi = static_cast<uint32_t>(g.b.addr >> 32);
     p.c_lo = static_cast<uint32_t>(g.c.addr), p.c_hi = static_cast<uint32_t>(g.c.addr >> 32);
     p.c_vec = g.tc == DType::f32 && g.c.addr % 16 == 0 && g.c.first % 4 == 0 && g.sc[1] % 4 == 0 &&
-                      g.sc[0] % 4 == 0;
+              g.sc[0] % 4 == 0;
     int am = 2, bm = 2;
     size_t ea = dtype_size(g.ta), eb = dtype_size(g.tb);
-    if (g.sa[2] == 1 && vec_ok(g.a, ea, g.sa[0], g.sa[1], g.K)) am = 0;       // along k
-    else if (g.sa[1] == 1 && vec_ok(g.a, ea, g.sa[0], g.sa[2], g.M)) am = 1;  // along m
-    if (g.sb[2] == 1 && vec_ok(g.b, eb, g.sb[0], g.sb[1], g.N)) bm = 0;       // along n
-    else if (g.sb[1] == 1 && vec_ok(g.b, eb, g.sb[0], g.sb[2], g.K)) bm = 1;  // along k
-    id = combo >= 0                            ? kVsgH[combo][hi][am][bm]
+    if (g.sa[2] == 1 && vec_ok(g.a, ea, g.sa[0], g.sa[1], g.K))
+      am = 0;  // along k
+    else if (g.sa[1] == 1 && vec_ok(g.a, ea, g.sa[0], g.sa[2], g.M))
+      am = 1;  // along m
+    if (g.sb[2] == 1 && vec_ok(g.b, eb, g.sb[0], g.sb[1], g.N))
+      bm = 0;  // along n
+    else if (g.sb[1] == 1 && vec_ok(g.b, eb, g.sb[0], g.sb[2], g.K))
+      bm = 1;  // along k
+    id = combo >= 0                                                     ? kVsgH[combo][hi][am][bm]
          : kind == MmKind::kVsg64 && bm < 2 && am == 1 && g.K % 16 == 0 ? kVsg64k16MIds[bm]
-         : kind == MmKind::kVsg64 && bm < 2 && g.K % 8 == 0 ? kVsg64k8Ids[am][bm]
-         : kind == MmKind::kVsg64 && bm < 2    ? kVsg64Ids[am][bm]
-         : kind == MmKind::kVsg || kind == MmKind::kVsg64 ? kVsgIds[am][bm]
-                                               : kVecIds[am][bm];
+         : kind == MmKind::kVsg64 && bm < 2 && g.K % 8 == 0             ? kVsg64k8Ids[am][bm]
+         : kind == MmKind::kVsg64 && bm < 2                             ? kVsg64Ids[am][bm]
+         : kind == MmKind::kVsg || kind == MmKind::kVsg64               ? kVsgIds[am][bm]
+                                                                        : kVecIds[am][bm];
     if (kind != MmKind::kVec) tm = 128;  // an MM_SG variant
   }
   uint32_t gx = u32((g.N + tn - 1) / tn), gy = u32((g.M + tm - 1) / tm);

@@ -10,7 +10,9 @@
 
 namespace ct::vk {
 
-inline bool is_h(DType d) { return d == DType::f16 || d == DType::bf16; }
+inline bool is_h(DType d) {
+  return d == DType::f16 || d == DType::bf16;
+}
 
 // The variant of a ct_vk_shader_h() family (backends/vulkan/CMakeLists.txt) for dtype d.
 inline ShaderId h_variant(DType d, ShaderId f32, ShaderId f16, ShaderId bf16) {
@@ -25,6 +27,8 @@ void for_each_chunk(const VulkanDevice& dev, int64_t n, size_t esize, F&& fn) {
   for (int64_t s = 0; s < n; s += chunk) fn(s, std::min(chunk, n - s));
 }
 
-inline uint32_t u32(int64_t v) { return static_cast<uint32_t>(v); }
+inline uint32_t u32(int64_t v) {
+  return static_cast<uint32_t>(v);
+}
 
 }  // namespace ct::vk

@@ -101,10 +101,19 @@ void VulkanDevice::sgd_kernel(const Tensor& param, const Tensor& grad, const Ten
   for_each_chunk(*this, n, 4, [&](int64_t s, int64_t c) {
     Bound bp = bind(param, s, c), bg = bind(grad, s, c);
     Bound bb = has_buf ? bind(momentum_buf, s, c) : bp;  // unused without momentum
-    Bound bnorm = clip ? bn : bg;                          // unread without clipping
-    SgdPush p{u32(c), bp.first, bg.first, bb.first, clip ? bnorm.first : 0u,
-              has_buf ? 1u : 0u, hp.step == 1 ? 1u : 0u, hp.nesterov ? 1u : 0u,
-              hp.lr, hp.momentum, hp.dampening, hp.weight_decay,
+    Bound bnorm = clip ? bn : bg;                        // unread without clipping
+    SgdPush p{u32(c),
+              bp.first,
+              bg.first,
+              bb.first,
+              clip ? bnorm.first : 0u,
+              has_buf ? 1u : 0u,
+              hp.step == 1 ? 1u : 0u,
+              hp.nesterov ? 1u : 0u,
+              hp.lr,
+              hp.momentum,
+              hp.dampening,
+              hp.weight_decay,
               clip ? hp.max_grad_norm : 0.0f};
     auto g = grid(c, 256);
     dispatch(ShaderId::sgd, {bp, bg, bb, bnorm}, p, g[0], g[1]);
@@ -119,8 +128,8 @@ void VulkanDevice::lion_kernel(const Tensor& param, const Tensor& grad, const Te
   for_each_chunk(*this, n, 4, [&](int64_t s, int64_t c) {
     Bound bp = bind(param, s, c), bg = bind(grad, s, c), bm = bind(m, s, c);
     Bound bnorm = clip ? bn : bg;
-    LionPush p{u32(c), bp.first, bg.first, bm.first, clip ? bnorm.first : 0u,
-               hp.lr, hp.beta1, hp.beta2, hp.weight_decay, clip ? hp.max_grad_norm : 0.0f};
+    LionPush p{u32(c), bp.first, bg.first, bm.first,        clip ? bnorm.first : 0u,
+               hp.lr,  hp.beta1, hp.beta2, hp.weight_decay, clip ? hp.max_grad_norm : 0.0f};
     auto g = grid(c, 256);
     dispatch(ShaderId::lion, {bp, bg, bm, bnorm}, p, g[0], g[1]);
   });
@@ -149,9 +158,23 @@ void VulkanDevice::adamw_8bit_kernel(const Tensor& param, const Tensor& grad, co
     Bound bp = bind(param, s, c), bg = bind(grad, s, c), bmq = bind(m_q, s, c),
           bvq = bind(v_q, s, c), bma = bind(m_absmax, b0, bc), bva = bind(v_absmax, b0, bc);
     Bound bnorm = clip ? bn : bg;
-    AdamW8Push p{u32(c), bp.first, bg.first, bmq.first, bvq.first, bma.first, bva.first,
-                 bqs.first, bqu.first, clip ? bnorm.first : 0u,
-                 hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, bc1, bc2,
+    AdamW8Push p{u32(c),
+                 bp.first,
+                 bg.first,
+                 bmq.first,
+                 bvq.first,
+                 bma.first,
+                 bva.first,
+                 bqs.first,
+                 bqu.first,
+                 clip ? bnorm.first : 0u,
+                 hp.lr,
+                 hp.beta1,
+                 hp.beta2,
+                 hp.eps,
+                 hp.weight_decay,
+                 bc1,
+                 bc2,
                  clip ? hp.max_grad_norm : 0.0f};
     auto g = grid(static_cast<uint64_t>(bc) * kQuantBlockSize, kQuantBlockSize);
     dispatch(ShaderId::adamw_8bit, {bp, bg, bmq, bvq, bma, bva, bqs, bqu, bnorm}, p, g[0], g[1]);

@@ -37,7 +37,9 @@ CT_VK_PUSH_MEMBER(FinitePush, check_finite, of);
 namespace {
 constexpr int64_t kMaxGroups = 512;  // workgroups per chunk in the first pass
 
-int64_t groups_for(int64_t n) { return std::clamp<int64_t>((n + 4095) / 4096, 1, kMaxGroups); }
+int64_t groups_for(int64_t n) {
+  return std::clamp<int64_t>((n + 4095) / 4096, 1, kMaxGroups);
+}
 
 void reduce(VulkanDevice& d, const Tensor& out, const Tensor& x, float scale, bool square) {
   int64_t n = x.numel();
