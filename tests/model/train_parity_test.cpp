@@ -17,6 +17,7 @@
 #include "core/train/train_args.h"
 #include "core/train/trainer.h"
 #include "tests/common/device_harness.h"
+#include "tests/common/tiny_training.h"
 
 namespace ct::test {
 namespace {
@@ -24,42 +25,6 @@ namespace {
 namespace fs = std::filesystem;
 
 const char* const kBaseline = "cpu:0";
-
-// The tiny preset at block size 64, batch 1 (keeps the test fast), logging every step.
-TrainArgs tiny_args(const std::string& backend, const std::string& dir, int64_t steps) {
-  TrainArgs a;
-  a.model = "tiny";
-  a.block_size = 64;
-  a.per_device_train_batch_size = 1;
-  a.max_steps = steps;
-  a.warmup_steps = 5;
-  a.logging_steps = 1;
-  a.eval_steps = 0;
-  a.max_eval_batches = 1;
-  a.sample_tokens = 0;
-  a.progress_bar = false;
-  a.seed = 1234;
-  a.backend = backend;
-  a.output_dir = dir;
-  return a;
-}
-
-std::string fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("ct_parity_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  return d.string();
-}
-
-std::vector<double> losses(const std::string& dir) {
-  std::vector<double> v;
-  std::ifstream in(fs::path(dir) / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("loss")) v.push_back(j["loss"].get<double>());
-  }
-  return v;
-}
 
 class TrainParity : public DeviceTest {
  protected:
@@ -81,7 +46,7 @@ TEST_P(TrainParity, TinyFiftyStepsMatchCpu) {
   ::testing::internal::CaptureStdout();
   train(da);
   std::string out = ::testing::internal::GetCapturedStdout();
-  std::vector<double> lc = losses(dc), ld = losses(dd);
+  std::vector<double> lc = logged_losses(dc), ld = logged_losses(dd);
   ASSERT_EQ(lc.size(), static_cast<size_t>(steps));
   ASSERT_EQ(ld.size(), static_cast<size_t>(steps));
   double worst = 0;
@@ -127,7 +92,7 @@ TEST_P(TrainParity, ResumeAcrossBackends) {
     TrainArgs b = tiny_args(second, split, 6);
     b.resume_from_checkpoint = (fs::path(split) / "checkpoint-3").string();
     train(b);
-    std::vector<double> want = losses(straight), got = losses(split);
+    std::vector<double> want = logged_losses(straight), got = logged_losses(split);
     ASSERT_EQ(want.size(), 6u);
     ASSERT_EQ(got.size(), 6u) << first << " -> " << second;
     for (size_t i = 0; i < want.size(); ++i)
@@ -156,8 +121,8 @@ TEST_P(TrainParity, OffloadedOptimizer) {
   std::string sync = run(id(), "off_sync", true, false);
   std::string delayed_dut = run(id(), "off_dpu_dut", true, true);
   std::string delayed_cpu = run(kBaseline, "off_dpu_cpu", true, true);
-  std::vector<double> dev_l = losses(on_device), syn = losses(sync), dd = losses(delayed_dut),
-                      dcpu = losses(delayed_cpu);
+  std::vector<double> dev_l = logged_losses(on_device), syn = logged_losses(sync),
+                      dd = logged_losses(delayed_dut), dcpu = logged_losses(delayed_cpu);
   ASSERT_EQ(dev_l.size(), static_cast<size_t>(steps));
   ASSERT_EQ(syn.size(), dev_l.size());
   ASSERT_EQ(dd.size(), dev_l.size());

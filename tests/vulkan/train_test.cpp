@@ -11,38 +11,13 @@
 #include "core/train/checkpoint.h"
 #include "core/train/train_args.h"
 #include "core/train/trainer.h"
+#include "tests/common/tiny_training.h"
 #include "tests/vulkan/vulkan_fixture.h"
 
 namespace ct::vktest {
 namespace {
 
 namespace fs = std::filesystem;
-
-// The tiny preset at block size 64, batch 1 (keeps the test fast), logging every step.
-TrainArgs tiny_args(const std::string& backend, const std::string& dir, int64_t steps) {
-  TrainArgs a;
-  a.model = "tiny";
-  a.block_size = 64;
-  a.per_device_train_batch_size = 1;
-  a.max_steps = steps;
-  a.warmup_steps = 5;
-  a.logging_steps = 1;
-  a.eval_steps = 0;
-  a.max_eval_batches = 1;
-  a.sample_tokens = 0;
-  a.progress_bar = false;
-  a.seed = 1234;
-  a.backend = backend;
-  a.output_dir = dir;
-  return a;
-}
-
-std::string fresh_dir(const std::string& name) {
-  fs::path d =
-      fs::temp_directory_path() / ("ct_vk_train_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  return d.string();
-}
 
 using TrainTest = VulkanTest;
 
