@@ -97,10 +97,11 @@ void expect_rule(const std::function<void(Device&)>& call, ErrorKind kind, const
     ASSERT_TRUE(o.threw) << "no error";
     EXPECT_EQ(o.kind, kind) << o.what;
     EXPECT_NE(o.what.find(part), std::string::npos) << o.what;
-    if (first.empty())
+    if (first.empty()) {
       first = o.what;
-    else if (same_text)
+    } else if (same_text) {
       EXPECT_EQ(o.what, first);
+    }
     d->synchronize();
   }
 }

@@ -91,7 +91,9 @@ TEST_P(MixedPrecision, MatmulInputsAndOutputIn16Bits) {
         if (cdt == h) out[k++] = got;
       }
     }
-    if (same_backend_as_ref()) EXPECT_TRUE(close_nmse(out[1], out[0], 1e-9, "fast vs reference"));
+    if (same_backend_as_ref()) {
+      EXPECT_TRUE(close_nmse(out[1], out[0], 1e-9, "fast vs reference"));
+    }
     // a and b must share the dtype.
     Tensor ta = upload_as(dev(), {M, K}, a, h), tb = upload(dev(), {N, K}, b);
     Tensor tc = upload(dev(), {M, N}, c0);
@@ -128,9 +130,10 @@ TEST_P(MixedPrecision, AttentionAndGeluAllIn16Bits) {
                              "gelu " + d->info().id()));
       ++k;
     }
-    if (same_backend_as_ref())
+    if (same_backend_as_ref()) {
       for (int j = 0; j < 3; ++j)
         EXPECT_TRUE(close_nmse(res[1][j], res[0][j], 1e-5, "fast vs ref"));
+    }
     // Mixed dtypes within attention are rejected.
     Tensor tq = upload(dev(), {B, T, 3 * C}, qkv);
     Tensor to = dev().empty({B, T, C}, h, MemCategory::kActivations);

@@ -53,7 +53,6 @@ TEST_P(MixedPrecisionUlp, GeluForwardBackwardAllH) {
   // f32 gelu_backward of a NaN/inf input gives a finite value where the reference gives NaN.
   if (same_backend_as_ref()) GTEST_SKIP() << "cpu:0 gelu tails and NaN propagation: open finding";
   for_each_half({OpKind::kGelu}, [&](DType h) {
-    auto tag = [&](const char* op) { return std::string(op) + " " + dtype_name(h); };
     // random values and specials, then a sweep of [-15, 15] through the tails (gelu(-7) = -4e-14,
     // gelu(-10) = -3e-38: the smallest normal floats, then bf16 subnormals, then 0)
     const int64_t nr = 3 * 1001 + 2, ns = 6001, n = nr + ns;
@@ -184,7 +183,6 @@ constexpr double kAccTol = 1e-5;
 
 TEST_P(MixedPrecisionUlp, MatmulH) {
   for_each_half({OpKind::kMatmul}, [&](DType h) {
-    auto tag = [&](const char* op) { return std::string(op) + " " + dtype_name(h); };
     struct Case {
       int64_t batch, M, N, K;
     };
@@ -225,7 +223,6 @@ TEST_P(MixedPrecisionUlp, MatmulH) {
 // also computes in f32 from the widened inputs and rounds the outputs).
 TEST_P(MixedPrecisionUlp, AttentionAllH) {
   for_each_half({OpKind::kAttention}, [&](DType h) {
-    auto tag = [&](const char* op) { return std::string(op) + " " + dtype_name(h); };
     struct Case {
       int64_t B, T, C;
       int NH;
