@@ -11,5 +11,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cmake --preset debug-asan >/dev/null
-cmake --build --preset debug-asan
+# The build runs the test executables to list their cases (gtest_discover_tests); the device
+# suites open every registered backend while listing, so the same sanitizer options as the test
+# preset apply there too (LeakSanitizer off, for the reasons above).
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  cmake --build --preset debug-asan
 ctest --preset debug-asan
