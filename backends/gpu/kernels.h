@@ -1,18 +1,171 @@
-// Launchers of the kernels under backends/gpu/kernels, one block per file. Every launcher
-// enqueues on `stream` and takes the warp size of the device it runs on (32 or 64).
+// Launchers of the kernels under backends/gpu/kernels, one block per file: the whole op set of
+// core/device.h for CUDA, HIP and the CPU SIMT runtime. Plain C++ (no GPU types), so the device
+// class (backends/gpu/gpu_device.cpp) is compiled by the host compiler on every target.
+//
+// Every launcher enqueues on cx.stream and returns without waiting; it takes the warp size of the
+// device it runs on (cx.warp, 32 or 64). Pointers are device pointers; a tensor that may be f32
+// or 16-bit comes with its Elem. Shapes are as core/device.h describes the op, and every tensor
+// is contiguous. A launcher that needs scratch memory says how much (`*_workspace`): the caller
+// hands that many bytes (or more), 256-byte aligned, that stay untouched until the work is done.
+// Deterministic: results depend on the shapes only, never on the warp size, the device or timing.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-
-#include "backends/gpu/portability.h"
 
 namespace ct::gpu {
 
-// --- reduce.cu -------------------------------------------------------------------------------
+enum class Elem : int { kF32, kF16, kBF16 };
+inline std::size_t elem_size(Elem e) {
+  return e == Elem::kF32 ? 4 : 2;
+}
+
+// Where and how to launch.
+struct Ctx {
+  int warp = 32;           // 32 or 64
+  void* stream = nullptr;  // cudaStream_t, hipStream_t, or the ct::simt::Runtime* (nullptr: default)
+  int multiprocessors = 1; // SMs / CUs: grid sizing of reductions may depend on it only where the
+                           // result does not
+};
+
+// --- elementwise.cu ------------------------------------------------------------------------
+// dst[i] (=) the `width`-byte pattern (1, 2 or 4 bytes), i in [0, n).
+void fill_pattern(const Ctx& cx, void* dst, std::int64_t n, int width, std::uint32_t pattern);
+// dst (=) src converted (round to nearest even), n elements; dst and src do not overlap.
+void convert(const Ctx& cx, void* dst, Elem dst_elem, const void* src, Elem src_elem,
+             std::int64_t n);
+// out (=) a + b; out, a f32; b f32 or 16-bit. out may be a or b (elementwise in place).
+void add(const Ctx& cx, float* out, const float* a, const void* b, Elem b_elem, std::int64_t n);
+// dst (+=) src, f32.
+void accumulate(const Ctx& cx, float* dst, const float* src, std::int64_t n);
+// t (=) t * s, f32.
+void scale(const Ctx& cx, float* t, float s, std::int64_t n);
+
+// --- gelu.cu -------------------------------------------------------------------------------
+// out (=) gelu(x); dx (=) dout * gelu'(x). All tensors of one Elem; out may be x.
+void gelu_forward(const Ctx& cx, void* out, const void* x, Elem e, std::int64_t n);
+void gelu_backward(const Ctx& cx, void* dx, const void* x, const void* dout, Elem e,
+                   std::int64_t n);
+
+// --- embedding.cu --------------------------------------------------------------------------
+// out [B,T,C] (=) wte[tokens[b,t]] + wpe[t]; tokens [B,T] i32 (in range: not checked here).
+void embedding_forward(const Ctx& cx, float* out, const std::int32_t* tokens, const float* wte,
+                       const float* wpe, std::int64_t B, std::int64_t T, std::int64_t C);
+// dwte [V,C] (+=) dout scattered by token, each row's contributions added in (b,t) order;
+// dwpe [maxT,C] (+=) dout summed over b in order of b (rows t < T only).
+void embedding_backward(const Ctx& cx, float* dwte, float* dwpe, const float* dout,
+                        const std::int32_t* tokens, std::int64_t B, std::int64_t T,
+                        std::int64_t C);
+
+// --- layernorm.cu --------------------------------------------------------------------------
+// out [N,C] (out_elem) (=) (x - mean) * rstd * w + b; mean, rstd [N] saved. x, w, b f32.
+void layernorm_forward(const Ctx& cx, void* out, Elem out_elem, float* mean, float* rstd,
+                       const float* x, const float* w, const float* b, std::int64_t N,
+                       std::int64_t C, float eps);
+// dx [N,C] (+=), dw [C] (+=), db [C] (+=) from dout [N,C] (dout_elem) and the saved x, w, mean,
+// rstd. dw and db are summed over rows by a fixed tree (workspace).
+std::size_t layernorm_backward_workspace(std::int64_t N, std::int64_t C);
+void layernorm_backward(const Ctx& cx, float* dx, float* dw, float* db, const void* dout,
+                        Elem dout_elem, const float* x, const float* w, const float* mean,
+                        const float* rstd, std::int64_t N, std::int64_t C, void* workspace);
+
+// --- matmul.cu -----------------------------------------------------------------------------
+// For each batch element z in [0, batch):
+//   c_z [M,N] (=) alpha * op(a_z) @ op(b_z) + beta * c_z (+ bias [N] broadcast over rows)
+// a_z = a + z * stride_a elements (stride 0: one matrix for the whole batch), likewise b and c.
+// op(a) [M,K]: a stored [M,K], or [K,M] with trans_a; op(b) [K,N]: b stored [K,N], or [N,K] with
+// trans_b. a and b share ab_elem; c is f32 or ab_elem; bias f32 or nullptr. fp32 accumulation
+// in a fixed order over k. beta == 0 never reads c (NaN there does not propagate).
+struct GemmArgs {
+  void* c = nullptr;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const float* bias = nullptr;
+  Elem c_elem = Elem::kF32, ab_elem = Elem::kF32;
+  std::int64_t batch = 1, M = 0, N = 0, K = 0;
+  std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // in elements
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+};
+// The project's own tiled GEMM (tensor cores via the tile abstraction where the target has them).
+void gemm(const Ctx& cx, const GemmArgs& g);
+// dbias [N] (+=) column sums of dout [M,N] (dout_elem), by a fixed tree over rows (workspace).
+std::size_t bias_backward_workspace(std::int64_t M, std::int64_t N);
+void bias_backward(const Ctx& cx, float* dbias, const void* dout, Elem dout_elem, std::int64_t M,
+                   std::int64_t N, void* workspace);
+
+// --- attention.cu --------------------------------------------------------------------------
+// Causal self-attention, scale 1/sqrt(hs), hs = C / NH. qkv [B,T,3C], out [B,T,C],
+// att [B,NH,T,T] (=) probabilities, zero above the diagonal; all of Elem e.
+void attention_forward(const Ctx& cx, void* out, void* att, const void* qkv, Elem e,
+                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH);
+// dqkv [B,T,3C] (=) gradient from dout [B,T,C] and the saved qkv, att; all of Elem e.
+std::size_t attention_backward_workspace(std::int64_t B, std::int64_t T, std::int64_t C,
+                                         std::int64_t NH);
+void attention_backward(const Ctx& cx, void* dqkv, const void* dout, const void* qkv,
+                        const void* att, Elem e, std::int64_t B, std::int64_t T, std::int64_t C,
+                        std::int64_t NH, void* workspace);
+
+// --- crossentropy.cu -----------------------------------------------------------------------
+// losses [N] (=) -log softmax(logits[n])[targets[n]]; logits [N,V] (Elem e), targets [N] i32.
+void crossentropy_forward(const Ctx& cx, float* losses, const void* logits, Elem e,
+                          const std::int32_t* targets, std::int64_t N, std::int64_t V);
+// dlogits (=) dloss * (softmax(logits) - onehot(targets)), Elem e; dlogits may be logits.
+void crossentropy_backward(const Ctx& cx, void* dlogits, const void* logits, Elem e,
+                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           float dloss);
+
+// --- reduce.cu -----------------------------------------------------------------------------
 // out[0] = sum of x[0..n); deterministic: the reduction tree depends on n only, not on the warp
 // size, the device or the number of host threads. partial needs reduce_sum_partials(n) floats.
 int reduce_sum_partials(std::int64_t n);
 void reduce_sum_f32(int warp, const float* x, float* partial, float* out, std::int64_t n,
-                    ct_stream_t stream);
+                    void* stream);
+// out[0] (=) scale * sum(x) / sqrt(sum(x^2)); x [n] f32. workspace: reduce_workspace(n) bytes.
+std::size_t reduce_workspace(std::int64_t n);
+void sum(const Ctx& cx, float* out, const float* x, std::int64_t n, float scale, void* workspace);
+void norm(const Ctx& cx, float* out, const float* x, std::int64_t n, void* workspace);
+// flag[0] |= any of x[0..n) is inf or NaN (never clears it).
+void check_finite(const Ctx& cx, std::int32_t* flag, const float* x, std::int64_t n);
+// x (=) x * inv_scale; flag[0] |= any x before or after scaling is inf or NaN.
+void unscale_check(const Ctx& cx, float* x, std::int32_t* flag, float inv_scale, std::int64_t n);
+
+// --- optimizers.cu -------------------------------------------------------------------------
+// The fused steps of core/device.h, fp32; grad_norm is nullptr unless max_grad_norm > 0.
+struct AdamArgs {
+  float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
+  std::int64_t step;
+};
+void adamw(const Ctx& cx, float* param, const float* grad, float* m, float* v,
+           const float* grad_norm, std::int64_t n, const AdamArgs& h);
+struct SgdArgs {
+  float lr, momentum, dampening, weight_decay, max_grad_norm;
+  bool nesterov;
+  std::int64_t step;
+};
+// momentum_buf is nullptr when h.momentum == 0.
+void sgd(const Ctx& cx, float* param, const float* grad, float* momentum_buf,
+         const float* grad_norm, std::int64_t n, const SgdArgs& h);
+struct LionArgs {
+  float lr, beta1, beta2, weight_decay, max_grad_norm;
+};
+void lion(const Ctx& cx, float* param, const float* grad, float* m, const float* grad_norm,
+          std::int64_t n, const LionArgs& h);
+// Block-wise 8-bit AdamW (core/device.h adamw_8bit): blocks of 256, one thread block each.
+void adamw_8bit(const Ctx& cx, float* param, const float* grad, std::uint8_t* m_q,
+                std::uint8_t* v_q, float* m_absmax, float* v_absmax, const float* qmap_signed,
+                const float* qmap_unsigned, const float* grad_norm, std::int64_t n,
+                const AdamArgs& h);
+struct AdafactorArgs {
+  float lr, eps1, eps2, clip_threshold, decay_rate, beta1, weight_decay, max_grad_norm;
+  bool relative_step, scale_parameter, warmup_init;
+  std::int64_t step;
+};
+// Factored (rows R > 0): param, grad [R,C], row [R], col [C], v nullptr. Otherwise (R == 0):
+// param, grad, v [C] and row, col nullptr. exp_avg nullptr unless beta1 > 0.
+std::size_t adafactor_workspace(std::int64_t R, std::int64_t C);
+void adafactor(const Ctx& cx, float* param, const float* grad, float* row, float* col, float* v,
+               float* exp_avg, const float* grad_norm, std::int64_t R, std::int64_t C,
+               const AdafactorArgs& h, void* workspace);
 
 }  // namespace ct::gpu

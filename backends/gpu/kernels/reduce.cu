@@ -3,6 +3,7 @@
 // through shared memory, the others through shfl_down, so the result is bit-identical for every
 // warp size. Pass 1 leaves one partial per block, pass 2 sums the partials with the same tree.
 #include "backends/gpu/kernels.h"
+#include "backends/gpu/portability.h"
 
 namespace ct::gpu {
 namespace {
@@ -68,7 +69,8 @@ int reduce_sum_partials(std::int64_t n) {
 }
 
 void reduce_sum_f32(int warp, const float* x, float* partial, float* out, std::int64_t n,
-                    ct_stream_t stream) {
+                    void* stream_handle) {
+  const auto stream = static_cast<ct_stream_t>(stream_handle);
   if constexpr (kMaxWarp >= 64) {
     if (warp == 64) return reduce_sum<64>(x, partial, out, n, stream);
   }

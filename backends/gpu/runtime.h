@@ -1,0 +1,65 @@
+// What a GPU target (CUDA, HIP, the CPU SIMT runtime) provides to the one device class of
+// backends/gpu/gpu_device.h: memory, copies, one in-order stream and its events, and the GEMM
+// library where the target has one. Plain C++: each target implements it in its own file
+// (runtime_simt.cpp here, backends/cuda, backends/hip), and gpu_device.cpp is built unchanged
+// for all of them.
+//
+// Every runtime call is checked: a failure throws ct::Error (core/error.h) naming the call and
+// the runtime's own message ("cudaMemcpyAsync: an illegal memory access was encountered").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/gpu/kernels.h"
+#include "core/device.h"
+
+namespace ct::gpu {
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+
+  // The device's description (backend, index, name, memory, ...) as `crosstrain devices` shows it.
+  virtual const DeviceInfo& info() const = 0;
+  // Warp size (32 or 64), the stream handed to launchers, and the multiprocessor count.
+  virtual Ctx ctx() = 0;
+
+  // Device memory. allocate returns nullptr when the device is out of memory (the caller frees its
+  // cache and retries, then reports); any other failure throws.
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  // Free and total device memory in bytes, as the driver reports them now.
+  virtual void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) = 0;
+
+  // Stream-ordered copies. upload: `host` may be reused as soon as it returns. download: waits
+  // for the copy (and so for everything enqueued before it). download_async: returns at once;
+  // the bytes are in `host` once an event recorded after it has completed. copy: device to
+  // device, the ranges do not overlap.
+  virtual void upload(void* dst, const void* host, std::size_t bytes) = 0;
+  virtual void download(void* host, const void* src, std::size_t bytes) = 0;
+  virtual void download_async(void* host, const void* src, std::size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+
+  // Events: a serial after everything enqueued so far (0: nothing pending, always complete).
+  virtual std::uint64_t record_event() = 0;
+  virtual bool event_done(std::uint64_t serial) = 0;
+  virtual void wait_event(std::uint64_t serial) = 0;
+  virtual void synchronize() = 0;
+  virtual void* native_stream() = 0;
+
+  // c = alpha op(a) op(b) + beta c (+ bias) through the target's GEMM library where it has one
+  // for these arguments; the default (and the fallback) is the project's own kernel.
+  virtual void gemm(const GemmArgs& g) { ::ct::gpu::gemm(ctx(), g); }
+  // Lines for `crosstrain devices` describing which GEMM runs ("cuBLASLt 13.0", "own tiled").
+  virtual std::string gemm_library() const { return "own tiled kernel (backends/gpu/kernels)"; }
+};
+
+// The device of a target's Runtime: every op of core/device.h through the launchers of
+// backends/gpu/kernels.h, with a caching allocator. Defined in gpu_device.cpp.
+std::unique_ptr<Device> make_gpu_device(std::unique_ptr<Runtime> rt);
+
+}  // namespace ct::gpu
