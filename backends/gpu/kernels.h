@@ -22,10 +22,11 @@ inline std::size_t elem_size(Elem e) {
 
 // Where and how to launch.
 struct Ctx {
-  int warp = 32;           // 32 or 64
-  void* stream = nullptr;  // cudaStream_t, hipStream_t, or the ct::simt::Runtime* (nullptr: default)
-  int multiprocessors = 1; // SMs / CUs: grid sizing of reductions may depend on it only where the
-                           // result does not
+  int warp = 32;  // 32 or 64
+  void* stream =
+      nullptr;  // cudaStream_t, hipStream_t, or the ct::simt::Runtime* (nullptr: default)
+  int multiprocessors = 1;  // SMs / CUs: grid sizing of reductions may depend on it only where the
+                            // result does not
 };
 
 // --- elementwise.cu ------------------------------------------------------------------------
@@ -54,8 +55,7 @@ void embedding_forward(const Ctx& cx, float* out, const std::int32_t* tokens, co
 // dwte [V,C] (+=) dout scattered by token, each row's contributions added in (b,t) order;
 // dwpe [maxT,C] (+=) dout summed over b in order of b (rows t < T only).
 void embedding_backward(const Ctx& cx, float* dwte, float* dwpe, const float* dout,
-                        const std::int32_t* tokens, std::int64_t B, std::int64_t T,
-                        std::int64_t C);
+                        const std::int32_t* tokens, std::int64_t B, std::int64_t T, std::int64_t C);
 
 // --- layernorm.cu --------------------------------------------------------------------------
 // out [N,C] (out_elem) (=) (x - mean) * rstd * w + b; mean, rstd [N] saved. x, w, b f32.
@@ -97,8 +97,8 @@ void bias_backward(const Ctx& cx, float* dbias, const void* dout, Elem dout_elem
 // --- attention.cu --------------------------------------------------------------------------
 // Causal self-attention, scale 1/sqrt(hs), hs = C / NH. qkv [B,T,3C], out [B,T,C],
 // att [B,NH,T,T] (=) probabilities, zero above the diagonal; all of Elem e.
-void attention_forward(const Ctx& cx, void* out, void* att, const void* qkv, Elem e,
-                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH);
+void attention_forward(const Ctx& cx, void* out, void* att, const void* qkv, Elem e, std::int64_t B,
+                       std::int64_t T, std::int64_t C, std::int64_t NH);
 // dqkv [B,T,3C] (=) gradient from dout [B,T,C] and the saved qkv, att; all of Elem e.
 std::size_t attention_backward_workspace(std::int64_t B, std::int64_t T, std::int64_t C,
                                          std::int64_t NH);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backends/gpu/kernels.h"
+#include "backends/gpu/portability.h"
 
 namespace {
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/gpu/kernels.h"
+#include "backends/gpu/portability.h"
 
 namespace {
 

@@ -1,0 +1,447 @@
+// The one Device of every GPU target (CUDA, HIP, the CPU SIMT runtime): each op kernel of
+// core/device.h resolves its tensors to device pointers and shapes and calls a launcher of
+// backends/gpu/kernels.h on the target's stream. Memory comes from a caching allocator over the
+// target's Runtime, accounted per category like every backend's.
+//
+// Plain C++ built once per target (the target's Runtime differs, this file does not). Arguments
+// arrive checked (core/op_checks.cpp): defined, on this device, contiguous, in bounds, dtypes as
+// the precision table allows, shapes agreeing.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/gpu/kernels.h"
+#include "backends/gpu/runtime.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace ct::gpu {
+namespace {
+
+std::string mib(std::int64_t bytes) {
+  return std::to_string(bytes / (1024 * 1024)) + " MiB (" + std::to_string(bytes) + " bytes)";
+}
+
+// Blocks are cached by their rounded size: small ones to 512 bytes, larger ones to 1/8 of their
+// power of two (at most 12.5% slack), so the sizes a training step asks for every step are
+// served from the cache after the first.
+std::size_t round_block(std::size_t bytes) {
+  bytes = std::max<std::size_t>(bytes, 1);
+  if (bytes <= (std::size_t{1} << 20)) return (bytes + 511) / 512 * 512;
+  std::size_t p = std::size_t{1} << (63 - __builtin_clzll(bytes));
+  std::size_t step = p / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+// Device memory blocks for buffers: freed blocks are kept for reuse (a caching allocator), and
+// returned to the driver when an allocation would fail otherwise or the device closes. Reuse is
+// safe without waiting: every op runs on the device's one in-order stream, so work enqueued
+// after a block's reuse runs after the work of its previous owner.
+class BlockCache {
+ public:
+  explicit BlockCache(std::shared_ptr<Runtime> rt) : rt_(std::move(rt)) {}
+  ~BlockCache() { trim(); }
+
+  void* take(std::size_t rounded) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(rounded);
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        cached_bytes_ -= rounded;
+        return p;
+      }
+    }
+    void* p = rt_->allocate(rounded);
+    if (!p) {
+      trim();  // give cached blocks back to the driver and try once more
+      p = rt_->allocate(rounded);
+    }
+    return p;
+  }
+  void give(void* p, std::size_t rounded) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(rounded, p);
+    cached_bytes_ += rounded;
+  }
+  void trim() {
+    std::multimap<std::size_t, void*> blocks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks.swap(free_);
+      cached_bytes_ = 0;
+    }
+    if (blocks.empty()) return;
+    rt_->synchronize();  // a cached block may still be read by enqueued work
+    for (auto& [size, p] : blocks) rt_->release(p);
+  }
+  std::size_t cached_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cached_bytes_;
+  }
+
+ private:
+  std::shared_ptr<Runtime> rt_;  // shared with the device: a buffer may outlive it
+  mutable std::mutex mu_;
+  std::multimap<std::size_t, void*> free_;
+  std::size_t cached_bytes_ = 0;
+};
+
+class GpuBuffer final : public Buffer {
+ public:
+  GpuBuffer(Device& device, std::size_t size, MemCategory category, void* data, std::size_t rounded,
+            std::shared_ptr<BlockCache> cache, MemoryTracker& tracker)
+      : Buffer(device, size, category),
+        data_(data),
+        rounded_(rounded),
+        cache_(std::move(cache)),
+        tracker_(tracker) {}
+  ~GpuBuffer() override {
+    cache_->give(data_, rounded_);
+    tracker_.on_free(category(), size());
+  }
+  void* data() const { return data_; }
+
+ private:
+  void* data_;
+  std::size_t rounded_;
+  std::shared_ptr<BlockCache> cache_;
+  MemoryTracker& tracker_;
+};
+
+Elem elem_of(DType t) {
+  switch (t) {
+    case DType::f16:
+      return Elem::kF16;
+    case DType::bf16:
+      return Elem::kBF16;
+    default:
+      return Elem::kF32;
+  }
+}
+
+bool is_h(DType t) {
+  return t == DType::f16 || t == DType::bf16;
+}
+
+class GpuDevice final : public Device {
+ public:
+  explicit GpuDevice(std::unique_ptr<Runtime> rt)
+      : rt_(std::move(rt)), cache_(std::make_shared<BlockCache>(rt_)), info_(rt_->info()) {
+    info_.extra.push_back({"gemm", rt_->gemm_library()});
+  }
+  ~GpuDevice() override {
+    try {
+      rt_->synchronize();
+    } catch (...) {
+      // a device that failed already said so; closing must not throw
+    }
+    workspace_.reset();
+    try {
+      cache_->trim();
+    } catch (...) {
+    }
+  }
+
+  const DeviceInfo& info() const override { return info_; }
+
+  // The CPU backend's table: f32 everywhere, 16-bit where the precision table allows it.
+  bool supports(OpKind op, DType dtype) const override {
+    if (op == OpKind::kFill || op == OpKind::kCopy || dtype == DType::f32) return true;
+    if (op == OpKind::kAdamW8bit && dtype == DType::u8) return true;
+    if (!is_h(dtype)) return false;
+    switch (op) {
+      case OpKind::kAdd:
+      case OpKind::kMatmul:
+      case OpKind::kLayerNorm:
+      case OpKind::kBiasGrad:
+      case OpKind::kAttention:
+      case OpKind::kGelu:
+      case OpKind::kCrossEntropy:
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  std::shared_ptr<Buffer> allocate(std::size_t bytes, MemCategory category) override {
+    const std::size_t rounded = round_block(bytes);
+    void* p = cache_->take(rounded);
+    if (!p) {
+      std::size_t free_bytes = 0, total = 0;
+      rt_->memory_info(&free_bytes, &total);
+      fail(ErrorKind::kOutOfMemory,
+           info_.id() + ": cannot allocate " + mib(static_cast<std::int64_t>(bytes)) + " of " +
+               mem_category_name(category) + ": " + mib(static_cast<std::int64_t>(free_bytes)) +
+               " free of " + mib(static_cast<std::int64_t>(total)) + " device memory (" +
+               mib(memory().total_current) + " in crosstrain's tensors)");
+    }
+    tracker_.on_alloc(category, bytes);
+    return std::make_shared<GpuBuffer>(*this, bytes, category, p, rounded, cache_, tracker_);
+  }
+
+  void flush() override {}
+  void synchronize() override { rt_->synchronize(); }
+  Event record_event() override { return Event(this, rt_->record_event()); }
+  bool event_done(const Event& e) override { return rt_->event_done(e.serial()); }
+  void wait_event(const Event& e) override { rt_->wait_event(e.serial()); }
+  void* native_stream() override { return rt_->native_stream(); }
+
+ protected:
+  Event download_async_kernel(void* host, const Tensor& src, std::size_t bytes) override {
+    rt_->download_async(host, ptr(src), bytes);
+    return record_event();
+  }
+  void upload_kernel(const Tensor& dst, const void* host, std::size_t bytes) override {
+    rt_->upload(ptr(dst), host, bytes);
+  }
+  void download_kernel(void* host, const Tensor& src, std::size_t bytes) override {
+    rt_->download(host, ptr(src), bytes);
+  }
+
+  // -- elementwise ---------------------------------------------------------------------------
+  void fill_kernel(const Tensor& t, float value) override {
+    std::uint32_t pattern = 0;
+    int width = static_cast<int>(dtype_size(t.dtype));
+    switch (t.dtype) {
+      case DType::f32:
+        pattern = f32_bits(value);
+        break;
+      case DType::f16:
+        pattern = f32_to_f16(value);
+        break;
+      case DType::bf16:
+        pattern = f32_to_bf16(value);
+        break;
+      case DType::i32:
+        pattern = static_cast<std::uint32_t>(static_cast<std::int32_t>(value));
+        break;
+      case DType::i8:
+        pattern = static_cast<std::uint8_t>(static_cast<std::int8_t>(value));
+        break;
+      case DType::u8:
+        pattern = static_cast<std::uint8_t>(value);
+        break;
+    }
+    gpu::fill_pattern(cx(), ptr(t), t.numel(), width, pattern);
+  }
+  void copy_kernel(const Tensor& dst, const Tensor& src) override {
+    const std::int64_t n = dst.numel();
+    if (dst.dtype != src.dtype) {
+      gpu::convert(cx(), ptr(dst), elem_of(dst.dtype), ptr(src), elem_of(src.dtype), n);
+      return;
+    }
+    const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dst.dtype);
+    char* d = static_cast<char*>(ptr(dst));
+    const char* s = static_cast<const char*>(ptr(src));
+    if (d == s || bytes == 0) return;
+    if (d < s + bytes && s < d + bytes) {  // overlapping: a memmove, through scratch
+      void* tmp = scratch(bytes);
+      rt_->copy(tmp, s, bytes);
+      rt_->copy(d, tmp, bytes);
+      return;
+    }
+    rt_->copy(d, s, bytes);
+  }
+  void add_kernel(const Tensor& out, const Tensor& a, const Tensor& b) override {
+    gpu::add(cx(), f(out), f(a), ptr(b), elem_of(b.dtype), out.numel());
+  }
+  void accumulate_kernel(const Tensor& dst, const Tensor& src) override {
+    gpu::accumulate(cx(), f(dst), f(src), dst.numel());
+  }
+  void scale_kernel(const Tensor& t, float s) override { gpu::scale(cx(), f(t), s, t.numel()); }
+
+  // -- transformer ops -------------------------------------------------------------------------
+  void embedding_forward_kernel(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                const Tensor& wpe) override {
+    const std::int64_t C = wte.shape[-1];
+    const std::int64_t T = tokens.shape[-1];
+    const std::int64_t B = tokens.numel() / std::max<std::int64_t>(T, 1);
+    gpu::embedding_forward(cx(), f(out), i32(tokens), f(wte), f(wpe), B, T, C);
+  }
+  void embedding_backward_kernel(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                 const Tensor& tokens) override {
+    const std::int64_t C = dwte.shape[-1];
+    const std::int64_t T = tokens.shape[-1];
+    const std::int64_t B = tokens.numel() / std::max<std::int64_t>(T, 1);
+    gpu::embedding_backward(cx(), f(dwte), f(dwpe), f(dout), i32(tokens), B, T, C);
+  }
+  void layernorm_forward_kernel(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& x, const Tensor& w, const Tensor& b,
+                                float eps) override {
+    const std::int64_t C = x.shape[-1];
+    gpu::layernorm_forward(cx(), ptr(out), elem_of(out.dtype), f(mean), f(rstd), f(x), f(w), f(b),
+                           x.numel() / C, C, eps);
+  }
+  void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                 const Tensor& dout, const Tensor& x, const Tensor& w,
+                                 const Tensor& mean, const Tensor& rstd) override {
+    const std::int64_t C = x.shape[-1];
+    const std::int64_t N = x.numel() / C;
+    void* ws = scratch(layernorm_backward_workspace(N, C));
+    gpu::layernorm_backward(cx(), f(dx), f(dw), f(db), ptr(dout), elem_of(dout.dtype), f(x), f(w),
+                            f(mean), f(rstd), N, C, ws);
+  }
+  void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
+                     bool trans_a, bool trans_b, float alpha, float beta,
+                     const Tensor* bias) override {
+    GemmArgs g;
+    g.c = ptr(c);
+    g.a = ptr(a);
+    g.b = ptr(b);
+    g.bias = bias ? f(*bias) : nullptr;
+    g.c_elem = elem_of(c.dtype);
+    g.ab_elem = elem_of(a.dtype);
+    g.batch = d.batch;
+    g.M = d.M;
+    g.N = d.N;
+    g.K = d.K;
+    g.stride_a = d.a_batched ? d.M * d.K : 0;
+    g.stride_b = d.b_batched ? d.K * d.N : 0;
+    g.stride_c = d.M * d.N;
+    g.trans_a = trans_a;
+    g.trans_b = trans_b;
+    g.alpha = alpha;
+    g.beta = beta;
+    rt_->gemm(g);
+  }
+  void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) override {
+    const std::int64_t N = dbias.numel();
+    const std::int64_t M = dout.numel() / std::max<std::int64_t>(N, 1);
+    void* ws = scratch(bias_backward_workspace(M, N));
+    gpu::bias_backward(cx(), f(dbias), ptr(dout), elem_of(dout.dtype), M, N, ws);
+  }
+  void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                                int n_head) override {
+    const std::int64_t C = out.shape[-1];
+    const std::int64_t T = qkv.shape[-2];
+    const std::int64_t B = qkv.numel() / (T * 3 * C);
+    gpu::attention_forward(cx(), ptr(out), ptr(att), ptr(qkv), elem_of(qkv.dtype), B, T, C, n_head);
+  }
+  void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                 const Tensor& att, int n_head) override {
+    const std::int64_t C = dout.shape[-1];
+    const std::int64_t T = qkv.shape[-2];
+    const std::int64_t B = qkv.numel() / (T * 3 * C);
+    void* ws = scratch(attention_backward_workspace(B, T, C, n_head));
+    gpu::attention_backward(cx(), ptr(dqkv), ptr(dout), ptr(qkv), ptr(att), elem_of(qkv.dtype), B,
+                            T, C, n_head, ws);
+  }
+  void gelu_forward_kernel(const Tensor& out, const Tensor& x) override {
+    gpu::gelu_forward(cx(), ptr(out), ptr(x), elem_of(x.dtype), x.numel());
+  }
+  void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) override {
+    gpu::gelu_backward(cx(), ptr(dx), ptr(x), ptr(dout), elem_of(x.dtype), x.numel());
+  }
+  void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
+                                   const Tensor& targets) override {
+    const std::int64_t V = logits.shape[-1];
+    gpu::crossentropy_forward(cx(), f(losses), ptr(logits), elem_of(logits.dtype), i32(targets),
+                              logits.numel() / V, V);
+  }
+  void crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
+                                    const Tensor& targets, float dloss) override {
+    const std::int64_t V = logits.shape[-1];
+    gpu::crossentropy_backward(cx(), ptr(dlogits), ptr(logits), elem_of(logits.dtype), i32(targets),
+                               logits.numel() / V, V, dloss);
+  }
+
+  // -- reductions and optimizers ---------------------------------------------------------------
+  void sum_kernel(const Tensor& out, const Tensor& x, float s) override {
+    void* ws = scratch(reduce_workspace(x.numel()));
+    gpu::sum(cx(), f(out), f(x), x.numel(), s, ws);
+  }
+  void norm_kernel(const Tensor& out, const Tensor& x) override {
+    void* ws = scratch(reduce_workspace(x.numel()));
+    gpu::norm(cx(), f(out), f(x), x.numel(), ws);
+  }
+  void check_finite_kernel(const Tensor& flag, const Tensor& x) override {
+    gpu::check_finite(cx(), i32(flag), f(x), x.numel());
+  }
+  void unscale_check_kernel(const Tensor& x, const Tensor& flag, float inv_scale) override {
+    gpu::unscale_check(cx(), f(x), i32(flag), inv_scale, x.numel());
+  }
+  void adamw_kernel(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                    const Tensor& grad_norm, const AdamWHyper& hp) override {
+    gpu::adamw(cx(), f(param), f(grad), f(m), f(v), norm_ptr(grad_norm, hp.max_grad_norm),
+               param.numel(), adam_args(hp));
+  }
+  void sgd_kernel(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                  const Tensor& grad_norm, const SgdHyper& hp) override {
+    SgdArgs a{hp.lr,       hp.momentum, hp.dampening, hp.weight_decay, hp.max_grad_norm,
+              hp.nesterov, hp.step};
+    gpu::sgd(cx(), f(param), f(grad), hp.momentum != 0.0f ? f(momentum_buf) : nullptr,
+             norm_ptr(grad_norm, hp.max_grad_norm), param.numel(), a);
+  }
+  void lion_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
+                   const Tensor& grad_norm, const LionHyper& hp) override {
+    LionArgs a{hp.lr, hp.beta1, hp.beta2, hp.weight_decay, hp.max_grad_norm};
+    gpu::lion(cx(), f(param), f(grad), f(m), norm_ptr(grad_norm, hp.max_grad_norm), param.numel(),
+              a);
+  }
+  void adamw_8bit_kernel(const Tensor& param, const Tensor& grad, const Tensor& m_q,
+                         const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
+                         const Tensor& qmap_signed, const Tensor& qmap_unsigned,
+                         const Tensor& grad_norm, const AdamWHyper& hp) override {
+    gpu::adamw_8bit(cx(), f(param), f(grad), u8(m_q), u8(v_q), f(m_absmax), f(v_absmax),
+                    f(qmap_signed), f(qmap_unsigned), norm_ptr(grad_norm, hp.max_grad_norm),
+                    param.numel(), adam_args(hp));
+  }
+  void adafactor_kernel(const Tensor& param, const Tensor& grad, const Tensor& row,
+                        const Tensor& col, const Tensor& v, const Tensor& exp_avg,
+                        const Tensor& grad_norm, const AdafactorHyper& hp) override {
+    const bool factored = param.shape.ndim >= 2;
+    const std::int64_t C = factored ? param.shape[-1] : param.numel();
+    const std::int64_t R = factored ? param.numel() / C : 0;
+    AdafactorArgs a{
+        hp.lr,          hp.eps1,         hp.eps2,          hp.clip_threshold, hp.decay_rate,
+        hp.beta1,       hp.weight_decay, hp.max_grad_norm, hp.relative_step,  hp.scale_parameter,
+        hp.warmup_init, hp.step};
+    void* ws = scratch(adafactor_workspace(R, C));
+    gpu::adafactor(cx(), f(param), f(grad), factored ? f(row) : nullptr,
+                   factored ? f(col) : nullptr, factored ? nullptr : f(v),
+                   hp.beta1 > 0.0f ? f(exp_avg) : nullptr, norm_ptr(grad_norm, hp.max_grad_norm), R,
+                   C, a, ws);
+  }
+
+ private:
+  Ctx cx() { return rt_->ctx(); }
+  static void* ptr(const Tensor& t) {
+    return static_cast<char*>(static_cast<GpuBuffer*>(t.buffer.get())->data()) + t.offset;
+  }
+  static float* f(const Tensor& t) { return static_cast<float*>(ptr(t)); }
+  static std::int32_t* i32(const Tensor& t) { return static_cast<std::int32_t*>(ptr(t)); }
+  static std::uint8_t* u8(const Tensor& t) { return static_cast<std::uint8_t*>(ptr(t)); }
+  static const float* norm_ptr(const Tensor& grad_norm, float max_grad_norm) {
+    return max_grad_norm > 0.0f ? f(grad_norm) : nullptr;
+  }
+  static AdamArgs adam_args(const AdamWHyper& hp) {
+    return AdamArgs{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.max_grad_norm, hp.step};
+  }
+
+  // Scratch memory for one op at a time (256-byte aligned). Growing it drops the old buffer:
+  // its block goes back to the cache, and stream order keeps the ops that used it safe.
+  void* scratch(std::size_t bytes) {
+    if (bytes == 0) bytes = 1;
+    if (!workspace_ || workspace_->size() < bytes)
+      workspace_ = allocate(bytes + bytes / 4, MemCategory::kWorkspace);
+    return static_cast<GpuBuffer*>(workspace_.get())->data();
+  }
+
+  std::shared_ptr<Runtime> rt_;
+  std::shared_ptr<BlockCache> cache_;
+  DeviceInfo info_;
+  std::shared_ptr<Buffer> workspace_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_gpu_device(std::unique_ptr<Runtime> rt) {
+  return std::make_unique<GpuDevice>(std::move(rt));
+}
+
+}  // namespace ct::gpu

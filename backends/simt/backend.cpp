@@ -1,0 +1,122 @@
+// The `simt` and `simt64` backends: the GPU kernels of backends/gpu/kernels, compiled by the host
+// compiler, run by the CPU SIMT runtime at warp size 32 (simt) or 64 (simt64; CT_SIMT_WARP).
+// They exist so that every CI run executes the CUDA/HIP kernel sources and compares them with the
+// CPU reference; `--backend auto` never picks them.
+//
+// Device memory is host memory; a launch returns when the kernel has finished, so the stream is
+// always idle, events are complete when recorded and copies are plain memcpy.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "backends/gpu/runtime.h"
+#include "backends/simt/simt.h"
+#include "core/error.h"
+
+#ifndef CT_SIMT_WARP
+#error "CT_SIMT_WARP (32 or 64) must be defined"
+#endif
+
+namespace ct::simt {
+namespace {
+
+constexpr int kWarp = CT_SIMT_WARP;
+const std::string kName = kWarp == 32 ? "simt" : "simt" + std::to_string(kWarp);
+
+std::int64_t host_memory_bytes(int name) {
+  long pages = sysconf(name), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::int64_t>(pages) * page : 0;
+}
+
+DeviceInfo make_info() {
+  DeviceInfo i;
+  i.backend = kName;
+  i.index = 0;
+  i.name =
+      "CPU SIMT runtime (CUDA/HIP kernels on host threads, warp " + std::to_string(kWarp) + ")";
+  i.type = DeviceType::kVirtualGpu;
+  i.driver = "backends/simt (Boost.Context fibers)";
+  i.memory_bytes = host_memory_bytes(_SC_PHYS_PAGES);
+  i.memory_budget_bytes = host_memory_bytes(_SC_AVPHYS_PAGES);
+  i.max_allocation_bytes = i.memory_bytes;
+  i.max_buffer_range_bytes = i.memory_bytes;
+  i.dtypes = {DType::f32, DType::f16, DType::bf16, DType::i32};
+  i.extra = {{"warp size", std::to_string(kWarp)},
+             {"host threads", std::to_string(default_runtime().threads())},
+             {"purpose", "tests: runs the GPU kernel sources on the CPU (not fast)"}};
+  return i;
+}
+
+class SimtRuntime final : public gpu::Runtime {
+ public:
+  SimtRuntime() : info_(make_info()) {}
+  const DeviceInfo& info() const override { return info_; }
+  gpu::Ctx ctx() override {
+    gpu::Ctx c;
+    c.warp = kWarp;
+    c.stream = &default_runtime();
+    c.multiprocessors = default_runtime().threads();
+    return c;
+  }
+  void* allocate(std::size_t bytes) override {
+    // 256-byte aligned like cudaMalloc; fresh memory reads as NaN (0xff bytes) in float, so a
+    // kernel that reads what nobody wrote shows it.
+    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (p) std::memset(p, 0xff, bytes);
+    return p;
+  }
+  void release(void* p) override { std::free(p); }
+  void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override {
+    *free_bytes = static_cast<std::size_t>(host_memory_bytes(_SC_AVPHYS_PAGES));
+    *total_bytes = static_cast<std::size_t>(info_.memory_bytes);
+  }
+  void upload(void* dst, const void* host, std::size_t bytes) override {
+    std::memcpy(dst, host, bytes);
+  }
+  void download(void* host, const void* src, std::size_t bytes) override {
+    std::memcpy(host, src, bytes);
+  }
+  void download_async(void* host, const void* src, std::size_t bytes) override {
+    std::memcpy(host, src, bytes);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  std::uint64_t record_event() override { return 0; }
+  bool event_done(std::uint64_t) override { return true; }
+  void wait_event(std::uint64_t) override {}
+  void synchronize() override {}
+  void* native_stream() override { return nullptr; }
+
+ private:
+  DeviceInfo info_;
+};
+
+class SimtBackend final : public Backend {
+ public:
+  std::string name() const override { return kName; }
+  std::string unavailable_reason() const override { return ""; }
+  std::vector<DeviceInfo> devices() const override { return {make_info()}; }
+  std::unique_ptr<Device> open(int index) override {
+    if (index != 0)
+      fail(ErrorKind::kInvalidArgument, kName + ": device index " + std::to_string(index) +
+                                            " out of range; " + kName + " has 1 device:\n  " +
+                                            kName + ":0  " + make_info().name);
+    return gpu::make_gpu_device(std::make_unique<SimtRuntime>());
+  }
+};
+
+}  // namespace
+}  // namespace ct::simt
+
+extern "C" {
+__attribute__((visibility("default"))) int crosstrain_backend_abi_version() {
+  return ct::kBackendAbiVersion;
+}
+__attribute__((visibility("default"))) ct::Backend* crosstrain_backend_create() {
+  return new ct::simt::SimtBackend();
+}
+}
