@@ -189,5 +189,38 @@ TEST_P(TrainParity, OffloadedOptimizer) {
 
 CT_INSTANTIATE_DEVICE_SUITE(TrainParity);
 
+// One run handed from device to device: 3 steps on cpu:0, checkpoint, 3 more on simt (the GPU
+// kernel sources on the CPU SIMT runtime), checkpoint, the last 3 on Vulkan; the losses are those
+// of the uninterrupted run on cpu:0. Both backends are built by every configuration that tests
+// them (CT_EXPECTED_BACKENDS), so a missing one fails rather than skips.
+TEST(TrainChain, CpuThenSimtThenVulkanResumesLikeOneRun) {
+  for (const char* b : {"simt", "vulkan"}) {
+    const BackendEntry* e = backend_entry(b);
+    if (!e || !e->error.empty()) {
+      if (backend_expected(b)) FAIL() << b << " is unavailable: " << (e ? e->error : "not found");
+      GTEST_SKIP() << b << " is not part of this build";
+    }
+  }
+  std::string straight = fresh_dir("chain_straight"), split = fresh_dir("chain_split");
+  train(tiny_args(kBaseline, straight, 9));
+  const char* legs[] = {kBaseline, "simt:0", "vulkan:0"};
+  for (int leg = 0; leg < 3; ++leg) {
+    TrainArgs a = tiny_args(legs[leg], split, 3 * (leg + 1));
+    a.save_steps = 3;
+    if (leg > 0)
+      a.resume_from_checkpoint =
+          (fs::path(split) / ("checkpoint-" + std::to_string(3 * leg))).string();
+    train(a);
+  }
+  std::vector<double> want = logged_losses(straight), got = logged_losses(split);
+  ASSERT_EQ(want.size(), 9u);
+  ASSERT_EQ(got.size(), 9u);
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i]))
+        << "step " << i + 1 << " (on " << legs[i / 3] << ")";
+  fs::remove_all(straight);
+  fs::remove_all(split);
+}
+
 }  // namespace
 }  // namespace ct::test
