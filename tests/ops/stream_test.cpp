@@ -1,8 +1,7 @@
-// Events and asynchronous downloads (core/device.h, "stream"), on every device opened through
-// the registry: cpu:0 (eager) and vulkan:0 (batches with fences; lavapipe under the validation
-// layer with synchronisation validation, as the rest of test_vulkan).
-#include <gtest/gtest.h>
-
+// Events and asynchronous downloads (core/device.h, "stream"), on every device under test
+// (tests/common/device_harness.h): eager ones (cpu, simt: every op has finished when its call
+// returns) and queued ones (Vulkan batches with fences, on lavapipe under the validation layer;
+// CUDA and HIP streams).
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -12,44 +11,22 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/registry.h"
-#include "tests/vulkan/vulkan_fixture.h"
+#include "tests/common/device_harness.h"
 
-namespace ct {
+namespace ct::test {
 namespace {
 
-using vktest::Vec;
-
-class Stream : public ::testing::TestWithParam<std::string> {
+class Stream : public DeviceTest {
  protected:
-  void SetUp() override {
-    if (vulkan()) {
-      std::string why = vktest::vulkan_missing();
-      ASSERT_TRUE(why.empty()) << why;  // fails, never skips, as the rest of test_vulkan
-      messages_before_ = vktest::validation_messages();
-    }
-    dev_ = open_device(GetParam());
-  }
-  void TearDown() override {
-    if (dev_) {
-      EXPECT_NO_THROW(dev_->synchronize());
-    }
-    dev_.reset();
-    if (vulkan()) {
-      EXPECT_EQ(vktest::validation_messages(), messages_before_)
-          << "Vulkan validation layer messages";
-    }
-  }
-  bool vulkan() const { return GetParam().rfind("vulkan", 0) == 0; }
-  Device& d() { return *dev_; }
-  Tensor up(const Vec& v) { return vktest::up(d(), {static_cast<int64_t>(v.size())}, v); }
-
-  std::unique_ptr<Device> dev_;
-  uint64_t messages_before_ = 0;
+  Device& d() { return dev(); }
+  Tensor up(const Vec& v) { return upload(d(), {static_cast<int64_t>(v.size())}, v); }
+  // No queue of its own: ops run before their call returns, so events are complete at once.
+  bool eager() { return d().native_stream() == nullptr; }
 };
 
 TEST_P(Stream, EventAfterAChainOfOpsCompletesWithTheRightData) {
   const size_t n = 100003;  // odd: no multiple of any workgroup size
-  Vec x = vktest::randn(n, 1), y = vktest::randn(n, 2);
+  Vec x = randn(n, 1), y = randn(n, 2);
   Tensor tx = up(x), ty = up(y);
   Tensor out = d().empty({static_cast<int64_t>(n)}, DType::f32, MemCategory::kActivations);
   d().add(out, tx, ty);     // x + y
@@ -98,8 +75,8 @@ TEST_P(Stream, DownloadAsyncReturnsBeforeTheWorkIsDone) {
   // download of its result. On an asynchronous device the call returns while the product runs,
   // and the host memory is written only once the event is seen complete.
   const int64_t m = 384;
-  Vec a = vktest::randn(m * m, 3, 0.05f);
-  Tensor ta = vktest::up(d(), {m, m}, a);
+  Vec a = randn(m * m, 3, 0.05f);
+  Tensor ta = upload(d(), {m, m}, a);
   Tensor c = d().empty({m, m}, DType::f32, MemCategory::kActivations);
   Tensor c2 = d().empty({m, m}, DType::f32, MemCategory::kActivations);
   d().synchronize();
@@ -115,10 +92,10 @@ TEST_P(Stream, DownloadAsyncReturnsBeforeTheWorkIsDone) {
   bool done_at_once = e.done();
   e.wait();
   auto t2 = std::chrono::steady_clock::now();
-  if (vulkan()) {
+  if (!eager()) {
     // Nothing lands in host memory before the event is observed complete.
     EXPECT_TRUE(untouched || done_at_once);
-    if (d().info().type == DeviceType::kCpu) {
+    if (d().info().backend == "vulkan" && d().info().type == DeviceType::kCpu) {
       // lavapipe: the products take tens of ms, so the call visibly returns first (a real GPU
       // may finish them before the host looks).
       EXPECT_FALSE(done_at_once) << "download_async waited for 16 products of " << m << "^3";
@@ -129,9 +106,9 @@ TEST_P(Stream, DownloadAsyncReturnsBeforeTheWorkIsDone) {
     EXPECT_FALSE(untouched);
   }
   std::printf("[ info ] %s: download_async returned after %.2f ms, data after %.2f ms\n",
-              GetParam().c_str(), std::chrono::duration<double, std::milli>(t1 - t0).count(),
+              id().c_str(), std::chrono::duration<double, std::milli>(t1 - t0).count(),
               std::chrono::duration<double, std::milli>(t2 - t0).count());
-  Vec want = vktest::down(d(), c2);  // the synchronous path agrees byte for byte
+  Vec want = download(d(), c2);  // the synchronous path agrees byte for byte
   ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
 }
 
@@ -164,7 +141,7 @@ TEST_P(Stream, EventsAcrossFlush) {
   Event e5 = d().record_event();
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!e5.done()) ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "never completed";
-  EXPECT_EQ(vktest::down(d(), t)[n - 1], 3.0f);
+  EXPECT_EQ(download(d(), t)[n - 1], 3.0f);
   // synchronize() lands outstanding downloads as well.
   Vec h3(3, 0.0f);
   d().download_async(h3.data(), t, 3 * sizeof(float));
@@ -187,10 +164,11 @@ TEST_P(Stream, StreamWaitOrdersAfterAnotherDevicesEvent) {
 }
 
 TEST_P(Stream, NativeStreamAndArgumentChecks) {
-  if (vulkan())
-    EXPECT_NE(d().native_stream(), nullptr);  // the VkQueue
+  const std::string backend = d().info().backend;
+  if (backend == "vulkan" || backend == "cuda" || backend == "hip")
+    EXPECT_NE(d().native_stream(), nullptr);  // the VkQueue, cudaStream_t, hipStream_t
   else
-    EXPECT_EQ(d().native_stream(), nullptr);  // eager: no queue
+    EXPECT_EQ(d().native_stream(), nullptr);  // eager (cpu, simt): no queue
   Tensor t = d().empty({4, 6}, DType::f32, MemCategory::kActivations);
   d().fill(t, 1.0f);
   Vec h(64, 0.0f);
@@ -216,11 +194,7 @@ TEST_P(Stream, NativeStreamAndArgumentChecks) {
   EXPECT_TRUE(d().download_async(nullptr, t, 0).done());  // nothing to copy
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, Stream, ::testing::Values("cpu:0", "vulkan:0"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           return s.substr(0, s.find(':'));
-                         });
+CT_INSTANTIATE_DEVICE_SUITE(Stream);
 
 }  // namespace
-}  // namespace ct
+}  // namespace ct::test
