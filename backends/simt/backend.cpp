@@ -62,6 +62,9 @@ class SimtRuntime final : public gpu::Runtime {
     return c;
   }
   void* allocate(std::size_t bytes) override {
+    // More than the machine has: out of memory, without asking the allocator (a sanitizer's
+    // allocator would abort on such a request instead of returning null).
+    if (bytes > static_cast<std::size_t>(info_.memory_bytes)) return nullptr;
     // 256-byte aligned like cudaMalloc; fresh memory reads as NaN (0xff bytes) in float, so a
     // kernel that reads what nobody wrote shows it.
     void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);

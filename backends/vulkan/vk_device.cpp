@@ -182,7 +182,13 @@ std::shared_ptr<Buffer> VulkanDevice::allocate(size_t bytes, MemCategory categor
     if (e.kind() != ErrorKind::kOutOfMemory) throw;
     // Memory retired by finished work may satisfy the request: wait once and retry.
     synchronize();
+  }
+  try {
     return make_buffer(bytes, category, false);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kOutOfMemory) throw;
+    fail(ErrorKind::kOutOfMemory,
+         std::string(e.what()) + " (a buffer of " + mem_category_name(category) + ")");
   }
 }
 
