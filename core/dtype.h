@@ -101,4 +101,56 @@ inline float f16_to_f32(uint16_t h) {
   return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+// Element i of p (of type dt) as f32, and v stored into it: floats round to nearest even;
+inline float read_as_f32(const void* p, DType dt, int64_t i) {
+  switch (dt) {
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::f16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::i8:
+      return static_cast<const int8_t*>(p)[i];
+    case DType::u8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DType::i32:
+      return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+  }
+  return 0.0f;
+}
+
+// Integers take the value truncated toward zero, saturated to the type's range (NaN -> 0).
+template <typename I>
+inline I saturate_int(float v, float lo, float hi) {
+  if (!(v == v)) return 0;
+  if (v <= lo) return static_cast<I>(lo);
+  if (v >= hi) return static_cast<I>(hi);
+  return static_cast<I>(v);
+}
+
+inline void write_from_f32(void* p, DType dt, int64_t i, float v) {
+  switch (dt) {
+    case DType::f32:
+      static_cast<float*>(p)[i] = v;
+      return;
+    case DType::f16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
+      return;
+    case DType::bf16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+      return;
+    case DType::i8:
+      static_cast<int8_t*>(p)[i] = saturate_int<int8_t>(v, -128.f, 127.f);
+      return;
+    case DType::u8:
+      static_cast<uint8_t*>(p)[i] = saturate_int<uint8_t>(v, 0.f, 255.f);
+      return;
+    case DType::i32:
+      // 2147483520 is the largest float below 2^31.
+      static_cast<int32_t*>(p)[i] = saturate_int<int32_t>(v, -2147483648.f, 2147483520.f);
+      return;
+  }
+}
+
 }  // namespace ct

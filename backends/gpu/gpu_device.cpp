@@ -205,28 +205,10 @@ class GpuDevice final : public Device {
 
   // -- elementwise ---------------------------------------------------------------------------
   void fill_kernel(const Tensor& t, float value) override {
+    // The element's bits as the CPU writes them (integers saturate), repeated.
     std::uint32_t pattern = 0;
-    int width = static_cast<int>(dtype_size(t.dtype));
-    switch (t.dtype) {
-      case DType::f32:
-        pattern = f32_bits(value);
-        break;
-      case DType::f16:
-        pattern = f32_to_f16(value);
-        break;
-      case DType::bf16:
-        pattern = f32_to_bf16(value);
-        break;
-      case DType::i32:
-        pattern = static_cast<std::uint32_t>(static_cast<std::int32_t>(value));
-        break;
-      case DType::i8:
-        pattern = static_cast<std::uint8_t>(static_cast<std::int8_t>(value));
-        break;
-      case DType::u8:
-        pattern = static_cast<std::uint8_t>(value);
-        break;
-    }
+    write_from_f32(&pattern, t.dtype, 0, value);
+    const int width = static_cast<int>(dtype_size(t.dtype));
     gpu::fill_pattern(cx(), ptr(t), t.numel(), width, pattern);
   }
   void copy_kernel(const Tensor& dst, const Tensor& src) override {
