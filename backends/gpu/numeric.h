@@ -69,6 +69,11 @@ __host__ __device__ __forceinline__ float f16_to_f32(std::uint16_t h) {
   return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+// Whether v is neither inf nor NaN, from its bits (the same on every target, fast-math or not).
+__host__ __device__ __forceinline__ bool ct_isfinite(float v) {
+  return (f32_bits(v) & 0x7f800000u) != 0x7f800000u;
+}
+
 // Element tags: how a kernel reads and writes one element of a tensor of that type.
 struct F32 {
   using Storage = float;

@@ -165,6 +165,12 @@ inline int atomicMin(int* p, int v) {
 inline unsigned atomicMin(unsigned* p, unsigned v) {
   return ct_simt_atomic_rmw(p, v, 2);
 }
+inline int atomicOr(int* p, int v) {
+  return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST);
+}
+inline unsigned atomicOr(unsigned* p, unsigned v) {
+  return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST);
+}
 template <typename T>
 inline T atomicCAS(T* p, T compare, T v) {
   static_assert(std::is_integral_v<T>, "atomicCAS takes int, unsigned or unsigned long long");

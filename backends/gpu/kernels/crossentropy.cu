@@ -1,11 +1,94 @@
-// PLACEHOLDER: launchers that throw until the kernels are written (work in progress).
-#include <stdexcept>
-
-#include "backends/gpu/kernels.h"
+// Fused log-softmax + negative log-likelihood, forward and backward, one block per row; logits
+// f32 or 16-bit, statistics in fp32 by the fixed block trees of common.h (the same at every warp
+// size). The backward reads a row's statistics before it writes, so dlogits may be logits.
+#include "backends/gpu/kernels/common.h"
 
 namespace ct::gpu {
+namespace {
 
-void crossentropy_forward(const Ctx& cx, float* losses, const void* logits, Elem e, const std::int32_t* targets, std::int64_t N, std::int64_t V) { throw std::logic_error("crossentropy_forward: not written yet (placeholder)"); }
-void crossentropy_backward(const Ctx& cx, void* dlogits, const void* logits, Elem e, const std::int32_t* targets, std::int64_t N, std::int64_t V, float dloss) { throw std::logic_error("crossentropy_backward: not written yet (placeholder)"); }
+constexpr int kThreads = 256;
+
+// Row max and log(sum(exp(x - max))) of x (V) of element E, over the block; every thread gets them.
+template <int WARP, typename E>
+__device__ __forceinline__ void row_stats(const void* x, std::int64_t base, std::int64_t V,
+                                          float* smem, float* maxval, float* logsum) {
+  float m = -INFINITY;
+  for (std::int64_t i = threadIdx.x; i < V; i += kThreads) m = fmaxf(m, E::load(x, base + i));
+  m = block_max<WARP, kThreads>(m, smem);
+  float s = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < V; i += kThreads) s += expf(E::load(x, base + i) - m);
+  s = block_sum<WARP, kThreads>(s, smem);
+  *maxval = m;
+  *logsum = logf(s);
+}
+
+// losses (N) f32; logits (N, V) of element E; targets (N) i32. Block n handles row n.
+template <int WARP, typename E>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    crossentropy_forward_kernel(float* losses, const void* logits, const std::int32_t* targets,
+                                std::int64_t V) {
+  CT_SHARED(float, smem, kThreads);
+  const std::int64_t n = blockIdx.x;
+  const std::int64_t base = n * V;
+  float m, ls;
+  row_stats<WARP, E>(logits, base, V, smem, &m, &ls);
+  if (threadIdx.x == 0) losses[n] = ls + m - E::load(logits, base + targets[n]);
+}
+
+// dlogits, logits (N, V) of element E (may be the same memory); targets (N) i32.
+// dlogits = dloss * (softmax(logits) - onehot(target)).
+template <int WARP, typename E>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    crossentropy_backward_kernel(void* dlogits, const void* logits, const std::int32_t* targets,
+                                 std::int64_t V, float dloss) {
+  CT_SHARED(float, smem, kThreads);
+  const std::int64_t n = blockIdx.x;
+  const std::int64_t base = n * V;
+  float m, ls;
+  row_stats<WARP, E>(logits, base, V, smem, &m, &ls);
+  const std::int64_t target = targets[n];
+  for (std::int64_t i = threadIdx.x; i < V; i += kThreads) {
+    const float p = expf(E::load(logits, base + i) - m - ls);
+    E::store(dlogits, base + i, dloss * (p - (i == target ? 1.0f : 0.0f)));
+  }
+}
+
+}  // namespace
+
+void crossentropy_forward(const Ctx& cx, float* losses, const void* logits, Elem e,
+                          const std::int32_t* targets, std::int64_t N, std::int64_t V) {
+  for (std::int64_t row = 0; row < N; row += 65535) {  // gridDim.x limit of some targets
+    const std::int64_t rows = N - row < 65535 ? N - row : 65535;
+    with_warp(cx.warp, [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      with_elem(e, [&](auto el) {
+        using E = decltype(el);
+        launch<W>(
+            CT_KERNEL(crossentropy_forward_kernel<W, E>), dim3(static_cast<unsigned>(rows)),
+            dim3(kThreads), 0, stream_of(cx), losses + row,
+            static_cast<const char*>(logits) + row * V * static_cast<std::int64_t>(elem_size(e)),
+            targets + row, V);
+      });
+    });
+  }
+}
+
+void crossentropy_backward(const Ctx& cx, void* dlogits, const void* logits, Elem e,
+                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           float dloss) {
+  const std::int64_t row_bytes = V * static_cast<std::int64_t>(elem_size(e));
+  for (std::int64_t row = 0; row < N; row += 65535) {
+    const std::int64_t rows = N - row < 65535 ? N - row : 65535;
+    with_warp(cx.warp, [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      with_elem(e, [&](auto el) {
+        using E = decltype(el);
+        launch<W>(CT_KERNEL(crossentropy_backward_kernel<W, E>), dim3(static_cast<unsigned>(rows)),
+                  dim3(kThreads), 0, stream_of(cx), static_cast<char*>(dlogits) + row * row_bytes,
+                  static_cast<const char*>(logits) + row * row_bytes, targets + row, V, dloss);
+      });
+    });
+  }
+}
 
 }  // namespace ct::gpu
