@@ -1,18 +1,79 @@
-// PLACEHOLDER: launchers that throw until the kernels are written (work in progress).
-#include <stdexcept>
-
-#include "backends/gpu/kernels.h"
+// Token + position embedding, forward and backward. The backward adds each (b,t) contribution
+// with one float add, in (b,t) order, as core/device.h fixes: a thread owns one channel of dwte
+// (all rows) and walks the positions in order, so no two threads touch the same element and no
+// atomics are needed.
+#include "backends/gpu/kernels/common.h"
 
 namespace ct::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+// out (B*T, C) = wte[tokens[bt]] + wpe[bt mod T]; tokens (B*T) i32; wte (V, C); wpe (maxT, C).
+template <int WARP>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte,
+                             const float* wpe, std::int64_t BT, std::int64_t T, std::int64_t C) {
+  const std::int64_t n = BT * C;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += stride) {
+    const std::int64_t bt = i / C, c = i - bt * C;
+    out[i] = wte[static_cast<std::int64_t>(tokens[bt]) * C + c] + wpe[(bt % T) * C + c];
+  }
+}
+
+// dwte (V, C) += dout (B*T, C) scattered by token: thread c walks bt = 0 .. BT-1 in order.
+template <int WARP>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    embedding_backward_wte_kernel(float* dwte, const float* dout, const std::int32_t* tokens,
+                                  std::int64_t BT, std::int64_t C) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= C) return;
+  for (std::int64_t bt = 0; bt < BT; ++bt)
+    dwte[static_cast<std::int64_t>(tokens[bt]) * C + c] += dout[bt * C + c];
+}
+
+// dwpe (maxT, C), rows t < T: dwpe[t, c] += dout[b, t, c] for b = 0 .. B-1 in order.
+template <int WARP>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    embedding_backward_wpe_kernel(float* dwpe, const float* dout, std::int64_t B, std::int64_t T,
+                                  std::int64_t C) {
+  const std::int64_t n = T * C;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += stride) {
+    float acc = dwpe[i];
+    for (std::int64_t b = 0; b < B; ++b) acc += dout[b * n + i];
+    dwpe[i] = acc;
+  }
+}
+
+}  // namespace
 
 void embedding_forward(const Ctx& cx, float* out, const std::int32_t* tokens, const float* wte,
                        const float* wpe, std::int64_t B, std::int64_t T, std::int64_t C) {
-  throw std::logic_error("embedding_forward: not written yet (placeholder)");
+  const std::int64_t n = B * T * C;
+  if (n <= 0) return;
+  with_warp(cx.warp, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    launch<W>(CT_KERNEL(embedding_forward_kernel<W>), dim3(grid_for(cx, n, kThreads)),
+              dim3(kThreads), 0, stream_of(cx), out, tokens, wte, wpe, B * T, T, C);
+  });
 }
+
 void embedding_backward(const Ctx& cx, float* dwte, float* dwpe, const float* dout,
                         const std::int32_t* tokens, std::int64_t B, std::int64_t T,
                         std::int64_t C) {
-  throw std::logic_error("embedding_backward: not written yet (placeholder)");
+  if (B * T * C <= 0) return;
+  with_warp(cx.warp, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    launch<W>(CT_KERNEL(embedding_backward_wte_kernel<W>),
+              dim3(static_cast<unsigned>((C + kThreads - 1) / kThreads)), dim3(kThreads), 0,
+              stream_of(cx), dwte, dout, tokens, B * T, C);
+    launch<W>(CT_KERNEL(embedding_backward_wpe_kernel<W>), dim3(grid_for(cx, T * C, kThreads)),
+              dim3(kThreads), 0, stream_of(cx), dwpe, dout, B, T, C);
+  });
 }
 
 }  // namespace ct::gpu

@@ -1,22 +1,160 @@
-// PLACEHOLDER: launchers that throw until the kernels are written (work in progress).
-#include <stdexcept>
-
-#include "backends/gpu/kernels.h"
+// Layer normalisation over the last dimension: one block per row for the statistics and dx; the
+// weight and bias gradients are column sums over rows, taken in two fixed passes (rows in chunks
+// of kChunk, then the chunks in order) so that no float atomics are needed and the result
+// depends on N and C only.
+#include "backends/gpu/kernels/common.h"
 
 namespace ct::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr std::int64_t kChunk = 64;  // rows per partial of dw / db
+
+// out (N, C) of element O; mean, rstd (N); x (N, C); w, b (C). Block n normalises row n.
+template <int WARP, typename O>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    layernorm_forward_kernel(void* out, float* mean, float* rstd, const float* x, const float* w,
+                             const float* b, std::int64_t C, float eps) {
+  CT_SHARED(float, smem, kThreads);
+  const std::int64_t n = blockIdx.x;
+  const float* xn = x + n * C;
+  float s = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < C; i += kThreads) s += xn[i];
+  const float m = block_sum<WARP, kThreads>(s, smem) / static_cast<float>(C);
+  float v = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < C; i += kThreads) v += (xn[i] - m) * (xn[i] - m);
+  const float var = block_sum<WARP, kThreads>(v, smem) / static_cast<float>(C);
+  const float r = 1.0f / sqrtf(var + eps);
+  for (std::int64_t i = threadIdx.x; i < C; i += kThreads)
+    O::store(out, n * C + i, (xn[i] - m) * r * w[i] + b[i]);
+  if (threadIdx.x == 0) {
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+// dx (N, C) += rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dout w; dout (N, C)
+// of element D. Block n handles row n.
+template <int WARP, typename D>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    layernorm_backward_dx_kernel(float* dx, const void* dout, const float* x, const float* w,
+                                 const float* mean, const float* rstd, std::int64_t C) {
+  CT_SHARED(float, smem, kThreads);
+  const std::int64_t n = blockIdx.x;
+  const float m = mean[n], r = rstd[n];
+  float a = 0.0f, bsum = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < C; i += kThreads) {
+    const float xhat = (x[n * C + i] - m) * r;
+    const float dxhat = D::load(dout, n * C + i) * w[i];
+    a += dxhat;
+    bsum += dxhat * xhat;
+  }
+  const float dmean = block_sum<WARP, kThreads>(a, smem) / static_cast<float>(C);
+  const float dnmean = block_sum<WARP, kThreads>(bsum, smem) / static_cast<float>(C);
+  for (std::int64_t i = threadIdx.x; i < C; i += kThreads) {
+    const float xhat = (x[n * C + i] - m) * r;
+    const float dxhat = D::load(dout, n * C + i) * w[i];
+    dx[n * C + i] += r * (dxhat - dmean - xhat * dnmean);
+  }
+}
+
+// partial (chunks, 2, C): for chunk k = blockIdx.y, the sums over its rows of dout xhat (dw) and
+// of dout (db), rows in order. Thread c of the grid's x handles column c.
+template <int WARP, typename D>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    layernorm_backward_partial_kernel(float* partial, const void* dout, const float* x,
+                                      const float* mean, const float* rstd, std::int64_t N,
+                                      std::int64_t C) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= C) return;
+  const std::int64_t k = blockIdx.y;
+  const std::int64_t end = (k + 1) * kChunk < N ? (k + 1) * kChunk : N;
+  float dw = 0.0f, db = 0.0f;
+  for (std::int64_t n = k * kChunk; n < end; ++n) {
+    const float d = D::load(dout, n * C + c);
+    dw += d * ((x[n * C + c] - mean[n]) * rstd[n]);
+    db += d;
+  }
+  partial[(k * 2) * C + c] = dw;
+  partial[(k * 2 + 1) * C + c] = db;
+}
+
+// dw, db (C) += the partials (chunks, 2, C) summed in chunk order.
+template <int WARP>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    layernorm_backward_sum_kernel(float* dw, float* db, const float* partial, std::int64_t chunks,
+                                  std::int64_t C) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.0f, sb = 0.0f;
+  for (std::int64_t k = 0; k < chunks; ++k) {
+    sw += partial[(k * 2) * C + c];
+    sb += partial[(k * 2 + 1) * C + c];
+  }
+  dw[c] += sw;
+  db[c] += sb;
+}
+
+std::int64_t chunks_of(std::int64_t N) {
+  return (N + kChunk - 1) / kChunk;
+}
+
+}  // namespace
 
 void layernorm_forward(const Ctx& cx, void* out, Elem out_elem, float* mean, float* rstd,
                        const float* x, const float* w, const float* b, std::int64_t N,
                        std::int64_t C, float eps) {
-  throw std::logic_error("layernorm_forward: not written yet (placeholder)");
+  for (std::int64_t row = 0; row < N; row += 65535) {  // gridDim.y/z-free: rows in slices
+    const std::int64_t rows = N - row < 65535 ? N - row : 65535;
+    with_warp(cx.warp, [&](auto wp) {
+      constexpr int W = decltype(wp)::value;
+      with_elem(out_elem, [&](auto el) {
+        using O = decltype(el);
+        launch<W>(
+            CT_KERNEL(layernorm_forward_kernel<W, O>), dim3(static_cast<unsigned>(rows)),
+            dim3(kThreads), 0, stream_of(cx),
+            static_cast<char*>(out) + row * C * static_cast<std::int64_t>(elem_size(out_elem)),
+            mean + row, rstd + row, x + row * C, w, b, C, eps);
+      });
+    });
+  }
 }
+
 std::size_t layernorm_backward_workspace(std::int64_t N, std::int64_t C) {
-  return 0;
+  return static_cast<std::size_t>(chunks_of(N) * 2 * C) * sizeof(float);
 }
+
 void layernorm_backward(const Ctx& cx, float* dx, float* dw, float* db, const void* dout,
                         Elem dout_elem, const float* x, const float* w, const float* mean,
                         const float* rstd, std::int64_t N, std::int64_t C, void* workspace) {
-  throw std::logic_error("layernorm_backward: not written yet (placeholder)");
+  if (N <= 0 || C <= 0) return;
+  const std::int64_t esz = static_cast<std::int64_t>(elem_size(dout_elem));
+  const std::int64_t chunks = chunks_of(N);
+  auto* partial = static_cast<float*>(workspace);
+  const unsigned col_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
+  with_warp(cx.warp, [&](auto wp) {
+    constexpr int W = decltype(wp)::value;
+    with_elem(dout_elem, [&](auto el) {
+      using D = decltype(el);
+      for (std::int64_t row = 0; row < N; row += 65535) {
+        const std::int64_t rows = N - row < 65535 ? N - row : 65535;
+        launch<W>(CT_KERNEL(layernorm_backward_dx_kernel<W, D>), dim3(static_cast<unsigned>(rows)),
+                  dim3(kThreads), 0, stream_of(cx), dx + row * C,
+                  static_cast<const char*>(dout) + row * C * esz, x + row * C, w, mean + row,
+                  rstd + row, C);
+      }
+      for (std::int64_t k = 0; k < chunks; k += 65535) {
+        const std::int64_t ks = chunks - k < 65535 ? chunks - k : 65535;
+        const std::int64_t row = k * kChunk;
+        launch<W>(CT_KERNEL(layernorm_backward_partial_kernel<W, D>),
+                  dim3(col_blocks, static_cast<unsigned>(ks)), dim3(kThreads), 0, stream_of(cx),
+                  partial + k * 2 * C, static_cast<const char*>(dout) + row * C * esz, x + row * C,
+                  mean + row, rstd + row, N - row, C);
+      }
+    });
+    launch<W>(CT_KERNEL(layernorm_backward_sum_kernel<W>), dim3(col_blocks), dim3(kThreads), 0,
+              stream_of(cx), dw, db, partial, chunks, C);
+  });
 }
 
 }  // namespace ct::gpu
