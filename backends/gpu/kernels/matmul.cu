@@ -1,19 +1,183 @@
-// PLACEHOLDER: launchers that throw until the kernels are written (work in progress).
-#include <stdexcept>
-
-#include "backends/gpu/kernels.h"
+// GEMM (the project's own, for every target) and the bias gradient.
+//
+// gemm: c_z = alpha op(a_z) op(b_z) + beta c_z (+ bias), batched by blockIdx.z with element
+// strides (0 = one matrix for the whole batch). A block computes a kBM x kBN tile of c from
+// kBK-deep slices of a and b staged in shared memory as fp32; each of its 256 threads owns a
+// 4 x 4 set of outputs (rows ty + 16 i, columns tx + 16 j) and accumulates over k in order
+// 0 .. K-1, one rounding per product-add (the build has FMA contraction off), so every output's
+// bits depend on the inputs only -- not on the tile shape, the warp size or the target.
+#include "backends/gpu/kernels/common.h"
 
 namespace ct::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBM = 64, kBN = 64, kBK = 16;
+constexpr int kMicro = 4;  // outputs per thread along m and along n
+
+// c (batch, M, N) of element Cel; a (M, K) or (K, M) with TA, b (K, N) or (N, K) with TB, both
+// of element AB; bias (N) f32 or nullptr. Block (x, y, z) computes rows m_base + kBM y ..,
+// columns kBN x .. of batch element z_base + z.
+template <int WARP, typename AB, typename Cel, bool TA, bool TB>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    gemm_kernel(void* c, const void* a, const void* b, const float* bias, std::int64_t M,
+                std::int64_t N, std::int64_t K, std::int64_t stride_a, std::int64_t stride_b,
+                std::int64_t stride_c, float alpha, float beta, std::int64_t m_base,
+                std::int64_t z_base) {
+  CT_SHARED(float, as, kBK* kBM);  // as[k * kBM + m]
+  CT_SHARED(float, bs, kBK* kBN);  // bs[k * kBN + n]
+  const int t = threadIdx.x, tx = t % 16, ty = t / 16;
+  const std::int64_t z = z_base + blockIdx.z;
+  const std::int64_t m0 = m_base + static_cast<std::int64_t>(blockIdx.y) * kBM;
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kBN;
+  const std::int64_t a_off = z * stride_a, b_off = z * stride_b, c_off = z * stride_c;
+
+  float acc[kMicro][kMicro];
+  for (int i = 0; i < kMicro; ++i)
+    for (int j = 0; j < kMicro; ++j) acc[i][j] = 0.0f;
+
+  for (std::int64_t k0 = 0; k0 < K; k0 += kBK) {
+    // Stage a[m0 .. +kBM, k0 .. +kBK] and b[k0 .. +kBK, n0 .. +kBN]; consecutive threads read
+    // consecutive addresses of the stored layout. Outside the matrices: zeros.
+    for (int r = 0; r < kBK * kBM / kThreads; ++r) {
+      const int idx = t + r * kThreads;
+      const int mm = TA ? idx % kBM : idx / kBK;
+      const int kk = TA ? idx / kBM : idx % kBK;
+      const std::int64_t m = m0 + mm, k = k0 + kk;
+      float v = 0.0f;
+      if (m < M && k < K) v = AB::load(a, a_off + (TA ? k * M + m : m * K + k));
+      as[kk * kBM + mm] = v;
+    }
+    for (int r = 0; r < kBK * kBN / kThreads; ++r) {
+      const int idx = t + r * kThreads;
+      const int nn = TB ? idx / kBK : idx % kBN;
+      const int kk = TB ? idx % kBK : idx / kBN;
+      const std::int64_t n = n0 + nn, k = k0 + kk;
+      float v = 0.0f;
+      if (n < N && k < K) v = AB::load(b, b_off + (TB ? n * K + k : k * N + n));
+      bs[kk * kBN + nn] = v;
+    }
+    __syncthreads();
+    const int kend = K - k0 < kBK ? static_cast<int>(K - k0) : kBK;
+    for (int kk = 0; kk < kend; ++kk) {
+      float av[kMicro], bv[kMicro];
+      for (int i = 0; i < kMicro; ++i) av[i] = as[kk * kBM + ty + 16 * i];
+      for (int j = 0; j < kMicro; ++j) bv[j] = bs[kk * kBN + tx + 16 * j];
+      for (int i = 0; i < kMicro; ++i)
+        for (int j = 0; j < kMicro; ++j) acc[i][j] += av[i] * bv[j];
+    }
+    __syncthreads();
+  }
+
+  for (int i = 0; i < kMicro; ++i) {
+    const std::int64_t m = m0 + ty + 16 * i;
+    if (m >= M) continue;
+    for (int j = 0; j < kMicro; ++j) {
+      const std::int64_t n = n0 + tx + 16 * j;
+      if (n >= N) continue;
+      const std::int64_t at = c_off + m * N + n;
+      float r = alpha * acc[i][j];
+      if (beta != 0.0f) r += beta * Cel::load(c, at);
+      if (bias) r += bias[n];
+      Cel::store(c, at, r);
+    }
+  }
+}
+
+// partial (chunks, N): for chunk k = blockIdx.y, the column sums of its kChunk rows of dout
+// (M, N) of element D, rows in order. Thread n of the grid's x handles column n.
+constexpr std::int64_t kChunk = 64;
+template <int WARP, typename D>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    bias_partial_kernel(float* partial, const void* dout, std::int64_t M, std::int64_t N) {
+  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (n >= N) return;
+  const std::int64_t k = blockIdx.y;
+  const std::int64_t end = (k + 1) * kChunk < M ? (k + 1) * kChunk : M;
+  float s = 0.0f;
+  for (std::int64_t m = k * kChunk; m < end; ++m) s += D::load(dout, m * N + n);
+  partial[k * N + n] = s;
+}
+
+// dbias (N) += the partials (chunks, N) summed in chunk order.
+template <int WARP>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    bias_sum_kernel(float* dbias, const float* partial, std::int64_t chunks, std::int64_t N) {
+  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (n >= N) return;
+  float s = 0.0f;
+  for (std::int64_t k = 0; k < chunks; ++k) s += partial[k * N + n];
+  dbias[n] += s;
+}
+
+template <int W, typename AB, typename Cel, bool TA, bool TB>
+void gemm_launch(const Ctx& cx, const GemmArgs& g) {
+  const unsigned gx = static_cast<unsigned>((g.N + kBN - 1) / kBN);
+  const std::int64_t row_tiles = (g.M + kBM - 1) / kBM;
+  // Grid y and z are limited to 65535 on every target: row tiles and batches go in slices.
+  for (std::int64_t z0 = 0; z0 < g.batch; z0 += 65535) {
+    const std::int64_t zs = g.batch - z0 < 65535 ? g.batch - z0 : 65535;
+    for (std::int64_t y0 = 0; y0 < row_tiles; y0 += 65535) {
+      const std::int64_t ys = row_tiles - y0 < 65535 ? row_tiles - y0 : 65535;
+      launch<W>(CT_KERNEL(gemm_kernel<W, AB, Cel, TA, TB>),
+                dim3(gx, static_cast<unsigned>(ys), static_cast<unsigned>(zs)), dim3(kThreads), 0,
+                stream_of(cx), g.c, g.a, g.b, g.bias, g.M, g.N, g.K, g.stride_a, g.stride_b,
+                g.stride_c, g.alpha, g.beta, y0 * kBM, z0);
+    }
+  }
+}
+
+}  // namespace
 
 void gemm(const Ctx& cx, const GemmArgs& g) {
-  throw std::logic_error("gemm: not written yet (placeholder)");
+  if (g.batch <= 0 || g.M <= 0 || g.N <= 0) return;
+  if (g.c_elem != Elem::kF32 && g.c_elem != g.ab_elem)
+    throw std::invalid_argument("gemm: c must be f32 or of a's and b's element type");
+  with_warp(cx.warp, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    with_elem(g.ab_elem, [&](auto abt) {
+      using AB = decltype(abt);
+      auto by_c = [&](auto ct) {
+        using Cel = decltype(ct);
+        if (!g.trans_a && !g.trans_b) gemm_launch<W, AB, Cel, false, false>(cx, g);
+        if (!g.trans_a && g.trans_b) gemm_launch<W, AB, Cel, false, true>(cx, g);
+        if (g.trans_a && !g.trans_b) gemm_launch<W, AB, Cel, true, false>(cx, g);
+        if (g.trans_a && g.trans_b) gemm_launch<W, AB, Cel, true, true>(cx, g);
+      };
+      if (g.c_elem == Elem::kF32)
+        by_c(F32{});
+      else
+        by_c(AB{});
+    });
+  });
 }
+
 std::size_t bias_backward_workspace(std::int64_t M, std::int64_t N) {
-  return 0;
+  return static_cast<std::size_t>((M + kChunk - 1) / kChunk * N) * sizeof(float);
 }
+
 void bias_backward(const Ctx& cx, float* dbias, const void* dout, Elem dout_elem, std::int64_t M,
                    std::int64_t N, void* workspace) {
-  throw std::logic_error("bias_backward: not written yet (placeholder)");
+  if (M <= 0 || N <= 0) return;
+  const std::int64_t chunks = (M + kChunk - 1) / kChunk;
+  const std::int64_t esz = static_cast<std::int64_t>(elem_size(dout_elem));
+  auto* partial = static_cast<float*>(workspace);
+  const unsigned col_blocks = static_cast<unsigned>((N + kThreads - 1) / kThreads);
+  with_warp(cx.warp, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    with_elem(dout_elem, [&](auto el) {
+      using D = decltype(el);
+      for (std::int64_t k = 0; k < chunks; k += 65535) {
+        const std::int64_t ks = chunks - k < 65535 ? chunks - k : 65535;
+        const std::int64_t row = k * kChunk;
+        launch<W>(CT_KERNEL(bias_partial_kernel<W, D>), dim3(col_blocks, static_cast<unsigned>(ks)),
+                  dim3(kThreads), 0, stream_of(cx), partial + k * N,
+                  static_cast<const char*>(dout) + row * N * esz, M - row, N);
+      }
+    });
+    launch<W>(CT_KERNEL(bias_sum_kernel<W>), dim3(col_blocks), dim3(kThreads), 0, stream_of(cx),
+              dbias, partial, chunks, N);
+  });
 }
 
 }  // namespace ct::gpu
