@@ -1,22 +1,185 @@
-// PLACEHOLDER: launchers that throw until the kernels are written (work in progress).
-#include <stdexcept>
-
-#include "backends/gpu/kernels.h"
+// Causal multi-head self-attention, forward and backward (not fused: the probabilities are
+// stored, as core/device.h's op keeps them for the backward). qkv holds q | k | v per position,
+// each split into NH heads of hs = C / NH. All tensors of one element type E; fp32 arithmetic.
+//
+// Forward: one block per (b, h, t) query row: scores for t2 <= t, softmax by the fixed block
+// trees of common.h, the row of att, then out = att v. Backward in two kernels so that every
+// output element has one owner and no atomics are needed: the first, per query row, forms
+// dpre[t, t2] = att (datt - sum(att datt)) scale (into the workspace) and dq; the second, per key
+// row t2, sums dk and dv over the queries t >= t2 in order.
+#include "backends/gpu/kernels/common.h"
 
 namespace ct::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct Dims {
+  std::int64_t T, C, NH, hs;
+  float scale;
+};
+
+// Row index of (b, h, t) blocks: blockIdx.x = (b NH + h) T + t.
+__device__ __forceinline__ void row_of(const Dims& d, std::int64_t* b, std::int64_t* h,
+                                       std::int64_t* t) {
+  const std::int64_t r = blockIdx.x;
+  *t = r % d.T;
+  *h = (r / d.T) % d.NH;
+  *b = r / (d.T * d.NH);
+}
+
+// out (B, T, C), att (B, NH, T, T), qkv (B, T, 3C), all of element E. Dynamic shared memory:
+// T floats (the row's probabilities).
+template <int WARP, typename E>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    attention_forward_kernel(void* out, void* att, const void* qkv, Dims d) {
+  CT_SHARED(float, red, kThreads);
+  CT_DYNAMIC_SHARED(float, p);
+  std::int64_t b, h, t;
+  row_of(d, &b, &h, &t);
+  const std::int64_t C3 = 3 * d.C;
+  const std::int64_t q0 = (b * d.T + t) * C3 + h * d.hs;
+  float m = -INFINITY;
+  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += kThreads) {
+    const std::int64_t k0 = (b * d.T + t2) * C3 + d.C + h * d.hs;
+    float dot = 0.0f;
+    for (std::int64_t i = 0; i < d.hs; ++i) dot += E::load(qkv, q0 + i) * E::load(qkv, k0 + i);
+    p[t2] = dot * d.scale;
+    m = fmaxf(m, p[t2]);
+  }
+  m = block_max<WARP, kThreads>(m, red);
+  float s = 0.0f;
+  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += kThreads) {
+    p[t2] = expf(p[t2] - m);
+    s += p[t2];
+  }
+  s = block_sum<WARP, kThreads>(s, red);
+  const float inv = 1.0f / s;
+  const std::int64_t a0 = ((b * d.NH + h) * d.T + t) * d.T;
+  for (std::int64_t t2 = threadIdx.x; t2 < d.T; t2 += kThreads) {
+    float v = 0.0f;
+    if (t2 <= t) {
+      v = p[t2] * inv;
+      p[t2] = v;
+    }
+    E::store(att, a0 + t2, v);
+  }
+  __syncthreads();
+  const std::int64_t o0 = (b * d.T + t) * d.C + h * d.hs;
+  for (std::int64_t i = threadIdx.x; i < d.hs; i += kThreads) {
+    float acc = 0.0f;
+    for (std::int64_t t2 = 0; t2 <= t; ++t2)
+      acc += p[t2] * E::load(qkv, (b * d.T + t2) * C3 + 2 * d.C + h * d.hs + i);
+    E::store(out, o0 + i, acc);
+  }
+}
+
+// Per query row (b, h, t): dpre (B, NH, T, T) f32 in the workspace, rows t2 <= t, and dq.
+// dqkv, dout, qkv, att of element E. Dynamic shared memory: T floats (datt, then dpre).
+template <int WARP, typename E>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    attention_backward_query_kernel(void* dqkv, float* dpre, const void* dout, const void* qkv,
+                                    const void* att, Dims d) {
+  CT_SHARED(float, red, kThreads);
+  CT_DYNAMIC_SHARED(float, g);
+  std::int64_t b, h, t;
+  row_of(d, &b, &h, &t);
+  const std::int64_t C3 = 3 * d.C;
+  const std::int64_t a0 = ((b * d.NH + h) * d.T + t) * d.T;
+  const std::int64_t o0 = (b * d.T + t) * d.C + h * d.hs;
+  float dot = 0.0f;
+  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += kThreads) {
+    const std::int64_t v0 = (b * d.T + t2) * C3 + 2 * d.C + h * d.hs;
+    float datt = 0.0f;
+    for (std::int64_t i = 0; i < d.hs; ++i) datt += E::load(qkv, v0 + i) * E::load(dout, o0 + i);
+    g[t2] = datt;
+    dot += E::load(att, a0 + t2) * datt;
+  }
+  dot = block_sum<WARP, kThreads>(dot, red);
+  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += kThreads) {
+    const float v = E::load(att, a0 + t2) * (g[t2] - dot) * d.scale;
+    g[t2] = v;
+    dpre[a0 + t2] = v;
+  }
+  __syncthreads();
+  const std::int64_t q0 = (b * d.T + t) * C3 + h * d.hs;
+  for (std::int64_t i = threadIdx.x; i < d.hs; i += kThreads) {
+    float acc = 0.0f;
+    for (std::int64_t t2 = 0; t2 <= t; ++t2)
+      acc += g[t2] * E::load(qkv, (b * d.T + t2) * C3 + d.C + h * d.hs + i);
+    E::store(dqkv, q0 + i, acc);
+  }
+}
+
+// Per key row (b, h, t2): dk = sum over t >= t2 of dpre[t, t2] q[t], dv = sum of att[t, t2]
+// dout[t], t in increasing order.
+template <int WARP, typename E>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    attention_backward_key_kernel(void* dqkv, const float* dpre, const void* dout, const void* qkv,
+                                  const void* att, Dims d) {
+  std::int64_t b, h, t2;
+  row_of(d, &b, &h, &t2);
+  const std::int64_t C3 = 3 * d.C;
+  const std::int64_t base = (b * d.NH + h) * d.T * d.T;
+  for (std::int64_t i = threadIdx.x; i < d.hs; i += kThreads) {
+    float dk = 0.0f, dv = 0.0f;
+    for (std::int64_t t = t2; t < d.T; ++t) {
+      const std::int64_t at = base + t * d.T + t2;
+      dk += dpre[at] * E::load(qkv, (b * d.T + t) * C3 + h * d.hs + i);
+      dv += E::load(att, at) * E::load(dout, (b * d.T + t) * d.C + h * d.hs + i);
+    }
+    const std::int64_t r0 = (b * d.T + t2) * C3 + h * d.hs + i;
+    E::store(dqkv, r0 + d.C, dk);
+    E::store(dqkv, r0 + 2 * d.C, dv);
+  }
+}
+
+Dims dims_of(std::int64_t T, std::int64_t C, std::int64_t NH) {
+  const std::int64_t hs = C / NH;
+  return Dims{T, C, NH, hs, 1.0f / sqrtf(static_cast<float>(hs))};
+}
+
+}  // namespace
 
 void attention_forward(const Ctx& cx, void* out, void* att, const void* qkv, Elem e, std::int64_t B,
                        std::int64_t T, std::int64_t C, std::int64_t NH) {
-  throw std::logic_error("attention_forward: not written yet (placeholder)");
+  if (B * T * C <= 0) return;
+  const Dims d = dims_of(T, C, NH);
+  const std::size_t smem = static_cast<std::size_t>(T) * sizeof(float);
+  with_warp(cx.warp, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    with_elem(e, [&](auto el) {
+      using E = decltype(el);
+      launch<W>(CT_KERNEL(attention_forward_kernel<W, E>), dim3(static_cast<unsigned>(B * NH * T)),
+                dim3(kThreads), smem, stream_of(cx), out, att, qkv, d);
+    });
+  });
 }
+
 std::size_t attention_backward_workspace(std::int64_t B, std::int64_t T, std::int64_t C,
                                          std::int64_t NH) {
-  return 0;
+  (void)C;
+  return static_cast<std::size_t>(B * NH * T * T) * sizeof(float);
 }
+
 void attention_backward(const Ctx& cx, void* dqkv, const void* dout, const void* qkv,
                         const void* att, Elem e, std::int64_t B, std::int64_t T, std::int64_t C,
                         std::int64_t NH, void* workspace) {
-  throw std::logic_error("attention_backward: not written yet (placeholder)");
+  if (B * T * C <= 0) return;
+  const Dims d = dims_of(T, C, NH);
+  auto* dpre = static_cast<float*>(workspace);
+  const std::size_t smem = static_cast<std::size_t>(T) * sizeof(float);
+  const dim3 grid(static_cast<unsigned>(B * NH * T));
+  with_warp(cx.warp, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    with_elem(e, [&](auto el) {
+      using E = decltype(el);
+      launch<W>(CT_KERNEL(attention_backward_query_kernel<W, E>), grid, dim3(kThreads), smem,
+                stream_of(cx), dqkv, dpre, dout, qkv, att, d);
+      launch<W>(CT_KERNEL(attention_backward_key_kernel<W, E>), grid, dim3(kThreads), 0,
+                stream_of(cx), dqkv, static_cast<const float*>(dpre), dout, qkv, att, d);
+    });
+  });
 }
 
 }  // namespace ct::gpu
