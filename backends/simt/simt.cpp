@@ -114,7 +114,7 @@ const char* op_name(Shuffle op) {
 }  // namespace
 
 namespace detail {
-__thread Lane* current_lane = nullptr;
+__thread Lane* current_lane __attribute__((tls_model("initial-exec"))) = nullptr;
 
 enum class State : unsigned char { kReady, kBarrier, kWarp, kDone };
 

@@ -62,7 +62,10 @@ struct Lane {
   uint3 thread_idx;
   const BlockInfo* info;
 };
-extern __thread Lane* current_lane;  // the running fiber's lane
+// initial-exec: read with one instruction, not a __tls_get_addr call per threadIdx, also inside
+// the dlopen()ed simt plugins (one pointer of static TLS).
+extern __thread Lane* current_lane
+    __attribute__((tls_model("initial-exec")));  // the running fiber's lane
 inline const BlockInfo& block_info() {
   return *current_lane->info;
 }

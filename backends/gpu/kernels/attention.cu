@@ -12,7 +12,9 @@
 namespace ct::gpu {
 namespace {
 
-constexpr int kThreads = 256;
+// Threads a block: 64 for short rows (T <= 128), else 256. Every loop strides by THREADS, so the
+// results do not depend on it beyond the fixed reduction order of common.h's block_reduce.
+constexpr int kSmallThreads = 64, kThreads = 256;
 
 struct Dims {
   std::int64_t T, C, NH, hs;
@@ -30,33 +32,33 @@ __device__ __forceinline__ void row_of(const Dims& d, std::int64_t* b, std::int6
 
 // out (B, T, C), att (B, NH, T, T), qkv (B, T, 3C), all of element E. Dynamic shared memory:
 // T floats (the row's probabilities).
-template <int WARP, typename E>
-__global__ void CT_LAUNCH_BOUNDS(kThreads)
+template <int WARP, typename E, int THREADS>
+__global__ void CT_LAUNCH_BOUNDS(THREADS)
     attention_forward_kernel(void* out, void* att, const void* qkv, Dims d) {
-  CT_SHARED(float, red, kThreads);
+  CT_SHARED(float, red, THREADS);
   CT_DYNAMIC_SHARED(float, p);
   std::int64_t b, h, t;
   row_of(d, &b, &h, &t);
   const std::int64_t C3 = 3 * d.C;
   const std::int64_t q0 = (b * d.T + t) * C3 + h * d.hs;
   float m = -INFINITY;
-  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += kThreads) {
+  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += THREADS) {
     const std::int64_t k0 = (b * d.T + t2) * C3 + d.C + h * d.hs;
     float dot = 0.0f;
     for (std::int64_t i = 0; i < d.hs; ++i) dot += E::load(qkv, q0 + i) * E::load(qkv, k0 + i);
     p[t2] = dot * d.scale;
     m = fmaxf(m, p[t2]);
   }
-  m = block_max<WARP, kThreads>(m, red);
+  m = block_max<WARP, THREADS>(m, red);
   float s = 0.0f;
-  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += kThreads) {
+  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += THREADS) {
     p[t2] = expf(p[t2] - m);
     s += p[t2];
   }
-  s = block_sum<WARP, kThreads>(s, red);
+  s = block_sum<WARP, THREADS>(s, red);
   const float inv = 1.0f / s;
   const std::int64_t a0 = ((b * d.NH + h) * d.T + t) * d.T;
-  for (std::int64_t t2 = threadIdx.x; t2 < d.T; t2 += kThreads) {
+  for (std::int64_t t2 = threadIdx.x; t2 < d.T; t2 += THREADS) {
     float v = 0.0f;
     if (t2 <= t) {
       v = p[t2] * inv;
@@ -66,7 +68,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   }
   __syncthreads();
   const std::int64_t o0 = (b * d.T + t) * d.C + h * d.hs;
-  for (std::int64_t i = threadIdx.x; i < d.hs; i += kThreads) {
+  for (std::int64_t i = threadIdx.x; i < d.hs; i += THREADS) {
     float acc = 0.0f;
     for (std::int64_t t2 = 0; t2 <= t; ++t2)
       acc += p[t2] * E::load(qkv, (b * d.T + t2) * C3 + 2 * d.C + h * d.hs + i);
@@ -76,11 +78,11 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 
 // Per query row (b, h, t): dpre (B, NH, T, T) f32 in the workspace, rows t2 <= t, and dq.
 // dqkv, dout, qkv, att of element E. Dynamic shared memory: T floats (datt, then dpre).
-template <int WARP, typename E>
-__global__ void CT_LAUNCH_BOUNDS(kThreads)
+template <int WARP, typename E, int THREADS>
+__global__ void CT_LAUNCH_BOUNDS(THREADS)
     attention_backward_query_kernel(void* dqkv, float* dpre, const void* dout, const void* qkv,
                                     const void* att, Dims d) {
-  CT_SHARED(float, red, kThreads);
+  CT_SHARED(float, red, THREADS);
   CT_DYNAMIC_SHARED(float, g);
   std::int64_t b, h, t;
   row_of(d, &b, &h, &t);
@@ -88,22 +90,22 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   const std::int64_t a0 = ((b * d.NH + h) * d.T + t) * d.T;
   const std::int64_t o0 = (b * d.T + t) * d.C + h * d.hs;
   float dot = 0.0f;
-  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += kThreads) {
+  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += THREADS) {
     const std::int64_t v0 = (b * d.T + t2) * C3 + 2 * d.C + h * d.hs;
     float datt = 0.0f;
     for (std::int64_t i = 0; i < d.hs; ++i) datt += E::load(qkv, v0 + i) * E::load(dout, o0 + i);
     g[t2] = datt;
     dot += E::load(att, a0 + t2) * datt;
   }
-  dot = block_sum<WARP, kThreads>(dot, red);
-  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += kThreads) {
+  dot = block_sum<WARP, THREADS>(dot, red);
+  for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += THREADS) {
     const float v = E::load(att, a0 + t2) * (g[t2] - dot) * d.scale;
     g[t2] = v;
     dpre[a0 + t2] = v;
   }
   __syncthreads();
   const std::int64_t q0 = (b * d.T + t) * C3 + h * d.hs;
-  for (std::int64_t i = threadIdx.x; i < d.hs; i += kThreads) {
+  for (std::int64_t i = threadIdx.x; i < d.hs; i += THREADS) {
     float acc = 0.0f;
     for (std::int64_t t2 = 0; t2 <= t; ++t2)
       acc += g[t2] * E::load(qkv, (b * d.T + t2) * C3 + d.C + h * d.hs + i);
@@ -113,15 +115,15 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 
 // Per key row (b, h, t2): dk = sum over t >= t2 of dpre[t, t2] q[t], dv = sum of att[t, t2]
 // dout[t], t in increasing order.
-template <int WARP, typename E>
-__global__ void CT_LAUNCH_BOUNDS(kThreads)
+template <int WARP, typename E, int THREADS>
+__global__ void CT_LAUNCH_BOUNDS(THREADS)
     attention_backward_key_kernel(void* dqkv, const float* dpre, const void* dout, const void* qkv,
                                   const void* att, Dims d) {
   std::int64_t b, h, t2;
   row_of(d, &b, &h, &t2);
   const std::int64_t C3 = 3 * d.C;
   const std::int64_t base = (b * d.NH + h) * d.T * d.T;
-  for (std::int64_t i = threadIdx.x; i < d.hs; i += kThreads) {
+  for (std::int64_t i = threadIdx.x; i < d.hs; i += THREADS) {
     float dk = 0.0f, dv = 0.0f;
     for (std::int64_t t = t2; t < d.T; ++t) {
       const std::int64_t at = base + t * d.T + t2;
@@ -150,8 +152,13 @@ void attention_forward(const Ctx& cx, void* out, void* att, const void* qkv, Ele
     constexpr int W = decltype(w)::value;
     with_elem(e, [&](auto el) {
       using E = decltype(el);
-      launch<W>(CT_KERNEL(attention_forward_kernel<W, E>), dim3(static_cast<unsigned>(B * NH * T)),
-                dim3(kThreads), smem, stream_of(cx), out, att, qkv, d);
+      const dim3 grid(static_cast<unsigned>(B * NH * T));
+      if (T <= 128)
+        launch<W>(CT_KERNEL(attention_forward_kernel<W, E, kSmallThreads>), grid,
+                  dim3(kSmallThreads), smem, stream_of(cx), out, att, qkv, d);
+      else
+        launch<W>(CT_KERNEL(attention_forward_kernel<W, E, kThreads>), grid, dim3(kThreads), smem,
+                  stream_of(cx), out, att, qkv, d);
     });
   });
 }
@@ -174,10 +181,18 @@ void attention_backward(const Ctx& cx, void* dqkv, const void* dout, const void*
     constexpr int W = decltype(w)::value;
     with_elem(e, [&](auto el) {
       using E = decltype(el);
-      launch<W>(CT_KERNEL(attention_backward_query_kernel<W, E>), grid, dim3(kThreads), smem,
-                stream_of(cx), dqkv, dpre, dout, qkv, att, d);
-      launch<W>(CT_KERNEL(attention_backward_key_kernel<W, E>), grid, dim3(kThreads), 0,
-                stream_of(cx), dqkv, static_cast<const float*>(dpre), dout, qkv, att, d);
+      if (T <= 128) {
+        launch<W>(CT_KERNEL(attention_backward_query_kernel<W, E, kSmallThreads>), grid,
+                  dim3(kSmallThreads), smem, stream_of(cx), dqkv, dpre, dout, qkv, att, d);
+        launch<W>(CT_KERNEL(attention_backward_key_kernel<W, E, kSmallThreads>), grid,
+                  dim3(kSmallThreads), 0, stream_of(cx), dqkv, static_cast<const float*>(dpre),
+                  dout, qkv, att, d);
+      } else {
+        launch<W>(CT_KERNEL(attention_backward_query_kernel<W, E, kThreads>), grid, dim3(kThreads),
+                  smem, stream_of(cx), dqkv, dpre, dout, qkv, att, d);
+        launch<W>(CT_KERNEL(attention_backward_key_kernel<W, E, kThreads>), grid, dim3(kThreads), 0,
+                  stream_of(cx), dqkv, static_cast<const float*>(dpre), dout, qkv, att, d);
+      }
     });
   });
 }

@@ -56,44 +56,76 @@ inline unsigned grid_for(const Ctx& cx, std::int64_t n, int threads) {
   return static_cast<unsigned>(b < 1 ? 1 : b);
 }
 
-// Sum of v over the THREADS threads of a block (blockDim.x == THREADS, a power of two), by the
-// fixed pairwise tree slot i += slot i + s for s = THREADS/2 .. 1: levels at least a warp wide
-// through shared memory, the rest through shfl_down, so every warp size gives the same bits.
-// smem: THREADS floats. Every thread gets the result.
-template <int WARP, int THREADS>
-__device__ __forceinline__ float block_sum(float v, float* smem) {
+// The elements [begin, end) step `step` that this thread handles in an elementwise kernel over n
+// elements with THREADS threads a block. On a GPU a grid-stride loop (neighbouring threads take
+// neighbouring elements: coalesced); on the SIMT runtime, where a block's threads run one after
+// another, each thread takes one contiguous chunk instead (the grid-stride order would make
+// every access of a fiber a cache miss). Only for kernels whose elements are independent: the
+// assignment differs between targets, the results do not.
+struct ElementRange {
+  std::int64_t begin, end, step;
+};
+template <int THREADS>
+__device__ __forceinline__ ElementRange thread_elements(std::int64_t n) {
+  const std::int64_t total = static_cast<std::int64_t>(gridDim.x) * THREADS;
+  const std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * THREADS + threadIdx.x;
+#if defined(CT_GPU_SIMT)
+  const std::int64_t chunk = (n + total - 1) / total;
+  const std::int64_t begin = g * chunk < n ? g * chunk : n;
+  return ElementRange{begin, begin + chunk < n ? begin + chunk : n, 1};
+#else
+  return ElementRange{g, n, total};
+#endif
+}
+#define CT_FOR_EACH_ELEMENT(i, n, THREADS)                                             \
+  for (ElementRange ct_r_ = thread_elements<THREADS>(n), *ct_once_ = &ct_r_; ct_once_; \
+       ct_once_ = nullptr)                                                             \
+    for (std::int64_t i = ct_r_.begin; i < ct_r_.end; i += ct_r_.step)
+
+// Block reductions in three fixed steps, the same at every warp size and on every target: every
+// thread stores its value; kGroups threads each combine THREADS / kGroups consecutive slots in
+// order; then every thread combines the kGroups partials in order (each gets the result, no
+// broadcast step). Four barriers and no shuffles: cheap on a GPU, and on the SIMT runtime, where
+// every barrier or shuffle is a round of fiber switches. smem: THREADS floats; THREADS a
+// multiple of 16.
+template <int THREADS, typename Op>
+__device__ __forceinline__ float block_reduce(float v, float* smem, Op op) {
+  static_assert(THREADS % 16 == 0, "block_reduce: THREADS must be a multiple of 16");
+  constexpr int kGroups = THREADS >= 256 ? 16 : THREADS / 8;
+  constexpr int kPer = THREADS / kGroups;
   const int t = threadIdx.x;
-  for (int s = THREADS / 2; s >= WARP; s /= 2) {
-    smem[t] = v;
-    __syncthreads();
-    if (t < s) v += smem[t + s];
-    __syncthreads();
+  smem[t] = v;
+  __syncthreads();
+  float part = 0.0f;
+  if (t < kGroups) {
+    part = smem[t * kPer];
+    for (int j = 1; j < kPer; ++j) part = op(part, smem[t * kPer + j]);
   }
-  for (int s = (WARP < THREADS ? WARP : THREADS) / 2; s >= 1; s /= 2) v += ct_shfl_down(v, s, WARP);
-  if (t == 0) smem[0] = v;
   __syncthreads();
-  v = smem[0];
+  if (t < kGroups) smem[t] = part;
   __syncthreads();
-  return v;
+  float r = smem[0];
+  for (int j = 1; j < kGroups; ++j) r = op(r, smem[j]);
+  __syncthreads();  // smem may be reused at once
+  return r;
 }
 
-// The maximum of v over the block, the same tree (max is exact: any tree gives the same value).
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// The sum / maximum of v over the block's THREADS threads; every thread gets it. (WARP is
+// unused: the order is fixed by THREADS alone.)
+template <int WARP, int THREADS>
+__device__ __forceinline__ float block_sum(float v, float* smem) {
+  return block_reduce<THREADS>(v, smem, SumOp{});
+}
 template <int WARP, int THREADS>
 __device__ __forceinline__ float block_max(float v, float* smem) {
-  const int t = threadIdx.x;
-  for (int s = THREADS / 2; s >= WARP; s /= 2) {
-    smem[t] = v;
-    __syncthreads();
-    if (t < s) v = fmaxf(v, smem[t + s]);
-    __syncthreads();
-  }
-  for (int s = (WARP < THREADS ? WARP : THREADS) / 2; s >= 1; s /= 2)
-    v = fmaxf(v, ct_shfl_down(v, s, WARP));
-  if (t == 0) smem[0] = v;
-  __syncthreads();
-  v = smem[0];
-  __syncthreads();
-  return v;
+  return block_reduce<THREADS>(v, smem, MaxOp{});
 }
 
 }  // namespace ct::gpu

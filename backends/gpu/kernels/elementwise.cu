@@ -11,49 +11,39 @@ constexpr int kThreads = 256;
 // dst is (n) elements of `width` bytes (1, 2 or 4): dst[i] = pattern.
 template <int WARP, typename T>
 __global__ void CT_LAUNCH_BOUNDS(kThreads) fill_kernel(T* dst, std::int64_t n, T pattern) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += stride)
-    dst[i] = pattern;
+  CT_FOR_EACH_ELEMENT(i, n, kThreads)
+  dst[i] = pattern;
 }
 
 // dst (n, element D) = src (n, element S) converted through fp32.
 template <int WARP, typename D, typename S>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     convert_kernel(void* dst, const void* src, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += stride)
-    D::store(dst, i, S::load(src, i));
+  CT_FOR_EACH_ELEMENT(i, n, kThreads)
+  D::store(dst, i, S::load(src, i));
 }
 
 // out, a (n) f32; b (n, element B): out = a + b.
 template <int WARP, typename B>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     add_kernel(float* out, const float* a, const void* b, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += stride)
-    out[i] = a[i] + B::load(b, i);
+  CT_FOR_EACH_ELEMENT(i, n, kThreads)
+  out[i] = a[i] + B::load(b, i);
 }
 
 // dst, src (n) f32: dst += src.
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     accumulate_kernel(float* dst, const float* src, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += stride)
-    dst[i] += src[i];
+  CT_FOR_EACH_ELEMENT(i, n, kThreads)
+  dst[i] += src[i];
 }
 
 // t (n) f32: t *= s.
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads) scale_kernel(float* t, float s, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += stride)
-    t[i] *= s;
+  CT_FOR_EACH_ELEMENT(i, n, kThreads)
+  t[i] *= s;
 }
 
 }  // namespace

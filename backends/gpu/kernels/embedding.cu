@@ -15,9 +15,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte,
                              const float* wpe, std::int64_t BT, std::int64_t T, std::int64_t C) {
   const std::int64_t n = BT * C;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += stride) {
+  CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     const std::int64_t bt = i / C, c = i - bt * C;
     out[i] = wte[static_cast<std::int64_t>(tokens[bt]) * C + c] + wpe[(bt % T) * C + c];
   }
@@ -40,9 +38,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     embedding_backward_wpe_kernel(float* dwpe, const float* dout, std::int64_t B, std::int64_t T,
                                   std::int64_t C) {
   const std::int64_t n = T * C;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += stride) {
+  CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     float acc = dwpe[i];
     for (std::int64_t b = 0; b < B; ++b) acc += dout[b * n + i];
     dwpe[i] = acc;

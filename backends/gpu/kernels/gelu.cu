@@ -22,9 +22,7 @@ __device__ __forceinline__ float mul_exp(float q, float e) {
 template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     gelu_forward_kernel(void* out, const void* x, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += stride) {
+  CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     const float v = E::load(x, i);
     const float z = kS * (v + kA * v * v * v);
     const float e = -2.0f * fabsf(z);  // log t
@@ -37,9 +35,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     gelu_backward_kernel(void* dx, const void* x, const void* dout, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += stride) {
+  CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     const float v = E::load(x, i);
     const float d = E::load(dout, i);
     const float z = kS * (v + kA * v * v * v);

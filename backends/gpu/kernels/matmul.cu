@@ -12,7 +12,7 @@ namespace ct::gpu {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kBM = 64, kBN = 64, kBK = 16;
+constexpr int kBM = 64, kBN = 64, kBK = 32;
 constexpr int kMicro = 4;  // outputs per thread along m and along n
 
 // c (batch, M, N) of element Cel; a (M, K) or (K, M) with TA, b (K, N) or (N, K) with TB, both

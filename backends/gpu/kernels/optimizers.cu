@@ -19,9 +19,7 @@ __device__ __forceinline__ float clip_of(const float* grad_norm, float max_grad_
   return c < 1.0f ? c : 1.0f;
 }
 
-#define CT_GRID_STRIDE(i, n)                                                                   \
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; \
-       i += static_cast<std::int64_t>(gridDim.x) * kThreads)
+#define CT_GRID_STRIDE(i, n) CT_FOR_EACH_ELEMENT(i, n, kThreads)
 
 struct AdamScalars {
   float lr, b1, b2, eps, wd, max_norm, bc1, bc2;

@@ -56,10 +56,8 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 template <int WARP, bool SCALE>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     finite_kernel(float* __restrict__ x, std::int32_t* __restrict__ flag, float s, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
   bool bad = false;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += stride) {
+  CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     float v = x[i];
     bad = bad || !ct_isfinite(v);
     if (SCALE) {
