@@ -9,28 +9,32 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "backends/gpu/portability.h"
 
 #if defined(CT_GPU_SIMT)
-#include <bit>
 #include <cmath>
 #endif
 
 namespace ct::gpu {
 
 __host__ __device__ __forceinline__ std::uint32_t f32_bits(float f) {
-#if defined(CT_GPU_SIMT)
-  return std::bit_cast<std::uint32_t>(f);
-#else
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
   return __float_as_uint(f);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
 #endif
 }
 __host__ __device__ __forceinline__ float bits_f32(std::uint32_t u) {
-#if defined(CT_GPU_SIMT)
-  return std::bit_cast<float>(u);
-#else
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
   return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 #endif
 }
 

@@ -14,6 +14,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBM = 64, kBN = 64, kBK = 32;
 constexpr int kMicro = 4;  // outputs per thread along m and along n
+constexpr std::int64_t kChunk = 64;  // rows per partial of the bias gradient
 
 // c (batch, M, N) of element Cel; a (M, K) or (K, M) with TA, b (K, N) or (N, K) with TB, both
 // of element AB; bias (N) f32 or nullptr. Block (x, y, z) computes rows m_base + kBM y ..,
@@ -86,7 +87,6 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 
 // partial (chunks, N): for chunk k = blockIdx.y, the column sums of its kChunk rows of dout
 // (M, N) of element D, rows in order. Thread n of the grid's x handles column n.
-constexpr std::int64_t kChunk = 64;
 template <int WARP, typename D>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     bias_partial_kernel(float* partial, const void* dout, std::int64_t M, std::int64_t N) {
