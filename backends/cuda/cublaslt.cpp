@@ -1,0 +1,195 @@
+// cuBLASLt through dlopen: the handful of entry points used, typed from the header, resolved
+// from libcublasLt.so.13 (or .so.12), version checked.
+//
+// Row-major c [M, N] = op(a) op(b) is column-major c^T [N, M] = op(b)^T op(a)^T: cuBLASLt gets
+// b as its A and a as its B with the same transpose flags, and the bias epilogue's per-row
+// vector of the column-major result is our per-column bias [N].
+#include "backends/cuda/cublaslt.h"
+
+#include <cublasLt.h>
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+
+namespace ct::cuda {
+
+struct Cublaslt::Lib {
+  void* handle = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = std::size_t{32} << 20;
+  std::size_t version = 0;
+#define CT_LT_FN(name) decltype(&::name) name = nullptr
+  CT_LT_FN(cublasLtGetVersion);
+  CT_LT_FN(cublasLtCreate);
+  CT_LT_FN(cublasLtDestroy);
+  CT_LT_FN(cublasLtMatmulDescCreate);
+  CT_LT_FN(cublasLtMatmulDescDestroy);
+  CT_LT_FN(cublasLtMatmulDescSetAttribute);
+  CT_LT_FN(cublasLtMatrixLayoutCreate);
+  CT_LT_FN(cublasLtMatrixLayoutDestroy);
+  CT_LT_FN(cublasLtMatrixLayoutSetAttribute);
+  CT_LT_FN(cublasLtMatmulPreferenceCreate);
+  CT_LT_FN(cublasLtMatmulPreferenceDestroy);
+  CT_LT_FN(cublasLtMatmulPreferenceSetAttribute);
+  CT_LT_FN(cublasLtMatmulAlgoGetHeuristic);
+  CT_LT_FN(cublasLtMatmul);
+#undef CT_LT_FN
+};
+
+namespace {
+
+template <typename F>
+bool resolve(void* h, const char* name, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(h, name));
+  return *fn != nullptr;
+}
+
+cudaDataType_t data_type(gpu::Elem e) {
+  switch (e) {
+    case gpu::Elem::kF16:
+      return CUDA_R_16F;
+    case gpu::Elem::kBF16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+}  // namespace
+
+Cublaslt::Cublaslt(bool tf32) : lib_(std::make_unique<Lib>()), tf32_(tf32) {
+  Lib& l = *lib_;
+  for (const char* so : {"libcublasLt.so.13", "libcublasLt.so.12"}) {
+    l.handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    if (l.handle) break;
+  }
+  if (!l.handle) {
+    why_ = "libcublasLt.so.13 / .so.12 not found";
+    return;
+  }
+  bool ok = true;
+#define CT_LT_RESOLVE(name) ok = ok && resolve(l.handle, #name, &l.name)
+  CT_LT_RESOLVE(cublasLtGetVersion);
+  CT_LT_RESOLVE(cublasLtCreate);
+  CT_LT_RESOLVE(cublasLtDestroy);
+  CT_LT_RESOLVE(cublasLtMatmulDescCreate);
+  CT_LT_RESOLVE(cublasLtMatmulDescDestroy);
+  CT_LT_RESOLVE(cublasLtMatmulDescSetAttribute);
+  CT_LT_RESOLVE(cublasLtMatrixLayoutCreate);
+  CT_LT_RESOLVE(cublasLtMatrixLayoutDestroy);
+  CT_LT_RESOLVE(cublasLtMatrixLayoutSetAttribute);
+  CT_LT_RESOLVE(cublasLtMatmulPreferenceCreate);
+  CT_LT_RESOLVE(cublasLtMatmulPreferenceDestroy);
+  CT_LT_RESOLVE(cublasLtMatmulPreferenceSetAttribute);
+  CT_LT_RESOLVE(cublasLtMatmulAlgoGetHeuristic);
+  CT_LT_RESOLVE(cublasLtMatmul);
+#undef CT_LT_RESOLVE
+  if (!ok) {
+    why_ = std::string("libcublasLt lacks an entry point: ") + dlerror();
+    return;
+  }
+  l.version = l.cublasLtGetVersion();
+  if (l.version < 120000) {
+    why_ = "libcublasLt " + std::to_string(l.version) + " is older than 12.0";
+    return;
+  }
+  if (l.cublasLtCreate(&l.lt) != CUBLAS_STATUS_SUCCESS) {
+    why_ = "cublasLtCreate failed";
+    l.lt = nullptr;
+    return;
+  }
+  if (cudaMalloc(&l.workspace, l.workspace_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    l.workspace = nullptr;
+    l.workspace_bytes = 0;
+  }
+}
+
+Cublaslt::~Cublaslt() {
+  Lib& l = *lib_;
+  if (l.workspace) cudaFree(l.workspace);
+  if (l.lt) l.cublasLtDestroy(l.lt);
+  // the library stays loaded: cuBLASLt keeps process-wide state until exit
+}
+
+std::string Cublaslt::describe() const {
+  if (!why_.empty()) return "own tiled kernel (cuBLASLt unavailable: " + why_ + ")";
+  return "cuBLASLt " + std::to_string(lib_->version) + (tf32_ ? " (fp32 products in TF32)" : "") +
+         "; own kernel where it has no algorithm";
+}
+
+bool Cublaslt::gemm(const gpu::GemmArgs& g, cudaStream_t stream) {
+  Lib& l = *lib_;
+  if (!why_.empty() || !l.lt) return false;
+  if (g.M > INT32_MAX || g.N > INT32_MAX || g.K > INT32_MAX || g.K == 0) return false;
+  const cudaDataType_t ab = data_type(g.ab_elem), ct = data_type(g.c_elem);
+  const cublasComputeType_t compute =
+      g.ab_elem == gpu::Elem::kF32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  bool done = false;
+  do {
+    if (l.cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) break;
+    // cuBLASLt's A is our b, its B our a (see the top of the file).
+    const cublasOperation_t ta = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    l.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    l.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (g.bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const cudaDataType_t bias_type = CUDA_R_32F;
+      const void* bias = g.bias;
+      l.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+      l.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+      l.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                       sizeof bias_type);
+    }
+    // Column-major views: b stored [K, N] (or [N, K] transposed) is N x K (K x N) with ld N (K).
+    const uint64_t b_rows = g.trans_b ? g.K : g.N, b_cols = g.trans_b ? g.N : g.K;
+    const uint64_t a_rows = g.trans_a ? g.M : g.K, a_cols = g.trans_a ? g.K : g.M;
+    if (l.cublasLtMatrixLayoutCreate(&la, ab, b_rows, b_cols, static_cast<int64_t>(b_rows)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        l.cublasLtMatrixLayoutCreate(&lb, ab, a_rows, a_cols, static_cast<int64_t>(a_rows)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        l.cublasLtMatrixLayoutCreate(&lc, ct, g.N, g.M, g.N) != CUBLAS_STATUS_SUCCESS)
+      break;
+    if (g.batch > 1) {
+      const int32_t count = static_cast<int32_t>(g.batch);
+      const int64_t sa = g.stride_b, sb = g.stride_a, sc = g.stride_c;
+      for (auto [layout, stride] : {std::pair{la, sa}, std::pair{lb, sb}, std::pair{lc, sc}}) {
+        l.cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                           sizeof count);
+        l.cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                           &stride, sizeof stride);
+      }
+    }
+    if (l.cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) break;
+    l.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &l.workspace_bytes, sizeof l.workspace_bytes);
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    if (l.cublasLtMatmulAlgoGetHeuristic(l.lt, op, la, lb, lc, lc, pref, 1, &heur, &found) !=
+            CUBLAS_STATUS_SUCCESS ||
+        found == 0)
+      break;
+    const float alpha = g.alpha, beta = g.beta;
+    if (l.cublasLtMatmul(l.lt, op, &alpha, g.b, la, g.a, lb, &beta, g.c, lc, g.c, lc, &heur.algo,
+                         l.workspace, l.workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS)
+      fail(ErrorKind::kDevice, "cublasLtMatmul failed for " + std::to_string(g.M) + "x" +
+                                   std::to_string(g.N) + "x" + std::to_string(g.K));
+    done = true;
+  } while (false);
+  if (pref) l.cublasLtMatmulPreferenceDestroy(pref);
+  if (lc) l.cublasLtMatrixLayoutDestroy(lc);
+  if (lb) l.cublasLtMatrixLayoutDestroy(lb);
+  if (la) l.cublasLtMatrixLayoutDestroy(la);
+  if (op) l.cublasLtMatmulDescDestroy(op);
+  return done;
+}
+
+}  // namespace ct::cuda

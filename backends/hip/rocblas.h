@@ -1,0 +1,33 @@
+// rocBLAS, loaded at run time where it is installed (Debian 12 has none; ROCm installs do):
+// strided-batched GEMMs with f16/bf16/f32 inputs and fp32 accumulation. The plugin loads
+// without it: describe() says why the project's own kernel runs instead.
+#pragma once
+
+#include <hip/hip_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "backends/gpu/kernels.h"
+
+namespace ct::hip {
+
+class Rocblas {
+ public:
+  Rocblas();
+  ~Rocblas();
+  Rocblas(const Rocblas&) = delete;
+  Rocblas& operator=(const Rocblas&) = delete;
+
+  // Enqueues the product on `stream` and returns true, or returns false (nothing enqueued) where
+  // rocBLAS is missing or cannot do it (a bias: rocBLAS has no epilogue; the own kernel fuses it).
+  bool gemm(const gpu::GemmArgs& g, hipStream_t stream);
+  std::string describe() const;
+
+ private:
+  struct Lib;
+  std::unique_ptr<Lib> lib_;
+  std::string why_;
+};
+
+}  // namespace ct::hip
