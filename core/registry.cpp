@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -71,12 +73,80 @@ const std::vector<BackendEntry>& backends() {
           std::any_of(v.begin(), v.end(), [&](const BackendEntry& x) { return x.name == e.name; });
       if (!dup) v.push_back(std::move(e));
     }
+    // The GPU backends crosstrain knows of are listed even where this build has no plugin for
+    // them, with the reason, so that `crosstrain devices` answers "why not" for each.
+    for (const char* name : {"cuda", "hip", "vulkan"}) {
+      bool have =
+          std::any_of(v.begin(), v.end(), [&](const BackendEntry& x) { return x.name == name; });
+      if (have) continue;
+      std::string upper = name;
+      for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      v.push_back({name, "(not built)", nullptr,
+                   "libcrosstrain_backend_" + std::string(name) + ".so is not beside " +
+                       executable_dir() + " (this build has no " + upper +
+                       " backend: configure with -DCT_BACKEND_" + upper +
+                       "=ON where its compiler is installed)"});
+    }
     return v;
   }();
   return list;
 }
 
+// Backends that exist to test the GPU kernel sources on the CPU: never chosen by `auto`.
+static bool test_only(const std::string& name) {
+  return name == "simt" || name == "simt64";
+}
+
+std::string available_devices() {
+  std::string list;
+  for (const auto& e : backends()) {
+    if (!e.backend || !e.error.empty()) continue;
+    for (const auto& d : e.backend->devices())
+      list += (list.empty() ? "" : ", ") + d.id() + " (" + d.name + ")";
+  }
+  return list.empty() ? "none" : list;
+}
+
+std::string choose_auto_device(std::string* why) {
+  // cuda > hip > discrete Vulkan > integrated Vulkan > cpu
+  struct Pick {
+    int rank = 99;
+    std::string spec, name;
+  } best;
+  std::string passed;
+  for (const auto& e : backends()) {
+    if (test_only(e.name)) continue;
+    if (!e.backend || !e.error.empty()) {
+      if (e.name == "cuda" || e.name == "hip" || e.name == "vulkan")
+        passed += "; " + e.name + ": " + e.error;
+      continue;
+    }
+    for (const auto& d : e.backend->devices()) {
+      int rank = 99;
+      if (e.name == "cuda") rank = 0;
+      if (e.name == "hip") rank = 1;
+      if (e.name == "vulkan" && d.type == DeviceType::kDiscreteGpu) rank = 2;
+      if (e.name == "vulkan" && d.type == DeviceType::kIntegratedGpu) rank = 3;
+      if (e.name == "cpu" && d.index == 0) rank = 4;
+      if (rank < best.rank) best = {rank, d.id(), d.name};
+    }
+  }
+  if (best.spec.empty()) fail(ErrorKind::kInvalidArgument, "--backend auto: no usable device");
+  if (why) *why = "--backend auto: " + best.spec + " (" + best.name + ")" + passed;
+  return best.spec;
+}
+
+static std::unique_ptr<Device> open_device_spec(const std::string& spec);
+
 std::unique_ptr<Device> open_device(const std::string& spec) {
+  if (spec != "auto") return open_device_spec(spec);
+  std::string why;
+  std::string chosen = choose_auto_device(&why);
+  std::fprintf(stderr, "%s\n", why.c_str());
+  return open_device_spec(chosen);
+}
+
+static std::unique_ptr<Device> open_device_spec(const std::string& spec) {
   std::string name = spec;
   int index = 0;
   if (auto colon = spec.find(':'); colon != std::string::npos) {
@@ -94,8 +164,9 @@ std::unique_ptr<Device> open_device(const std::string& spec) {
     known += (known.empty() ? "" : ", ") + e.name;
     if (e.name != name) continue;
     if (!e.backend || !e.error.empty())
-      fail(ErrorKind::kInvalidArgument,
-           "--backend " + spec + ": backend '" + name + "' is unavailable: " + e.error);
+      fail(ErrorKind::kInvalidArgument, "--backend " + spec + ": backend '" + name +
+                                            "' is unavailable: " + e.error +
+                                            "; available: " + available_devices());
     auto devs = e.backend->devices();
     if (index >= static_cast<int>(devs.size())) {
       std::string list;
@@ -106,8 +177,9 @@ std::unique_ptr<Device> open_device(const std::string& spec) {
     }
     return e.backend->open(index);
   }
-  fail(ErrorKind::kInvalidArgument,
-       "--backend " + spec + ": unknown backend '" + name + "' (known: " + known + ")");
+  fail(ErrorKind::kInvalidArgument, "--backend " + spec + ": unknown backend '" + name +
+                                        "' (known: " + known +
+                                        ", or auto); available: " + available_devices());
 }
 
 }  // namespace ct

@@ -97,6 +97,49 @@ TEST_F(Cli, DelayedUpdateNeedsOffload) {
 TEST_F(Cli, DeviceIndexOutOfRange) {
   expect_rejected(small() + " --backend cpu:9", "cpu:0");
 }
+// A GPU backend that cannot run here (no device, no driver, or not built) is named with the
+// reason and the devices that are available; exit 2, nothing written. Every machine lacks at
+// least one of CUDA and HIP; where both run, there is nothing to check.
+TEST_F(Cli, UnavailableGpuBackendNamesWhyAndWhatIsAvailable) {
+  ProcResult devices = run("devices --json");
+  ASSERT_EQ(devices.status, 0) << devices.output;
+  auto j = nlohmann::json::parse(devices.output);
+  std::string missing;
+  for (const auto& b : j)
+    if ((b["backend"] == "cuda" || b["backend"] == "hip") && !b["available"].get<bool>())
+      missing = b["backend"];
+  if (missing.empty()) GTEST_SKIP() << "CUDA and HIP both run here";
+  expect_rejected(small() + " --backend " + missing, "unavailable");
+  ProcResult r = run(small() + " --backend " + missing);
+  EXPECT_NE(r.output.find("available: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cpu:0"), std::string::npos) << r.output;
+}
+// --backend auto: cuda > hip > discrete Vulkan > integrated Vulkan > cpu:0, never the test-only
+// simt backends; the choice is printed.
+TEST_F(Cli, AutoPicksTheFirstUsableInOrderAndSaysSo) {
+  ProcResult devices = run("devices --json");
+  ASSERT_EQ(devices.status, 0) << devices.output;
+  auto j = nlohmann::json::parse(devices.output);
+  std::string want = "cpu:0";
+  int best = 4;
+  for (const auto& b : j) {
+    if (!b["available"].get<bool>()) continue;
+    for (const auto& d : b["devices"]) {
+      std::string name = b["backend"], type = d.value("type", "");
+      int rank = name == "cuda" ? 0 : name == "hip" ? 1 : 99;
+      if (name == "vulkan" && type == "discrete-gpu") rank = 2;
+      if (name == "vulkan" && type == "integrated-gpu") rank = 3;
+      if (rank < best) {
+        best = rank;
+        want = d["id"].get<std::string>();
+      }
+    }
+  }
+  ProcResult r = run(small() + " --backend auto");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--backend auto: " + want), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("--backend auto: simt"), std::string::npos) << r.output;
+}
 
 TEST_F(Cli, UnderscoreFlagsAndEvalJson) {
   ProcResult t = run(small() + " --max_steps 4 --per_device_train_batch_size 2");

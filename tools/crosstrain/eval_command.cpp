@@ -22,7 +22,7 @@ Run add_eval(CLI::App& app) {
   flag(&app, "--model-path", o->model_path, "folder with config.json and model.safetensors")
       ->required();
   flag(&app, "--data", o->data, "text file or folder to evaluate on")->required();
-  flag(&app, "--backend", o->backend, "cpu, vulkan, vulkan:N, ...");
+  flag(&app, "--backend", o->backend, "auto, cpu, cuda, hip, vulkan, vulkan:N, ...");
   flag(&app, "--per-device-eval-batch-size", o->batch, "windows per forward pass");
   return [o] {
     if (o->batch <= 0)
@@ -58,7 +58,7 @@ Run add_generate(CLI::App& app) {
   flag(&app, "--temperature", o->temperature, "sampling temperature (0 = greedy)");
   flag(&app, "--top-k", o->top_k, "sample among the k most likely tokens (0 = all)");
   flag(&app, "--seed", o->seed, "sampling seed");
-  flag(&app, "--backend", o->backend, "cpu, vulkan, vulkan:N, ...");
+  flag(&app, "--backend", o->backend, "auto, cpu, cuda, hip, vulkan, vulkan:N, ...");
   return [o] {
     if (o->prompt.empty()) fail(ErrorKind::kInvalidArgument, "--prompt: must not be empty");
     if (o->max_new_tokens < 0)
