@@ -1,5 +1,6 @@
 #include "core/train/trainer.h"
 
+#include <cstdlib>
 #include <sys/resource.h>
 
 #include <chrono>
@@ -228,6 +229,9 @@ TrainSummary train(const TrainArgs& args) {
   if (!args.resume_from_checkpoint.empty())
     resume_dir = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir);
 
+  // --tf32 reaches the CUDA device through its environment switch (backends/cuda/cublaslt.h),
+  // read when the device opens.
+  if (args.tf32) setenv("CT_TF32", "1", 1);
   std::unique_ptr<Device> device = open_device(args.backend);
   Device& dev = *device;
   if (args.profile) dev.set_profiling(true);
