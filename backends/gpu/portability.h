@@ -8,8 +8,9 @@
 //   __syncthreads(), threadIdx/blockIdx/blockDim/gridDim,
 //   CT_SHARED(type, name, count) for static and CT_DYNAMIC_SHARED(type, name) for dynamic shared
 //   memory (`name` is a pointer on every target: do not take sizeof(name)),
-//   atomicAdd (int, unsigned, float), atomicMax/atomicMin/atomicOr (int, unsigned), atomicCAS, atomicExch,
-//   and ct::gpu::launch<WARP>(CT_KERNEL(kernel<...>), grid, block, shared_bytes, stream, args...).
+//   atomicAdd (int, unsigned, float), atomicMax/atomicMin/atomicOr (int, unsigned), atomicCAS,
+//   atomicExch, and ct::gpu::launch<WARP>(CT_KERNEL(kernel<...>), grid, block, shared_bytes,
+//   stream, args...).
 #pragma once
 
 #include <cstdint>

@@ -165,9 +165,12 @@ class HipRuntime final : public gpu::Runtime {
   }
   void* native_stream() override { return stream_; }
   void gemm(const gpu::GemmArgs& g) override {
-    if (!blas_->gemm(g, stream_)) gpu::gemm(ctx(), g);
+    // CT_GPU_GEMM=own: always the project's kernel (benchmarks compare the two).
+    if (own_gemm_ || !blas_->gemm(g, stream_)) gpu::gemm(ctx(), g);
   }
-  std::string gemm_library() const override { return blas_->describe(); }
+  std::string gemm_library() const override {
+    return own_gemm_ ? "own tiled kernel (CT_GPU_GEMM=own)" : blas_->describe();
+  }
 
  private:
   // Completed events go back to the pool (in order: the stream completes them in order).
@@ -183,6 +186,10 @@ class HipRuntime final : public gpu::Runtime {
   DeviceInfo info_;
   hipStream_t stream_ = nullptr;
   int sms_ = 1;
+  bool own_gemm_ = [] {
+    const char* v = std::getenv("CT_GPU_GEMM");
+    return v && std::string(v) == "own";
+  }();
   int warp_ = 64;
   std::uint64_t serial_ = 0;
   std::deque<std::pair<std::uint64_t, hipEvent_t>> events_;

@@ -1,11 +1,11 @@
 #include "core/train/trainer.h"
 
-#include <cstdlib>
 #include <sys/resource.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>

@@ -20,7 +20,8 @@ Run add_train(CLI::App& app) {
        std::string("text file or folder (default: ") + kDefaultDataPath + ")");
   flag(&app, "--output-dir", a->output_dir,
        "where metrics.jsonl, model.safetensors, config.json go");
-  flag(&app, "--backend", a->backend, "auto, cpu, cuda, hip, vulkan, vulkan:N, ... (see `crosstrain devices`)");
+  flag(&app, "--backend", a->backend,
+       "auto, cpu, cuda, hip, vulkan, vulkan:N, ... (see `crosstrain devices`)");
   flag(&app, "--max-steps", a->max_steps, "optimizer steps to train");
   flag(&app, "--per-device-train-batch-size", a->per_device_train_batch_size, "sequences per step");
   flag(&app, "--gradient-accumulation-steps", a->gradient_accumulation_steps,

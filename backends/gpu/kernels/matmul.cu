@@ -13,7 +13,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kBM = 64, kBN = 64, kBK = 32;
-constexpr int kMicro = 4;  // outputs per thread along m and along n
+constexpr int kMicro = 4;            // outputs per thread along m and along n
 constexpr std::int64_t kChunk = 64;  // rows per partial of the bias gradient
 
 // c (batch, M, N) of element Cel; a (M, K) or (K, M) with TA, b (K, N) or (N, K) with TB, both
