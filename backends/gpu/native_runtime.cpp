@@ -1,0 +1,320 @@
+// The native GPU targets, CUDA and HIP, from one source: ct::gpu::Runtime over the vendor's
+// runtime API (one stream per device, pooled events, device memory, stream-ordered copies) and
+// the backend that lists and opens the devices. The two APIs differ in their prefix (cuda*,
+// hip*) and a few names; CT_API(Name) picks the prefix and the block below the rest, as
+// backends/gpu/portability.h does for the kernels. Built once per plugin with CT_NATIVE_CUDA
+// (backends/cuda) or CT_NATIVE_HIP (backends/hip). Every runtime call is checked; the error
+// names the call.
+#if defined(CT_NATIVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "backends/cuda/cublaslt.h"
+#define CT_API(name) cuda##name
+#elif defined(CT_NATIVE_HIP)
+#include <hip/hip_runtime_api.h>
+
+#include "backends/hip/rocblas.h"
+#define CT_API(name) hip##name
+#else
+#error "define CT_NATIVE_CUDA or CT_NATIVE_HIP"
+#endif
+
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/gpu/runtime.h"
+#include "core/error.h"
+
+namespace ct::gpu::native {
+namespace {
+
+#if defined(CT_NATIVE_CUDA)
+using ApiError = cudaError_t;
+using ApiStream = cudaStream_t;
+using ApiEvent = cudaEvent_t;
+using ApiProp = cudaDeviceProp;
+using Blas = cuda::Cublaslt;
+constexpr ApiError kApiOutOfMemory = cudaErrorMemoryAllocation;
+constexpr cudaDeviceAttr kApiMultiprocessors = cudaDevAttrMultiProcessorCount;
+constexpr const char* kTarget = "cuda";
+constexpr const char* kTargetUpper = "CUDA";
+#else
+using ApiError = hipError_t;
+using ApiStream = hipStream_t;
+using ApiEvent = hipEvent_t;
+using ApiProp = hipDeviceProp_t;
+using Blas = hip::Rocblas;
+constexpr ApiError kApiOutOfMemory = hipErrorOutOfMemory;
+constexpr hipDeviceAttribute_t kApiMultiprocessors = hipDeviceAttributeMultiprocessorCount;
+constexpr const char* kTarget = "hip";
+constexpr const char* kTargetUpper = "HIP";
+#endif
+
+// "CT_API(Malloc)(&p, n)" as the call reads in the vendor's API: "cudaMalloc(&p, n)".
+std::string call_name(std::string call) {
+  for (std::size_t at; (at = call.find("CT_API(")) != std::string::npos;) {
+    const std::size_t close = call.find(')', at);
+    call =
+        call.substr(0, at) + kTarget + call.substr(at + 7, close - at - 7) + call.substr(close + 1);
+  }
+  return call;
+}
+
+[[noreturn]] void api_fail(const char* call, ApiError e) {
+  fail(e == kApiOutOfMemory ? ErrorKind::kOutOfMemory : ErrorKind::kDevice,
+       call_name(call) + ": " + CT_API(GetErrorName)(e) + " (" + CT_API(GetErrorString)(e) + ")");
+}
+#define CT_API_CHECK(call)                                \
+  do {                                                    \
+    ApiError ct_e_ = (call);                              \
+    if (ct_e_ != CT_API(Success)) api_fail(#call, ct_e_); \
+  } while (0)
+
+// Why the target cannot be used here ("" when it can), and the number of devices.
+int device_count(std::string* why) {
+  int n = 0;
+  ApiError e = CT_API(GetDeviceCount)(&n);
+  if (e == CT_API(Success) && n > 0) {
+    why->clear();
+    return n;
+  }
+  (void)CT_API(GetLastError)();  // clear the sticky error
+#if defined(CT_NATIVE_CUDA)
+  if (e == cudaSuccess || e == cudaErrorNoDevice)
+    *why = "no CUDA device (the driver is there but lists no GPU)";
+  else if (e == cudaErrorInsufficientDriver)
+    *why = "no usable NVIDIA driver: libcuda.so.1 is missing or older than this CUDA " +
+           std::to_string(CUDART_VERSION / 1000) + "." +
+           std::to_string(CUDART_VERSION % 1000 / 10) + " runtime";
+#else
+  if (e == hipSuccess || e == hipErrorNoDevice)
+    *why = "no HIP device (no AMD GPU, or /dev/kfd not accessible)";
+  else if (e == hipErrorInsufficientDriver)
+    *why = "no usable AMD driver (amdgpu kernel driver / ROCm runtime missing)";
+#endif
+  else
+    *why = std::string(kTarget) + " GetDeviceCount: " + CT_API(GetErrorName)(e) + " (" +
+           CT_API(GetErrorString)(e) + ")";
+  return 0;
+}
+
+DeviceInfo make_info(int index) {
+  ApiProp p{};
+  CT_API_CHECK(CT_API(GetDeviceProperties)(&p, index));
+  int driver = 0, runtime = 0;
+  (void)CT_API(DriverGetVersion)(&driver);
+  (void)CT_API(RuntimeGetVersion)(&runtime);
+  DeviceInfo i;
+  i.backend = kTarget;
+  i.index = index;
+  i.name = p.name;
+  i.type = p.integrated ? DeviceType::kIntegratedGpu : DeviceType::kDiscreteGpu;
+  i.memory_bytes = static_cast<int64_t>(p.totalGlobalMem);
+  i.max_allocation_bytes = i.memory_bytes;
+  i.max_buffer_range_bytes = i.memory_bytes;
+  i.dtypes = {DType::f32, DType::f16, DType::bf16, DType::i32};
+#if defined(CT_NATIVE_CUDA)
+  i.driver = "CUDA driver " + std::to_string(driver / 1000) + "." +
+             std::to_string(driver % 1000 / 10) + ", runtime " + std::to_string(runtime / 1000) +
+             "." + std::to_string(runtime % 1000 / 10);
+  i.fp16_arithmetic = p.major >= 6;
+  i.bf16_arithmetic = p.major >= 8;
+  i.extra = {{"compute capability", std::to_string(p.major) + "." + std::to_string(p.minor)}};
+#else
+  i.driver = "HIP driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);
+  i.fp16_arithmetic = true;
+  i.bf16_arithmetic = std::string(p.gcnArchName).rfind("gfx90a", 0) == 0;
+  i.extra = {{"architecture", p.gcnArchName}};
+#endif
+  i.extra.push_back({"multiprocessors", std::to_string(p.multiProcessorCount)});
+  i.extra.push_back({"warp size", std::to_string(p.warpSize)});
+  return i;
+}
+
+// 32 on NVIDIA and RDNA, 64 on CDNA/GCN: the kernels are instantiated for the device's.
+int warp_size(int index) {
+  ApiProp p{};
+  CT_API_CHECK(CT_API(GetDeviceProperties)(&p, index));
+  return p.warpSize;
+}
+
+// The vendor GEMM library (cuBLASLt with TF32 under CT_TF32=1; rocBLAS), described in info.
+std::unique_ptr<Blas> make_blas(DeviceInfo* info) {
+#if defined(CT_NATIVE_CUDA)
+  const char* tf32 = std::getenv("CT_TF32");
+  auto blas = std::make_unique<Blas>(tf32 && tf32[0] == '1');
+  info->extra.push_back({"tf32", blas->tf32() ? "on (CT_TF32=1)" : "off"});
+  return blas;
+#else
+  (void)info;
+  return std::make_unique<Blas>();
+#endif
+}
+
+class NativeRuntime final : public gpu::Runtime {
+ public:
+  explicit NativeRuntime(int index) : index_(index), info_(make_info(index)) {
+    CT_API_CHECK(CT_API(SetDevice)(index_));
+    CT_API_CHECK(CT_API(StreamCreateWithFlags)(&stream_, CT_API(StreamNonBlocking)));
+    int sms = 1;
+    CT_API_CHECK(CT_API(DeviceGetAttribute)(&sms, kApiMultiprocessors, index_));
+    sms_ = sms;
+    std::size_t free_b = 0, total = 0;
+    CT_API_CHECK(CT_API(MemGetInfo)(&free_b, &total));
+    info_.memory_budget_bytes = static_cast<int64_t>(free_b);
+    warp_ = warp_size(index_);
+    blas_ = make_blas(&info_);
+  }
+  ~NativeRuntime() override {
+    (void)CT_API(SetDevice)(index_);
+    (void)CT_API(StreamSynchronize)(stream_);
+    blas_.reset();
+    for (auto& [serial, ev] : events_) (void)CT_API(EventDestroy)(ev);
+    for (ApiEvent ev : spare_) (void)CT_API(EventDestroy)(ev);
+    (void)CT_API(StreamDestroy)(stream_);
+  }
+
+  const DeviceInfo& info() const override { return info_; }
+  gpu::Ctx ctx() override {
+    (void)CT_API(SetDevice)(index_);
+    return gpu::Ctx{warp_, stream_, sms_};
+  }
+  void* allocate(std::size_t bytes) override {
+    CT_API_CHECK(CT_API(SetDevice)(index_));
+    void* p = nullptr;
+    ApiError e = CT_API(Malloc)(&p, bytes);
+    if (e == kApiOutOfMemory) {
+      (void)CT_API(GetLastError)();
+      return nullptr;
+    }
+    if (e != CT_API(Success)) api_fail("CT_API(Malloc)", e);
+    return p;
+  }
+  void release(void* p) override { CT_API_CHECK(CT_API(Free)(p)); }
+  void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override {
+    CT_API_CHECK(CT_API(SetDevice)(index_));
+    CT_API_CHECK(CT_API(MemGetInfo)(free_bytes, total_bytes));
+  }
+  void upload(void* dst, const void* host, std::size_t bytes) override {
+    // Pageable host memory: the call returns once the bytes are staged, so `host` may be reused.
+    CT_API_CHECK(CT_API(MemcpyAsync)(dst, host, bytes, CT_API(MemcpyHostToDevice), stream_));
+  }
+  void download(void* host, const void* src, std::size_t bytes) override {
+    CT_API_CHECK(CT_API(MemcpyAsync)(host, src, bytes, CT_API(MemcpyDeviceToHost), stream_));
+    CT_API_CHECK(CT_API(StreamSynchronize)(stream_));
+  }
+  void download_async(void* host, const void* src, std::size_t bytes) override {
+    CT_API_CHECK(CT_API(MemcpyAsync)(host, src, bytes, CT_API(MemcpyDeviceToHost), stream_));
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    CT_API_CHECK(CT_API(MemcpyAsync)(dst, src, bytes, CT_API(MemcpyDeviceToDevice), stream_));
+  }
+  std::uint64_t record_event() override {
+    ApiEvent ev = nullptr;
+    if (!spare_.empty()) {
+      ev = spare_.back();
+      spare_.pop_back();
+    } else {
+      CT_API_CHECK(CT_API(EventCreateWithFlags)(&ev, CT_API(EventDisableTiming)));
+    }
+    CT_API_CHECK(CT_API(EventRecord)(ev, stream_));
+    events_.emplace_back(++serial_, ev);
+    return serial_;
+  }
+  bool event_done(std::uint64_t serial) override {
+    retire();
+    for (auto& [s, ev] : events_) {
+      if (s != serial) continue;
+      ApiError e = CT_API(EventQuery)(ev);
+      if (e == CT_API(ErrorNotReady)) return false;
+      if (e != CT_API(Success)) api_fail("CT_API(EventQuery)", e);
+      return true;
+    }
+    return true;  // retired: complete
+  }
+  void wait_event(std::uint64_t serial) override {
+    for (auto& [s, ev] : events_)
+      if (s == serial) CT_API_CHECK(CT_API(EventSynchronize)(ev));
+    retire();
+  }
+  void synchronize() override {
+    CT_API_CHECK(CT_API(StreamSynchronize)(stream_));
+    retire();
+  }
+  void* native_stream() override { return stream_; }
+  void gemm(const gpu::GemmArgs& g) override {
+    // CT_GPU_GEMM=own: always the project's kernel (benchmarks compare the two).
+    if (own_gemm_ || !blas_->gemm(g, stream_)) gpu::gemm(ctx(), g);
+  }
+  std::string gemm_library() const override {
+    return own_gemm_ ? "own tiled kernel (CT_GPU_GEMM=own)" : blas_->describe();
+  }
+
+ private:
+  // Completed events go back to the pool (in order: the stream completes them in order).
+  void retire() {
+    while (!events_.empty() && CT_API(EventQuery)(events_.front().second) == CT_API(Success)) {
+      spare_.push_back(events_.front().second);
+      events_.pop_front();
+    }
+    (void)CT_API(GetLastError)();
+  }
+
+  int index_;
+  DeviceInfo info_;
+  ApiStream stream_ = nullptr;
+  int sms_ = 1;
+  int warp_ = 32;
+  bool own_gemm_ = [] {
+    const char* v = std::getenv("CT_GPU_GEMM");
+    return v && std::string(v) == "own";
+  }();
+  std::uint64_t serial_ = 0;
+  std::deque<std::pair<std::uint64_t, ApiEvent>> events_;
+  std::vector<ApiEvent> spare_;
+  std::unique_ptr<Blas> blas_;
+};
+
+class NativeBackend final : public Backend {
+ public:
+  NativeBackend() { count_ = device_count(&why_); }
+  std::string name() const override { return kTarget; }
+  std::string unavailable_reason() const override { return why_; }
+  std::vector<DeviceInfo> devices() const override {
+    std::vector<DeviceInfo> v;
+    for (int i = 0; i < count_; ++i) v.push_back(make_info(i));
+    return v;
+  }
+  std::unique_ptr<Device> open(int index) override {
+    if (!why_.empty())
+      fail(ErrorKind::kDevice, std::string(kTargetUpper) + " is unavailable: " + why_);
+    if (index < 0 || index >= count_) {
+      std::string list;
+      for (const auto& d : devices()) list += "\n  " + d.id() + "  " + d.name;
+      fail(ErrorKind::kInvalidArgument, std::string(kTarget) + ":" + std::to_string(index) +
+                                            " out of range; " + kTarget + " has " +
+                                            std::to_string(count_) + " device(s):" + list);
+    }
+    return gpu::make_gpu_device(std::make_unique<NativeRuntime>(index));
+  }
+
+ private:
+  int count_ = 0;
+  std::string why_;
+};
+
+}  // namespace
+}  // namespace ct::gpu::native
+
+extern "C" {
+__attribute__((visibility("default"))) int crosstrain_backend_abi_version() {
+  return ct::kBackendAbiVersion;
+}
+__attribute__((visibility("default"))) ct::Backend* crosstrain_backend_create() {
+  return new ct::gpu::native::NativeBackend();
+}
+}
