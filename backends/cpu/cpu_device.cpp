@@ -15,6 +15,7 @@
 #include "backends/cpu/openblas_core.h"
 #include "backends/cpu/system_info.h"
 #include "core/error.h"
+#include "core/op_support.h"
 
 namespace ct {
 namespace cpu {
@@ -96,23 +97,7 @@ class CpuDevice final : public Device, private Workspace {
 
   // f32 everywhere; f16/bf16 where core/device.h's mixed-precision table allows them. 16-bit
   // tensors are widened to f32 in workspace, computed in f32 and rounded back when stored.
-  bool supports(OpKind op, DType dtype) const override {
-    if (op == OpKind::kFill || op == OpKind::kCopy || dtype == DType::f32) return true;
-    if (op == OpKind::kAdamW8bit && dtype == DType::u8) return true;
-    if (!is_h(dtype)) return false;
-    switch (op) {
-      case OpKind::kAdd:
-      case OpKind::kMatmul:
-      case OpKind::kLayerNorm:
-      case OpKind::kBiasGrad:
-      case OpKind::kAttention:
-      case OpKind::kGelu:
-      case OpKind::kCrossEntropy:
-        return true;
-      default:
-        return false;
-    }
-  }
+  bool supports(OpKind op, DType dtype) const override { return precision_table_allows(op, dtype); }
 
   std::shared_ptr<Buffer> allocate(size_t bytes, MemCategory category) override {
     size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;

@@ -17,6 +17,7 @@
 #include "backends/gpu/runtime.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/op_support.h"
 
 namespace ct::gpu {
 namespace {
@@ -124,10 +125,6 @@ Elem elem_of(DType t) {
   }
 }
 
-bool is_h(DType t) {
-  return t == DType::f16 || t == DType::bf16;
-}
-
 class GpuDevice final : public Device {
  public:
   explicit GpuDevice(std::unique_ptr<Runtime> rt)
@@ -149,24 +146,8 @@ class GpuDevice final : public Device {
 
   const DeviceInfo& info() const override { return info_; }
 
-  // The CPU backend's table: f32 everywhere, 16-bit where the precision table allows it.
-  bool supports(OpKind op, DType dtype) const override {
-    if (op == OpKind::kFill || op == OpKind::kCopy || dtype == DType::f32) return true;
-    if (op == OpKind::kAdamW8bit && dtype == DType::u8) return true;
-    if (!is_h(dtype)) return false;
-    switch (op) {
-      case OpKind::kAdd:
-      case OpKind::kMatmul:
-      case OpKind::kLayerNorm:
-      case OpKind::kBiasGrad:
-      case OpKind::kAttention:
-      case OpKind::kGelu:
-      case OpKind::kCrossEntropy:
-        return true;
-      default:
-        return false;
-    }
-  }
+  // Every op of the precision table, f32 and 16-bit (core/op_support.h).
+  bool supports(OpKind op, DType dtype) const override { return precision_table_allows(op, dtype); }
 
   std::shared_ptr<Buffer> allocate(std::size_t bytes, MemCategory category) override {
     const std::size_t rounded = round_block(bytes);
