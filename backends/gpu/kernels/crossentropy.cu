@@ -32,7 +32,8 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   const std::int64_t base = n * V;
   float m, ls;
   row_stats<WARP, E>(logits, base, V, smem, &m, &ls);
-  if (threadIdx.x == 0) losses[n] = ls + m - E::load(logits, base + targets[n]);
+  // log z + (max - x[target]): the small log z is not rounded against a large max first.
+  if (threadIdx.x == 0) losses[n] = ls + (m - E::load(logits, base + targets[n]));
 }
 
 // dlogits, logits (N, V) of element E (may be the same memory); targets (N) i32.

@@ -1,6 +1,6 @@
 // Token + position embedding, forward and backward. The backward adds each (b,t) contribution
-// with one float add, in (b,t) order, as core/device.h fixes: a thread owns one channel of dwte
-// (all rows) and walks the positions in order, so no two threads touch the same element and no
+// with one float add, in (b,t) order, as core/device.h fixes: a thread owns one channel of a set
+// of dwte rows and walks the positions in order, so no two threads touch the same element and no
 // atomics are needed.
 #include "backends/gpu/kernels/common.h"
 
@@ -21,15 +21,20 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   }
 }
 
-// dwte (V, C) += dout (B*T, C) scattered by token: thread c walks bt = 0 .. BT-1 in order.
+// dwte (V, C) += dout (B*T, C) scattered by token. Block (x, p) owns columns kThreads x .. and
+// the rows v with v mod P == p (P = gridDim.y): thread c walks bt = 0 .. BT-1 in order and adds
+// the rows it owns, so every element gets its contributions in (b,t) order, whatever P is.
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     embedding_backward_wte_kernel(float* dwte, const float* dout, const std::int32_t* tokens,
                                   std::int64_t BT, std::int64_t C) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= C) return;
-  for (std::int64_t bt = 0; bt < BT; ++bt)
-    dwte[static_cast<std::int64_t>(tokens[bt]) * C + c] += dout[bt * C + c];
+  const std::int64_t P = gridDim.y, p = blockIdx.y;
+  for (std::int64_t bt = 0; bt < BT; ++bt) {
+    const std::int64_t v = tokens[bt];
+    if (v % P == p) dwte[v * C + c] += dout[bt * C + c];
+  }
 }
 
 // dwpe (maxT, C), rows t < T: dwpe[t, c] += dout[b, t, c] for b = 0 .. B-1 in order.
@@ -64,9 +69,15 @@ void embedding_backward(const Ctx& cx, float* dwte, float* dwpe, const float* do
   if (B * T * C <= 0) return;
   with_warp(cx.warp, [&](auto w) {
     constexpr int W = decltype(w)::value;
+    // Enough row partitions to give every multiprocessor a few blocks (one on the SIMT runtime's
+    // few host threads is plenty); each partition reads all tokens but adds only its rows.
+    const std::int64_t col_blocks = (C + kThreads - 1) / kThreads;
+    std::int64_t parts =
+        std::int64_t{cx.multiprocessors > 0 ? cx.multiprocessors : 1} * 4 / col_blocks;
+    parts = parts < 1 ? 1 : parts > 64 ? 64 : parts;
     launch<W>(CT_KERNEL(embedding_backward_wte_kernel<W>),
-              dim3(static_cast<unsigned>((C + kThreads - 1) / kThreads)), dim3(kThreads), 0,
-              stream_of(cx), dwte, dout, tokens, B * T, C);
+              dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(parts)), dim3(kThreads),
+              0, stream_of(cx), dwte, dout, tokens, B * T, C);
     launch<W>(CT_KERNEL(embedding_backward_wpe_kernel<W>), dim3(grid_for(cx, T * C, kThreads)),
               dim3(kThreads), 0, stream_of(cx), dwpe, dout, B, T, C);
   });
