@@ -27,6 +27,10 @@ struct Ctx {
       nullptr;  // cudaStream_t, hipStream_t, or the ct::simt::Runtime* (nullptr: default)
   int multiprocessors = 1;  // SMs / CUs: grid sizing of reductions may depend on it only where the
                             // result does not
+  // The own GEMM takes 16-bit inputs through the matrix tile (backends/gpu/kernels/mma.h): set
+  // where the device has matrix cores (sm_80+, gfx90a); on the SIMT runtime it runs the tile's
+  // scalar form, which gives the scalar kernel's bits.
+  bool matrix_tiles = false;
 };
 
 // --- elementwise.cu ------------------------------------------------------------------------

@@ -168,6 +168,21 @@ class NativeRuntime final : public gpu::Runtime {
     info_.memory_budget_bytes = static_cast<int64_t>(free_b);
     warp_ = warp_size(index_);
     blas_ = make_blas(&info_);
+    // Matrix cores for the own GEMM's 16-bit path: mma.sync on sm_80+, MFMA on gfx90a (the
+    // architectures the plugin is built for that have them).
+    ApiProp p{};
+    CT_API_CHECK(CT_API(GetDeviceProperties)(&p, index_));
+#if defined(CT_NATIVE_CUDA)
+    const bool hw = p.major >= 8;
+    const char* unit = "mma.sync m16n8k16";
+#else
+    const bool hw = std::string(p.gcnArchName).rfind("gfx90a", 0) == 0;
+    const char* unit = "MFMA 32x32x8";
+#endif
+    tiles_ = gpu::matrix_tiles_setting(hw);
+    info_.extra.push_back({"own GEMM, 16-bit", tiles_ ? std::string("matrix tiles (") +
+                                                            (hw ? unit : "scalar form") + ")"
+                                                      : std::string("scalar tiled kernel")});
   }
   ~NativeRuntime() override {
     (void)CT_API(SetDevice)(index_);
@@ -178,10 +193,14 @@ class NativeRuntime final : public gpu::Runtime {
     (void)CT_API(StreamDestroy)(stream_);
   }
 
-  const DeviceInfo& info() const override { return info_; }
+  const DeviceInfo& info() const override {
+    return info_;
+  }
   gpu::Ctx ctx() override {
     (void)CT_API(SetDevice)(index_);
-    return gpu::Ctx{warp_, stream_, sms_};
+    gpu::Ctx c{warp_, stream_, sms_};
+    c.matrix_tiles = tiles_;
+    return c;
   }
   void* allocate(std::size_t bytes) override {
     CT_API_CHECK(CT_API(SetDevice)(index_));
@@ -194,7 +213,9 @@ class NativeRuntime final : public gpu::Runtime {
     if (e != CT_API(Success)) api_fail("CT_API(Malloc)", e);
     return p;
   }
-  void release(void* p) override { CT_API_CHECK(CT_API(Free)(p)); }
+  void release(void* p) override {
+    CT_API_CHECK(CT_API(Free)(p));
+  }
   void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override {
     CT_API_CHECK(CT_API(SetDevice)(index_));
     CT_API_CHECK(CT_API(MemGetInfo)(free_bytes, total_bytes));
@@ -245,7 +266,9 @@ class NativeRuntime final : public gpu::Runtime {
     CT_API_CHECK(CT_API(StreamSynchronize)(stream_));
     retire();
   }
-  void* native_stream() override { return stream_; }
+  void* native_stream() override {
+    return stream_;
+  }
   void gemm(const gpu::GemmArgs& g) override {
     // CT_GPU_GEMM=own: always the project's kernel (benchmarks compare the two).
     if (own_gemm_ || !blas_->gemm(g, stream_)) gpu::gemm(ctx(), g);
@@ -269,6 +292,7 @@ class NativeRuntime final : public gpu::Runtime {
   ApiStream stream_ = nullptr;
   int sms_ = 1;
   int warp_ = 32;
+  bool tiles_ = false;
   bool own_gemm_ = [] {
     const char* v = std::getenv("CT_GPU_GEMM");
     return v && std::string(v) == "own";

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,5 +62,13 @@ class Runtime {
 // The device of a target's Runtime: every op of core/device.h through the launchers of
 // backends/gpu/kernels.h, with a caching allocator. Defined in gpu_device.cpp.
 std::unique_ptr<Device> make_gpu_device(std::unique_ptr<Runtime> rt);
+
+// Whether the own GEMM takes 16-bit inputs through the matrix tile (Ctx::matrix_tiles): the
+// runtime's default unless CT_GPU_TILES is 0 or 1 (benchmarks compare the two paths).
+inline bool matrix_tiles_setting(bool fallback) {
+  const char* v = std::getenv("CT_GPU_TILES");
+  if (v && (v[0] == '0' || v[0] == '1') && v[1] == '\0') return v[0] == '1';
+  return fallback;
+}
 
 }  // namespace ct::gpu

@@ -52,13 +52,17 @@ DeviceInfo make_info() {
 
 class SimtRuntime final : public gpu::Runtime {
  public:
-  SimtRuntime() : info_(make_info()) {}
+  SimtRuntime() : info_(make_info()) {
+    info_.extra.push_back(
+        {"own GEMM, 16-bit", tiles_ ? "matrix tiles (scalar form)" : "scalar tiled kernel"});
+  }
   const DeviceInfo& info() const override { return info_; }
   gpu::Ctx ctx() override {
     gpu::Ctx c;
     c.warp = kWarp;
     c.stream = &default_runtime();
     c.multiprocessors = default_runtime().threads();
+    c.matrix_tiles = tiles_;
     return c;
   }
   void* allocate(std::size_t bytes) override {
@@ -95,6 +99,11 @@ class SimtRuntime final : public gpu::Runtime {
   void* native_stream() override { return nullptr; }
 
  private:
+  // The 16-bit GEMM through the matrix tile's scalar form (it gives the scalar kernel's bits, so
+  // only speed depends on it) with CT_GPU_TILES=1. Off by default: every tile gathers its
+  // operands by warp shuffles, each a round of fiber switches here, which makes bf16 training
+  // several times slower (tests/simt/mma_test.cpp runs the tile path at both warp sizes).
+  bool tiles_ = gpu::matrix_tiles_setting(false);
   DeviceInfo info_;
 };
 

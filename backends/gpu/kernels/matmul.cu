@@ -6,7 +6,12 @@
 // 4 x 4 set of outputs (rows ty + 16 i, columns tx + 16 j) and accumulates over k in order
 // 0 .. K-1, one rounding per product-add (the build has FMA contraction off), so every output's
 // bits depend on the inputs only -- not on the tile shape, the warp size or the target.
+//
+// gemm_tile_kernel: the same GEMM for 16-bit a and b through the matrix tile of
+// backends/gpu/kernels/mma.h (tensor cores on sm_80+, MFMA on gfx90a, the scalar form elsewhere).
+// Four warps a block, each owning a 32 x 32 part of the block's 64 x 64 tile of c.
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/mma.h"
 
 namespace ct::gpu {
 namespace {
@@ -85,6 +90,83 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   }
 }
 
+// As gemm_kernel, for AB = F16 or BF16 through the matrix tile. Block (x, y, z) computes rows
+// m_base + kBM y .., columns kBN x .. of batch element z_base + z; warp w owns rows
+// 32 (w / 2) .., columns 32 (w % 2) .. of that tile, as (32 / TM) x (32 / TN) tiles.
+template <int WARP, typename AB, typename Cel, bool TA, bool TB>
+__global__ void CT_LAUNCH_BOUNDS(4 * WARP)
+    gemm_tile_kernel(void* c, const void* a, const void* b, const float* bias, std::int64_t M,
+                     std::int64_t N, std::int64_t K, std::int64_t stride_a, std::int64_t stride_b,
+                     std::int64_t stride_c, float alpha, float beta, std::int64_t m_base,
+                     std::int64_t z_base) {
+  using L = MmaLayout<WARP>;
+  constexpr int kThreadsT = 4 * WARP, kTK = 16, kPad = 8;  // kTK: a multiple of every L::TK
+  constexpr int kTilesM = 32 / L::TM, kTilesN = 32 / L::TN;
+  constexpr int kLdA = kTK + kPad, kLdB = kBN + kPad;
+  CT_SHARED(std::uint16_t, as, kBM * kLdA);  // as[m * kLdA + k]
+  CT_SHARED(std::uint16_t, bs, kTK * kLdB);  // bs[k * kLdB + n]
+  const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
+  const int wm = 32 * (warp / 2), wn = 32 * (warp % 2);
+  const std::int64_t z = z_base + blockIdx.z;
+  const std::int64_t m0 = m_base + static_cast<std::int64_t>(blockIdx.y) * kBM;
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kBN;
+  const auto* ga = static_cast<const std::uint16_t*>(a) + z * stride_a;
+  const auto* gb = static_cast<const std::uint16_t*>(b) + z * stride_b;
+
+  float acc[kTilesM][kTilesN][L::NC];
+  for (int i = 0; i < kTilesM; ++i)
+    for (int j = 0; j < kTilesN; ++j)
+      for (int e = 0; e < L::NC; ++e) acc[i][j][e] = 0.0f;
+
+  for (std::int64_t k0 = 0; k0 < K; k0 += kTK) {
+    // Stage a[m0 .. +kBM, k0 .. +kTK] and b[k0 .. +kTK, n0 .. +kBN] as stored bits; consecutive
+    // threads read consecutive addresses of the stored layout. Outside the matrices: zeros.
+    for (int idx = t; idx < kBM * kTK; idx += kThreadsT) {
+      const int mm = TA ? idx % kBM : idx / kTK;
+      const int kk = TA ? idx / kBM : idx % kTK;
+      const std::int64_t m = m0 + mm, k = k0 + kk;
+      std::uint16_t v = 0;
+      if (m < M && k < K) v = ga[TA ? k * M + m : m * K + k];
+      as[mm * kLdA + kk] = v;
+    }
+    for (int idx = t; idx < kTK * kBN; idx += kThreadsT) {
+      const int nn = TB ? idx / kTK : idx % kBN;
+      const int kk = TB ? idx % kTK : idx / kBN;
+      const std::int64_t n = n0 + nn, k = k0 + kk;
+      std::uint16_t v = 0;
+      if (n < N && k < K) v = gb[TB ? n * K + k : k * N + n];
+      bs[kk * kLdB + nn] = v;
+    }
+    __syncthreads();
+    for (int kk = 0; kk < kTK; kk += L::TK) {
+      std::uint16_t fa[kTilesM][L::NA], fb[kTilesN][L::NB];
+      for (int i = 0; i < kTilesM; ++i)
+        for (int s = 0; s < L::NA; ++s)
+          fa[i][s] = as[(wm + i * L::TM + L::a_row(lane, s)) * kLdA + kk + L::a_k(lane, s)];
+      for (int j = 0; j < kTilesN; ++j)
+        for (int s = 0; s < L::NB; ++s)
+          fb[j][s] = bs[(kk + L::b_k(lane, s)) * kLdB + wn + j * L::TN + L::b_col(lane, s)];
+      for (int i = 0; i < kTilesM; ++i)
+        for (int j = 0; j < kTilesN; ++j) mma<WARP, AB>(acc[i][j], fa[i], fb[j]);
+    }
+    __syncthreads();
+  }
+
+  const std::int64_t c_off = z * stride_c;
+  for (int i = 0; i < kTilesM; ++i)
+    for (int j = 0; j < kTilesN; ++j)
+      for (int e = 0; e < L::NC; ++e) {
+        const std::int64_t m = m0 + wm + i * L::TM + L::c_row(lane, e);
+        const std::int64_t n = n0 + wn + j * L::TN + L::c_col(lane, e);
+        if (m >= M || n >= N) continue;
+        const std::int64_t at = c_off + m * N + n;
+        float r = alpha * acc[i][j][e];
+        if (beta != 0.0f) r += beta * Cel::load(c, at);
+        if (bias) r += bias[n];
+        Cel::store(c, at, r);
+      }
+}
+
 // partial (chunks, N): for chunk k = blockIdx.y, the column sums of its kChunk rows of dout
 // (M, N) of element D, rows in order. Thread n of the grid's x handles column n.
 template <int WARP, typename D>
@@ -112,6 +194,8 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 
 template <int W, typename AB, typename Cel, bool TA, bool TB>
 void gemm_launch(const Ctx& cx, const GemmArgs& g) {
+  constexpr bool kTile = !std::is_same_v<AB, F32>;
+  const bool tile = kTile && cx.matrix_tiles;
   const unsigned gx = static_cast<unsigned>((g.N + kBN - 1) / kBN);
   const std::int64_t row_tiles = (g.M + kBM - 1) / kBM;
   // Grid y and z are limited to 65535 on every target: row tiles and batches go in slices.
@@ -119,10 +203,18 @@ void gemm_launch(const Ctx& cx, const GemmArgs& g) {
     const std::int64_t zs = g.batch - z0 < 65535 ? g.batch - z0 : 65535;
     for (std::int64_t y0 = 0; y0 < row_tiles; y0 += 65535) {
       const std::int64_t ys = row_tiles - y0 < 65535 ? row_tiles - y0 : 65535;
-      launch<W>(CT_KERNEL(gemm_kernel<W, AB, Cel, TA, TB>),
-                dim3(gx, static_cast<unsigned>(ys), static_cast<unsigned>(zs)), dim3(kThreads), 0,
-                stream_of(cx), g.c, g.a, g.b, g.bias, g.M, g.N, g.K, g.stride_a, g.stride_b,
-                g.stride_c, g.alpha, g.beta, y0 * kBM, z0);
+      const dim3 grid(gx, static_cast<unsigned>(ys), static_cast<unsigned>(zs));
+      if constexpr (kTile) {
+        if (tile) {
+          launch<W>(CT_KERNEL(gemm_tile_kernel<W, AB, Cel, TA, TB>), grid, dim3(4 * W), 0,
+                    stream_of(cx), g.c, g.a, g.b, g.bias, g.M, g.N, g.K, g.stride_a, g.stride_b,
+                    g.stride_c, g.alpha, g.beta, y0 * kBM, z0);
+          continue;
+        }
+      }
+      launch<W>(CT_KERNEL(gemm_kernel<W, AB, Cel, TA, TB>), grid, dim3(kThreads), 0, stream_of(cx),
+                g.c, g.a, g.b, g.bias, g.M, g.N, g.K, g.stride_a, g.stride_b, g.stride_c, g.alpha,
+                g.beta, y0 * kBM, z0);
     }
   }
 }

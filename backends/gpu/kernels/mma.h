@@ -1,0 +1,189 @@
+// The matrix tile: the one abstraction the GEMM's matrix-core path is written against.
+//
+// One warp computes C (TM x TN, f32) += A (TM x TK) B (TK x TN), A and B 16-bit (F16 or BF16).
+// Each operand is spread over the warp's lanes as a *fragment*: lane l holds NA elements of A,
+// NB of B and NC of C, and the layout functions below say which. They are the layouts of the
+// hardware instruction that executes the tile where there is one:
+//   WARP 32: PTX mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16} (sm_80 and later; NVIDIA
+//            PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"),
+//   WARP 64: CDNA v_mfma_f32_32x32x8{f16,bf16_1k} (gfx90a; AMD's matrix instruction tables).
+// Everywhere else -- the CPU SIMT runtime, RDNA, CUDA devices before sm_80 -- the *scalar form*
+// computes the same tile from the same fragments: each lane gathers the rows of A and columns
+// of B it needs from the lanes holding them (warp shuffles, decoded by the same layout
+// functions) and adds the products for k = 0 .. TK-1 in order, one rounding per product-add.
+// That order is the scalar GEMM kernel's, so on the SIMT runtime the tile path reproduces the
+// scalar kernel bit for bit: the tests use that to check the tile kernel's staging, fragment
+// indexing and edge handling at both warp sizes. (What the SIMT runtime cannot check is that
+// the layout functions agree with the hardware: scripts/gpu-check.sh does, through the op
+// harness on a real GPU.)
+#pragma once
+
+#include <cstdint>
+
+#include "backends/gpu/kernels/common.h"
+
+namespace ct::gpu {
+
+template <int WARP>
+struct MmaLayout;
+
+// mma.sync m16n8k16: g = lane / 4 (the "groupID"), q = lane % 4 ("threadID_in_group").
+template <>
+struct MmaLayout<32> {
+  static constexpr int TM = 16, TN = 8, TK = 16;
+  static constexpr int NA = 8, NB = 4, NC = 4;
+  // A: a0..a7 = (g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1), then the same at k + 8.
+  static __device__ __forceinline__ int a_row(int lane, int i) { return lane / 4 + 8 * (i / 2 % 2); }
+  static __device__ __forceinline__ int a_k(int lane, int i) {
+    return lane % 4 * 2 + i % 2 + 8 * (i / 4);
+  }
+  // B: b0..b3 = (2q, g), (2q+1, g), (2q+8, g), (2q+9, g) as (k, column).
+  static __device__ __forceinline__ int b_k(int lane, int i) {
+    return lane % 4 * 2 + i % 2 + 8 * (i / 2);
+  }
+  static __device__ __forceinline__ int b_col(int lane, int /*i*/) { return lane / 4; }
+  // C: c0..c3 = (g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1).
+  static __device__ __forceinline__ int c_row(int lane, int i) { return lane / 4 + 8 * (i / 2); }
+  static __device__ __forceinline__ int c_col(int lane, int i) { return lane % 4 * 2 + i % 2; }
+  // The scalar form: lane `lane` needs rows g, g+8 of A (held by lanes 4g .. 4g+3) and
+  // columns 2q, 2q+1 of B (lanes 4 (2q) .. and 4 (2q+1) ..).
+  static constexpr int kASources = 4, kBSources = 8;
+  static __device__ __forceinline__ int a_source(int lane, int j) { return lane / 4 * 4 + j; }
+  static __device__ __forceinline__ int b_source(int lane, int j) {
+    return (lane % 4 * 2 + j / 4) * 4 + j % 4;
+  }
+};
+
+// v_mfma_f32_32x32x8: h = lane / 32 selects the half of k (A, B) or the row group (C).
+template <>
+struct MmaLayout<64> {
+  static constexpr int TM = 32, TN = 32, TK = 8;
+  static constexpr int NA = 4, NB = 4, NC = 16;
+  static __device__ __forceinline__ int a_row(int lane, int /*i*/) { return lane % 32; }
+  static __device__ __forceinline__ int a_k(int lane, int i) { return lane / 32 * 4 + i; }
+  static __device__ __forceinline__ int b_k(int lane, int i) { return lane / 32 * 4 + i; }
+  static __device__ __forceinline__ int b_col(int lane, int /*i*/) { return lane % 32; }
+  static __device__ __forceinline__ int c_row(int lane, int i) {
+    return 8 * (i / 4) + 4 * (lane / 32) + i % 4;
+  }
+  static __device__ __forceinline__ int c_col(int lane, int /*i*/) { return lane % 32; }
+  // The lane's 16 C rows, each held (k 0-3 and 4-7) by lanes row and row + 32; its column by
+  // lanes col and col + 32.
+  static constexpr int kASources = 32, kBSources = 2;
+  static __device__ __forceinline__ int a_source(int lane, int j) {
+    return c_row(lane, j / 2) + 32 * (j % 2);
+  }
+  static __device__ __forceinline__ int b_source(int lane, int j) { return lane % 32 + 32 * j; }
+};
+
+// A fragment's 16-bit elements packed four to a 64-bit word (shuffles move up to 8 bytes).
+template <int N>
+struct Packed {
+  std::uint64_t w[(N + 3) / 4];
+};
+template <int N>
+__device__ __forceinline__ Packed<N> pack(const std::uint16_t (&v)[N]) {
+  Packed<N> p{};
+  for (int i = 0; i < N; ++i) p.w[i / 4] |= static_cast<std::uint64_t>(v[i]) << (16 * (i % 4));
+  return p;
+}
+__device__ __forceinline__ std::uint16_t unpack(std::uint64_t w, int slot) {
+  return static_cast<std::uint16_t>(w >> (16 * slot));
+}
+
+// The scalar form of the tile (see the top of the file).
+template <int WARP, typename AB>
+__device__ __forceinline__ void mma_scalar(float (&c)[MmaLayout<WARP>::NC],
+                                           const std::uint16_t (&a)[MmaLayout<WARP>::NA],
+                                           const std::uint16_t (&b)[MmaLayout<WARP>::NB]) {
+  using L = MmaLayout<WARP>;
+  const int lane = static_cast<int>(threadIdx.x) % WARP;
+  // Whole-tile scratch; only the entries this lane's C needs are filled. NaN elsewhere, so a
+  // wrong source list shows up in the results instead of passing by luck.
+  float at[L::TM][L::TK], bt[L::TK][L::TN];
+  for (int m = 0; m < L::TM; ++m)
+    for (int k = 0; k < L::TK; ++k) at[m][k] = NAN;
+  for (int k = 0; k < L::TK; ++k)
+    for (int n = 0; n < L::TN; ++n) bt[k][n] = NAN;
+  const Packed<L::NA> pa = pack(a);
+  const Packed<L::NB> pb = pack(b);
+  for (int j = 0; j < L::kASources; ++j) {
+    const int src = L::a_source(lane, j);
+    for (int w = 0; w < (L::NA + 3) / 4; ++w) {
+      const std::uint64_t got = ct_shfl_idx(pa.w[w], src, WARP);
+      for (int s = 0; s < 4 && 4 * w + s < L::NA; ++s)
+        {
+          const std::uint16_t h = unpack(got, s);
+          at[L::a_row(src, 4 * w + s)][L::a_k(src, 4 * w + s)] = AB::load(&h, 0);
+        }
+    }
+  }
+  for (int j = 0; j < L::kBSources; ++j) {
+    const int src = L::b_source(lane, j);
+    for (int w = 0; w < (L::NB + 3) / 4; ++w) {
+      const std::uint64_t got = ct_shfl_idx(pb.w[w], src, WARP);
+      for (int s = 0; s < 4 && 4 * w + s < L::NB; ++s)
+        {
+          const std::uint16_t h = unpack(got, s);
+          bt[L::b_k(src, 4 * w + s)][L::b_col(src, 4 * w + s)] = AB::load(&h, 0);
+        }
+    }
+  }
+  for (int i = 0; i < L::NC; ++i) {
+    const int m = L::c_row(lane, i), n = L::c_col(lane, i);
+    float acc = c[i];
+    for (int k = 0; k < L::TK; ++k) acc += at[m][k] * bt[k][n];
+    c[i] = acc;
+  }
+}
+
+// c += a b on the warp: the matrix instruction where the target has it, else the scalar form.
+template <int WARP, typename AB>
+__device__ __forceinline__ void mma(float (&c)[MmaLayout<WARP>::NC],
+                                    const std::uint16_t (&a)[MmaLayout<WARP>::NA],
+                                    const std::uint16_t (&b)[MmaLayout<WARP>::NB]) {
+#if defined(CT_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (WARP == 32) {
+    std::uint32_t ra[4], rb[2];
+    for (int r = 0; r < 4; ++r) ra[r] = a[2 * r] | static_cast<std::uint32_t>(a[2 * r + 1]) << 16;
+    for (int r = 0; r < 2; ++r) rb[r] = b[2 * r] | static_cast<std::uint32_t>(b[2 * r + 1]) << 16;
+    if constexpr (std::is_same_v<AB, BF16>) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+          "{%8,%9}, {%0,%1,%2,%3};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
+    } else {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+          "{%8,%9}, {%0,%1,%2,%3};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
+    }
+    return;
+  }
+#elif defined(CT_GPU_HIP) && defined(__gfx90a__)
+  if constexpr (WARP == 64) {
+    typedef float f32x16 __attribute__((ext_vector_type(16)));
+    f32x16 acc;
+    for (int i = 0; i < 16; ++i) acc[i] = c[i];
+    if constexpr (std::is_same_v<AB, BF16>) {
+      typedef short i16x4 __attribute__((ext_vector_type(4)));
+      i16x4 va, vb;
+      for (int i = 0; i < 4; ++i) va[i] = static_cast<short>(a[i]), vb[i] = static_cast<short>(b[i]);
+      acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(va, vb, acc, 0, 0, 0);
+    } else {
+      typedef _Float16 f16x4 __attribute__((ext_vector_type(4)));
+      f16x4 va, vb;
+      for (int i = 0; i < 4; ++i)
+        va[i] = __builtin_bit_cast(_Float16, a[i]), vb[i] = __builtin_bit_cast(_Float16, b[i]);
+      acc = __builtin_amdgcn_mfma_f32_32x32x8f16(va, vb, acc, 0, 0, 0);
+    }
+    for (int i = 0; i < 16; ++i) c[i] = acc[i];
+    return;
+  }
+#endif
+  mma_scalar<WARP, AB>(c, a, b);
+}
+
+}  // namespace ct::gpu
