@@ -67,9 +67,23 @@ for model in tiny gpt2; do
     set -e
   done
 done
-# PyTorch beside it: bench/train_bench.py measures PyTorch on the CPU only so far; a GPU
-# comparison is an open item, and the report says so rather than print a CPU figure.
-torch_note="not compared on the GPU yet (bench/train_bench.py measures the CPU only)"
+# PyTorch beside it, on the same GPU, same models, batch and steps (scripts/torch_train.py: the
+# same GPT-2 step in eager PyTorch, fp32 and bf16 autocast), when a PyTorch that sees the GPU is
+# installed.
+torch_note="not installed (or it does not see the GPU): no comparison"
+if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  torch_note="$(python3 -c 'import torch; print("torch", torch.__version__)') on the same GPU"
+  log "PyTorch: $torch_note"
+  for model in tiny gpt2; do
+    for prec in "" --bf16; do
+      tag="${model}${prec:+-bf16}"
+      set +e
+      python3 scripts/torch_train.py --device cuda --model "$model" --batch 4 --steps "$steps" \
+        $prec --json "$out/torch-$tag.json" >"$out/torch-$tag.log" 2>&1
+      set -e
+    done
+  done
+fi
 
 python3 - "$out" "$backend" "$ops_rc" "$model_rc" "$torch_note" <<'PY'
 import json, os, re, sys
@@ -90,10 +104,17 @@ for f in sorted(os.listdir(out)):
     if not m: continue
     t = re.findall(r"throughput\s+([\d,.]+) tokens/s", open(os.path.join(out, f)).read())
     throughput[m.group(1)] = float(t[-1].replace(",", "")) if t else None
+torch_tps = {}
+for f in sorted(os.listdir(out)):
+    m = re.match(r"torch-(.*)\.json$", f)
+    if not m: continue
+    steps = [r["tokens_per_s"] for r in json.load(open(os.path.join(out, f)))["steps"]][3:]
+    torch_tps[m.group(1)] = sorted(steps)[len(steps) // 2] if steps else None  # median, warm
 devices = open(os.path.join(out, "devices.txt")).read()
 report = {"backend": backend, "test_ops": tests("test_ops.json"), "test_model": tests("test_model.json"),
           "test_ops_exit": int(ops_rc), "test_model_exit": int(model_rc), "gemm_library": lib,
-          "gemm_own": own, "tokens_per_s": throughput, "pytorch": torch_note}
+          "gemm_own": own, "tokens_per_s": throughput, "pytorch": torch_note,
+          "pytorch_tokens_per_s": torch_tps}
 json.dump(report, open(os.path.join(out, "report.json"), "w"), indent=2)
 md = [f"# gpu-check on {backend}:0", "", "```", devices.strip(), "```", "",
       "## Tests", "", "| suite | tests | failures | exit |", "|---|---|---|---|"]
@@ -104,8 +125,12 @@ md += ["", "## GEMM (GFLOP/s, median)", "", "| dtype | shape | library | own | o
 for a, b in zip(lib, own):
     ratio = b["gflops"] / a["gflops"] if a["gflops"] else 0
     md.append(f"| {a['dtype']} | {a['shape']} {a['M']}x{a['N']}x{a['K']} | {a['gflops']:.0f} | {b['gflops']:.0f} | {ratio:.2f} |")
-md += ["", "## Training throughput (tokens/s)", "", "| run | tokens/s |", "|---|---|"]
-for k, v in throughput.items(): md.append(f"| {k} | {v if v is not None else 'failed (see log)'} |")
+md += ["", "## Training throughput (tokens/s)", "", "| run | crosstrain | PyTorch | crosstrain / PyTorch |",
+       "|---|---|---|---|"]
+for k, v in throughput.items():
+    t = torch_tps.get(k)
+    ratio = f"{v / t:.2f}" if v and t else "-"
+    md.append(f"| {k} | {v if v is not None else 'failed (see log)'} | {f'{t:.0f}' if t else '-'} | {ratio} |")
 md += ["", f"PyTorch: {torch_note}", ""]
 open(os.path.join(out, "report.md"), "w").write("\n".join(md))
 print("\n".join(md))

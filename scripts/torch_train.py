@@ -1,5 +1,6 @@
 """Trains scripts/torch_gpt2.py's GPT-2 in plain PyTorch (fp32, CPU) the way `crosstrain train`
-does, and reports per-step throughput: the PyTorch side of bench/train_bench.py.
+does, and reports per-step throughput: the PyTorch side of bench/train_bench.py (CPU) and of
+scripts/gpu-check.sh (--device cuda).
 
 Same model layout as crosstrain (torch_gpt2.GPT2), same data (crosstrain's default: the
 byte-tokenised Debian fortunes folder, files read in crosstrain's order, the first 90 % for
@@ -74,7 +75,10 @@ def main():
     ap.add_argument("--philox-init", action="store_true")
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast (torch.autocast('cpu'))")
     ap.add_argument("--json", default="")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu, or cuda (NVIDIA, and AMD through ROCm builds of PyTorch)")
     args = ap.parse_args()
+    dev = torch.device(args.device)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -96,12 +100,13 @@ def main():
                     p.fill_(1.0 if name.endswith(".weight") else 0.0)
                 else:
                     p.zero_()
+    model.to(dev)
     model.train()
     opt = torch.optim.AdamW(model.param_groups(args.weight_decay), lr=args.lr,
                             betas=(0.9, 0.999), eps=1e-8)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"torch {torch.__version__}: GPT-2 {args.model} ({n_params:,} parameters), "
-          f"batch {B} x {T}, {args.threads} threads, {args.steps} steps", flush=True)
+          f"batch {B} x {T}, {args.threads} threads, {args.steps} steps on {dev}", flush=True)
 
     gen = torch.Generator().manual_seed(args.seed)
     records = []
@@ -109,16 +114,16 @@ def main():
         starts = torch.randint(0, len(train) - T - 1, (B,), generator=gen)
         idx = starts[:, None] + torch.arange(T + 1)[None, :]
         window = train[idx]
-        x, y = window[:, :-1].contiguous(), window[:, 1:].contiguous()
+        x, y = window[:, :-1].contiguous().to(dev), window[:, 1:].contiguous().to(dev)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.bf16):
             _, loss = model(x, y)
         loss.backward()
         if args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         opt.step()
-        loss_value = loss.item()
+        loss_value = loss.item()  # waits for the device
         dt = time.perf_counter() - t0
         if not math.isfinite(loss_value):
             raise SystemExit(f"loss is {loss_value} at step {step}")
@@ -129,7 +134,7 @@ def main():
               f"{B * T / dt:10.1f} tok/s", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "batch": B, "block_size": T, "threads": args.threads,
+            json.dump({"model": args.model, "device": str(dev), "batch": B, "block_size": T, "threads": args.threads,
                        "torch": torch.__version__, "num_parameters": n_params,
                        "steps": records}, f, indent=1)
 
