@@ -18,6 +18,7 @@
 //   matmul              a, b: f32 | h (both the same); c: f32 | a's dtype; bias f32
 //   layernorm fwd       x f32; out f32 | h;            bwd: dout f32 | h; x, dx f32
 //   attention fwd/bwd   qkv, out, att, dout, dqkv: all f32 or all the same h
+//   flash attention     qkv, out, dout, dqkv: all f32 or all the same h; lse f32
 //   gelu fwd/bwd        x, out, dout, dx: all f32 or all the same h
 //   crossentropy        logits (and dlogits) f32 | h; losses f32
 //   bias_backward       dout f32 | h; dbias f32
@@ -371,6 +372,16 @@ class Device {
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& att, int n_head);
 
+  // The same attention fused (flash-style): blocks of queries against blocks of keys with an
+  // online softmax, so the probabilities are never stored. qkv [B,T,3C] and out [B,T,C] as
+  // above; lse [B,n_head,T] f32 (=) per query row, log sum_{t2<=t} exp(scale q_t . k_t2), the
+  // one statistic saved for the backward.
+  void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head);
+  // dqkv (=) gradient w.r.t. qkv, from dout [B,T,C] and the saved qkv, out and lse (the
+  // probabilities are recomputed: p = exp(scale q.k - lse)).
+  void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                const Tensor& out, const Tensor& lse, int n_head);
+
   // GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). x, out [N].
   void gelu_forward(const Tensor& out, const Tensor& x);
   // dx (=) dout * gelu'(x). dx, dout, x [N].
@@ -493,6 +504,11 @@ class Device {
                                         int n_head) = 0;
   virtual void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                          const Tensor& att, int n_head) = 0;
+  virtual void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse,
+                                              const Tensor& qkv, int n_head) = 0;
+  virtual void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout,
+                                               const Tensor& qkv, const Tensor& out,
+                                               const Tensor& lse, int n_head) = 0;
   virtual void gelu_forward_kernel(const Tensor& out, const Tensor& x) = 0;
   virtual void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) = 0;
   // logits may be 1-D ([V], one row): a kernel takes N = numel / V rows of V = shape[-1].

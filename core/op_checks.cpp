@@ -108,6 +108,19 @@ void attention_dims(const Check& k, const Tensor& out, const Tensor& att, const 
              k.op() + ": shape mismatch" + desc);
 }
 
+// out (or dout) [B,T,C], lse [B,NH,T] f32 and qkv [B,T,3C] of the fused attention.
+void flash_attention_dims(const Check& k, const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                          int n_head) {
+  std::string desc = shapes({&out, &lse, &qkv}) + " n_head " + std::to_string(n_head);
+  CT_REQUIRE(out.ndim() == 3 && qkv.ndim() == 3 && lse.ndim() == 3,
+             k.op() + ": expected out [B,T,C], lse [B,NH,T], qkv [B,T,3C]" + desc);
+  int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+  CT_REQUIRE(n_head > 0 && C % n_head == 0, k.op() + ": C must be a multiple of n_head" + desc);
+  CT_REQUIRE(qkv.shape[0] == B && qkv.shape[1] == T && qkv.shape[2] == 3 * C && lse.shape[0] == B &&
+                 lse.shape[1] == n_head && lse.shape[2] == T,
+             k.op() + ": shape mismatch" + desc);
+}
+
 // logits [N,V] or [V] (one row), targets [N].
 void crossentropy_dims(const Check& k, const Tensor& logits, const Tensor& targets) {
   CT_REQUIRE(logits.ndim() >= 1, k.op() + ": logits must be [N,V]");
@@ -339,6 +352,34 @@ void Device::attention_backward(const Tensor& dqkv, const Tensor& dout, const Te
              k.op() + ": dqkv must have the shape of qkv" + shapes({&dqkv, &qkv}));
   attention_dims(k, dout, att, qkv, n_head);
   attention_backward_kernel(dqkv, dout, qkv, att, n_head);
+}
+
+void Device::flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                     int n_head) {
+  Check k(*this, "flash_attention_forward");
+  k.flt("out", out, OpKind::kAttention);
+  k.f32("lse", lse);
+  k.flt("qkv", qkv, OpKind::kAttention);
+  k.same_dtype({&out, &qkv});
+  flash_attention_dims(k, out, lse, qkv, n_head);
+  flash_attention_forward_kernel(out, lse, qkv, n_head);
+}
+
+void Device::flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                      const Tensor& out, const Tensor& lse, int n_head) {
+  Check k(*this, "flash_attention_backward");
+  k.flt("dqkv", dqkv, OpKind::kAttention);
+  k.flt("dout", dout, OpKind::kAttention);
+  k.flt("qkv", qkv, OpKind::kAttention);
+  k.flt("out", out, OpKind::kAttention);
+  k.f32("lse", lse);
+  k.same_dtype({&dqkv, &dout, &qkv, &out});
+  CT_REQUIRE(dqkv.shape == qkv.shape,
+             k.op() + ": dqkv must have the shape of qkv" + shapes({&dqkv, &qkv}));
+  CT_REQUIRE(dout.shape == out.shape,
+             k.op() + ": dout must have the shape of out" + shapes({&dout, &out}));
+  flash_attention_dims(k, dout, lse, qkv, n_head);
+  flash_attention_backward_kernel(dqkv, dout, qkv, out, lse, n_head);
 }
 
 void Device::gelu_forward(const Tensor& out, const Tensor& x) {

@@ -242,6 +242,22 @@ class CpuDevice final : public Device, private Workspace {
     }
   }
 
+  void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                      int n_head) override {
+    const int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+    float* o = out_(out, 0, false);
+    k_.flash_attention_forward(*this, o, f(lse), in(qkv, 1), B, T, C, n_head);
+    store(out, o);
+  }
+  void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                       const Tensor& out, const Tensor& lse, int n_head) override {
+    const int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
+    float* d = out_(dqkv, 0, false);
+    k_.flash_attention_backward(*this, d, in(dout, 1), in(qkv, 2), in(out, 3), f(lse), B, T, C,
+                                n_head);
+    store(dqkv, d);
+  }
+
   void gelu_forward_kernel(const Tensor& out, const Tensor& x) override {
     float* o = out_(out, 0, false);
     k_.gelu_forward(o, in(x, 1), x.numel());

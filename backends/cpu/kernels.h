@@ -68,6 +68,11 @@ struct Kernels {
                             int64_t T, int64_t C, int64_t NH);
   void (*attention_backward)(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
                              const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
+  void (*flash_attention_forward)(Workspace& ws, float* out, float* lse, const float* qkv,
+                                  int64_t B, int64_t T, int64_t C, int64_t NH);
+  void (*flash_attention_backward)(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
+                                   const float* out, const float* lse, int64_t B, int64_t T,
+                                   int64_t C, int64_t NH);
 
   void (*gelu_forward)(float* out, const float* x, int64_t n);
   void (*gelu_backward)(float* dx, const float* x, const float* dout, int64_t n);
@@ -124,6 +129,11 @@ struct Kernels {
                          int64_t T, int64_t C, int64_t NH);                                        \
   void attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,         \
                           const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);          \
+  void flash_attention_forward(Workspace& ws, float* out, float* lse, const float* qkv, int64_t B, \
+                               int64_t T, int64_t C, int64_t NH);                                  \
+  void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,   \
+                                const float* out, const float* lse, int64_t B, int64_t T,          \
+                                int64_t C, int64_t NH);                                            \
   void gelu_forward(float* out, const float* x, int64_t n);                                        \
   void gelu_backward(float* dx, const float* x, const float* dout, int64_t n);                     \
   void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N, \

@@ -294,6 +294,27 @@ class GpuDevice final : public Device {
     gpu::attention_backward(cx(), ptr(dqkv), ptr(dout), ptr(qkv), ptr(att), elem_of(qkv.dtype), B,
                             T, C, n_head, ws);
   }
+  void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                      int n_head) override {
+    const std::int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+    check_head_size("flash_attention_forward", C / n_head);
+    gpu::flash_attention_forward(cx(), ptr(out), f(lse), ptr(qkv), elem_of(qkv.dtype), B, T, C,
+                                 n_head);
+  }
+  void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                       const Tensor& out, const Tensor& lse, int n_head) override {
+    const std::int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
+    check_head_size("flash_attention_backward", C / n_head);
+    void* ws = scratch(flash_attention_backward_workspace(B, T, n_head));
+    gpu::flash_attention_backward(cx(), ptr(dqkv), ptr(dout), ptr(qkv), ptr(out), f(lse),
+                                  elem_of(qkv.dtype), B, T, C, n_head, ws);
+  }
+  static void check_head_size(const char* op, std::int64_t hs) {
+    if (hs > gpu::kFlashMaxHeadSize)
+      fail(ErrorKind::kUnsupported, std::string(op) + ": head size " + std::to_string(hs) +
+                                        " exceeds the kernel's limit of " +
+                                        std::to_string(gpu::kFlashMaxHeadSize));
+  }
   void gelu_forward_kernel(const Tensor& out, const Tensor& x) override {
     gpu::gelu_forward(cx(), ptr(out), ptr(x), elem_of(x.dtype), x.numel());
   }

@@ -110,6 +110,18 @@ void attention_backward(const Ctx& cx, void* dqkv, const void* dout, const void*
                         const void* att, Elem e, std::int64_t B, std::int64_t T, std::int64_t C,
                         std::int64_t NH, void* workspace);
 
+// --- flash_attention.cu ---------------------------------------------------------------------
+// The fused causal attention of core/device.h: qkv [B,T,3C], out [B,T,C] (=), lse [B,NH,T] f32
+// (=); q, k, v, out, dout, dqkv of Elem e. Head size at most kFlashMaxHeadSize (else
+// std::invalid_argument). The backward needs flash_attention_backward_workspace bytes.
+inline constexpr int kFlashMaxHeadSize = 128;
+void flash_attention_forward(const Ctx& cx, void* out, float* lse, const void* qkv, Elem e,
+                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH);
+std::size_t flash_attention_backward_workspace(std::int64_t B, std::int64_t T, std::int64_t NH);
+void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const void* qkv,
+                              const void* out, const float* lse, Elem e, std::int64_t B,
+                              std::int64_t T, std::int64_t C, std::int64_t NH, void* workspace);
+
 // --- crossentropy.cu -----------------------------------------------------------------------
 // losses [N] (=) -log softmax(logits[n])[targets[n]]; logits [N,V] (Elem e), targets [N] i32.
 void crossentropy_forward(const Ctx& cx, float* losses, const void* logits, Elem e,

@@ -144,6 +144,10 @@ class VulkanDevice final : public Device {
                                 int n_head) override;
   void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                  const Tensor& att, int n_head) override;
+  void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                      int n_head) override;
+  void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                       const Tensor& out, const Tensor& lse, int n_head) override;
   void gelu_forward_kernel(const Tensor& out, const Tensor& x) override;
   void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) override;
   void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,

@@ -56,6 +56,10 @@ struct GPT2Options {
   // Hugging Face --gradient_checkpointing: keep each block's input only, recompute the rest in
   // backward (one extra block forward per layer but the last; bitwise the same gradients).
   bool gradient_checkpointing = false;
+  // Fused (flash) attention: only the per-row log-sum-exp is saved, not the (B,NH,T,T)
+  // probabilities, and the backward recomputes them (Device::flash_attention_*). false: the
+  // unfused ops, which store the probabilities.
+  bool fused_attention = true;
   // Which tensors are f32 and which 16-bit (core/amp/precision.h); fp32 by default.
   PrecisionPolicy policy;
 };
@@ -151,7 +155,8 @@ class GPT2 {
   struct LayerActs {
     Tensor ln1, ln1_mean, ln1_rstd;  // (B,T,C), (B,T), (B,T)
     Tensor qkv;                      // (B,T,3C)
-    Tensor att;                      // (B,NH,T,T)
+    Tensor att;                      // (B,NH,T,T), unfused attention only
+    Tensor lse;                      // (B,NH,T) f32, fused attention only
     Tensor atty;                     // (B,T,C)
     Tensor attproj;                  // (B,T,C)
     Tensor residual2;                // (B,T,C)

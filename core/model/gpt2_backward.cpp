@@ -79,11 +79,16 @@ void GPT2::backward(float dloss_scale) {
     Tensor datty = view(dbt_4c_b_, {BT, C});
     linear_backward(device_, datty, dp.attprojw, dp.attprojb, dresidual_mm, view(a.atty, {BT, C}),
                     p.attprojw, &dresidual);
-    // dqkv (B,T,3C) h from datty and the saved qkv, att
+    // dqkv (B,T,3C) h from datty and the saved qkv and atty, lse (fused) or att (unfused)
     Tensor dqkv = view(dbt_4c_a_, {BT, 3 * C});
-    device_.attention_backward(dqkv.reshape({B, T, 3 * C}), datty.reshape({B, T, C}),
-                               view(a.qkv, {B, T, 3 * C}), view(a.att, {B, NH, T, T}),
-                               config_.n_head);
+    if (options_.fused_attention)
+      device_.flash_attention_backward(dqkv.reshape({B, T, 3 * C}), datty.reshape({B, T, C}),
+                                       view(a.qkv, {B, T, 3 * C}), view(a.atty, {B, T, C}),
+                                       view(a.lse, {B, NH, T}), config_.n_head);
+    else
+      device_.attention_backward(dqkv.reshape({B, T, 3 * C}), datty.reshape({B, T, C}),
+                                 view(a.qkv, {B, T, 3 * C}), view(a.att, {B, NH, T, T}),
+                                 config_.n_head);
     // dln1 (B,T,C) f32 = dqkv @ c_attn.w^T
     linear_backward(device_, dln, dp.qkvw, dp.qkvb, dqkv, view(a.ln1, {BT, C}), p.qkvw);
 

@@ -51,10 +51,15 @@ void GPT2::block_forward(int l, int B, int T, bool recompute) {
   // qkv (B,T,3C) h = ln1 @ c_attn.w + c_attn.b
   Tensor qkv = view(a.qkv, {BT, 3 * C});
   linear_forward(device_, qkv, ln1, p.qkvw, p.qkvb);
-  // atty (B,T,C) h = causal softmax(q k^T / sqrt(hs)) v per head; att (B,NH,T,T) h saved
+  // atty (B,T,C) h = causal softmax(q k^T / sqrt(hs)) v per head; saved for the backward:
+  // fused, the rows' log-sum-exp lse (B,NH,T) f32; unfused, the probabilities att (B,NH,T,T) h
   Tensor atty = view(a.atty, {B, T, C});
-  device_.attention_forward(atty, view(a.att, {B, NH, T, T}), qkv.reshape({B, T, 3 * C}),
-                            config_.n_head);
+  if (options_.fused_attention)
+    device_.flash_attention_forward(atty, view(a.lse, {B, NH, T}), qkv.reshape({B, T, 3 * C}),
+                                    config_.n_head);
+  else
+    device_.attention_forward(atty, view(a.att, {B, NH, T, T}), qkv.reshape({B, T, 3 * C}),
+                              config_.n_head);
   // attproj (B,T,C) h = atty @ attn.c_proj.w + attn.c_proj.b
   Tensor attproj = view(a.attproj, {BT, C});
   linear_forward(device_, attproj, atty.reshape({BT, C}), p.attprojw, p.attprojb);

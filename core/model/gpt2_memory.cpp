@@ -8,7 +8,8 @@ namespace ct {
 // What allocate_activations holds, per tensor, with h = dtype_size(policy.activations):
 //   residual stream   (L + 1) x BT*C*4            block inputs and the last block's output
 //   per block set     ln1, atty, attproj, ln2, fcproj  5 x BT*C*h;  qkv BT*3C*h;
-//                     att B*NH*T*T*h;  fch, fch_gelu  2 x BT*4C*h;  residual2 BT*C*4;
+//                     att B*NH*T*T*h (unfused attention) or lse B*NH*T*4 (fused);
+//                     fch, fch_gelu  2 x BT*4C*h;  residual2 BT*C*4;
 //                     ln1/ln2 mean and rstd  4 x BT*4
 //                     sets: L, or 1 with gradient checkpointing
 //   head              lnf BT*C*h, its mean/rstd 2 x BT*4, logits BT*V*h, losses BT*4, loss 4
@@ -20,8 +21,10 @@ int64_t GPT2::activation_bytes(const GPT2Config& config, const GPT2Options& opti
   const int64_t BT = int64_t{B} * T, f = 4;
   const int64_t h = static_cast<int64_t>(dtype_size(options.policy.activations));
   const int64_t residual_stream = (L + 1) * BT * C * f;
-  const int64_t block = 5 * BT * C * h + BT * 3 * C * h + int64_t{B} * NH * T * T * h +
-                        2 * BT * 4 * C * h + BT * C * f + 4 * BT * f;
+  const int64_t attention = options.fused_attention ? int64_t{B} * NH * T * f       // lse
+                                                    : int64_t{B} * NH * T * T * h;  // att
+  const int64_t block =
+      5 * BT * C * h + BT * 3 * C * h + attention + 2 * BT * 4 * C * h + BT * C * f + 4 * BT * f;
   const int64_t sets = options.gradient_checkpointing ? 1 : L;
   const int64_t head = BT * C * h + 2 * BT * f + BT * V * h + BT * f + f;
   int64_t scratch = 0;
@@ -56,7 +59,10 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
     a.ln1_mean = act(BT, f32);
     a.ln1_rstd = act(BT, f32);
     a.qkv = act(BT * 3 * C, h);
-    a.att = act(int64_t{max_batch} * NH * max_seq * max_seq, h);
+    if (options_.fused_attention)
+      a.lse = act(int64_t{max_batch} * NH * max_seq, f32);
+    else
+      a.att = act(int64_t{max_batch} * NH * max_seq * max_seq, h);
     a.atty = act(BT * C, h);
     a.attproj = act(BT * C, h);
     a.residual2 = act(BT * C, f32);

@@ -54,6 +54,9 @@ struct TrainArgs {
   bool bf16 = false;  // bf16 mixed precision
   bool tf32 = false;  // TF32 tensor-core matmuls (CUDA only; a notice elsewhere)
   bool gradient_checkpointing = false;
+  // "fused": flash attention (only the rows' log-sum-exp saved); "unfused": the probabilities
+  // stored (the --attention flag; GPT2Options::fused_attention)
+  std::string attention = "fused";
 
   // checkpoints: <output_dir>/checkpoint-<step>/ every save_steps steps (0 = none)
   int64_t save_steps = 0;

@@ -152,7 +152,8 @@ nlohmann::json args_json(const TrainArgs& a) {
           {"fp16", a.fp16},
           {"bf16", a.bf16},
           {"tf32", a.tf32},
-          {"gradient_checkpointing", a.gradient_checkpointing}};
+          {"gradient_checkpointing", a.gradient_checkpointing},
+          {"attention", a.attention}};
 }
 
 // Keeps the records of steps <= `step` (a resumed run continues the file from there).
@@ -240,6 +241,9 @@ TrainSummary train(const TrainArgs& args) {
                 dev.info().id().c_str());
   GPT2Options mopts;
   mopts.gradient_checkpointing = args.gradient_checkpointing;
+  CT_REQUIRE(args.attention == "fused" || args.attention == "unfused",
+             "--attention: '" + args.attention + "' is not fused or unfused");
+  mopts.fused_attention = args.attention == "fused";
   mopts.policy = PrecisionPolicy::make(args.fp16   ? Precision::kFp16
                                        : args.bf16 ? Precision::kBf16
                                                    : Precision::kFp32);
@@ -293,6 +297,7 @@ TrainSummary train(const TrainArgs& args) {
   if (accum > 1) std::printf(" x %d accumulation steps", accum);
   if (mopts.policy.mixed()) std::printf("; %s mixed precision", mopts.policy.name().c_str());
   if (args.gradient_checkpointing) std::printf("; gradient checkpointing");
+  if (!mopts.fused_attention) std::printf("; unfused attention");
   std::printf("; steps %lld to %lld\n", static_cast<long long>(start_step + 1),
               static_cast<long long>(args.max_steps));
   if (!resume_dir.empty()) std::printf("resumed from %s\n", resume_dir.c_str());

@@ -142,6 +142,45 @@ TEST_P(MixedPrecision, AttentionAndGeluAllIn16Bits) {
   });
 }
 
+// The fused attention in 16 bits (lse f32): out against fp64, dqkv against the f32 reference of
+// the same (rounded) inputs; the device against the reference.
+TEST_P(MixedPrecision, FlashAttentionAllIn16Bits) {
+  for_each_half({OpKind::kAttention}, [&](DType h) {
+    const int64_t B = 2, T = 70, C = 24, NH = 3;
+    Vec qkv = round_h(randn(B * T * 3 * C, 15), h), dout = round_h(randn(B * T * C, 16), h);
+    VecD out64 = f64::attention(to_d(qkv), B, T, C, NH);
+    // the f32 reference's gradient from the same inputs
+    Tensor rq = upload(ref(), {B, T, 3 * C}, qkv), rd = upload(ref(), {B, T, C}, dout);
+    Tensor ro = ref().empty({B, T, C}, DType::f32, MemCategory::kActivations);
+    Tensor rl = ref().empty({B, NH, T}, DType::f32, MemCategory::kActivations);
+    Tensor rdq = ref().empty({B, T, 3 * C}, DType::f32, MemCategory::kGrads);
+    ref().flash_attention_forward(ro, rl, rq, NH);
+    ref().flash_attention_backward(rdq, rd, rq, ro, rl, NH);
+    const Vec dq32 = download(ref(), rdq);
+    Vec res[2][2];
+    int k = 0;
+    for (Device* d : {&ref(), &dev()}) {
+      Tensor tq = upload_as(*d, {B, T, 3 * C}, qkv, h);
+      Tensor to = d->empty({B, T, C}, h, MemCategory::kActivations);
+      Tensor tl = d->empty({B, NH, T}, DType::f32, MemCategory::kActivations);
+      Tensor td = upload_as(*d, {B, T, C}, dout, h);
+      Tensor tdq = d->empty({B, T, 3 * C}, h, MemCategory::kGrads);
+      d->flash_attention_forward(to, tl, tq, NH);
+      d->flash_attention_backward(tdq, td, tq, to, tl, NH);
+      res[k][0] = download_h(*d, to);
+      res[k][1] = download_h(*d, tdq);
+      EXPECT_TRUE(close_nmse(res[k][0], out64, tol_h(h), "flash out " + d->info().id()));
+      EXPECT_TRUE(close_nmse(res[k][1], dq32, tol_h(h), "flash dqkv " + d->info().id()));
+      ++k;
+    }
+    // Mixed dtypes are rejected: qkv f32 with a 16-bit out.
+    Tensor tq = upload(dev(), {B, T, 3 * C}, qkv);
+    Tensor to = dev().empty({B, T, C}, h, MemCategory::kActivations);
+    Tensor tl = dev().empty({B, NH, T}, DType::f32, MemCategory::kActivations);
+    EXPECT_THROW(dev().flash_attention_forward(to, tl, tq, NH), Error);
+  });
+}
+
 TEST_P(MixedPrecision, LayerNormCrossEntropyBiasGradAdd) {
   for_each_half(
       {OpKind::kLayerNorm, OpKind::kCrossEntropy, OpKind::kBiasGrad, OpKind::kAdd}, [&](DType h) {

@@ -35,6 +35,7 @@ struct Technique {
   bool mixed = false;              // a 16-bit policy: adds a 2-byte weight copy
   bool checkpointing = false;
   double optimizer_bytes_per_param = 8;  // AdamW: two fp32 moments
+  bool unfused_attention = false;        // --attention unfused: the probabilities stored
 };
 
 // Optimizer state bytes per parameter of --optim `kind` on cfg's tensors (optimizer.h's formulas).
@@ -59,6 +60,7 @@ int64_t predicted_bytes(const GPT2Config& cfg, const Technique& t, int micro_bat
   const int64_t n = cfg.num_parameters();
   GPT2Options o;
   o.gradient_checkpointing = t.checkpointing;
+  o.fused_attention = !t.unfused_attention;
   o.policy = PrecisionPolicy::make(t.mixed ? Precision::kBf16 : Precision::kFp32);
   return n * (4 + (t.mixed ? 2 : 0) + 4) + static_cast<int64_t>(t.optimizer_bytes_per_param * n) +
          GPT2::activation_bytes(cfg, o, micro_batch, cfg.block_size);
@@ -160,6 +162,7 @@ Run add_bench(CLI::App& app) {
     const std::string acc = std::to_string(o->accumulation);
     std::vector<Technique> techniques = {
         {"vanilla fp32", {}, 1},
+        {"unfused attention", {"--attention", "unfused"}, 1, false, false, 8, true},
         {"+ accumulation x" + acc, {"--gradient-accumulation-steps", acc}, o->accumulation},
         {"+ checkpointing", {"--gradient-checkpointing"}, 1, false, true},
         {"+ fp16", {"--fp16"}, 1, true},

@@ -33,7 +33,9 @@ struct MmaLayout<32> {
   static constexpr int TM = 16, TN = 8, TK = 16;
   static constexpr int NA = 8, NB = 4, NC = 4;
   // A: a0..a7 = (g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1), then the same at k + 8.
-  static __device__ __forceinline__ int a_row(int lane, int i) { return lane / 4 + 8 * (i / 2 % 2); }
+  static __device__ __forceinline__ int a_row(int lane, int i) {
+    return lane / 4 + 8 * (i / 2 % 2);
+  }
   static __device__ __forceinline__ int a_k(int lane, int i) {
     return lane % 4 * 2 + i % 2 + 8 * (i / 4);
   }
@@ -111,22 +113,20 @@ __device__ __forceinline__ void mma_scalar(float (&c)[MmaLayout<WARP>::NC],
     const int src = L::a_source(lane, j);
     for (int w = 0; w < (L::NA + 3) / 4; ++w) {
       const std::uint64_t got = ct_shfl_idx(pa.w[w], src, WARP);
-      for (int s = 0; s < 4 && 4 * w + s < L::NA; ++s)
-        {
-          const std::uint16_t h = unpack(got, s);
-          at[L::a_row(src, 4 * w + s)][L::a_k(src, 4 * w + s)] = AB::load(&h, 0);
-        }
+      for (int s = 0; s < 4 && 4 * w + s < L::NA; ++s) {
+        const std::uint16_t h = unpack(got, s);
+        at[L::a_row(src, 4 * w + s)][L::a_k(src, 4 * w + s)] = AB::load(&h, 0);
+      }
     }
   }
   for (int j = 0; j < L::kBSources; ++j) {
     const int src = L::b_source(lane, j);
     for (int w = 0; w < (L::NB + 3) / 4; ++w) {
       const std::uint64_t got = ct_shfl_idx(pb.w[w], src, WARP);
-      for (int s = 0; s < 4 && 4 * w + s < L::NB; ++s)
-        {
-          const std::uint16_t h = unpack(got, s);
-          bt[L::b_k(src, 4 * w + s)][L::b_col(src, 4 * w + s)] = AB::load(&h, 0);
-        }
+      for (int s = 0; s < 4 && 4 * w + s < L::NB; ++s) {
+        const std::uint16_t h = unpack(got, s);
+        bt[L::b_k(src, 4 * w + s)][L::b_col(src, 4 * w + s)] = AB::load(&h, 0);
+      }
     }
   }
   for (int i = 0; i < L::NC; ++i) {
@@ -170,7 +170,8 @@ __device__ __forceinline__ void mma(float (&c)[MmaLayout<WARP>::NC],
     if constexpr (std::is_same_v<AB, BF16>) {
       typedef short i16x4 __attribute__((ext_vector_type(4)));
       i16x4 va, vb;
-      for (int i = 0; i < 4; ++i) va[i] = static_cast<short>(a[i]), vb[i] = static_cast<short>(b[i]);
+      for (int i = 0; i < 4; ++i)
+        va[i] = static_cast<short>(a[i]), vb[i] = static_cast<short>(b[i]);
       acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(va, vb, acc, 0, 0, 0);
     } else {
       typedef _Float16 f16x4 __attribute__((ext_vector_type(4)));

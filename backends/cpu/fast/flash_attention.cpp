@@ -1,0 +1,146 @@
+// Fast fused causal self-attention (core/device.h flash_attention_*): (batch, head) pairs in
+// parallel with OpenMP; each head in blocks of query rows against the keys up to the block's
+// last row, the products by sgemm (OpenBLAS single-threaded inside the parallel region) and the
+// softmax between them while the block is in cache. Only lse is saved: the probabilities live in
+// a per-thread (rows x T) buffer for one block, and the backward recomputes them.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "backends/cpu/fast/vec_math.h"
+#include "backends/cpu/kernels.h"
+
+CT_FAST_WIDE_VECTORS
+
+namespace ct::cpu::fast::CT_CPU_ISA {
+
+namespace {
+
+// Query rows per block: small enough to skip most of the masked triangle, big enough for sgemm.
+int64_t flash_rows(int64_t T) {
+  return std::clamp<int64_t>(T / 16, 32, 64);
+}
+
+// y (M,N) = alpha * op(a) op(b) + beta * y, row-major with leading dimensions.
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* y, int64_t ldy) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, y,
+              static_cast<blasint>(ldy));
+}
+
+// p[t, 0..len) (=) exp(s - lse_t) for columns j <= t, 0 beyond; rows r0..r1 of a block whose
+// row t is at p + (t - r0) * T.
+void probabilities(float* p, const float* lse, int64_t r0, int64_t r1, int64_t T) {
+  for (int64_t t = r0; t < r1; ++t) {
+    float* row = p + (t - r0) * T;
+    const float l = lse[t];
+#pragma omp simd
+    for (int64_t j = 0; j < r1; ++j) row[j] = j <= t ? fast_exp(row[j] - l) : 0.0f;
+  }
+}
+
+}  // namespace
+
+// out is (B,T,C); lse is (B,NH,T); qkv is (B,T,3C) holding q | k | v, heads of hs = C/NH
+void flash_attention_forward(Workspace& ws, float* out, float* lse, const float* qkv, int64_t B,
+                             int64_t T, int64_t C, int64_t NH) {
+  const int64_t C3 = 3 * C, hs = C / NH, blk = flash_rows(T);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int nthreads = omp_get_max_threads();
+  float* scratch =
+      static_cast<float*>(ws.get(static_cast<size_t>(nthreads) * blk * T * sizeof(float)));
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      float* s = scratch + static_cast<int64_t>(omp_get_thread_num()) * blk * T;  // (blk, T)
+      const float* q = qkv + b * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* o = out + b * T * C + h * hs;
+      float* l = lse + (b * NH + h) * T;
+      for (int64_t r0 = 0; r0 < T; r0 += blk) {
+        const int64_t r1 = std::min(T, r0 + blk);
+        // s = scale q[r0:r1] k[0:r1]^T; then each row's log-sum-exp over j <= t
+        sgemm(false, true, r1 - r0, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, s, T);
+        for (int64_t t = r0; t < r1; ++t) {
+          const float* row = s + (t - r0) * T;
+          float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+          for (int64_t j = 0; j <= t; ++j) mx = row[j] > mx ? row[j] : mx;
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j <= t; ++j) sum += fast_exp(row[j] - mx);
+          l[t] = mx + std::log(sum);
+        }
+        probabilities(s, l, r0, r1, T);
+        // o[r0:r1] = p v[0:r1]
+        sgemm(false, false, r1 - r0, hs, r1, 1.0f, s, T, v, C3, 0.0f, o + r0 * C, C);
+      }
+    }
+  }
+}
+
+// dqkv, qkv are (B,T,3C); dout, out are (B,T,C); lse is (B,NH,T). Per block of query rows:
+//   p = exp(scale q k^T - lse);  dv += p^T dout;  dp = dout v^T;  D = rowsum(dout * out);
+//   ds = p (dp - D) scale;  dq = ds k;  dk += ds^T q.
+// The workspace holds two (rows, T) blocks per thread; dk and dv gather the blocks in order.
+void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
+                              const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                              int64_t NH) {
+  const int64_t C3 = 3 * C, hs = C / NH, blk = flash_rows(T);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int nthreads = omp_get_max_threads();
+  float* scratch =
+      static_cast<float*>(ws.get(static_cast<size_t>(nthreads) * 2 * blk * T * sizeof(float)));
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      float* p = scratch + static_cast<int64_t>(omp_get_thread_num()) * 2 * blk * T;  // (blk,T)
+      float* ds = p + blk * T;                                                       // (blk,T)
+      const float* q = qkv + b * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      const float* d = dout + b * T * C + h * hs;
+      const float* o = out + b * T * C + h * hs;
+      const float* l = lse + (b * NH + h) * T;
+      float* dq = dqkv + b * T * C3 + h * hs;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      for (int64_t t = 0; t < T; ++t) {
+        std::memset(dk + t * C3, 0, static_cast<size_t>(hs) * sizeof(float));
+        std::memset(dv + t * C3, 0, static_cast<size_t>(hs) * sizeof(float));
+      }
+      for (int64_t r0 = 0; r0 < T; r0 += blk) {
+        const int64_t r1 = std::min(T, r0 + blk), rows = r1 - r0;
+        sgemm(false, true, rows, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, p, T);
+        probabilities(p, l, r0, r1, T);
+        // dv[0:r1] += p^T dout[r0:r1]
+        sgemm(true, false, r1, hs, rows, 1.0f, p, T, d + r0 * C, C, 1.0f, dv, C3);
+        // ds = dout[r0:r1] v[0:r1]^T, then the softmax backward in place
+        sgemm(false, true, rows, r1, hs, 1.0f, d + r0 * C, C, v, C3, 0.0f, ds, T);
+        for (int64_t t = r0; t < r1; ++t) {
+          const float* dt = d + t * C;
+          const float* ot = o + t * C;
+          float D = 0.0f;
+#pragma omp simd reduction(+ : D)
+          for (int64_t i = 0; i < hs; ++i) D += dt[i] * ot[i];
+          float* row = ds + (t - r0) * T;
+          const float* prow = p + (t - r0) * T;
+#pragma omp simd
+          for (int64_t j = 0; j < r1; ++j) row[j] = prow[j] * (row[j] - D) * scale;
+        }
+        // dq[r0:r1] = ds k[0:r1];  dk[0:r1] += ds^T q[r0:r1]
+        sgemm(false, false, rows, hs, r1, 1.0f, ds, T, k, C3, 0.0f, dq + r0 * C3, C3);
+        sgemm(true, false, r1, hs, rows, 1.0f, ds, T, q + r0 * C3, C3, 1.0f, dk, C3);
+      }
+    }
+  }
+}
+
+}  // namespace ct::cpu::fast::CT_CPU_ISA

@@ -1,0 +1,270 @@
+// Fused causal multi-head self-attention (core/device.h flash_attention_*), forward and backward.
+// qkv holds q | k | v per position, each split into NH heads of hs = C / NH; out, dout [B,T,C];
+// lse [B,NH,T] f32. All of q, k, v, out, dout, dqkv of one element type E; fp32 arithmetic.
+//
+// One thread per query row (forward, backward dq) or key row (backward dk, dv), 64 rows of one
+// (b, h) a block; the other side streams through shared memory in tiles of kTile rows, so the
+// T x T probabilities exist nowhere. Each thread walks its keys (queries) in order, so every
+// output has one owner and a fixed order: no atomics, the same bits at every warp size.
+//   forward:   online softmax: m = running max of s = scale q.k, l = sum exp(s - m),
+//              o = sum exp(s - m) v, rescaled by exp(m_old - m_new) when m grows;
+//              out = o / l, lse = m + log l.
+//   backward:  D_t = dout_t . out_t (saved in the workspace), p = exp(s - lse_t),
+//              ds = p (dout_t . v_u - D_t) scale;  dq_t = sum_u ds k_u  (query kernel);
+//              dk_u = sum_t ds q_t, dv_u = sum_t p dout_t  (key kernel, after it).
+// Registers: a few arrays of HS floats per thread, HS the head size rounded up to 16, 64 or 128
+// (zero-padded, so the padding adds nothing).
+#include "backends/gpu/kernels/common.h"
+
+namespace ct::gpu {
+namespace {
+
+constexpr int kRows = 64;  // query (or key) rows a block, one per thread
+constexpr int kTile = 32;  // key (or query) rows staged in shared memory at a time
+
+struct FDims {
+  std::int64_t T, C, NH, hs;
+  float scale;
+};
+
+// Block (x, y): rows kRows x .. of head y = b NH + h.
+struct Row {
+  std::int64_t b, h, r;  // batch, head, this thread's row
+  std::int64_t first;    // the block's first row
+};
+__device__ __forceinline__ Row row_of(const FDims& d) {
+  Row w;
+  w.b = blockIdx.y / d.NH;
+  w.h = blockIdx.y % d.NH;
+  w.first = static_cast<std::int64_t>(blockIdx.x) * kRows;
+  w.r = w.first + threadIdx.x;
+  return w;
+}
+
+// dst[0 .. HS) (=) the hs elements at src + at (zeros after them).
+template <typename E, int HS>
+__device__ __forceinline__ void load_row(float (&dst)[HS], const void* src, std::int64_t at,
+                                         std::int64_t hs) {
+  for (int i = 0; i < HS; ++i) dst[i] = i < hs ? E::load(src, at + i) : 0.0f;
+}
+
+// Stages rows r0 .. r0 + kTile of a [.., row_stride] tensor's head slice (element offset `at`
+// of row 0) into tile[kTile][HS] as f32; rows at or past T and columns past hs are zero.
+template <typename E, int HS>
+__device__ __forceinline__ void stage(float* tile, const void* src, std::int64_t at,
+                                      std::int64_t row_stride, std::int64_t r0, const FDims& d) {
+  for (int idx = threadIdx.x; idx < kTile * HS; idx += kRows) {
+    const int rr = idx / HS, i = idx % HS;
+    const std::int64_t r = r0 + rr;
+    tile[idx] = r < d.T && i < d.hs ? E::load(src, at + r * row_stride + i) : 0.0f;
+  }
+}
+
+// out (B, T, C), lse (B, NH, T) f32, qkv (B, T, 3C).
+template <int WARP, typename E, int HS>
+__global__ void CT_LAUNCH_BOUNDS(kRows)
+    flash_forward_kernel(void* out, float* lse, const void* qkv, FDims d) {
+  CT_SHARED(float, ks, kTile* HS);
+  CT_SHARED(float, vs, kTile* HS);
+  const Row w = row_of(d);
+  const std::int64_t C3 = 3 * d.C, base = w.b * d.T * C3 + w.h * d.hs;
+  const bool live = w.r < d.T;
+  float q[HS], o[HS];
+  if (live) load_row<E, HS>(q, qkv, base + w.r * C3, d.hs);
+  for (int i = 0; i < HS; ++i) o[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  const std::int64_t last = w.first + kRows - 1 < d.T - 1 ? w.first + kRows - 1 : d.T - 1;
+  for (std::int64_t u0 = 0; u0 <= last; u0 += kTile) {
+    stage<E, HS>(ks, qkv, base + d.C, C3, u0, d);
+    stage<E, HS>(vs, qkv, base + 2 * d.C, C3, u0, d);
+    __syncthreads();
+    for (int uu = 0; live && uu < kTile && u0 + uu <= w.r; ++uu) {
+      const float* k = ks + uu * HS;
+      const float* v = vs + uu * HS;
+      float dot = 0.0f;
+      for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
+      const float s = dot * d.scale;
+      if (s > m) {
+        const float corr = expf(m - s);  // 0 for the first key (m = -inf)
+        l = l * corr + 1.0f;
+        for (int i = 0; i < HS; ++i) o[i] = o[i] * corr + v[i];
+        m = s;
+      } else {
+        const float p = expf(s - m);
+        l += p;
+        for (int i = 0; i < HS; ++i) o[i] += p * v[i];
+      }
+    }
+    __syncthreads();
+  }
+  if (!live) return;
+  const float inv = 1.0f / l;
+  const std::int64_t o0 = (w.b * d.T + w.r) * d.C + w.h * d.hs;
+  for (int i = 0; i < HS && i < d.hs; ++i) E::store(out, o0 + i, o[i] * inv);
+  lse[(w.b * d.NH + w.h) * d.T + w.r] = m + logf(l);
+}
+
+// Per query row: D (B, NH, T) f32 into the workspace, and dq into dqkv (B, T, 3C).
+template <int WARP, typename E, int HS>
+__global__ void CT_LAUNCH_BOUNDS(kRows)
+    flash_backward_query_kernel(void* dqkv, float* Dsave, const void* dout, const void* out,
+                                const void* qkv, const float* lse, FDims d) {
+  CT_SHARED(float, ks, kTile* HS);
+  CT_SHARED(float, vs, kTile* HS);
+  const Row w = row_of(d);
+  const std::int64_t C3 = 3 * d.C, base = w.b * d.T * C3 + w.h * d.hs;
+  const std::int64_t row = (w.b * d.NH + w.h) * d.T + w.r;
+  const bool live = w.r < d.T;
+  float q[HS], g[HS], dq[HS];
+  float D = 0.0f, l = 0.0f;
+  if (live) {
+    load_row<E, HS>(q, qkv, base + w.r * C3, d.hs);
+    load_row<E, HS>(dq, out, (w.b * d.T + w.r) * d.C + w.h * d.hs, d.hs);  // out, for D
+    load_row<E, HS>(g, dout, (w.b * d.T + w.r) * d.C + w.h * d.hs, d.hs);
+    for (int i = 0; i < HS; ++i) D += g[i] * dq[i];
+    Dsave[row] = D;
+    l = lse[row];
+  }
+  for (int i = 0; i < HS; ++i) dq[i] = 0.0f;
+  const std::int64_t last = w.first + kRows - 1 < d.T - 1 ? w.first + kRows - 1 : d.T - 1;
+  for (std::int64_t u0 = 0; u0 <= last; u0 += kTile) {
+    stage<E, HS>(ks, qkv, base + d.C, C3, u0, d);
+    stage<E, HS>(vs, qkv, base + 2 * d.C, C3, u0, d);
+    __syncthreads();
+    for (int uu = 0; live && uu < kTile && u0 + uu <= w.r; ++uu) {
+      const float* k = ks + uu * HS;
+      const float* v = vs + uu * HS;
+      float dot = 0.0f, dp = 0.0f;
+      for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
+      for (int i = 0; i < HS; ++i) dp += g[i] * v[i];
+      const float p = expf(dot * d.scale - l);
+      const float ds = p * (dp - D) * d.scale;
+      for (int i = 0; i < HS; ++i) dq[i] += ds * k[i];
+    }
+    __syncthreads();
+  }
+  if (!live) return;
+  for (int i = 0; i < HS && i < d.hs; ++i) E::store(dqkv, base + w.r * C3 + i, dq[i]);
+}
+
+// Per key row u: dk, dv into dqkv (B, T, 3C), from the queries t >= u in order. Reads the
+// D that flash_backward_query_kernel saved.
+template <int WARP, typename E, int HS>
+__global__ void CT_LAUNCH_BOUNDS(kRows)
+    flash_backward_key_kernel(void* dqkv, const float* Dsave, const void* dout, const void* qkv,
+                              const float* lse, FDims d) {
+  CT_SHARED(float, qs, kTile* HS);
+  CT_SHARED(float, gs, kTile* HS);
+  CT_SHARED(float, ls, kTile);
+  CT_SHARED(float, Ds, kTile);
+  const Row w = row_of(d);
+  const std::int64_t C3 = 3 * d.C, base = w.b * d.T * C3 + w.h * d.hs;
+  const std::int64_t hrow = (w.b * d.NH + w.h) * d.T;
+  const bool live = w.r < d.T;
+  float k[HS], v[HS], dk[HS], dv[HS];
+  if (live) {
+    load_row<E, HS>(k, qkv, base + w.r * C3 + d.C, d.hs);
+    load_row<E, HS>(v, qkv, base + w.r * C3 + 2 * d.C, d.hs);
+  }
+  for (int i = 0; i < HS; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
+  for (std::int64_t t0 = w.first; t0 < d.T; t0 += kTile) {
+    stage<E, HS>(qs, qkv, base, C3, t0, d);
+    stage<E, HS>(gs, dout, w.b * d.T * d.C + w.h * d.hs, d.C, t0, d);
+    if (threadIdx.x < kTile) {
+      const std::int64_t t = t0 + threadIdx.x;
+      ls[threadIdx.x] = t < d.T ? lse[hrow + t] : 0.0f;
+      Ds[threadIdx.x] = t < d.T ? Dsave[hrow + t] : 0.0f;
+    }
+    __syncthreads();
+    for (int tt = 0; live && tt < kTile && t0 + tt < d.T; ++tt) {
+      if (t0 + tt < w.r) continue;
+      const float* q = qs + tt * HS;
+      const float* g = gs + tt * HS;
+      float dot = 0.0f, dp = 0.0f;
+      for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
+      for (int i = 0; i < HS; ++i) dp += g[i] * v[i];
+      const float p = expf(dot * d.scale - ls[tt]);
+      const float ds = p * (dp - Ds[tt]) * d.scale;
+      for (int i = 0; i < HS; ++i) {
+        dv[i] += p * g[i];
+        dk[i] += ds * q[i];
+      }
+    }
+    __syncthreads();
+  }
+  if (!live) return;
+  for (int i = 0; i < HS && i < d.hs; ++i) {
+    E::store(dqkv, base + w.r * C3 + d.C + i, dk[i]);
+    E::store(dqkv, base + w.r * C3 + 2 * d.C + i, dv[i]);
+  }
+}
+
+FDims fdims_of(std::int64_t T, std::int64_t C, std::int64_t NH) {
+  const std::int64_t hs = C / NH;
+  return FDims{T, C, NH, hs, 1.0f / sqrtf(static_cast<float>(hs))};
+}
+
+// Calls fn(std::integral_constant<int, HS>) for the head size's bucket.
+template <typename Fn>
+void with_head_size(std::int64_t hs, Fn&& fn) {
+  if (hs <= 16)
+    fn(std::integral_constant<int, 16>{});
+  else if (hs <= 64)
+    fn(std::integral_constant<int, 64>{});
+  else if (hs <= kFlashMaxHeadSize)
+    fn(std::integral_constant<int, kFlashMaxHeadSize>{});
+  else
+    throw std::invalid_argument("flash attention: head size " + std::to_string(hs) +
+                                " exceeds the kernel's limit of " +
+                                std::to_string(kFlashMaxHeadSize));
+}
+
+dim3 grid_of(std::int64_t B, std::int64_t T, std::int64_t NH) {
+  return dim3(static_cast<unsigned>((T + kRows - 1) / kRows), static_cast<unsigned>(B * NH));
+}
+
+}  // namespace
+
+void flash_attention_forward(const Ctx& cx, void* out, float* lse, const void* qkv, Elem e,
+                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH) {
+  if (B * T * C <= 0) return;
+  const FDims d = fdims_of(T, C, NH);
+  with_warp(cx.warp, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    with_elem(e, [&](auto el) {
+      using E = decltype(el);
+      with_head_size(d.hs, [&](auto hsz) {
+        constexpr int HS = decltype(hsz)::value;
+        launch<W>(CT_KERNEL(flash_forward_kernel<W, E, HS>), grid_of(B, T, NH), dim3(kRows), 0,
+                  stream_of(cx), out, lse, qkv, d);
+      });
+    });
+  });
+}
+
+std::size_t flash_attention_backward_workspace(std::int64_t B, std::int64_t T, std::int64_t NH) {
+  return static_cast<std::size_t>(B * NH * T) * sizeof(float);
+}
+
+void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const void* qkv,
+                              const void* out, const float* lse, Elem e, std::int64_t B,
+                              std::int64_t T, std::int64_t C, std::int64_t NH, void* workspace) {
+  if (B * T * C <= 0) return;
+  const FDims d = fdims_of(T, C, NH);
+  auto* D = static_cast<float*>(workspace);
+  with_warp(cx.warp, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    with_elem(e, [&](auto el) {
+      using E = decltype(el);
+      with_head_size(d.hs, [&](auto hsz) {
+        constexpr int HS = decltype(hsz)::value;
+        launch<W>(CT_KERNEL(flash_backward_query_kernel<W, E, HS>), grid_of(B, T, NH),
+                  dim3(kRows), 0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
+        launch<W>(CT_KERNEL(flash_backward_key_kernel<W, E, HS>), grid_of(B, T, NH), dim3(kRows),
+                  0, stream_of(cx), dqkv, static_cast<const float*>(D), dout, qkv, lse, d);
+      });
+    });
+  });
+}
+
+}  // namespace ct::gpu

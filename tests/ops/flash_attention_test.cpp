@@ -1,0 +1,134 @@
+// flash_attention_forward / flash_attention_backward (the fused attention): every device against
+// the reference (odd sizes, several row blocks and key tiles, the model's head sizes); the
+// reference against fp64 (out, lse), against central differences of fp64 attention (dqkv), and
+// against the unfused ops (the same function: out and dqkv agree).
+#include <cmath>
+#include <sstream>
+
+#include "tests/common/device_harness.h"
+#include "tests/common/fp64_ops.h"
+
+namespace ct::test {
+namespace {
+
+struct FlashCase {
+  int64_t B, T, C, NH;
+  uint64_t seed;
+  bool finite_differences;
+};
+const FlashCase kCases[] = {
+    {2, 7, 12, 3, 1, true},   {1, 5, 8, 1, 2, true},      {3, 1, 6, 2, 3, true},
+    {2, 37, 12, 3, 10, false}, {1, 300, 24, 2, 11, false}, {1, 130, 40, 2, 14, false},
+    // The model's head sizes: tiny (T 256, 6 heads of 64), gpt2's 64 at an odd T, and the
+    // kernels' largest bucket (hs 128) with a T that ends mid-tile.
+    {1, 256, 384, 6, 12, false}, {1, 77, 160, 2, 13, false}, {1, 70, 256, 2, 15, false},
+};
+
+struct FlashOut {
+  Vec out, lse, dqkv;
+};
+
+FlashOut run(Device& d, const FlashCase& c, const Vec& qkv, const Vec& dout) {
+  Tensor tq = upload(d, {c.B, c.T, 3 * c.C}, qkv);
+  Tensor to = upload(d, {c.B, c.T, c.C}, Vec(c.B * c.T * c.C, NAN));
+  Tensor tl = upload(d, {c.B, c.NH, c.T}, Vec(c.B * c.NH * c.T, NAN));
+  Tensor td = upload(d, {c.B, c.T, c.C}, dout);
+  Tensor tdq = upload(d, {c.B, c.T, 3 * c.C}, Vec(qkv.size(), NAN));  // (=): garbage ignored
+  d.flash_attention_forward(to, tl, tq, static_cast<int>(c.NH));
+  d.flash_attention_backward(tdq, td, tq, to, tl, static_cast<int>(c.NH));
+  return {download(d, to), download(d, tl), download(d, tdq)};
+}
+
+std::string name(const FlashCase& c) {
+  std::ostringstream os;
+  os << "B" << c.B << " T" << c.T << " C" << c.C << " NH" << c.NH;
+  return os.str();
+}
+
+using FlashAttention = DeviceTest;
+
+TEST_P(FlashAttention, MatchesReference) {
+  for (const FlashCase& c : kCases) {
+    Vec qkv = randn(c.B * c.T * 3 * c.C, c.seed), dout = randn(c.B * c.T * c.C, c.seed + 1);
+    FlashOut r = run(ref(), c, qkv, dout), f = run(dev(), c, qkv, dout);
+    std::string nm = name(c) + " on " + id();
+    double t = tol(Tol::kGemm);
+    EXPECT_TRUE(close_nmse(f.out, r.out, t, "out vs ref " + nm));
+    EXPECT_TRUE(close_nmse(f.lse, r.lse, t, "lse vs ref " + nm));
+    EXPECT_TRUE(close_nmse(f.dqkv, r.dqkv, t, "dqkv vs ref " + nm));
+  }
+}
+
+// The fused and the unfused ops are the same function on every device.
+TEST_P(FlashAttention, EqualsTheUnfusedOps) {
+  for (const FlashCase& c : kCases) {
+    Vec qkv = randn(c.B * c.T * 3 * c.C, c.seed), dout = randn(c.B * c.T * c.C, c.seed + 1);
+    FlashOut f = run(dev(), c, qkv, dout);
+    Device& d = dev();
+    Tensor tq = upload(d, {c.B, c.T, 3 * c.C}, qkv), td = upload(d, {c.B, c.T, c.C}, dout);
+    Tensor to = upload(d, {c.B, c.T, c.C}, Vec(c.B * c.T * c.C, NAN));
+    Tensor ta = upload(d, {c.B, c.NH, c.T, c.T}, Vec(c.B * c.NH * c.T * c.T, NAN));
+    Tensor tdq = upload(d, {c.B, c.T, 3 * c.C}, Vec(qkv.size(), NAN));
+    d.attention_forward(to, ta, tq, static_cast<int>(c.NH));
+    d.attention_backward(tdq, td, tq, ta, static_cast<int>(c.NH));
+    std::string nm = name(c) + " on " + id();
+    EXPECT_TRUE(close_nmse(f.out, download(d, to), kTolGemm, "flash out vs unfused " + nm));
+    EXPECT_TRUE(close_nmse(f.dqkv, download(d, tdq), kTolGemm, "flash dqkv vs unfused " + nm));
+  }
+}
+
+CT_INSTANTIATE_DEVICE_SUITE(FlashAttention);
+
+TEST(ReferenceFlashAttention, MatchesFp64AndFiniteDifferences) {
+  for (const FlashCase& c : kCases) {
+    Vec qkv = randn(c.B * c.T * 3 * c.C, c.seed), dout = randn(c.B * c.T * c.C, c.seed + 1);
+    FlashOut r = run(ref(), c, qkv, dout);
+    VecD att64;
+    VecD out64 = f64::attention(to_d(qkv), c.B, c.T, c.C, c.NH, &att64);
+    EXPECT_TRUE(close_nmse(r.out, out64, kTolF64, "out ref vs fp64 " + name(c)));
+    // lse from fp64 scores: log sum_u exp(scale q_t . k_u), u <= t.
+    const int64_t hs = c.C / c.NH;
+    VecD lse64(static_cast<size_t>(c.B * c.NH * c.T));
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.NH; ++h)
+        for (int64_t t = 0; t < c.T; ++t) {
+          double mx = -INFINITY, sum = 0;
+          std::vector<double> s(static_cast<size_t>(t + 1));
+          for (int64_t u = 0; u <= t; ++u) {
+            double dot = 0;
+            for (int64_t i = 0; i < hs; ++i)
+              dot += static_cast<double>(qkv[(b * c.T + t) * 3 * c.C + h * hs + i]) *
+                     qkv[(b * c.T + u) * 3 * c.C + c.C + h * hs + i];
+            s[u] = dot / std::sqrt(static_cast<double>(hs));
+            mx = std::max(mx, s[u]);
+          }
+          for (double v : s) sum += std::exp(v - mx);
+          lse64[(b * c.NH + h) * c.T + t] = mx + std::log(sum);
+        }
+    EXPECT_TRUE(close_nmse(r.lse, lse64, kTolF64, "lse ref vs fp64 " + name(c)));
+    if (!c.finite_differences) continue;
+    VecD num = numeric_grad([&](const VecD& x) { return f64::attention(x, c.B, c.T, c.C, c.NH); },
+                            to_d(qkv), to_d(dout));
+    EXPECT_TRUE(close_nmse(r.dqkv, num, kTolGrad, "dqkv ref vs finite differences " + name(c)));
+  }
+}
+
+TEST(CpuFlashAttention, RejectsBadShapesAndDtypes) {
+  for (const char* spec : {"cpu:1", "cpu:0"}) {
+    Device& d = open_cached(spec);
+    Tensor out = upload(d, {1, 4, 6}, Vec(24, 0.0f)), qkv = upload(d, {1, 4, 18}, Vec(72, 0.0f));
+    Tensor lse = upload(d, {1, 2, 4}, Vec(8, 0.0f));
+    EXPECT_THROW(d.flash_attention_forward(out, lse, qkv, 4), Error);  // C=6 not a multiple of 4
+    EXPECT_THROW(d.flash_attention_forward(out, lse, qkv, 3), Error);  // lse has 2 heads
+    Tensor short_lse = upload(d, {1, 2, 3}, Vec(6, 0.0f));
+    EXPECT_THROW(d.flash_attention_forward(out, short_lse, qkv, 2), Error);  // lse T=3
+    Tensor lse16 = d.empty({1, 2, 4}, DType::bf16, MemCategory::kActivations);
+    EXPECT_THROW(d.flash_attention_forward(out, lse16, qkv, 2), Error);  // lse must be f32
+    Tensor dqkv = upload(d, {1, 4, 18}, Vec(72, 0.0f)), bad = upload(d, {1, 4, 12}, Vec(48, 0.0f));
+    EXPECT_THROW(d.flash_attention_backward(dqkv, out, qkv, bad, lse, 2), Error);  // out shape
+    d.flash_attention_forward(out, lse, qkv, 2);  // and the good call passes
+  }
+}
+
+}  // namespace
+}  // namespace ct::test
