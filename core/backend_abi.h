@@ -24,6 +24,8 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {2, "4a619556eb151fe62ff7324bd9175e9f93f0ac3bdb5b0999d47de09360402400",
      "ops non-virtual, checked in core; backends implement protected *_kernel virtuals; "
      "events, download_async and native_stream"},
+    {3, "7a264063441836efce8bb0aee8a1f5f08e6d523783453e3a015a482536f5930c",
+     "flash_attention_forward/backward (fused attention, lse saved)"},
 };
 
 // device.h's text without // and /* */ comments, every run of whitespace one space, trimmed.

@@ -1,0 +1,172 @@
+#version 450
+// Fused causal multi-head self-attention (core/device.h flash_attention_*), the algorithm of
+// backends/gpu/kernels/flash_attention.cu: one invocation per query row (FA_FWD, FA_BWD_Q) or key
+// row (FA_BWD_KV), 64 rows of one head a workgroup (gl_WorkGroupID.x: row block, .y: head h of
+// the dispatch's batch element); the other side streams through shared memory in tiles of
+// TILE rows, so the T x T probabilities exist nowhere. Each invocation walks its keys (queries)
+// in order: one owner per output, no atomics.
+//   FA_FWD     online softmax over u <= t: m = running max of s = scale q_t.k_u,
+//              l = sum exp(s - m), o = sum exp(s - m) v_u;  out_t = o / l, lse_t = m + log l
+//   FA_BWD_Q   D_t = dout_t . out_t (saved); p = exp(s - lse_t); ds = p (dout_t . v_u - D_t) scale;
+//              dq_t = sum_u ds k_u
+//   FA_BWD_KV  for the key row u: dk_u = sum_{t>=u} ds q_t, dv_u = sum_{t>=u} p dout_t
+// One batch element per dispatch: qkv, dqkv [T, 3C] (q | k | v, heads of hs = C/NH); out, dout
+// [T, C] (all H_T: f32, or 16 bits with H_F16 / H_BF16); lse, D [NH, T] f32. hs <= 128; loops
+// run to hs (the tiles are padded to MAX_HS with zeros).
+#extension GL_GOOGLE_include_directive : require
+#include "common/h16.glsl"
+
+#define MAX_HS 128
+#define ROWS 64
+#define TILE 16
+layout(local_size_x = ROWS) in;
+
+layout(push_constant) uniform Push {
+  uint T;
+  uint C;
+  uint NH;
+  float scale;
+  uint oo;    // out (FWD) or dqkv (BWD)
+  uint olse;
+  uint oqkv;
+  uint odo;   // dout (BWD)
+  uint oout;  // out (BWD_Q)
+  uint od;    // D (BWD)
+} pc;
+
+#if defined(FA_FWD)
+layout(std430, binding = 0) writeonly buffer Out { H_T o[]; };
+layout(std430, binding = 1) writeonly buffer Lse { float lse[]; };
+layout(std430, binding = 2) readonly buffer Qkv { H_T qkv[]; };
+#else
+layout(std430, binding = 0) buffer DQkv { H_T dqkv[]; };
+layout(std430, binding = 1) readonly buffer Lse { float lse[]; };
+layout(std430, binding = 2) readonly buffer Qkv { H_T qkv[]; };
+layout(std430, binding = 3) readonly buffer DOut { H_T dout[]; };
+layout(std430, binding = 4) readonly buffer Out { H_T o[]; };
+layout(std430, binding = 5) buffer Dsave { float dsave[]; };
+#endif
+
+shared float ta[TILE * MAX_HS];  // FWD, BWD_Q: keys; BWD_KV: queries
+shared float tb[TILE * MAX_HS];  // FWD, BWD_Q: values; BWD_KV: dout rows
+shared float tl[TILE];           // BWD_KV: lse of the staged queries
+shared float td[TILE];           // BWD_KV: D of the staged queries
+
+// Stages rows r0 .. r0 + TILE of a head slice into dst as f32 (zeros past T and past hs).
+#define STAGE(dst, buf, base, stride, r0)                                          \
+  for (uint idx_ = gl_LocalInvocationID.x; idx_ < TILE * MAX_HS; idx_ += ROWS) {  \
+    uint rr_ = idx_ / MAX_HS, i_ = idx_ % MAX_HS, r_ = (r0) + rr_;                \
+    dst[idx_] = r_ < T && i_ < hs ? h_load(buf[(base) + r_ * (stride) + i_]) : 0.0; \
+  }
+
+void main() {
+  const uint T = pc.T, C = pc.C, hs = C / pc.NH, C3 = 3u * C;
+  const uint h = gl_WorkGroupID.y, first = gl_WorkGroupID.x * ROWS;
+  const uint r = first + gl_LocalInvocationID.x;  // this invocation's row
+  const bool live = r < T;
+  const uint qbase = pc.oqkv + h * hs;  // q of row 0 of head h
+  const uint last = min(first + ROWS, T) - 1u;
+
+#if defined(FA_FWD)
+  float q[MAX_HS], acc[MAX_HS];
+  for (uint i = 0; i < MAX_HS; ++i) {
+    q[i] = live && i < hs ? h_load(qkv[qbase + r * C3 + i]) : 0.0;
+    acc[i] = 0.0;
+  }
+  float m = -1.0 / 0.0, l = 0.0;
+  for (uint u0 = 0; u0 <= last; u0 += TILE) {
+    STAGE(ta, qkv, qbase + C, C3, u0)
+    STAGE(tb, qkv, qbase + 2u * C, C3, u0)
+    barrier();
+    for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {
+      float dot = 0.0;
+      for (uint i = 0; i < hs; ++i) dot += q[i] * ta[uu * MAX_HS + i];
+      float s = dot * pc.scale;
+      if (s > m) {
+        float corr = exp(m - s);  // 0 for the first key (m = -inf)
+        l = l * corr + 1.0;
+        for (uint i = 0; i < hs; ++i) acc[i] = acc[i] * corr + tb[uu * MAX_HS + i];
+        m = s;
+      } else {
+        float p = exp(s - m);
+        l += p;
+        for (uint i = 0; i < hs; ++i) acc[i] += p * tb[uu * MAX_HS + i];
+      }
+    }
+    barrier();
+  }
+  if (!live) return;
+  float inv = 1.0 / l;
+  for (uint i = 0; i < hs; ++i) o[pc.oo + r * C + h * hs + i] = h_store(acc[i] * inv);
+  lse[pc.olse + h * T + r] = m + log(l);
+
+#elif defined(FA_BWD_Q)
+  float q[MAX_HS], g[MAX_HS], acc[MAX_HS];
+  float D = 0.0, lr = 0.0;
+  for (uint i = 0; i < MAX_HS; ++i) {
+    bool ok = live && i < hs;
+    q[i] = ok ? h_load(qkv[qbase + r * C3 + i]) : 0.0;
+    g[i] = ok ? h_load(dout[pc.odo + r * C + h * hs + i]) : 0.0;
+    D += g[i] * (ok ? h_load(o[pc.oout + r * C + h * hs + i]) : 0.0);
+    acc[i] = 0.0;
+  }
+  if (live) {
+    dsave[pc.od + h * T + r] = D;
+    lr = lse[pc.olse + h * T + r];
+  }
+  for (uint u0 = 0; u0 <= last; u0 += TILE) {
+    STAGE(ta, qkv, qbase + C, C3, u0)
+    STAGE(tb, qkv, qbase + 2u * C, C3, u0)
+    barrier();
+    for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {
+      float dot = 0.0, dp = 0.0;
+      for (uint i = 0; i < hs; ++i) dot += q[i] * ta[uu * MAX_HS + i];
+      for (uint i = 0; i < hs; ++i) dp += g[i] * tb[uu * MAX_HS + i];
+      float p = exp(dot * pc.scale - lr);
+      float ds = p * (dp - D) * pc.scale;
+      for (uint i = 0; i < hs; ++i) acc[i] += ds * ta[uu * MAX_HS + i];
+    }
+    barrier();
+  }
+  if (!live) return;
+  for (uint i = 0; i < hs; ++i) dqkv[pc.oo + r * C3 + h * hs + i] = h_store(acc[i]);
+
+#else  // FA_BWD_KV: r is the key row u; queries t >= u, from the block's first row on
+  float k[MAX_HS], v[MAX_HS], dk[MAX_HS], dv[MAX_HS];
+  for (uint i = 0; i < MAX_HS; ++i) {
+    bool ok = live && i < hs;
+    k[i] = ok ? h_load(qkv[qbase + r * C3 + C + i]) : 0.0;
+    v[i] = ok ? h_load(qkv[qbase + r * C3 + 2u * C + i]) : 0.0;
+    dk[i] = 0.0;
+    dv[i] = 0.0;
+  }
+  for (uint t0 = first; t0 < T; t0 += TILE) {
+    STAGE(ta, qkv, qbase, C3, t0)
+    STAGE(tb, dout, pc.odo + h * hs, C, t0)
+    if (gl_LocalInvocationID.x < TILE) {
+      uint t = t0 + gl_LocalInvocationID.x;
+      tl[gl_LocalInvocationID.x] = t < T ? lse[pc.olse + h * T + t] : 0.0;
+      td[gl_LocalInvocationID.x] = t < T ? dsave[pc.od + h * T + t] : 0.0;
+    }
+    barrier();
+    for (uint tt = 0; live && tt < TILE && t0 + tt < T; ++tt) {
+      if (t0 + tt < r) continue;
+      float dot = 0.0, dp = 0.0;
+      for (uint i = 0; i < hs; ++i) dot += ta[tt * MAX_HS + i] * k[i];
+      for (uint i = 0; i < hs; ++i) dp += tb[tt * MAX_HS + i] * v[i];
+      float p = exp(dot * pc.scale - tl[tt]);
+      float ds = p * (dp - td[tt]) * pc.scale;
+      for (uint i = 0; i < hs; ++i) {
+        dv[i] += p * tb[tt * MAX_HS + i];
+        dk[i] += ds * ta[tt * MAX_HS + i];
+      }
+    }
+    barrier();
+  }
+  if (!live) return;
+  for (uint i = 0; i < hs; ++i) {
+    dqkv[pc.oo + r * C3 + C + h * hs + i] = h_store(dk[i]);
+    dqkv[pc.oo + r * C3 + 2u * C + h * hs + i] = h_store(dv[i]);
+  }
+#endif
+}
