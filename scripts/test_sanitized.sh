@@ -11,9 +11,10 @@
 #
 # Left out here (the release run has them): the CUDA and HIP plugins (built and compiled there;
 # they cannot run on these machines) and the end-to-end training runs on the simt backends
-# (test preset filter: TrainParity / GPT2Golden on simt*, TrainChain) -- minutes of fiber
-# switching under ASan that add nothing the simt op suites under ASan do not check -- and the
-# nvcc / hipcc compile checks of the kernel sources (the release build compiles the plugins).
+# (test preset filter: TrainParity / GPT2Golden / FusedAttentionTraining on simt*, TrainChain)
+# -- minutes of fiber switching under ASan that add nothing the simt op suites under ASan do
+# not check -- and the nvcc / hipcc compile checks of the kernel sources (the release build
+# compiles the plugins).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cmake --preset debug-asan >/dev/null

@@ -23,6 +23,9 @@ namespace fs = std::filesystem;
 using FusedAttentionTraining = DeviceTest;
 
 TEST_P(FusedAttentionTraining, TwentyStepsMatchTheUnfusedOps) {
+  // simt64 runs the kernels of simt at another warp size; the op suites cover it (as in
+  // TrainParity.EveryTechniqueMatchesCpu), and two more 20-step runs there cost CI a minute.
+  if (dev().info().backend == "simt64") GTEST_SKIP() << "the op suites cover simt64";
   const int64_t steps = 20;
   std::string df = fresh_dir("fused"), du = fresh_dir("unfused");
   TrainArgs f = tiny_args(id(), df, steps);
@@ -40,9 +43,10 @@ TEST_P(FusedAttentionTraining, TwentyStepsMatchTheUnfusedOps) {
     worst = std::max(worst, rel);
     EXPECT_LE(rel, 1e-4) << "step " << i + 1 << ": unfused " << lu[i] << ", fused " << lf[i];
   }
-  std::printf("  %s: fused vs unfused attention, max relative loss difference over %lld steps: "
-              "%.3g\n",
-              id().c_str(), static_cast<long long>(steps), worst);
+  std::printf(
+      "  %s: fused vs unfused attention, max relative loss difference over %lld steps: "
+      "%.3g\n",
+      id().c_str(), static_cast<long long>(steps), worst);
   fs::remove_all(df);
   fs::remove_all(du);
 }

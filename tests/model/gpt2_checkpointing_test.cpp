@@ -158,7 +158,11 @@ TEST(GPT2CheckpointingMemory, BackwardAllocatesNothingAndPeakIsThePrediction) {
 
 TEST(GPT2CheckpointingMemory, Gpt2At4x1024) {
   const GPT2Config c = GPT2Config::preset("gpt2");
+  // The unfused attention (the probabilities stored), whose block sizes are worked out below;
+  // the fused one at the end.
   GPT2Options plain, ckpt, bf16, bf16_ckpt;
+  plain.fused_attention = ckpt.fused_attention = false;
+  bf16.fused_attention = bf16_ckpt.fused_attention = false;
   ckpt.gradient_checkpointing = bf16_ckpt.gradient_checkpointing = true;
   bf16.policy = bf16_ckpt.policy = PrecisionPolicy::make(Precision::kBf16);
   const int64_t a = GPT2::activation_bytes(c, plain, 4, 1024);
@@ -178,6 +182,13 @@ TEST(GPT2CheckpointingMemory, Gpt2At4x1024) {
   // The logits (B*T*V) and the residual stream stay: 3.96x for fp32.
   EXPECT_GT(double(a) / b, 3.9);
   EXPECT_LT(d, a);
+  // Fused attention keeps lse (4*12*1024*4 B) instead of att: 214,171,648 B a block.
+  GPT2Options fused, fused_ckpt;
+  fused_ckpt.gradient_checkpointing = true;
+  const int64_t f = GPT2::activation_bytes(c, fused, 4, 1024);
+  const int64_t g = GPT2::activation_bytes(c, fused_ckpt, 4, 1024);
+  EXPECT_EQ(f - g, 11 * int64_t{214'171'648});
+  EXPECT_EQ(a - f, 12 * (int64_t{415'301'632} - 214'171'648));
 }
 
 }  // namespace

@@ -17,11 +17,17 @@ struct FlashCase {
   bool finite_differences;
 };
 const FlashCase kCases[] = {
-    {2, 7, 12, 3, 1, true},   {1, 5, 8, 1, 2, true},      {3, 1, 6, 2, 3, true},
-    {2, 37, 12, 3, 10, false}, {1, 300, 24, 2, 11, false}, {1, 130, 40, 2, 14, false},
+    {2, 7, 12, 3, 1, true},
+    {1, 5, 8, 1, 2, true},
+    {3, 1, 6, 2, 3, true},
+    {2, 37, 12, 3, 10, false},
+    {1, 300, 24, 2, 11, false},
+    {1, 130, 40, 2, 14, false},
     // The model's head sizes: tiny (T 256, 6 heads of 64), gpt2's 64 at an odd T, and the
     // kernels' largest bucket (hs 128) with a T that ends mid-tile.
-    {1, 256, 384, 6, 12, false}, {1, 77, 160, 2, 13, false}, {1, 70, 256, 2, 15, false},
+    {1, 256, 384, 6, 12, false},
+    {1, 77, 160, 2, 13, false},
+    {1, 70, 256, 2, 15, false},
 };
 
 struct FlashOut {

@@ -102,7 +102,7 @@ void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, con
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < NH; ++h) {
       float* p = scratch + static_cast<int64_t>(omp_get_thread_num()) * 2 * blk * T;  // (blk,T)
-      float* ds = p + blk * T;                                                       // (blk,T)
+      float* ds = p + blk * T;                                                        // (blk,T)
       const float* q = qkv + b * T * C3 + h * hs;
       const float* k = q + C;
       const float* v = q + 2 * C;

@@ -258,10 +258,10 @@ void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const
       using E = decltype(el);
       with_head_size(d.hs, [&](auto hsz) {
         constexpr int HS = decltype(hsz)::value;
-        launch<W>(CT_KERNEL(flash_backward_query_kernel<W, E, HS>), grid_of(B, T, NH),
-                  dim3(kRows), 0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
-        launch<W>(CT_KERNEL(flash_backward_key_kernel<W, E, HS>), grid_of(B, T, NH), dim3(kRows),
-                  0, stream_of(cx), dqkv, static_cast<const float*>(D), dout, qkv, lse, d);
+        launch<W>(CT_KERNEL(flash_backward_query_kernel<W, E, HS>), grid_of(B, T, NH), dim3(kRows),
+                  0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
+        launch<W>(CT_KERNEL(flash_backward_key_kernel<W, E, HS>), grid_of(B, T, NH), dim3(kRows), 0,
+                  stream_of(cx), dqkv, static_cast<const float*>(D), dout, qkv, lse, d);
       });
     });
   });

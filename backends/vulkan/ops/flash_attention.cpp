@@ -47,8 +47,8 @@ void VulkanDevice::flash_attention_forward_kernel(const Tensor& out, const Tenso
   const int64_t B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / 3, NH = n_head;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
   const uint32_t gx = u32((T + kFlashRows - 1) / kFlashRows);
-  const ShaderId id = h_variant(qkv.dtype, ShaderId::flash_fwd, ShaderId::flash_fwd_f16,
-                                ShaderId::flash_fwd_bf16);
+  const ShaderId id =
+      h_variant(qkv.dtype, ShaderId::flash_fwd, ShaderId::flash_fwd_f16, ShaderId::flash_fwd_bf16);
   for (int64_t b = 0; b < B; ++b) {
     Bound bo = bind(out, b * T * C, T * C), bl = bind(lse, b * NH * T, NH * T);
     Bound bq = bind(qkv, b * T * 3 * C, T * 3 * C);
@@ -76,7 +76,7 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
     Bound bdq = bind(dqkv, b * T * 3 * C, T * 3 * C), bl = bind(lse, b * NH * T, NH * T);
     Bound bq = bind(qkv, b * T * 3 * C, T * 3 * C), bd = bind(dout, b * T * C, T * C);
     Bound bo = bind(out, b * T * C, T * C);
-    const FlashPush p{u32(T),  u32(C),   u32(NH),  scale,    bdq.first,
+    const FlashPush p{u32(T),   u32(C),   u32(NH),  scale,    bdq.first,
                       bl.first, bq.first, bd.first, bo.first, bD.first};
     dispatch(q_id, {bdq, bl, bq, bd, bo, bD}, p, gx, u32(NH));
     dispatch(kv_id, {bdq, bl, bq, bd, bo, bD}, p, gx, u32(NH));
