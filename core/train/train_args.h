@@ -55,8 +55,9 @@ struct TrainArgs {
   bool tf32 = false;  // TF32 tensor-core matmuls (CUDA only; a notice elsewhere)
   bool gradient_checkpointing = false;
   // "fused": flash attention (only the rows' log-sum-exp saved); "unfused": the probabilities
-  // stored (the --attention flag; GPT2Options::fused_attention)
-  std::string attention = "fused";
+  // stored; "auto": fused, except where unfused was measured faster (a Vulkan device that is a
+  // CPU, i.e. lavapipe: 3x). The --attention flag; GPT2Options::fused_attention.
+  std::string attention = "auto";
 
   // checkpoints: <output_dir>/checkpoint-<step>/ every save_steps steps (0 = none)
   int64_t save_steps = 0;

@@ -224,6 +224,9 @@ Run add_bench(CLI::App& app) {
         if (o->block_size > 0)
           argv.insert(argv.end(), {"--block-size", std::to_string(o->block_size)});
         if (!o->data.empty()) argv.insert(argv.end(), {"--data", o->data});
+        // Every row but "unfused attention" runs the fused attention the prediction assumes
+        // (--attention auto would pick unfused on lavapipe).
+        if (!t.unfused_attention) argv.insert(argv.end(), {"--attention", "fused"});
         argv.insert(argv.end(), t.flags.begin(), t.flags.end());
         std::fprintf(stderr, "bench: %s / %s ...\n", backend.c_str(), t.name.c_str());
         auto [status, rss] = run_child(argv, log);

@@ -79,8 +79,9 @@ Run add_train(CLI::App& app) {
   app.add_flag(names("--gradient-checkpointing"), a->gradient_checkpointing,
                "keep only block inputs and recompute each block in the backward pass");
   app.add_option("--attention", a->attention,
-                 "fused (flash: probabilities recomputed in the backward, not stored) or unfused")
-      ->check(CLI::IsMember({"fused", "unfused"}));
+                 "fused (flash: probabilities recomputed in the backward, not stored), unfused, "
+                 "or auto (fused except on lavapipe, where unfused is 3x faster)")
+      ->check(CLI::IsMember({"auto", "fused", "unfused"}));
   app.add_flag("--profile", a->profile,
                "print a per-op device time table (GPU timestamps on Vulkan) at the end");
   app.add_flag(
