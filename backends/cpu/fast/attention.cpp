@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backends/cpu/fast/attention_blas.h"
 #include "backends/cpu/fast/vec_math.h"
 #include "backends/cpu/kernels.h"
 
@@ -209,23 +210,8 @@ void attention_backward(Workspace& ws, float* dqkv, const float* dout, const flo
 
 #else  // !__AVX512F__: sgemm per row block
 
-namespace {
-
-// Rows per block: small enough to skip most of the triangle, big enough for sgemm to be fast.
-int64_t block_rows(int64_t T) {
-  return std::clamp<int64_t>(T / 16, 32, 64);
-}
-
-// y (M,N) = alpha * op(a) op(b) + beta * y, row-major with leading dimensions.
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* y, int64_t ldy) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, y,
-              static_cast<blasint>(ldy));
-}
-
-}  // namespace
+using attention_blas::block_rows;
+using attention_blas::gemm;
 
 // out is (B,T,C); att is (B,NH,T,T); qkv is (B,T,3C) holding q | k | v, heads of hs = C/NH
 void attention_forward(Workspace&, float* out, float* att, const float* qkv, int64_t B, int64_t T,

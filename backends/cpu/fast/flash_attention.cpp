@@ -3,7 +3,6 @@
 // last row, the products by sgemm (OpenBLAS single-threaded inside the parallel region) and the
 // softmax between them while the block is in cache. Only lse is saved: the probabilities live in
 // a per-thread (rows x T) buffer for one block, and the backward recomputes them.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backends/cpu/fast/attention_blas.h"
 #include "backends/cpu/fast/vec_math.h"
 #include "backends/cpu/kernels.h"
 
@@ -20,19 +20,8 @@ namespace ct::cpu::fast::CT_CPU_ISA {
 
 namespace {
 
-// Query rows per block: small enough to skip most of the masked triangle, big enough for sgemm.
-int64_t flash_rows(int64_t T) {
-  return std::clamp<int64_t>(T / 16, 32, 64);
-}
-
-// y (M,N) = alpha * op(a) op(b) + beta * y, row-major with leading dimensions.
-void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
-           int64_t lda, const float* b, int64_t ldb, float beta, float* y, int64_t ldy) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, y,
-              static_cast<blasint>(ldy));
-}
+using attention_blas::block_rows;
+using attention_blas::gemm;
 
 // p[t, 0..len) (=) exp(s - lse_t) for columns j <= t, 0 beyond; rows r0..r1 of a block whose
 // row t is at p + (t - r0) * T.
@@ -50,7 +39,7 @@ void probabilities(float* p, const float* lse, int64_t r0, int64_t r1, int64_t T
 // out is (B,T,C); lse is (B,NH,T); qkv is (B,T,3C) holding q | k | v, heads of hs = C/NH
 void flash_attention_forward(Workspace& ws, float* out, float* lse, const float* qkv, int64_t B,
                              int64_t T, int64_t C, int64_t NH) {
-  const int64_t C3 = 3 * C, hs = C / NH, blk = flash_rows(T);
+  const int64_t C3 = 3 * C, hs = C / NH, blk = block_rows(T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int nthreads = omp_get_max_threads();
   float* scratch =
@@ -67,7 +56,7 @@ void flash_attention_forward(Workspace& ws, float* out, float* lse, const float*
       for (int64_t r0 = 0; r0 < T; r0 += blk) {
         const int64_t r1 = std::min(T, r0 + blk);
         // s = scale q[r0:r1] k[0:r1]^T; then each row's log-sum-exp over j <= t
-        sgemm(false, true, r1 - r0, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, s, T);
+        gemm(false, true, r1 - r0, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, s, T);
         for (int64_t t = r0; t < r1; ++t) {
           const float* row = s + (t - r0) * T;
           float mx = -INFINITY;
@@ -80,7 +69,7 @@ void flash_attention_forward(Workspace& ws, float* out, float* lse, const float*
         }
         probabilities(s, l, r0, r1, T);
         // o[r0:r1] = p v[0:r1]
-        sgemm(false, false, r1 - r0, hs, r1, 1.0f, s, T, v, C3, 0.0f, o + r0 * C, C);
+        gemm(false, false, r1 - r0, hs, r1, 1.0f, s, T, v, C3, 0.0f, o + r0 * C, C);
       }
     }
   }
@@ -93,7 +82,7 @@ void flash_attention_forward(Workspace& ws, float* out, float* lse, const float*
 void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
                               const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                               int64_t NH) {
-  const int64_t C3 = 3 * C, hs = C / NH, blk = flash_rows(T);
+  const int64_t C3 = 3 * C, hs = C / NH, blk = block_rows(T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int nthreads = omp_get_max_threads();
   float* scratch =
@@ -118,12 +107,12 @@ void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, con
       }
       for (int64_t r0 = 0; r0 < T; r0 += blk) {
         const int64_t r1 = std::min(T, r0 + blk), rows = r1 - r0;
-        sgemm(false, true, rows, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, p, T);
+        gemm(false, true, rows, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, p, T);
         probabilities(p, l, r0, r1, T);
         // dv[0:r1] += p^T dout[r0:r1]
-        sgemm(true, false, r1, hs, rows, 1.0f, p, T, d + r0 * C, C, 1.0f, dv, C3);
+        gemm(true, false, r1, hs, rows, 1.0f, p, T, d + r0 * C, C, 1.0f, dv, C3);
         // ds = dout[r0:r1] v[0:r1]^T, then the softmax backward in place
-        sgemm(false, true, rows, r1, hs, 1.0f, d + r0 * C, C, v, C3, 0.0f, ds, T);
+        gemm(false, true, rows, r1, hs, 1.0f, d + r0 * C, C, v, C3, 0.0f, ds, T);
         for (int64_t t = r0; t < r1; ++t) {
           const float* dt = d + t * C;
           const float* ot = o + t * C;
@@ -136,8 +125,8 @@ void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, con
           for (int64_t j = 0; j < r1; ++j) row[j] = prow[j] * (row[j] - D) * scale;
         }
         // dq[r0:r1] = ds k[0:r1];  dk[0:r1] += ds^T q[r0:r1]
-        sgemm(false, false, rows, hs, r1, 1.0f, ds, T, k, C3, 0.0f, dq + r0 * C3, C3);
-        sgemm(true, false, r1, hs, rows, 1.0f, ds, T, q + r0 * C3, C3, 1.0f, dk, C3);
+        gemm(false, false, rows, hs, r1, 1.0f, ds, T, k, C3, 0.0f, dq + r0 * C3, C3);
+        gemm(true, false, r1, hs, rows, 1.0f, ds, T, q + r0 * C3, C3, 1.0f, dk, C3);
       }
     }
   }
