@@ -53,6 +53,8 @@ void validate_args(const TrainArgs& a) {
   require_flag(a.adam_epsilon > 0, "--adam-epsilon", std::to_string(a.adam_epsilon), "must be > 0");
   require_flag(std::isfinite(a.max_grad_norm) && a.max_grad_norm >= 0, "--max-grad-norm",
                std::to_string(a.max_grad_norm), "must be >= 0 (0 disables clipping)");
+  require_flag(a.attention == "auto" || a.attention == "fused" || a.attention == "unfused",
+               "--attention", a.attention, "must be auto, fused or unfused");
   require_flag(a.logging_steps > 0, "--logging-steps", std::to_string(a.logging_steps),
                "must be > 0");
   require_flag(a.eval_steps >= 0, "--eval-steps", std::to_string(a.eval_steps),
@@ -249,8 +251,6 @@ TrainSummary train(const TrainArgs& args) {
                 dev.info().id().c_str());
   GPT2Options mopts;
   mopts.gradient_checkpointing = args.gradient_checkpointing;
-  CT_REQUIRE(args.attention == "auto" || args.attention == "fused" || args.attention == "unfused",
-             "--attention: '" + args.attention + "' is not auto, fused or unfused");
   mopts.fused_attention = args.attention == "fused" ||
                           (args.attention == "auto" && !unfused_attention_is_faster(dev.info()));
   mopts.policy = PrecisionPolicy::make(args.fp16   ? Precision::kFp16

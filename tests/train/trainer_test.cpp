@@ -119,6 +119,9 @@ TEST(Trainer, BadInputWritesNothing) {
   args = small_args(out);
   args.lr_scheduler_type = "exponential";
   EXPECT_THROW(train(args), Error);
+  args = small_args(out);
+  args.attention = "flash";
+  EXPECT_THROW(train(args), Error);
   EXPECT_FALSE(fs::exists(out));
 }
 

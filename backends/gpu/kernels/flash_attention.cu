@@ -31,6 +31,7 @@ struct FDims {
 struct Row {
   std::int64_t b, h, r;  // batch, head, this thread's row
   std::int64_t first;    // the block's first row
+  std::int64_t last;     // and its last (< T)
 };
 __device__ __forceinline__ Row row_of(const FDims& d) {
   Row w;
@@ -38,6 +39,7 @@ __device__ __forceinline__ Row row_of(const FDims& d) {
   w.h = blockIdx.y % d.NH;
   w.first = static_cast<std::int64_t>(blockIdx.x) * kRows;
   w.r = w.first + threadIdx.x;
+  w.last = w.first + kRows - 1 < d.T - 1 ? w.first + kRows - 1 : d.T - 1;
   return w;
 }
 
@@ -73,8 +75,7 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
   if (live) load_row<E, HS>(q, qkv, base + w.r * C3, d.hs);
   for (int i = 0; i < HS; ++i) o[i] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  const std::int64_t last = w.first + kRows - 1 < d.T - 1 ? w.first + kRows - 1 : d.T - 1;
-  for (std::int64_t u0 = 0; u0 <= last; u0 += kTile) {
+  for (std::int64_t u0 = 0; u0 <= w.last; u0 += kTile) {
     stage<E, HS>(ks, qkv, base + d.C, C3, u0, d);
     stage<E, HS>(vs, qkv, base + 2 * d.C, C3, u0, d);
     __syncthreads();
@@ -118,16 +119,15 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
   float q[HS], g[HS], dq[HS];
   float D = 0.0f, l = 0.0f;
   if (live) {
+    const std::int64_t o0 = (w.b * d.T + w.r) * d.C + w.h * d.hs;
     load_row<E, HS>(q, qkv, base + w.r * C3, d.hs);
-    load_row<E, HS>(dq, out, (w.b * d.T + w.r) * d.C + w.h * d.hs, d.hs);  // out, for D
-    load_row<E, HS>(g, dout, (w.b * d.T + w.r) * d.C + w.h * d.hs, d.hs);
-    for (int i = 0; i < HS; ++i) D += g[i] * dq[i];
+    load_row<E, HS>(g, dout, o0, d.hs);
+    for (int i = 0; i < HS && i < d.hs; ++i) D += g[i] * E::load(out, o0 + i);
     Dsave[row] = D;
     l = lse[row];
   }
   for (int i = 0; i < HS; ++i) dq[i] = 0.0f;
-  const std::int64_t last = w.first + kRows - 1 < d.T - 1 ? w.first + kRows - 1 : d.T - 1;
-  for (std::int64_t u0 = 0; u0 <= last; u0 += kTile) {
+  for (std::int64_t u0 = 0; u0 <= w.last; u0 += kTile) {
     stage<E, HS>(ks, qkv, base + d.C, C3, u0, d);
     stage<E, HS>(vs, qkv, base + 2 * d.C, C3, u0, d);
     __syncthreads();
