@@ -12,6 +12,7 @@ packages=(
   libboost-context-dev                       # fibers of the CPU SIMT runtime (backends/simt)
   hipcc libamdhip64-dev                      # HIP compile check of the one kernel source (gfx90a, gfx1030)
   libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev libssl-dev
+  libpcre2-dev                               # the GPT-2 pre-tokenization pattern (core/data)
   fortunes                                   # the built-in default training text
   gnuplot-nox                                # charts of the benchmarks
   libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-tools spirv-cross
@@ -35,6 +36,27 @@ if grep -q 'VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then
   esac
 fi
 
+# The archive URI the system already uses for bookworm itself (one-line or deb822 sources), so
+# backports come from the same mirror and this script names no host.
+debian_mirror() {
+  local f
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -r "$f" ] || continue
+    awk '$1 == "deb" { i = 2; if ($2 ~ /^\[/) while (i <= NF && $i !~ /\]$/) i++;
+                       if ($2 ~ /^\[/) i++; if ($(i + 1) == "bookworm") { print $i; exit } }' "$f"
+  done | head -n 1 | grep . && return
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -r "$f" ] || continue
+    awk 'BEGIN { RS = ""; FS = "\n" }
+         { uri = ""; suites = ""; enabled = 1
+           for (i = 1; i <= NF; i++) {
+             if ($i ~ /^URIs:/) { uri = $i; sub(/^URIs:[ \t]*/, "", uri); sub(/[ \t].*/, "", uri) }
+             if ($i ~ /^Suites:/) suites = " " $i " "
+             if ($i ~ /^Enabled:[ \t]*no/) enabled = 0 }
+           if (enabled && uri != "" && suites ~ /[ \t]bookworm[ \t]/) { print uri; exit } }' "$f"
+  done | head -n 1
+}
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -43,7 +65,13 @@ sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 if ((${#missing[@]})) || ((want_backports)); then
   if ((want_backports)) && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    echo "deb http://deb.debian.org/debian bookworm-backports main" | $sudo tee "$backports" >/dev/null
+    mirror=$(debian_mirror)
+    if [ -z "$mirror" ]; then
+      echo "setup.sh: no Debian bookworm archive in /etc/apt/sources.list{,.d/} to take" \
+           "bookworm-backports from; add one, or install mesa-vulkan-drivers >= 25 yourself" >&2
+      exit 1
+    fi
+    echo "deb $mirror bookworm-backports main" | $sudo tee "$backports" >/dev/null
   fi
   $sudo apt-get update -q
   if ((${#missing[@]})); then
