@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace ct {
@@ -98,6 +99,52 @@ void ProgressBar::finish() {
     std::fflush(out_);
   }
   finished_ = true;
+}
+
+ByteProgress::ByteProgress(std::string label, int64_t total_bytes, bool enabled, std::FILE* out)
+    : label_(std::move(label)),
+      total_(total_bytes),
+      tty_(enabled && isatty(fileno(out))),
+      out_(out),
+      start_(std::chrono::steady_clock::now()),
+      last_draw_() {}
+
+ByteProgress::~ByteProgress() {
+  finish();
+}
+
+void ByteProgress::update(int64_t done_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  done_ = done_bytes;
+  if (tty_ && !finished_) draw(false);
+}
+
+void ByteProgress::draw(bool force) {
+  auto now = std::chrono::steady_clock::now();
+  if (!force && now - last_draw_ < std::chrono::milliseconds(100)) return;
+  last_draw_ = now;
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double rate = elapsed > 0 ? static_cast<double>(done_) / elapsed : 0;
+  const double eta = rate > 0 ? static_cast<double>(total_ - done_) / rate : NAN;
+  constexpr int kWidth = 24;
+  const int filled = total_ > 0 ? static_cast<int>(kWidth * done_ / total_) : kWidth;
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar.resize(kWidth, '.');
+  std::fprintf(out_, "%s[%s] %s  %.1f/%.1f MB  %.1f MB/s  %s %s", tty_ ? "\r\033[2K" : "",
+               bar.c_str(), label_.c_str(), static_cast<double>(done_) / 1e6,
+               static_cast<double>(total_) / 1e6, rate / 1e6, finished_ ? "in" : "ETA",
+               format_duration(finished_ ? elapsed : eta).c_str());
+  std::fflush(out_);
+}
+
+void ByteProgress::finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finished_) return;
+  finished_ = true;
+  done_ = std::max(done_, int64_t{0});
+  draw(true);  // on a terminal the final bar, else the one summary line
+  std::fprintf(out_, "\n");
+  std::fflush(out_);
 }
 
 }  // namespace ct

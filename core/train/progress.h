@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
 
 namespace ct {
@@ -33,6 +34,26 @@ class ProgressBar {
   bool finished_ = false;
   std::FILE* out_;
   std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+// A bar for work counted in bytes (tokenizing a corpus): "[####....] 12.3/27.0 MB  31.2 MB/s
+// ETA 0:02". Thread-safe update(); drawn only when enabled and `out` is a terminal, else one
+// summary line at finish().
+class ByteProgress {
+ public:
+  ByteProgress(std::string label, int64_t total_bytes, bool enabled, std::FILE* out = stderr);
+  ~ByteProgress();
+  void update(int64_t done_bytes);
+  void finish();
+
+ private:
+  void draw(bool force);
+  std::string label_;
+  int64_t total_, done_ = 0;
+  bool tty_, finished_ = false;
+  std::FILE* out_;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+  std::mutex mu_;
 };
 
 }  // namespace ct

@@ -14,5 +14,6 @@ Run add_eval(CLI::App& app);
 Run add_generate(CLI::App& app);
 Run add_devices(CLI::App& app);
 Run add_bench(CLI::App& app);
+Run add_prepare_data(CLI::App& app);
 
 }  // namespace ct::cli

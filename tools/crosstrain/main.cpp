@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   add("train", "train a model and write it to --output-dir", ct::cli::add_train);
   add("eval", "print the validation loss of a saved model on a text file as JSON",
       ct::cli::add_eval);
+  add("prepare-data", "tokenize text into an llm.c token file (--tokenizer, --data, --output)",
+      ct::cli::add_prepare_data);
   add("generate", "sample text from a saved model", ct::cli::add_generate);
   add("bench", "benchmarks: --techniques (the training-techniques table)", ct::cli::add_bench);
   add("devices", "list every backend and device, or why it is unavailable", ct::cli::add_devices);
