@@ -14,9 +14,9 @@ struct Preset {
 };
 
 const Preset kPresets[] = {
-    {"tiny", {6, 6, 384, 256, 256, 1e-5f}},
-    {"gpt2", {12, 12, 768, 1024, 50257, 1e-5f}},
-    {"gpt2-medium", {24, 16, 1024, 1024, 50257, 1e-5f}},
+    {"tiny", {6, 6, 384, 256, 256, 1e-5f, -1, -1}},
+    {"gpt2", {12, 12, 768, 1024, 50257, 1e-5f, 50256, 50256}},
+    {"gpt2-medium", {24, 16, 1024, 1024, 50257, 1e-5f, 50256, 50256}},
 };
 
 void require_positive(int value, const char* flag) {
@@ -78,6 +78,9 @@ nlohmann::json GPT2Config::to_hf_json() const {
   j["layer_norm_epsilon"] = layer_norm_epsilon;
   j["activation_function"] = "gelu_new";
   j["tie_word_embeddings"] = true;
+  // transformers' GPT2Config defaults both to 50256, which a smaller vocabulary does not have.
+  j["bos_token_id"] = bos_token_id >= 0 ? nlohmann::json(bos_token_id) : nlohmann::json(nullptr);
+  j["eos_token_id"] = eos_token_id >= 0 ? nlohmann::json(eos_token_id) : nlohmann::json(nullptr);
   return j;
 }
 
@@ -91,6 +94,10 @@ GPT2Config GPT2Config::from_hf_json(const nlohmann::json& j) {
       fail(ErrorKind::kInvalidArgument, std::string("config.json: missing integer '") + key + "'");
     return j[key].get<int>();
   };
+  auto unsupported = [&](const char* key, const std::string& why) {
+    fail(ErrorKind::kInvalidArgument, std::string("config.json: '") + key + "': " + j[key].dump() +
+                                          " is not supported (" + why + ")");
+  };
   GPT2Config c;
   c.n_layer = get_int("n_layer");
   c.n_head = get_int("n_head");
@@ -102,8 +109,45 @@ GPT2Config GPT2Config::from_hf_json(const nlohmann::json& j) {
       fail(ErrorKind::kInvalidArgument, "config.json: 'layer_norm_epsilon' is not a number");
     c.layer_norm_epsilon = j["layer_norm_epsilon"].get<float>();
   }
+  if (j.contains("activation_function")) {
+    const auto& a = j["activation_function"];
+    if (!(a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "gelu_fast"))
+      unsupported("activation_function", "crosstrain's GPT-2 MLP uses the tanh GELU, gelu_new");
+  }
+  if (j.contains("n_inner") && !j["n_inner"].is_null() &&
+      !(j["n_inner"].is_number_integer() && j["n_inner"].get<int64_t>() == 4 * int64_t{c.n_embd}))
+    unsupported("n_inner", "the MLP width is 4 * n_embd");
+  if (j.contains("n_ctx") && !j["n_ctx"].is_null() &&
+      !(j["n_ctx"].is_number_integer() && j["n_ctx"].get<int64_t>() == c.block_size))
+    unsupported("n_ctx", "it must equal n_positions");
+  auto require_bool = [&](const char* key, bool want, const char* why) {
+    if (j.contains(key) && !(j[key].is_boolean() && j[key].get<bool>() == want))
+      unsupported(key, why);
+  };
+  require_bool("scale_attn_weights", true, "attention scores are scaled by 1/sqrt(head size)");
+  require_bool("scale_attn_by_inverse_layer_idx", false, "no per-layer attention scaling");
+  require_bool("add_cross_attention", false, "a decoder-only model has no cross-attention");
+  require_bool("tie_word_embeddings", true, "the LM head is tied to wte");
+  auto special = [&](const char* key) {
+    if (!j.contains(key) || !j[key].is_number_integer()) return -1;
+    const int64_t id = j[key].get<int64_t>();
+    return id >= 0 && id < c.vocab_size ? static_cast<int>(id) : -1;
+  };
+  c.bos_token_id = special("bos_token_id");
+  c.eos_token_id = special("eos_token_id");
   c.validate();
   return c;
+}
+
+std::string GPT2Config::dropout_notice(const nlohmann::json& j) {
+  std::string set;
+  for (const char* key : {"embd_pdrop", "attn_pdrop", "resid_pdrop"}) {
+    if (j.contains(key) && j[key].is_number() && j[key].get<double>() > 0.0)
+      set += std::string(set.empty() ? "" : ", ") + key + " " + j[key].dump();
+  }
+  if (set.empty()) return "";
+  return "config.json asks for dropout (" + set +
+         "): crosstrain trains without dropout, so it is not applied";
 }
 
 std::string GPT2Config::str() const {

@@ -223,13 +223,13 @@ std::vector<std::string> list_checkpoints(const std::string& output_dir) {
 
 std::string save_checkpoint(const std::string& output_dir, int64_t step, const GPT2& model,
                             const Optimizer& optimizer, nlohmann::json trainer_state,
-                            int save_total_limit) {
+                            int save_total_limit, const std::string& tokenizer_dir) {
   const std::string name = kPrefix + std::to_string(step);
   fs::path final_dir = fs::path(output_dir) / name;
   fs::path tmp = make_checkpoint_temp(output_dir, step);
   std::error_code ec;
   try {
-    save_model(tmp.string(), model);  // model.safetensors + config.json
+    save_model(tmp.string(), model, tokenizer_dir);  // model.safetensors, config.json, tokenizer
     write_optimizer_state((tmp / "optimizer.safetensors").string(), optimizer, model.device());
     nlohmann::json files;
     for (const auto& f : kHashedFiles) files[f] = sha256_file((tmp / f).string());
@@ -304,6 +304,9 @@ nlohmann::json load_checkpoint(const std::string& dir, GPT2& model, Optimizer& o
            p + ": SHA-256 mismatch (the file is corrupt, truncated or was modified)");
   }
   GPT2Config saved = GPT2Config::from_hf_json(read_json_file((d / "config.json").string()));
+  // The special token ids name tokens, not shapes (and older checkpoints have none).
+  saved.bos_token_id = model.config().bos_token_id;
+  saved.eos_token_id = model.config().eos_token_id;
   if (!(saved == model.config()))
     fail(ErrorKind::kInvalidArgument, (d / "config.json").string() +
                                           ": the checkpoint is a different model (" + saved.str() +

@@ -3,16 +3,126 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/io/atomic_file.h"
 #include "core/io/json_file.h"
+#include "core/io/read_file.h"
 #include "core/io/safetensors.h"
 
 namespace ct {
 namespace fs = std::filesystem;
 
-void save_model(const std::string& dir, const GPT2& model) {
+namespace {
+
+constexpr const char* kPrefix = "transformer.";
+
+bool is_mask_buffer(const std::string& name) {
+  return name.find(".attn.bias") != std::string::npos ||
+         name.find(".attn.masked_bias") != std::string::npos;
+}
+
+// The name without the "transformer." prefix GPT2LMHeadModel gives its body.
+std::string bare_name(const std::string& name) {
+  return name.rfind(kPrefix, 0) == 0 ? name.substr(std::strlen(kPrefix)) : name;
+}
+
+// Tensors by bare name, each from the file that holds it (one file, or the shards of an index).
+class WeightFiles {
+ public:
+  void add(SafetensorsFile file) {
+    files_.push_back(std::make_unique<SafetensorsFile>(std::move(file)));
+    const SafetensorsFile& f = *files_.back();
+    for (const std::string& name : f.names()) {
+      auto [it, fresh] = where_.emplace(bare_name(name), Entry{&f, name});
+      if (!fresh)
+        fail(ErrorKind::kInvalidArgument,
+             f.path() + ": tensor '" + name + "' is also in " + it->second.file->path());
+    }
+  }
+  struct Entry {
+    const SafetensorsFile* file;
+    std::string name;  // as stored
+  };
+  const Entry* find(const std::string& bare) const {
+    auto it = where_.find(bare);
+    return it == where_.end() ? nullptr : &it->second;
+  }
+  const std::map<std::string, Entry>& all() const { return where_; }
+
+ private:
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, Entry> where_;
+};
+
+SafetensorsFile open_safetensors(const std::string& path) {
+  try {
+    return read_safetensors(path);
+  } catch (const Error& e) {
+    fail(ErrorKind::kInvalidArgument, e.what());
+  }
+}
+
+// The tensor as fp32 values: F32 copied, F16/BF16 widened (exact).
+std::vector<float> read_as_f32(const WeightFiles::Entry& e) {
+  const SafetensorsInfo& info = e.file->info(e.name);
+  std::span<const std::byte> bytes = e.file->data(e.name);
+  std::vector<float> v(static_cast<size_t>(info.numel()));
+  if (info.dtype == DType::f32) {
+    std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  } else if (info.dtype == DType::f16 || info.dtype == DType::bf16) {
+    std::vector<uint16_t> h(v.size());
+    std::memcpy(h.data(), bytes.data(), h.size() * sizeof(uint16_t));
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = info.dtype == DType::f16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+  } else {
+    fail(ErrorKind::kInvalidArgument, e.file->path() + ": tensor '" + e.name + "' is " +
+                                          safetensors_dtype_name(info.dtype) +
+                                          ", expected F32, F16 or BF16");
+  }
+  return v;
+}
+
+void load_from(const WeightFiles& files, const std::string& where, GPT2& model) {
+  const GPT2Config& config = model.config();
+  std::map<std::string, std::vector<float>> named;
+  for (const ParamInfo& p : model.params()) {
+    const WeightFiles::Entry* e = files.find(p.name);
+    if (e == nullptr)
+      fail(ErrorKind::kInvalidArgument, where + ": tensor '" + p.name + "' is missing");
+    const SafetensorsInfo& info = e->file->info(e->name);
+    if (info.to_shape() != p.shape)
+      fail(ErrorKind::kInvalidArgument, e->file->path() + ": tensor '" + e->name + "' has shape " +
+                                            info.to_shape().str() + ", the config needs " +
+                                            p.shape.str());
+    named.emplace(p.name, read_as_f32(*e));
+  }
+  for (const auto& [bare, e] : files.all()) {
+    if (named.count(bare) != 0 || is_mask_buffer(bare)) continue;
+    if (bare == "lm_head.weight") {
+      // Tied: the head is wte (transformers saves it once; torch.save-style files twice).
+      const std::vector<float>& wte = named.at("wte.weight");
+      if (e.file->info(e.name).to_shape() !=
+              files.find("wte.weight")->file->info(files.find("wte.weight")->name).to_shape() ||
+          read_as_f32(e) != wte)
+        fail(ErrorKind::kInvalidArgument,
+             e.file->path() + ": tensor '" + e.name +
+                 "' differs from wte.weight: an untied LM head (tie_word_embeddings false) "
+                 "is not supported");
+      continue;
+    }
+    fail(ErrorKind::kInvalidArgument,
+         e.file->path() + ": tensor '" + e.name + "' is not part of a GPT-2 with " + config.str());
+  }
+  model.upload_params(named);
+}
+
+}  // namespace
+
+void save_model(const std::string& dir, const GPT2& model, const std::string& tokenizer_dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail(ErrorKind::kIo, "cannot create output folder '" + dir + "': " + ec.message());
@@ -29,60 +139,78 @@ void save_model(const std::string& dir, const GPT2& model) {
   }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
   write_json_file((fs::path(dir) / "config.json").string(), model.config().to_hf_json());
+  if (tokenizer_dir.empty() || fs::equivalent(tokenizer_dir, dir, ec)) return;
+  for (const std::string& name : tokenizer_file_names()) {
+    const fs::path src = fs::path(tokenizer_dir) / name;
+    if (fs::is_regular_file(src))
+      write_file_atomic((fs::path(dir) / name).string(), read_file_bytes(src.string()));
+  }
 }
 
-std::unique_ptr<GPT2> load_model(const std::string& dir, Device& device) {
-  std::string config_path = (fs::path(dir) / "config.json").string();
-  std::string weights_path = (fs::path(dir) / "model.safetensors").string();
+GPT2Config read_model_config(const std::string& dir, std::string* notice) {
   if (!fs::is_directory(dir))
-    fail(ErrorKind::kInvalidArgument, "--model-path '" + dir + "' is not a folder");
-  GPT2Config config;
+    fail(ErrorKind::kInvalidArgument, "model folder '" + dir + "' is not a folder");
+  const std::string config_path = (fs::path(dir) / "config.json").string();
   try {
-    config = GPT2Config::from_hf_json(read_json_file(config_path));
+    nlohmann::json j = read_json_file(config_path);
+    GPT2Config config = GPT2Config::from_hf_json(j);
+    if (notice != nullptr) *notice = GPT2Config::dropout_notice(j);
+    return config;
   } catch (const Error& e) {
     fail(e.kind() == ErrorKind::kIo ? ErrorKind::kInvalidArgument : e.kind(),
          config_path + ": " + e.what());
   }
+}
+
+std::unique_ptr<GPT2> load_model(const std::string& dir, Device& device) {
+  GPT2Config config = read_model_config(dir);
   auto model = std::make_unique<GPT2>(device, config, /*with_grads=*/false);
-  load_weights(weights_path, *model);
+  load_weights_from_folder(dir, *model);
   return model;
 }
 
-void load_weights(const std::string& weights_path, GPT2& model) {
-  const GPT2Config& config = model.config();
-  SafetensorsFile file;
-  try {
-    file = read_safetensors(weights_path);
-  } catch (const Error& e) {
-    fail(ErrorKind::kInvalidArgument, e.what());
-  }
-  std::map<std::string, std::vector<float>> named;
-  for (const ParamInfo& p : model.params()) {
-    // HF checkpoints saved from GPT2LMHeadModel prefix names with "transformer.".
-    std::string key = file.contains(p.name) ? p.name : "transformer." + p.name;
-    if (!file.contains(key))
-      fail(ErrorKind::kInvalidArgument, weights_path + ": tensor '" + p.name + "' is missing");
-    const SafetensorsInfo& info = file.info(key);
-    if (info.dtype != DType::f32)
-      fail(ErrorKind::kInvalidArgument, weights_path + ": tensor '" + key + "' is " +
-                                            safetensors_dtype_name(info.dtype) + ", expected F32");
-    if (info.to_shape() != p.shape)
-      fail(ErrorKind::kInvalidArgument, weights_path + ": tensor '" + key + "' has shape " +
-                                            info.to_shape().str() + ", the config needs " +
-                                            p.shape.str());
-    std::vector<float> v(static_cast<size_t>(p.numel));
-    std::memcpy(v.data(), file.data(key).data(), v.size() * sizeof(float));
-    named.emplace(p.name, std::move(v));
-  }
-  for (const std::string& name : file.names()) {
-    std::string bare = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
-    if (named.count(bare) == 0 && bare != "lm_head.weight" &&
-        bare.find(".attn.bias") == std::string::npos &&
-        bare.find(".attn.masked_bias") == std::string::npos)
+void load_weights_from_folder(const std::string& dir, GPT2& model) {
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(single) || !fs::exists(index)) {
+    if (!fs::exists(single) && fs::exists(fs::path(dir) / "pytorch_model.bin"))
       fail(ErrorKind::kInvalidArgument,
-           weights_path + ": tensor '" + name + "' is not part of a GPT-2 with " + config.str());
+           dir +
+               ": only pytorch_model.bin is there; crosstrain reads safetensors (save it with "
+               "transformers' save_pretrained, safe_serialization=True)");
+    load_weights(single.string(), model);
+    return;
   }
-  model.upload_params(named);
+  // Sharded: {"metadata": {...}, "weight_map": {tensor: shard file}}.
+  const nlohmann::json j = read_json_file(index.string());
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    fail(ErrorKind::kInvalidArgument, index.string() + ": no \"weight_map\" object");
+  std::set<std::string> shards;
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    if (!file.is_string())
+      fail(ErrorKind::kInvalidArgument,
+           index.string() + ": weight_map[\"" + tensor + "\"] is not a file name");
+    const std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f[0] == '.')
+      fail(ErrorKind::kInvalidArgument, index.string() + ": weight_map[\"" + tensor +
+                                            "\"] names '" + f + "', not a file in the folder");
+    shards.insert(f);
+  }
+  WeightFiles files;
+  for (const std::string& f : shards) files.add(open_safetensors((fs::path(dir) / f).string()));
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    const WeightFiles::Entry* e = files.find(bare_name(tensor));
+    if (e == nullptr || fs::path(e->file->path()).filename() != file.get<std::string>())
+      fail(ErrorKind::kInvalidArgument,
+           index.string() + ": tensor '" + tensor + "' is not in " + file.get<std::string>());
+  }
+  load_from(files, index.string(), model);
+}
+
+void load_weights(const std::string& weights_path, GPT2& model) {
+  WeightFiles files;
+  files.add(open_safetensors(weights_path));
+  load_from(files, weights_path, model);
 }
 
 }  // namespace ct

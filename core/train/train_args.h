@@ -10,8 +10,13 @@ struct TrainArgs {
   // model: a preset name ("tiny", "gpt2", "gpt2-medium"); the n_* overrides apply on top (0 = keep)
   std::string model = "tiny";
   int n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
+  // A Hugging Face GPT-2 folder to start from (config.json, model.safetensors or its sharded
+  // index, tokenizer files): replaces the preset; --block-size is then the training sequence
+  // length (at most n_positions; 0 = n_positions), as in transformers' run_clm.py.
+  std::string model_name_or_path;
 
-  std::string data;  // text file or folder; empty = the built-in default data
+  // text file or folder, an llm.c token file or a nanoGPT .bin; empty = the built-in default data
+  std::string data;
   std::string output_dir = "out";
   std::string backend = "cpu";
 

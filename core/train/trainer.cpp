@@ -14,7 +14,8 @@
 #include "core/amp/precision.h"
 #include "core/data/batch_loader.h"
 #include "core/data/text_dataset.h"
-#include "core/data/tokenizer.h"
+#include "core/data/text_tokenizer.h"
+#include "core/data/token_file.h"
 #include "core/error.h"
 #include "core/model/gpt2.h"
 #include "core/registry.h"
@@ -91,6 +92,15 @@ void validate_args(const TrainArgs& a) {
                "must be >= 0");
 }
 
+// The model a run trains, the sequence length it trains at, and the tokenizer of its text.
+struct ModelSource {
+  GPT2Config config;
+  int seq_len = 0;
+  std::unique_ptr<TextTokenizer> tokenizer;
+  std::string pretrained;  // the --model-name-or-path folder, or empty (random init)
+  std::string notice;      // printed before training (dropout not applied, ...)
+};
+
 GPT2Config resolve_config(const TrainArgs& a) {
   GPT2Config c = GPT2Config::preset(a.model);
   auto override_dim = [](int v, int& field, const char* flag) {
@@ -105,10 +115,54 @@ GPT2Config resolve_config(const TrainArgs& a) {
   override_dim(a.block_size, c.block_size, "--block-size");
   override_dim(a.vocab_size, c.vocab_size, "--vocab-size");
   c.validate();
-  if (c.vocab_size < ByteTokenizer().vocab_size())
+  if (c.bos_token_id >= c.vocab_size) c.bos_token_id = -1;
+  if (c.eos_token_id >= c.vocab_size) c.eos_token_id = -1;
+  if (c.vocab_size < 256)
     fail(ErrorKind::kInvalidArgument, "--vocab-size " + std::to_string(c.vocab_size) +
                                           ": the byte-level tokenizer needs at least 256");
   return c;
+}
+
+ModelSource resolve_model(const TrainArgs& a) {
+  ModelSource m;
+  if (a.model_name_or_path.empty()) {
+    m.config = resolve_config(a);
+    m.seq_len = m.config.block_size;
+    m.tokenizer = make_byte_tokenizer();
+    return m;
+  }
+  const std::string& dir = a.model_name_or_path;
+  if (!fs::is_directory(dir))
+    fail(ErrorKind::kInvalidArgument,
+         "--model-name-or-path '" + dir +
+             "' is not a folder (crosstrain reads a local Hugging Face folder; it downloads "
+             "nothing)");
+  for (auto [v, flag] : {std::pair{a.n_layer, "--n-layer"},
+                         {a.n_head, "--n-head"},
+                         {a.n_embd, "--n-embd"},
+                         {a.vocab_size, "--vocab-size"}})
+    require_flag(v == 0, flag, std::to_string(v),
+                 "cannot change the shape of a --model-name-or-path model");
+  m.pretrained = dir;
+  m.config = read_model_config(dir, &m.notice);
+  m.seq_len = a.block_size > 0 ? a.block_size : m.config.block_size;
+  require_flag(
+      m.seq_len <= m.config.block_size, "--block-size", std::to_string(a.block_size),
+      ("must be at most the model's n_positions, " + std::to_string(m.config.block_size)).c_str());
+  m.tokenizer = tokenizer_for_model(dir);
+  if (m.tokenizer->vocab_size() > m.config.vocab_size)
+    fail(ErrorKind::kInvalidArgument,
+         dir + ": the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +
+             " tokens, more than config.json's vocab_size " + std::to_string(m.config.vocab_size));
+  return m;
+}
+
+// The training tokens of `path`: a token file as it is (ids checked against the vocabulary),
+// text through the tokenizer.
+std::vector<int32_t> load_tokens(const std::string& path, const TextTokenizer& tok,
+                                 int vocab_size) {
+  if (detect_data_format(path) != DataFormat::kText) return read_token_file(path, vocab_size);
+  return tok.encode_parallel(load_text(path, 1), 2);
 }
 
 // --attention auto: where the unfused attention was measured faster than the fused one. On
@@ -138,6 +192,7 @@ nlohmann::json memory_json(const MemoryStats& m) {
 
 nlohmann::json args_json(const TrainArgs& a) {
   return {{"model", a.model},
+          {"model_name_or_path", a.model_name_or_path},
           {"data", a.data},
           {"backend", a.backend},
           {"max_steps", a.max_steps},
@@ -207,9 +262,11 @@ TrainSummary train(const TrainArgs& args) {
   // ---- everything is checked before anything is written --------------------------------------
   validate_args(args);
   LrSchedule schedule = parse_lr_schedule(args.lr_scheduler_type);
-  GPT2Config config = resolve_config(args);
+  ModelSource source = resolve_model(args);
+  const GPT2Config& config = source.config;
+  const TextTokenizer& tokenizer = *source.tokenizer;
   const int B = args.per_device_train_batch_size;
-  const int T = config.block_size;
+  const int T = source.seq_len;
   const int accum = args.gradient_accumulation_steps;
 
   std::string data_path = args.data.empty() ? kDefaultDataPath : args.data;
@@ -217,8 +274,7 @@ TrainSummary train(const TrainArgs& args) {
     fail(ErrorKind::kInvalidArgument, "the built-in default data " + data_path +
                                           " is missing: install Debian's 'fortunes' package (the "
                                           "setup script does) or pass --data");
-  ByteTokenizer tokenizer;
-  std::vector<int32_t> tokens = tokenizer.encode(load_text(data_path, 1));
+  std::vector<int32_t> tokens = load_tokens(data_path, tokenizer, config.vocab_size);
   TokenSplit split = split_train_val(tokens, args.validation_split, T + 1);
   if (fs::exists(args.output_dir) && !fs::is_directory(args.output_dir))
     fail(ErrorKind::kInvalidArgument,
@@ -258,6 +314,8 @@ TrainSummary train(const TrainArgs& args) {
                                                    : Precision::kFp32);
   GPT2 model(dev, config, /*with_grads=*/true, mopts);
   model.init(args.seed);
+  if (!source.pretrained.empty() && args.resume_from_checkpoint.empty())
+    load_weights_from_folder(source.pretrained, model);
   LossScalerConfig scaler_config;
   scaler_config.init_scale = static_cast<float>(args.fp16_init_scale);
   LossScaler scaler(mopts.policy.loss_scaling, scaler_config);
@@ -297,10 +355,14 @@ TrainSummary train(const TrainArgs& args) {
   TrainSummary s;
   s.device = dev.info().id() + " (" + dev.info().name + ")";
   s.num_parameters = model.num_parameters();
-  std::printf("crosstrain: training GPT-2 %s (%s, %s parameters) on %s\n", args.model.c_str(),
+  std::printf("crosstrain: training GPT-2 %s (%s, %s parameters) on %s\n",
+              source.pretrained.empty() ? args.model.c_str() : source.pretrained.c_str(),
               config.str().c_str(), format_count(static_cast<double>(s.num_parameters)).c_str(),
               s.device.c_str());
-  std::printf("data: %s, %s train / %s validation tokens; batch %d x %d", data_path.c_str(),
+  if (!source.notice.empty()) std::printf("notice: %s\n", source.notice.c_str());
+  std::printf("data: %s (%s, tokenizer %s), %s train / %s validation tokens; batch %d x %d",
+              data_path.c_str(), data_format_name(detect_data_format(data_path)),
+              tokenizer.describe().c_str(),
               format_count(static_cast<double>(split.train.size())).c_str(),
               format_count(static_cast<double>(split.val.size())).c_str(), B, T);
   if (accum > 1) std::printf(" x %d accumulation steps", accum);
@@ -438,8 +500,8 @@ TrainSummary train(const TrainArgs& args) {
                            {"precision", mopts.policy.name()},
                            {"model_config", config.to_hf_json()},
                            {"args", args_json(args)}};
-      std::string path =
-          save_checkpoint(args.output_dir, done, model, *optimizer, st, args.save_total_limit);
+      std::string path = save_checkpoint(args.output_dir, done, model, *optimizer, st,
+                                         args.save_total_limit, tokenizer.folder());
       bar.println("saved " + path);
       t_window = Clock::now();
     }
@@ -454,7 +516,7 @@ TrainSummary train(const TrainArgs& args) {
   s.peak_memory = dev.memory().total_peak;
 
   if (args.profile) std::printf("%s", dev.profile_report().c_str());
-  save_model(args.output_dir, model);
+  save_model(args.output_dir, model, tokenizer.folder());
   if (args.sample_tokens > 0) {
     SampleOptions so;
     so.temperature = 0.8f;

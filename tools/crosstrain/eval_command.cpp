@@ -3,7 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/data/text_dataset.h"
-#include "core/data/tokenizer.h"
+#include "core/data/text_tokenizer.h"
+#include "core/data/token_file.h"
 #include "core/error.h"
 #include "core/registry.h"
 #include "core/train/evaluate.h"
@@ -16,22 +17,36 @@ namespace ct::cli {
 Run add_eval(CLI::App& app) {
   struct Opts {
     std::string model_path, data, backend = "cpu";
-    int batch = 4;
+    int batch = 4, block_size = 0;
   };
   auto o = std::make_shared<Opts>();
   flag(&app, "--model-path", o->model_path, "folder with config.json and model.safetensors")
       ->required();
-  flag(&app, "--data", o->data, "text file or folder to evaluate on")->required();
+  flag(&app, "--data", o->data,
+       "text file or folder, llm.c token file or nanoGPT .bin to evaluate on")
+      ->required();
+  flag(&app, "--block-size", o->block_size, "window length (0 = the model's n_positions)");
   flag(&app, "--backend", o->backend, "auto, cpu, cuda, hip, vulkan, vulkan:N, ...");
   flag(&app, "--per-device-eval-batch-size", o->batch, "windows per forward pass");
   return [o] {
     if (o->batch <= 0)
       fail(ErrorKind::kInvalidArgument,
            "--per-device-eval-batch-size " + std::to_string(o->batch) + ": must be > 0");
-    std::vector<int32_t> tokens = ByteTokenizer().encode(load_text(o->data, 1));
+    const GPT2Config config = read_model_config(o->model_path);
+    if (o->block_size < 0 || o->block_size > config.block_size)
+      fail(ErrorKind::kInvalidArgument, "--block-size " + std::to_string(o->block_size) +
+                                            ": must be in [0, n_positions " +
+                                            std::to_string(config.block_size) + "]");
+    std::vector<int32_t> tokens;
+    if (detect_data_format(o->data) != DataFormat::kText) {
+      tokens = read_token_file(o->data, config.vocab_size);
+    } else {
+      auto tok = tokenizer_for_model(o->model_path);
+      tokens = tok->encode_parallel(load_text(o->data, 1), 2);
+    }
     auto device = open_device(o->backend);
     auto model = load_model(o->model_path, *device);
-    int T = model->config().block_size;
+    int T = o->block_size > 0 ? o->block_size : config.block_size;
     if (static_cast<int64_t>(tokens.size()) < T + 1)
       fail(ErrorKind::kInvalidArgument, "--data " + o->data + ": " + std::to_string(tokens.size()) +
                                             " tokens, fewer than one window of " +
@@ -68,13 +83,13 @@ Run add_generate(CLI::App& app) {
       fail(ErrorKind::kInvalidArgument, "--top-k " + std::to_string(o->top_k) + ": must be >= 0");
     auto device = open_device(o->backend);
     auto model = load_model(o->model_path, *device);
-    ByteTokenizer tok;
+    auto tok = tokenizer_for_model(o->model_path);
     SampleOptions so;
     so.temperature = o->temperature;
     so.top_k = o->top_k;
     so.seed = o->seed;
-    auto out = model->generate(tok.encode(o->prompt), o->max_new_tokens, so);
-    std::printf("%s%s\n", o->prompt.c_str(), tok.decode(out).c_str());
+    auto out = model->generate(tok->encode(o->prompt), o->max_new_tokens, so);
+    std::printf("%s%s\n", o->prompt.c_str(), tok->decode(out).c_str());
     return 0;
   };
 }

@@ -11,13 +11,19 @@ namespace ct::cli {
 Run add_train(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   flag(&app, "--model", a->model, "model preset: tiny, gpt2, gpt2-medium");
+  flag(&app, "--model-name-or-path", a->model_name_or_path,
+       "start from a local Hugging Face GPT-2 folder (config.json, model.safetensors or a "
+       "sharded index, tokenizer files); replaces --model");
   flag(&app, "--n-layer", a->n_layer, "override the preset's layer count (0 = keep)");
   flag(&app, "--n-head", a->n_head, "override the preset's head count (0 = keep)");
   flag(&app, "--n-embd", a->n_embd, "override the preset's width (0 = keep)");
-  flag(&app, "--block-size", a->block_size, "override the preset's context length (0 = keep)");
+  flag(&app, "--block-size", a->block_size,
+       "override the preset's context length (0 = keep); with --model-name-or-path the training "
+       "sequence length (0 = the model's n_positions)");
   flag(&app, "--vocab-size", a->vocab_size, "override the preset's vocabulary (0 = keep)");
   flag(&app, "--data", a->data,
-       std::string("text file or folder (default: ") + kDefaultDataPath + ")");
+       std::string("text file or folder, llm.c token file or nanoGPT .bin (default: ") +
+           kDefaultDataPath + ")");
   flag(&app, "--output-dir", a->output_dir,
        "where metrics.jsonl, model.safetensors, config.json go");
   flag(&app, "--backend", a->backend,
