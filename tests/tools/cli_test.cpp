@@ -159,6 +159,44 @@ TEST_F(Cli, UnderscoreFlagsAndEvalJson) {
   EXPECT_EQ(bad.status, 2) << bad.output;
 }
 
+TEST_F(Cli, PrepareDataThenTrainAndEvalOnTokenFiles) {
+  const std::string tok = (dir_ / "harbour.tok").string();
+  const std::string bpe = std::string(CT_TEST_DATA_DIR) + "/bpe";
+  ProcResult p = run("prepare-data --tokenizer " + bpe + " --data " + data_ + " --output " + tok);
+  ASSERT_EQ(p.status, 0) << p.output;
+  EXPECT_NE(p.output.find("tokens from 1417 bytes"), std::string::npos) << p.output;
+  // BPE ids reach 1110: a byte-level vocabulary of 256 refuses the file by name and offset
+  expect_rejected(small() + " --data " + tok, "vocabulary size 256");
+  expect_rejected(small() + " --data " + tok, tok);
+  ProcResult t = run(small() + " --vocab-size 1111 --data " + tok);
+  ASSERT_EQ(t.status, 0) << t.output;
+  EXPECT_NE(t.output.find("llm.c tokens"), std::string::npos) << t.output;
+  ProcResult e = run("eval --model-path " + out_ + " --data " + tok);
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_GT(nlohmann::json::parse(e.output)["tokens"].get<int64_t>(), 0);
+
+  // nanoGPT: raw uint16 tokens in a .bin (here the bytes of the text, byte-level ids)
+  fs::remove_all(out_);
+  const std::string bin = (dir_ / "train.bin").string();
+  {
+    std::ifstream in(data_, std::ios::binary);
+    std::ofstream out(bin, std::ios::binary);
+    for (char c; in.get(c);) {
+      const unsigned char b = static_cast<unsigned char>(c);
+      out.put(static_cast<char>(b)).put('\0');
+    }
+  }
+  ProcResult n = run(small() + " --data " + bin);
+  ASSERT_EQ(n.status, 0) << n.output;
+  EXPECT_NE(n.output.find("nanoGPT tokens"), std::string::npos) << n.output;
+  fs::remove_all(out_);
+  std::ofstream(bin, std::ios::app).put('x');  // an odd byte count
+  expect_rejected(small() + " --data " + bin, "odd");
+  expect_rejected(
+      "prepare-data --tokenizer " + dir_.string() + " --data " + data_ + " --output " + out_,
+      "--tokenizer");
+}
+
 TEST_F(Cli, DevicesJsonListsCpu) {
   ProcResult r = run("devices --json");
   ASSERT_EQ(r.status, 0) << r.output;
