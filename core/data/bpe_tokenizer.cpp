@@ -4,6 +4,10 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -14,15 +18,28 @@
 
 #include "core/error.h"
 #include "core/io/json_file.h"
-#include "core/io/read_file.h"
 
 namespace ct {
 namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kPattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// GPT-2's pattern with \s written out as Oniguruma's Unicode \s (the White_Space property:
+// category Z, \t \n \v \f \r and NEL), which is what `tokenizers` runs. PCRE2's \s would also take
+// U+180E MONGOLIAN VOWEL SEPARATOR (a space before Unicode 6.3), and split differently there.
+#define CT_SPACE R"(\p{Z}\t-\r\x{85})"
+constexpr const char* kPattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^)" CT_SPACE
+    R"(\p{L}\p{N}]+|[)" CT_SPACE R"(]+(?![^)" CT_SPACE R"(])|[)" CT_SPACE R"(]+)";
+constexpr const char* kSpaceClass = "[" CT_SPACE "]";
+#undef CT_SPACE
+
+// Largest id accepted: ids index dense tables, and real vocabularies stay far below this.
+constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
+// Pieces up to this many bytes are cached; longer ones (runs of spaces or digits) are rare.
+constexpr size_t kMaxCachedPiece = 64;
+// Pieces of more symbols than this are merged with a heap instead of by rescanning.
+constexpr size_t kMaxRescanSymbols = 64;
+constexpr uint64_t kNoMerge = ~uint64_t{0};
 
 [[noreturn]] void bad(const std::string& where, const std::string& what) {
   fail(ErrorKind::kInvalidArgument, where + ": " + what);
@@ -52,7 +69,8 @@ void append_utf8(std::string& s, int32_t cp) {
   }
 }
 
-// The code point at s[i] (advancing i), or -1 for a byte that does not start a valid sequence.
+// The code point at s[i], advancing i past it; -1 (advancing one byte) where s[i] does not start
+// a valid UTF-8 sequence (truncated, overlong, a surrogate, beyond U+10FFFF).
 int32_t next_code_point(std::string_view s, size_t& i) {
   const auto c = static_cast<unsigned char>(s[i]);
   const int n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
@@ -73,83 +91,260 @@ int32_t next_code_point(std::string_view s, size_t& i) {
     }
     cp = cp << 6 | (d & 0x3F);
   }
+  static constexpr int32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+    ++i;
+    return -1;
+  }
   i += n + 1;
   return cp;
 }
 
-bool is_ascii_graph(char c) {
-  return c > 0x20 && c < 0x7F;
+// ---- the ASCII matcher ------------------------------------------------------------------------
+
+// What the pattern sees in an ASCII byte; kHigh: a byte of a multi-byte character (or invalid).
+enum : uint8_t { kHigh = 0, kLetter, kDigit, kSpace, kOther };
+
+constexpr std::array<uint8_t, 256> kAsciiClass = [] {
+  std::array<uint8_t, 256> t{};
+  for (int b = 0; b < 128; ++b) {
+    t[b] = ((b | 0x20) >= 'a' && (b | 0x20) <= 'z') ? kLetter
+           : (b >= '0' && b <= '9')                 ? kDigit
+           : (b == ' ' || (b >= '\t' && b <= '\r')) ? kSpace
+                                                    : kOther;
+  }
+  return t;
+}();
+
+// The end of the piece the pattern matches at `pos` (< s.size()), decided from ASCII bytes
+// alone, or 0 where a byte >= 0x80 takes part in the decision (a letter? a space?): then PCRE2
+// decides. It follows the alternatives in order:
+//   's|'t|'re|'ve|'m|'ll|'d     -> the contraction
+//   ' ?' then letters / digits / others (not space, letter or digit) -> the longest run
+//   whitespace: the longest run if it ends the text; else the run less its last character,
+//   which (?!\S) needs as lookahead, when that leaves one or more; else the one character.
+size_t ascii_piece_end(std::string_view s, size_t pos) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  auto run = [&](size_t i, uint8_t cls) -> size_t {  // the run of `cls` from i
+    while (i < n && kAsciiClass[p[i]] == cls) ++i;
+    return i < n && p[i] >= 0x80 ? 0 : i;
+  };
+  const unsigned char c = p[pos];
+  switch (kAsciiClass[c]) {
+    case kLetter:
+      return run(pos + 1, kLetter);
+    case kDigit:
+      return run(pos + 1, kDigit);
+    case kOther:
+      if (c == '\'' && pos + 1 < n) {
+        const unsigned char d = p[pos + 1];
+        if (d == 's' || d == 't' || d == 'm' || d == 'd') return pos + 2;
+        if (pos + 2 < n && ((d == 'r' && p[pos + 2] == 'e') || (d == 'v' && p[pos + 2] == 'e') ||
+                            (d == 'l' && p[pos + 2] == 'l')))
+          return pos + 3;
+      }
+      return run(pos + 1, kOther);
+    case kSpace: {
+      if (c == ' ' && pos + 1 < n) {
+        const uint8_t next = kAsciiClass[p[pos + 1]];
+        if (next == kHigh) return 0;
+        if (next != kSpace) return run(pos + 2, next);
+      }
+      size_t i = pos + 1;
+      while (i < n && kAsciiClass[p[i]] == kSpace) ++i;
+      if (i == n) return n;
+      if (p[i] >= 0x80) return 0;
+      return i - pos >= 2 ? i - 1 : i;
+    }
+    default:
+      return 0;
+  }
 }
+
+// ---- tables -----------------------------------------------------------------------------------
+
+uint64_t mix64(uint64_t x) {
+  x ^= x >> 32;
+  x *= 0xD6E8FEB86659FD93ull;
+  x ^= x >> 32;
+  return x;
+}
+
+// A hash of a piece's bytes (never 0: 0 marks an empty cache slot).
+uint64_t hash_piece(const char* p, size_t n) {
+  uint64_t h = 0x9E3779B97F4A7C15ull * (n + 1);
+  while (n > 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    h = mix64(h ^ w);
+    p += 8;
+    n -= 8;
+  }
+  uint64_t w = 0;
+  if (n >= 4) {
+    uint32_t a, b;
+    std::memcpy(&a, p, 4);
+    std::memcpy(&b, p + n - 4, 4);
+    w = uint64_t{a} << 32 | b;
+  } else if (n > 0) {
+    const auto* u = reinterpret_cast<const unsigned char*>(p);
+    w = uint64_t{u[0]} << 16 | uint64_t{u[n >> 1]} << 8 | u[n - 1];
+  }
+  return mix64(h ^ w ^ 0x5851F42D4C957F2Dull) | 1;
+}
+
+// Piece bytes -> ids, open addressing over arenas; one per encoding thread. Cleared when full,
+// which bounds its memory (about 16 MB) on text with ever new pieces.
+class PieceCache {
+ public:
+  PieceCache() { slots_.resize(size_t{1} << 12); }
+
+  // On a hit, appends the piece's ids to `out` and returns true.
+  bool append(std::string_view piece, uint64_t hash, std::vector<int32_t>& out) const {
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = hash & mask;; i = (i + 1) & mask) {
+      const Slot& s = slots_[i];
+      if (s.hash == 0) return false;
+      if (s.hash == hash && s.key_len == piece.size() &&
+          std::memcmp(keys_.data() + s.key_at, piece.data(), piece.size()) == 0) {
+        out.insert(out.end(), ids_.begin() + s.ids_at, ids_.begin() + s.ids_at + s.n_ids);
+        return true;
+      }
+    }
+  }
+
+  void insert(std::string_view piece, uint64_t hash, const int32_t* ids, size_t n_ids) {
+    if ((used_ + 1) * 2 > slots_.size()) {
+      if (slots_.size() >= kMaxSlots) {
+        std::fill(slots_.begin(), slots_.end(), Slot{});
+        keys_.clear();
+        ids_.clear();
+        used_ = 0;
+      } else {
+        grow();
+      }
+    }
+    Slot s;
+    s.hash = hash;
+    s.key_at = static_cast<uint32_t>(keys_.size());
+    s.ids_at = static_cast<uint32_t>(ids_.size());
+    s.key_len = static_cast<uint8_t>(piece.size());
+    s.n_ids = static_cast<uint8_t>(n_ids);
+    keys_.append(piece);
+    ids_.insert(ids_.end(), ids, ids + n_ids);
+    place(s);
+    ++used_;
+  }
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t key_at = 0, ids_at = 0;
+    uint8_t key_len = 0, n_ids = 0;
+  };
+  static constexpr size_t kMaxSlots = size_t{1} << 19;
+
+  void place(const Slot& s) {
+    const size_t mask = slots_.size() - 1;
+    size_t i = s.hash & mask;
+    while (slots_[i].hash != 0) i = (i + 1) & mask;
+    slots_[i] = s;
+  }
+  void grow() {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    for (const Slot& s : old)
+      if (s.hash != 0) place(s);
+  }
+
+  std::vector<Slot> slots_;
+  size_t used_ = 0;
+  std::string keys_;
+  std::vector<int32_t> ids_;
+};
 
 }  // namespace
 
-// ---- the pattern ----------------------------------------------------------------------------
+// ---- the patterns -------------------------------------------------------------------------------
 
 class BpeTokenizer::Regex {
  public:
   Regex() {
-    int err = 0;
-    PCRE2_SIZE offset = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
-    if (code_ == nullptr) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      fail(ErrorKind::kInternal,
-           std::string("GPT-2 pattern does not compile: ") + reinterpret_cast<const char*>(msg));
-    }
-    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if absent
+    // MATCH_INVALID_UTF: invalid UTF-8 matches nothing (and is skipped) instead of being an
+    // error or, with the JIT, undefined behaviour.
+    code_ = compile(kPattern, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF);
+    space_ = compile(kSpaceClass, PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED);
+    // Without the JIT (not built in, or no executable memory) pcre2_match interprets.
+    jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
   }
-  ~Regex() { pcre2_code_free(code_); }
-  pcre2_code* code() const { return code_; }
+  ~Regex() {
+    pcre2_code_free(code_);
+    pcre2_code_free(space_);
+  }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  const pcre2_code* code() const { return code_; }
+
+  // The first match at or after `pos`: pcre2_match's result, the match in md's ovector.
+  int match(std::string_view text, size_t pos, pcre2_match_data* md) const {
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    return jit_ ? pcre2_jit_match(code_, subject, text.size(), pos, 0, md, nullptr)
+                : pcre2_match(code_, subject, text.size(), pos, 0, md, nullptr);
+  }
+
+  // Whether the one valid UTF-8 character `ch` is whitespace to the pattern.
+  bool is_space(std::string_view ch) const {
+    pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
+    CT_CHECK(md != nullptr, "out of memory");
+    const int rc = pcre2_match(space_, reinterpret_cast<PCRE2_SPTR>(ch.data()), ch.size(), 0,
+                               PCRE2_NO_UTF_CHECK, md, nullptr);
+    pcre2_match_data_free(md);
+    return rc > 0;
+  }
 
  private:
-  pcre2_code* code_ = nullptr;
-};
-
-namespace {
-struct MatchData {
-  explicit MatchData(const pcre2_code* code)
-      : md(pcre2_match_data_create_from_pattern(code, nullptr)) {}
-  ~MatchData() { pcre2_match_data_free(md); }
-  pcre2_match_data* md;
-};
-}  // namespace
-
-// ---- loading --------------------------------------------------------------------------------
-
-BpeTokenizer::BpeTokenizer() : regex_(new Regex) {}
-BpeTokenizer::~BpeTokenizer() {
-  delete regex_;
-}
-BpeTokenizer::BpeTokenizer(BpeTokenizer&& o) noexcept
-    : vocab_(std::move(o.vocab_)),
-      id_to_token_(std::move(o.id_to_token_)),
-      is_added_(std::move(o.is_added_)),
-      added_(std::move(o.added_)),
-      merges_(std::move(o.merges_)),
-      byte_id_(o.byte_id_),
-      unicode_byte_(o.unicode_byte_),
-      ignore_merges_(o.ignore_merges_),
-      regex_(o.regex_) {
-  o.regex_ = nullptr;
-}
-BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&& o) noexcept {
-  if (this != &o) {
-    delete regex_;
-    vocab_ = std::move(o.vocab_);
-    id_to_token_ = std::move(o.id_to_token_);
-    is_added_ = std::move(o.is_added_);
-    added_ = std::move(o.added_);
-    merges_ = std::move(o.merges_);
-    byte_id_ = o.byte_id_;
-    unicode_byte_ = o.unicode_byte_;
-    ignore_merges_ = o.ignore_merges_;
-    regex_ = o.regex_;
-    o.regex_ = nullptr;
+  static pcre2_code* compile(const char* pattern, uint32_t options) {
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
+                                     options, &err, &offset, nullptr);
+    if (code == nullptr) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      fail(ErrorKind::kInternal, std::string("GPT-2's pattern does not compile in PCRE2 at ") +
+                                     std::to_string(offset) + ": " +
+                                     reinterpret_cast<const char*>(msg));
+    }
+    return code;
   }
-  return *this;
-}
+
+  pcre2_code* code_ = nullptr;
+  pcre2_code* space_ = nullptr;
+  bool jit_ = false;
+};
+
+struct BpeTokenizer::State {
+  explicit State(const Regex& regex)
+      : md(pcre2_match_data_create_from_pattern(regex.code(), nullptr)) {
+    CT_CHECK(md != nullptr, "out of memory");
+  }
+  ~State() { pcre2_match_data_free(md); }
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
+  pcre2_match_data* md;
+  PieceCache cache;
+  std::vector<int32_t> sym, ranks, merged, ids;  // encode_piece's scratch
+};
+
+// ---- loading ------------------------------------------------------------------------------------
+
+BpeTokenizer::BpeTokenizer() : regex_(std::make_unique<Regex>()) {}
+BpeTokenizer::~BpeTokenizer() = default;
+BpeTokenizer::BpeTokenizer(BpeTokenizer&&) noexcept = default;
+BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
 
 BpeTokenizer BpeTokenizer::from_folder(const std::string& dir) {
   const fs::path d(dir);
@@ -167,10 +362,9 @@ void read_vocab(const nlohmann::json& v, const std::string& where,
                 std::unordered_map<std::string, int32_t>& vocab) {
   if (!v.is_object()) bad(where, "the vocabulary is not a JSON object of token: id");
   for (const auto& [token, id] : v.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() > std::numeric_limits<int32_t>::max())
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxId)
       bad(where, "token " + nlohmann::json(token).dump() + " has id " + id.dump() +
-                     ", not a non-negative 32-bit integer");
+                     ", not an integer in [0, " + std::to_string(kMaxId) + "]");
     vocab.emplace(token, id.get<int32_t>());
   }
 }
@@ -197,6 +391,10 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
         !(j[part].is_object() && j[part].value("type", "") == "ByteLevel"))
       refuse(part, j[part], "only ByteLevel or none");
   }
+  for (const char* part : {"truncation", "padding"}) {
+    if (j.contains(part) && !j[part].is_null())
+      refuse(part, j[part], "encode() returns every token of the text, unpadded");
+  }
   if (!j.contains("model") || !j["model"].is_object()) bad(path, "no 'model' object");
   const nlohmann::json& m = j["model"];
   if (m.value("type", "BPE") != "BPE") refuse("model.type", m["type"], "only BPE");
@@ -217,37 +415,33 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
   read_vocab(m["vocab"], path + ": model.vocab", t.vocab_);
   if (!m.contains("merges") || !m["merges"].is_array()) bad(path, "no 'model.merges' list");
   const nlohmann::json& merges = m["merges"];
-  std::vector<std::pair<std::string, std::string>> pairs;
-  pairs.reserve(merges.size());
+  std::vector<std::array<int32_t, 3>> triples;
+  triples.reserve(merges.size());
   for (size_t i = 0; i < merges.size(); ++i) {
     const nlohmann::json& e = merges[i];
+    const std::string where = "model.merges[" + std::to_string(i) + "]";
+    std::string a, b;
     if (e.is_string()) {
       const std::string s = e.get<std::string>();
       const size_t sp = s.find(' ');
       if (sp == std::string::npos || sp == 0 || sp + 1 == s.size() ||
           s.find(' ', sp + 1) != std::string::npos)
-        bad(path, "model.merges[" + std::to_string(i) + "] " + e.dump() +
-                      " is not two tokens separated by one space");
-      pairs.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+        bad(path, where + " " + e.dump() + " is not two tokens separated by one space");
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
     } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-      pairs.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
+      a = e[0].get<std::string>();
+      b = e[1].get<std::string>();
     } else {
-      bad(path, "model.merges[" + std::to_string(i) + "] " + e.dump() +
-                    " is neither \"a b\" nor [\"a\", \"b\"]");
+      bad(path, where + " " + e.dump() + " is neither \"a b\" nor [\"a\", \"b\"]");
     }
-  }
-  for (size_t i = 0; i < pairs.size(); ++i) {
     auto id = [&](const std::string& tok) {
       auto it = t.vocab_.find(tok);
       if (it == t.vocab_.end())
-        bad(path, "model.merges[" + std::to_string(i) + "]: token " + nlohmann::json(tok).dump() +
-                      " is not in model.vocab");
+        bad(path, where + ": token " + nlohmann::json(tok).dump() + " is not in model.vocab");
       return it->second;
     };
-    const int32_t a = id(pairs[i].first), b = id(pairs[i].second);
-    const int32_t merged = id(pairs[i].first + pairs[i].second);
-    t.merges_.emplace(static_cast<uint64_t>(a) << 32 | static_cast<uint32_t>(b),
-                      Merge{static_cast<int32_t>(i), merged});
+    triples.push_back({id(a), id(b), id(a + b)});
   }
   if (j.contains("added_tokens")) {
     const nlohmann::json& added = j["added_tokens"];
@@ -256,17 +450,22 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
       const nlohmann::json& a = added[i];
       const std::string where = "added_tokens[" + std::to_string(i) + "]";
       if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
-          a["id"].get<int64_t>() < 0 || !a.contains("content") || !a["content"].is_string() ||
+          a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > kMaxId ||
+          !a.contains("content") || !a["content"].is_string() ||
           a["content"].get<std::string>().empty())
-        bad(path, where + " needs a non-negative integer 'id' and a non-empty 'content'");
+        bad(path, where + " needs an integer 'id' in [0, " + std::to_string(kMaxId) +
+                      "] and a non-empty 'content'");
       for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
         if (a.value(flag, false))
           refuse(where + "." + flag, a[flag], "added tokens match their content exactly");
       }
-      t.added_.emplace_back(a["content"].get<std::string>(), a["id"].get<int32_t>());
+      // `tokenizers` defaults: special tokens are matched before normalization, others after.
+      const bool special = a.value("special", false);
+      t.added_.push_back({a["content"].get<std::string>(), a["id"].get<int32_t>(),
+                          a.value("normalized", !special)});
     }
   }
-  t.finish(path);
+  t.finish(path, triples);
   return t;
 }
 
@@ -276,8 +475,9 @@ BpeTokenizer BpeTokenizer::from_files(const std::string& vocab_json,
   read_vocab(read_json_file(vocab_json), vocab_json, t.vocab_);
   std::ifstream f(merges_txt, std::ios::binary);
   if (!f) fail(ErrorKind::kIo, "cannot read " + merges_txt);
+  std::vector<std::array<int32_t, 3>> triples;
   std::string line;
-  int64_t line_no = 0, rank = 0;
+  int64_t line_no = 0;
   while (std::getline(f, line)) {
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -295,39 +495,56 @@ BpeTokenizer BpeTokenizer::from_files(const std::string& vocab_json,
                             nlohmann::json(tok).dump() + " is not in " + vocab_json);
       return it->second;
     };
-    const int32_t ia = id(a), ib = id(b), merged = id(a + b);
-    t.merges_.emplace(static_cast<uint64_t>(ia) << 32 | static_cast<uint32_t>(ib),
-                      Merge{static_cast<int32_t>(rank++), merged});
+    triples.push_back({id(a), id(b), id(a + b)});
   }
+  if (f.bad()) fail(ErrorKind::kIo, "cannot read " + merges_txt);
   auto eot = t.vocab_.find("<|endoftext|>");
-  if (eot != t.vocab_.end()) t.added_.emplace_back(eot->first, eot->second);
-  t.finish(vocab_json);
+  if (eot != t.vocab_.end()) t.added_.push_back({eot->first, eot->second, false});
+  t.finish(vocab_json, triples);
   return t;
 }
 
-void BpeTokenizer::finish(const std::string& source) {
+void BpeTokenizer::finish(const std::string& source,
+                          const std::vector<std::array<int32_t, 3>>& merges) {
   int32_t max_id = -1;
   for (const auto& [tok, id] : vocab_) max_id = std::max(max_id, id);
-  for (const auto& [content, id] : added_) max_id = std::max(max_id, id);
+  for (const AddedToken& a : added_) max_id = std::max(max_id, a.id);
   if (max_id < 0) bad(source, "the vocabulary is empty");
-  id_to_token_.assign(static_cast<size_t>(max_id) + 1, std::string());
-  is_added_.assign(id_to_token_.size(), false);
+  std::vector<bool> in_vocab(static_cast<size_t>(max_id) + 1, false);
+  id_to_token_.assign(in_vocab.size(), std::string());
+  is_added_.assign(in_vocab.size(), false);
   for (const auto& [tok, id] : vocab_) {
-    if (!id_to_token_[id].empty())
+    if (in_vocab[id])
       bad(source, "id " + std::to_string(id) + " belongs to both " +
                       nlohmann::json(id_to_token_[id]).dump() + " and " +
                       nlohmann::json(tok).dump());
+    in_vocab[id] = true;
     id_to_token_[id] = tok;
   }
-  for (const auto& [content, id] : added_) {
-    if (!id_to_token_[id].empty() && id_to_token_[id] != content)
-      bad(source, "added token " + nlohmann::json(content).dump() + " has id " +
-                      std::to_string(id) + ", which the vocabulary gives " +
-                      nlohmann::json(id_to_token_[id]).dump());
-    id_to_token_[id] = content;
-    is_added_[id] = true;
+  for (const AddedToken& a : added_) {
+    if (in_vocab[a.id] && id_to_token_[a.id] != a.content)
+      bad(source, "added token " + nlohmann::json(a.content).dump() + " has id " +
+                      std::to_string(a.id) + ", which the vocabulary gives " +
+                      nlohmann::json(id_to_token_[a.id]).dump());
+    id_to_token_[a.id] = a.content;
+    is_added_[a.id] = true;
   }
-  const std::array<int32_t, 256> cp = byte_to_unicode();
+
+  // The merge table: a repeated pair keeps its last rank, as in `tokenizers` (a map built in
+  // order, later entries replacing earlier ones).
+  size_t size = 16;
+  while (size < merges.size() * 2) size *= 2;
+  merge_table_.assign(size, MergeSlot{kNoMerge, 0, 0});
+  merge_shift_ = 64 - std::countr_zero(size);
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const auto& [a, b, id] = merges[rank];
+    const uint64_t key = uint64_t{static_cast<uint32_t>(a)} << 32 | static_cast<uint32_t>(b);
+    size_t i = (key * 0x9E3779B97F4A7C15ull) >> merge_shift_;
+    while (merge_table_[i].key != kNoMerge && merge_table_[i].key != key) i = (i + 1) & (size - 1);
+    merge_table_[i] = MergeSlot{key, static_cast<int32_t>(rank), id};
+  }
+
+  const std::array<int32_t, 256>& cp = byte_to_unicode();
   unicode_byte_.fill(-1);
   for (int b = 0; b < 256; ++b) {
     unicode_byte_[cp[b]] = static_cast<int16_t>(b);
@@ -339,53 +556,83 @@ void BpeTokenizer::finish(const std::string& source) {
 }
 
 std::optional<int32_t> BpeTokenizer::token_to_id(std::string_view token) const {
-  for (const auto& [content, id] : added_)
-    if (content == token) return id;
+  for (const AddedToken& a : added_)
+    if (a.content == token) return a.id;
   auto it = vocab_.find(std::string(token));
   if (it == vocab_.end()) return std::nullopt;
   return it->second;
 }
 
-// ---- encoding -------------------------------------------------------------------------------
+// ---- encoding -----------------------------------------------------------------------------------
 
-std::vector<BpeTokenizer::Segment> BpeTokenizer::split_added(std::string_view text) const {
-  std::vector<Segment> out;
-  if (added_.empty()) {
-    out.push_back({text, -1});
-    return out;
+namespace {
+
+// Appends to `out` the stretches of `text` and the occurrences of `tokens` (content, id), found
+// leftmost-longest as `tokenizers` (Aho-Corasick, LeftmostLongest) finds them.
+void split_by(std::string_view text, const std::vector<std::pair<std::string_view, int32_t>>& tokens,
+              std::vector<std::pair<std::string_view, int32_t>>& out) {
+  if (tokens.empty()) {
+    if (!text.empty()) out.emplace_back(text, -1);
+    return;
   }
-  // Next occurrence of each added token at or after `from` (npos: none left).
-  std::vector<size_t> next(added_.size(), 0);
-  std::vector<bool> fresh(added_.size(), false);
+  // next[k]: where tokens[k] next occurs at or after the last search (npos: nowhere); it stays
+  // valid while it is not behind the current position.
+  std::vector<size_t> next(tokens.size());
+  for (size_t k = 0; k < tokens.size(); ++k) next[k] = text.find(tokens[k].first);
   size_t pos = 0;
   while (pos < text.size()) {
-    size_t best = std::string_view::npos;
-    size_t best_len = 0;
+    size_t best = std::string_view::npos, best_len = 0;
     int32_t best_id = -1;
-    for (size_t k = 0; k < added_.size(); ++k) {
-      if (!fresh[k] || (next[k] != std::string_view::npos && next[k] < pos)) {
-        next[k] = text.find(added_[k].first, pos);
-        fresh[k] = true;
-      }
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      if (next[k] != std::string_view::npos && next[k] < pos)
+        next[k] = text.find(tokens[k].first, pos);
       const size_t at = next[k];
       if (at == std::string_view::npos) continue;
-      // leftmost, then longest
-      if (at < best || (at == best && added_[k].first.size() > best_len)) {
+      if (at < best || (at == best && tokens[k].first.size() > best_len)) {
         best = at;
-        best_len = added_[k].first.size();
-        best_id = added_[k].second;
+        best_len = tokens[k].first.size();
+        best_id = tokens[k].second;
       }
     }
     if (best == std::string_view::npos) break;
-    if (best > pos) out.push_back({text.substr(pos, best - pos), -1});
-    out.push_back({text.substr(best, best_len), best_id});
+    if (best > pos) out.emplace_back(text.substr(pos, best - pos), -1);
+    out.emplace_back(text.substr(best, best_len), best_id);
     pos = best + best_len;
   }
-  if (pos < text.size()) out.push_back({text.substr(pos), -1});
+  if (pos < text.size()) out.emplace_back(text.substr(pos), -1);
+}
+
+}  // namespace
+
+std::vector<BpeTokenizer::Segment> BpeTokenizer::split_added(std::string_view text) const {
+  std::vector<std::pair<std::string_view, int32_t>> first, second;
+  for (const AddedToken& a : added_) (a.normalized ? second : first).emplace_back(a.content, a.id);
+  std::vector<std::pair<std::string_view, int32_t>> pass1, pass2;
+  split_by(text, first, pass1);
+  for (const auto& [s, id] : pass1) {
+    if (id >= 0)
+      pass2.emplace_back(s, id);
+    else
+      split_by(s, second, pass2);
+  }
+  std::vector<Segment> out;
+  out.reserve(pass2.size());
+  for (const auto& [s, id] : pass2) out.push_back({s, id});
   return out;
 }
 
-void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+const BpeTokenizer::MergeSlot* BpeTokenizer::find_merge(int32_t left, int32_t right) const {
+  const uint64_t key = uint64_t{static_cast<uint32_t>(left)} << 32 | static_cast<uint32_t>(right);
+  const size_t mask = merge_table_.size() - 1;
+  for (size_t i = (key * 0x9E3779B97F4A7C15ull) >> merge_shift_;; i = (i + 1) & mask) {
+    const MergeSlot& s = merge_table_[i];
+    if (s.key == key) return &s;
+    if (s.key == kNoMerge) return nullptr;
+  }
+}
+
+void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out,
+                                State& state) const {
   if (ignore_merges_) {
     std::string whole;
     for (char c : piece) append_utf8(whole, byte_to_unicode()[static_cast<unsigned char>(c)]);
@@ -397,30 +644,46 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
   }
   // Symbols start as the bytes' stand-ins; a byte without one (not in the vocabulary) is dropped,
   // as `tokenizers` drops a character it has no id for when there is no unknown token.
-  std::vector<int32_t> sym;
-  sym.reserve(piece.size());
+  std::vector<int32_t>& sym = state.sym;
+  sym.clear();
   for (char c : piece) {
     const int32_t id = byte_id_[static_cast<unsigned char>(c)];
     if (id >= 0) sym.push_back(id);
   }
-  if (sym.size() <= 24) {
-    // Short pieces (nearly all): rescan for the lowest-ranked pair after every merge.
-    while (sym.size() > 1) {
-      int32_t best_rank = std::numeric_limits<int32_t>::max(), best_id = -1;
-      size_t best_at = 0;
-      for (size_t i = 0; i + 1 < sym.size(); ++i) {
-        const Merge* m = find_merge(sym[i], sym[i + 1]);
-        if (m != nullptr && m->rank < best_rank) {
-          best_rank = m->rank;
-          best_id = m->id;
-          best_at = i;
-        }
-      }
-      if (best_id < 0) break;
-      sym[best_at] = best_id;
-      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(best_at) + 1);
+  constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
+  if (sym.size() <= kMaxRescanSymbols) {
+    // Short pieces (nearly all): the rank of every adjacent pair, kept up to date; merge the
+    // lowest (leftmost among equals) until none is left.
+    std::vector<int32_t>& ranks = state.ranks;
+    std::vector<int32_t>& merged = state.merged;
+    const size_t n = sym.size();
+    if (n < 2) {
+      out.insert(out.end(), sym.begin(), sym.end());
+      return;
     }
-    out.insert(out.end(), sym.begin(), sym.end());
+    ranks.resize(n - 1);
+    merged.resize(n - 1);
+    auto set_pair = [&](size_t i) {
+      const MergeSlot* m = find_merge(sym[i], sym[i + 1]);
+      ranks[i] = m != nullptr ? m->rank : kNone;
+      merged[i] = m != nullptr ? m->id : -1;
+    };
+    for (size_t i = 0; i + 1 < n; ++i) set_pair(i);
+    size_t len = n;
+    while (len > 1) {
+      size_t at = 0;
+      for (size_t i = 1; i + 1 < len; ++i)
+        if (ranks[i] < ranks[at]) at = i;
+      if (ranks[at] == kNone) break;
+      sym[at] = merged[at];
+      std::copy(sym.begin() + at + 2, sym.begin() + len, sym.begin() + at + 1);
+      std::copy(ranks.begin() + at + 1, ranks.begin() + len - 1, ranks.begin() + at);
+      std::copy(merged.begin() + at + 1, merged.begin() + len - 1, merged.begin() + at);
+      --len;
+      if (at > 0) set_pair(at - 1);
+      if (at + 1 < len) set_pair(at);
+    }
+    out.insert(out.end(), sym.begin(), sym.begin() + len);
     return;
   }
   // Long pieces (runs of spaces or digits): the same order -- lowest rank, then leftmost -- from a
@@ -438,7 +701,7 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
   auto push = [&](int i) {
     if (i < 0 || next[i] >= n) return;
-    if (const Merge* m = find_merge(sym[i], sym[next[i]]))
+    if (const MergeSlot* m = find_merge(sym[i], sym[next[i]]))
       heap.push({m->rank, i, sym[i], sym[next[i]]});
   };
   for (int i = 0; i + 1 < n; ++i) push(i);
@@ -459,138 +722,195 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
   for (int i = 0; i < n; i = next[i]) out.push_back(sym[i]);
 }
 
-const BpeTokenizer::Merge* BpeTokenizer::find_merge(int32_t left, int32_t right) const {
-  auto it = merges_.find(static_cast<uint64_t>(left) << 32 | static_cast<uint32_t>(right));
-  return it == merges_.end() ? nullptr : &it->second;
-}
-
-void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out, void* match_data,
-                               std::unordered_map<std::string, std::vector<int32_t>>& cache) const {
-  auto* md = static_cast<pcre2_match_data*>(match_data);
-  auto piece = [&](std::string_view p) {
-    if (p.size() > 64) {  // long pieces (whitespace runs) are rare: not worth caching
-      encode_piece(p, out);
+void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out,
+                               State& state) const {
+  auto piece = [&](size_t from, size_t to) {
+    const std::string_view p = text.substr(from, to - from);
+    if (p.size() == 1) {  // one byte: its stand-in, nothing to merge
+      const int32_t id = byte_id_[static_cast<unsigned char>(p[0])];
+      if (id >= 0) out.push_back(id);
       return;
     }
-    auto it = cache.find(std::string(p));
-    if (it == cache.end()) {
-      std::vector<int32_t> ids;
-      encode_piece(p, ids);
-      it = cache.emplace(std::string(p), std::move(ids)).first;
+    if (p.size() > kMaxCachedPiece) {
+      encode_piece(p, out, state);
+      return;
     }
-    out.insert(out.end(), it->second.begin(), it->second.end());
+    const uint64_t h = hash_piece(p.data(), p.size());
+    if (state.cache.append(p, h, out)) return;
+    state.ids.clear();
+    encode_piece(p, state.ids, state);
+    state.cache.insert(p, h, state.ids.data(), state.ids.size());
+    out.insert(out.end(), state.ids.begin(), state.ids.end());
   };
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0;
   while (pos < text.size()) {
-    const int rc = pcre2_match(regex_->code(), subject, text.size(), pos, 0, md, nullptr);
-    if (rc < 0) {  // no match in the rest: only invalid UTF-8 can be left
-      piece(text.substr(pos));
-      break;
+    size_t end = ascii_piece_end(text, pos);
+    if (end == 0) {
+      const int rc = regex_->match(text, pos, state.md);
+      if (rc == PCRE2_ERROR_NOMATCH) {  // only invalid UTF-8 is left
+        piece(pos, text.size());
+        break;
+      }
+      if (rc < 0) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof msg);
+        fail(ErrorKind::kInternal, "GPT-2's pattern failed at byte " + std::to_string(pos) +
+                                       ": " + reinterpret_cast<const char*>(msg));
+      }
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(state.md);
+      if (ov[0] > pos) piece(pos, ov[0]);  // bytes no alternative takes: invalid UTF-8
+      CT_CHECK(ov[1] > ov[0], "GPT-2's pattern matched nothing");
+      pos = ov[0];
+      end = ov[1];
     }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    if (ov[0] > pos) piece(text.substr(pos, ov[0] - pos));  // skipped invalid bytes
-    if (ov[1] == ov[0]) {  // the pattern cannot match empty; guard against a stall anyway
-      piece(text.substr(ov[0], 1));
-      pos = ov[0] + 1;
-      continue;
-    }
-    piece(text.substr(ov[0], ov[1] - ov[0]));
-    pos = ov[1];
+    piece(pos, end);
+    pos = end;
   }
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 16);
-  MatchData md(regex_->code());
-  std::unordered_map<std::string, std::vector<int32_t>> cache;
+  State state(*regex_);
   for (const Segment& s : split_added(text)) {
     if (s.added_id >= 0)
       out.push_back(s.added_id);
     else
-      encode_text(s.text, out, md.md, cache);
+      encode_text(s.text, out, state);
   }
   return out;
 }
 
+bool BpeTokenizer::non_space_before(std::string_view text, size_t i) const {
+  if (i == 0) return false;
+  size_t start = i - 1;
+  while (start > 0 && i - start < 4 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80)
+    --start;
+  size_t end = start;
+  const int32_t cp = next_code_point(text, end);
+  if (cp < 0 || end != i) return false;
+  if (cp < 0x80) return kAsciiClass[cp] != kSpace;
+  return !regex_->is_space(text.substr(start, i - start));
+}
+
+bool BpeTokenizer::non_space_at(std::string_view text, size_t i) const {
+  if (i >= text.size()) return false;
+  size_t end = i;
+  const int32_t cp = next_code_point(text, end);
+  if (cp < 0) return false;
+  if (cp < 0x80) return kAsciiClass[cp] != kSpace;
+  return !regex_->is_space(text.substr(i, end - i));
+}
+
 std::vector<int32_t> BpeTokenizer::encode_parallel(
     std::string_view text, int threads, const std::function<void(size_t)>& progress) const {
-  if (!progress && (threads <= 1 || text.size() < (1u << 16))) return encode(text);
   threads = std::max(threads, 1);
-  // Work items: added tokens, and stretches of text cut at safe points into ~equal parts. A cut
-  // right after a '\n' with a printable ASCII character on each side changes no piece: the
-  // pattern matches that '\n' alone either way (no alternative takes a '\n' together with a
-  // non-space, and the lookahead (?!\S) cannot see past it into a run of spaces), and nothing
-  // looks behind.
-  std::vector<Segment> items;
-  const size_t target = std::max<size_t>(text.size() / (static_cast<size_t>(threads) * 8), 1 << 14);
+  if (!progress && (threads == 1 || text.size() < (size_t{1} << 16))) return encode(text);
+  // Chunks of about `target` bytes, encoded independently and concatenated in order. A stretch
+  // between added tokens is cut only where every piece stays the same:
+  //  - before a ' ' that follows a character c that is not whitespace: no alternative takes a
+  //    space after a non-space character, so a piece ends at c; both before and after the cut the
+  //    pattern restarts at the ' ' with the same text ahead; and the pieces that end at c end
+  //    there whatever follows c (a space is none of the runs c could be in);
+  //  - after a '\n' between two such characters: the '\n' is a piece of its own either way
+  //    (\s+(?!\S) when it ends the chunk, \s+ when the non-space follows), and the pattern restarts
+  //    at the next character.
+  // Nothing looks behind, and chunks are cut at ASCII bytes, so never inside a character.
+  const size_t target = std::clamp<size_t>(text.size() / (static_cast<size_t>(threads) * 16),
+                                           size_t{1} << 16, size_t{1} << 22);
+  std::vector<Segment> parts;        // added tokens and stretches, in text order
+  std::vector<size_t> chunk_begin;   // index into parts of each chunk's first part
+  std::vector<size_t> chunk_bytes;   // input bytes of each chunk
+  size_t in_chunk = target;          // bytes in the current chunk (start a new one at once)
+  auto add = [&](Segment s) {
+    if (in_chunk >= target) {
+      chunk_begin.push_back(parts.size());
+      chunk_bytes.push_back(0);
+      in_chunk = 0;
+    }
+    parts.push_back(s);
+    in_chunk += s.text.size();
+    chunk_bytes.back() += s.text.size();
+  };
   for (const Segment& s : split_added(text)) {
-    if (s.added_id >= 0 || s.text.size() <= target) {
-      items.push_back(s);
+    if (s.added_id >= 0) {
+      add(s);
       continue;
     }
-    size_t start = 0;
-    while (s.text.size() - start > target) {
-      size_t cut = std::string_view::npos;
-      for (size_t i = start + target; i + 1 < s.text.size(); ++i) {
-        if (s.text[i] == '\n' && is_ascii_graph(s.text[i - 1]) && is_ascii_graph(s.text[i + 1])) {
-          cut = i + 1;
+    std::string_view rest = s.text;
+    for (;;) {
+      const size_t room = in_chunk >= target ? target : target - in_chunk;
+      if (rest.size() <= room + target / 4) break;  // fits (a little over is fine)
+      size_t cut = std::string_view::npos;  // the first safe cut once the chunk is full
+      for (size_t i = std::max<size_t>(room, 1); i < rest.size(); ++i) {
+        if ((rest[i] == ' ' && non_space_before(rest, i)) ||
+            (rest[i - 1] == '\n' && non_space_at(rest, i) && non_space_before(rest, i - 1))) {
+          cut = i;
           break;
         }
       }
       if (cut == std::string_view::npos) break;
-      items.push_back({s.text.substr(start, cut - start), -1});
-      start = cut;
+      add({rest.substr(0, cut), -1});
+      in_chunk = target;  // the chunk is full
+      rest = rest.substr(cut);
     }
-    items.push_back({s.text.substr(start), -1});
+    if (!rest.empty()) add({rest, -1});
   }
-  const size_t n_threads = std::min<size_t>(static_cast<size_t>(threads), items.size());
-  std::vector<std::vector<int32_t>> parts(n_threads);
-  std::vector<std::exception_ptr> errors(n_threads);
+  chunk_begin.push_back(parts.size());
+  const size_t n_chunks = chunk_bytes.size();
+
+  std::vector<std::vector<int32_t>> ids(n_chunks);
+  std::atomic<size_t> next_chunk{0};
   std::mutex progress_mu;
   size_t bytes_done = 0;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
   auto work = [&](size_t t) {
     try {
-      MatchData md(regex_->code());
-      std::unordered_map<std::string, std::vector<int32_t>> cache;
-      // Contiguous ranges of items, so the parts concatenate in order.
-      const size_t lo = items.size() * t / n_threads, hi = items.size() * (t + 1) / n_threads;
-      for (size_t i = lo; i < hi; ++i) {
-        if (items[i].added_id >= 0)
-          parts[t].push_back(items[i].added_id);
-        else
-          encode_text(items[i].text, parts[t], md.md, cache);
+      State state(*regex_);
+      for (size_t c; (c = next_chunk.fetch_add(1)) < n_chunks;) {
+        ids[c].reserve(chunk_bytes[c] / 3 + 16);
+        for (size_t i = chunk_begin[c]; i < chunk_begin[c + 1]; ++i) {
+          if (parts[i].added_id >= 0)
+            ids[c].push_back(parts[i].added_id);
+          else
+            encode_text(parts[i].text, ids[c], state);
+        }
         if (progress) {
           std::lock_guard<std::mutex> lock(progress_mu);
-          bytes_done += items[i].text.size();
+          bytes_done += chunk_bytes[c];
           progress(bytes_done);
         }
       }
     } catch (...) {
       errors[t] = std::current_exception();
+      next_chunk.store(n_chunks);  // the others stop after their chunk
     }
   };
+  const size_t n_threads = std::min(static_cast<size_t>(threads), std::max<size_t>(n_chunks, 1));
   std::vector<std::thread> pool;
   for (size_t t = 1; t < n_threads; ++t) pool.emplace_back(work, t);
   work(0);
   for (std::thread& th : pool) th.join();
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
-  std::vector<int32_t> out;
   size_t total = 0;
-  for (const auto& p : parts) total += p.size();
+  for (const auto& p : ids) total += p.size();
+  std::vector<int32_t> out;
   out.reserve(total);
-  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  for (auto& p : ids) {
+    out.insert(out.end(), p.begin(), p.end());
+    std::vector<int32_t>().swap(p);
+  }
   return out;
 }
 
-// ---- decoding -------------------------------------------------------------------------------
+// ---- decoding -----------------------------------------------------------------------------------
 
 std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
   std::string out;
   for (int32_t id : ids) {
-    if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size() || id_to_token_[id].empty()) {
+    if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size() ||
+        (id_to_token_[id].empty() && !is_added_[id])) {
       out += "\xEF\xBF\xBD";  // U+FFFD
       continue;
     }

@@ -1,19 +1,28 @@
 // GPT-2's byte-level BPE, giving the ids Hugging Face `tokenizers` gives for the same files:
-//   1. added tokens (such as <|endoftext|>) are cut out of the text first, leftmost-longest;
+//   1. added tokens (such as <|endoftext|>) are cut out of the text first, leftmost-longest (the
+//      non-normalized ones, then the normalized ones in what is left, as `tokenizers` does);
 //   2. each remaining stretch is split by GPT-2's pattern
 //        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-//      (PCRE2 with Unicode properties, JIT-compiled);
+//      run by PCRE2 (UTF, Unicode properties, JIT), with \s spelled out as Oniguruma's Unicode
+//      \s, [\p{Z}\t-\r\x{85}]: PCRE2's own \s also takes U+180E, which `tokenizers` does not.
+//      Stretches of ASCII take a hand-written matcher that gives the pattern's pieces; it hands
+//      any decision that depends on a byte >= 0x80 to PCRE2;
 //   3. every piece's bytes become GPT-2's printable stand-ins (byte_to_unicode: bytes that are
 //      printable Latin-1 stand for themselves, the other 68 for U+0100 onwards, in byte order);
 //   4. the piece is merged pairwise, the lowest-ranked merge first (leftmost among equals), until
 //      no adjacent pair has a merge; the symbols are the ids.
+// Checked id for id against tokenizers 0.23.3 (tests/data/bpe, scripts/make_bpe_data.py), and on
+// every Unicode scalar value in letter, digit, space and punctuation contexts.
 // Input that is not UTF-8 (which `tokenizers` never sees: Python strings are Unicode) does not
-// fail: the pattern matches around an invalid sequence, and its bytes form a piece of their own.
+// fail: the pattern matches around an invalid sequence, and each maximal run of bytes that no
+// alternative can take becomes a piece of its own (merged like any other), so decode() gives the
+// bytes back.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,12 +37,14 @@ class BpeTokenizer {
   // From a folder: tokenizer.json when it is there, else vocab.json + merges.txt.
   static BpeTokenizer from_folder(const std::string& dir);
   // Hugging Face's tokenizer.json: model.type "BPE" (vocab; merges as "a b" strings or [a, b]
-  // pairs; ignore_merges), added_tokens, a ByteLevel pre-tokenizer without prefix space, a
-  // ByteLevel (or no) decoder and post-processor, no normalizer. Anything else -- another model
+  // pairs, a repeated pair taking its last rank as `tokenizers` does; ignore_merges),
+  // added_tokens, a ByteLevel pre-tokenizer without prefix space, a ByteLevel (or no) decoder
+  // and post-processor, no normalizer, truncation or padding. Anything else -- another model
   // type, a normalizer, BPE dropout, an unknown-token fallback, an added token with lstrip/rstrip/
   // single_word -- is refused naming the file and the field.
   static BpeTokenizer from_tokenizer_json(const std::string& path);
-  // GPT-2's original files; "<|endoftext|>", where the vocabulary has it, is a special token.
+  // GPT-2's original files (merges.txt may start with a "#version" line); "<|endoftext|>", where
+  // the vocabulary has it, is a special token. Errors name the file and the line.
   static BpeTokenizer from_files(const std::string& vocab_json, const std::string& merges_txt);
 
   BpeTokenizer(BpeTokenizer&&) noexcept;
@@ -42,17 +53,22 @@ class BpeTokenizer {
 
   std::vector<int32_t> encode(std::string_view text) const;
   // encode()'s ids, computed on up to `threads` threads: the text is cut only where the pattern
-  // provably starts afresh (a '\n' between two printable ASCII characters, outside added tokens).
+  // provably starts afresh -- before a ' ' that follows a character that is not whitespace, or
+  // after a '\n' between two such characters -- and never inside an added token; the pieces are
+  // encoded in any order and put back in text order.
   // `progress`, when set, is called (from any of the threads, one call at a time) with the
   // number of input bytes encoded so far.
   std::vector<int32_t> encode_parallel(
       std::string_view text, int threads,
       const std::function<void(size_t bytes_done)>& progress = {}) const;
-  // The text of `ids`; an id outside the vocabulary becomes U+FFFD.
+  // The bytes of `ids` (an added token as its content); an id outside the vocabulary becomes
+  // U+FFFD. The result need not be valid UTF-8 when the ids cut a character.
   std::string decode(std::span<const int32_t> ids) const;
 
   // Largest id + 1 over the vocabulary and the added tokens.
   int vocab_size() const { return static_cast<int>(id_to_token_.size()); }
+  // The id of an added token, or of a vocabulary token (spelled with the byte stand-ins, as in
+  // vocab.json: "Ġthe").
   std::optional<int32_t> token_to_id(std::string_view token) const;
 
  private:
@@ -61,29 +77,41 @@ class BpeTokenizer {
     std::string_view text;
     int32_t added_id = -1;
   };
-  struct Merge {
-    int32_t rank;
+  struct AddedToken {
+    std::string content;
     int32_t id;
+    bool normalized;  // matched in the second pass (no normalizer: the same text)
   };
-  class Regex;  // the compiled pattern (PCRE2)
+  struct MergeSlot {  // one slot of the open-addressing merge table
+    uint64_t key;     // left id << 32 | right id; kNoMerge when empty
+    int32_t rank;
+    int32_t id;  // the merged token
+  };
+  class Regex;   // the compiled patterns (PCRE2)
+  struct State;  // one encoding thread's match data, piece cache and scratch
 
-  void finish(const std::string& source);  // derived tables, checks
+  // Derived tables and checks; `merges` holds (left id, right id, merged id) in rank order.
+  void finish(const std::string& source, const std::vector<std::array<int32_t, 3>>& merges);
   std::vector<Segment> split_added(std::string_view text) const;
   // Appends the ids of one stretch without added tokens.
-  void encode_text(std::string_view text, std::vector<int32_t>& out, void* match_data,
-                   std::unordered_map<std::string, std::vector<int32_t>>& cache) const;
-  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
-  const Merge* find_merge(int32_t left, int32_t right) const;
+  void encode_text(std::string_view text, std::vector<int32_t>& out, State& state) const;
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out, State& state) const;
+  const MergeSlot* find_merge(int32_t left, int32_t right) const;
+  // Whether the character that ends at text[i - 1] / starts at text[i] exists, is valid UTF-8 and
+  // is not whitespace to the pattern.
+  bool non_space_before(std::string_view text, size_t i) const;
+  bool non_space_at(std::string_view text, size_t i) const;
 
-  std::unordered_map<std::string, int32_t> vocab_;      // byte-level token -> id
-  std::vector<std::string> id_to_token_;                // id -> token as stored ("" if unused)
-  std::vector<bool> is_added_;                          // id -> an added token (decoded verbatim)
-  std::vector<std::pair<std::string, int32_t>> added_;  // content, id
-  std::unordered_map<uint64_t, Merge> merges_;          // (left id << 32 | right id) -> merge
-  std::array<int32_t, 256> byte_id_{};       // id of each byte's stand-in (-1: not in vocab)
+  std::unordered_map<std::string, int32_t> vocab_;  // byte-level token -> id
+  std::vector<std::string> id_to_token_;            // id -> token as stored ("" if unused)
+  std::vector<bool> is_added_;                      // id -> an added token (decoded verbatim)
+  std::vector<AddedToken> added_;
+  std::vector<MergeSlot> merge_table_;  // power-of-two size, at most half full
+  int merge_shift_ = 64;                // 64 - log2(table size)
+  std::array<int32_t, 256> byte_id_{};  // id of each byte's stand-in (-1: not in vocab)
   std::array<int16_t, 512> unicode_byte_{};  // stand-in code point -> byte (-1: none)
   bool ignore_merges_ = false;  // a piece that is a vocabulary token as a whole is not merged
-  Regex* regex_ = nullptr;
+  std::unique_ptr<const Regex> regex_;
 };
 
 }  // namespace ct

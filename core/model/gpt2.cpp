@@ -84,7 +84,17 @@ GPT2::GPT2(Device& device, const GPT2Config& config, bool with_grads, const GPT2
   compute_ = options_.policy.mixed()
                  ? device_.empty({num_params_}, options_.policy.compute, MemCategory::kWeights)
                  : params_;
-  if (with_grads) grads_ = device_.empty({num_params_}, DType::f32, MemCategory::kGrads);
+  build_lora_table();
+  if (lora()) {
+    // The base is frozen: gradients (and so optimizer state) for the adapters only.
+    lora_params_ = device_.empty({lora_count_}, DType::f32, MemCategory::kWeights);
+    lora_compute_ = options_.policy.mixed() ? device_.empty({lora_count_}, options_.policy.compute,
+                                                            MemCategory::kWeights)
+                                            : lora_params_;
+    if (with_grads) lora_grads_ = device_.empty({lora_count_}, DType::f32, MemCategory::kGrads);
+  } else if (with_grads) {
+    grads_ = device_.empty({num_params_}, DType::f32, MemCategory::kGrads);
+  }
 }
 
 void GPT2::check_policy() const {
@@ -115,7 +125,11 @@ void GPT2::check_policy() const {
 }
 
 void GPT2::refresh_compute_weights() {
-  if (options_.policy.mixed()) device_.copy(compute_, params_);
+  if (!options_.policy.mixed()) return;
+  if (lora())
+    device_.copy(lora_compute_, lora_params_);  // the frozen base does not change
+  else
+    device_.copy(compute_, params_);
 }
 
 const ParamInfo& GPT2::param_info(const std::string& name) const {
@@ -176,7 +190,7 @@ GPT2::LayerParams GPT2::forward_params(int l) const {
 }
 
 void GPT2::zero_grad() {
-  device_.fill(grads_flat(), 0.0f);
+  device_.fill(trainable_grads(), 0.0f);
 }
 
 // =============================================================================================
@@ -201,7 +215,8 @@ void GPT2::init(uint64_t seed) {
     }
   }
   upload_params(host);
-  if (grads_.defined()) zero_grad();
+  if (lora()) init_lora(seed);
+  if (grads_.defined() || lora_grads_.defined()) zero_grad();
 }
 
 // =============================================================================================
@@ -232,7 +247,7 @@ void GPT2::upload_params(const std::vector<float>& flat) {
              "upload_params: got " + std::to_string(flat.size()) + " values, the model has " +
                  std::to_string(num_params_));
   device_.upload(params_, flat.data(), flat.size() * sizeof(float));
-  refresh_compute_weights();
+  if (options_.policy.mixed()) device_.copy(compute_, params_);
 }
 
 void GPT2::upload_params(const std::map<std::string, std::vector<float>>& named) {

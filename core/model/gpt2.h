@@ -15,6 +15,12 @@
 // refresh_compute_weights(). LayerNorm weights, biases and the embedding lookups read the master.
 // Parameter gradients are always f32.
 //
+// LoRA (GPT2Options::lora, Hu et al. 2021, as PEFT applies it to GPT-2's Conv1D layers): each
+// targeted linear layer y = x @ W + b gains y += (alpha / r) * (x @ A^T) @ B^T with A [r, in]
+// and B [out, r] (PEFT's lora_A / lora_B shapes). The base parameters are then frozen -- no
+// gradients and no optimizer state -- and the adapters, in flat buffers of their own (master f32,
+// a 16-bit compute copy under a mixed policy, f32 gradients), are what trainable_*() return.
+//
 // Gradient checkpointing (GPT2Options::gradient_checkpointing): forward keeps only the residual
 // stream entering each block (plus the final one); the block internals live in one shared set of
 // buffers, and backward re-runs each block's forward (the same ops on the same inputs) just
@@ -52,6 +58,17 @@ struct SampleOptions {
   uint64_t seed = 0;         // Philox seed; draw i of a call uses element i of stream 0
 };
 
+struct LoraOptions {
+  int r = 0;           // rank; 0: no adapters (every parameter trains)
+  float alpha = 8.0f;  // the update is scaled by alpha / r (PEFT's lora_alpha)
+  // PEFT's target_modules: a layer "h.<l>.<module>" is adapted when one entry equals its
+  // module ("attn.c_attn") or the module's last part ("c_attn"; "c_proj" means both the
+  // attention and the MLP projection). Modules: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj.
+  std::vector<std::string> target_modules = {"c_attn"};
+  bool enabled() const { return r > 0; }
+  float scaling() const { return alpha / static_cast<float>(r); }
+};
+
 struct GPT2Options {
   // Hugging Face --gradient_checkpointing: keep each block's input only, recompute the rest in
   // backward (one extra block forward per layer but the last; bitwise the same gradients).
@@ -62,6 +79,8 @@ struct GPT2Options {
   bool fused_attention = true;
   // Which tensors are f32 and which 16-bit (core/amp/precision.h); fp32 by default.
   PrecisionPolicy policy;
+  // Low-rank adapters; r = 0 (the default) trains the whole model.
+  LoraOptions lora;
 };
 
 class GPT2 {
@@ -82,7 +101,10 @@ class GPT2 {
   // GPT-2 initialisation, identical on every backend and in scripts/torch_gpt2.py: element j of
   // table tensor k = 0.02 * Philox(seed, k).normal(j) for matrices and embeddings (residual
   // projections attn.c_proj.weight / mlp.c_proj.weight also * 1/sqrt(2 n_layer)); biases 0;
-  // LayerNorm weights 1. Also zeroes the gradients.
+  // LayerNorm weights 1. Also zeroes the gradients. With LoRA, adapter k of lora_params()
+  // (in table order) draws from Philox stream params().size() + k: every lora_A uniform in
+  // +-1/sqrt(in) (PEFT's kaiming_uniform(a=sqrt(5)) bound), every lora_B zero, so the adapted
+  // model starts as the base.
   void init(uint64_t seed);
 
   // Activation (and backward scratch) buffers for batches up to max_batch x max_seq
@@ -130,11 +152,26 @@ class GPT2 {
   Tensor grad(const std::string& name) const;
   int64_t num_parameters() const { return num_params_; }
   int64_t decay_count() const { return decay_count_; }
-  // The two optimizer groups: [0, decay_count) and [decay_count, num_parameters).
+  // The two optimizer groups of the full model: [0, decay_count) and [decay_count,
+  // num_parameters).
   Tensor params_decay() const;
   Tensor params_no_decay() const;
   Tensor grads_decay() const;
   Tensor grads_no_decay() const;
+
+  // What the optimizer updates: every parameter, or with LoRA the adapters only.
+  bool lora() const { return options_.lora.enabled(); }
+  const std::vector<ParamInfo>& trainable_params() const { return lora() ? lora_table_ : table_; }
+  Tensor trainable_flat() const { return lora() ? lora_params_ : params_; }
+  Tensor trainable_grads() const;  // kInvalidArgument without gradients
+  int64_t num_trainable() const { return lora() ? lora_count_ : num_params_; }
+  int64_t trainable_decay_count() const { return lora() ? lora_count_ : decay_count_; }
+  // The adapter table: "h.<l>.<module>.lora_A.weight" [r, in] and ".lora_B.weight" [out, r],
+  // per layer in module order; all weight-decayed (as Hugging Face's Trainer decays them).
+  const std::vector<ParamInfo>& lora_params() const { return lora_table_; }
+  std::map<std::string, std::vector<float>> download_lora_map() const;
+  // Every adapter must be present with its element count; unknown names are errors.
+  void upload_lora(const std::map<std::string, std::vector<float>>& named);
 
   // Host copies for checkpoints and tests (these wait for the device).
   std::vector<float> download_params() const;
@@ -178,6 +215,22 @@ class GPT2 {
   // Block l from residuals_[l]: fills acts(l) and, unless recompute, residuals_[l + 1].
   void block_forward(int l, int B, int T, bool recompute);
   void check_policy() const;
+  // LoRA: the adapters of one linear layer (module m of kLoraModules in block l), if any.
+  struct LoraSlot {
+    bool on = false;
+    int64_t in = 0, out = 0;
+    const ParamInfo* a = nullptr;  // rows of lora_table_
+    const ParamInfo* b = nullptr;
+  };
+  void build_lora_table();
+  const LoraSlot& lora_slot(int l, int m) const {
+    return lora_slots_[static_cast<size_t>(l) * 4 + static_cast<size_t>(m)];
+  }
+  // out (+=) scaling * (x @ A^T) @ B^T, for module m of block l (no-op when not adapted).
+  void lora_forward(int l, int m, const Tensor& out, const Tensor& x) const;
+  // dA (+=), dB (+=) and dx (+=) of that update, from dout and the layer input x.
+  void lora_backward(int l, int m, const Tensor& dx, const Tensor& dout, const Tensor& x) const;
+  void init_lora(uint64_t seed);
   void check_batch(const Tensor& t, int B, int T, const char* what) const;
 
   Device& device_;
@@ -189,6 +242,11 @@ class GPT2 {
   int64_t decay_count_ = 0;
   Tensor params_, grads_;
   Tensor compute_;  // policy.compute copy of params_ (params_ itself for fp32)
+  // LoRA adapters: the table, per (layer, module) slots, master / compute / gradient buffers.
+  std::vector<ParamInfo> lora_table_;
+  std::vector<LoraSlot> lora_slots_;
+  int64_t lora_count_ = 0;
+  Tensor lora_params_, lora_compute_, lora_grads_;
 
   // Activations, sized for max_b_ x max_t_; views of the current (B,T) are taken per call.
   int max_b_ = 0, max_t_ = 0;
@@ -204,6 +262,8 @@ class GPT2 {
   Tensor dresidual_h_;          // (B,T,C) h: its copy as a matmul input (16-bit policies only)
   Tensor dbt_c_;                // (B,T,C) f32: gradients of LayerNorm outputs
   Tensor dbt_4c_a_, dbt_4c_b_;  // (B,T,4C) h
+  Tensor lora_u_, lora_du_;     // (B,T,r) h: x @ A^T and its gradient (LoRA only)
+  Tensor frozen_ln_dw_, frozen_ln_db_;  // (C) f32: where a frozen LayerNorm's gradients go
 
   // The last forward's batch, kept for backward.
   int cur_b_ = 0, cur_t_ = 0;

@@ -11,7 +11,8 @@ using gpt2_detail::linear_backward;
 using gpt2_detail::view;
 
 void GPT2::backward(float dloss_scale) {
-  CT_REQUIRE(grads_.defined(), "backward() on a GPT2 created without gradients");
+  CT_REQUIRE(grads_.defined() || lora_grads_.defined(),
+             "backward() on a GPT2 created without gradients");
   CT_REQUIRE(cur_b_ > 0 && have_targets_, "backward() needs a preceding forward() with targets");
   const int B = cur_b_, T = cur_t_;
   const int64_t C = config_.n_embd, V = config_.vocab_size, NH = config_.n_head;
@@ -19,6 +20,23 @@ void GPT2::backward(float dloss_scale) {
   const int L = config_.n_layer;
   const bool mixed = options_.policy.mixed();
   const Tensor& g = grads_;
+  // LoRA: the base is frozen. Its weight gradients are not computed, the LayerNorm ones (which
+  // come with dx in one op) go to a scratch pair, and the adapters' are added per layer.
+  const bool frozen = lora();
+  auto ln_grad = [&](const std::string& name) {
+    return frozen ? (name.find(".bias") != std::string::npos ? frozen_ln_db_ : frozen_ln_dw_)
+                  : table_view(g, name);
+  };
+  // dinp (=) dout @ w^T, plus the weight/bias gradients unless frozen, plus the adapter's part.
+  auto linear_bwd = [&](int l, int m, const Tensor& dinp, const Tensor& dw, const Tensor& db,
+                        const Tensor& dout, const Tensor& inp, const Tensor& w,
+                        const Tensor* dbias_src) {
+    if (frozen)
+      device_.matmul(dinp, dout, w, false, true);
+    else
+      linear_backward(device_, dinp, dw, db, dout, inp, w, dbias_src);
+    lora_backward(l, m, dinp, dout, inp);
+  };
 
   // d loss / d (residual stream), (B,T,C) f32, and its copy as a matmul operand (h)
   Tensor dresidual = view(dresidual_, {BT, C});
@@ -32,14 +50,15 @@ void GPT2::backward(float dloss_scale) {
   const Tensor& dlogits = logits;
   // dlnf (B,T,C) f32 = dlogits @ wte;  dwte += dlogits^T @ lnf
   device_.matmul(dln, dlogits, table_view(compute_, "wte.weight"), false, false);
-  device_.matmul(table_view(g, "wte.weight"), dlogits, view(lnf_, {BT, C}), true, false, 1.0f,
-                 1.0f);
+  if (!frozen)
+    device_.matmul(table_view(g, "wte.weight"), dlogits, view(lnf_, {BT, C}), true, false, 1.0f,
+                   1.0f);
 
   // ---- final layernorm -------------------------------------------------------------------------
   // dresidual (B,T,C) = d LayerNorm_f / d x  (the residual stream gradient starts here)
   device_.fill(dresidual, 0.0f);
-  device_.layernorm_backward(dresidual, table_view(g, "ln_f.weight"), table_view(g, "ln_f.bias"),
-                             dln, view(residuals_.back(), {BT, C}), param("ln_f.weight"),
+  device_.layernorm_backward(dresidual, ln_grad("ln_f.weight"), ln_grad("ln_f.bias"), dln,
+                             view(residuals_.back(), {BT, C}), param("ln_f.weight"),
                              view(lnf_mean_, {BT}), view(lnf_rstd_, {BT}));
 
   for (int l = L - 1; l >= 0; --l) {
@@ -47,7 +66,11 @@ void GPT2::backward(float dloss_scale) {
     // activations are still there from forward().
     if (options_.gradient_checkpointing && l != L - 1) block_forward(l, B, T, /*recompute=*/true);
     const LayerParams p = forward_params(l);
-    const LayerParams dp = layer_params(g, l);
+    LayerParams dp;
+    if (frozen)
+      dp.ln1w = dp.ln2w = frozen_ln_dw_, dp.ln1b = dp.ln2b = frozen_ln_db_;
+    else
+      dp = layer_params(g, l);
     const LayerActs& a = acts(l);
     Tensor residual = view(residuals_[static_cast<size_t>(l)], {BT, C});
     Tensor dbt_4c_a = view(dbt_4c_a_, {BT, 4 * C});
@@ -58,14 +81,14 @@ void GPT2::backward(float dloss_scale) {
     // dfch_gelu (B,T,4C) h = dresidual @ mlp.c_proj.w^T
     if (mixed) device_.copy(dresidual_mm, dresidual);
     Tensor dfch_gelu = dbt_4c_a;
-    linear_backward(device_, dfch_gelu, dp.fcprojw, dp.fcprojb, dresidual_mm,
-                    view(a.fch_gelu, {BT, 4 * C}), p.fcprojw, &dresidual);
+    linear_bwd(l, 3, dfch_gelu, dp.fcprojw, dp.fcprojb, dresidual_mm, view(a.fch_gelu, {BT, 4 * C}),
+               p.fcprojw, &dresidual);
     // dfch (B,T,4C) h = gelu'(fch) * dfch_gelu
     Tensor dfch = dbt_4c_b;
     device_.gelu_backward(dfch.reshape({BT * 4 * C}), view(a.fch, {BT * 4 * C}),
                           dfch_gelu.reshape({BT * 4 * C}));
     // dln2 (B,T,C) f32 = dfch @ c_fc.w^T
-    linear_backward(device_, dln, dp.fcw, dp.fcb, dfch, view(a.ln2, {BT, C}), p.fcw);
+    linear_bwd(l, 2, dln, dp.fcw, dp.fcb, dfch, view(a.ln2, {BT, C}), p.fcw, nullptr);
 
     // ---- layernorm 2 ---------------------------------------------------------------------------
     // dresidual (B,T,C) += d LayerNorm_2 / d residual2
@@ -77,8 +100,8 @@ void GPT2::backward(float dloss_scale) {
     // datty (B,T,C) h = dresidual @ attn.c_proj.w^T
     if (mixed) device_.copy(dresidual_mm, dresidual);
     Tensor datty = view(dbt_4c_b_, {BT, C});
-    linear_backward(device_, datty, dp.attprojw, dp.attprojb, dresidual_mm, view(a.atty, {BT, C}),
-                    p.attprojw, &dresidual);
+    linear_bwd(l, 1, datty, dp.attprojw, dp.attprojb, dresidual_mm, view(a.atty, {BT, C}),
+               p.attprojw, &dresidual);
     // dqkv (B,T,3C) h from datty and the saved qkv and atty, lse (fused) or att (unfused)
     Tensor dqkv = view(dbt_4c_a_, {BT, 3 * C});
     if (options_.fused_attention)
@@ -90,7 +113,7 @@ void GPT2::backward(float dloss_scale) {
                                  view(a.qkv, {B, T, 3 * C}), view(a.att, {B, NH, T, T}),
                                  config_.n_head);
     // dln1 (B,T,C) f32 = dqkv @ c_attn.w^T
-    linear_backward(device_, dln, dp.qkvw, dp.qkvb, dqkv, view(a.ln1, {BT, C}), p.qkvw);
+    linear_bwd(l, 0, dln, dp.qkvw, dp.qkvb, dqkv, view(a.ln1, {BT, C}), p.qkvw, nullptr);
 
     // ---- layernorm 1 ---------------------------------------------------------------------------
     // dresidual (B,T,C) += d LayerNorm_1 / d residual
@@ -100,8 +123,9 @@ void GPT2::backward(float dloss_scale) {
 
   // ---- encoder ---------------------------------------------------------------------------------
   // dwte += scatter of dresidual by token;  dwpe += sum of dresidual over the batch
-  device_.embedding_backward(table_view(g, "wte.weight"), table_view(g, "wpe.weight"),
-                             dresidual.reshape({B, T, C}), tokens_);
+  if (!frozen)
+    device_.embedding_backward(table_view(g, "wte.weight"), table_view(g, "wpe.weight"),
+                               dresidual.reshape({B, T, C}), tokens_);
   have_targets_ = false;  // the logits now hold dlogits: a second backward needs a new forward
 }
 

@@ -20,6 +20,7 @@
 #include "core/io/read_file.h"
 #include "core/io/safetensors.h"
 #include "core/io/sha256.h"
+#include "core/train/adapter_files.h"
 #include "core/train/model_files.h"
 
 namespace ct {
@@ -28,8 +29,13 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kPrefix = "checkpoint-";
-const std::vector<std::string> kHashedFiles = {"model.safetensors", "optimizer.safetensors",
-                                               "config.json"};
+// The files whose SHA-256 trainer_state.json records: the weights (the adapters with LoRA),
+// the optimizer state and the config.
+std::vector<std::string> hashed_files(const GPT2& model) {
+  if (model.lora())
+    return {kAdapterWeights, kAdapterConfig, "optimizer.safetensors", "config.json"};
+  return {"model.safetensors", "optimizer.safetensors", "config.json"};
+}
 
 void fsync_path(const fs::path& p) {
   int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY);
@@ -223,16 +229,23 @@ std::vector<std::string> list_checkpoints(const std::string& output_dir) {
 
 std::string save_checkpoint(const std::string& output_dir, int64_t step, const GPT2& model,
                             const Optimizer& optimizer, nlohmann::json trainer_state,
-                            int save_total_limit, const std::string& tokenizer_dir) {
+                            int save_total_limit, const std::string& tokenizer_dir,
+                            const std::string& base_model) {
   const std::string name = kPrefix + std::to_string(step);
   fs::path final_dir = fs::path(output_dir) / name;
   fs::path tmp = make_checkpoint_temp(output_dir, step);
   std::error_code ec;
   try {
-    save_model(tmp.string(), model, tokenizer_dir);  // model.safetensors, config.json, tokenizer
+    if (model.lora()) {
+      save_adapter(tmp.string(), model, base_model);
+      write_json_file((tmp / "config.json").string(), model.config().to_hf_json());
+      if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, tmp.string());
+    } else {
+      save_model(tmp.string(), model, tokenizer_dir);  // model.safetensors, config.json, tokenizer
+    }
     write_optimizer_state((tmp / "optimizer.safetensors").string(), optimizer, model.device());
     nlohmann::json files;
-    for (const auto& f : kHashedFiles) files[f] = sha256_file((tmp / f).string());
+    for (const auto& f : hashed_files(model)) files[f] = sha256_file((tmp / f).string());
     trainer_state["files"] = files;
     write_json_file((tmp / "trainer_state.json").string(), trainer_state);
     fs::remove(tmp / kWriterRecord);  // not part of the checkpoint
@@ -294,7 +307,7 @@ nlohmann::json load_checkpoint(const std::string& dir, GPT2& model, Optimizer& o
                                           " marker (file modified or corrupt)");
   if (!state.contains("files") || !state["files"].is_object())
     fail(ErrorKind::kInvalidArgument, state_path + ": field 'files' is missing");
-  for (const auto& f : kHashedFiles) {
+  for (const auto& f : hashed_files(model)) {
     std::string p = (d / f).string();
     if (!fs::exists(p)) fail(ErrorKind::kInvalidArgument, p + ": missing from the checkpoint");
     if (!state["files"].contains(f) || !state["files"][f].is_string())
@@ -311,7 +324,19 @@ nlohmann::json load_checkpoint(const std::string& dir, GPT2& model, Optimizer& o
     fail(ErrorKind::kInvalidArgument, (d / "config.json").string() +
                                           ": the checkpoint is a different model (" + saved.str() +
                                           ") than this run's (" + model.config().str() + ")");
-  load_weights((d / "model.safetensors").string(), model);
+  if (model.lora()) {
+    const LoraOptions saved_lora = read_adapter_config(dir);
+    const LoraOptions& lo = model.options().lora;
+    if (saved_lora.r != lo.r || saved_lora.alpha != lo.alpha ||
+        saved_lora.target_modules != lo.target_modules)
+      fail(ErrorKind::kInvalidArgument,
+           (d / kAdapterConfig).string() + ": the checkpoint's LoRA (r " +
+               std::to_string(saved_lora.r) + ") differs from this run's (r " +
+               std::to_string(lo.r) + "), or its alpha or target modules do");
+    load_adapter(dir, model);
+  } else {
+    load_weights((d / "model.safetensors").string(), model);
+  }
   read_optimizer_state((d / "optimizer.safetensors").string(), optimizer, model.device());
   for (const char* key : {"step", "data_position"})
     if (!state.contains(key) || !state[key].is_number_integer())

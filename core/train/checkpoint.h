@@ -26,10 +26,12 @@ inline constexpr const char* kCheckpointMarker = "COMPLETE";
 // the new one is complete), then deletes the oldest complete checkpoints beyond
 // save_total_limit (0 = keep all). `trainer_state` gains "files" with the SHA-256 of each file.
 // The tokenizer files of `tokenizer_dir` (when not empty) are copied in beside the weights.
-// Returns the checkpoint's path.
+// A model with LoRA saves its adapters (adapter_model.safetensors, adapter_config.json naming
+// `base_model`) instead of model.safetensors. Returns the checkpoint's path.
 std::string save_checkpoint(const std::string& output_dir, int64_t step, const GPT2& model,
                             const Optimizer& optimizer, nlohmann::json trainer_state,
-                            int save_total_limit, const std::string& tokenizer_dir = "");
+                            int save_total_limit, const std::string& tokenizer_dir = "",
+                            const std::string& base_model = "");
 
 // The hidden folder a checkpoint of `step` is assembled in,
 // <output_dir>/.checkpoint-<step>.tmp-<pid>, created empty apart from a WRITER record (pid, process

@@ -139,11 +139,16 @@ void save_model(const std::string& dir, const GPT2& model, const std::string& to
   }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
   write_json_file((fs::path(dir) / "config.json").string(), model.config().to_hf_json());
-  if (tokenizer_dir.empty() || fs::equivalent(tokenizer_dir, dir, ec)) return;
+  if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, dir);
+}
+
+void copy_tokenizer_files(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  if (fs::equivalent(from, to, ec)) return;
   for (const std::string& name : tokenizer_file_names()) {
-    const fs::path src = fs::path(tokenizer_dir) / name;
+    const fs::path src = fs::path(from) / name;
     if (fs::is_regular_file(src))
-      write_file_atomic((fs::path(dir) / name).string(), read_file_bytes(src.string()));
+      write_file_atomic((fs::path(to) / name).string(), read_file_bytes(src.string()));
   }
 }
 

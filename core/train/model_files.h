@@ -20,6 +20,10 @@ inline const std::vector<std::string>& tokenizer_file_names() {
   return names;
 }
 
+// Copies every tokenizer file of `from` into `to` (atomically each); none is an error only
+// when `from` has none.
+void copy_tokenizer_files(const std::string& from, const std::string& to);
+
 // Writes config.json and model.safetensors (fp32, HF GPT-2 names) into `dir` (created if
 // missing), each atomically; then copies every tokenizer file of `tokenizer_dir` (when not empty)
 // into `dir`, also atomically.

@@ -52,7 +52,8 @@ const char* optim_name(OptimKind k) {
 namespace {
 
 // What an optimizer updates: flat parameters and gradients on one device, the first
-// `decay_count` elements weight-decayed, described by the model's parameter table.
+// `decay_count` elements weight-decayed, described by the model's trainable table (every
+// parameter, or with LoRA the adapters).
 struct ParamSet {
   Device* dev = nullptr;
   Tensor params, grads;  // [n] f32
@@ -60,8 +61,8 @@ struct ParamSet {
   const std::vector<ParamInfo>* table = nullptr;
 
   static ParamSet of(GPT2& m) {
-    return {&m.device(),        m.params_flat(), m.grads_flat(),
-            m.num_parameters(), m.decay_count(), &m.params()};
+    return {&m.device(),       m.trainable_flat(),        m.trainable_grads(),
+            m.num_trainable(), m.trainable_decay_count(), &m.trainable_params()};
   }
   Tensor param(const ParamInfo& p) const { return params.slice_flat(p.offset, p.shape); }
   Tensor grad(const ParamInfo& p) const { return grads.slice_flat(p.offset, p.shape); }
@@ -115,8 +116,9 @@ class AdamW final : public FusedOptimizer {
     ps.dev->adamw(ps.param_range(0, nd), ps.grad_range(0, nd), m_.slice_flat(0, {nd}),
                   v_.slice_flat(0, {nd}), grad_norm, hp);
     hp.weight_decay = 0.0f;
-    ps.dev->adamw(ps.param_range(nd, n - nd), ps.grad_range(nd, n - nd),
-                  m_.slice_flat(nd, {n - nd}), v_.slice_flat(nd, {n - nd}), grad_norm, hp);
+    if (n > nd)  // empty with LoRA: every adapter is decayed
+      ps.dev->adamw(ps.param_range(nd, n - nd), ps.grad_range(nd, n - nd),
+                    m_.slice_flat(nd, {n - nd}), v_.slice_flat(nd, {n - nd}), grad_norm, hp);
   }
   static AdamWHyper adam_hyper(const OptimizerSettings& s, double lr, int64_t step) {
     AdamWHyper hp;
@@ -448,14 +450,14 @@ class UpdateWorker {
 class Offloaded final : public Optimizer {
  public:
   Offloaded(GPT2& model, const OptimizerSettings& s) : host_(open_device("cpu")) {
-    const int64_t n = model.num_parameters();
+    const int64_t n = model.num_trainable();
     ParamSet ps;
     ps.dev = host_.get();
     ps.params = host_->empty({n}, DType::f32, MemCategory::kWeights);
     ps.grads = host_->empty({n}, DType::f32, MemCategory::kGrads);
     ps.n = n;
-    ps.decay_count = model.decay_count();
-    ps.table = &model.params();
+    ps.decay_count = model.trainable_decay_count();
+    ps.table = &model.trainable_params();
     host_ps_ = ps;
     norm_ = host_->empty({1}, DType::f32, MemCategory::kWorkspace);
     host_->fill(norm_, 0.0f);
@@ -471,12 +473,12 @@ class Offloaded final : public Optimizer {
     const size_t bytes = static_cast<size_t>(host_ps_.n) * sizeof(float);
     staging_.resize(static_cast<size_t>(host_ps_.n));
     if (!synced_) {  // the master copy starts from the device's weights (init or a checkpoint)
-      dev.download(staging_.data(), model.params_flat(), bytes);
+      dev.download(staging_.data(), model.trainable_flat(), bytes);
       host_->upload(host_ps_.params, staging_.data(), bytes);
       synced_ = true;
     }
     if (!worker_ || !warm_) {  // synchronous: the whole step here
-      dev.download(staging_.data(), model.grads_flat(), bytes);
+      dev.download(staging_.data(), model.trainable_grads(), bytes);
       host_->upload(host_ps_.grads, staging_.data(), bytes);
       copy_norm(dev, grad_norm);
       const auto t0 = Clock::now();
@@ -484,14 +486,14 @@ class Offloaded final : public Optimizer {
       stats_.update_s += seconds(Clock::now() - t0);
       ++stats_.updates;
       host_->download(staging_.data(), host_ps_.params, bytes);
-      dev.upload(model.params_flat(), staging_.data(), bytes);
+      dev.upload(model.trainable_flat(), staging_.data(), bytes);
       warm_ = worker_ != nullptr;  // from the next step on, delayed
       return;
     }
     // Delayed. 1: the gradients leave the device before the join, so the wait for the device
     // (on a device backend) and the host update in flight overlap.
     grad_staging_.resize(static_cast<size_t>(host_ps_.n));
-    dev.download(grad_staging_.data(), model.grads_flat(), bytes);
+    dev.download(grad_staging_.data(), model.trainable_grads(), bytes);
     float gn = 0.0f;
     if (grad_norm.defined()) dev.download(&gn, grad_norm, sizeof gn);
     join();                                                      // 2
@@ -500,7 +502,7 @@ class Offloaded final : public Optimizer {
     host_->download(staging_.data(), host_ps_.params, bytes);
     worker_->launch([this, lr, step] { inner_->update(host_ps_, norm_, lr, step); });  // 4
     in_flight_ = true;
-    dev.upload(model.params_flat(), staging_.data(), bytes);  // 5
+    dev.upload(model.trainable_flat(), staging_.data(), bytes);  // 5
     resumed_at_ = Clock::now();  // the trainer goes on with the next step from here
   }
 
@@ -512,7 +514,7 @@ class Offloaded final : public Optimizer {
     join();
     const size_t bytes = static_cast<size_t>(host_ps_.n) * sizeof(float);
     host_->download(staging_.data(), host_ps_.params, bytes);
-    model.device().upload(model.params_flat(), staging_.data(), bytes);
+    model.device().upload(model.trainable_flat(), staging_.data(), bytes);
     warm_ = false;  // the pipeline starts again with a synchronous step
     return true;
   }

@@ -64,6 +64,15 @@ struct TrainArgs {
   // CPU, i.e. lavapipe: 3x). The --attention flag; GPT2Options::fused_attention.
   std::string attention = "auto";
 
+  // LoRA (PEFT's names and defaults): r > 0 freezes the model and trains rank-r adapters on the
+  // target modules (comma-separated; GPT-2's PEFT default "c_attn"); outputs and checkpoints
+  // then hold the adapters as PEFT saves them. Dropout on the adapter input is not implemented:
+  // a non-zero --lora-dropout is refused.
+  int lora_r = 0;
+  double lora_alpha = 8.0;
+  double lora_dropout = 0.0;
+  std::string lora_target_modules = "c_attn";
+
   // checkpoints: <output_dir>/checkpoint-<step>/ every save_steps steps (0 = none)
   int64_t save_steps = 0;
   int save_total_limit = 0;            // keep only the newest K checkpoints (0 = all)

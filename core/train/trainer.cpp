@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/model/gpt2.h"
 #include "core/registry.h"
+#include "core/train/adapter_files.h"
 #include "core/train/checkpoint.h"
 #include "core/train/evaluate.h"
 #include "core/train/model_files.h"
@@ -56,6 +57,11 @@ void validate_args(const TrainArgs& a) {
                std::to_string(a.max_grad_norm), "must be >= 0 (0 disables clipping)");
   require_flag(a.attention == "auto" || a.attention == "fused" || a.attention == "unfused",
                "--attention", a.attention, "must be auto, fused or unfused");
+  require_flag(a.lora_r >= 0, "--lora-r", std::to_string(a.lora_r), "must be >= 0 (0: no LoRA)");
+  require_flag(std::isfinite(a.lora_alpha) && a.lora_alpha > 0, "--lora-alpha",
+               std::to_string(a.lora_alpha), "must be > 0");
+  require_flag(a.lora_dropout == 0.0, "--lora-dropout", std::to_string(a.lora_dropout),
+               "is not supported (crosstrain has no dropout); use 0");
   require_flag(a.logging_steps > 0, "--logging-steps", std::to_string(a.logging_steps),
                "must be > 0");
   require_flag(a.eval_steps >= 0, "--eval-steps", std::to_string(a.eval_steps),
@@ -157,6 +163,24 @@ ModelSource resolve_model(const TrainArgs& a) {
   return m;
 }
 
+// --lora-target-modules "c_attn,c_proj" as PEFT's list.
+std::vector<std::string> split_modules(const std::string& csv) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= csv.size()) {
+    size_t end = csv.find(',', start);
+    if (end == std::string::npos) end = csv.size();
+    std::string t = csv.substr(start, end - start);
+    t.erase(0, t.find_first_not_of(" \t"));
+    t.erase(t.find_last_not_of(" \t") + 1);
+    require_flag(!t.empty(), "--lora-target-modules", "'" + csv + "'",
+                 "must be module names separated by commas");
+    out.push_back(t);
+    start = end + 1;
+  }
+  return out;
+}
+
 // The training tokens of `path`: a token file as it is (ids checked against the vocabulary),
 // text through the tokenizer.
 std::vector<int32_t> load_tokens(const std::string& path, const TextTokenizer& tok,
@@ -218,7 +242,10 @@ nlohmann::json args_json(const TrainArgs& a) {
           {"bf16", a.bf16},
           {"tf32", a.tf32},
           {"gradient_checkpointing", a.gradient_checkpointing},
-          {"attention", a.attention}};
+          {"attention", a.attention},
+          {"lora_r", a.lora_r},
+          {"lora_alpha", a.lora_alpha},
+          {"lora_target_modules", a.lora_target_modules}};
 }
 
 // Keeps the records of steps <= `step` (a resumed run continues the file from there).
@@ -309,12 +336,19 @@ TrainSummary train(const TrainArgs& args) {
   mopts.gradient_checkpointing = args.gradient_checkpointing;
   mopts.fused_attention = args.attention == "fused" ||
                           (args.attention == "auto" && !unfused_attention_is_faster(dev.info()));
+  if (args.lora_r > 0) {
+    mopts.lora.r = args.lora_r;
+    mopts.lora.alpha = static_cast<float>(args.lora_alpha);
+    mopts.lora.target_modules = split_modules(args.lora_target_modules);
+  }
   mopts.policy = PrecisionPolicy::make(args.fp16   ? Precision::kFp16
                                        : args.bf16 ? Precision::kBf16
                                                    : Precision::kFp32);
   GPT2 model(dev, config, /*with_grads=*/true, mopts);
   model.init(args.seed);
-  if (!source.pretrained.empty() && args.resume_from_checkpoint.empty())
+  // The pretrained weights, unless a checkpoint replaces them (a LoRA checkpoint holds only the
+  // adapters: the frozen base always comes from the folder).
+  if (!source.pretrained.empty() && (args.resume_from_checkpoint.empty() || model.lora()))
     load_weights_from_folder(source.pretrained, model);
   LossScalerConfig scaler_config;
   scaler_config.init_scale = static_cast<float>(args.fp16_init_scale);
@@ -323,7 +357,7 @@ TrainSummary train(const TrainArgs& args) {
   const OptimizerSettings os = optimizer_settings(args);
   std::unique_ptr<Optimizer> optimizer = make_optimizer(model, os);
   const double optimizer_bytes_per_param =
-      static_cast<double>(optimizer->state_bytes()) / static_cast<double>(model.num_parameters());
+      static_cast<double>(optimizer->state_bytes()) / static_cast<double>(model.num_trainable());
   Tensor inputs = dev.empty({B, T}, DType::i32, MemCategory::kActivations);
   Tensor targets = dev.empty({B, T}, DType::i32, MemCategory::kActivations);
   Tensor loss_sum = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
@@ -360,6 +394,14 @@ TrainSummary train(const TrainArgs& args) {
               config.str().c_str(), format_count(static_cast<double>(s.num_parameters)).c_str(),
               s.device.c_str());
   if (!source.notice.empty()) std::printf("notice: %s\n", source.notice.c_str());
+  if (model.lora())
+    std::printf("LoRA r=%d alpha=%g on %s: %s trainable parameters (%.2f%% of %s), base frozen\n",
+                mopts.lora.r, static_cast<double>(mopts.lora.alpha),
+                args.lora_target_modules.c_str(),
+                format_count(static_cast<double>(model.num_trainable())).c_str(),
+                100.0 * static_cast<double>(model.num_trainable()) /
+                    static_cast<double>(model.num_parameters()),
+                format_count(static_cast<double>(model.num_parameters())).c_str());
   std::printf("data: %s (%s, tokenizer %s), %s train / %s validation tokens; batch %d x %d",
               data_path.c_str(), data_format_name(detect_data_format(data_path)),
               tokenizer.describe().c_str(),
@@ -396,10 +438,10 @@ TrainSummary train(const TrainArgs& args) {
       dev.accumulate(loss_sum, loss);
     }
     // fp16: unscale the gradients and skip the step if any is inf/NaN (GradScaler semantics).
-    const bool found_inf = scaler.unscale_and_check(dev, model.grads_flat());
+    const bool found_inf = scaler.unscale_and_check(dev, model.trainable_grads());
     double lr = lr_at(schedule, args.learning_rate, step, args.warmup_steps, args.max_steps);
     if (!found_inf) {
-      dev.norm(grad_norm, model.grads_flat());
+      dev.norm(grad_norm, model.trainable_grads());
       optimizer->step(model, grad_norm, lr, step + 1 - scaler.skipped_steps());
       model.refresh_compute_weights();
     }
@@ -500,8 +542,9 @@ TrainSummary train(const TrainArgs& args) {
                            {"precision", mopts.policy.name()},
                            {"model_config", config.to_hf_json()},
                            {"args", args_json(args)}};
-      std::string path = save_checkpoint(args.output_dir, done, model, *optimizer, st,
-                                         args.save_total_limit, tokenizer.folder());
+      std::string path = save_checkpoint(
+          args.output_dir, done, model, *optimizer, st, args.save_total_limit, tokenizer.folder(),
+          source.pretrained.empty() ? args.model : source.pretrained);
       bar.println("saved " + path);
       t_window = Clock::now();
     }
@@ -516,7 +559,15 @@ TrainSummary train(const TrainArgs& args) {
   s.peak_memory = dev.memory().total_peak;
 
   if (args.profile) std::printf("%s", dev.profile_report().c_str());
-  save_model(args.output_dir, model, tokenizer.folder());
+  if (model.lora()) {
+    // As PEFT's save_pretrained: the adapters (the base stays where it came from), and the
+    // tokenizer as the Trainer saves it.
+    save_adapter(args.output_dir, model,
+                 source.pretrained.empty() ? args.model : source.pretrained);
+    if (!tokenizer.folder().empty()) copy_tokenizer_files(tokenizer.folder(), args.output_dir);
+  } else {
+    save_model(args.output_dir, model, tokenizer.folder());
+  }
   if (args.sample_tokens > 0) {
     SampleOptions so;
     so.temperature = 0.8f;

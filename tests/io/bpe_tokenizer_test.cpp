@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -17,7 +19,6 @@ namespace ct {
 namespace {
 
 using testing::expect_error;
-using testing::read_bytes;
 using testing::TempDir;
 using testing::write_bytes;
 
@@ -28,12 +29,20 @@ struct Case {
   std::vector<int32_t> ids;
 };
 
-std::vector<Case> cases() {
-  nlohmann::json j = read_json_file(kDir + "/expected.json");
-  std::vector<Case> out;
-  for (const auto& c : j["cases"])
-    out.push_back({c["text"].get<std::string>(), c["ids"].get<std::vector<int32_t>>()});
-  return out;
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = [] {
+    nlohmann::json j = read_json_file(kDir + "/expected.json");
+    std::vector<Case> out;
+    for (const auto& c : j["cases"])
+      out.push_back({c["text"].get<std::string>(), c["ids"].get<std::vector<int32_t>>()});
+    return out;
+  }();
+  return all;
+}
+
+const BpeTokenizer& tokenizer() {
+  static const BpeTokenizer tok = BpeTokenizer::from_folder(kDir);
+  return tok;
 }
 
 TEST(BpeTokenizer, MatchesHuggingFaceTokenizersInBothFormats) {
@@ -41,7 +50,8 @@ TEST(BpeTokenizer, MatchesHuggingFaceTokenizersInBothFormats) {
   const BpeTokenizer from_files =
       BpeTokenizer::from_files(kDir + "/vocab.json", kDir + "/merges.txt");
   const BpeTokenizer from_folder = BpeTokenizer::from_folder(kDir);  // tokenizer.json wins
-  EXPECT_EQ(from_json.vocab_size(), from_files.vocab_size());
+  EXPECT_EQ(from_json.vocab_size(), 1111);
+  EXPECT_EQ(from_files.vocab_size(), 1111);
   int checked = 0;
   for (const Case& c : cases()) {
     EXPECT_EQ(from_json.encode(c.text), c.ids) << "tokenizer.json, text: " << c.text;
@@ -49,16 +59,26 @@ TEST(BpeTokenizer, MatchesHuggingFaceTokenizersInBothFormats) {
     EXPECT_EQ(from_folder.encode(c.text), c.ids) << "folder, text: " << c.text;
     ++checked;
   }
-  EXPECT_GE(checked, 40);
+  EXPECT_GE(checked, 200);
+}
+
+TEST(BpeTokenizer, FolderWithoutTokenizerJsonReadsVocabAndMerges) {
+  TempDir dir;
+  for (const char* f : {"vocab.json", "merges.txt"})
+    std::filesystem::copy_file(kDir + "/" + f, dir.file(f));
+  const BpeTokenizer tok = BpeTokenizer::from_folder(dir.path());
+  for (const Case& c : cases()) EXPECT_EQ(tok.encode(c.text), c.ids) << c.text;
 }
 
 TEST(BpeTokenizer, DecodeInvertsEncode) {
-  const BpeTokenizer tok = BpeTokenizer::from_folder(kDir);
+  const BpeTokenizer& tok = tokenizer();
   for (const Case& c : cases()) EXPECT_EQ(tok.decode(c.ids), c.text);
   const std::vector<int32_t> outside = {-1, tok.vocab_size()};
   EXPECT_EQ(tok.decode(outside), "\xEF\xBF\xBD\xEF\xBF\xBD");
   ASSERT_TRUE(tok.token_to_id("<|endoftext|>").has_value());
-  EXPECT_EQ(tok.decode(std::vector<int32_t>{*tok.token_to_id("<|endoftext|>")}), "<|endoftext|>");
+  EXPECT_EQ(*tok.token_to_id("<|endoftext|>"), 0);  // the trainer puts special tokens first
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{0}), "<|endoftext|>");
+  EXPECT_EQ(tok.token_to_id("\xC4\xA0the"), tok.encode(" the").front());  // "Ġthe"
   EXPECT_FALSE(tok.token_to_id("no such token").has_value());
 }
 
@@ -76,33 +96,99 @@ TEST(BpeTokenizer, MergesAsStringsReadLikeMergesAsPairs) {
   for (const Case& c : cases()) EXPECT_EQ(tok.encode(c.text), c.ids) << c.text;
 }
 
-TEST(BpeTokenizer, ParallelEqualsSerial) {
-  const BpeTokenizer tok = BpeTokenizer::from_folder(kDir);
+TEST(BpeTokenizer, RepeatedMergeTakesItsLastRank) {
+  // tokenizers 0.23.3 with ["i", "n"] (rank 0) repeated at the end of the merges encodes "ine"
+  // as ["i", "ne"]: the later rank replaces the earlier one. Without the repeat: ["ine"].
+  TempDir dir;
+  nlohmann::json j = read_json_file(kDir + "/tokenizer.json");
+  ASSERT_EQ(j["model"]["merges"][0], nlohmann::json::array({"i", "n"}));
+  j["model"]["merges"].push_back(nlohmann::json::array({"i", "n"}));
+  write_bytes(dir.file("tokenizer.json"), j.dump());
+  const BpeTokenizer tok = BpeTokenizer::from_folder(dir.path());
+  const BpeTokenizer& plain = tokenizer();
+  EXPECT_EQ(plain.encode("ine"), std::vector<int32_t>{*plain.token_to_id("ine")});
+  EXPECT_EQ(tok.encode("ine"),
+            (std::vector<int32_t>{*tok.token_to_id("i"), *tok.token_to_id("ne")}));
+}
+
+// A text of about `bytes` bytes: the expected cases in a seeded random order, with stretches
+// that a careless cut would change -- whitespace runs, blank lines with spaces, added tokens
+// beside newlines and spaces, Unicode spaces before ' ' and '\n', lines of CJK only (cuts between
+// non-ASCII characters), invalid UTF-8 -- all through it, so that chunk edges land among them.
+std::string hostile_text(size_t bytes, uint32_t seed) {
+  const std::vector<std::string> hostile = {
+      std::string(3000, ' '),
+      "\n\n   \n",
+      " \n \n\t\n",
+      "x\n<|endoftext|>\ny",
+      "<|endoftext|> <|endoftext|>\n<|endoftext|>",
+      "\u3000 \u3000\n\u3000x \u00a0 y\u00a0\nz",
+      "\u180e \u180e\n\u180ex",
+      "\u65e5\u672c\u8a9e\u306e\n\u6587\u7ae0\u3067\u3059\n\u3002\n",
+      "\u00e9 \u00e9\n\u00e9",
+      "ab\xC3 cd\xE2\x82\nef\xFF\n\xFE gh",
+      std::string(500, '\n') + "t",
+      "'s\n'll 're\n's",
+      "a \n b \n\n c",
+  };
+  std::mt19937 rng(seed);
   std::string text;
-  for (const Case& c : cases()) text += c.text + "\n";
-  // Cut-hostile stretches: whitespace runs across would-be cut points, blank lines with spaces,
-  // added tokens next to newlines, a line break between non-ASCII characters.
-  const std::string hostile = "x\n\n   \ny\n \n\tz\n<|endoftext|>\nw\n" + std::string(3000, ' ') +
-                              "\nv\u00e9\n\u00e9u\n" + std::string(500, '\n') + "t\n";
-  std::string big;
-  while (big.size() < (1u << 20)) big += text + hostile;
-  const std::vector<int32_t> serial = tok.encode(big);
-  for (int threads : {1, 2, 3, 7})
-    EXPECT_EQ(tok.encode_parallel(big, threads), serial) << threads << " threads";
+  while (text.size() < bytes) {
+    if (rng() % 3 == 0) {
+      text += hostile[rng() % hostile.size()];
+    } else {
+      text += cases()[rng() % cases().size()].text;
+      text += " \n\t"[rng() % 3];
+    }
+  }
+  return text;
+}
+
+TEST(BpeTokenizer, ParallelEqualsSerial) {
+  const BpeTokenizer& tok = tokenizer();
+  for (uint32_t seed : {1u, 2u}) {
+    const std::string big = hostile_text(size_t{3} << 19, seed);
+    const std::vector<int32_t> serial = tok.encode(big);
+    for (int threads : {1, 2, 3, 7})
+      EXPECT_EQ(tok.encode_parallel(big, threads), serial) << threads << " threads";
+  }
+  // No safe cut anywhere: one chunk.
+  const std::string spaces(size_t{1} << 20, ' ');
+  EXPECT_EQ(tok.encode_parallel(spaces, 3), tok.encode(spaces));
+  EXPECT_TRUE(tok.encode_parallel("", 3).empty());
+}
+
+TEST(BpeTokenizer, ParallelReportsProgress) {
+  const BpeTokenizer& tok = tokenizer();
+  const std::string text = hostile_text(size_t{1} << 20, 3);
+  for (int threads : {1, 3}) {
+    std::vector<size_t> seen;
+    const std::vector<int32_t> ids =
+        tok.encode_parallel(text, threads, [&](size_t done) { seen.push_back(done); });
+    EXPECT_EQ(ids, tok.encode(text));
+    ASSERT_FALSE(seen.empty());
+    EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+    EXPECT_EQ(seen.back(), text.size());
+  }
 }
 
 TEST(BpeTokenizer, InvalidUtf8DoesNotFail) {
-  const BpeTokenizer tok = BpeTokenizer::from_folder(kDir);
+  const BpeTokenizer& tok = tokenizer();
   const std::string bad = std::string("ok \xff\xfe bytes \xc3 cut \xe2\x82", 21);
   const std::vector<int32_t> ids = tok.encode(bad);
   EXPECT_EQ(tok.decode(ids), bad);  // every byte kept, as its own stand-in
+  // A run of invalid bytes is one piece, the valid text around it pieces as usual.
+  std::vector<int32_t> want = tok.encode("ok ");
+  for (int32_t id : tok.encode("\xff\xfe")) want.push_back(id);
+  for (int32_t id : tok.encode(" bytes")) want.push_back(id);
+  EXPECT_EQ(tok.encode("ok \xff\xfe bytes"), want);
 }
 
 TEST(BpeTokenizer, RefusesWhatItDoesNotImplementNamingTheFile) {
   TempDir dir;
   const auto kBad = ErrorKind::kInvalidArgument;
   const nlohmann::json good = read_json_file(kDir + "/tokenizer.json");
-  auto refused = [&](const std::string& name, nlohmann::json j,
+  auto refused = [&](const std::string& name, const nlohmann::json& j,
                      const std::vector<std::string>& parts) {
     const std::string path = dir.file(name);
     write_bytes(path, j.dump());
@@ -123,23 +209,39 @@ TEST(BpeTokenizer, RefusesWhatItDoesNotImplementNamingTheFile) {
   j["pre_tokenizer"] = {{"type", "Whitespace"}};
   refused("pre.json", j, {"pre_tokenizer", "Whitespace"});
   j = good;
+  j["decoder"] = {{"type", "WordPiece"}};
+  refused("decoder.json", j, {"decoder", "WordPiece"});
+  j = good;
+  j["truncation"] = {{"max_length", 8}};
+  refused("truncation.json", j, {"truncation"});
+  j = good;
   j["model"]["dropout"] = 0.1;
   refused("dropout.json", j, {"model.dropout"});
+  j = good;
+  j["model"]["unk_token"] = "<unk>";
+  refused("unk.json", j, {"model.unk_token"});
   j = good;
   j["added_tokens"][0]["lstrip"] = true;
   refused("lstrip.json", j, {"added_tokens[0].lstrip"});
   j = good;
   j["model"]["merges"].push_back(nlohmann::json::array({"zz_not", "in_vocab"}));
-  refused("merge.json", j, {"model.merges[", "zz_not", "not in model.vocab"});
+  refused("merge.json", j, {"model.merges[854]", "zz_not", "not in model.vocab"});
+  j = good;
+  j["model"]["merges"].push_back(42);
+  refused("merge_kind.json", j, {"model.merges[854]"});
 
   write_bytes(dir.file("broken.json"), "{\"model\": ");
   expect_error([&] { BpeTokenizer::from_tokenizer_json(dir.file("broken.json")); }, kBad,
                {dir.file("broken.json")});
+  write_bytes(dir.file("vocab_bad.json"), "{\"a\": \"one\"}");
+  expect_error(
+      [&] { BpeTokenizer::from_files(dir.file("vocab_bad.json"), kDir + "/merges.txt"); }, kBad,
+      {dir.file("vocab_bad.json"), "\"a\""});
 
   // merges.txt naming a token vocab.json does not have: the line is named
   write_bytes(dir.file("merges.txt"), "#version: 0.2\ni n\nqq rr\n");
   expect_error([&] { BpeTokenizer::from_files(kDir + "/vocab.json", dir.file("merges.txt")); },
-               kBad, {dir.file("merges.txt"), "line 3", "qq"});
+               kBad, {dir.file("merges.txt"), "line 3", "qq", "vocab.json"});
   write_bytes(dir.file("merges1.txt"), "i n extra\n");
   expect_error([&] { BpeTokenizer::from_files(kDir + "/vocab.json", dir.file("merges1.txt")); },
                kBad, {dir.file("merges1.txt"), "line 1"});

@@ -15,5 +15,6 @@ Run add_generate(CLI::App& app);
 Run add_devices(CLI::App& app);
 Run add_bench(CLI::App& app);
 Run add_prepare_data(CLI::App& app);
+Run add_merge_lora(CLI::App& app);
 
 }  // namespace ct::cli

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
       ct::cli::add_eval);
   add("prepare-data", "tokenize text into an llm.c token file (--tokenizer, --data, --output)",
       ct::cli::add_prepare_data);
+  add("merge-lora", "merge LoRA adapters into their base model (a full model folder)",
+      ct::cli::add_merge_lora);
   add("generate", "sample text from a saved model", ct::cli::add_generate);
   add("bench", "benchmarks: --techniques (the training-techniques table)", ct::cli::add_bench);
   add("devices", "list every backend and device, or why it is unavailable", ct::cli::add_devices);

@@ -63,6 +63,12 @@ Run add_train(CLI::App& app) {
   app.add_flag(names("--offload-delayed-update"), a->offload_delayed_update,
                "with --offload-optimizer: update on the CPU while the device computes the next "
                "step (ZeRO-Offload's delayed parameter update: weights one update behind)");
+  flag(&app, "--lora-r", a->lora_r,
+       "LoRA rank: freeze the model and train rank-r adapters (0 = train every parameter)");
+  flag(&app, "--lora-alpha", a->lora_alpha, "LoRA scaling numerator: updates scaled by alpha / r");
+  flag(&app, "--lora-dropout", a->lora_dropout, "LoRA input dropout (only 0 is supported)");
+  flag(&app, "--lora-target-modules", a->lora_target_modules,
+       "comma-separated GPT-2 modules to adapt: c_attn, c_proj, c_fc, attn.c_proj, mlp.c_proj");
   flag(&app, "--seed", a->seed, "seed of initialisation and data order");
   flag(&app, "--logging-steps", a->logging_steps, "log a metrics record every N steps");
   flag(&app, "--eval-steps", a->eval_steps, "evaluate every N steps (0 = only at the end)");
@@ -106,7 +112,10 @@ Run add_train(CLI::App& app) {
     std::printf("validation loss  %.4f\n", s.eval_loss);
     std::printf("throughput       %s tokens/s\n", format_count(s.tokens_per_s).c_str());
     std::printf("peak memory      %s (device accounting)\n", format_bytes(s.peak_memory).c_str());
-    std::printf("saved            %s/model.safetensors, config.json, metrics.jsonl\n",
+    std::printf(a->lora_r > 0
+                    ? "saved            %s/adapter_model.safetensors, adapter_config.json, "
+                      "metrics.jsonl\n"
+                    : "saved            %s/model.safetensors, config.json, metrics.jsonl\n",
                 a->output_dir.c_str());
     if (!s.sample.empty()) std::printf("\n== sample ==\n%s\n", s.sample.c_str());
     return 0;
