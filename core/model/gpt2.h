@@ -169,6 +169,8 @@ class GPT2 {
   // The adapter table: "h.<l>.<module>.lora_A.weight" [r, in] and ".lora_B.weight" [out, r],
   // per layer in module order; all weight-decayed (as Hugging Face's Trainer decays them).
   const std::vector<ParamInfo>& lora_params() const { return lora_table_; }
+  // How many adapter parameters `lora` adds to a model of `config` (0 when not enabled).
+  static int64_t lora_parameter_count(const GPT2Config& config, const LoraOptions& lora);
   std::map<std::string, std::vector<float>> download_lora_map() const;
   // Every adapter must be present with its element count; unknown names are errors.
   void upload_lora(const std::map<std::string, std::vector<float>>& named);

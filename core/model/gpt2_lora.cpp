@@ -84,6 +84,16 @@ void GPT2::build_lora_table() {
   lora_count_ = offset;
 }
 
+int64_t GPT2::lora_parameter_count(const GPT2Config& config, const LoraOptions& lora) {
+  if (!lora.enabled()) return 0;
+  int64_t n = 0;
+  for (int l = 0; l < config.n_layer; ++l)
+    for (const LoraModule& m : kLoraModules)
+      if (targets(lora.target_modules, "h." + std::to_string(l) + "." + m.name))
+        n += int64_t{lora.r} * (m.in_c + m.out_c) * config.n_embd;
+  return n;
+}
+
 Tensor GPT2::trainable_grads() const {
   if (!lora()) return grads_flat();
   if (!lora_grads_.defined())

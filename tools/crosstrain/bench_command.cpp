@@ -36,6 +36,8 @@ struct Technique {
   bool checkpointing = false;
   double optimizer_bytes_per_param = 8;  // AdamW: two fp32 moments
   bool unfused_attention = false;        // --attention unfused: the probabilities stored
+  int lora_r = 0;                        // LoRA: the base frozen, adapters on lora_targets
+  std::string lora_targets;
 };
 
 // Optimizer state bytes per parameter of --optim `kind` on cfg's tensors (optimizer.h's formulas).
@@ -62,7 +64,20 @@ int64_t predicted_bytes(const GPT2Config& cfg, const Technique& t, int micro_bat
   o.gradient_checkpointing = t.checkpointing;
   o.fused_attention = !t.unfused_attention;
   o.policy = PrecisionPolicy::make(t.mixed ? Precision::kBf16 : Precision::kFp32);
-  return n * (4 + (t.mixed ? 2 : 0) + 4) + static_cast<int64_t>(t.optimizer_bytes_per_param * n) +
+  const int64_t copy = t.mixed ? 2 : 0;
+  if (t.lora_r > 0) {
+    // The frozen base keeps its weights (and 16-bit copy) only; the adapters train.
+    o.lora.r = t.lora_r;
+    o.lora.alpha = 16.0f;
+    o.lora.target_modules.clear();
+    std::stringstream ss(t.lora_targets);
+    for (std::string m; std::getline(ss, m, ',');) o.lora.target_modules.push_back(m);
+    const int64_t na = GPT2::lora_parameter_count(cfg, o.lora);
+    return n * (4 + copy) + na * (4 + copy + 4) +
+           static_cast<int64_t>(t.optimizer_bytes_per_param * static_cast<double>(na)) +
+           GPT2::activation_bytes(cfg, o, micro_batch, cfg.block_size);
+  }
+  return n * (4 + copy + 4) + static_cast<int64_t>(t.optimizer_bytes_per_param * n) +
          GPT2::activation_bytes(cfg, o, micro_batch, cfg.block_size);
 }
 
@@ -188,6 +203,18 @@ Run add_bench(CLI::App& app) {
                           true,
                           true,
                           bpp_8});
+    // LoRA r=8 on the attention projections (PEFT's names), as in the fine-tuning guides.
+    Technique lora{"LoRA r=8 (attention)",
+                   {"--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules",
+                    "attn.c_attn,attn.c_proj"}};
+    lora.lora_r = 8;
+    lora.lora_targets = "attn.c_attn,attn.c_proj";
+    techniques.push_back(lora);
+    Technique lora16 = lora;
+    lora16.name = "bf16 + LoRA r=8 (attention)";
+    lora16.flags.push_back("--bf16");
+    lora16.mixed = true;
+    techniques.push_back(lora16);
     fs::create_directories(o->output_dir);
     const std::string exe = (fs::path(executable_dir()) / "crosstrain").string();
     const std::string log = (fs::path(o->output_dir) / "runs.log").string();
@@ -232,8 +259,7 @@ Run add_bench(CLI::App& app) {
         auto [status, rss] = run_child(argv, log);
         Row r;
         if (status == 0) {
-          std::ifstream cfg(dir / "config.json");
-          T = nlohmann::json::parse(cfg)["n_positions"].get<int>();
+          T = cfg.block_size;  // LoRA rows write adapters, no config.json
           r = read_row(dir, 0, T);
         } else {
           r.error = "exit status " + std::to_string(status) + " (see " + log + ")";
