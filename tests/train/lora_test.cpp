@@ -40,6 +40,30 @@ std::vector<float> floats(const SafetensorsFile& f, const std::string& name) {
   return v;
 }
 
+// The golden run's adapters: r 4, alpha 16 on c_attn and c_proj.
+GPT2Options golden_lora() {
+  GPT2Options o;
+  o.lora.r = 4;
+  o.lora.alpha = 16;
+  o.lora.target_modules = {"c_attn", "c_proj"};
+  return o;
+}
+
+// The adapter gradients of one forward/backward on inputs x, targets y ([4, 32] each).
+std::vector<float> adapter_grads(Device& dev, GPT2& model, const std::vector<int32_t>& x,
+                                 const std::vector<int32_t>& y) {
+  Tensor in = dev.empty({4, 32}, DType::i32, MemCategory::kActivations);
+  Tensor tg = dev.empty({4, 32}, DType::i32, MemCategory::kActivations);
+  dev.upload(in, x.data(), x.size() * 4);
+  dev.upload(tg, y.data(), y.size() * 4);
+  model.zero_grad();
+  model.forward(in, &tg, 4, 32);
+  model.backward();
+  std::vector<float> grads(static_cast<size_t>(model.num_trainable()));
+  dev.download(grads.data(), model.trainable_grads(), grads.size() * 4);
+  return grads;
+}
+
 // The golden run's settings (scripts/make_lora_golden.py).
 TrainArgs lora_args(const fs::path& out, const std::string& backend = "cpu") {
   TrainArgs a = testing::small_model_args(out);
@@ -97,10 +121,7 @@ TEST(Lora, MatchesPyTorchAdapters) {
 
 TEST(Lora, TheBaseIsFrozenAndBStartsAtZero) {
   auto dev = open_device("cpu");
-  GPT2Options o;
-  o.lora.r = 4;
-  o.lora.alpha = 16;
-  o.lora.target_modules = {"c_attn", "c_proj"};
+  const GPT2Options o = golden_lora();
   const int64_t grads_before = dev->memory().current[static_cast<int>(MemCategory::kGrads)];
   GPT2 model(*dev, read_model_config(kBase), /*with_grads=*/true, o);
   // Gradient memory: the adapters' only.
@@ -113,17 +134,9 @@ TEST(Lora, TheBaseIsFrozenAndBStartsAtZero) {
   const std::vector<float> base_before = model.download_params();
   // With B = 0 (PEFT's init) the first gradient of every A is zero and B's is not.
   auto tokens = make_byte_tokenizer()->encode(load_text(kText));
-  Tensor in = dev->empty({4, 32}, DType::i32, MemCategory::kActivations);
-  Tensor tg = dev->empty({4, 32}, DType::i32, MemCategory::kActivations);
-  std::vector<int32_t> x(tokens.begin(), tokens.begin() + 128),
-      y(tokens.begin() + 1, tokens.begin() + 129);
-  dev->upload(in, x.data(), x.size() * 4);
-  dev->upload(tg, y.data(), y.size() * 4);
-  model.zero_grad();
-  model.forward(in, &tg, 4, 32);
-  model.backward();
-  std::vector<float> grads(static_cast<size_t>(model.num_trainable()));
-  dev->download(grads.data(), model.trainable_grads(), grads.size() * 4);
+  const std::vector<float> grads =
+      adapter_grads(*dev, model, std::vector<int32_t>(tokens.begin(), tokens.begin() + 128),
+                    std::vector<int32_t>(tokens.begin() + 1, tokens.begin() + 129));
   for (const ParamInfo& p : model.lora_params()) {
     double sq = 0;
     for (int64_t i = 0; i < p.numel; ++i) sq += double{grads[p.offset + i]} * grads[p.offset + i];
@@ -145,11 +158,7 @@ TEST(Lora, StepTwoGradientsMatchPyTorch) {
   a.save_steps = 1;
   train(a);
   auto dev = open_device("cpu");
-  GPT2Options o;
-  o.lora.r = 4;
-  o.lora.alpha = 16;
-  o.lora.target_modules = {"c_attn", "c_proj"};
-  GPT2 model(*dev, read_model_config(kBase), /*with_grads=*/true, o);
+  GPT2 model(*dev, read_model_config(kBase), /*with_grads=*/true, golden_lora());
   model.init(42);
   load_weights_from_folder(kBase, model);
   load_adapter((out / "checkpoint-1").string(), model);
@@ -157,16 +166,8 @@ TEST(Lora, StepTwoGradientsMatchPyTorch) {
   auto tokens = make_byte_tokenizer()->encode(load_text(kText));
   TokenSplit split = split_train_val(tokens, 0.1, 33);
   BatchLoader loader(split.train, 4, 32, 42);
-  Batch b = loader.make_batch(1);
-  Tensor in = dev->empty({4, 32}, DType::i32, MemCategory::kActivations);
-  Tensor tg = dev->empty({4, 32}, DType::i32, MemCategory::kActivations);
-  dev->upload(in, b.inputs.data(), b.inputs.size() * 4);
-  dev->upload(tg, b.targets.data(), b.targets.size() * 4);
-  model.zero_grad();
-  model.forward(in, &tg, 4, 32);
-  model.backward();
-  std::vector<float> grads(static_cast<size_t>(model.num_trainable()));
-  dev->download(grads.data(), model.trainable_grads(), grads.size() * 4);
+  const Batch b = loader.make_batch(1);
+  const std::vector<float> grads = adapter_grads(*dev, model, b.inputs, b.targets);
   for (const ParamInfo& p : model.lora_params()) {
     const std::vector<float> want = floats(g, "grads_step2.base_model.model.transformer." + p.name);
     ASSERT_EQ(static_cast<int64_t>(want.size()), p.numel) << p.name;
