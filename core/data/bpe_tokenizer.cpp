@@ -28,8 +28,9 @@ namespace {
 // category Z, \t \n \v \f \r and NEL), which is what `tokenizers` runs. PCRE2's \s would also take
 // U+180E MONGOLIAN VOWEL SEPARATOR (a space before Unicode 6.3), and split differently there.
 #define CT_SPACE R"(\p{Z}\t-\r\x{85})"
-constexpr const char* kPattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^)" CT_SPACE
-    R"(\p{L}\p{N}]+|[)" CT_SPACE R"(]+(?![^)" CT_SPACE R"(])|[)" CT_SPACE R"(]+)";
+constexpr const char* kPattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^)" CT_SPACE R"(\p{L}\p{N}]+|[)" CT_SPACE
+    R"(]+(?![^)" CT_SPACE R"(])|[)" CT_SPACE R"(]+)";
 constexpr const char* kSpaceClass = "[" CT_SPACE "]";
 #undef CT_SPACE
 
@@ -171,7 +172,7 @@ uint64_t mix64(uint64_t x) {
   return x;
 }
 
-// A hash of a piece's bytes (never 0: 0 marks an empty cache slot).
+// A hash of a piece's bytes.
 uint64_t hash_piece(const char* p, size_t n) {
   uint64_t h = 0x9E3779B97F4A7C15ull * (n + 1);
   while (n > 8) {
@@ -194,74 +195,90 @@ uint64_t hash_piece(const char* p, size_t n) {
   return mix64(h ^ w ^ 0x5851F42D4C957F2Dull) | 1;
 }
 
-// Piece bytes -> ids, open addressing over arenas; one per encoding thread. Cleared when full,
-// which bounds its memory (about 16 MB) on text with ever new pieces.
+// Piece bytes -> ids, one per encoding thread. Most lookups touch one cache line: the slots are
+// 4 bytes (an 8-bit hash tag and an entry index), and an entry of 64 bytes holds the key and the
+// ids of a piece of up to 22 bytes and 10 ids; other pieces go to a map beside it. Cleared when
+// full, which bounds its memory (about 20 MB, and 64Ki pieces of up to kMaxCachedPiece bytes) on
+// text with ever new pieces.
 class PieceCache {
  public:
   PieceCache() { slots_.resize(size_t{1} << 12); }
 
   // On a hit, appends the piece's ids to `out` and returns true.
   bool append(std::string_view piece, uint64_t hash, std::vector<int32_t>& out) const {
+    if (piece.size() > kKeyMax) return append_long(piece, out);
     const size_t mask = slots_.size() - 1;
+    const uint32_t tag = static_cast<uint32_t>(hash >> 56) << 24;
     for (size_t i = hash & mask;; i = (i + 1) & mask) {
-      const Slot& s = slots_[i];
-      if (s.hash == 0) return false;
-      if (s.hash == hash && s.key_len == piece.size() &&
-          std::memcmp(keys_.data() + s.key_at, piece.data(), piece.size()) == 0) {
-        out.insert(out.end(), ids_.begin() + s.ids_at, ids_.begin() + s.ids_at + s.n_ids);
-        return true;
-      }
+      const uint32_t s = slots_[i];
+      if (s == 0) return append_long(piece, out);  // a short piece of many ids (CJK)
+      if ((s & 0xFF000000u) != tag) continue;
+      const Entry& e = entries_[(s & 0xFFFFFFu) - 1];
+      if (e.key_len != piece.size() || !same_bytes(e.key, piece)) continue;
+      for (int k = 0; k < e.n_ids; ++k) out.push_back(e.ids[k]);
+      return true;
     }
   }
 
   void insert(std::string_view piece, uint64_t hash, const int32_t* ids, size_t n_ids) {
-    if ((used_ + 1) * 2 > slots_.size()) {
-      if (slots_.size() >= kMaxSlots) {
-        std::fill(slots_.begin(), slots_.end(), Slot{});
-        keys_.clear();
-        ids_.clear();
-        used_ = 0;
-      } else {
-        grow();
-      }
+    if (piece.size() > kKeyMax || n_ids > kIdsMax) {
+      if (long_.size() >= kMaxLong) long_.clear();
+      long_.emplace(std::string(piece), std::vector<int32_t>(ids, ids + n_ids));
+      return;
     }
-    Slot s;
-    s.hash = hash;
-    s.key_at = static_cast<uint32_t>(keys_.size());
-    s.ids_at = static_cast<uint32_t>(ids_.size());
-    s.key_len = static_cast<uint8_t>(piece.size());
-    s.n_ids = static_cast<uint8_t>(n_ids);
-    keys_.append(piece);
-    ids_.insert(ids_.end(), ids, ids + n_ids);
-    place(s);
-    ++used_;
+    if (entries_.size() >= kMaxEntries) {
+      std::fill(slots_.begin(), slots_.end(), 0u);
+      entries_.clear();
+    } else if ((entries_.size() + 1) * 2 > slots_.size()) {
+      std::vector<uint32_t> old(slots_.size() * 2, 0u);
+      old.swap(slots_);
+      for (size_t k = 0; k < entries_.size(); ++k)
+        place(hash_piece(entries_[k].key, entries_[k].key_len), k);
+    }
+    Entry& e = entries_.emplace_back();
+    e.key_len = static_cast<uint8_t>(piece.size());
+    e.n_ids = static_cast<uint8_t>(n_ids);
+    std::memcpy(e.key, piece.data(), piece.size());
+    std::copy(ids, ids + n_ids, e.ids);
+    place(hash, entries_.size() - 1);
   }
 
  private:
-  struct Slot {
-    uint64_t hash = 0;
-    uint32_t key_at = 0, ids_at = 0;
-    uint8_t key_len = 0, n_ids = 0;
+  static constexpr size_t kKeyMax = 22, kIdsMax = 10;
+  static constexpr size_t kMaxEntries = size_t{1} << 18, kMaxLong = size_t{1} << 16;
+  struct alignas(64) Entry {
+    uint8_t key_len, n_ids;
+    char key[kKeyMax];
+    int32_t ids[kIdsMax];
   };
-  static constexpr size_t kMaxSlots = size_t{1} << 19;
+  static_assert(sizeof(Entry) == 64);
 
-  void place(const Slot& s) {
+  bool append_long(std::string_view piece, std::vector<int32_t>& out) const {
+    if (long_.empty()) return false;
+    auto it = long_.find(piece);
+    if (it == long_.end()) return false;
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return true;
+  }
+  static bool same_bytes(const char* key, std::string_view piece) {
+    for (size_t k = 0; k < piece.size(); ++k)
+      if (key[k] != piece[k]) return false;
+    return true;
+  }
+  void place(uint64_t hash, size_t entry) {
     const size_t mask = slots_.size() - 1;
-    size_t i = s.hash & mask;
-    while (slots_[i].hash != 0) i = (i + 1) & mask;
-    slots_[i] = s;
-  }
-  void grow() {
-    std::vector<Slot> old(slots_.size() * 2);
-    old.swap(slots_);
-    for (const Slot& s : old)
-      if (s.hash != 0) place(s);
+    size_t i = hash & mask;
+    while (slots_[i] != 0) i = (i + 1) & mask;
+    slots_[i] = static_cast<uint32_t>(hash >> 56) << 24 | static_cast<uint32_t>(entry + 1);
   }
 
-  std::vector<Slot> slots_;
-  size_t used_ = 0;
-  std::string keys_;
-  std::vector<int32_t> ids_;
+  std::vector<uint32_t> slots_;
+  std::vector<Entry> entries_;
+  struct Hash {  // std::hash of the bytes, for lookups by string_view
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> long_;
 };
 
 }  // namespace
@@ -450,9 +467,8 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
       const nlohmann::json& a = added[i];
       const std::string where = "added_tokens[" + std::to_string(i) + "]";
       if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
-          a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > kMaxId ||
-          !a.contains("content") || !a["content"].is_string() ||
-          a["content"].get<std::string>().empty())
+          a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > kMaxId || !a.contains("content") ||
+          !a["content"].is_string() || a["content"].get<std::string>().empty())
         bad(path, where + " needs an integer 'id' in [0, " + std::to_string(kMaxId) +
                       "] and a non-empty 'content'");
       for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
@@ -510,24 +526,47 @@ void BpeTokenizer::finish(const std::string& source,
   for (const auto& [tok, id] : vocab_) max_id = std::max(max_id, id);
   for (const AddedToken& a : added_) max_id = std::max(max_id, a.id);
   if (max_id < 0) bad(source, "the vocabulary is empty");
-  std::vector<bool> in_vocab(static_cast<size_t>(max_id) + 1, false);
-  id_to_token_.assign(in_vocab.size(), std::string());
-  is_added_.assign(in_vocab.size(), false);
+  std::vector<std::string> token(static_cast<size_t>(max_id) + 1);  // as stored
+  std::vector<bool> in_vocab(token.size(), false);
   for (const auto& [tok, id] : vocab_) {
     if (in_vocab[id])
       bad(source, "id " + std::to_string(id) + " belongs to both " +
-                      nlohmann::json(id_to_token_[id]).dump() + " and " +
-                      nlohmann::json(tok).dump());
+                      nlohmann::json(token[id]).dump() + " and " + nlohmann::json(tok).dump());
     in_vocab[id] = true;
-    id_to_token_[id] = tok;
+    token[id] = tok;
   }
   for (const AddedToken& a : added_) {
-    if (in_vocab[a.id] && id_to_token_[a.id] != a.content)
+    if (in_vocab[a.id] && token[a.id] != a.content)
       bad(source, "added token " + nlohmann::json(a.content).dump() + " has id " +
                       std::to_string(a.id) + ", which the vocabulary gives " +
-                      nlohmann::json(id_to_token_[a.id]).dump());
-    id_to_token_[a.id] = a.content;
-    is_added_[a.id] = true;
+                      nlohmann::json(token[a.id]).dump());
+  }
+
+  // What decode() gives for each id: an added token's content; a vocabulary token's characters
+  // mapped back to the bytes they stand for (a character that stands for none, which GPT-2's
+  // files do not have, as it is).
+  const std::array<int32_t, 256>& cp = byte_to_unicode();
+  std::array<int16_t, 512> unicode_byte;
+  unicode_byte.fill(-1);
+  for (int b = 0; b < 256; ++b) unicode_byte[cp[b]] = static_cast<int16_t>(b);
+  id_bytes_.assign(token.size(), std::string());
+  known_.assign(token.size(), false);
+  for (size_t id = 0; id < token.size(); ++id) {
+    if (!in_vocab[id]) continue;
+    known_[id] = true;
+    const std::string& tok = token[id];
+    for (size_t i = 0; i < tok.size();) {
+      const size_t at = i;
+      const int32_t c = next_code_point(tok, i);
+      if (c >= 0 && c < 512 && unicode_byte[c] >= 0)
+        id_bytes_[id].push_back(static_cast<char>(unicode_byte[c]));
+      else
+        id_bytes_[id].append(tok, at, i - at);
+    }
+  }
+  for (const AddedToken& a : added_) {
+    known_[a.id] = true;
+    id_bytes_[a.id] = a.content;
   }
 
   // The merge table: a repeated pair keeps its last rank, as in `tokenizers` (a map built in
@@ -544,10 +583,7 @@ void BpeTokenizer::finish(const std::string& source,
     merge_table_[i] = MergeSlot{key, static_cast<int32_t>(rank), id};
   }
 
-  const std::array<int32_t, 256>& cp = byte_to_unicode();
-  unicode_byte_.fill(-1);
   for (int b = 0; b < 256; ++b) {
-    unicode_byte_[cp[b]] = static_cast<int16_t>(b);
     std::string s;
     append_utf8(s, cp[b]);
     auto it = vocab_.find(s);
@@ -569,7 +605,8 @@ namespace {
 
 // Appends to `out` the stretches of `text` and the occurrences of `tokens` (content, id), found
 // leftmost-longest as `tokenizers` (Aho-Corasick, LeftmostLongest) finds them.
-void split_by(std::string_view text, const std::vector<std::pair<std::string_view, int32_t>>& tokens,
+void split_by(std::string_view text,
+              const std::vector<std::pair<std::string_view, int32_t>>& tokens,
               std::vector<std::pair<std::string_view, int32_t>>& out) {
   if (tokens.empty()) {
     if (!text.empty()) out.emplace_back(text, -1);
@@ -754,8 +791,8 @@ void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out,
       if (rc < 0) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(rc, msg, sizeof msg);
-        fail(ErrorKind::kInternal, "GPT-2's pattern failed at byte " + std::to_string(pos) +
-                                       ": " + reinterpret_cast<const char*>(msg));
+        fail(ErrorKind::kInternal, "GPT-2's pattern failed at byte " + std::to_string(pos) + ": " +
+                                       reinterpret_cast<const char*>(msg));
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(state.md);
       if (ov[0] > pos) piece(pos, ov[0]);  // bytes no alternative takes: invalid UTF-8
@@ -768,10 +805,27 @@ void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out,
   }
 }
 
+size_t BpeTokenizer::expected_ids(std::string_view text, State& state) const {
+  // A long text's ids are reserved at once: growing by doubling would copy (and page in) the
+  // ids, up to a third of the time for a small vocabulary. The rate is that of its first 64 KiB.
+  constexpr size_t kSample = size_t{1} << 16;
+  if (text.size() < 16 * kSample) return text.size() / 3 + 16;
+  std::vector<int32_t> ids;
+  for (const Segment& s : split_added(text.substr(0, kSample))) {
+    if (s.added_id >= 0)
+      ids.push_back(s.added_id);
+    else
+      encode_text(s.text, ids, state);
+  }
+  const double rate = static_cast<double>(ids.size()) / kSample;
+  return std::min(text.size(), static_cast<size_t>(static_cast<double>(text.size()) * rate * 1.1)) +
+         16;
+}
+
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
-  std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 16);
   State state(*regex_);
+  std::vector<int32_t> out;
+  out.reserve(expected_ids(text, state));
   for (const Segment& s : split_added(text)) {
     if (s.added_id >= 0)
       out.push_back(s.added_id);
@@ -818,10 +872,10 @@ std::vector<int32_t> BpeTokenizer::encode_parallel(
   // Nothing looks behind, and chunks are cut at ASCII bytes, so never inside a character.
   const size_t target = std::clamp<size_t>(text.size() / (static_cast<size_t>(threads) * 16),
                                            size_t{1} << 16, size_t{1} << 22);
-  std::vector<Segment> parts;        // added tokens and stretches, in text order
-  std::vector<size_t> chunk_begin;   // index into parts of each chunk's first part
-  std::vector<size_t> chunk_bytes;   // input bytes of each chunk
-  size_t in_chunk = target;          // bytes in the current chunk (start a new one at once)
+  std::vector<Segment> parts;       // added tokens and stretches, in text order
+  std::vector<size_t> chunk_begin;  // index into parts of each chunk's first part
+  std::vector<size_t> chunk_bytes;  // input bytes of each chunk
+  size_t in_chunk = target;         // bytes in the current chunk (start a new one at once)
   auto add = [&](Segment s) {
     if (in_chunk >= target) {
       chunk_begin.push_back(parts.size());
@@ -841,7 +895,7 @@ std::vector<int32_t> BpeTokenizer::encode_parallel(
     for (;;) {
       const size_t room = in_chunk >= target ? target : target - in_chunk;
       if (rest.size() <= room + target / 4) break;  // fits (a little over is fine)
-      size_t cut = std::string_view::npos;  // the first safe cut once the chunk is full
+      size_t cut = std::string_view::npos;          // the first safe cut once the chunk is full
       for (size_t i = std::max<size_t>(room, 1); i < rest.size(); ++i) {
         if ((rest[i] == ' ' && non_space_before(rest, i)) ||
             (rest[i - 1] == '\n' && non_space_at(rest, i) && non_space_before(rest, i - 1))) {
@@ -859,6 +913,11 @@ std::vector<int32_t> BpeTokenizer::encode_parallel(
   chunk_begin.push_back(parts.size());
   const size_t n_chunks = chunk_bytes.size();
 
+  double rate;  // ids per byte, to reserve each chunk's ids
+  {
+    State probe(*regex_);
+    rate = static_cast<double>(expected_ids(text, probe)) / static_cast<double>(text.size() + 1);
+  }
   std::vector<std::vector<int32_t>> ids(n_chunks);
   std::atomic<size_t> next_chunk{0};
   std::mutex progress_mu;
@@ -868,7 +927,7 @@ std::vector<int32_t> BpeTokenizer::encode_parallel(
     try {
       State state(*regex_);
       for (size_t c; (c = next_chunk.fetch_add(1)) < n_chunks;) {
-        ids[c].reserve(chunk_bytes[c] / 3 + 16);
+        ids[c].reserve(static_cast<size_t>(static_cast<double>(chunk_bytes[c]) * rate) + 16);
         for (size_t i = chunk_begin[c]; i < chunk_begin[c + 1]; ++i) {
           if (parts[i].added_id >= 0)
             ids[c].push_back(parts[i].added_id);
@@ -909,24 +968,10 @@ std::vector<int32_t> BpeTokenizer::encode_parallel(
 std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
   std::string out;
   for (int32_t id : ids) {
-    if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size() ||
-        (id_to_token_[id].empty() && !is_added_[id])) {
+    if (id >= 0 && static_cast<size_t>(id) < known_.size() && known_[id])
+      out += id_bytes_[id];
+    else
       out += "\xEF\xBF\xBD";  // U+FFFD
-      continue;
-    }
-    const std::string& tok = id_to_token_[id];
-    if (is_added_[id]) {
-      out += tok;
-      continue;
-    }
-    for (size_t i = 0; i < tok.size();) {
-      const size_t at = i;
-      const int32_t cp = next_code_point(tok, i);
-      if (cp >= 0 && cp < 512 && unicode_byte_[cp] >= 0)
-        out.push_back(static_cast<char>(unicode_byte_[cp]));
-      else
-        out.append(tok, at, i - at);  // not a stand-in: the character as it is
-    }
   }
   return out;
 }

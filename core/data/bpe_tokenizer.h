@@ -66,7 +66,7 @@ class BpeTokenizer {
   std::string decode(std::span<const int32_t> ids) const;
 
   // Largest id + 1 over the vocabulary and the added tokens.
-  int vocab_size() const { return static_cast<int>(id_to_token_.size()); }
+  int vocab_size() const { return static_cast<int>(id_bytes_.size()); }
   // The id of an added token, or of a vocabulary token (spelled with the byte stand-ins, as in
   // vocab.json: "Ġthe").
   std::optional<int32_t> token_to_id(std::string_view token) const;
@@ -96,6 +96,8 @@ class BpeTokenizer {
   // Appends the ids of one stretch without added tokens.
   void encode_text(std::string_view text, std::vector<int32_t>& out, State& state) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out, State& state) const;
+  // About how many ids `text` will give (a little more), to reserve.
+  size_t expected_ids(std::string_view text, State& state) const;
   const MergeSlot* find_merge(int32_t left, int32_t right) const;
   // Whether the character that ends at text[i - 1] / starts at text[i] exists, is valid UTF-8 and
   // is not whitespace to the pattern.
@@ -103,13 +105,12 @@ class BpeTokenizer {
   bool non_space_at(std::string_view text, size_t i) const;
 
   std::unordered_map<std::string, int32_t> vocab_;  // byte-level token -> id
-  std::vector<std::string> id_to_token_;            // id -> token as stored ("" if unused)
-  std::vector<bool> is_added_;                      // id -> an added token (decoded verbatim)
+  std::vector<std::string> id_bytes_;               // id -> the bytes decode() gives
+  std::vector<bool> known_;                         // id -> in the vocabulary or added
   std::vector<AddedToken> added_;
   std::vector<MergeSlot> merge_table_;  // power-of-two size, at most half full
   int merge_shift_ = 64;                // 64 - log2(table size)
   std::array<int32_t, 256> byte_id_{};  // id of each byte's stand-in (-1: not in vocab)
-  std::array<int16_t, 512> unicode_byte_{};  // stand-in code point -> byte (-1: none)
   bool ignore_merges_ = false;  // a piece that is a vocabulary token as a whole is not merged
   std::unique_ptr<const Regex> regex_;
 };

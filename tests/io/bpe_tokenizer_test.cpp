@@ -234,9 +234,8 @@ TEST(BpeTokenizer, RefusesWhatItDoesNotImplementNamingTheFile) {
   expect_error([&] { BpeTokenizer::from_tokenizer_json(dir.file("broken.json")); }, kBad,
                {dir.file("broken.json")});
   write_bytes(dir.file("vocab_bad.json"), "{\"a\": \"one\"}");
-  expect_error(
-      [&] { BpeTokenizer::from_files(dir.file("vocab_bad.json"), kDir + "/merges.txt"); }, kBad,
-      {dir.file("vocab_bad.json"), "\"a\""});
+  expect_error([&] { BpeTokenizer::from_files(dir.file("vocab_bad.json"), kDir + "/merges.txt"); },
+               kBad, {dir.file("vocab_bad.json"), "\"a\""});
 
   // merges.txt naming a token vocab.json does not have: the line is named
   write_bytes(dir.file("merges.txt"), "#version: 0.2\ni n\nqq rr\n");
