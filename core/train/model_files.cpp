@@ -156,6 +156,12 @@ GPT2Config read_model_config(const std::string& dir, std::string* notice) {
   if (!fs::is_directory(dir))
     fail(ErrorKind::kInvalidArgument, "model folder '" + dir + "' is not a folder");
   const std::string config_path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(config_path) && fs::exists(fs::path(dir) / "adapter_config.json"))
+    fail(ErrorKind::kInvalidArgument,
+         dir +
+             " holds LoRA adapters, not a model: merge them into their base first (crosstrain "
+             "merge-lora --model-name-or-path BASE --adapter " +
+             dir + " --output-dir MERGED)");
   try {
     nlohmann::json j = read_json_file(config_path);
     GPT2Config config = GPT2Config::from_hf_json(j);

@@ -225,6 +225,13 @@ TEST(Lora, ResumeIsBitExactAndMergeEqualsBasePlusAdapters) {
   EXPECT_NEAR(merged_loss, adapted_loss, 1e-5 * adapted_loss);
   const nlohmann::json c = read_json_file((merged / "config.json").string());
   EXPECT_EQ(c["model_type"], "gpt2");
+  // The adapters' folder is not a model: loading it says to merge first.
+  try {
+    load_model((root / "full").string(), *dev);
+    ADD_FAILURE() << "an adapter folder loaded as a model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("merge-lora"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Lora, BadSettingsAreRefusedByName) {
