@@ -26,6 +26,8 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
      "events, download_async and native_stream"},
     {3, "7a264063441836efce8bb0aee8a1f5f08e6d523783453e3a015a482536f5930c",
      "flash_attention_forward/backward (fused attention, lse saved)"},
+    {4, "4dd4a5dddc7b28ac287af6eaa4af1e53e04094a35470dfec462052acc6e8fc3d",
+     "dropout (Philox mask, DropoutMask handed to dropout_kernel), OpKind::kDropout"},
 };
 
 // device.h's text without // and /* */ comments, every run of whitespace one space, trimmed.

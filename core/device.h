@@ -20,6 +20,7 @@
 //   attention fwd/bwd   qkv, out, att, dout, dqkv: all f32 or all the same h
 //   flash attention     qkv, out, dout, dqkv: all f32 or all the same h; lse f32
 //   gelu fwd/bwd        x, out, dout, dx: all f32 or all the same h
+//   dropout             x, out: both f32 or both the same h
 //   crossentropy        logits (and dlogits) f32 | h; losses f32
 //   bias_backward       dout f32 | h; dbias f32
 //   add                 out, a f32; b f32 | h
@@ -223,6 +224,14 @@ struct MatmulDims {
   bool a_batched = false, b_batched = false;  // false: a 2-D operand broadcast over the batch
 };
 
+// What dropout() resolved from p, handed to dropout_kernel(): element i is kept when
+// (Philox(seed, stream).u32(i) >> 8) >= threshold, and a kept element is multiplied by scale.
+struct DropoutMask {
+  uint64_t seed = 0, stream = 0;
+  uint32_t threshold = 0;  // round(p * 2^24), in [0, 2^24)
+  float scale = 1.0f;      // 1 / (1 - p), rounded to float
+};
+
 enum class OpKind {
   kFill,
   kCopy,
@@ -235,6 +244,7 @@ enum class OpKind {
   kBiasGrad,
   kAttention,
   kGelu,
+  kDropout,
   kCrossEntropy,
   kSum,
   kNorm,
@@ -387,6 +397,13 @@ class Device {
   // dx (=) dout * gelu'(x). dx, dout, x [N].
   void gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout);
 
+  // Inverted dropout with a counter-based mask: out[i] (=) keep(i) ? x[i] * scale : 0, where
+  // keep(i) = (Philox(seed, stream).u32(i) >> 8) >= threshold (core/philox.h: the i-th word of
+  // stream `stream`), threshold = round(p * 2^24) and scale = 1 / (1 - p) as a float, for p in
+  // [0, 1). The mask is a pure function of (seed, stream, i): the same on every backend, and the
+  // backward is this op applied to dout with the same seed and stream. x, out [N]; out may be x.
+  void dropout(const Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream);
+
   // Fused log-softmax + negative log-likelihood, fp32.
   // losses [N] (=) -log softmax(logits[n,:])[targets[n]]; logits [N,V]; targets [N] i32.
   void crossentropy_forward(const Tensor& losses, const Tensor& logits, const Tensor& targets);
@@ -511,6 +528,7 @@ class Device {
                                                const Tensor& lse, int n_head) = 0;
   virtual void gelu_forward_kernel(const Tensor& out, const Tensor& x) = 0;
   virtual void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) = 0;
+  virtual void dropout_kernel(const Tensor& out, const Tensor& x, const DropoutMask& mask) = 0;
   // logits may be 1-D ([V], one row): a kernel takes N = numel / V rows of V = shape[-1].
   virtual void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
                                            const Tensor& targets) = 0;
@@ -555,7 +573,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 3;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 4;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

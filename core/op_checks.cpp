@@ -2,6 +2,7 @@
 // one set of messages, then calls the backend's protected kernel (core/device.h, "Argument
 // checks", says what a kernel may take as given and which rules were decided here).
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <string>
 
@@ -400,6 +401,25 @@ void Device::gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout
   k.same_numel(dx, x);
   k.same_numel(dx, dout);
   gelu_backward_kernel(dx, x, dout);
+}
+
+void Device::dropout(const Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream) {
+  Check k(*this, "dropout");
+  k.flt("out", out, OpKind::kDropout);
+  k.flt("x", x, OpKind::kDropout);
+  k.same_dtype({&out, &x});
+  k.same_numel(out, x);
+  CT_REQUIRE(std::isfinite(p) && p >= 0.0f && p < 1.0f,
+             k.op() + ": p = " + std::to_string(p) + " must be in [0, 1)");
+  CT_REQUIRE(out.offset == x.offset || !overlaps(out, x),
+             k.op() + ": out may be x exactly but not overlap it partially" + shapes({&out, &x}));
+  DropoutMask mask;
+  mask.seed = seed;
+  mask.stream = stream;
+  mask.threshold = static_cast<uint32_t>(std::llround(static_cast<double>(p) * 16777216.0));
+  mask.scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(p)));
+  if (mask.threshold >= 16777216u) mask.threshold = 16777215u;  // p within 2^-25 of 1
+  dropout_kernel(out, x, mask);
 }
 
 void Device::crossentropy_forward(const Tensor& losses, const Tensor& logits,

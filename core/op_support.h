@@ -18,6 +18,7 @@ inline bool precision_table_allows(OpKind op, DType dtype) {
     case OpKind::kBiasGrad:
     case OpKind::kAttention:
     case OpKind::kGelu:
+    case OpKind::kDropout:
     case OpKind::kCrossEntropy:
       return true;
     default:

@@ -268,6 +268,11 @@ class CpuDevice final : public Device, private Workspace {
     k_.gelu_backward(d, in(x, 1), in(dout, 2), x.numel());
     store(dx, d);
   }
+  void dropout_kernel(const Tensor& out, const Tensor& x, const DropoutMask& mask) override {
+    float* o = out_(out, 0, false);
+    k_.dropout(o, in(x, 1), x.numel(), mask);
+    store(out, o);
+  }
 
   void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
                                    const Tensor& targets) override {

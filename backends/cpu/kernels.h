@@ -76,6 +76,7 @@ struct Kernels {
 
   void (*gelu_forward)(float* out, const float* x, int64_t n);
   void (*gelu_backward)(float* dx, const float* x, const float* dout, int64_t n);
+  void (*dropout)(float* out, const float* x, int64_t n, const DropoutMask& mask);
 
   void (*crossentropy_forward)(float* losses, const float* logits, const int32_t* targets,
                                int64_t N, int64_t V);
@@ -136,6 +137,7 @@ struct Kernels {
                                 int64_t C, int64_t NH);                                            \
   void gelu_forward(float* out, const float* x, int64_t n);                                        \
   void gelu_backward(float* dx, const float* x, const float* dout, int64_t n);                     \
+  void dropout(float* out, const float* x, int64_t n, const DropoutMask& mask);                    \
   void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N, \
                             int64_t V);                                                            \
   void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,          \

@@ -321,6 +321,10 @@ class GpuDevice final : public Device {
   void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) override {
     gpu::gelu_backward(cx(), ptr(dx), ptr(x), ptr(dout), elem_of(x.dtype), x.numel());
   }
+  void dropout_kernel(const Tensor& out, const Tensor& x, const DropoutMask& mask) override {
+    gpu::dropout(cx(), ptr(out), ptr(x), elem_of(x.dtype), x.numel(),
+                 gpu::DropoutBits{mask.seed, mask.stream, mask.threshold, mask.scale});
+  }
   void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
                                    const Tensor& targets) override {
     const std::int64_t V = logits.shape[-1];

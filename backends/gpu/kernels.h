@@ -52,6 +52,17 @@ void gelu_forward(const Ctx& cx, void* out, const void* x, Elem e, std::int64_t 
 void gelu_backward(const Ctx& cx, void* dx, const void* x, const void* dout, Elem e,
                    std::int64_t n);
 
+// --- dropout.cu ----------------------------------------------------------------------------
+// core/device.h's dropout mask, as plain integers.
+struct DropoutBits {
+  std::uint64_t seed = 0, stream = 0;
+  std::uint32_t threshold = 0;
+  float scale = 1.0f;
+};
+// out[i] (=) keep(i) ? x[i] * scale : 0 with keep(i) = (Philox(seed, stream) word i >> 8) >=
+// threshold. out, x (n) of one Elem; out may be x.
+void dropout(const Ctx& cx, void* out, const void* x, Elem e, std::int64_t n, const DropoutBits& m);
+
 // --- embedding.cu --------------------------------------------------------------------------
 // out [B,T,C] (=) wte[tokens[b,t]] + wpe[t]; tokens [B,T] i32 (in range: not checked here).
 void embedding_forward(const Ctx& cx, float* out, const std::int32_t* tokens, const float* wte,

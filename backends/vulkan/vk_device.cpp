@@ -117,6 +117,7 @@ bool VulkanDevice::supports(OpKind op, DType dtype) const {
     // core/device.h's mixed-precision table allows in 16 bits.
     case OpKind::kAdd:
     case OpKind::kGelu:
+    case OpKind::kDropout:
     case OpKind::kLayerNorm:
     case OpKind::kBiasGrad:
     case OpKind::kCrossEntropy:

@@ -150,6 +150,7 @@ class VulkanDevice final : public Device {
                                        const Tensor& out, const Tensor& lse, int n_head) override;
   void gelu_forward_kernel(const Tensor& out, const Tensor& x) override;
   void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) override;
+  void dropout_kernel(const Tensor& out, const Tensor& x, const DropoutMask& mask) override;
   void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
                                    const Tensor& targets) override;
   void crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,

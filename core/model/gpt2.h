@@ -65,6 +65,9 @@ struct LoraOptions {
   // module ("attn.c_attn") or the module's last part ("c_attn"; "c_proj" means both the
   // attention and the MLP projection). Modules: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj.
   std::vector<std::string> target_modules = {"c_attn"};
+  // PEFT's lora_dropout: the adapter's input is x with elements zeroed at this rate (and the
+  // rest scaled by 1 / (1 - dropout)), in training passes only (GPT2::set_lora_dropout_draw).
+  float dropout = 0.0f;
   bool enabled() const { return r > 0; }
   float scaling() const { return alpha / static_cast<float>(r); }
 };
@@ -174,6 +177,16 @@ class GPT2 {
   std::map<std::string, std::vector<float>> download_lora_map() const;
   // Every adapter must be present with its element count; unknown names are errors.
   void upload_lora(const std::map<std::string, std::vector<float>>& named);
+  // LoRA dropout for the forward/backward pairs that follow: draw >= 0 applies it with masks
+  // that are a pure function of (seed, draw, layer, module) -- Device::dropout on Philox stream
+  // kLoraDropoutStream + (draw * n_layer + l) * 4 + m, so a backward (and the recomputation of
+  // gradient checkpointing) sees the forward's mask and a resumed run the same masks; draw < 0
+  // (the default, as for evaluation) turns it off. The trainer numbers its micro-batches.
+  void set_lora_dropout_draw(uint64_t seed, int64_t draw) {
+    lora_dropout_seed_ = seed;
+    lora_dropout_draw_ = draw;
+  }
+  static constexpr uint64_t kLoraDropoutStream = uint64_t{1} << 48;
 
   // Host copies for checkpoints and tests (these wait for the device).
   std::vector<float> download_params() const;
@@ -230,8 +243,16 @@ class GPT2 {
   }
   // out (+=) scaling * (x @ A^T) @ B^T, for module m of block l (no-op when not adapted).
   void lora_forward(int l, int m, const Tensor& out, const Tensor& x) const;
-  // dA (+=), dB (+=) and dx (+=) of that update, from dout and the layer input x.
+  // dA (+=), dB (+=) and dx of that update, from dout and the layer input x: dx (+=), or with
+  // dropout active dx (=), and the caller adds the base layer's part after (see lora_backward).
   void lora_backward(int l, int m, const Tensor& dx, const Tensor& dout, const Tensor& x) const;
+  // The widest input among the adapted modules when LoRA dropout is on (lora_x_'s row), else 0.
+  static int64_t lora_dropout_width(const GPT2Config& config, const LoraOptions& lora);
+  // Whether lora_backward of module (l, m) overwrites dx rather than adding to it.
+  bool lora_dropout_active(int l, int m) const;
+  uint64_t lora_dropout_stream(int l, int m) const;
+  // The dropped-out input of module (l, m) in lora_x_ (x itself when dropout is off).
+  Tensor lora_input(int l, int m, const Tensor& x) const;
   void init_lora(uint64_t seed);
   void check_batch(const Tensor& t, int B, int T, const char* what) const;
 
@@ -265,6 +286,9 @@ class GPT2 {
   Tensor dbt_c_;                // (B,T,C) f32: gradients of LayerNorm outputs
   Tensor dbt_4c_a_, dbt_4c_b_;  // (B,T,4C) h
   Tensor lora_u_, lora_du_;     // (B,T,r) h: x @ A^T and its gradient (LoRA only)
+  Tensor lora_x_;               // (B,T,in) h: the dropped-out adapter input (LoRA dropout only)
+  uint64_t lora_dropout_seed_ = 0;
+  int64_t lora_dropout_draw_ = -1;
   Tensor frozen_ln_dw_, frozen_ln_db_;  // (C) f32: where a frozen LayerNorm's gradients go
 
   // The last forward's batch, kept for backward.

@@ -31,6 +31,11 @@ void GPT2::backward(float dloss_scale) {
   auto linear_bwd = [&](int l, int m, const Tensor& dinp, const Tensor& dw, const Tensor& db,
                         const Tensor& dout, const Tensor& inp, const Tensor& w,
                         const Tensor* dbias_src) {
+    if (frozen && lora_dropout_active(l, m)) {  // the adapter's masked part first, then +=
+      lora_backward(l, m, dinp, dout, inp);
+      device_.matmul(dinp, dout, w, false, true, 1.0f, 1.0f);
+      return;
+    }
     if (frozen)
       device_.matmul(dinp, dout, w, false, true);
     else

@@ -1,6 +1,7 @@
 // GPT-2 LoRA adapters: their table, initialisation, host copies, and the forward and backward
 // of the low-rank update. The rest of the model calls lora_forward / lora_backward right after
 // the base layer's own forward / input gradient.
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -45,6 +46,8 @@ void GPT2::build_lora_table() {
   CT_REQUIRE(std::isfinite(lo.alpha) && lo.alpha > 0.0f,
              "--lora-alpha " + std::to_string(lo.alpha) + ": must be > 0");
   CT_REQUIRE(!lo.target_modules.empty(), "--lora-target-modules: names no module");
+  CT_REQUIRE(std::isfinite(lo.dropout) && lo.dropout >= 0.0f && lo.dropout < 1.0f,
+             "--lora-dropout " + std::to_string(lo.dropout) + ": must be in [0, 1)");
   for (const std::string& t : lo.target_modules) {
     bool any = false;
     for (const LoraModule& m : kLoraModules)
@@ -92,6 +95,37 @@ int64_t GPT2::lora_parameter_count(const GPT2Config& config, const LoraOptions& 
       if (targets(lora.target_modules, "h." + std::to_string(l) + "." + m.name))
         n += int64_t{lora.r} * (m.in_c + m.out_c) * config.n_embd;
   return n;
+}
+
+int64_t GPT2::lora_dropout_width(const GPT2Config& config, const LoraOptions& lora) {
+  if (!lora.enabled() || lora.dropout <= 0.0f) return 0;
+  int64_t width = 0;
+  for (int l = 0; l < config.n_layer; ++l)
+    for (const LoraModule& m : kLoraModules)
+      if (targets(lora.target_modules, "h." + std::to_string(l) + "." + m.name))
+        width = std::max(width, int64_t{m.in_c} * config.n_embd);
+  return width;
+}
+
+uint64_t GPT2::lora_dropout_stream(int l, int m) const {
+  return kLoraDropoutStream +
+         (static_cast<uint64_t>(lora_dropout_draw_) * static_cast<uint64_t>(config_.n_layer) +
+          static_cast<uint64_t>(l)) *
+             4 +
+         static_cast<uint64_t>(m);
+}
+
+bool GPT2::lora_dropout_active(int l, int m) const {
+  return lora_slot(l, m).on && options_.lora.dropout > 0.0f && lora_dropout_draw_ >= 0;
+}
+
+Tensor GPT2::lora_input(int l, int m, const Tensor& x) const {
+  if (!lora_dropout_active(l, m)) return x;
+  CT_REQUIRE(lora_x_.defined(),
+             "LoRA dropout needs the training buffers (a GPT2 created with gradients)");
+  Tensor xd = view(lora_x_, {x.shape.d[0], x.shape.d[1]});
+  device_.dropout(xd, x, options_.lora.dropout, lora_dropout_seed_, lora_dropout_stream(l, m));
+  return xd;
 }
 
 Tensor GPT2::trainable_grads() const {
@@ -147,13 +181,15 @@ void GPT2::upload_lora(const std::map<std::string, std::vector<float>>& named) {
   refresh_compute_weights();
 }
 
-// u (BT,r) h = x @ A^T;  out (BT,out) h += scaling * u @ B^T   (compute copies of A and B)
+// u (BT,r) h = x' @ A^T;  out (BT,out) h += scaling * u @ B^T   (compute copies of A and B),
+// with x' = dropout(x) while LoRA dropout is active, else x.
 void GPT2::lora_forward(int l, int m, const Tensor& out, const Tensor& x) const {
   const LoraSlot& s = lora_slot(l, m);
   if (!s.on) return;
   const int64_t BT = x.shape.d[0], r = options_.lora.r;
   Tensor u = view(lora_u_, {BT, r});
-  device_.matmul(u, x, lora_compute_.slice_flat(s.a->offset, s.a->shape), false, true);
+  device_.matmul(u, lora_input(l, m, x), lora_compute_.slice_flat(s.a->offset, s.a->shape), false,
+                 true);
   device_.matmul(out, u, lora_compute_.slice_flat(s.b->offset, s.b->shape), false, true,
                  options_.lora.scaling(), 1.0f);
 }
@@ -161,22 +197,31 @@ void GPT2::lora_forward(int l, int m, const Tensor& out, const Tensor& x) const 
 // With s = scaling and u = x @ A^T (recomputed: (BT,r) is cheap and needs no saving):
 //   dB (out,r) += s * dout^T @ u      du (BT,r) = s * dout @ B
 //   dA (r,in)  += du^T @ x            dx (BT,in) += du @ A
+// With dropout (mask D, the forward's: same stream): x' = D x replaces x above, and the input
+// gradient D (du @ A) is written to dx (=) -- a mask cannot be folded into a GEMM's
+// accumulation -- so the caller adds the base layer's dout @ W^T to it afterwards.
 void GPT2::lora_backward(int l, int m, const Tensor& dx, const Tensor& dout,
-                         const Tensor& x) const {
+                         const Tensor& x_in) const {
   const LoraSlot& s = lora_slot(l, m);
   if (!s.on) return;
-  const int64_t BT = x.shape.d[0], r = options_.lora.r;
+  const int64_t BT = x_in.shape.d[0], r = options_.lora.r;
   const float scale = options_.lora.scaling();
   const Tensor A = lora_compute_.slice_flat(s.a->offset, s.a->shape);
   const Tensor Bm = lora_compute_.slice_flat(s.b->offset, s.b->shape);
   Tensor u = view(lora_u_, {BT, r});
   Tensor du = view(lora_du_, {BT, r});
+  const Tensor x = lora_input(l, m, x_in);
   device_.matmul(u, x, A, false, true);
   device_.matmul(lora_grads_.slice_flat(s.b->offset, s.b->shape), dout, u, true, false, scale,
                  1.0f);
   device_.matmul(du, dout, Bm, false, false, scale, 0.0f);
   device_.matmul(lora_grads_.slice_flat(s.a->offset, s.a->shape), du, x, true, false, 1.0f, 1.0f);
-  device_.matmul(dx, du, A, false, false, 1.0f, 1.0f);
+  if (!lora_dropout_active(l, m)) {
+    device_.matmul(dx, du, A, false, false, 1.0f, 1.0f);
+    return;
+  }
+  device_.matmul(dx, du, A, false, false);
+  device_.dropout(dx, dx, options_.lora.dropout, lora_dropout_seed_, lora_dropout_stream(l, m));
 }
 
 }  // namespace ct

@@ -35,7 +35,9 @@ int64_t GPT2::activation_bytes(const GPT2Config& config, const GPT2Options& opti
   int64_t lora = 0;
   if (options.lora.enabled()) {
     const int64_t r = options.lora.r;
-    lora = BT * r * h + (with_grads ? BT * r * h + 2 * C * f : 0);
+    lora = BT * r * h +
+           (with_grads ? BT * r * h + 2 * C * f + BT * lora_dropout_width(config, options.lora) * h
+                       : 0);
   }
   return residual_stream + sets * block + head + scratch + lora;
 }
@@ -53,7 +55,7 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
   layers_.clear();
   lnf_ = lnf_mean_ = lnf_rstd_ = logits_ = losses_ = loss_ = Tensor();
   dresidual_ = dresidual_h_ = dbt_c_ = dbt_4c_a_ = dbt_4c_b_ = Tensor();
-  lora_u_ = lora_du_ = frozen_ln_dw_ = frozen_ln_db_ = Tensor();
+  lora_u_ = lora_du_ = lora_x_ = frozen_ln_dw_ = frozen_ln_db_ = Tensor();
   tokens_ = targets_ = Tensor();
   have_targets_ = false;
   cur_b_ = cur_t_ = 0;
@@ -92,6 +94,8 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
     lora_u_ = act(BT * options_.lora.r, h);
     if (trains) {
       lora_du_ = act(BT * options_.lora.r, h);
+      if (const int64_t w = lora_dropout_width(config_, options_.lora); w > 0)
+        lora_x_ = act(BT * w, h);
       frozen_ln_dw_ = act(C, f32);
       frozen_ln_db_ = act(C, f32);
     }

@@ -1,5 +1,6 @@
 #include "core/train/adapter_files.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -51,7 +52,7 @@ void save_adapter(const std::string& dir, const GPT2& model, const std::string& 
                       {"base_model_name_or_path", base_model},
                       {"r", lo.r},
                       {"lora_alpha", lo.alpha},
-                      {"lora_dropout", 0.0},
+                      {"lora_dropout", std::round(double{lo.dropout} * 1e6) / 1e6},
                       {"target_modules", lo.target_modules},
                       {"fan_in_fan_out", true},
                       {"bias", "none"},
@@ -101,6 +102,12 @@ LoraOptions read_adapter_config(const std::string& dir) {
     if (!j["lora_alpha"].is_number())
       fail(ErrorKind::kInvalidArgument, path + ": 'lora_alpha' is not a number");
     lo.alpha = j["lora_alpha"].get<float>();
+  }
+  if (j.contains("lora_dropout") && !j["lora_dropout"].is_null()) {
+    const nlohmann::json& d = j["lora_dropout"];
+    if (!d.is_number() || !(d.get<double>() >= 0.0 && d.get<double>() < 1.0))
+      fail(ErrorKind::kInvalidArgument, path + ": 'lora_dropout' must be a number in [0, 1)");
+    lo.dropout = d.get<float>();
   }
   if (!j.contains("target_modules") || !j["target_modules"].is_array() ||
       j["target_modules"].empty())

@@ -66,8 +66,8 @@ struct TrainArgs {
 
   // LoRA (PEFT's names and defaults): r > 0 freezes the model and trains rank-r adapters on the
   // target modules (comma-separated; GPT-2's PEFT default "c_attn"); outputs and checkpoints
-  // then hold the adapters as PEFT saves them. Dropout on the adapter input is not implemented:
-  // a non-zero --lora-dropout is refused.
+  // then hold the adapters as PEFT saves them. --lora-dropout drops elements of the adapters'
+  // input in training (Device::dropout; masks numbered by micro-batch, so resume is exact).
   int lora_r = 0;
   double lora_alpha = 8.0;
   double lora_dropout = 0.0;

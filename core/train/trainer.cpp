@@ -60,8 +60,8 @@ void validate_args(const TrainArgs& a) {
   require_flag(a.lora_r >= 0, "--lora-r", std::to_string(a.lora_r), "must be >= 0 (0: no LoRA)");
   require_flag(std::isfinite(a.lora_alpha) && a.lora_alpha > 0, "--lora-alpha",
                std::to_string(a.lora_alpha), "must be > 0");
-  require_flag(a.lora_dropout == 0.0, "--lora-dropout", std::to_string(a.lora_dropout),
-               "is not supported (crosstrain has no dropout); use 0");
+  require_flag(std::isfinite(a.lora_dropout) && a.lora_dropout >= 0 && a.lora_dropout < 1,
+               "--lora-dropout", std::to_string(a.lora_dropout), "must be in [0, 1)");
   require_flag(a.logging_steps > 0, "--logging-steps", std::to_string(a.logging_steps),
                "must be > 0");
   require_flag(a.eval_steps >= 0, "--eval-steps", std::to_string(a.eval_steps),
@@ -245,6 +245,7 @@ nlohmann::json args_json(const TrainArgs& a) {
           {"attention", a.attention},
           {"lora_r", a.lora_r},
           {"lora_alpha", a.lora_alpha},
+          {"lora_dropout", a.lora_dropout},
           {"lora_target_modules", a.lora_target_modules}};
 }
 
@@ -339,6 +340,7 @@ TrainSummary train(const TrainArgs& args) {
   if (args.lora_r > 0) {
     mopts.lora.r = args.lora_r;
     mopts.lora.alpha = static_cast<float>(args.lora_alpha);
+    mopts.lora.dropout = static_cast<float>(args.lora_dropout);
     mopts.lora.target_modules = split_modules(args.lora_target_modules);
   }
   mopts.policy = PrecisionPolicy::make(args.fp16   ? Precision::kFp16
@@ -433,8 +435,11 @@ TrainSummary train(const TrainArgs& args) {
       Batch batch = loader.next();
       dev.upload(inputs, batch.inputs.data(), batch.inputs.size() * sizeof(int32_t));
       dev.upload(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
+      // LoRA dropout masks are numbered by micro-batch: the same on resume, off for evaluation.
+      model.set_lora_dropout_draw(args.seed, step * accum + micro);
       Tensor loss = model.forward(inputs, &targets, B, T);
       model.backward(scaler.scale() / static_cast<float>(accum));
+      model.set_lora_dropout_draw(args.seed, -1);
       dev.accumulate(loss_sum, loss);
     }
     // fp16: unscale the gradients and skip the step if any is inf/NaN (GradScaler semantics).

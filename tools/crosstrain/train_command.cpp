@@ -66,7 +66,8 @@ Run add_train(CLI::App& app) {
   flag(&app, "--lora-r", a->lora_r,
        "LoRA rank: freeze the model and train rank-r adapters (0 = train every parameter)");
   flag(&app, "--lora-alpha", a->lora_alpha, "LoRA scaling numerator: updates scaled by alpha / r");
-  flag(&app, "--lora-dropout", a->lora_dropout, "LoRA input dropout (only 0 is supported)");
+  flag(&app, "--lora-dropout", a->lora_dropout,
+       "LoRA dropout on the adapters' input, in [0, 1) (PEFT's lora_dropout)");
   flag(&app, "--lora-target-modules", a->lora_target_modules,
        "comma-separated GPT-2 modules to adapt: c_attn, c_proj, c_fc, attn.c_proj, mlp.c_proj");
   flag(&app, "--seed", a->seed, "seed of initialisation and data order");
