@@ -130,8 +130,7 @@ TEST_F(LoraDropout, CheckpointingGivesTheSameGradientBits) {
 TEST_F(LoraDropout, ActivationMemoryAsPredicted) {
   const int64_t before = ref().memory().current[static_cast<int>(MemCategory::kActivations)];
   auto m = make(lora_options(0.1f));
-  const int64_t used =
-      ref().memory().current[static_cast<int>(MemCategory::kActivations)] - before;
+  const int64_t used = ref().memory().current[static_cast<int>(MemCategory::kActivations)] - before;
   EXPECT_EQ(used, GPT2::activation_bytes(small_config(), lora_options(0.1f), kB, kT, true));
   // the dropped-out input (B*T x 4C f32 with mlp.c_proj adapted) is what dropout adds
   EXPECT_EQ(GPT2::activation_bytes(small_config(), lora_options(0.1f), kB, kT, true) -

@@ -58,8 +58,8 @@ void dropout(const Ctx& cx, void* out, const void* x, Elem e, std::int64_t n,
     constexpr int W = decltype(w)::value;
     with_elem(e, [&](auto el) {
       using E = decltype(el);
-      launch<W>(CT_KERNEL(dropout_kernel<W, E>), grid, dim3(kThreads), 0, stream_of(cx), out, x,
-                n, k0, k1, s0, s1, m.threshold, m.scale);
+      launch<W>(CT_KERNEL(dropout_kernel<W, E>), grid, dim3(kThreads), 0, stream_of(cx), out, x, n,
+                k0, k1, s0, s1, m.threshold, m.scale);
     });
   });
 }
