@@ -16,6 +16,7 @@
 // even when stored in 16 bits. Every backend must follow the same table (core/amp/precision.h
 // says which model tensors use which dtype):
 //   matmul              a, b: f32 | h (both the same); c: f32 | a's dtype; bias f32
+//   embedding fwd       wte, wpe: f32 | h (both the same); out f32     bwd: all f32
 //   layernorm fwd       x f32; out f32 | h;            bwd: dout f32 | h; x, dx f32
 //   attention fwd/bwd   qkv, out, att, dout, dqkv: all f32 or all the same h
 //   flash attention     qkv, out, dout, dqkv: all f32 or all the same h; lse f32
@@ -348,7 +349,7 @@ class Device {
   void scale(const Tensor& t, float s);
 
   // -- transformer ops -------------------------------------------------------------------------
-  // out[b,t,:] (=) wte[tokens[b,t],:] + wpe[t,:].
+  // out[b,t,:] (=) wte[tokens[b,t],:] + wpe[t,:] (16-bit tables allowed: widened, added in fp32).
   // out [B,T,C]; tokens [B,T] i32 in [0,V); wte [V,C]; wpe [maxT,C] with maxT >= T.
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                          const Tensor& wpe);

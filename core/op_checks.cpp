@@ -223,8 +223,9 @@ void Device::embedding_forward(const Tensor& out, const Tensor& tokens, const Te
   Check k(*this, "embedding_forward");
   k.f32("out", out);
   k.is("tokens", tokens, DType::i32);
-  k.f32("wte", wte);
-  k.f32("wpe", wpe);
+  k.flt("wte", wte, OpKind::kEmbedding);
+  k.flt("wpe", wpe, OpKind::kEmbedding);
+  k.same_dtype({&wte, &wpe});
   std::string desc = shapes({&out, &tokens, &wte, &wpe});
   CT_REQUIRE(out.ndim() == 3 && tokens.ndim() == 2 && wte.ndim() == 2 && wpe.ndim() == 2,
              k.op() + ": expected out [B,T,C], tokens [B,T], wte [V,C], wpe [maxT,C]" + desc);

@@ -13,6 +13,7 @@ inline bool precision_table_allows(OpKind op, DType dtype) {
   if (dtype != DType::f16 && dtype != DType::bf16) return false;
   switch (op) {
     case OpKind::kAdd:
+    case OpKind::kEmbedding:  // forward tables only
     case OpKind::kMatmul:
     case OpKind::kLayerNorm:
     case OpKind::kBiasGrad:

@@ -5,7 +5,9 @@
 //   EMB_BWD_WTE  dwte[tok,c] += dout[bt,c] over the token's positions, in (b,t) order
 //   EMB_BWD_WPE  dwpe[t,c] += dout[b,t,c] over b, in order
 // out, dout [B*T, C]; tokens [B*T] i32; wte, dwte rows [v0, v0+vc) of [V, C]; wpe [maxT, C].
+// EMB_FWD's wte and wpe may be 16-bit (H_F16 / H_BF16: widened, added in fp32); the rest f32.
 #extension GL_GOOGLE_include_directive : require
+#include "common/h16.glsl"
 #include "common/index.glsl"
 
 layout(local_size_x = 256) in;
@@ -24,8 +26,8 @@ layout(push_constant) uniform Push {
 } pc;
 layout(std430, binding = 0) writeonly buffer Out { float o[]; };
 layout(std430, binding = 1) readonly buffer Tok { int tokens[]; };
-layout(std430, binding = 2) readonly buffer Wte { float wte[]; };
-layout(std430, binding = 3) readonly buffer Wpe { float wpe[]; };
+layout(std430, binding = 2) readonly buffer Wte { H_T wte[]; };
+layout(std430, binding = 3) readonly buffer Wpe { H_T wpe[]; };
 
 void main() {
   uint i = ct_linear_index();
@@ -33,7 +35,7 @@ void main() {
   uint bt = i / pc.C, c = i % pc.C;
   uint tok = uint(tokens[pc.otok + bt]) - pc.v0;
   if (tok >= pc.vc) return;  // another chunk's token
-  o[pc.oo + i] = wte[pc.owte + tok * pc.C + c] + wpe[pc.owpe + (bt % pc.T) * pc.C + c];
+  o[pc.oo + i] = h_load(wte[pc.owte + tok * pc.C + c]) + h_load(wpe[pc.owpe + (bt % pc.T) * pc.C + c]);
 }
 
 #elif defined(EMB_CHAIN)

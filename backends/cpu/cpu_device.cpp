@@ -161,7 +161,23 @@ class CpuDevice final : public Device, private Workspace {
                                 const Tensor& wpe) override {
     int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
     check_indices("embedding_forward", "tokens", tokens, wte.shape[0]);
-    k_.embedding_forward(f(out), idx(tokens), f(wte), f(wpe), B, T, C);
+    if (wte.dtype == DType::f32) {
+      k_.embedding_forward(f(out), idx(tokens), f(wte), f(wpe), B, T, C);
+      return;
+    }
+    // 16-bit tables (a frozen base held in 16 bits): each row widened exactly, one fp32 add --
+    // the bits of the f32 kernel on the widened tables, without widening the whole table.
+    const auto* te = static_cast<const uint16_t*>(raw(wte));
+    const auto* pe = static_cast<const uint16_t*>(raw(wpe));
+    const bool bf = wte.dtype == DType::bf16;
+    float* o = f(out);
+    const int32_t* tok = idx(tokens);
+    auto widen = [bf](uint16_t v) { return bf ? bf16_to_f32(v) : f16_to_f32(v); };
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      const uint16_t* wr = te + static_cast<int64_t>(tok[bt]) * C;
+      const uint16_t* pr = pe + (bt % T) * C;
+      for (int64_t c = 0; c < C; ++c) o[bt * C + c] = widen(wr[c]) + widen(pr[c]);
+    }
   }
   void embedding_backward_kernel(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                  const Tensor& tokens) override {

@@ -224,7 +224,8 @@ class GpuDevice final : public Device {
     const std::int64_t C = wte.shape[-1];
     const std::int64_t T = tokens.shape[-1];
     const std::int64_t B = tokens.numel() / std::max<std::int64_t>(T, 1);
-    gpu::embedding_forward(cx(), f(out), i32(tokens), f(wte), f(wpe), B, T, C);
+    gpu::embedding_forward(cx(), f(out), i32(tokens), ptr(wte), ptr(wpe), elem_of(wte.dtype), B, T,
+                           C);
   }
   void embedding_backward_kernel(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                  const Tensor& tokens) override {

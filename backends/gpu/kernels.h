@@ -64,9 +64,10 @@ struct DropoutBits {
 void dropout(const Ctx& cx, void* out, const void* x, Elem e, std::int64_t n, const DropoutBits& m);
 
 // --- embedding.cu --------------------------------------------------------------------------
-// out [B,T,C] (=) wte[tokens[b,t]] + wpe[t]; tokens [B,T] i32 (in range: not checked here).
-void embedding_forward(const Ctx& cx, float* out, const std::int32_t* tokens, const float* wte,
-                       const float* wpe, std::int64_t B, std::int64_t T, std::int64_t C);
+// out [B,T,C] f32 (=) wte[tokens[b,t]] + wpe[t]; tokens [B,T] i32 (in range: not checked here);
+// wte and wpe of one Elem (widened, added in fp32).
+void embedding_forward(const Ctx& cx, float* out, const std::int32_t* tokens, const void* wte,
+                       const void* wpe, Elem e, std::int64_t B, std::int64_t T, std::int64_t C);
 // dwte [V,C] (+=) dout scattered by token, each row's contributions added in (b,t) order;
 // dwpe [maxT,C] (+=) dout summed over b in order of b (rows t < T only).
 void embedding_backward(const Ctx& cx, float* dwte, float* dwpe, const float* dout,

@@ -116,6 +116,7 @@ bool VulkanDevice::supports(OpKind op, DType dtype) const {
     // 16-bit storage (the H_F16 / H_BF16 shader variants), fp32 arithmetic, for the tensors
     // core/device.h's mixed-precision table allows in 16 bits.
     case OpKind::kAdd:
+    case OpKind::kEmbedding:  // forward tables
     case OpKind::kGelu:
     case OpKind::kDropout:
     case OpKind::kLayerNorm:

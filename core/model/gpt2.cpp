@@ -80,10 +80,12 @@ GPT2::GPT2(Device& device, const GPT2Config& config, bool with_grads, const GPT2
     if (table_[i].decay) decay_count_ += table_[i].numel;
   }
   CT_CHECK(num_params_ == config_.num_parameters(), "parameter table disagrees with config");
-  params_ = device_.empty({num_params_}, DType::f32, MemCategory::kWeights);
+  if (!base16()) params_ = device_.empty({num_params_}, DType::f32, MemCategory::kWeights);
   compute_ = options_.policy.mixed()
                  ? device_.empty({num_params_}, options_.policy.compute, MemCategory::kWeights)
                  : params_;
+  if (base16())
+    small_ = device_.empty({num_params_ - decay_count_}, DType::f32, MemCategory::kWeights);
   build_lora_table();
   if (lora()) {
     // The base is frozen: gradients (and so optimizer state) for the adapters only.
@@ -122,6 +124,10 @@ void GPT2::check_policy() const {
       fail(ErrorKind::kUnsupported, "--" + pp.name() + ": device " + device_.info().id() + " (" +
                                         device_.info().name + ") has no " + dtype_name(want) + " " +
                                         name + " op");
+  if (base16() && !device_.supports(OpKind::kEmbedding, want))
+    fail(ErrorKind::kUnsupported, "--" + pp.name() + " with LoRA: device " + device_.info().id() +
+                                      " has no embedding op with " + dtype_name(want) +
+                                      " tables (the frozen base is held in 16 bits)");
 }
 
 void GPT2::refresh_compute_weights() {
@@ -150,7 +156,21 @@ Tensor GPT2::grads_flat() const {
   return grads_;
 }
 Tensor GPT2::param(const std::string& name) const {
-  return table_view(params_, name);
+  if (!base16()) return table_view(params_, name);
+  const ParamInfo& p = param_info(name);
+  if (p.offset < decay_count_) return compute_.slice_flat(p.offset, p.shape);
+  return small_.slice_flat(p.offset - decay_count_, p.shape);
+}
+
+int64_t GPT2::base_weight_bytes(const GPT2Config& config, const GPT2Options& options) {
+  const int64_t n = config.num_parameters();
+  if (!options.policy.mixed()) return n * 4;
+  const int64_t h = static_cast<int64_t>(dtype_size(options.policy.compute));
+  if (!options.lora.enabled()) return n * (4 + h);
+  int64_t no_decay = 0;
+  for (const ParamInfo& p : gpt2_param_table(config))
+    if (!p.decay) no_decay += p.numel;
+  return n * h + no_decay * 4;
 }
 Tensor GPT2::grad(const std::string& name) const {
   return table_view(grads_flat(), name);
@@ -178,6 +198,14 @@ GPT2::LayerParams GPT2::layer_params(const Tensor& flat, int l) const {
 }
 
 GPT2::LayerParams GPT2::forward_params(int l) const {
+  if (base16()) {  // matrices from the 16-bit base, vectors from their widened copy
+    const std::string h = "h." + std::to_string(l) + ".";
+    auto v = [&](const char* rest) { return param(h + rest); };
+    return {v("ln_1.weight"),      v("ln_1.bias"),          v("attn.c_attn.weight"),
+            v("attn.c_attn.bias"), v("attn.c_proj.weight"), v("attn.c_proj.bias"),
+            v("ln_2.weight"),      v("ln_2.bias"),          v("mlp.c_fc.weight"),
+            v("mlp.c_fc.bias"),    v("mlp.c_proj.weight"),  v("mlp.c_proj.bias")};
+  }
   LayerParams p = layer_params(params_, l);
   if (options_.policy.mixed()) {
     const LayerParams c = layer_params(compute_, l);
@@ -224,6 +252,14 @@ void GPT2::init(uint64_t seed) {
 
 std::vector<float> GPT2::download_params() const {
   std::vector<float> host(static_cast<size_t>(num_params_));
+  if (base16()) {  // the 16-bit base, widened (exactly) on the host
+    std::vector<uint16_t> bits(host.size());
+    device_.download(bits.data(), compute_, bits.size() * sizeof(uint16_t));
+    const bool bf = compute_.dtype == DType::bf16;
+    for (size_t i = 0; i < host.size(); ++i)
+      host[i] = bf ? bf16_to_f32(bits[i]) : f16_to_f32(bits[i]);
+    return host;
+  }
   device_.download(host.data(), params_, host.size() * sizeof(float));
   return host;
 }
@@ -246,6 +282,15 @@ void GPT2::upload_params(const std::vector<float>& flat) {
   CT_REQUIRE(static_cast<int64_t>(flat.size()) == num_params_,
              "upload_params: got " + std::to_string(flat.size()) + " values, the model has " +
                  std::to_string(num_params_));
+  if (base16()) {  // rounded to nearest even on the host: no f32 copy on the device
+    std::vector<uint16_t> bits(flat.size());
+    const bool bf = compute_.dtype == DType::bf16;
+    for (size_t i = 0; i < flat.size(); ++i)
+      bits[i] = bf ? f32_to_bf16(flat[i]) : f32_to_f16(flat[i]);
+    device_.upload(compute_, bits.data(), bits.size() * sizeof(uint16_t));
+    device_.copy(small_, compute_.slice_flat(decay_count_, {num_params_ - decay_count_}));
+    return;
+  }
   device_.upload(params_, flat.data(), flat.size() * sizeof(float));
   if (options_.policy.mixed()) device_.copy(compute_, params_);
 }

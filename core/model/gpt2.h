@@ -20,6 +20,10 @@
 // and B [out, r] (PEFT's lora_A / lora_B shapes). The base parameters are then frozen -- no
 // gradients and no optimizer state -- and the adapters, in flat buffers of their own (master f32,
 // a 16-bit compute copy under a mixed policy, f32 gradients), are what trainable_*() return.
+// Under a mixed policy the frozen base is held in 16 bits only (base16()): no f32 master, the
+// compute copy is the model -- as PyTorch holds a base loaded in bf16 -- and the embedding
+// lookup reads the 16-bit tables; the LayerNorm and bias vectors (the no-decay region, ~0.1 %
+// of the parameters) are widened once into an f32 buffer for the ops that take them in f32.
 //
 // Gradient checkpointing (GPT2Options::gradient_checkpointing): forward keeps only the residual
 // stream entering each block (plus the final one); the block internals live in one shared set of
@@ -143,15 +147,23 @@ class GPT2 {
   // Parameters and gradients.
   const std::vector<ParamInfo>& params() const { return table_; }
   const ParamInfo& param_info(const std::string& name) const;  // kInvalidArgument if unknown
-  Tensor params_flat() const { return params_; }               // [num_parameters] f32 master
+  // [num_parameters] f32 master; undefined when base16() (the base exists in 16 bits only).
+  Tensor params_flat() const { return params_; }
+  // LoRA under a 16-bit policy: the frozen base is held in policy.compute only.
+  bool base16() const { return lora() && options_.policy.mixed(); }
+  // Bytes of kWeights the base parameters take for `options` (f32 master, 16-bit copy, or the
+  // 16-bit base plus its widened no-decay region), adapters not included.
+  static int64_t base_weight_bytes(const GPT2Config& config, const GPT2Options& options);
   // The copy matmuls read, [num_parameters] of policy.compute (params_flat() itself for fp32).
   Tensor compute_params_flat() const { return compute_; }
   // compute copy (=) master, rounded to nearest even. Call after every change of the master
   // weights made outside this class (the optimizer step); init() and upload_params() call it.
   // A no-op for fp32.
   void refresh_compute_weights();
-  Tensor grads_flat() const;                    // [num_parameters]
-  Tensor param(const std::string& name) const;  // view with the table shape
+  Tensor grads_flat() const;  // [num_parameters]
+  // View with the table shape of what the ops read as the parameter: the f32 master, or when
+  // base16() the 16-bit copy (matrices, embeddings) / the widened f32 vectors (no-decay region).
+  Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
   int64_t num_parameters() const { return num_params_; }
   int64_t decay_count() const { return decay_count_; }
@@ -264,6 +276,7 @@ class GPT2 {
   int64_t num_params_ = 0;
   int64_t decay_count_ = 0;
   Tensor params_, grads_;
+  Tensor small_;    // base16(): f32 [num_params - decay_count], the no-decay region widened
   Tensor compute_;  // policy.compute copy of params_ (params_ itself for fp32)
   // LoRA adapters: the table, per (layer, module) slots, master / compute / gradient buffers.
   std::vector<ParamInfo> lora_table_;

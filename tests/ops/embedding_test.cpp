@@ -75,6 +75,37 @@ TEST_P(Embedding, LargeIsDeterministicAndMatchesReference) {
   }
 }
 
+// 16-bit tables (a frozen base held in 16 bits): the f32 result of the widened tables, bit for
+// bit (widening is exact and each element is one fp32 add).
+TEST_P(Embedding, SixteenBitTablesGiveTheWidenedTablesBits) {
+  const int64_t B = 3, T = 11, C = 40, V = 23, maxT = 16;
+  auto toks = randint(B * T, 70, V);
+  for (DType h : {DType::bf16, DType::f16}) {
+    if (!unsupported(OpKind::kEmbedding, h).empty()) continue;
+    Vec want, got;
+    for (Device* d : {&ref(), &dev()}) {
+      Tensor te = d->empty({V, C}, h, MemCategory::kWeights);
+      Tensor tp = d->empty({maxT, C}, h, MemCategory::kWeights);
+      d->copy(te, upload(*d, {V, C}, randn(V * C, 71)));
+      d->copy(tp, upload(*d, {maxT, C}, randn(maxT * C, 72)));
+      Tensor tt = upload_i32(*d, {B, T}, toks), to = upload(*d, {B, T, C}, Vec(B * T * C, NAN));
+      d->embedding_forward(to, tt, te, tp);
+      got = download(*d, to);
+      if (d == &ref()) {  // the f32 kernel on the widened tables
+        Tensor we = d->empty({V, C}, DType::f32, MemCategory::kWeights);
+        Tensor wp = d->empty({maxT, C}, DType::f32, MemCategory::kWeights);
+        d->copy(we, te);
+        d->copy(wp, tp);
+        d->embedding_forward(to, tt, we, wp);
+        want = download(*d, to);
+        EXPECT_EQ(got, want) << "reference, " << dtype_name(h);
+      }
+    }
+    EXPECT_EQ(got, want) << id() << ", " << dtype_name(h);
+  }
+  CT_REQUIRE_SUPPORT(OpKind::kEmbedding, DType::bf16);
+}
+
 CT_INSTANTIATE_DEVICE_SUITE(Embedding);
 
 TEST(ReferenceEmbedding, MatchesFp64AndFiniteDifferences) {

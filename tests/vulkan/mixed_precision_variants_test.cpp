@@ -26,10 +26,10 @@ constexpr double kAccTol = 1e-5;
 TEST_P(MixedPrecisionTest, SupportsAnswersForTheImplementedOps) {
   DType h = GetParam();
   for (OpKind k : {OpKind::kAdd, OpKind::kGelu, OpKind::kLayerNorm, OpKind::kBiasGrad,
-                   OpKind::kCrossEntropy, OpKind::kMatmul, OpKind::kAttention})
+                   OpKind::kCrossEntropy, OpKind::kMatmul, OpKind::kAttention, OpKind::kEmbedding})
     EXPECT_TRUE(vk().supports(k, h)) << static_cast<int>(k);
-  for (OpKind k : {OpKind::kAccumulate, OpKind::kScale, OpKind::kEmbedding, OpKind::kSum,
-                   OpKind::kNorm, OpKind::kAdamW})
+  for (OpKind k :
+       {OpKind::kAccumulate, OpKind::kScale, OpKind::kSum, OpKind::kNorm, OpKind::kAdamW})
     EXPECT_FALSE(vk().supports(k, h)) << static_cast<int>(k);
 }
 

@@ -56,8 +56,9 @@ double optimizer_bytes_per_param(const GPT2Config& cfg, const std::string& kind)
   return bytes / n;
 }
 
-// Device memory a row needs, from first principles: fp32 weights (+ a 16-bit copy when mixed),
-// fp32 gradients, optimizer state, and the activations the model's formula predicts.
+// Device memory a row needs, from first principles: fp32 weights (+ a 16-bit copy when mixed;
+// LoRA under bf16: the 16-bit base only), fp32 gradients, optimizer state, and the activations
+// the model's formula predicts.
 int64_t predicted_bytes(const GPT2Config& cfg, const Technique& t, int micro_batch) {
   const int64_t n = cfg.num_parameters();
   GPT2Options o;
@@ -66,18 +67,19 @@ int64_t predicted_bytes(const GPT2Config& cfg, const Technique& t, int micro_bat
   o.policy = PrecisionPolicy::make(t.mixed ? Precision::kBf16 : Precision::kFp32);
   const int64_t copy = t.mixed ? 2 : 0;
   if (t.lora_r > 0) {
-    // The frozen base keeps its weights (and 16-bit copy) only; the adapters train.
+    // The frozen base keeps its weights only (16-bit under bf16); the adapters train.
     o.lora.r = t.lora_r;
     o.lora.alpha = 16.0f;
     o.lora.target_modules.clear();
     std::stringstream ss(t.lora_targets);
     for (std::string m; std::getline(ss, m, ',');) o.lora.target_modules.push_back(m);
     const int64_t na = GPT2::lora_parameter_count(cfg, o.lora);
-    return n * (4 + copy) + na * (4 + copy + 4) +
+    return GPT2::base_weight_bytes(cfg, o) + na * (4 + copy + 4) +
            static_cast<int64_t>(t.optimizer_bytes_per_param * static_cast<double>(na)) +
            GPT2::activation_bytes(cfg, o, micro_batch, cfg.block_size);
   }
-  return n * (4 + copy + 4) + static_cast<int64_t>(t.optimizer_bytes_per_param * n) +
+  return GPT2::base_weight_bytes(cfg, o) + n * 4 +
+         static_cast<int64_t>(t.optimizer_bytes_per_param * n) +
          GPT2::activation_bytes(cfg, o, micro_batch, cfg.block_size);
 }
 

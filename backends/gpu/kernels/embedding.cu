@@ -9,15 +9,17 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// out (B*T, C) = wte[tokens[bt]] + wpe[bt mod T]; tokens (B*T) i32; wte (V, C); wpe (maxT, C).
-template <int WARP>
+// out (B*T, C) f32 = wte[tokens[bt]] + wpe[bt mod T]; tokens (B*T) i32; wte (V, C) and
+// wpe (maxT, C) of element E (widened exactly, added in fp32).
+template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
-    embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte,
-                             const float* wpe, std::int64_t BT, std::int64_t T, std::int64_t C) {
+    embedding_forward_kernel(float* out, const std::int32_t* tokens, const void* wte,
+                             const void* wpe, std::int64_t BT, std::int64_t T, std::int64_t C) {
   const std::int64_t n = BT * C;
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     const std::int64_t bt = i / C, c = i - bt * C;
-    out[i] = wte[static_cast<std::int64_t>(tokens[bt]) * C + c] + wpe[(bt % T) * C + c];
+    out[i] = E::load(wte, static_cast<std::int64_t>(tokens[bt]) * C + c) +
+             E::load(wpe, (bt % T) * C + c);
   }
 }
 
@@ -52,14 +54,17 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 
 }  // namespace
 
-void embedding_forward(const Ctx& cx, float* out, const std::int32_t* tokens, const float* wte,
-                       const float* wpe, std::int64_t B, std::int64_t T, std::int64_t C) {
+void embedding_forward(const Ctx& cx, float* out, const std::int32_t* tokens, const void* wte,
+                       const void* wpe, Elem e, std::int64_t B, std::int64_t T, std::int64_t C) {
   const std::int64_t n = B * T * C;
   if (n <= 0) return;
   with_warp(cx.warp, [&](auto w) {
     constexpr int W = decltype(w)::value;
-    launch<W>(CT_KERNEL(embedding_forward_kernel<W>), dim3(grid_for(cx, n, kThreads)),
-              dim3(kThreads), 0, stream_of(cx), out, tokens, wte, wpe, B * T, T, C);
+    with_elem(e, [&](auto el) {
+      using E = decltype(el);
+      launch<W>(CT_KERNEL(embedding_forward_kernel<W, E>), dim3(grid_for(cx, n, kThreads)),
+                dim3(kThreads), 0, stream_of(cx), out, tokens, wte, wpe, B * T, T, C);
+    });
   });
 }
 

@@ -18,6 +18,8 @@ CT_VK_PUSH_MEMBER(EmbFwdPush, embedding_fwd, oo);
 CT_VK_PUSH_MEMBER(EmbFwdPush, embedding_fwd, otok);
 CT_VK_PUSH_MEMBER(EmbFwdPush, embedding_fwd, owte);
 CT_VK_PUSH_MEMBER(EmbFwdPush, embedding_fwd, owpe);
+CT_VK_PUSH_SIZE(EmbFwdPush, embedding_fwd_f16);
+CT_VK_PUSH_SIZE(EmbFwdPush, embedding_fwd_bf16);
 
 struct EmbChainPush {
   uint32_t BT, otok, olink;
@@ -66,13 +68,15 @@ void VulkanDevice::embedding_forward_kernel(const Tensor& out, const Tensor& tok
   EmbShape s = dims(out, wte);
   int64_t n = s.B * s.T * s.C;
   if (n == 0) return;
-  int64_t rows = std::max<int64_t>(1, max_elems(4) / s.C);
+  int64_t rows = std::max<int64_t>(1, max_elems(dtype_size(wte.dtype)) / s.C);
   Bound bo = bind(out), bt = bind(tokens), bp = bind(wpe, 0, s.T * s.C);
   auto g = grid(n, 256);
+  const ShaderId id = h_variant(wte.dtype, ShaderId::embedding_fwd, ShaderId::embedding_fwd_f16,
+                                ShaderId::embedding_fwd_bf16);
   for (int64_t v0 = 0; v0 < s.V; v0 += rows) {
     int64_t vc = std::min(rows, s.V - v0);
     Bound bw = bind(wte, v0 * s.C, vc * s.C);
-    dispatch(ShaderId::embedding_fwd, {bo, bt, bw, bp},
+    dispatch(id, {bo, bt, bw, bp},
              EmbFwdPush{u32(n), u32(s.T), u32(s.C), u32(v0), u32(vc), bo.first, bt.first, bw.first,
                         bp.first},
              g[0], g[1]);
