@@ -41,8 +41,8 @@ TEST(LoraBase16, NoF32MasterAndTheBitsOfTheRoundedModel) {
     const int64_t n = small_config().num_parameters();
     std::vector<float> w = randn(static_cast<size_t>(n), 5, 0.05f), rounded(w.size());
     for (size_t i = 0; i < w.size(); ++i)
-      rounded[i] = prec == Precision::kBf16 ? bf16_to_f32(f32_to_bf16(w[i]))
-                                            : f16_to_f32(f32_to_f16(w[i]));
+      rounded[i] =
+          prec == Precision::kBf16 ? bf16_to_f32(f32_to_bf16(w[i])) : f16_to_f32(f32_to_f16(w[i]));
 
     const auto kW = static_cast<size_t>(MemCategory::kWeights);
     const int64_t before = ref().memory().current[kW];
@@ -53,7 +53,7 @@ TEST(LoraBase16, NoF32MasterAndTheBitsOfTheRoundedModel) {
     const int64_t na = GPT2::lora_parameter_count(small_config(), lo.lora);
     EXPECT_EQ(weights, GPT2::base_weight_bytes(small_config(), lo) + na * (4 + 2));
     EXPECT_LT(GPT2::base_weight_bytes(small_config(), lo), n * 4);  // below an f32 copy alone
-    a.init(1);  // adapters: A random, B zero
+    a.init(1);                                                      // adapters: A random, B zero
     a.upload_params(w);
     EXPECT_EQ(a.download_params(), rounded);  // held as the 16-bit values
 

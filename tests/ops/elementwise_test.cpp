@@ -195,7 +195,8 @@ TEST(CpuElementwise, RejectsWrongDtypeAndForeignTensors) {
   EXPECT_TRUE(fast.supports(OpKind::kMatmul, DType::f32));
   EXPECT_TRUE(fast.supports(OpKind::kCopy, DType::bf16));
   EXPECT_FALSE(fast.supports(OpKind::kAdamW, DType::bf16));
-  EXPECT_FALSE(fast.supports(OpKind::kEmbedding, DType::f16));
+  EXPECT_TRUE(fast.supports(OpKind::kEmbedding, DType::f16));  // 16-bit tables: a frozen base
+  EXPECT_FALSE(fast.supports(OpKind::kSum, DType::f16));
   EXPECT_FALSE(fast.supports(OpKind::kMatmul, DType::i8));
 }
 
