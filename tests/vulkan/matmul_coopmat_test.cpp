@@ -1,0 +1,111 @@
+// The cooperative-matrix GEMM (shaders/matmul_coopmat.comp) through its emulated build
+// (CROSSTRAIN_VK_MATMUL=cm8e / cm16e: 8x8x8 and 16x16x16 fragments in shared memory), which runs
+// on lavapipe: the tiling, the fragment offsets and strides, the zero-filled edges and the
+// epilogue of the coopmat kernel are the same code. Against the CPU reference on shapes that are
+// no multiple of the 64 x 64 tile, the 32-deep k slice or the fragment, in every transpose, with
+// batches, broadcast b, alpha/beta/bias, c f32 (hhf) and 16-bit (hhh), f16 and bf16.
+#include "tests/common/half_compare.h"
+#include "tests/vulkan/vulkan_fixture.h"
+
+namespace ct::vktest {
+namespace {
+
+struct Frag {
+  const char* kind;
+  DType h;
+};
+void PrintTo(const Frag& f, std::ostream* os) { *os << f.kind << " " << dtype_name(f.h); }
+
+class CoopmatEmulated : public VulkanTest, public ::testing::WithParamInterface<Frag> {
+ protected:
+  void SetUp() override {
+    VulkanTest::SetUp();
+    if (HasFatalFailure()) return;
+    setenv("CROSSTRAIN_VK_MATMUL", GetParam().kind, 1);
+    vk().set_profiling(true);  // the profile names the shaders that ran
+  }
+  void TearDown() override {
+    unsetenv("CROSSTRAIN_VK_MATMUL");
+    vk().set_profiling(false);
+    VulkanTest::TearDown();
+  }
+};
+
+struct Case {
+  int64_t batch, M, N, K;
+  bool ta, tb, bias, b2d;
+  float alpha, beta;
+  bool c16;
+};
+
+void run_case(const Case& k, DType h, uint64_t seed, const char* kind) {
+  auto shp = [&](bool two_d, int64_t r, int64_t c) {
+    return k.batch > 1 && !two_d ? Shape{k.batch, r, c} : Shape{r, c};
+  };
+  Shape sa = k.ta ? shp(false, k.K, k.M) : shp(false, k.M, k.K);
+  Shape sb = k.tb ? shp(k.b2d, k.N, k.K) : shp(k.b2d, k.K, k.N);
+  Shape sc = shp(false, k.M, k.N);
+  const DType tc = k.c16 ? h : DType::f32;
+  Pair a = both_as(sa, randn(sa.numel(), seed), h);
+  Pair b = both_as(sb, randn(sb.numel(), seed + 1), h);
+  Pair c = both_as(sc, randn(sc.numel(), seed + 2), tc);
+  Pair bs = both({k.N}, randn(k.N, seed + 3));
+  vk().matmul(c.d, a.d, b.d, k.ta, k.tb, k.alpha, k.beta, k.bias ? &bs.d : nullptr);
+  ref().matmul(c.r, a.r, b.r, k.ta, k.tb, k.alpha, k.beta, k.bias ? &bs.r : nullptr);
+  std::string what = std::string(kind) + " " + dtype_name(h) + " b" + std::to_string(k.batch) +
+                     " " + std::to_string(k.M) + "x" + std::to_string(k.N) + "x" +
+                     std::to_string(k.K) + (k.ta ? " ta" : "") + (k.tb ? " tb" : "") +
+                     (k.bias ? " bias" : "") + (k.b2d ? " b 2-D" : "") + " c " + dtype_name(tc);
+  const std::string shader = std::string("matmul_") + kind + "_" + (k.c16 ? "hhh_" : "hhf_") +
+                             dtype_name(h);
+  EXPECT_NE(vk().profile_report().find(shader), std::string::npos) << what << ": " << shader;
+  // Products of 16-bit values are exact in fp32; only the order of the fp32 sums differs.
+  if (tc == DType::f32)
+    EXPECT_TRUE(same(c, 1e-5, what));
+  else
+    EXPECT_TRUE(same_h(c, what, 1e-5));
+}
+
+TEST_P(CoopmatEmulated, EveryTransposeOnRaggedEdges) {
+  uint64_t seed = 300;
+  for (int tr = 0; tr < 4; ++tr) {
+    const bool ta = tr & 1, tb = tr & 2;
+    // one partial tile; K not a multiple of the fragment or of the 32-deep slice
+    run_case({1, 37, 53, 29, ta, tb, false, false, 1.0f, 0.0f, false}, GetParam().h, seed++,
+             GetParam().kind);
+    // several tiles each way, the last ones partial; K two slices and a bit
+    run_case({1, 130, 67, 70, ta, tb, tr == 1, false, 0.5f, tr == 2 ? 0.75f : 0.0f, tr == 3},
+             GetParam().h, seed++, GetParam().kind);
+  }
+}
+
+TEST_P(CoopmatEmulated, BatchesBroadcastAndTinyShapes) {
+  const DType h = GetParam().h;
+  const char* kind = GetParam().kind;
+  run_case({3, 19, 23, 41, false, false, true, true, 1.0f, 0.0f, false}, h, 320, kind);   // b 2-D
+  run_case({2, 64, 64, 64, true, true, false, false, 1.0f, 0.5f, true}, h, 321, kind);    // whole
+  run_case({1, 1, 1, 1, false, false, true, false, 1.0f, 1.0f, false}, h, 322, kind);     // 1x1x1
+  run_case({2, 65, 9, 8, false, true, false, false, -2.0f, 0.0f, true}, h, 323, kind);    // K = 8
+  run_case({1, 8, 130, 100, true, false, true, false, 0.25f, 0.5f, false}, h, 324, kind);  // wide
+}
+
+// beta = 0 never reads c, which may hold NaN.
+TEST_P(CoopmatEmulated, BetaZeroIgnoresNaNInC) {
+  const DType h = GetParam().h;
+  Pair a = both_as({5, 6}, randn(30, 40), h), b = both_as({6, 7}, randn(42, 41), h);
+  Pair c = both({5, 7}, Vec(35, NAN));
+  vk().matmul(c.d, a.d, b.d, false, false, 1.0f, 0.0f);
+  ref().matmul(c.r, a.r, b.r, false, false, 1.0f, 0.0f);
+  EXPECT_TRUE(same(c, 1e-5, "beta = 0 over NaN"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fragments, CoopmatEmulated,
+                         ::testing::Values(Frag{"cm8e", DType::f16}, Frag{"cm8e", DType::bf16},
+                                           Frag{"cm16e", DType::f16}, Frag{"cm16e", DType::bf16}),
+                         [](const auto& info) {
+                           return std::string(info.param.kind) + "_" +
+                                  dtype_name(info.param.h);
+                         });
+
+}  // namespace
+}  // namespace ct::vktest
