@@ -1,7 +1,11 @@
 // vulkan_gemm_bench: GFLOP/s of the Vulkan backend's GEMM variants (register-blocked and
 // shared-memory tiled) next to OpenBLAS sgemm, in the same run, on the model's GEMM shapes.
 //   vulkan_gemm_bench [--backend vulkan:N] [--iters N] [--cpu-time] [--layout nn|nt|tn]
-//                     [--shape MxNxK]... [--json FILE]   (CT_BENCH_VARIANTS=vec,reg picks variants)
+//                     [--shape MxNxK]... [--dtype f32|f16|bf16] [--json FILE]
+//                     (CT_BENCH_VARIANTS=vec,reg picks variants)
+// --dtype f16|bf16: a and b in 16 bits, c f32 (the mixed-precision GEMMs), against OpenBLAS on
+// the same rounded values; the variants are then vsg, reg, tiled and the emulated
+// cooperative-matrix builds cm8e and cm16e.
 // Each figure is the median over --iters runs. Every variant's product is checked against
 // OpenBLAS's (max |c - c_blas| / max |c_blas| <= 1e-4): a wrong one is marked and the exit
 // status is 1, so no speed is reported for a kernel that does not compute the product.
@@ -20,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/philox.h"
 #include "core/registry.h"
 
@@ -55,6 +60,7 @@ int main(int argc, char** argv) {
   bool trans_a = false, trans_b = false;  // --layout nn|nt|tn
   std::vector<GemmShape> shapes;
   std::string json_path, layout = "nn";
+  DType dt = DType::f32;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--backend") && i + 1 < argc)
       spec = argv[++i];
@@ -70,6 +76,13 @@ int main(int argc, char** argv) {
       }
       trans_a = layout == "tn";
       trans_b = layout == "nt";
+    } else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) {
+      std::string d = argv[++i];
+      if (d != "f32" && d != "f16" && d != "bf16") {
+        std::fprintf(stderr, "--dtype wants f32, f16 or bf16, not %s\n", d.c_str());
+        return 2;
+      }
+      dt = d == "f16" ? DType::f16 : d == "bf16" ? DType::bf16 : DType::f32;
     } else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc) {
@@ -82,7 +95,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--backend vulkan:N] [--iters N] [--cpu-time] [--layout nn|nt|tn] "
-                   "[--shape MxNxK]... [--json FILE]\n",
+                   "[--shape MxNxK]... [--dtype f32|f16|bf16] [--json FILE]\n",
                    argv[0]);
       return 2;
     }
@@ -94,9 +107,10 @@ int main(int argc, char** argv) {
               {512, 512, 512, "square"}};
   try {
     auto dev = open_device(spec);
-    std::printf("device: %s (%s); GFLOP per %s second\n", dev->info().name.c_str(),
-                dev->info().driver.c_str(), g_cpu_time ? "CPU" : "wall");
+    std::printf("device: %s (%s); a, b %s; GFLOP per %s second\n", dev->info().name.c_str(),
+                dev->info().driver.c_str(), dtype_name(dt), g_cpu_time ? "CPU" : "wall");
     std::vector<const char*> variants = {"vsg64", "vsg", "vec", "reg", "tiled"};
+    if (dt != DType::f32) variants = {"vsg", "reg", "tiled", "cm8e", "cm16e"};
     if (const char* v = std::getenv("CT_BENCH_VARIANTS")) {  // comma-separated subset
       static std::string keep = v;
       variants.clear();
@@ -112,13 +126,25 @@ int main(int argc, char** argv) {
       std::vector<float> a(s.M * s.K), b(s.K * s.N), c(s.M * s.N);
       for (size_t i = 0; i < a.size(); ++i) a[i] = p.normal(i);
       for (size_t i = 0; i < b.size(); ++i) b[i] = p.normal(i + a.size());
-      Tensor ta = dev->empty(trans_a ? Shape{s.K, s.M} : Shape{s.M, s.K}, DType::f32,
-                             MemCategory::kWorkspace);
-      Tensor tb = dev->empty(trans_b ? Shape{s.N, s.K} : Shape{s.K, s.N}, DType::f32,
-                             MemCategory::kWorkspace);
+      Tensor ta =
+          dev->empty(trans_a ? Shape{s.K, s.M} : Shape{s.M, s.K}, dt, MemCategory::kWorkspace);
+      Tensor tb =
+          dev->empty(trans_b ? Shape{s.N, s.K} : Shape{s.K, s.N}, dt, MemCategory::kWorkspace);
       Tensor tc = dev->empty({s.M, s.N}, DType::f32, MemCategory::kWorkspace);
-      dev->upload(ta, a.data(), a.size() * 4);
-      dev->upload(tb, b.data(), b.size() * 4);
+      // 16-bit operands: rounded once; OpenBLAS multiplies the same (widened) values.
+      auto put = [&](const Tensor& t, std::vector<float>& v) {
+        std::vector<uint16_t> bits(dt == DType::f32 ? 0 : v.size());
+        for (size_t i = 0; i < bits.size(); ++i) {
+          write_from_f32(bits.data(), dt, static_cast<int64_t>(i), v[i]);
+          v[i] = read_as_f32(bits.data(), dt, static_cast<int64_t>(i));
+        }
+        if (dt == DType::f32)
+          dev->upload(t, v.data(), v.size() * 4);
+        else
+          dev->upload(t, bits.data(), bits.size() * 2);
+      };
+      put(ta, a);
+      put(tb, b);
       double flop = 2.0 * s.M * s.N * s.K;
       std::vector<double> ts;
       for (int it = 0; it < iters + 1; ++it) {  // the first call warms up; c is the reference
@@ -160,6 +186,7 @@ int main(int argc, char** argv) {
                              {"N", s.N},
                              {"K", s.K},
                              {"layout", layout},
+                             {"dtype", dtype_name(dt)},
                              {"openblas_gflops", blas},
                              {"device", dev->info().name},
                              {"gflops", nlohmann::json::object()},

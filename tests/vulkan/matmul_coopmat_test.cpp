@@ -14,7 +14,9 @@ struct Frag {
   const char* kind;
   DType h;
 };
-void PrintTo(const Frag& f, std::ostream* os) { *os << f.kind << " " << dtype_name(f.h); }
+void PrintTo(const Frag& f, std::ostream* os) {
+  *os << f.kind << " " << dtype_name(f.h);
+}
 
 class CoopmatEmulated : public VulkanTest, public ::testing::WithParamInterface<Frag> {
  protected:
@@ -56,8 +58,8 @@ void run_case(const Case& k, DType h, uint64_t seed, const char* kind) {
                      " " + std::to_string(k.M) + "x" + std::to_string(k.N) + "x" +
                      std::to_string(k.K) + (k.ta ? " ta" : "") + (k.tb ? " tb" : "") +
                      (k.bias ? " bias" : "") + (k.b2d ? " b 2-D" : "") + " c " + dtype_name(tc);
-  const std::string shader = std::string("matmul_") + kind + "_" + (k.c16 ? "hhh_" : "hhf_") +
-                             dtype_name(h);
+  const std::string shader =
+      std::string("matmul_") + kind + "_" + (k.c16 ? "hhh_" : "hhf_") + dtype_name(h);
   EXPECT_NE(vk().profile_report().find(shader), std::string::npos) << what << ": " << shader;
   // Products of 16-bit values are exact in fp32; only the order of the fp32 sums differs.
   if (tc == DType::f32)
@@ -82,10 +84,10 @@ TEST_P(CoopmatEmulated, EveryTransposeOnRaggedEdges) {
 TEST_P(CoopmatEmulated, BatchesBroadcastAndTinyShapes) {
   const DType h = GetParam().h;
   const char* kind = GetParam().kind;
-  run_case({3, 19, 23, 41, false, false, true, true, 1.0f, 0.0f, false}, h, 320, kind);   // b 2-D
-  run_case({2, 64, 64, 64, true, true, false, false, 1.0f, 0.5f, true}, h, 321, kind);    // whole
-  run_case({1, 1, 1, 1, false, false, true, false, 1.0f, 1.0f, false}, h, 322, kind);     // 1x1x1
-  run_case({2, 65, 9, 8, false, true, false, false, -2.0f, 0.0f, true}, h, 323, kind);    // K = 8
+  run_case({3, 19, 23, 41, false, false, true, true, 1.0f, 0.0f, false}, h, 320, kind);    // b 2-D
+  run_case({2, 64, 64, 64, true, true, false, false, 1.0f, 0.5f, true}, h, 321, kind);     // whole
+  run_case({1, 1, 1, 1, false, false, true, false, 1.0f, 1.0f, false}, h, 322, kind);      // 1x1x1
+  run_case({2, 65, 9, 8, false, true, false, false, -2.0f, 0.0f, true}, h, 323, kind);     // K = 8
   run_case({1, 8, 130, 100, true, false, true, false, 0.25f, 0.5f, false}, h, 324, kind);  // wide
 }
 
@@ -103,8 +105,7 @@ INSTANTIATE_TEST_SUITE_P(Fragments, CoopmatEmulated,
                          ::testing::Values(Frag{"cm8e", DType::f16}, Frag{"cm8e", DType::bf16},
                                            Frag{"cm16e", DType::f16}, Frag{"cm16e", DType::bf16}),
                          [](const auto& info) {
-                           return std::string(info.param.kind) + "_" +
-                                  dtype_name(info.param.h);
+                           return std::string(info.param.kind) + "_" + dtype_name(info.param.h);
                          });
 
 }  // namespace
