@@ -89,7 +89,10 @@ std::shared_ptr<Instance> Instance::create(std::string* why) {
   auto app = vk_struct<VkApplicationInfo>(VK_STRUCTURE_TYPE_APPLICATION_INFO);
   app.pApplicationName = "crosstrain";
   app.pEngineName = "crosstrain";
-  app.apiVersion = VK_API_VERSION_1_2;
+  // 1.3 where the loader has it: the cooperative-matrix modules are SPIR-V 1.6 (Vulkan 1.3);
+  // everything else needs 1.2.
+  inst->api_ = api >= VK_API_VERSION_1_3 ? VK_API_VERSION_1_3 : VK_API_VERSION_1_2;
+  app.apiVersion = inst->api_;
   auto ci = vk_struct<VkInstanceCreateInfo>(VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO);
   ci.pApplicationInfo = &app;
   if (has_ext(VK_KHR_PORTABILITY_ENUMERATION_EXTENSION_NAME))
@@ -177,6 +180,57 @@ static std::string mib(uint64_t b) {
   return std::to_string(b >> 20) + " MiB";
 }
 
+// What the cooperative-matrix GEMM needs from this device (coopmat.h), and the gate's verdict.
+void Instance::fill_coopmat_caps(PhysicalDevice& pd, const VkPhysicalDeviceVulkan12Features& f12,
+                                 const VkPhysicalDeviceVulkan13Features& f13,
+                                 const VkPhysicalDeviceCooperativeMatrixFeaturesKHR& fcm,
+                                 const VkPhysicalDeviceVulkan12Properties& p12,
+                                 const VkPhysicalDeviceVulkan13Properties& p13, bool v13) {
+  CoopmatCaps& c = pd.cm;
+  c.extension = pd.coopmat;
+  c.feature = pd.coopmat && fcm.cooperativeMatrix;
+  c.vulkan13 = v13;
+  c.memory_model = f12.vulkanMemoryModel;
+  c.maintenance4 = v13 && f13.maintenance4;
+  c.full_subgroups = v13 && f13.subgroupSizeControl && f13.computeFullSubgroups &&
+                     (p13.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                     pd.subgroup_size >= p13.minSubgroupSize &&
+                     pd.subgroup_size <= p13.maxSubgroupSize;
+  c.float16 = pd.float16;
+  c.storage16 = pd.storage16;
+  c.subgroup_size = pd.subgroup_size;
+  c.vendor = pd.props.vendorID;
+  c.driver_id = static_cast<uint32_t>(p12.driverID);
+  c.device_name = pd.props.deviceName;
+  if (c.feature) {
+    auto get = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR>(
+        fns_.vkGetInstanceProcAddr(instance_, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
+    uint32_t n = 0;
+    if (get && get(pd.handle, &n, nullptr) == VK_SUCCESS && n > 0) {
+      std::vector<VkCooperativeMatrixPropertiesKHR> cfg(
+          n, vk_struct<VkCooperativeMatrixPropertiesKHR>(
+                 static_cast<VkStructureType>(kVkStructCoopmatPropertiesKHR)));
+      if (get(pd.handle, &n, cfg.data()) == VK_SUCCESS) {
+        c.configurations = n;
+        for (const auto& p : cfg)
+          if (p.MSize == 16 && p.NSize == 16 && p.KSize == 16 &&
+              static_cast<int32_t>(p.AType) == kVkComponentFloat16KHR &&
+              static_cast<int32_t>(p.BType) == kVkComponentFloat16KHR &&
+              static_cast<int32_t>(p.CType) == kVkComponentFloat32KHR &&
+              static_cast<int32_t>(p.ResultType) == kVkComponentFloat32KHR &&
+              static_cast<int32_t>(p.scope) == kVkScopeSubgroupKHR && !p.saturatingAccumulation)
+            c.f16_16x16x16 = true;
+      }
+    }
+  }
+#if defined(CT_VK_COOPMAT)
+  const bool built = true;
+#else
+  const bool built = false;
+#endif
+  pd.cm_gate = coopmat_gate(c, built, std::getenv("CROSSTRAIN_VK_COOPMAT"));
+}
+
 void Instance::enumerate() {
   const Functions& f = fns_;
   uint32_t n = 0;
@@ -213,8 +267,15 @@ void Instance::enumerate() {
     pd.memory_budget = has_ext(VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     pd.coopmat = has_ext("VK_KHR_cooperative_matrix");
 
+    const bool v13 = pd.props.apiVersion >= VK_API_VERSION_1_3 && api_ >= VK_API_VERSION_1_3;
+    auto fcm = vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesKHR>(
+        static_cast<VkStructureType>(kVkStructPhysicalDeviceCoopmatFeaturesKHR));
+    auto f13 = vk_struct<VkPhysicalDeviceVulkan13Features>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES);
+    if (pd.coopmat) f13.pNext = &fcm;
     auto f12 = vk_struct<VkPhysicalDeviceVulkan12Features>(
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES);
+    if (v13) f12.pNext = &f13;  // (a 1.2 device must not see 1.3 structs)
     auto f11 = vk_struct<VkPhysicalDeviceVulkan11Features>(
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES);
     f11.pNext = &f12;
@@ -227,8 +288,11 @@ void Instance::enumerate() {
     pd.bda = f12.bufferDeviceAddress;
     pd.int64 = feats.features.shaderInt64;
 
+    auto p13 = vk_struct<VkPhysicalDeviceVulkan13Properties>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_PROPERTIES);
     auto p12 = vk_struct<VkPhysicalDeviceVulkan12Properties>(
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_PROPERTIES);
+    if (v13) p12.pNext = &p13;
     auto p11 = vk_struct<VkPhysicalDeviceVulkan11Properties>(
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES);
     p11.pNext = &p12;
@@ -240,6 +304,7 @@ void Instance::enumerate() {
     pd.subgroup_ballot = (p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                          (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
     pd.max_alloc = p11.maxMemoryAllocationSize;
+    fill_coopmat_caps(pd, f12, f13, fcm, p12, p13, v13);
 
     f.vkGetPhysicalDeviceMemoryProperties(h, &pd.mem);
     uint64_t device_local = 0;
@@ -292,6 +357,7 @@ void Instance::enumerate() {
         {"subgroup size", std::to_string(p11.subgroupSize)},
         {"subgroup ops", subgroup_ops(p11.subgroupSupportedOperations)},
         {"cooperative matrix", yn(pd.coopmat)},
+        {"coopmat GEMM", pd.cm_gate.why},
         {"max workgroup invocations",
          std::to_string(pd.props.limits.maxComputeWorkGroupInvocations)},
         {"shared memory", std::to_string(pd.props.limits.maxComputeSharedMemorySize) + " B"},

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/vulkan/coopmat.h"
 #include "backends/vulkan/loader.h"
 #include "core/device.h"
 
@@ -29,6 +30,8 @@ struct PhysicalDevice {
   uint32_t subgroup_size = 0;
   bool subgroup_ballot = false;  // subgroupBroadcast() in compute shaders
   uint64_t max_alloc = 0;        // maxMemoryAllocationSize
+  CoopmatCaps cm;                // what the cooperative-matrix GEMM needs (coopmat.h)
+  CoopmatGate cm_gate;           // may it be tried here (CROSSTRAIN_VK_COOPMAT read at start)
 };
 
 // One VkInstance per process, shared by the backend and every device opened from it.
@@ -56,8 +59,14 @@ class Instance {
  private:
   Instance() = default;
   void enumerate();
+  void fill_coopmat_caps(PhysicalDevice& pd, const VkPhysicalDeviceVulkan12Features& f12,
+                         const VkPhysicalDeviceVulkan13Features& f13,
+                         const VkPhysicalDeviceCooperativeMatrixFeaturesKHR& fcm,
+                         const VkPhysicalDeviceVulkan12Properties& p12,
+                         const VkPhysicalDeviceVulkan13Properties& p13, bool v13);
 
   Functions fns_;
+  uint32_t api_ = VK_API_VERSION_1_2;  // the instance's apiVersion
   VkInstance instance_ = VK_NULL_HANDLE;
   VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
   std::vector<PhysicalDevice> devices_;

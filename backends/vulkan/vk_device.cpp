@@ -33,6 +33,11 @@ VkBufferObj::~VkBufferObj() {
 VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
     : instance_(std::move(instance)), pd_(instance_->devices().at(index)), f_(instance_->fns()) {
   info_ = pd_.info;
+#if defined(CT_VK_COOPMAT)
+  cm_gate_ = coopmat_gate(pd_.cm, true, std::getenv("CROSSTRAIN_VK_COOPMAT"));
+#else
+  cm_gate_ = coopmat_gate(pd_.cm, false, std::getenv("CROSSTRAIN_VK_COOPMAT"));
+#endif
   float prio = 1.0f;
   auto qi = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
   qi.queueFamilyIndex = pd_.queue_family;
@@ -52,6 +57,21 @@ VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
   feats.features.shaderInt64 = pd_.int64;
   std::vector<const char*> exts;
   if (pd_.memory_budget) exts.push_back(VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+  // The coopmat modules' needs (coopmat.h), only where the gate lets them be tried.
+  auto fcm = vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesKHR>(
+      static_cast<VkStructureType>(kVkStructPhysicalDeviceCoopmatFeaturesKHR));
+  auto f13 = vk_struct<VkPhysicalDeviceVulkan13Features>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES);
+  if (cm_gate_.allowed) {
+    exts.push_back("VK_KHR_cooperative_matrix");
+    fcm.cooperativeMatrix = VK_TRUE;
+    f13.maintenance4 = VK_TRUE;
+    f13.subgroupSizeControl = VK_TRUE;
+    f13.computeFullSubgroups = VK_TRUE;
+    f13.pNext = &fcm;
+    f12.vulkanMemoryModel = VK_TRUE;
+    f12.pNext = &f13;
+  }
   auto ci = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
   ci.pNext = &feats;
   ci.queueCreateInfoCount = 1;
@@ -67,6 +87,31 @@ VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
     inject_lost_at_ = std::strtoull(v, nullptr, 10);
   if (const char* v = std::getenv("CROSSTRAIN_VK_PROFILE"); v && *v && std::strcmp(v, "0") != 0)
     set_profiling(true);
+  coopmat_start();
+}
+
+void VulkanDevice::coopmat_start() {
+  const CoopmatGate& g = cm_gate_;
+  auto show = [&](const std::string& why) {
+    cm_why_ = why;
+    for (auto& [k, v] : info_.extra)
+      if (k == "coopmat GEMM") v = why;
+  };
+  show(g.why);
+  if (!g.allowed && !g.emulate) return;
+  cm_emulated_ = g.emulate;
+  const std::string path =
+      coopmat_verdict_path(pd_.props.pipelineCacheUUID, pd_.props.driverVersion, cm_emulated_);
+  bool ok = false;
+  std::string why;
+  if (read_coopmat_verdict(path, &ok, &why)) {
+    why += " (cached: " + path + ")";
+  } else {
+    ok = coopmat_self_test(&why);
+    write_coopmat_verdict(path, ok, why);
+  }
+  cm_ok_ = ok;
+  show((ok ? "in use: " : "not used: ") + why);
 }
 
 VulkanDevice::~VulkanDevice() {
@@ -616,6 +661,16 @@ VkDescriptorSet VulkanDevice::descriptor_set(VkDescriptorSetLayout dsl) {
 // ---------------------------------------------------------------------------------------------
 // Pipelines
 
+// The VK_KHR_cooperative_matrix modules (built where cmake found the tools).
+static bool is_coopmat_shader(ShaderId id) {
+#if defined(CT_VK_COOPMAT)
+  return id == ShaderId::matmul_cm16_hhf_f16 || id == ShaderId::matmul_cm16_hhh_f16;
+#else
+  (void)id;
+  return false;
+#endif
+}
+
 const VulkanDevice::Pipeline& VulkanDevice::pipeline(ShaderId id) {
   Pipeline& p = pipelines_[static_cast<uint32_t>(id)];
   if (p.pipeline) return p;
@@ -653,6 +708,19 @@ const VulkanDevice::Pipeline& VulkanDevice::pipeline(ShaderId id) {
   ci.stage.module = mod;
   ci.stage.pName = "main";
   ci.layout = p.layout;
+  // Coopmat modules (matmul_coopmat.comp): 4 full subgroups of the device's subgroup size, the
+  // workgroup size a specialization constant.
+  const uint32_t local = 4 * pd_.subgroup_size;
+  VkSpecializationMapEntry se{0, 0, sizeof(uint32_t)};
+  VkSpecializationInfo spec{1, &se, sizeof(uint32_t), &local};
+  auto rs = vk_struct<VkPipelineShaderStageRequiredSubgroupSizeCreateInfo>(
+      VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO);
+  rs.requiredSubgroupSize = pd_.subgroup_size;
+  if (is_coopmat_shader(id)) {
+    ci.stage.pSpecializationInfo = &spec;
+    ci.stage.flags = VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
+    ci.stage.pNext = &rs;
+  }
   VkResult r = f_.vkCreateComputePipelines(device_, cache_, 1, &ci, nullptr, &p.pipeline);
   f_.vkDestroyShaderModule(device_, mod, nullptr);
   if (r != VK_SUCCESS)

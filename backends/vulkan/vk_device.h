@@ -111,6 +111,11 @@ class VulkanDevice final : public Device {
   bool has_int64() const { return pd_.int64; }
   bool has_sg8() const { return pd_.subgroup_size == 8 && pd_.subgroup_ballot; }
   uint32_t max_groups_x() const { return pd_.props.limits.maxComputeWorkGroupCount[0]; }
+  // The cooperative-matrix GEMM's state here: the gate (coopmat.h), then the start-up self-test
+  // (ops/matmul.cpp: correctness on ragged shapes and speed against the default GEMM, cached per
+  // driver). coopmat_why() is the line `crosstrain devices` prints.
+  bool coopmat_in_use() const { return cm_ok_; }
+  const std::string& coopmat_why() const { return cm_why_; }
 
   // Called by VkBufferObj's destructor.
   void retire(VkBuffer buffer, const Allocation& alloc, MemCategory category, size_t size,
@@ -258,6 +263,15 @@ class VulkanDevice final : public Device {
   std::vector<Access> pending_;  // accesses since the last barrier
   bool lost_ = false;
   uint64_t inject_lost_at_ = 0;  // CROSSTRAIN_VK_INJECT_DEVICE_LOST=N: the Nth submit "fails"
+  // Cooperative-matrix GEMM: usable (self-test passed), the emulated build standing in
+  // (CROSSTRAIN_VK_COOPMAT=emulate), the verdict line, and what gemm() must use for hhf/hhh
+  // products while the self-test runs (0: the normal choice, -1: never coopmat, 1: coopmat).
+  CoopmatGate cm_gate_;  // the gate for this device, CROSSTRAIN_VK_COOPMAT read when opened
+  bool cm_ok_ = false, cm_emulated_ = false;
+  std::string cm_why_;
+  int cm_force_ = 0;
+  void coopmat_start();                      // the gate, then the cached or a new verdict
+  bool coopmat_self_test(std::string* why);  // ops/matmul.cpp
   // counters (profile_report)
   uint64_t n_dispatches_ = 0, n_copies_ = 0, n_barriers_ = 0, n_submits_ = 0, n_flushes_ = 0;
   bool profiling_ = false;

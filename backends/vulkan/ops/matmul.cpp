@@ -3,11 +3,18 @@
 // (its emulated build, on request), bias_backward.comp.
 // Operands larger than maxStorageBufferRange are split over batch, M, N and (with beta
 // chaining) K until every binding fits.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backends/vulkan/matmul_kind.h"
 #include "backends/vulkan/ops/op_util.h"
+#include "core/dtype.h"
+#include "core/philox.h"
 
 namespace ct::vk {
 
@@ -287,7 +294,17 @@ void VulkanDevice::gemm(const GemmCall& g) {
   else
     CT_CHECK(false, "gemm: unsupported operand dtype combination");
   const int hi = h == DType::bf16 ? 1 : 0;
-  const int cm = combo == 0 || combo == 1 ? coopmat_emulation() : 0;
+  // Cooperative-matrix GEMM for two 16-bit operands: 8 / 16 an emulated build, 1 the
+  // VK_KHR_cooperative_matrix build (f16), 0 none. CROSSTRAIN_VK_MATMUL=cm8e|cm16e forces an
+  // emulated one; otherwise coopmat runs once the start-up self-test passed (cm_force_ overrides
+  // while it runs).
+  int cm = 0;
+  if (combo == 0 || combo == 1) {
+    if (const int e = coopmat_emulation())
+      cm = e;
+    else if (cm_force_ > 0 || (cm_force_ == 0 && cm_ok_))
+      cm = cm_emulated_ ? 16 : hi == 0 ? 1 : 0;
+  }
   if (combo >= 0 && kind == MmKind::kVec) kind = MmKind::kReg;    // no MM_VEC 16-bit variants
   if (combo >= 0 && kind == MmKind::kVsg64) kind = MmKind::kVsg;  // f32 only
   // TM, TN of matmul.comp: 64 x 64 (8 x 8 invocations, 8 x 8 blocks), MM_SG 128 x 64 (16-row
@@ -329,12 +346,127 @@ void VulkanDevice::gemm(const GemmCall& g) {
     if (kind != MmKind::kVec) tm = 128;  // an MM_SG variant
   }
   if (cm) {  // whole 64 x 64 tiles of c per workgroup, edges zero-filled in the shader
+#if defined(CT_VK_COOPMAT)
+    id = cm == 1 ? (combo == 0 ? ShaderId::matmul_cm16_hhf_f16 : ShaderId::matmul_cm16_hhh_f16)
+                 : kCmEmuIds[cm == 16][combo][hi];
+#else
+    CT_CHECK(cm != 1, "gemm: no coopmat modules in this build");
     id = kCmEmuIds[cm == 16][combo][hi];
+#endif
     tm = kCmTile;
   }
   uint32_t gx = u32((g.N + tn - 1) / tn), gy = u32((g.M + tm - 1) / tm);
   CT_CHECK(gx <= max_groups_x() && g.batch <= 65535, "matmul grid too large");
   dispatch(id, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
+}
+
+// Start-up self-test of the cooperative-matrix GEMM (the real build, or the emulated one under
+// CROSSTRAIN_VK_COOPMAT=emulate): on ragged shapes in every layout, with bias, beta and 16-bit c,
+// its products must equal the default GEMM's within 1e-3 of the largest |c| (f16 products are
+// exact in fp32; only the order of the sums differs); then on a 512^3 f16 product (median of 3)
+// it must not be slower. CROSSTRAIN_VK_COOPMAT_INJECT=wrong perturbs its results (the test of
+// this test). Returns the verdict with its reason.
+bool VulkanDevice::coopmat_self_test(std::string* why) {
+  struct Shape3 {
+    int64_t M, N, K;
+    bool ta, tb, bias;
+    float beta;
+    bool c16;
+  };
+  const Shape3 shapes[] = {{37, 53, 29, false, false, false, 0.0f, false},
+                           {130, 67, 70, true, false, true, 0.5f, false},
+                           {65, 9, 100, false, true, false, 0.0f, true},
+                           {128, 128, 64, true, true, true, 0.25f, true}};
+  const DType h = DType::f16;
+  const char* inject = std::getenv("CROSSTRAIN_VK_COOPMAT_INJECT");
+  const bool wrong = inject && std::strcmp(inject, "wrong") == 0;
+  struct Restore {
+    int& f;
+    ~Restore() { f = 0; }
+  } restore{cm_force_};
+  auto host_tensor = [&](const ct::Shape& s, DType dt, uint64_t seed) {
+    Philox rng(seed, 7);
+    std::vector<uint16_t> bits(static_cast<size_t>(s.numel()));
+    std::vector<float> f32(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) {
+      const float v = rng.normal(i);
+      bits[i] = f32_to_f16(v);
+      f32[i] = v;
+    }
+    Tensor t = empty(s, dt, MemCategory::kWorkspace);
+    if (dt == DType::f32)
+      upload(t, f32.data(), f32.size() * 4);
+    else
+      upload(t, bits.data(), bits.size() * 2);
+    return t;
+  };
+  uint64_t seed = 1;
+  for (const Shape3& s : shapes) {
+    Tensor a = host_tensor(s.ta ? ct::Shape{s.K, s.M} : ct::Shape{s.M, s.K}, h, seed++);
+    Tensor b = host_tensor(s.tb ? ct::Shape{s.N, s.K} : ct::Shape{s.K, s.N}, h, seed++);
+    Tensor bias = host_tensor({s.N}, DType::f32, seed++);
+    const DType tc = s.c16 ? h : DType::f32;
+    Tensor c0 = host_tensor({s.M, s.N}, tc, seed);
+    Tensor c1 = host_tensor({s.M, s.N}, tc, seed++);
+    cm_force_ = -1;
+    matmul(c0, a, b, s.ta, s.tb, 1.0f, s.beta, s.bias ? &bias : nullptr);
+    cm_force_ = 1;
+    matmul(c1, a, b, s.ta, s.tb, wrong ? 1.01f : 1.0f, s.beta, s.bias ? &bias : nullptr);
+    const size_t n = static_cast<size_t>(s.M * s.N);
+    std::vector<float> r0(n), r1(n);
+    std::vector<uint16_t> bits(n);
+    auto get = [&](const Tensor& t, std::vector<float>& out) {
+      if (tc == DType::f32) {
+        download(out.data(), t, n * 4);
+        return;
+      }
+      download(bits.data(), t, n * 2);
+      for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(bits[i]);
+    };
+    get(c0, r0);
+    get(c1, r1);
+    double top = 0, err = 0;
+    for (size_t i = 0; i < n; ++i) {
+      top = std::max(top, std::fabs(double(r0[i])));
+      const double d = std::fabs(double(r1[i]) - r0[i]);
+      err = std::isnan(d) ? INFINITY : std::max(err, d);
+    }
+    if (!(err <= 1e-3 * std::max(top, 1.0))) {
+      char line[160];
+      std::snprintf(line, sizeof line, "wrong products: |diff| %.3g (max |c| %.3g) at %ldx%ldx%ld",
+                    err, top, long(s.M), long(s.N), long(s.K));
+      *why = line;
+      return false;
+    }
+  }
+  // Speed: a 512^3 hhf product, median of 3, against the GEMM this device takes otherwise.
+  Tensor a = host_tensor({512, 512}, h, 90), b = host_tensor({512, 512}, h, 91);
+  Tensor c = empty({512, 512}, DType::f32, MemCategory::kWorkspace);
+  auto time_it = [&](int force) {
+    cm_force_ = force;
+    matmul(c, a, b, false, false);  // warm-up: pipeline creation
+    synchronize();
+    std::vector<double> t;
+    for (int i = 0; i < 3; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      matmul(c, a, b, false, false);
+      synchronize();
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return 2.0 * 512 * 512 * 512 / t[1] * 1e-9;
+  };
+  const double base = time_it(-1), coop = time_it(1);
+  char line[160];
+  std::snprintf(line, sizeof line, "%s %.1f GFLOP/s against %.1f (default GEMM, 512^3 f16)",
+                cm_emulated_ ? "emulated coopmat" : "coopmat 16x16x16", coop, base);
+  *why = line;
+  if (coop < base) {
+    *why = "slower: " + *why;
+    return false;
+  }
+  *why = "self-test passed, " + *why;
+  return true;
 }
 
 void VulkanDevice::bias_backward_kernel(const Tensor& dbias, const Tensor& dout) {

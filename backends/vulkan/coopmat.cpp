@@ -1,0 +1,109 @@
+// coopmat_gate(): the static half of the cooperative-matrix decision (see coopmat.h).
+#include "backends/vulkan/coopmat.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace ct::vk {
+
+namespace {
+
+bool contains(const std::string& s, const char* what) {
+  return s.find(what) != std::string::npos;
+}
+
+// AMD GPUs with matrix cores (WMMA or MFMA): RDNA3 and later, CDNA.
+bool amd_has_matrix_cores(const std::string& name) {
+  for (const char* n : {"RX 7", "RX 9", "PRO W7", "PRO W9", "Pro W7", "Pro W9", "Radeon 7",
+                        "Radeon 8", "Instinct", "gfx11", "gfx12", "gfx90a", "gfx94"})
+    if (contains(name, n)) return true;
+  return false;
+}
+
+}  // namespace
+
+CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env) {
+  CoopmatGate g;
+  const std::string mode = env ? env : "";
+  if (mode == "0" || mode == "off") {
+    g.why = "off (CROSSTRAIN_VK_COOPMAT=" + mode + ")";
+    return g;
+  }
+  if (mode == "emulate") {
+    g.emulate = true;
+    g.why = "emulated build under self-test (CROSSTRAIN_VK_COOPMAT=emulate)";
+    return g;
+  }
+  auto no = [&](const std::string& why) {
+    g.why = "not used: " + why;
+    return g;
+  };
+  if (!built)
+    return no("this build has no coopmat shaders (glslang without GL_KHR_cooperative_matrix)");
+  if (!caps.extension) return no("the driver does not offer VK_KHR_cooperative_matrix");
+  if (!caps.feature) return no("cooperativeMatrix feature not supported");
+  if (!caps.f16_16x16x16)
+    return no("no 16x16x16 f16 x f16 -> f32 subgroup shape among the driver's " +
+              std::to_string(caps.configurations) + " configurations");
+  if (!caps.vulkan13) return no("Vulkan 1.3 needed (the shaders are SPIR-V 1.6)");
+  if (!caps.memory_model || !caps.maintenance4 || !caps.full_subgroups || !caps.float16 ||
+      !caps.storage16)
+    return no(std::string("missing ") +
+              (!caps.memory_model   ? "vulkanMemoryModel"
+               : !caps.maintenance4 ? "maintenance4"
+               : !caps.full_subgroups
+                   ? "subgroup size control / computeFullSubgroups"
+                   : !caps.float16 ? "shaderFloat16"
+                                   : "storageBuffer16BitAccess"));
+  if (caps.subgroup_size == 0 || caps.subgroup_size > 64) return no("unusual subgroup size");
+  const bool amd_own_driver = caps.vendor == 0x1002 && (caps.driver_id == 1 || caps.driver_id == 2);
+  if (amd_own_driver && !amd_has_matrix_cores(caps.device_name) && mode != "force")
+    return no("denied: AMD's own driver on a GPU without matrix cores (advertised, emulated)");
+  g.allowed = true;
+  g.why = "candidate (16x16x16 f16, subgroup " + std::to_string(caps.subgroup_size) +
+          "), pending the start-up self-test";
+  return g;
+}
+
+std::string coopmat_verdict_path(const uint8_t* uuid, uint32_t driver_version, bool emulated) {
+  std::string base;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    base = x;
+  else if (const char* h = std::getenv("HOME"); h && *h)
+    base = std::string(h) + "/.cache";
+  else
+    return "";
+  char hex[2 * VK_UUID_SIZE + 1];
+  for (uint32_t i = 0; i < VK_UUID_SIZE; ++i) std::snprintf(hex + 2 * i, 3, "%02x", uuid[i]);
+  return base + "/crosstrain/vulkan-coopmat-" + hex + "-" + std::to_string(driver_version) +
+         (emulated ? "-emulated" : "") + ".txt";
+}
+
+bool read_coopmat_verdict(const std::string& path, bool* ok, std::string* why) {
+  if (path.empty()) return false;
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line) || line.size() < 3 || (line[0] != '0' && line[0] != '1') ||
+      line[1] != ' ')
+    return false;
+  *ok = line[0] == '1';
+  *why = line.substr(2);
+  return true;
+}
+
+void write_coopmat_verdict(const std::string& path, bool ok, const std::string& why) {
+  if (path.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << (ok ? '1' : '0') << ' ' << why << "\n";
+    if (!out) return;  // a cache: failing to write it costs a self-test next time, no more
+  }
+  std::filesystem::rename(tmp, path, ec);
+}
+
+}  // namespace ct::vk

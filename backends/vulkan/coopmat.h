@@ -1,0 +1,102 @@
+// VK_KHR_cooperative_matrix: what Debian 12's Vulkan headers (1.3.239) lack, what a device
+// offers, and the one rule that decides whether the cooperative-matrix GEMM may run there.
+//
+// Compile-time and run-time gating agree by construction: the coopmat modules exist only when
+// the build made them (CT_VK_COOPMAT, cmake's CT_VK_COOPMAT_BUILD); the device enables the
+// extension and the features the modules declare (cooperativeMatrix, shaderFloat16,
+// vulkanMemoryModel, maintenance4 for LocalSizeId, subgroup size control with full subgroups)
+// only when coopmat_gate() says yes, and the GEMM dispatches them only after the start-up
+// self-test (backends/vulkan/ops/matmul.cpp) passed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backends/vulkan/loader.h"
+
+#ifndef VK_KHR_cooperative_matrix
+// From the Vulkan registry (VK_KHR_cooperative_matrix, extension 507, spec version 2).
+#define CT_VK_DECLARE_COOPMAT 1
+enum CtVkCoopmatConstants : int32_t {
+  kVkStructPhysicalDeviceCoopmatFeaturesKHR = 1000506000,
+  kVkStructCoopmatPropertiesKHR = 1000506001,
+  kVkComponentFloat16KHR = 0,
+  kVkComponentFloat32KHR = 1,
+  kVkScopeSubgroupKHR = 3,
+};
+struct VkPhysicalDeviceCooperativeMatrixFeaturesKHR {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 cooperativeMatrix;
+  VkBool32 cooperativeMatrixRobustBufferAccess;
+};
+struct VkCooperativeMatrixPropertiesKHR {
+  VkStructureType sType;
+  void* pNext;
+  uint32_t MSize, NSize, KSize;
+  int32_t AType, BType, CType, ResultType;  // VkComponentTypeKHR
+  VkBool32 saturatingAccumulation;
+  int32_t scope;  // VkScopeKHR
+};
+typedef VkResult(VKAPI_PTR* PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)(
+    VkPhysicalDevice, uint32_t*, VkCooperativeMatrixPropertiesKHR*);
+#else
+enum CtVkCoopmatConstants : int32_t {
+  kVkStructPhysicalDeviceCoopmatFeaturesKHR =
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
+  kVkStructCoopmatPropertiesKHR = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR,
+  kVkComponentFloat16KHR = VK_COMPONENT_TYPE_FLOAT16_KHR,
+  kVkComponentFloat32KHR = VK_COMPONENT_TYPE_FLOAT32_KHR,
+  kVkScopeSubgroupKHR = VK_SCOPE_SUBGROUP_KHR,
+};
+#endif
+
+namespace ct::vk {
+
+// What a physical device offers for the coopmat GEMM (context.cpp fills it).
+struct CoopmatCaps {
+  bool extension = false;       // VK_KHR_cooperative_matrix listed
+  bool feature = false;         // cooperativeMatrix
+  bool f16_16x16x16 = false;    // (16, 16, 16) f16 x f16 + f32 -> f32, subgroup scope
+  uint32_t configurations = 0;  // entries vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR lists
+  bool vulkan13 = false;        // apiVersion >= 1.3 (the modules are SPIR-V 1.6)
+  bool memory_model = false;    // vulkanMemoryModel
+  bool maintenance4 = false;    // LocalSizeId
+  bool full_subgroups = false;  // subgroupSizeControl + computeFullSubgroups, compute stage
+  bool float16 = false;         // shaderFloat16
+  bool storage16 = false;       // storageBuffer16BitAccess
+  uint32_t subgroup_size = 0;   // the size the pipeline requires (VkPhysicalDeviceSubgroupProperties)
+  uint32_t vendor = 0;          // PCI vendor id
+  uint32_t driver_id = 0;       // VkDriverId
+  std::string device_name;
+};
+
+// The static part of the decision: may the coopmat GEMM be tried on this device at all?
+struct CoopmatGate {
+  bool emulate = false;  // CROSSTRAIN_VK_COOPMAT=emulate: the emulated build stands in (tests)
+  bool allowed = false;  // real coopmat modules may be enabled and self-tested
+  std::string why;       // one line for `crosstrain devices`
+};
+
+// `built`: this binary has the coopmat modules. `env`: CROSSTRAIN_VK_COOPMAT (null, "0"/"off"
+// to disable, "emulate" to self-test the emulated build in their place, "force" to skip the
+// allow/deny list). Allow/deny list: AMD's own Windows/Linux drivers (AMDVLK, proprietary)
+// advertise the extension on RDNA1/RDNA2 GPUs, which have no matrix cores, so they are denied
+// unless the device name says RDNA3 or later (Radeon RX 7000/9000 series, Radeon Pro W7000,
+// Instinct); Intel's ANV is allowed, its early coopmat releases' regressions are left to the
+// self-test; everything else is allowed and self-tested.
+CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env);
+
+}  // namespace ct::vk
+
+namespace ct::vk {
+
+// The self-test's verdict, cached per device, driver version and pipeline-cache UUID in
+// $XDG_CACHE_HOME (or ~/.cache)/crosstrain/vulkan-coopmat-<uuid>-<driver version>[-emulated].txt:
+// one line, "1 <why>" or "0 <why>". Empty path where no cache folder is known.
+std::string coopmat_verdict_path(const uint8_t* pipeline_cache_uuid, uint32_t driver_version,
+                                 bool emulated);
+bool read_coopmat_verdict(const std::string& path, bool* ok, std::string* why);
+void write_coopmat_verdict(const std::string& path, bool ok, const std::string& why);
+
+}  // namespace ct::vk

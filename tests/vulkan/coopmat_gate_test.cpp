@@ -1,0 +1,129 @@
+// The cooperative-matrix decision (backends/vulkan/coopmat.h): the gate's rules on synthetic
+// device descriptions, and on lavapipe the whole start-up path -- the self-test of the emulated
+// build standing in for the real one (CROSSTRAIN_VK_COOPMAT=emulate), its verdict cached per
+// driver and read back, a wrong candidate rejected, the switch that turns it off -- as
+// `crosstrain devices` shows it (DeviceInfo::extra "coopmat GEMM").
+#include <filesystem>
+#include <fstream>
+
+#include "backends/vulkan/coopmat.h"
+#include "core/registry.h"
+#include "tests/vulkan/vulkan_fixture.h"
+
+namespace ct::vktest {
+namespace {
+
+using vk::CoopmatCaps;
+using vk::coopmat_gate;
+
+CoopmatCaps capable() {
+  CoopmatCaps c;
+  c.extension = c.feature = c.f16_16x16x16 = c.vulkan13 = c.memory_model = c.maintenance4 =
+      c.full_subgroups = c.float16 = c.storage16 = true;
+  c.configurations = 12;
+  c.subgroup_size = 32;
+  c.vendor = 0x10de;
+  c.driver_id = 4;  // NVIDIA proprietary
+  c.device_name = "NVIDIA H100";
+  return c;
+}
+
+TEST(CoopmatGate, RulesOnDeviceDescriptions) {
+  EXPECT_TRUE(coopmat_gate(capable(), true, nullptr).allowed);
+  EXPECT_NE(coopmat_gate(capable(), true, nullptr).why.find("pending the start-up self-test"),
+            std::string::npos);
+  auto why_not = [](const CoopmatCaps& c, bool built = true, const char* env = nullptr) {
+    vk::CoopmatGate g = coopmat_gate(c, built, env);
+    EXPECT_FALSE(g.allowed) << g.why;
+    return g.why;
+  };
+  EXPECT_NE(why_not(capable(), false).find("no coopmat shaders"), std::string::npos);
+  CoopmatCaps c = capable();
+  c.extension = false;
+  EXPECT_NE(why_not(c).find("does not offer VK_KHR_cooperative_matrix"), std::string::npos);
+  c = capable();
+  c.f16_16x16x16 = false;
+  EXPECT_NE(why_not(c).find("among the driver's 12 configurations"), std::string::npos);
+  c = capable();
+  c.maintenance4 = false;
+  EXPECT_NE(why_not(c).find("maintenance4"), std::string::npos);
+  c = capable();
+  c.full_subgroups = false;
+  EXPECT_NE(why_not(c).find("computeFullSubgroups"), std::string::npos);
+  EXPECT_NE(why_not(capable(), true, "0").find("off"), std::string::npos);
+  // AMD's own driver on RDNA2 (no matrix cores) is denied; RDNA3 and RADV are not.
+  c = capable();
+  c.vendor = 0x1002;
+  c.driver_id = 2;  // AMDVLK
+  c.device_name = "AMD Radeon RX 6800 XT";
+  EXPECT_NE(why_not(c).find("denied"), std::string::npos);
+  EXPECT_TRUE(coopmat_gate(c, true, "force").allowed);
+  c.device_name = "AMD Radeon RX 7900 XTX";
+  EXPECT_TRUE(coopmat_gate(c, true, nullptr).allowed);
+  c.device_name = "AMD Radeon RX 6800 XT";
+  c.driver_id = 3;  // RADV
+  EXPECT_TRUE(coopmat_gate(c, true, nullptr).allowed);
+  // The emulated build stands in whatever the device has.
+  vk::CoopmatGate e = coopmat_gate(CoopmatCaps{}, false, "emulate");
+  EXPECT_TRUE(e.emulate);
+  EXPECT_FALSE(e.allowed);
+}
+
+// The coopmat line of a freshly opened vulkan:0, with `env` set while it opens.
+std::string verdict_line(const std::map<std::string, std::string>& env) {
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+  std::unique_ptr<Device> dev = open_device("vulkan:0");
+  for (const auto& [k, v] : env) unsetenv(k.c_str());
+  for (const auto& [k, v] : dev->info().extra)
+    if (k == "coopmat GEMM") return v;
+  ADD_FAILURE() << "no coopmat GEMM line in the device's description";
+  return "";
+}
+
+class CoopmatStartup : public VulkanTest {
+ protected:
+  void SetUp() override {
+    VulkanTest::SetUp();
+    cache_ = std::filesystem::temp_directory_path() /
+             ("ct-coopmat-" + std::to_string(::getpid()) + "-" +
+              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(cache_);
+  }
+  void TearDown() override {
+    std::filesystem::remove_all(cache_);
+    VulkanTest::TearDown();
+  }
+  std::filesystem::path cache_;
+};
+
+TEST_F(CoopmatStartup, LavapipeHasNoCoopmatAndTheSwitchTurnsItOff) {
+  EXPECT_EQ(verdict_line({{"XDG_CACHE_HOME", cache_}}),
+            "not used: the driver does not offer VK_KHR_cooperative_matrix");
+  EXPECT_EQ(verdict_line({{"CROSSTRAIN_VK_COOPMAT", "0"}}), "off (CROSSTRAIN_VK_COOPMAT=0)");
+  EXPECT_FALSE(std::filesystem::exists(cache_));  // nothing tested, nothing cached
+}
+
+TEST_F(CoopmatStartup, EmulatedCandidateIsSelfTestedAndTheVerdictCached) {
+  const std::string first =
+      verdict_line({{"XDG_CACHE_HOME", cache_}, {"CROSSTRAIN_VK_COOPMAT", "emulate"}});
+  // Correct on every shape, and on lavapipe far slower than the register-blocked GEMM.
+  EXPECT_EQ(first.rfind("not used: slower: emulated coopmat ", 0), 0u) << first;
+  int files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(cache_))
+    if (e.path().filename().string().rfind("vulkan-coopmat-", 0) == 0) ++files;
+  EXPECT_EQ(files, 1);
+  const std::string second =
+      verdict_line({{"XDG_CACHE_HOME", cache_}, {"CROSSTRAIN_VK_COOPMAT", "emulate"}});
+  EXPECT_EQ(second.rfind(first, 0), 0u) << second;
+  EXPECT_NE(second.find("(cached: "), std::string::npos) << second;
+}
+
+TEST_F(CoopmatStartup, WrongProductsAreRejected) {
+  const std::string v = verdict_line({{"XDG_CACHE_HOME", cache_},
+                                      {"CROSSTRAIN_VK_COOPMAT", "emulate"},
+                                      {"CROSSTRAIN_VK_COOPMAT_INJECT", "wrong"}});
+  EXPECT_EQ(v.rfind("not used: wrong products: ", 0), 0u) << v;
+}
+
+}  // namespace
+}  // namespace ct::vktest
