@@ -28,6 +28,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
      "flash_attention_forward/backward (fused attention, lse saved)"},
     {4, "4dd4a5dddc7b28ac287af6eaa4af1e53e04094a35470dfec462052acc6e8fc3d",
      "dropout (Philox mask, DropoutMask handed to dropout_kernel), OpKind::kDropout"},
+    {5, "543049ecc1810a1b3aa26f234993042e59d684a0ab4e71f851f62bc06a9ba4b6",
+     "rmsnorm_forward/backward (Llama's RMSNorm), OpKind::kRMSNorm; embedding_forward takes "
+     "16-bit tables"},
 };
 
 // device.h's text without // and /* */ comments, every run of whitespace one space, trimmed.

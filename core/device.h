@@ -18,6 +18,7 @@
 //   matmul              a, b: f32 | h (both the same); c: f32 | a's dtype; bias f32
 //   embedding fwd       wte, wpe: f32 | h (both the same); out f32     bwd: all f32
 //   layernorm fwd       x f32; out f32 | h;            bwd: dout f32 | h; x, dx f32
+//   rmsnorm fwd         x f32; out f32 | h;            bwd: dout f32 | h; x, dx f32
 //   attention fwd/bwd   qkv, out, att, dout, dqkv: all f32 or all the same h
 //   flash attention     qkv, out, dout, dqkv: all f32 or all the same h; lse f32
 //   gelu fwd/bwd        x, out, dout, dx: all f32 or all the same h
@@ -257,6 +258,7 @@ enum class OpKind {
   kLion,
   kAdamW8bit,
   kAdafactor,
+  kRMSNorm,  // (appended: the values are part of the plugin ABI)
 };
 
 class Device {
@@ -365,6 +367,17 @@ class Device {
   // dx (+=), dw (+=), db (+=), from dout [N,C] and the saved x, w, mean, rstd.
   void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
                           const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd);
+
+  // out (=) (x * rstd) * w over the last dim, rstd = 1 / sqrt(mean(x^2) + eps) (Llama's
+  // RMSNorm, in fp32 as Hugging Face computes it); saves rstd.
+  // x, out [N,C]; w [C]; rstd [N] (f32). Statistics in fp32 or better.
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                       float eps);
+  // dx (+=), dw (+=), from dout [N,C] and the saved x, w, rstd:
+  //   xhat = x * rstd, dxhat = dout * w; dx += rstd * (dxhat - xhat * mean(dxhat * xhat)),
+  //   dw += sum over rows of dout * xhat.
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout, const Tensor& x,
+                        const Tensor& w, const Tensor& rstd);
 
   // c (=) alpha * op(a) @ op(b) + beta * c (+ bias broadcast over rows, if given).
   // op(a) [..., M, K], op(b) [..., K, N], c [..., M, N]; op(x) is x or its transpose over the
@@ -511,6 +524,10 @@ class Device {
   virtual void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
                                          const Tensor& dout, const Tensor& x, const Tensor& w,
                                          const Tensor& mean, const Tensor& rstd) = 0;
+  virtual void rmsnorm_forward_kernel(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                      const Tensor& w, float eps) = 0;
+  virtual void rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& dout,
+                                       const Tensor& x, const Tensor& w, const Tensor& rstd) = 0;
   // `d` holds the dimensions matmul() resolved: c is [batch..., M, N], op(a) [M, K] per batch
   // element, and a_batched / b_batched say whether a / b carry c's batch dims (false: one 2-D
   // matrix broadcast over the batch).
@@ -574,7 +591,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 4;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 5;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

@@ -290,6 +290,34 @@ void Device::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor
   layernorm_backward_kernel(dx, dw, db, dout, x, w, mean, rstd);
 }
 
+void Device::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                             const Tensor& w, float eps) {
+  Check k(*this, "rmsnorm_forward");
+  for (auto [n, t] : {std::pair{"rstd", &rstd}, {"x", &x}, {"w", &w}}) k.f32(n, *t);
+  k.flt("out", out, OpKind::kRMSNorm);
+  CT_REQUIRE(x.ndim() >= 1, k.op() + ": x must have a last dimension");
+  CT_REQUIRE(eps >= 0.0f, k.op() + ": eps must be >= 0, got " + std::to_string(eps));
+  int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+  CT_REQUIRE(out.shape == x.shape && w.numel() == C && rstd.numel() == N,
+             k.op() + ": expected x, out [N,C], w [C], rstd [N]" + shapes({&out, &rstd, &x, &w}));
+  rmsnorm_forward_kernel(out, rstd, x, w, eps);
+}
+
+void Device::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout,
+                              const Tensor& x, const Tensor& w, const Tensor& rstd) {
+  Check k(*this, "rmsnorm_backward");
+  for (auto [n, t] : {std::pair{"dx", &dx}, {"dw", &dw}, {"x", &x}, {"w", &w}, {"rstd", &rstd}})
+    k.f32(n, *t);
+  k.flt("dout", dout, OpKind::kRMSNorm);
+  CT_REQUIRE(x.ndim() >= 1, k.op() + ": x must have a last dimension");
+  int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+  CT_REQUIRE(dx.shape == x.shape && dout.shape == x.shape && w.numel() == C && dw.numel() == C &&
+                 rstd.numel() == N,
+             k.op() + ": expected dx, dout, x [N,C], dw, w [C], rstd [N]" +
+                 shapes({&dx, &dw, &dout, &x, &w, &rstd}));
+  rmsnorm_backward_kernel(dx, dw, dout, x, w, rstd);
+}
+
 void Device::matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                     float alpha, float beta, const Tensor* bias) {
   Check k(*this, "matmul");

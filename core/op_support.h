@@ -16,6 +16,7 @@ inline bool precision_table_allows(OpKind op, DType dtype) {
     case OpKind::kEmbedding:  // forward tables only
     case OpKind::kMatmul:
     case OpKind::kLayerNorm:
+    case OpKind::kRMSNorm:
     case OpKind::kBiasGrad:
     case OpKind::kAttention:
     case OpKind::kGelu:

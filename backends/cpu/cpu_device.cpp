@@ -202,6 +202,19 @@ class CpuDevice final : public Device, private Workspace {
                           C);
   }
 
+  void rmsnorm_forward_kernel(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                              const Tensor& w, float eps) override {
+    int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+    float* o = out_(out, 0, false);
+    k_.rmsnorm_forward(o, f(rstd), f(x), f(w), N, C, eps);
+    store(out, o);
+  }
+  void rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& dout,
+                               const Tensor& x, const Tensor& w, const Tensor& rstd) override {
+    int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+    k_.rmsnorm_backward(*this, f(dx), f(dw), in(dout, 0), f(x), f(w), f(rstd), N, C);
+  }
+
   void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
                      bool trans_a, bool trans_b, float alpha, float beta,
                      const Tensor* bias) override {

@@ -61,6 +61,11 @@ struct Kernels {
                              const float* x, const float* w, const float* mean, const float* rstd,
                              int64_t N, int64_t C);
 
+  void (*rmsnorm_forward)(float* out, float* rstd, const float* x, const float* w, int64_t N,
+                          int64_t C, float eps);
+  void (*rmsnorm_backward)(Workspace& ws, float* dx, float* dw, const float* dout, const float* x,
+                           const float* w, const float* rstd, int64_t N, int64_t C);
+
   void (*matmul)(Workspace& ws, const MatmulArgs& m);
   void (*bias_backward)(float* dbias, const float* dout, int64_t M, int64_t N);
 
@@ -124,6 +129,10 @@ struct Kernels {
   void layernorm_backward(Workspace& ws, float* dx, float* dw, float* db, const float* dout,       \
                           const float* x, const float* w, const float* mean, const float* rstd,    \
                           int64_t N, int64_t C);                                                   \
+  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N,         \
+                       int64_t C, float eps);                                                      \
+  void rmsnorm_backward(Workspace& ws, float* dx, float* dw, const float* dout, const float* x,    \
+                        const float* w, const float* rstd, int64_t N, int64_t C);                  \
   void matmul(Workspace& ws, const MatmulArgs& m);                                                 \
   void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N);                       \
   void attention_forward(Workspace& ws, float* out, float* att, const float* qkv, int64_t B,       \

@@ -250,6 +250,22 @@ class GpuDevice final : public Device {
     gpu::layernorm_backward(cx(), f(dx), f(dw), f(db), ptr(dout), elem_of(dout.dtype), f(x), f(w),
                             f(mean), f(rstd), N, C, ws);
   }
+  void rmsnorm_forward_kernel(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                              const Tensor& w, float eps) override {
+    const std::int64_t C = x.shape[-1];
+    if (C == 0) return;
+    gpu::rmsnorm_forward(cx(), ptr(out), elem_of(out.dtype), f(rstd), f(x), f(w), x.numel() / C, C,
+                         eps);
+  }
+  void rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& dout,
+                               const Tensor& x, const Tensor& w, const Tensor& rstd) override {
+    const std::int64_t C = x.shape[-1];
+    if (C == 0) return;
+    const std::int64_t N = x.numel() / C;
+    void* ws = scratch(rmsnorm_backward_workspace(N, C));
+    gpu::rmsnorm_backward(cx(), f(dx), f(dw), ptr(dout), elem_of(dout.dtype), f(x), f(w), f(rstd),
+                          N, C, ws);
+  }
   void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
                      bool trans_a, bool trans_b, float alpha, float beta,
                      const Tensor* bias) override {

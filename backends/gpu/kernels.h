@@ -85,6 +85,17 @@ void layernorm_backward(const Ctx& cx, float* dx, float* dw, float* db, const vo
                         Elem dout_elem, const float* x, const float* w, const float* mean,
                         const float* rstd, std::int64_t N, std::int64_t C, void* workspace);
 
+// --- rmsnorm.cu ----------------------------------------------------------------------------
+// out [N,C] (out_elem) (=) (x * rstd) * w, rstd = 1 / sqrt(mean(x^2) + eps) [N] saved; x, w f32.
+void rmsnorm_forward(const Ctx& cx, void* out, Elem out_elem, float* rstd, const float* x,
+                     const float* w, std::int64_t N, std::int64_t C, float eps);
+// dx [N,C] (+=), dw [C] (+=) from dout [N,C] (dout_elem) and the saved x, w, rstd; dw summed
+// over rows by a fixed tree (workspace).
+std::size_t rmsnorm_backward_workspace(std::int64_t N, std::int64_t C);
+void rmsnorm_backward(const Ctx& cx, float* dx, float* dw, const void* dout, Elem dout_elem,
+                      const float* x, const float* w, const float* rstd, std::int64_t N,
+                      std::int64_t C, void* workspace);
+
 // --- matmul.cu -----------------------------------------------------------------------------
 // For each batch element z in [0, batch):
 //   c_z [M,N] (=) alpha * op(a_z) @ op(b_z) + beta * c_z (+ bias [N] broadcast over rows)

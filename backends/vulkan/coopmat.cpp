@@ -50,13 +50,12 @@ CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env) {
   if (!caps.vulkan13) return no("Vulkan 1.3 needed (the shaders are SPIR-V 1.6)");
   if (!caps.memory_model || !caps.maintenance4 || !caps.full_subgroups || !caps.float16 ||
       !caps.storage16)
-    return no(std::string("missing ") +
-              (!caps.memory_model   ? "vulkanMemoryModel"
-               : !caps.maintenance4 ? "maintenance4"
-               : !caps.full_subgroups
-                   ? "subgroup size control / computeFullSubgroups"
-                   : !caps.float16 ? "shaderFloat16"
-                                   : "storageBuffer16BitAccess"));
+    return no(std::string("missing ") + (!caps.memory_model   ? "vulkanMemoryModel"
+                                         : !caps.maintenance4 ? "maintenance4"
+                                         : !caps.full_subgroups
+                                             ? "subgroup size control / computeFullSubgroups"
+                                         : !caps.float16 ? "shaderFloat16"
+                                                         : "storageBuffer16BitAccess"));
   if (caps.subgroup_size == 0 || caps.subgroup_size > 64) return no("unusual subgroup size");
   const bool amd_own_driver = caps.vendor == 0x1002 && (caps.driver_id == 1 || caps.driver_id == 2);
   if (amd_own_driver && !amd_has_matrix_cores(caps.device_name) && mode != "force")
@@ -67,7 +66,8 @@ CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env) {
   return g;
 }
 
-std::string coopmat_verdict_path(const uint8_t* uuid, uint32_t driver_version, bool emulated) {
+std::string cache_file_path(const std::string& prefix, const uint8_t* uuid,
+                            const std::string& suffix) {
   std::string base;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
     base = x;
@@ -77,8 +77,13 @@ std::string coopmat_verdict_path(const uint8_t* uuid, uint32_t driver_version, b
     return "";
   char hex[2 * VK_UUID_SIZE + 1];
   for (uint32_t i = 0; i < VK_UUID_SIZE; ++i) std::snprintf(hex + 2 * i, 3, "%02x", uuid[i]);
-  return base + "/crosstrain/vulkan-coopmat-" + hex + "-" + std::to_string(driver_version) +
-         (emulated ? "-emulated" : "") + ".txt";
+  return base + "/crosstrain/" + prefix + hex + suffix;
+}
+
+std::string coopmat_verdict_path(const uint8_t* uuid, uint32_t driver_version, bool emulated) {
+  return cache_file_path(
+      "vulkan-coopmat-", uuid,
+      "-" + std::to_string(driver_version) + (emulated ? "-emulated" : "") + ".txt");
 }
 
 bool read_coopmat_verdict(const std::string& path, bool* ok, std::string* why) {

@@ -65,9 +65,10 @@ struct CoopmatCaps {
   bool full_subgroups = false;  // subgroupSizeControl + computeFullSubgroups, compute stage
   bool float16 = false;         // shaderFloat16
   bool storage16 = false;       // storageBuffer16BitAccess
-  uint32_t subgroup_size = 0;   // the size the pipeline requires (VkPhysicalDeviceSubgroupProperties)
-  uint32_t vendor = 0;          // PCI vendor id
-  uint32_t driver_id = 0;       // VkDriverId
+  uint32_t subgroup_size =
+      0;                   // the size the pipeline requires (VkPhysicalDeviceSubgroupProperties)
+  uint32_t vendor = 0;     // PCI vendor id
+  uint32_t driver_id = 0;  // VkDriverId
   std::string device_name;
 };
 
@@ -90,6 +91,11 @@ CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env);
 }  // namespace ct::vk
 
 namespace ct::vk {
+
+// $XDG_CACHE_HOME (or ~/.cache)/crosstrain/<prefix><uuid in hex><suffix>: the per-driver files
+// (pipeline cache, coopmat verdict); empty where no cache folder is known.
+std::string cache_file_path(const std::string& prefix, const uint8_t* uuid,
+                            const std::string& suffix);
 
 // The self-test's verdict, cached per device, driver version and pipeline-cache UUID in
 // $XDG_CACHE_HOME (or ~/.cache)/crosstrain/vulkan-coopmat-<uuid>-<driver version>[-emulated].txt:

@@ -165,6 +165,7 @@ bool VulkanDevice::supports(OpKind op, DType dtype) const {
     case OpKind::kGelu:
     case OpKind::kDropout:
     case OpKind::kLayerNorm:
+    case OpKind::kRMSNorm:
     case OpKind::kBiasGrad:
     case OpKind::kCrossEntropy:
     case OpKind::kMatmul:
@@ -730,17 +731,7 @@ const VulkanDevice::Pipeline& VulkanDevice::pipeline(ShaderId id) {
 }
 
 std::string VulkanDevice::pipeline_cache_path() const {
-  std::string base;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
-    base = x;
-  else if (const char* h = std::getenv("HOME"); h && *h)
-    base = std::string(h) + "/.cache";
-  else
-    return "";
-  char uuid[2 * VK_UUID_SIZE + 1];
-  for (uint32_t i = 0; i < VK_UUID_SIZE; ++i)
-    std::snprintf(uuid + 2 * i, 3, "%02x", pd_.props.pipelineCacheUUID[i]);
-  return base + "/crosstrain/vulkan-pipeline-cache-" + uuid + ".bin";
+  return cache_file_path("vulkan-pipeline-cache-", pd_.props.pipelineCacheUUID, ".bin");
 }
 
 void VulkanDevice::load_pipeline_cache() {

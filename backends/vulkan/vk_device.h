@@ -141,6 +141,10 @@ class VulkanDevice final : public Device {
   void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
                                  const Tensor& dout, const Tensor& x, const Tensor& w,
                                  const Tensor& mean, const Tensor& rstd) override;
+  void rmsnorm_forward_kernel(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                              const Tensor& w, float eps) override;
+  void rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& dout,
+                               const Tensor& x, const Tensor& w, const Tensor& rstd) override;
   void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
                      bool trans_a, bool trans_b, float alpha, float beta,
                      const Tensor* bias) override;

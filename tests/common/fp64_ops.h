@@ -28,6 +28,18 @@ inline VecD layernorm(const VecD& x, const VecD& w, const VecD& b, int64_t N, in
   return out;
 }
 
+// x is (N,C); w is (C): (x / sqrt(mean(x^2) + eps)) * w per row (Llama's RMSNorm)
+inline VecD rmsnorm(const VecD& x, const VecD& w, int64_t N, int64_t C, double eps) {
+  VecD out(x.size());
+  for (int64_t n = 0; n < N; ++n) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < C; ++i) ss += x[n * C + i] * x[n * C + i];
+    double r = 1.0 / std::sqrt(ss / C + eps);
+    for (int64_t i = 0; i < C; ++i) out[n * C + i] = x[n * C + i] * r * w[i];
+  }
+  return out;
+}
+
 // c (M,N) = op(a) op(b); a is (M,K) or (K,M), b is (K,N) or (N,K)
 inline VecD matmul(const VecD& a, const VecD& b, int64_t M, int64_t N, int64_t K, bool ta,
                    bool tb) {

@@ -133,6 +133,38 @@ TEST_P(MixedPrecisionUlp, LayerNormBackwardDoutH) {
   });
 }
 
+TEST_P(MixedPrecisionUlp, RMSNormForwardOutHAndBackwardDoutH) {
+  for_each_half({OpKind::kRMSNorm}, [&](DType h) {
+    auto tag = [&](const char* op) { return std::string(op) + " " + dtype_name(h); };
+    const int64_t N = 37, C = 577;
+    Vec xs = randn(N * C, 31, 2.0f);
+    xs[3 * C + 5] = NAN;  // row 3: NaN everywhere
+    Vec ws = randn(C, 32);
+    ws[9] = 3e4f;   // channel 9 overflows f16 (inf) where |xhat| > 2.2, stays finite in bf16
+    xs[9] = 50.0f;  // row 0: xhat ~ 20 there
+    Pair x = both({N, C}, xs), w = both({C}, ws), rstd = both_empty({N});
+    Pair out = both_empty({N, C}, h);
+    dut().rmsnorm_forward(out.d, rstd.d, x.d, w.d, 1e-6f);
+    ref().rmsnorm_forward(out.r, rstd.r, x.r, w.r, 1e-6f);
+    EXPECT_TRUE(same_h(out, tag("rmsnorm_forward out")));
+    uint16_t o9 = download_as<uint16_t>(ref(), out.r)[9];
+    EXPECT_EQ(std::isinf(from_h(o9, h)), h == DType::f16) << "the overflow case is not exercised";
+    EXPECT_TRUE(same(rstd, tol(), tag("rmsnorm_forward rstd")));
+    // backward from a 16-bit dout (finite x this time)
+    Pair x2 = both({N, C}, randn(N * C, 33, 2.0f)), r2 = both_empty({N}), o2 = both_empty({N, C});
+    dut().rmsnorm_forward(o2.d, r2.d, x2.d, w.d, 1e-6f);
+    ref().rmsnorm_forward(o2.r, r2.r, x2.r, w.r, 1e-6f);
+    Vec dos = randn(N * C, 34);
+    dos[2 * C + 3] = NAN;  // row 2 of dx and column 3 of dw become NaN
+    Pair dout = both_as({N, C}, dos, h);
+    Pair dx = both({N, C}, randn(N * C, 35)), dw = both({C}, randn(C, 36));
+    dut().rmsnorm_backward(dx.d, dw.d, dout.d, x2.d, w.d, r2.d);
+    ref().rmsnorm_backward(dx.r, dw.r, dout.r, x2.r, w.r, r2.r);
+    EXPECT_TRUE(same(dx, tol(), tag("rmsnorm_backward dx")));
+    EXPECT_TRUE(same(dw, tol(), tag("rmsnorm_backward dw")));
+  });
+}
+
 TEST_P(MixedPrecisionUlp, BiasBackwardDoutH) {
   for_each_half({OpKind::kBiasGrad}, [&](DType h) {
     auto tag = [&](const char* op) { return std::string(op) + " " + dtype_name(h); };

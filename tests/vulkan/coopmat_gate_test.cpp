@@ -13,8 +13,8 @@
 namespace ct::vktest {
 namespace {
 
-using vk::CoopmatCaps;
 using vk::coopmat_gate;
+using vk::CoopmatCaps;
 
 CoopmatCaps capable() {
   CoopmatCaps c;

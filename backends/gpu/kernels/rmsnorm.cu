@@ -1,0 +1,137 @@
+// RMS normalisation over the last dimension (Llama's RMSNorm): one block per row for the
+// statistic and dx; the weight gradient is a column sum over rows in two fixed passes (rows in
+// chunks of kChunk, then the chunks in order): no float atomics, a result that depends on N and
+// C only. The same structure as layernorm.cu.
+#include "backends/gpu/kernels/common.h"
+
+namespace ct::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr std::int64_t kChunk = 64;  // rows per partial of dw
+
+// out (N, C) of element O = (x * rstd) * w; rstd (N); x (N, C); w (C). Block n normalises row n.
+template <int WARP, typename O>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    rmsnorm_forward_kernel(void* out, float* rstd, const float* x, const float* w, std::int64_t C,
+                           float eps) {
+  CT_SHARED(float, smem, kThreads);
+  const std::int64_t n = blockIdx.x;
+  const float* xn = x + n * C;
+  float ss = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < C; i += kThreads) ss += xn[i] * xn[i];
+  const float ms = block_sum<WARP, kThreads>(ss, smem) / static_cast<float>(C);
+  const float r = 1.0f / sqrtf(ms + eps);
+  for (std::int64_t i = threadIdx.x; i < C; i += kThreads)
+    O::store(out, n * C + i, xn[i] * r * w[i]);
+  if (threadIdx.x == 0) rstd[n] = r;
+}
+
+// dx (N, C) += rstd (dxhat - xhat mean(dxhat xhat)), xhat = x rstd, dxhat = dout w; dout (N, C)
+// of element D. Block n handles row n.
+template <int WARP, typename D>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    rmsnorm_backward_dx_kernel(float* dx, const void* dout, const float* x, const float* w,
+                               const float* rstd, std::int64_t C) {
+  CT_SHARED(float, smem, kThreads);
+  const std::int64_t n = blockIdx.x;
+  const float r = rstd[n];
+  float a = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < C; i += kThreads)
+    a += D::load(dout, n * C + i) * w[i] * (x[n * C + i] * r);
+  const float dnmean = block_sum<WARP, kThreads>(a, smem) / static_cast<float>(C);
+  for (std::int64_t i = threadIdx.x; i < C; i += kThreads) {
+    const float xhat = x[n * C + i] * r;
+    dx[n * C + i] += r * (D::load(dout, n * C + i) * w[i] - xhat * dnmean);
+  }
+}
+
+// partial (chunks, C): for chunk k = blockIdx.y, the sum over its rows of dout xhat, rows in
+// order. Thread c of the grid's x handles column c.
+template <int WARP, typename D>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    rmsnorm_backward_partial_kernel(float* partial, const void* dout, const float* x,
+                                    const float* rstd, std::int64_t N, std::int64_t C) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= C) return;
+  const std::int64_t k = blockIdx.y;
+  const std::int64_t end = (k + 1) * kChunk < N ? (k + 1) * kChunk : N;
+  float dw = 0.0f;
+  for (std::int64_t n = k * kChunk; n < end; ++n)
+    dw += D::load(dout, n * C + c) * (x[n * C + c] * rstd[n]);
+  partial[k * C + c] = dw;
+}
+
+// dw (C) += the partials (chunks, C) summed in chunk order.
+template <int WARP>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    rmsnorm_backward_sum_kernel(float* dw, const float* partial, std::int64_t chunks,
+                                std::int64_t C) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.0f;
+  for (std::int64_t k = 0; k < chunks; ++k) sw += partial[k * C + c];
+  dw[c] += sw;
+}
+
+std::int64_t chunks_of(std::int64_t N) {
+  return (N + kChunk - 1) / kChunk;
+}
+
+}  // namespace
+
+void rmsnorm_forward(const Ctx& cx, void* out, Elem out_elem, float* rstd, const float* x,
+                     const float* w, std::int64_t N, std::int64_t C, float eps) {
+  for (std::int64_t row = 0; row < N; row += 65535) {  // gridDim.y/z-free: rows in slices
+    const std::int64_t rows = N - row < 65535 ? N - row : 65535;
+    with_warp(cx.warp, [&](auto wp) {
+      constexpr int W = decltype(wp)::value;
+      with_elem(out_elem, [&](auto el) {
+        using O = decltype(el);
+        launch<W>(
+            CT_KERNEL(rmsnorm_forward_kernel<W, O>), dim3(static_cast<unsigned>(rows)),
+            dim3(kThreads), 0, stream_of(cx),
+            static_cast<char*>(out) + row * C * static_cast<std::int64_t>(elem_size(out_elem)),
+            rstd + row, x + row * C, w, C, eps);
+      });
+    });
+  }
+}
+
+std::size_t rmsnorm_backward_workspace(std::int64_t N, std::int64_t C) {
+  return static_cast<std::size_t>(chunks_of(N) * C) * sizeof(float);
+}
+
+void rmsnorm_backward(const Ctx& cx, float* dx, float* dw, const void* dout, Elem dout_elem,
+                      const float* x, const float* w, const float* rstd, std::int64_t N,
+                      std::int64_t C, void* workspace) {
+  if (N <= 0 || C <= 0) return;
+  const std::int64_t esz = static_cast<std::int64_t>(elem_size(dout_elem));
+  const std::int64_t chunks = chunks_of(N);
+  auto* partial = static_cast<float*>(workspace);
+  const unsigned col_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
+  with_warp(cx.warp, [&](auto wp) {
+    constexpr int W = decltype(wp)::value;
+    with_elem(dout_elem, [&](auto el) {
+      using D = decltype(el);
+      for (std::int64_t row = 0; row < N; row += 65535) {
+        const std::int64_t rows = N - row < 65535 ? N - row : 65535;
+        launch<W>(CT_KERNEL(rmsnorm_backward_dx_kernel<W, D>), dim3(static_cast<unsigned>(rows)),
+                  dim3(kThreads), 0, stream_of(cx), dx + row * C,
+                  static_cast<const char*>(dout) + row * C * esz, x + row * C, w, rstd + row, C);
+      }
+      for (std::int64_t k = 0; k < chunks; k += 65535) {
+        const std::int64_t ks = chunks - k < 65535 ? chunks - k : 65535;
+        const std::int64_t row = k * kChunk;
+        launch<W>(CT_KERNEL(rmsnorm_backward_partial_kernel<W, D>),
+                  dim3(col_blocks, static_cast<unsigned>(ks)), dim3(kThreads), 0, stream_of(cx),
+                  partial + k * C, static_cast<const char*>(dout) + row * C * esz, x + row * C,
+                  rstd + row, N - row, C);
+      }
+    });
+    launch<W>(CT_KERNEL(rmsnorm_backward_sum_kernel<W>), dim3(col_blocks), dim3(kThreads), 0,
+              stream_of(cx), dw, partial, chunks, C);
+  });
+}
+
+}  // namespace ct::gpu

@@ -1,0 +1,102 @@
+#version 450
+// RMSNorm (Llama) over the last dim with fp32 statistics and fixed-order reductions.
+//   RMS_FWD     one workgroup per row: rstd = 1/sqrt(mean(x^2) + eps); out = (x * rstd) * w
+//   RMS_BWD_DX  one workgroup per row: dx += rstd * (dnorm - xhat * mean(dnorm * xhat)),
+//               xhat = x * rstd, dnorm = dout * w
+//   RMS_BWD_DW  one invocation per channel, rows in order: dw += dout * xhat
+// x, out, dx, dout [N, C]; w, dw [C]; rstd [N]. All f32 except out (RMS_FWD) and dout
+// (RMS_BWD_*), which are 16-bit in the H_F16 / H_BF16 variants (common/h16.glsl).
+#extension GL_GOOGLE_include_directive : require
+#include "common/h16.glsl"
+#include "common/index.glsl"
+
+#define CT_WG 64
+#if defined(RMS_BWD_DW)
+layout(local_size_x = 256) in;
+#else
+layout(local_size_x = CT_WG) in;
+#include "common/reduce.glsl"
+#endif
+
+#if defined(RMS_FWD)
+layout(push_constant) uniform Push {
+  uint N;
+  uint C;
+  float eps;
+  uint oo;
+  uint ors;
+  uint ox;
+  uint ow;
+} pc;
+layout(std430, binding = 0) writeonly buffer Out { H_T o[]; };
+layout(std430, binding = 1) writeonly buffer Rstd { float rstd[]; };
+layout(std430, binding = 2) readonly buffer X { float x[]; };
+layout(std430, binding = 3) readonly buffer W { float w[]; };
+
+void main() {
+  uint row = ct_group_index();
+  if (row >= pc.N) return;  // uniform per workgroup
+  uint tid = gl_LocalInvocationID.x;
+  uint xr = pc.ox + row * pc.C;
+  float ss = 0.0;
+  for (uint c = tid; c < pc.C; c += CT_WG) ss += x[xr + c] * x[xr + c];
+  float r = 1.0 / sqrt(ct_wg_sum(ss) / float(pc.C) + pc.eps);
+  for (uint c = tid; c < pc.C; c += CT_WG) o[pc.oo + row * pc.C + c] = h_store(x[xr + c] * r * w[pc.ow + c]);
+  if (tid == 0) rstd[pc.ors + row] = r;
+}
+
+#elif defined(RMS_BWD_DX)
+layout(push_constant) uniform Push {
+  uint N;
+  uint C;
+  uint odx;
+  uint odo;
+  uint ox;
+  uint ow;
+  uint ors;
+} pc;
+layout(std430, binding = 0) buffer DX { float dx[]; };
+layout(std430, binding = 1) readonly buffer DOut { H_T dout[]; };
+layout(std430, binding = 2) readonly buffer X { float x[]; };
+layout(std430, binding = 3) readonly buffer W { float w[]; };
+layout(std430, binding = 4) readonly buffer Rstd { float rstd[]; };
+
+void main() {
+  uint row = ct_group_index();
+  if (row >= pc.N) return;
+  uint tid = gl_LocalInvocationID.x;
+  float r = rstd[pc.ors + row];
+  uint base = row * pc.C;
+  float s = 0.0;
+  for (uint c = tid; c < pc.C; c += CT_WG)
+    s += h_load(dout[pc.odo + base + c]) * w[pc.ow + c] * (x[pc.ox + base + c] * r);
+  float mdnx = ct_wg_sum(s) / float(pc.C);
+  for (uint c = tid; c < pc.C; c += CT_WG) {
+    float xh = x[pc.ox + base + c] * r;
+    dx[pc.odx + base + c] += r * (h_load(dout[pc.odo + base + c]) * w[pc.ow + c] - xh * mdnx);
+  }
+}
+
+#else  // RMS_BWD_DW
+layout(push_constant) uniform Push {
+  uint N;
+  uint C;
+  uint odw;
+  uint odo;
+  uint ox;
+  uint ors;
+} pc;
+layout(std430, binding = 0) buffer DW { float dw[]; };
+layout(std430, binding = 1) readonly buffer DOut { H_T dout[]; };
+layout(std430, binding = 2) readonly buffer X { float x[]; };
+layout(std430, binding = 3) readonly buffer Rstd { float rstd[]; };
+
+void main() {
+  uint c = ct_linear_index();
+  if (c >= pc.C) return;
+  float aw = 0.0;
+  for (uint n = 0; n < pc.N; ++n)
+    aw += h_load(dout[pc.odo + n * pc.C + c]) * (x[pc.ox + n * pc.C + c] * rstd[pc.ors + n]);
+  dw[pc.odw + c] += aw;
+}
+#endif
