@@ -31,6 +31,10 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {5, "543049ecc1810a1b3aa26f234993042e59d684a0ab4e71f851f62bc06a9ba4b6",
      "rmsnorm_forward/backward (Llama's RMSNorm), OpKind::kRMSNorm; embedding_forward takes "
      "16-bit tables"},
+    {6, "055a41a89be03cfe765f3d1dff61c153af3ae83a05dbcf3df12028758e754f89",
+     "swiglu_forward/backward (Llama's MLP activation over a fused gate/up projection) and "
+     "rope_forward/backward (rotary embedding, rotate-half, caller's cos/sin tables); "
+     "OpKind::kSwiGLU, kRope; grouped-query attention (n_kv_head) in the four attention ops"},
 };
 
 // device.h's text without // and /* */ comments, every run of whitespace one space, trimmed.

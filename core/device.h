@@ -22,6 +22,8 @@
 //   attention fwd/bwd   qkv, out, att, dout, dqkv: all f32 or all the same h
 //   flash attention     qkv, out, dout, dqkv: all f32 or all the same h; lse f32
 //   gelu fwd/bwd        x, out, dout, dx: all f32 or all the same h
+//   swiglu fwd/bwd      gu, out, dout, dgu: all f32 or all the same h
+//   rope fwd/bwd        x, out (dout, dx): f32 or the same h; cos, sin f32
 //   dropout             x, out: both f32 or both the same h
 //   crossentropy        logits (and dlogits) f32 | h; losses f32
 //   bias_backward       dout f32 | h; dbias f32
@@ -259,6 +261,8 @@ enum class OpKind {
   kAdamW8bit,
   kAdafactor,
   kRMSNorm,  // (appended: the values are part of the plugin ABI)
+  kSwiGLU,
+  kRope,
 };
 
 class Device {
@@ -388,28 +392,52 @@ class Device {
   // dbias (+=) column sums of dout: dout [M,N], dbias [N].
   void bias_backward(const Tensor& dbias, const Tensor& dout);
 
-  // Causal multi-head self-attention, scale 1/sqrt(C/n_head).
-  // qkv [B,T,3C] holds q | k | v, each split into n_head heads of C/n_head; out [B,T,C] with
-  // heads concatenated; att [B,n_head,T,T] (=) softmax probabilities, zero above the diagonal.
-  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int n_head);
-  // dqkv (=) gradient w.r.t. qkv, from dout [B,T,C] and the saved qkv and att.
+  // Causal multi-head self-attention, scale 1/sqrt(hs), hs = C/n_head, with grouped-query
+  // attention: n_kv_head (dividing n_head; 0 means n_head, plain multi-head attention) key/value
+  // heads, query head h reading key/value head h / (n_head / n_kv_head).
+  // qkv [B,T,C + 2 n_kv_head hs] holds q (n_head heads) | k (n_kv_head heads) | v (n_kv_head
+  // heads); out [B,T,C] with heads concatenated; att [B,n_head,T,T] (=) softmax probabilities,
+  // zero above the diagonal.
+  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int n_head,
+                         int n_kv_head = 0);
+  // dqkv (=) gradient w.r.t. qkv, from dout [B,T,C] and the saved qkv and att. A key/value
+  // head's gradient sums over the query heads of its group.
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                          const Tensor& att, int n_head);
+                          const Tensor& att, int n_head, int n_kv_head = 0);
 
   // The same attention fused (flash-style): blocks of queries against blocks of keys with an
-  // online softmax, so the probabilities are never stored. qkv [B,T,3C] and out [B,T,C] as
-  // above; lse [B,n_head,T] f32 (=) per query row, log sum_{t2<=t} exp(scale q_t . k_t2), the
-  // one statistic saved for the backward.
-  void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head);
+  // online softmax, so the probabilities are never stored. qkv and out as above; lse
+  // [B,n_head,T] f32 (=) per query row, log sum_{t2<=t} exp(scale q_t . k_t2), the one
+  // statistic saved for the backward.
+  void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head,
+                               int n_kv_head = 0);
   // dqkv (=) gradient w.r.t. qkv, from dout [B,T,C] and the saved qkv, out and lse (the
   // probabilities are recomputed: p = exp(scale q.k - lse)).
   void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                const Tensor& out, const Tensor& lse, int n_head);
+                                const Tensor& out, const Tensor& lse, int n_head,
+                                int n_kv_head = 0);
 
   // GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). x, out [N].
   void gelu_forward(const Tensor& out, const Tensor& x);
   // dx (=) dout * gelu'(x). dx, dout, x [N].
   void gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout);
+  // out [...,F] (=) silu(gate) * up, gate = gu[...,:F], up = gu[...,F:] (Llama's MLP: gate_proj
+  // and up_proj as one fused projection gu [...,2F]); silu(g) = g * sigmoid(g), fp32 arithmetic.
+  void swiglu_forward(const Tensor& out, const Tensor& gu);
+  // dgu [...,2F] (=) (dout * up * silu'(gate), dout * silu(gate)), silu'(g) = s (1 + g (1 - s)),
+  // s = sigmoid(g). dgu may be gu (the gradient overwrites the saved projection).
+  void swiglu_backward(const Tensor& dgu, const Tensor& gu, const Tensor& dout);
+  // Rotary position embedding in Hugging Face's rotate-half form. x, out [B,T,W]: W / head_dim
+  // heads of head_dim (even) per position; the first rot_heads heads are rotated, the others
+  // copied (untouched when out is x). For a rotated head, position t and i < head_dim / 2, with
+  // c = cos[t,i], s = sin[t,i] (cos, sin [T, head_dim/2] f32, the caller's tables):
+  //   out[i] = x[i] c - x[i + D/2] s;   out[i + D/2] = x[i + D/2] c + x[i] s.
+  void rope_forward(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                    int64_t head_dim, int64_t rot_heads);
+  // dx (=) the rotation by the opposite angle of dout (the transpose of the forward's); dx may
+  // be dout.
+  void rope_backward(const Tensor& dx, const Tensor& dout, const Tensor& cos, const Tensor& sin,
+                     int64_t head_dim, int64_t rot_heads);
 
   // Inverted dropout with a counter-based mask: out[i] (=) keep(i) ? x[i] * scale : 0, where
   // keep(i) = (Philox(seed, stream).u32(i) >> 8) >= threshold (core/philox.h: the i-th word of
@@ -535,17 +563,23 @@ class Device {
                              bool trans_a, bool trans_b, float alpha, float beta,
                              const Tensor* bias) = 0;
   virtual void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) = 0;
+  // Attention kernels get n_kv_head resolved (>= 1, dividing n_head).
   virtual void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                                        int n_head) = 0;
+                                        int n_head, int n_kv_head) = 0;
   virtual void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                         const Tensor& att, int n_head) = 0;
+                                         const Tensor& att, int n_head, int n_kv_head) = 0;
   virtual void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse,
-                                              const Tensor& qkv, int n_head) = 0;
+                                              const Tensor& qkv, int n_head, int n_kv_head) = 0;
   virtual void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout,
                                                const Tensor& qkv, const Tensor& out,
-                                               const Tensor& lse, int n_head) = 0;
+                                               const Tensor& lse, int n_head, int n_kv_head) = 0;
   virtual void gelu_forward_kernel(const Tensor& out, const Tensor& x) = 0;
   virtual void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) = 0;
+  virtual void swiglu_forward_kernel(const Tensor& out, const Tensor& gu) = 0;
+  virtual void swiglu_backward_kernel(const Tensor& dgu, const Tensor& gu, const Tensor& dout) = 0;
+  // inverse: rotate by -angle (rope_backward).
+  virtual void rope_kernel(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                           int64_t head_dim, int64_t rot_heads, bool inverse) = 0;
   virtual void dropout_kernel(const Tensor& out, const Tensor& x, const DropoutMask& mask) = 0;
   // logits may be 1-D ([V], one row): a kernel takes N = numel / V rows of V = shape[-1].
   virtual void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
@@ -591,7 +625,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 5;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 6;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

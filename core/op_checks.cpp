@@ -96,30 +96,31 @@ class Check {
   std::string op_;
 };
 
-// [B,T,C] of attention's out (or dout), att [B,NH,T,T] and qkv [B,T,3C].
-void attention_dims(const Check& k, const Tensor& out, const Tensor& att, const Tensor& qkv,
-                    int n_head) {
-  std::string desc = shapes({&out, &att, &qkv}) + " n_head " + std::to_string(n_head);
-  CT_REQUIRE(out.ndim() == 3 && qkv.ndim() == 3 && att.ndim() == 4,
-             k.op() + ": expected out [B,T,C], att [B,NH,T,T], qkv [B,T,3C]" + desc);
-  int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
-  CT_REQUIRE(n_head > 0 && C % n_head == 0, k.op() + ": C must be a multiple of n_head" + desc);
-  CT_REQUIRE(qkv.shape[0] == B && qkv.shape[1] == T && qkv.shape[2] == 3 * C && att.shape[0] == B &&
-                 att.shape[1] == n_head && att.shape[2] == T && att.shape[3] == T,
-             k.op() + ": shape mismatch" + desc);
+// n_kv_head resolved (0: n_head) and checked: positive and dividing n_head.
+int kv_heads(const Check& k, int n_head, int n_kv_head) {
+  const int nkv = n_kv_head == 0 ? n_head : n_kv_head;
+  CT_REQUIRE(n_head > 0 && nkv > 0 && n_head % nkv == 0,
+             k.op() + ": n_kv_head " + std::to_string(n_kv_head) + " must divide n_head " +
+                 std::to_string(n_head) + " (0 means n_head)");
+  return nkv;
 }
 
-// out (or dout) [B,T,C], lse [B,NH,T] f32 and qkv [B,T,3C] of the fused attention.
-void flash_attention_dims(const Check& k, const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                          int n_head) {
-  std::string desc = shapes({&out, &lse, &qkv}) + " n_head " + std::to_string(n_head);
-  CT_REQUIRE(out.ndim() == 3 && qkv.ndim() == 3 && lse.ndim() == 3,
-             k.op() + ": expected out [B,T,C], lse [B,NH,T], qkv [B,T,3C]" + desc);
+// out (or dout) [B,T,C] and qkv [B,T,C + 2 n_kv_head hs], hs = C / n_head; stats is att
+// [B,NH,T,T] (unfused) or lse [B,NH,T] (fused).
+void attention_dims(const Check& k, const Tensor& out, const Tensor& stats, const Tensor& qkv,
+                    int n_head, int n_kv_head, bool fused) {
+  std::string desc = shapes({&out, &stats, &qkv}) + " n_head " + std::to_string(n_head) +
+                     " n_kv_head " + std::to_string(n_kv_head);
+  const char* stats_shape = fused ? "lse [B,NH,T]" : "att [B,NH,T,T]";
+  CT_REQUIRE(out.ndim() == 3 && qkv.ndim() == 3 && stats.ndim() == (fused ? 3 : 4),
+             k.op() + ": expected out [B,T,C], " + stats_shape + ", qkv [B,T,C+2*NKV*C/NH]" + desc);
   int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
-  CT_REQUIRE(n_head > 0 && C % n_head == 0, k.op() + ": C must be a multiple of n_head" + desc);
-  CT_REQUIRE(qkv.shape[0] == B && qkv.shape[1] == T && qkv.shape[2] == 3 * C && lse.shape[0] == B &&
-                 lse.shape[1] == n_head && lse.shape[2] == T,
-             k.op() + ": shape mismatch" + desc);
+  CT_REQUIRE(C % n_head == 0, k.op() + ": C must be a multiple of n_head" + desc);
+  const int64_t W = C + 2 * int64_t{n_kv_head} * (C / n_head);
+  bool ok = qkv.shape[0] == B && qkv.shape[1] == T && qkv.shape[2] == W && stats.shape[0] == B &&
+            stats.shape[1] == n_head && stats.shape[2] == T && (fused || stats.shape[3] == T);
+  CT_REQUIRE(ok,
+             k.op() + ": shape mismatch (qkv's last dim must be " + std::to_string(W) + ")" + desc);
 }
 
 // logits [N,V] or [V] (one row), targets [N].
@@ -359,19 +360,20 @@ void Device::bias_backward(const Tensor& dbias, const Tensor& dout) {
   bias_backward_kernel(dbias, dout);
 }
 
-void Device::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                               int n_head) {
+void Device::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int n_head,
+                               int n_kv_head) {
   Check k(*this, "attention_forward");
   k.flt("out", out, OpKind::kAttention);
   k.flt("att", att, OpKind::kAttention);
   k.flt("qkv", qkv, OpKind::kAttention);
   k.same_dtype({&out, &att, &qkv});
-  attention_dims(k, out, att, qkv, n_head);
-  attention_forward_kernel(out, att, qkv, n_head);
+  const int nkv = kv_heads(k, n_head, n_kv_head);
+  attention_dims(k, out, att, qkv, n_head, nkv, false);
+  attention_forward_kernel(out, att, qkv, n_head, nkv);
 }
 
 void Device::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                const Tensor& att, int n_head) {
+                                const Tensor& att, int n_head, int n_kv_head) {
   Check k(*this, "attention_backward");
   k.flt("dqkv", dqkv, OpKind::kAttention);
   k.flt("dout", dout, OpKind::kAttention);
@@ -380,23 +382,26 @@ void Device::attention_backward(const Tensor& dqkv, const Tensor& dout, const Te
   k.same_dtype({&dqkv, &dout, &qkv, &att});
   CT_REQUIRE(dqkv.shape == qkv.shape,
              k.op() + ": dqkv must have the shape of qkv" + shapes({&dqkv, &qkv}));
-  attention_dims(k, dout, att, qkv, n_head);
-  attention_backward_kernel(dqkv, dout, qkv, att, n_head);
+  const int nkv = kv_heads(k, n_head, n_kv_head);
+  attention_dims(k, dout, att, qkv, n_head, nkv, false);
+  attention_backward_kernel(dqkv, dout, qkv, att, n_head, nkv);
 }
 
 void Device::flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                     int n_head) {
+                                     int n_head, int n_kv_head) {
   Check k(*this, "flash_attention_forward");
   k.flt("out", out, OpKind::kAttention);
   k.f32("lse", lse);
   k.flt("qkv", qkv, OpKind::kAttention);
   k.same_dtype({&out, &qkv});
-  flash_attention_dims(k, out, lse, qkv, n_head);
-  flash_attention_forward_kernel(out, lse, qkv, n_head);
+  const int nkv = kv_heads(k, n_head, n_kv_head);
+  attention_dims(k, out, lse, qkv, n_head, nkv, true);
+  flash_attention_forward_kernel(out, lse, qkv, n_head, nkv);
 }
 
 void Device::flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                      const Tensor& out, const Tensor& lse, int n_head) {
+                                      const Tensor& out, const Tensor& lse, int n_head,
+                                      int n_kv_head) {
   Check k(*this, "flash_attention_backward");
   k.flt("dqkv", dqkv, OpKind::kAttention);
   k.flt("dout", dout, OpKind::kAttention);
@@ -408,8 +413,9 @@ void Device::flash_attention_backward(const Tensor& dqkv, const Tensor& dout, co
              k.op() + ": dqkv must have the shape of qkv" + shapes({&dqkv, &qkv}));
   CT_REQUIRE(dout.shape == out.shape,
              k.op() + ": dout must have the shape of out" + shapes({&dout, &out}));
-  flash_attention_dims(k, dout, lse, qkv, n_head);
-  flash_attention_backward_kernel(dqkv, dout, qkv, out, lse, n_head);
+  const int nkv = kv_heads(k, n_head, n_kv_head);
+  attention_dims(k, dout, lse, qkv, n_head, nkv, true);
+  flash_attention_backward_kernel(dqkv, dout, qkv, out, lse, n_head, nkv);
 }
 
 void Device::gelu_forward(const Tensor& out, const Tensor& x) {
@@ -430,6 +436,76 @@ void Device::gelu_backward(const Tensor& dx, const Tensor& x, const Tensor& dout
   k.same_numel(dx, x);
   k.same_numel(dx, dout);
   gelu_backward_kernel(dx, x, dout);
+}
+
+void Device::swiglu_forward(const Tensor& out, const Tensor& gu) {
+  Check k(*this, "swiglu_forward");
+  k.flt("out", out, OpKind::kSwiGLU);
+  k.flt("gu", gu, OpKind::kSwiGLU);
+  k.same_dtype({&out, &gu});
+  CT_REQUIRE(out.ndim() >= 1 && gu.ndim() == out.ndim(),
+             k.op() + ": expected out [...,F], gu [...,2F]" + shapes({&out, &gu}));
+  bool ok = gu.shape[-1] == 2 * out.shape[-1];
+  for (int d = 0; d + 1 < out.ndim(); ++d) ok = ok && gu.shape[d] == out.shape[d];
+  CT_REQUIRE(ok, k.op() + ": expected out [...,F], gu [...,2F]" + shapes({&out, &gu}));
+  CT_REQUIRE(!overlaps(out, gu), k.op() + ": out must not overlap gu" + shapes({&out, &gu}));
+  swiglu_forward_kernel(out, gu);
+}
+
+void Device::swiglu_backward(const Tensor& dgu, const Tensor& gu, const Tensor& dout) {
+  Check k(*this, "swiglu_backward");
+  k.flt("dgu", dgu, OpKind::kSwiGLU);
+  k.flt("gu", gu, OpKind::kSwiGLU);
+  k.flt("dout", dout, OpKind::kSwiGLU);
+  k.same_dtype({&dgu, &gu, &dout});
+  CT_REQUIRE(dout.ndim() >= 1 && gu.ndim() == dout.ndim() && dgu.shape == gu.shape,
+             k.op() + ": expected dgu, gu [...,2F], dout [...,F]" + shapes({&dgu, &gu, &dout}));
+  bool ok = gu.shape[-1] == 2 * dout.shape[-1];
+  for (int d = 0; d + 1 < dout.ndim(); ++d) ok = ok && gu.shape[d] == dout.shape[d];
+  CT_REQUIRE(ok, k.op() + ": expected dgu, gu [...,2F], dout [...,F]" + shapes({&dgu, &gu, &dout}));
+  CT_REQUIRE(dgu.offset == gu.offset || !overlaps(dgu, gu),
+             k.op() + ": dgu must be gu itself or not overlap it" + shapes({&dgu, &gu}));
+  CT_REQUIRE(!overlaps(dgu, dout), k.op() + ": dgu must not overlap dout" + shapes({&dgu, &dout}));
+  swiglu_backward_kernel(dgu, gu, dout);
+}
+
+namespace {
+void check_rope(Check& k, const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                int64_t head_dim, int64_t rot_heads, const char* xname) {
+  k.flt("out", out, OpKind::kRope);
+  k.flt(xname, x, OpKind::kRope);
+  k.same_dtype({&out, &x});
+  k.f32("cos", cos);
+  k.f32("sin", sin);
+  const std::string desc = shapes({&out, &x, &cos, &sin});
+  CT_REQUIRE(x.ndim() == 3 && out.shape == x.shape,
+             k.op() + ": expected " + xname + " and out [B,T,W]" + desc);
+  CT_REQUIRE(head_dim >= 2 && head_dim % 2 == 0 && x.shape[2] % head_dim == 0,
+             k.op() + ": head_dim " + std::to_string(head_dim) +
+                 " must be even and divide the width " + std::to_string(x.shape[2]));
+  CT_REQUIRE(rot_heads >= 0 && rot_heads <= x.shape[2] / head_dim,
+             k.op() + ": rot_heads " + std::to_string(rot_heads) + " outside [0, " +
+                 std::to_string(x.shape[2] / head_dim) + "]");
+  CT_REQUIRE(cos.ndim() == 2 && cos.shape == sin.shape && cos.shape[0] == x.shape[1] &&
+                 cos.shape[1] == head_dim / 2,
+             k.op() + ": expected cos, sin [T, head_dim/2]" + desc);
+  CT_REQUIRE(out.offset == x.offset || !overlaps(out, x),
+             k.op() + ": out must be " + xname + " itself or not overlap it" + desc);
+}
+}  // namespace
+
+void Device::rope_forward(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                          int64_t head_dim, int64_t rot_heads) {
+  Check k(*this, "rope_forward");
+  check_rope(k, out, x, cos, sin, head_dim, rot_heads, "x");
+  rope_kernel(out, x, cos, sin, head_dim, rot_heads, false);
+}
+
+void Device::rope_backward(const Tensor& dx, const Tensor& dout, const Tensor& cos,
+                           const Tensor& sin, int64_t head_dim, int64_t rot_heads) {
+  Check k(*this, "rope_backward");
+  check_rope(k, dx, dout, cos, sin, head_dim, rot_heads, "dout");
+  rope_kernel(dx, dout, cos, sin, head_dim, rot_heads, true);
 }
 
 void Device::dropout(const Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream) {

@@ -17,6 +17,8 @@ inline bool precision_table_allows(OpKind op, DType dtype) {
     case OpKind::kMatmul:
     case OpKind::kLayerNorm:
     case OpKind::kRMSNorm:
+    case OpKind::kSwiGLU:
+    case OpKind::kRope:
     case OpKind::kBiasGrad:
     case OpKind::kAttention:
     case OpKind::kGelu:

@@ -1,16 +1,20 @@
 #version 450
 // Fused causal multi-head self-attention (core/device.h flash_attention_*), the algorithm of
 // backends/gpu/kernels/flash_attention.cu: one invocation per query row (FA_FWD, FA_BWD_Q) or key
-// row (FA_BWD_KV), 64 rows of one head a workgroup (gl_WorkGroupID.x: row block, .y: head h of
-// the dispatch's batch element); the other side streams through shared memory in tiles of
-// TILE rows, so the T x T probabilities exist nowhere. Each invocation walks its keys (queries)
-// in order: one owner per output, no atomics.
+// row (FA_BWD_KV), 64 rows of one head a workgroup (gl_WorkGroupID.x: row block, .y: query head
+// h of the dispatch's batch element, FA_BWD_KV: key/value head j); the other side streams through
+// shared memory in tiles of TILE rows, so the T x T probabilities exist nowhere. Each invocation
+// walks its keys (queries) in order: one owner per output, no atomics.
+// Grouped-query attention: NKV key/value heads, query head h reads kv head h / G (G = NH / NKV;
+// NKV == NH is plain multi-head attention); FA_BWD_KV sums over the G query heads j G + g of its
+// group, g in order, in the same invocation.
 //   FA_FWD     online softmax over u <= t: m = running max of s = scale q_t.k_u,
 //              l = sum exp(s - m), o = sum exp(s - m) v_u;  out_t = o / l, lse_t = m + log l
 //   FA_BWD_Q   D_t = dout_t . out_t (saved); p = exp(s - lse_t); ds = p (dout_t . v_u - D_t) scale;
 //              dq_t = sum_u ds k_u
-//   FA_BWD_KV  for the key row u: dk_u = sum_{t>=u} ds q_t, dv_u = sum_{t>=u} p dout_t
-// One batch element per dispatch: qkv, dqkv [T, 3C] (q | k | v, heads of hs = C/NH); out, dout
+//   FA_BWD_KV  for the key row u: dk_u = sum_g sum_{t>=u} ds q_t, dv_u = sum_g sum_{t>=u} p dout_t
+// One batch element per dispatch: qkv, dqkv [T, C3], C3 = C + 2 NKV hs (q: NH heads | k: NKV
+// heads | v: NKV heads, heads of hs = C/NH); out, dout
 // [T, C] (all H_T: f32, or 16 bits with H_F16 / H_BF16); lse, D [NH, T] f32. hs <= 128; loops
 // run to hs (the tiles are padded to MAX_HS with zeros).
 #extension GL_GOOGLE_include_directive : require
@@ -25,6 +29,7 @@ layout(push_constant) uniform Push {
   uint T;
   uint C;
   uint NH;
+  uint NKV;
   float scale;
   uint oo;    // out (FWD) or dqkv (BWD)
   uint olse;
@@ -60,12 +65,18 @@ shared float td[TILE];           // BWD_KV: D of the staged queries
   }
 
 void main() {
-  const uint T = pc.T, C = pc.C, hs = C / pc.NH, C3 = 3u * C;
-  const uint h = gl_WorkGroupID.y, first = gl_WorkGroupID.x * ROWS;
+  const uint T = pc.T, C = pc.C, hs = C / pc.NH, G = pc.NH / pc.NKV;
+  const uint C3 = C + 2u * pc.NKV * hs, VO = C + pc.NKV * hs;  // VO: where v starts in a row
+  const uint first = gl_WorkGroupID.x * ROWS;
   const uint r = first + gl_LocalInvocationID.x;  // this invocation's row
   const bool live = r < T;
-  const uint qbase = pc.oqkv + h * hs;  // q of row 0 of head h
   const uint last = min(first + ROWS, T) - 1u;
+#if !defined(FA_BWD_KV)
+  const uint h = gl_WorkGroupID.y;                 // query head
+  const uint qbase = pc.oqkv + h * hs;             // q of row 0 of head h
+  const uint kbase = pc.oqkv + C + (h / G) * hs;   // k of row 0 of h's kv head
+  const uint vbase = pc.oqkv + VO + (h / G) * hs;  // v of row 0 of h's kv head
+#endif
 
 #if defined(FA_FWD)
   float q[MAX_HS], acc[MAX_HS];
@@ -75,8 +86,8 @@ void main() {
   }
   float m = -1.0 / 0.0, l = 0.0;
   for (uint u0 = 0; u0 <= last; u0 += TILE) {
-    STAGE(ta, qkv, qbase + C, C3, u0)
-    STAGE(tb, qkv, qbase + 2u * C, C3, u0)
+    STAGE(ta, qkv, kbase, C3, u0)
+    STAGE(tb, qkv, vbase, C3, u0)
     barrier();
     for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {
       float dot = 0.0;
@@ -115,8 +126,8 @@ void main() {
     lr = lse[pc.olse + h * T + r];
   }
   for (uint u0 = 0; u0 <= last; u0 += TILE) {
-    STAGE(ta, qkv, qbase + C, C3, u0)
-    STAGE(tb, qkv, qbase + 2u * C, C3, u0)
+    STAGE(ta, qkv, kbase, C3, u0)
+    STAGE(tb, qkv, vbase, C3, u0)
     barrier();
     for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {
       float dot = 0.0, dp = 0.0;
@@ -131,42 +142,47 @@ void main() {
   if (!live) return;
   for (uint i = 0; i < hs; ++i) dqkv[pc.oo + r * C3 + h * hs + i] = h_store(acc[i]);
 
-#else  // FA_BWD_KV: r is the key row u; queries t >= u, from the block's first row on
+#else  // FA_BWD_KV: r is the key row u of kv head j; for each query head of the group in
+       // order, queries t >= u, from the block's first row on
+  const uint j = gl_WorkGroupID.y;
   float k[MAX_HS], v[MAX_HS], dk[MAX_HS], dv[MAX_HS];
   for (uint i = 0; i < MAX_HS; ++i) {
     bool ok = live && i < hs;
-    k[i] = ok ? h_load(qkv[qbase + r * C3 + C + i]) : 0.0;
-    v[i] = ok ? h_load(qkv[qbase + r * C3 + 2u * C + i]) : 0.0;
+    k[i] = ok ? h_load(qkv[pc.oqkv + r * C3 + C + j * hs + i]) : 0.0;
+    v[i] = ok ? h_load(qkv[pc.oqkv + r * C3 + VO + j * hs + i]) : 0.0;
     dk[i] = 0.0;
     dv[i] = 0.0;
   }
-  for (uint t0 = first; t0 < T; t0 += TILE) {
-    STAGE(ta, qkv, qbase, C3, t0)
-    STAGE(tb, dout, pc.odo + h * hs, C, t0)
-    if (gl_LocalInvocationID.x < TILE) {
-      uint t = t0 + gl_LocalInvocationID.x;
-      tl[gl_LocalInvocationID.x] = t < T ? lse[pc.olse + h * T + t] : 0.0;
-      td[gl_LocalInvocationID.x] = t < T ? dsave[pc.od + h * T + t] : 0.0;
-    }
-    barrier();
-    for (uint tt = 0; live && tt < TILE && t0 + tt < T; ++tt) {
-      if (t0 + tt < r) continue;
-      float dot = 0.0, dp = 0.0;
-      for (uint i = 0; i < hs; ++i) dot += ta[tt * MAX_HS + i] * k[i];
-      for (uint i = 0; i < hs; ++i) dp += tb[tt * MAX_HS + i] * v[i];
-      float p = exp(dot * pc.scale - tl[tt]);
-      float ds = p * (dp - td[tt]) * pc.scale;
-      for (uint i = 0; i < hs; ++i) {
-        dv[i] += p * tb[tt * MAX_HS + i];
-        dk[i] += ds * ta[tt * MAX_HS + i];
+  for (uint g = 0; g < G; ++g) {
+    const uint h = j * G + g;  // query head
+    for (uint t0 = first; t0 < T; t0 += TILE) {
+      STAGE(ta, qkv, pc.oqkv + h * hs, C3, t0)
+      STAGE(tb, dout, pc.odo + h * hs, C, t0)
+      if (gl_LocalInvocationID.x < TILE) {
+        uint t = t0 + gl_LocalInvocationID.x;
+        tl[gl_LocalInvocationID.x] = t < T ? lse[pc.olse + h * T + t] : 0.0;
+        td[gl_LocalInvocationID.x] = t < T ? dsave[pc.od + h * T + t] : 0.0;
       }
+      barrier();
+      for (uint tt = 0; live && tt < TILE && t0 + tt < T; ++tt) {
+        if (t0 + tt < r) continue;
+        float dot = 0.0, dp = 0.0;
+        for (uint i = 0; i < hs; ++i) dot += ta[tt * MAX_HS + i] * k[i];
+        for (uint i = 0; i < hs; ++i) dp += tb[tt * MAX_HS + i] * v[i];
+        float p = exp(dot * pc.scale - tl[tt]);
+        float ds = p * (dp - td[tt]) * pc.scale;
+        for (uint i = 0; i < hs; ++i) {
+          dv[i] += p * tb[tt * MAX_HS + i];
+          dk[i] += ds * ta[tt * MAX_HS + i];
+        }
+      }
+      barrier();
     }
-    barrier();
   }
   if (!live) return;
   for (uint i = 0; i < hs; ++i) {
-    dqkv[pc.oo + r * C3 + C + h * hs + i] = h_store(dk[i]);
-    dqkv[pc.oo + r * C3 + 2u * C + h * hs + i] = h_store(dv[i]);
+    dqkv[pc.oo + r * C3 + C + j * hs + i] = h_store(dk[i]);
+    dqkv[pc.oo + r * C3 + VO + j * hs + i] = h_store(dv[i]);
   }
 #endif
 }

@@ -102,6 +102,7 @@ shared float Cw[NWARPS * FM * FN];  // per-subgroup epilogue scratch
 
 // ---- fragment operations: coopmat, or their shared-memory emulation -------------------------
 #if defined(CM_EMU)
+#define KF_LOOP [[dont_unroll]]  // (see acc_muladd)
 #define EPL (FM * FN / 32)  // accumulator elements per lane
 #define ACC_T float[EPL]
 #define FRAG_A uint  // a fragment of A or B: its offset in As / Bs
@@ -116,7 +117,9 @@ void acc_muladd(inout float acc[EPL], uint fa, uint fb, uint lane) {
   [[unroll]] for (int e = 0; e < EPL; ++e) {
     uint idx = uint(e) * LANES + lane, r = idx / FN, col = idx % FN;
     float s = acc[e];
-    [[unroll]] for (int k = 0; k < FK; ++k) s += As[fa + r * LDA + k] * Bs[fb + uint(k) * LDB + col];
+    // Not unrolled: the emulation only has to be right, and lavapipe's LLVM compiles the fully
+    // unrolled 16x16x16 bf16 build for minutes.
+    [[dont_unroll]] for (int k = 0; k < FK; ++k) s += As[fa + r * LDA + k] * Bs[fb + uint(k) * LDB + col];
     acc[e] = s;
   }
 }
@@ -124,6 +127,7 @@ void acc_store(float acc[EPL], uint off, uint lane) {  // row-major, stride FN
   [[unroll]] for (int e = 0; e < EPL; ++e) Cw[off + uint(e) * LANES + lane] = acc[e];
 }
 #else
+#define KF_LOOP [[unroll]]
 #define ACC_T coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>
 #define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA>
 #define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, FK, FN, gl_MatrixUseB>
@@ -168,7 +172,7 @@ void main() {
       Bs[k * LDB + col] = TO_SH(v);
     }
     barrier();
-    [[unroll]] for (uint kf = 0; kf < TBK; kf += FK) {
+    KF_LOOP for (uint kf = 0; kf < TBK; kf += FK) {
       FRAG_A fa[FRM];
       FRAG_B fb[FRN];
       [[unroll]] for (int i = 0; i < FRM; ++i) LOAD_A(fa[i], (wm + uint(i) * FM) * LDA + kf);

@@ -242,48 +242,50 @@ class CpuDevice final : public Device, private Workspace {
     k_.bias_backward(f(dbias), in(dout, 0), N ? dout.numel() / N : 0, N);
   }
 
-  void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                                int n_head) override {
-    const int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+  void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv, int n_head,
+                                int n_kv_head) override {
+    const int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2], W = qkv.shape[2];
     // 16-bit: one batch element at a time, so the f32 staging holds [NH,T,T] rather than the
     // whole att (gpt2-medium at 4 x 1024: 64 MiB instead of 256 MiB per slot).
     const int64_t nb = out.dtype == DType::f32 ? B : 1;
     for (int64_t b0 = 0; b0 < B; b0 += nb) {
-      const int64_t oe = b0 * T * C, ae = b0 * n_head * T * T, qe = b0 * T * 3 * C;
+      const int64_t oe = b0 * T * C, ae = b0 * n_head * T * T, qe = b0 * T * W;
       float* o = out_range(out, 0, oe, nb * T * C);
       float* a = out_range(att, 1, ae, nb * n_head * T * T);
-      k_.attention_forward(*this, o, a, in_range(qkv, 2, qe, nb * T * 3 * C), nb, T, C, n_head);
+      k_.attention_forward(*this, o, a, in_range(qkv, 2, qe, nb * T * W), nb, T, C, n_head,
+                           n_kv_head);
       store_range(out, o, oe, nb * T * C);
       store_range(att, a, ae, nb * n_head * T * T);
     }
   }
   void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                 const Tensor& att, int n_head) override {
-    const int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
+                                 const Tensor& att, int n_head, int n_kv_head) override {
+    const int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2], W = qkv.shape[2];
     const int64_t nb = dqkv.dtype == DType::f32 ? B : 1;  // as in attention_forward
     for (int64_t b0 = 0; b0 < B; b0 += nb) {
-      const int64_t oe = b0 * T * C, ae = b0 * n_head * T * T, qe = b0 * T * 3 * C;
-      float* d = out_range(dqkv, 0, qe, nb * T * 3 * C);
+      const int64_t oe = b0 * T * C, ae = b0 * n_head * T * T, qe = b0 * T * W;
+      float* d = out_range(dqkv, 0, qe, nb * T * W);
       k_.attention_backward(*this, d, in_range(dout, 1, oe, nb * T * C),
-                            in_range(qkv, 2, qe, nb * T * 3 * C),
-                            in_range(att, 3, ae, nb * n_head * T * T), nb, T, C, n_head);
-      store_range(dqkv, d, qe, nb * T * 3 * C);
+                            in_range(qkv, 2, qe, nb * T * W),
+                            in_range(att, 3, ae, nb * n_head * T * T), nb, T, C, n_head, n_kv_head);
+      store_range(dqkv, d, qe, nb * T * W);
     }
   }
 
   void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                      int n_head) override {
+                                      int n_head, int n_kv_head) override {
     const int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
     float* o = out_(out, 0, false);
-    k_.flash_attention_forward(*this, o, f(lse), in(qkv, 1), B, T, C, n_head);
+    k_.flash_attention_forward(*this, o, f(lse), in(qkv, 1), B, T, C, n_head, n_kv_head);
     store(out, o);
   }
   void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                       const Tensor& out, const Tensor& lse, int n_head) override {
+                                       const Tensor& out, const Tensor& lse, int n_head,
+                                       int n_kv_head) override {
     const int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
     float* d = out_(dqkv, 0, false);
     k_.flash_attention_backward(*this, d, in(dout, 1), in(qkv, 2), in(out, 3), f(lse), B, T, C,
-                                n_head);
+                                n_head, n_kv_head);
     store(dqkv, d);
   }
 
@@ -296,6 +298,27 @@ class CpuDevice final : public Device, private Workspace {
     float* d = out_(dx, 0, false);
     k_.gelu_backward(d, in(x, 1), in(dout, 2), x.numel());
     store(dx, d);
+  }
+  void swiglu_forward_kernel(const Tensor& out, const Tensor& gu) override {
+    const int64_t F = out.shape[-1], N = F ? out.numel() / F : 0;
+    float* o = out_(out, 0, false);
+    k_.swiglu_forward(o, in(gu, 1), N, F);
+    store(out, o);
+  }
+  void swiglu_backward_kernel(const Tensor& dgu, const Tensor& gu, const Tensor& dout) override {
+    const int64_t F = dout.shape[-1], N = F ? dout.numel() / F : 0;
+    const float* g = in(gu, 1);  // staged first: dgu may be gu
+    float* d = out_(dgu, 0, false);
+    k_.swiglu_backward(d, g, in(dout, 2), N, F);
+    store(dgu, d);
+  }
+  void rope_kernel(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                   int64_t head_dim, int64_t rot_heads, bool inverse) override {
+    const int64_t B = x.shape[0], T = x.shape[1], W = x.shape[2];
+    const float* xin = in(x, 1);  // staged first: out may be x
+    float* o = out.dtype == DType::f32 ? f(out) : out_(out, 0, false);
+    k_.rope(o, xin, f(cos), f(sin), B, T, W, head_dim, rot_heads, inverse);
+    store(out, o);
   }
   void dropout_kernel(const Tensor& out, const Tensor& x, const DropoutMask& mask) override {
     float* o = out_(out, 0, false);

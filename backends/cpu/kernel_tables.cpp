@@ -5,16 +5,16 @@
 
 namespace ct::cpu {
 
-#define CT_CPU_KERNEL_TABLE(ns, bf16_matmul)                                                      \
-  Kernels {                                                                                       \
-    ns::fill, ns::copy, ns::add, ns::accumulate, ns::scale, ns::embedding_forward,                \
-        ns::embedding_backward, ns::layernorm_forward, ns::layernorm_backward,                    \
-        ns::rmsnorm_forward, ns::rmsnorm_backward, ns::matmul, ns::bias_backward,                 \
-        ns::attention_forward, ns::attention_backward, ns::flash_attention_forward,               \
-        ns::flash_attention_backward, ns::gelu_forward, ns::gelu_backward, ns::dropout,           \
-        ns::crossentropy_forward, ns::crossentropy_backward, ns::sum, ns::norm, ns::check_finite, \
-        ns::unscale_check, ns::adamw, ns::sgd, ns::lion, ns::adamw_8bit, ns::adafactor,           \
-        bf16_matmul                                                                               \
+#define CT_CPU_KERNEL_TABLE(ns, bf16_matmul)                                                   \
+  Kernels {                                                                                    \
+    ns::fill, ns::copy, ns::add, ns::accumulate, ns::scale, ns::embedding_forward,             \
+        ns::embedding_backward, ns::layernorm_forward, ns::layernorm_backward,                 \
+        ns::rmsnorm_forward, ns::rmsnorm_backward, ns::matmul, ns::bias_backward,              \
+        ns::attention_forward, ns::attention_backward, ns::flash_attention_forward,            \
+        ns::flash_attention_backward, ns::gelu_forward, ns::gelu_backward, ns::swiglu_forward, \
+        ns::swiglu_backward, ns::rope, ns::dropout, ns::crossentropy_forward,                  \
+        ns::crossentropy_backward, ns::sum, ns::norm, ns::check_finite, ns::unscale_check,     \
+        ns::adamw, ns::sgd, ns::lion, ns::adamw_8bit, ns::adafactor, bf16_matmul               \
   }
 
 const Kernels& reference_kernels() {

@@ -69,18 +69,25 @@ struct Kernels {
   void (*matmul)(Workspace& ws, const MatmulArgs& m);
   void (*bias_backward)(float* dbias, const float* dout, int64_t M, int64_t N);
 
+  // Attention: qkv rows [C + 2 NKV hs] (q | k | v), hs = C / NH; query head h reads key/value
+  // head h / (NH / NKV) (grouped-query attention; NKV = NH is multi-head attention).
   void (*attention_forward)(Workspace& ws, float* out, float* att, const float* qkv, int64_t B,
-                            int64_t T, int64_t C, int64_t NH);
+                            int64_t T, int64_t C, int64_t NH, int64_t NKV);
   void (*attention_backward)(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
-                             const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
+                             const float* att, int64_t B, int64_t T, int64_t C, int64_t NH,
+                             int64_t NKV);
   void (*flash_attention_forward)(Workspace& ws, float* out, float* lse, const float* qkv,
-                                  int64_t B, int64_t T, int64_t C, int64_t NH);
+                                  int64_t B, int64_t T, int64_t C, int64_t NH, int64_t NKV);
   void (*flash_attention_backward)(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
                                    const float* out, const float* lse, int64_t B, int64_t T,
-                                   int64_t C, int64_t NH);
+                                   int64_t C, int64_t NH, int64_t NKV);
 
   void (*gelu_forward)(float* out, const float* x, int64_t n);
   void (*gelu_backward)(float* dx, const float* x, const float* dout, int64_t n);
+  void (*swiglu_forward)(float* out, const float* gu, int64_t N, int64_t F);
+  void (*swiglu_backward)(float* dgu, const float* gu, const float* dout, int64_t N, int64_t F);
+  void (*rope)(float* out, const float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+               int64_t W, int64_t D, int64_t rot_heads, bool inverse);
   void (*dropout)(float* out, const float* x, int64_t n, const DropoutMask& mask);
 
   void (*crossentropy_forward)(float* losses, const float* logits, const int32_t* targets,
@@ -136,16 +143,21 @@ struct Kernels {
   void matmul(Workspace& ws, const MatmulArgs& m);                                                 \
   void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N);                       \
   void attention_forward(Workspace& ws, float* out, float* att, const float* qkv, int64_t B,       \
-                         int64_t T, int64_t C, int64_t NH);                                        \
+                         int64_t T, int64_t C, int64_t NH, int64_t NKV);                           \
   void attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,         \
-                          const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);          \
+                          const float* att, int64_t B, int64_t T, int64_t C, int64_t NH,           \
+                          int64_t NKV);                                                            \
   void flash_attention_forward(Workspace& ws, float* out, float* lse, const float* qkv, int64_t B, \
-                               int64_t T, int64_t C, int64_t NH);                                  \
+                               int64_t T, int64_t C, int64_t NH, int64_t NKV);                     \
   void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,   \
                                 const float* out, const float* lse, int64_t B, int64_t T,          \
-                                int64_t C, int64_t NH);                                            \
+                                int64_t C, int64_t NH, int64_t NKV);                               \
   void gelu_forward(float* out, const float* x, int64_t n);                                        \
   void gelu_backward(float* dx, const float* x, const float* dout, int64_t n);                     \
+  void swiglu_forward(float* out, const float* gu, int64_t N, int64_t F);                          \
+  void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t N, int64_t F);      \
+  void rope(float* out, const float* x, const float* cos, const float* sin, int64_t B, int64_t T,  \
+            int64_t W, int64_t D, int64_t rot_heads, bool inverse);                                \
   void dropout(float* out, const float* x, int64_t n, const DropoutMask& mask);                    \
   void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N, \
                             int64_t V);                                                            \

@@ -295,36 +295,39 @@ class GpuDevice final : public Device {
     void* ws = scratch(bias_backward_workspace(M, N));
     gpu::bias_backward(cx(), f(dbias), ptr(dout), elem_of(dout.dtype), M, N, ws);
   }
-  void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                                int n_head) override {
+  // qkv [B,T,C3], C3 = C + 2 n_kv_head (C / n_head): its last dim, as op_checks.cpp checked.
+  void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv, int n_head,
+                                int n_kv_head) override {
     const std::int64_t C = out.shape[-1];
-    const std::int64_t T = qkv.shape[-2];
-    const std::int64_t B = qkv.numel() / (T * 3 * C);
-    gpu::attention_forward(cx(), ptr(out), ptr(att), ptr(qkv), elem_of(qkv.dtype), B, T, C, n_head);
+    const std::int64_t T = qkv.shape[-2], C3 = qkv.shape[-1];
+    const std::int64_t B = qkv.numel() / (T * C3);
+    gpu::attention_forward(cx(), ptr(out), ptr(att), ptr(qkv), elem_of(qkv.dtype), B, T, C, n_head,
+                           n_kv_head);
   }
   void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                 const Tensor& att, int n_head) override {
+                                 const Tensor& att, int n_head, int n_kv_head) override {
     const std::int64_t C = dout.shape[-1];
-    const std::int64_t T = qkv.shape[-2];
-    const std::int64_t B = qkv.numel() / (T * 3 * C);
+    const std::int64_t T = qkv.shape[-2], C3 = qkv.shape[-1];
+    const std::int64_t B = qkv.numel() / (T * C3);
     void* ws = scratch(attention_backward_workspace(B, T, C, n_head));
     gpu::attention_backward(cx(), ptr(dqkv), ptr(dout), ptr(qkv), ptr(att), elem_of(qkv.dtype), B,
-                            T, C, n_head, ws);
+                            T, C, n_head, n_kv_head, ws);
   }
   void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                      int n_head) override {
+                                      int n_head, int n_kv_head) override {
     const std::int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
     check_head_size("flash_attention_forward", C / n_head);
     gpu::flash_attention_forward(cx(), ptr(out), f(lse), ptr(qkv), elem_of(qkv.dtype), B, T, C,
-                                 n_head);
+                                 n_head, n_kv_head);
   }
   void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                       const Tensor& out, const Tensor& lse, int n_head) override {
+                                       const Tensor& out, const Tensor& lse, int n_head,
+                                       int n_kv_head) override {
     const std::int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
     check_head_size("flash_attention_backward", C / n_head);
     void* ws = scratch(flash_attention_backward_workspace(B, T, n_head));
     gpu::flash_attention_backward(cx(), ptr(dqkv), ptr(dout), ptr(qkv), ptr(out), f(lse),
-                                  elem_of(qkv.dtype), B, T, C, n_head, ws);
+                                  elem_of(qkv.dtype), B, T, C, n_head, n_kv_head, ws);
   }
   static void check_head_size(const char* op, std::int64_t hs) {
     if (hs > gpu::kFlashMaxHeadSize)
@@ -337,6 +340,22 @@ class GpuDevice final : public Device {
   }
   void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) override {
     gpu::gelu_backward(cx(), ptr(dx), ptr(x), ptr(dout), elem_of(x.dtype), x.numel());
+  }
+  void rope_kernel(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                   std::int64_t head_dim, std::int64_t rot_heads, bool inverse) override {
+    gpu::rope(cx(), ptr(out), ptr(x), elem_of(x.dtype), f(cos), f(sin), x.shape[0], x.shape[1],
+              x.shape[2], head_dim, rot_heads, inverse);
+  }
+  void swiglu_forward_kernel(const Tensor& out, const Tensor& gu) override {
+    const std::int64_t F = out.shape[-1];
+    if (F == 0) return;
+    gpu::swiglu_forward(cx(), ptr(out), ptr(gu), elem_of(gu.dtype), out.numel() / F, F);
+  }
+  void swiglu_backward_kernel(const Tensor& dgu, const Tensor& gu, const Tensor& dout) override {
+    const std::int64_t F = dout.shape[-1];
+    if (F == 0) return;
+    gpu::swiglu_backward(cx(), ptr(dgu), ptr(gu), ptr(dout), elem_of(gu.dtype), dout.numel() / F,
+                         F);
   }
   void dropout_kernel(const Tensor& out, const Tensor& x, const DropoutMask& mask) override {
     gpu::dropout(cx(), ptr(out), ptr(x), elem_of(x.dtype), x.numel(),

@@ -85,6 +85,21 @@ void layernorm_backward(const Ctx& cx, float* dx, float* dw, float* db, const vo
                         Elem dout_elem, const float* x, const float* w, const float* mean,
                         const float* rstd, std::int64_t N, std::int64_t C, void* workspace);
 
+// --- swiglu.cu -----------------------------------------------------------------------------
+// out [N,F] (=) silu(gu[:, :F]) * gu[:, F:]; dgu [N,2F] (=) its gradient from dout [N,F]. All
+// tensors of one Elem; dgu may be gu.
+void swiglu_forward(const Ctx& cx, void* out, const void* gu, Elem e, std::int64_t N,
+                    std::int64_t F);
+void swiglu_backward(const Ctx& cx, void* dgu, const void* gu, const void* dout, Elem e,
+                     std::int64_t N, std::int64_t F);
+
+// --- rope.cu -------------------------------------------------------------------------------
+// out, x [B,T,W] (one Elem): the first rot_heads heads of D rotated by (cos, sin) [T, D/2] f32
+// in the rotate-half form (by the opposite angle when inverse), the rest copied; out may be x.
+void rope(const Ctx& cx, void* out, const void* x, Elem e, const float* cos, const float* sin,
+          std::int64_t B, std::int64_t T, std::int64_t W, std::int64_t D, std::int64_t rot_heads,
+          bool inverse);
+
 // --- rmsnorm.cu ----------------------------------------------------------------------------
 // out [N,C] (out_elem) (=) (x * rstd) * w, rstd = 1 / sqrt(mean(x^2) + eps) [N] saved; x, w f32.
 void rmsnorm_forward(const Ctx& cx, void* out, Elem out_elem, float* rstd, const float* x,
@@ -122,28 +137,34 @@ void bias_backward(const Ctx& cx, float* dbias, const void* dout, Elem dout_elem
                    std::int64_t N, void* workspace);
 
 // --- attention.cu --------------------------------------------------------------------------
-// Causal self-attention, scale 1/sqrt(hs), hs = C / NH. qkv [B,T,3C], out [B,T,C],
+// Causal self-attention, scale 1/sqrt(hs), hs = C / NH, with NKV key/value heads (dividing NH;
+// NKV = NH: plain multi-head attention), query head h reading key/value head h / (NH / NKV).
+// qkv [B,T,C3], C3 = C + 2 NKV hs: q (NH heads) | k (NKV heads) | v (NKV heads); out [B,T,C],
 // att [B,NH,T,T] (=) probabilities, zero above the diagonal; all of Elem e.
 void attention_forward(const Ctx& cx, void* out, void* att, const void* qkv, Elem e, std::int64_t B,
-                       std::int64_t T, std::int64_t C, std::int64_t NH);
-// dqkv [B,T,3C] (=) gradient from dout [B,T,C] and the saved qkv, att; all of Elem e.
+                       std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV);
+// dqkv [B,T,C3] (=) gradient from dout [B,T,C] and the saved qkv, att; all of Elem e. The
+// workspace (dpre, per query head) does not depend on NKV.
 std::size_t attention_backward_workspace(std::int64_t B, std::int64_t T, std::int64_t C,
                                          std::int64_t NH);
 void attention_backward(const Ctx& cx, void* dqkv, const void* dout, const void* qkv,
                         const void* att, Elem e, std::int64_t B, std::int64_t T, std::int64_t C,
-                        std::int64_t NH, void* workspace);
+                        std::int64_t NH, std::int64_t NKV, void* workspace);
 
 // --- flash_attention.cu ---------------------------------------------------------------------
-// The fused causal attention of core/device.h: qkv [B,T,3C], out [B,T,C] (=), lse [B,NH,T] f32
-// (=); q, k, v, out, dout, dqkv of Elem e. Head size at most kFlashMaxHeadSize (else
-// std::invalid_argument). The backward needs flash_attention_backward_workspace bytes.
+// The fused causal attention of core/device.h, NKV key/value heads as in attention.cu: qkv
+// [B,T,C3], C3 = C + 2 NKV (C / NH), out [B,T,C] (=), lse [B,NH,T] f32 (=); q, k, v, out, dout,
+// dqkv of Elem e. Head size at most kFlashMaxHeadSize (else std::invalid_argument). The
+// backward needs flash_attention_backward_workspace bytes (D per query head: not NKV's).
 inline constexpr int kFlashMaxHeadSize = 128;
 void flash_attention_forward(const Ctx& cx, void* out, float* lse, const void* qkv, Elem e,
-                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH);
+                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
+                             std::int64_t NKV);
 std::size_t flash_attention_backward_workspace(std::int64_t B, std::int64_t T, std::int64_t NH);
 void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const void* qkv,
                               const void* out, const float* lse, Elem e, std::int64_t B,
-                              std::int64_t T, std::int64_t C, std::int64_t NH, void* workspace);
+                              std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV,
+                              void* workspace);
 
 // --- crossentropy.cu -----------------------------------------------------------------------
 // losses [N] (=) -log softmax(logits[n])[targets[n]]; logits [N,V] (Elem e), targets [N] i32.

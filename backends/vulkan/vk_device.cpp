@@ -166,6 +166,8 @@ bool VulkanDevice::supports(OpKind op, DType dtype) const {
     case OpKind::kDropout:
     case OpKind::kLayerNorm:
     case OpKind::kRMSNorm:
+    case OpKind::kSwiGLU:
+    case OpKind::kRope:
     case OpKind::kBiasGrad:
     case OpKind::kCrossEntropy:
     case OpKind::kMatmul:

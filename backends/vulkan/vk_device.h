@@ -149,16 +149,21 @@ class VulkanDevice final : public Device {
                      bool trans_a, bool trans_b, float alpha, float beta,
                      const Tensor* bias) override;
   void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) override;
-  void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                                int n_head) override;
+  void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv, int n_head,
+                                int n_kv_head) override;
   void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                 const Tensor& att, int n_head) override;
+                                 const Tensor& att, int n_head, int n_kv_head) override;
   void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                      int n_head) override;
+                                      int n_head, int n_kv_head) override;
   void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                       const Tensor& out, const Tensor& lse, int n_head) override;
+                                       const Tensor& out, const Tensor& lse, int n_head,
+                                       int n_kv_head) override;
   void gelu_forward_kernel(const Tensor& out, const Tensor& x) override;
   void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) override;
+  void swiglu_forward_kernel(const Tensor& out, const Tensor& gu) override;
+  void swiglu_backward_kernel(const Tensor& dgu, const Tensor& gu, const Tensor& dout) override;
+  void rope_kernel(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                   int64_t head_dim, int64_t rot_heads, bool inverse) override;
   void dropout_kernel(const Tensor& out, const Tensor& x, const DropoutMask& mask) override;
   void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
                                    const Tensor& targets) override;

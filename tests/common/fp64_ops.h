@@ -40,6 +40,36 @@ inline VecD rmsnorm(const VecD& x, const VecD& w, int64_t N, int64_t C, double e
   return out;
 }
 
+// gu is (N, 2F): silu(gu[:, :F]) * gu[:, F:], (N, F) (Llama's SwiGLU)
+inline VecD swiglu(const VecD& gu, int64_t N, int64_t F) {
+  VecD out(static_cast<size_t>(N * F));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < F; ++i) {
+      double g = gu[n * 2 * F + i], u = gu[n * 2 * F + F + i];
+      out[n * F + i] = g / (1.0 + std::exp(-g)) * u;
+    }
+  return out;
+}
+
+// x is (B, T, W = heads * D); cos, sin are (T, D/2): the first rot heads rotated in the
+// rotate-half form (Hugging Face's apply_rotary_pos_emb), the rest copied
+inline VecD rope(const VecD& x, const VecD& cos, const VecD& sin, int64_t B, int64_t T, int64_t W,
+                 int64_t D, int64_t rot) {
+  VecD out(x);
+  const int64_t half = D / 2;
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const int64_t t = bt % T;
+    for (int64_t h = 0; h < rot; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const double c = cos[t * half + i], s = sin[t * half + i];
+        const double x1 = x[bt * W + h * D + i], x2 = x[bt * W + h * D + half + i];
+        out[bt * W + h * D + i] = x1 * c - x2 * s;
+        out[bt * W + h * D + half + i] = x2 * c + x1 * s;
+      }
+  }
+  return out;
+}
+
 // c (M,N) = op(a) op(b); a is (M,K) or (K,M), b is (K,N) or (N,K)
 inline VecD matmul(const VecD& a, const VecD& b, int64_t M, int64_t N, int64_t K, bool ta,
                    bool tb) {
@@ -54,22 +84,25 @@ inline VecD matmul(const VecD& a, const VecD& b, int64_t M, int64_t N, int64_t K
   return c;
 }
 
-// qkv is (B,T,3C) -> out (B,T,C); att (B,NH,T,T) if non-null
+// qkv is (B,T,C + 2 NKV hs), hs = C/NH: q (NH heads) | k (NKV heads) | v (NKV heads), query
+// head h reading kv head h / (NH/NKV) (NKV 0: NH) -> out (B,T,C); att (B,NH,T,T) if non-null
 inline VecD attention(const VecD& qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
-                      VecD* att = nullptr) {
-  int64_t hs = C / NH;
+                      VecD* att = nullptr, int64_t NKV = 0) {
+  if (NKV == 0) NKV = NH;
+  const int64_t hs = C / NH, W = C + 2 * NKV * hs, G = NH / NKV;
   double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   VecD out(static_cast<size_t>(B * T * C), 0.0);
   if (att) att->assign(static_cast<size_t>(B * NH * T * T), 0.0);
   VecD p(static_cast<size_t>(T));
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h)
+    for (int64_t h = 0; h < NH; ++h) {
+      const int64_t ko = C + (h / G) * hs, vo = C + NKV * hs + (h / G) * hs;
       for (int64_t t = 0; t < T; ++t) {
         double mx = -INFINITY;
         for (int64_t u = 0; u <= t; ++u) {
           double s = 0.0;
           for (int64_t i = 0; i < hs; ++i)
-            s += qkv[(b * T + t) * 3 * C + h * hs + i] * qkv[(b * T + u) * 3 * C + C + h * hs + i];
+            s += qkv[(b * T + t) * W + h * hs + i] * qkv[(b * T + u) * W + ko + i];
           p[u] = s * scale;
           mx = std::max(mx, p[u]);
         }
@@ -79,10 +112,10 @@ inline VecD attention(const VecD& qkv, int64_t B, int64_t T, int64_t C, int64_t 
           p[u] /= z;
           if (att) (*att)[((b * NH + h) * T + t) * T + u] = p[u];
           for (int64_t i = 0; i < hs; ++i)
-            out[(b * T + t) * C + h * hs + i] +=
-                p[u] * qkv[(b * T + u) * 3 * C + 2 * C + h * hs + i];
+            out[(b * T + t) * C + h * hs + i] += p[u] * qkv[(b * T + u) * W + vo + i];
         }
       }
+    }
   return out;
 }
 

@@ -15,6 +15,9 @@ struct FlashCase {
   int64_t B, T, C, NH;
   uint64_t seed;
   bool finite_differences;
+  int64_t NKV = 0;  // key/value heads (grouped-query attention); 0: NH
+  int64_t kv() const { return NKV ? NKV : NH; }
+  int64_t W() const { return C + 2 * kv() * (C / NH); }  // qkv's row
 };
 const FlashCase kCases[] = {
     {2, 7, 12, 3, 1, true},
@@ -28,6 +31,12 @@ const FlashCase kCases[] = {
     {1, 256, 384, 6, 12, false},
     {1, 77, 160, 2, 13, false},
     {1, 70, 256, 2, 15, false},
+    // Grouped-query attention: groups of 2 and 3 query heads, one kv head for all (multi-query),
+    // llama-tiny's / smollm's 3 query heads per kv head at head size 64, past one key tile.
+    {2, 7, 12, 4, 20, true, 2},
+    {1, 6, 18, 3, 21, true, 1},
+    {2, 37, 24, 6, 22, false, 2},
+    {1, 93, 384, 6, 23, false, 2},
 };
 
 struct FlashOut {
@@ -35,19 +44,19 @@ struct FlashOut {
 };
 
 FlashOut run(Device& d, const FlashCase& c, const Vec& qkv, const Vec& dout) {
-  Tensor tq = upload(d, {c.B, c.T, 3 * c.C}, qkv);
+  Tensor tq = upload(d, {c.B, c.T, c.W()}, qkv);
   Tensor to = upload(d, {c.B, c.T, c.C}, Vec(c.B * c.T * c.C, NAN));
   Tensor tl = upload(d, {c.B, c.NH, c.T}, Vec(c.B * c.NH * c.T, NAN));
   Tensor td = upload(d, {c.B, c.T, c.C}, dout);
-  Tensor tdq = upload(d, {c.B, c.T, 3 * c.C}, Vec(qkv.size(), NAN));  // (=): garbage ignored
-  d.flash_attention_forward(to, tl, tq, static_cast<int>(c.NH));
-  d.flash_attention_backward(tdq, td, tq, to, tl, static_cast<int>(c.NH));
+  Tensor tdq = upload(d, {c.B, c.T, c.W()}, Vec(qkv.size(), NAN));  // (=): garbage ignored
+  d.flash_attention_forward(to, tl, tq, static_cast<int>(c.NH), static_cast<int>(c.kv()));
+  d.flash_attention_backward(tdq, td, tq, to, tl, static_cast<int>(c.NH), static_cast<int>(c.kv()));
   return {download(d, to), download(d, tl), download(d, tdq)};
 }
 
 std::string name(const FlashCase& c) {
   std::ostringstream os;
-  os << "B" << c.B << " T" << c.T << " C" << c.C << " NH" << c.NH;
+  os << "B" << c.B << " T" << c.T << " C" << c.C << " NH" << c.NH << " NKV" << c.kv();
   return os.str();
 }
 
@@ -55,7 +64,7 @@ using FlashAttention = DeviceTest;
 
 TEST_P(FlashAttention, MatchesReference) {
   for (const FlashCase& c : kCases) {
-    Vec qkv = randn(c.B * c.T * 3 * c.C, c.seed), dout = randn(c.B * c.T * c.C, c.seed + 1);
+    Vec qkv = randn(c.B * c.T * c.W(), c.seed), dout = randn(c.B * c.T * c.C, c.seed + 1);
     FlashOut r = run(ref(), c, qkv, dout), f = run(dev(), c, qkv, dout);
     std::string nm = name(c) + " on " + id();
     double t = tol(Tol::kGemm);
@@ -68,15 +77,15 @@ TEST_P(FlashAttention, MatchesReference) {
 // The fused and the unfused ops are the same function on every device.
 TEST_P(FlashAttention, EqualsTheUnfusedOps) {
   for (const FlashCase& c : kCases) {
-    Vec qkv = randn(c.B * c.T * 3 * c.C, c.seed), dout = randn(c.B * c.T * c.C, c.seed + 1);
+    Vec qkv = randn(c.B * c.T * c.W(), c.seed), dout = randn(c.B * c.T * c.C, c.seed + 1);
     FlashOut f = run(dev(), c, qkv, dout);
     Device& d = dev();
-    Tensor tq = upload(d, {c.B, c.T, 3 * c.C}, qkv), td = upload(d, {c.B, c.T, c.C}, dout);
+    Tensor tq = upload(d, {c.B, c.T, c.W()}, qkv), td = upload(d, {c.B, c.T, c.C}, dout);
     Tensor to = upload(d, {c.B, c.T, c.C}, Vec(c.B * c.T * c.C, NAN));
     Tensor ta = upload(d, {c.B, c.NH, c.T, c.T}, Vec(c.B * c.NH * c.T * c.T, NAN));
-    Tensor tdq = upload(d, {c.B, c.T, 3 * c.C}, Vec(qkv.size(), NAN));
-    d.attention_forward(to, ta, tq, static_cast<int>(c.NH));
-    d.attention_backward(tdq, td, tq, ta, static_cast<int>(c.NH));
+    Tensor tdq = upload(d, {c.B, c.T, c.W()}, Vec(qkv.size(), NAN));
+    d.attention_forward(to, ta, tq, static_cast<int>(c.NH), static_cast<int>(c.kv()));
+    d.attention_backward(tdq, td, tq, ta, static_cast<int>(c.NH), static_cast<int>(c.kv()));
     std::string nm = name(c) + " on " + id();
     EXPECT_TRUE(close_nmse(f.out, download(d, to), kTolGemm, "flash out vs unfused " + nm));
     EXPECT_TRUE(close_nmse(f.dqkv, download(d, tdq), kTolGemm, "flash dqkv vs unfused " + nm));
@@ -87,10 +96,10 @@ CT_INSTANTIATE_DEVICE_SUITE(FlashAttention);
 
 TEST(ReferenceFlashAttention, MatchesFp64AndFiniteDifferences) {
   for (const FlashCase& c : kCases) {
-    Vec qkv = randn(c.B * c.T * 3 * c.C, c.seed), dout = randn(c.B * c.T * c.C, c.seed + 1);
+    Vec qkv = randn(c.B * c.T * c.W(), c.seed), dout = randn(c.B * c.T * c.C, c.seed + 1);
     FlashOut r = run(ref(), c, qkv, dout);
     VecD att64;
-    VecD out64 = f64::attention(to_d(qkv), c.B, c.T, c.C, c.NH, &att64);
+    VecD out64 = f64::attention(to_d(qkv), c.B, c.T, c.C, c.NH, &att64, c.NKV);
     EXPECT_TRUE(close_nmse(r.out, out64, kTolF64, "out ref vs fp64 " + name(c)));
     // lse from fp64 scores: log sum_u exp(scale q_t . k_u), u <= t.
     const int64_t hs = c.C / c.NH;
@@ -103,8 +112,8 @@ TEST(ReferenceFlashAttention, MatchesFp64AndFiniteDifferences) {
           for (int64_t u = 0; u <= t; ++u) {
             double dot = 0;
             for (int64_t i = 0; i < hs; ++i)
-              dot += static_cast<double>(qkv[(b * c.T + t) * 3 * c.C + h * hs + i]) *
-                     qkv[(b * c.T + u) * 3 * c.C + c.C + h * hs + i];
+              dot += static_cast<double>(qkv[(b * c.T + t) * c.W() + h * hs + i]) *
+                     qkv[(b * c.T + u) * c.W() + c.C + (h / (c.NH / c.kv())) * hs + i];
             s[u] = dot / std::sqrt(static_cast<double>(hs));
             mx = std::max(mx, s[u]);
           }
@@ -113,8 +122,9 @@ TEST(ReferenceFlashAttention, MatchesFp64AndFiniteDifferences) {
         }
     EXPECT_TRUE(close_nmse(r.lse, lse64, kTolF64, "lse ref vs fp64 " + name(c)));
     if (!c.finite_differences) continue;
-    VecD num = numeric_grad([&](const VecD& x) { return f64::attention(x, c.B, c.T, c.C, c.NH); },
-                            to_d(qkv), to_d(dout));
+    VecD num = numeric_grad(
+        [&](const VecD& x) { return f64::attention(x, c.B, c.T, c.C, c.NH, nullptr, c.NKV); },
+        to_d(qkv), to_d(dout));
     EXPECT_TRUE(close_nmse(r.dqkv, num, kTolGrad, "dqkv ref vs finite differences " + name(c)));
   }
 }
@@ -132,7 +142,11 @@ TEST(CpuFlashAttention, RejectsBadShapesAndDtypes) {
     EXPECT_THROW(d.flash_attention_forward(out, lse16, qkv, 2), Error);  // lse must be f32
     Tensor dqkv = upload(d, {1, 4, 18}, Vec(72, 0.0f)), bad = upload(d, {1, 4, 12}, Vec(48, 0.0f));
     EXPECT_THROW(d.flash_attention_backward(dqkv, out, qkv, bad, lse, 2), Error);  // out shape
-    d.flash_attention_forward(out, lse, qkv, 2);  // and the good call passes
+    EXPECT_THROW(d.flash_attention_forward(out, lse, qkv, 2, 4), Error);           // 4 kv heads > 2
+    EXPECT_THROW(d.flash_attention_forward(out, lse, qkv, 2, 1), Error);  // qkv is 3C, not 2C
+    d.flash_attention_forward(out, lse, qkv, 2);           // and the good call passes
+    Tensor qkv_mq = upload(d, {1, 4, 12}, Vec(48, 0.0f));  // one kv head: C + 2 * 3
+    d.flash_attention_forward(out, lse, qkv_mq, 2, 1);
   }
 }
 

@@ -4,6 +4,7 @@
 // half_compare.h); f32 outputs: normalised MSE within the device's tolerance. Sizes are odd and
 // not multiples of workgroup sizes; NaN and inf inputs propagate as on the reference.
 #include <algorithm>
+#include <cmath>
 #include <functional>
 
 #include "tests/common/half_compare.h"
@@ -162,6 +163,49 @@ TEST_P(MixedPrecisionUlp, RMSNormForwardOutHAndBackwardDoutH) {
     ref().rmsnorm_backward(dx.r, dw.r, dout.r, x2.r, w.r, r2.r);
     EXPECT_TRUE(same(dx, tol(), tag("rmsnorm_backward dx")));
     EXPECT_TRUE(same(dw, tol(), tag("rmsnorm_backward dw")));
+  });
+}
+
+TEST_P(MixedPrecisionUlp, SwiGLUForwardAndBackwardH) {
+  for_each_half({OpKind::kSwiGLU}, [&](DType h) {
+    auto tag = [&](const char* op) { return std::string(op) + " " + dtype_name(h); };
+    const int64_t N = 23, F = 301;
+    Vec gus = randn(2 * N * F, 41, 3.0f);
+    gus[5] = NAN;            // pair (0, 5): NaN out, NaN gradients
+    gus[2 * F + 7] = 90.0f;  // a saturated sigmoid
+    Pair gu = both_as({N, 2 * F}, gus, h), out = both_empty({N, F}, h);
+    dut().swiglu_forward(out.d, gu.d);
+    ref().swiglu_forward(out.r, gu.r);
+    EXPECT_TRUE(same_h(out, tag("swiglu_forward out")));
+    Pair dout = both_as({N, F}, randn(N * F, 42), h), dgu = both_empty({N, 2 * F}, h);
+    dut().swiglu_backward(dgu.d, gu.d, dout.d);
+    ref().swiglu_backward(dgu.r, gu.r, dout.r);
+    EXPECT_TRUE(same_h(dgu, tag("swiglu_backward dgu")));
+  });
+}
+
+TEST_P(MixedPrecisionUlp, RopeForwardAndBackwardH) {
+  for_each_half({OpKind::kRope}, [&](DType h) {
+    auto tag = [&](const char* op) { return std::string(op) + " " + dtype_name(h); };
+    const int64_t B = 2, T = 37, heads = 6, D = 32, rot = 4, half = D / 2;
+    Vec cs(T * half), sn(T * half);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = static_cast<float>(t) * std::pow(10000.0f, -2.0f * i / D);
+        cs[t * half + i] = std::cos(a);
+        sn[t * half + i] = std::sin(a);
+      }
+    Vec xs = randn(B * T * heads * D, 43, 3.0f);
+    xs[7] = NAN;
+    Pair c = both({T, half}, cs), s = both({T, half}, sn);
+    Pair x = both_as({B, T, heads * D}, xs, h), out = both_empty({B, T, heads * D}, h);
+    dut().rope_forward(out.d, x.d, c.d, s.d, D, rot);
+    ref().rope_forward(out.r, x.r, c.r, s.r, D, rot);
+    EXPECT_TRUE(same_h(out, tag("rope_forward out")));
+    Pair dx = both_empty({B, T, heads * D}, h);
+    dut().rope_backward(dx.d, x.d, c.d, s.d, D, rot);
+    ref().rope_backward(dx.r, x.r, c.r, s.r, D, rot);
+    EXPECT_TRUE(same_h(dx, tag("rope_backward dx")));
   });
 }
 

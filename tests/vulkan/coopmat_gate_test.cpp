@@ -3,6 +3,7 @@
 // build standing in for the real one (CROSSTRAIN_VK_COOPMAT=emulate), its verdict cached per
 // driver and read back, a wrong candidate rejected, the switch that turns it off -- as
 // `crosstrain devices` shows it (DeviceInfo::extra "coopmat GEMM").
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -84,6 +85,16 @@ class CoopmatStartup : public VulkanTest {
  protected:
   void SetUp() override {
     VulkanTest::SetUp();
+    // The verdict cache goes to a fresh XDG_CACHE_HOME; Mesa's shader cache must not follow it
+    // there, or every pipeline the device builds compiles cold (a minute on lavapipe).
+    if (std::getenv("MESA_SHADER_CACHE_DIR") == nullptr) {
+      const char* xdg = std::getenv("XDG_CACHE_HOME");
+      const char* home = std::getenv("HOME");
+      const std::string mesa =
+          xdg && *xdg ? std::string(xdg) : std::string(home ? home : "/tmp") + "/.cache";
+      setenv("MESA_SHADER_CACHE_DIR", mesa.c_str(), 1);
+      set_mesa_ = true;
+    }
     cache_ = std::filesystem::temp_directory_path() /
              ("ct-coopmat-" + std::to_string(::getpid()) + "-" +
               ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -91,9 +102,11 @@ class CoopmatStartup : public VulkanTest {
   }
   void TearDown() override {
     std::filesystem::remove_all(cache_);
+    if (set_mesa_) unsetenv("MESA_SHADER_CACHE_DIR");
     VulkanTest::TearDown();
   }
   std::filesystem::path cache_;
+  bool set_mesa_ = false;
 };
 
 TEST_F(CoopmatStartup, LavapipeHasNoCoopmatAndTheSwitchTurnsItOff) {

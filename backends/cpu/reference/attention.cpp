@@ -1,14 +1,17 @@
-// Reference causal multi-head self-attention (llm.c's attention_forward/backward, fp64 sums).
+// Reference causal self-attention (llm.c's attention_forward/backward, fp64 sums), with
+// grouped-query attention: query head h reads key/value head h / (NH / NKV).
 #include <cmath>
 
 #include "backends/cpu/kernels.h"
 
 namespace ct::cpu::ref {
 
-// out is (B,T,C); att is (B,NH,T,T); qkv is (B,T,3C) holding q | k | v, heads of hs = C/NH
+// out is (B,T,C); att is (B,NH,T,T); qkv is (B,T,C3) holding q (NH heads) | k (NKV heads) |
+// v (NKV heads), heads of hs = C/NH, C3 = C + 2 NKV hs
 void attention_forward(Workspace& ws, float* out, float* att, const float* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t NH) {
-  int64_t C3 = 3 * C, hs = C / NH;
+                       int64_t T, int64_t C, int64_t NH, int64_t NKV) {
+  const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV;
+  const int64_t koff = C, voff = C + NKV * hs;  // where k and v start in a row
   double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   double* row = static_cast<double*>(ws.get(static_cast<size_t>(T) * sizeof(double)));
   for (int64_t b = 0; b < B; ++b) {
@@ -19,7 +22,7 @@ void attention_forward(Workspace& ws, float* out, float* att, const float* qkv, 
         // pass 1: scaled scores q.k for t2 <= t, and their maximum
         double maxval = -INFINITY;
         for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const float* k = qkv + b * T * C3 + t2 * C3 + h * hs + C;
+          const float* k = qkv + b * T * C3 + t2 * C3 + koff + (h / G) * hs;
           double dot = 0.0;
           for (int64_t i = 0; i < hs; ++i) dot += static_cast<double>(q[i]) * k[i];
           row[t2] = dot * scale;
@@ -38,7 +41,7 @@ void attention_forward(Workspace& ws, float* out, float* att, const float* qkv, 
         for (int64_t i = 0; i < hs; ++i) {
           double acc = 0.0;
           for (int64_t t2 = 0; t2 <= t; ++t2)
-            acc += (row[t2] / sum) * qkv[b * T * C3 + t2 * C3 + h * hs + 2 * C + i];
+            acc += (row[t2] / sum) * qkv[b * T * C3 + t2 * C3 + voff + (h / G) * hs + i];
           out_bth[i] = static_cast<float>(acc);
         }
       }
@@ -46,12 +49,15 @@ void attention_forward(Workspace& ws, float* out, float* att, const float* qkv, 
   }
 }
 
-// dqkv, qkv are (B,T,3C); dout is (B,T,C); att is (B,NH,T,T)
+// dqkv, qkv are (B,T,C3); dout is (B,T,C); att is (B,NH,T,T)
 //   datt = dout . v;  dpreatt = att * (datt - sum(att * datt));  dq = scale dpreatt k, ...
-// Gradients are gathered in an fp64 copy of dqkv (workspace) and rounded once at the end.
+// Gradients are gathered in an fp64 copy of dqkv (workspace) and rounded once at the end; a
+// key/value head's gradient is the sum over the query heads of its group.
 void attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
-                        const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  int64_t C3 = 3 * C, hs = C / NH;
+                        const float* att, int64_t B, int64_t T, int64_t C, int64_t NH,
+                        int64_t NKV) {
+  const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV;
+  const int64_t koff = C, voff = C + NKV * hs;
   double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   size_t n = static_cast<size_t>(B * T * C3);
   double* acc = static_cast<double*>(ws.get((n + static_cast<size_t>(T)) * sizeof(double)));
@@ -66,8 +72,8 @@ void attention_backward(Workspace& ws, float* dqkv, const float* dout, const flo
         double* dq = acc + b * T * C3 + t * C3 + h * hs;
         // backward through out = att @ v
         for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const float* v = qkv + b * T * C3 + t2 * C3 + h * hs + 2 * C;
-          double* dv = acc + b * T * C3 + t2 * C3 + h * hs + 2 * C;
+          const float* v = qkv + b * T * C3 + t2 * C3 + voff + (h / G) * hs;
+          double* dv = acc + b * T * C3 + t2 * C3 + voff + (h / G) * hs;
           double d = 0.0;
           for (int64_t i = 0; i < hs; ++i) {
             d += static_cast<double>(v[i]) * dout_bth[i];
@@ -81,8 +87,8 @@ void attention_backward(Workspace& ws, float* dqkv, const float* dout, const flo
         // backward through the scaled scores q.k
         for (int64_t t2 = 0; t2 <= t; ++t2) {
           double dpre = att_bth[t2] * (datt[t2] - dot) * scale;
-          const float* k = qkv + b * T * C3 + t2 * C3 + h * hs + C;
-          double* dk = acc + b * T * C3 + t2 * C3 + h * hs + C;
+          const float* k = qkv + b * T * C3 + t2 * C3 + koff + (h / G) * hs;
+          double* dk = acc + b * T * C3 + t2 * C3 + koff + (h / G) * hs;
           for (int64_t i = 0; i < hs; ++i) {
             dq[i] += dpre * k[i];
             dk[i] += dpre * q[i];

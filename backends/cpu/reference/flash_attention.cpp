@@ -7,10 +7,12 @@
 
 namespace ct::cpu::ref {
 
-// out is (B,T,C); lse is (B,NH,T); qkv is (B,T,3C) holding q | k | v, heads of hs = C/NH
+// out is (B,T,C); lse is (B,NH,T); qkv is (B,T,C3) holding q (NH heads) | k (NKV heads) |
+// v (NKV heads), heads of hs = C/NH, C3 = C + 2 NKV hs; query head h reads kv head h / (NH/NKV)
 void flash_attention_forward(Workspace& ws, float* out, float* lse, const float* qkv, int64_t B,
-                             int64_t T, int64_t C, int64_t NH) {
-  const int64_t C3 = 3 * C, hs = C / NH;
+                             int64_t T, int64_t C, int64_t NH, int64_t NKV) {
+  const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV;
+  const int64_t koff = C, voff = C + NKV * hs;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   double* s = static_cast<double*>(ws.get(static_cast<size_t>(T) * sizeof(double)));
   for (int64_t b = 0; b < B; ++b)
@@ -20,7 +22,7 @@ void flash_attention_forward(Workspace& ws, float* out, float* lse, const float*
         // scores s[u] = scale q . k_u for the keys u <= t, and their log-sum-exp
         double mx = -INFINITY;
         for (int64_t u = 0; u <= t; ++u) {
-          const float* k = qkv + (b * T + u) * C3 + C + h * hs;
+          const float* k = qkv + (b * T + u) * C3 + koff + (h / G) * hs;
           double dot = 0.0;
           for (int64_t i = 0; i < hs; ++i) dot += static_cast<double>(q[i]) * k[i];
           s[u] = dot * scale;
@@ -35,20 +37,22 @@ void flash_attention_forward(Workspace& ws, float* out, float* lse, const float*
         for (int64_t i = 0; i < hs; ++i) {
           double acc = 0.0;
           for (int64_t u = 0; u <= t; ++u)
-            acc += std::exp(s[u] - l) * qkv[(b * T + u) * C3 + 2 * C + h * hs + i];
+            acc += std::exp(s[u] - l) * qkv[(b * T + u) * C3 + voff + (h / G) * hs + i];
           o[i] = static_cast<float>(acc);
         }
       }
 }
 
-// dqkv, qkv are (B,T,3C); dout, out are (B,T,C); lse is (B,NH,T). Per query row t:
+// dqkv, qkv are (B,T,C3); dout, out are (B,T,C); lse is (B,NH,T). Per query row t:
 //   D = dout_t . out_t;  for u <= t: p = exp(scale q_t.k_u - lse_t),  dv_u += p dout_t,
 //   ds = p (dout_t . v_u - D) scale,  dq_t += ds k_u,  dk_u += ds q_t.
-// Gradients are gathered in an fp64 copy of dqkv (workspace) and rounded once at the end.
+// Gradients are gathered in an fp64 copy of dqkv (workspace) and rounded once at the end; a
+// key/value head's gradient is the sum over the query heads of its group.
 void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
                               const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                              int64_t NH) {
-  const int64_t C3 = 3 * C, hs = C / NH;
+                              int64_t NH, int64_t NKV) {
+  const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV;
+  const int64_t koff = C, voff = C + NKV * hs;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   const size_t n = static_cast<size_t>(B * T * C3);
   double* acc = static_cast<double*>(ws.get(n * sizeof(double)));
@@ -64,10 +68,10 @@ void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, con
         for (int64_t i = 0; i < hs; ++i) D += static_cast<double>(d[i]) * o[i];
         double* dq = acc + (b * T + t) * C3 + h * hs;
         for (int64_t u = 0; u <= t; ++u) {
-          const float* k = qkv + (b * T + u) * C3 + C + h * hs;
-          const float* v = k + C;
-          double* dk = acc + (b * T + u) * C3 + C + h * hs;
-          double* dv = dk + C;
+          const float* k = qkv + (b * T + u) * C3 + koff + (h / G) * hs;
+          const float* v = qkv + (b * T + u) * C3 + voff + (h / G) * hs;
+          double* dk = acc + (b * T + u) * C3 + koff + (h / G) * hs;
+          double* dv = acc + (b * T + u) * C3 + voff + (h / G) * hs;
           double dot = 0.0, dp = 0.0;
           for (int64_t i = 0; i < hs; ++i) {
             dot += static_cast<double>(q[i]) * k[i];

@@ -1,17 +1,22 @@
-// Fused causal multi-head self-attention (core/device.h flash_attention_*), forward and backward.
-// qkv holds q | k | v per position, each split into NH heads of hs = C / NH; out, dout [B,T,C];
-// lse [B,NH,T] f32. All of q, k, v, out, dout, dqkv of one element type E; fp32 arithmetic.
+// Fused causal multi-head self-attention (core/device.h flash_attention_*), forward and backward,
+// with grouped-query attention. qkv rows [C3], C3 = C + 2 NKV hs, hold q (NH heads of
+// hs = C / NH) | k (NKV heads) | v (NKV heads); query head h reads key/value head h / G,
+// G = NH / NKV (NKV = NH: plain multi-head attention). out, dout [B,T,C]; lse [B,NH,T] f32. All
+// of q, k, v, out, dout, dqkv of one element type E; fp32 arithmetic.
 //
 // One thread per query row (forward, backward dq) or key row (backward dk, dv), 64 rows of one
-// (b, h) a block; the other side streams through shared memory in tiles of kTile rows, so the
-// T x T probabilities exist nowhere. Each thread walks its keys (queries) in order, so every
-// output has one owner and a fixed order: no atomics, the same bits at every warp size.
+// (b, h) a block (of one (b, j), j a key/value head, for dk, dv); the other side streams through
+// shared memory in tiles of kTile rows, so the T x T probabilities exist nowhere. Each thread
+// walks its keys (queries) in order (for dk, dv: the G query heads of the group in order, and
+// the queries of each in order), so every output has one owner and a fixed order: no atomics,
+// the same bits at every warp size.
 //   forward:   online softmax: m = running max of s = scale q.k, l = sum exp(s - m),
 //              o = sum exp(s - m) v, rescaled by exp(m_old - m_new) when m grows;
 //              out = o / l, lse = m + log l.
 //   backward:  D_t = dout_t . out_t (saved in the workspace), p = exp(s - lse_t),
 //              ds = p (dout_t . v_u - D_t) scale;  dq_t = sum_u ds k_u  (query kernel);
-//              dk_u = sum_t ds q_t, dv_u = sum_t p dout_t  (key kernel, after it).
+//              dk_u = sum_h sum_t ds q_t, dv_u = sum_h sum_t p dout_t over the query heads h
+//              of u's key/value head  (key kernel, after it).
 // Registers: a few arrays of HS floats per thread, HS the head size rounded up to 16, 64 or 128
 // (zero-padded, so the padding adds nothing).
 #include "backends/gpu/kernels/common.h"
@@ -23,20 +28,31 @@ constexpr int kRows = 64;  // query (or key) rows a block, one per thread
 constexpr int kTile = 32;  // key (or query) rows staged in shared memory at a time
 
 struct FDims {
-  std::int64_t T, C, NH, hs;
+  std::int64_t T, C, NH, NKV, hs;
+  std::int64_t C3;  // C + 2 NKV hs, the row of qkv
+  std::int64_t G;   // NH / NKV query heads a key/value head
   float scale;
 };
 
-// Block (x, y): rows kRows x .. of head y = b NH + h.
+// Where key / value head j starts in a row of qkv.
+__device__ __forceinline__ std::int64_t k_col(const FDims& d, std::int64_t j) {
+  return d.C + j * d.hs;
+}
+__device__ __forceinline__ std::int64_t v_col(const FDims& d, std::int64_t j) {
+  return d.C + (d.NKV + j) * d.hs;
+}
+
+// Block (x, y): rows kRows x .. of head y = b heads + h, over `heads` heads (NH query heads, or
+// NKV key/value heads for the key kernel).
 struct Row {
   std::int64_t b, h, r;  // batch, head, this thread's row
   std::int64_t first;    // the block's first row
   std::int64_t last;     // and its last (< T)
 };
-__device__ __forceinline__ Row row_of(const FDims& d) {
+__device__ __forceinline__ Row row_of(const FDims& d, std::int64_t heads) {
   Row w;
-  w.b = blockIdx.y / d.NH;
-  w.h = blockIdx.y % d.NH;
+  w.b = blockIdx.y / heads;
+  w.h = blockIdx.y % heads;
   w.first = static_cast<std::int64_t>(blockIdx.x) * kRows;
   w.r = w.first + threadIdx.x;
   w.last = w.first + kRows - 1 < d.T - 1 ? w.first + kRows - 1 : d.T - 1;
@@ -62,22 +78,23 @@ __device__ __forceinline__ void stage(float* tile, const void* src, std::int64_t
   }
 }
 
-// out (B, T, C), lse (B, NH, T) f32, qkv (B, T, 3C).
+// out (B, T, C), lse (B, NH, T) f32, qkv (B, T, C3). Blocks over (b, h) query heads.
 template <int WARP, typename E, int HS>
 __global__ void CT_LAUNCH_BOUNDS(kRows)
     flash_forward_kernel(void* out, float* lse, const void* qkv, FDims d) {
   CT_SHARED(float, ks, kTile* HS);
   CT_SHARED(float, vs, kTile* HS);
-  const Row w = row_of(d);
-  const std::int64_t C3 = 3 * d.C, base = w.b * d.T * C3 + w.h * d.hs;
+  const Row w = row_of(d, d.NH);
+  const std::int64_t C3 = d.C3, j = w.h / d.G;
+  const std::int64_t row0 = w.b * d.T * C3, base = row0 + w.h * d.hs;
   const bool live = w.r < d.T;
   float q[HS], o[HS];
   if (live) load_row<E, HS>(q, qkv, base + w.r * C3, d.hs);
   for (int i = 0; i < HS; ++i) o[i] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (std::int64_t u0 = 0; u0 <= w.last; u0 += kTile) {
-    stage<E, HS>(ks, qkv, base + d.C, C3, u0, d);
-    stage<E, HS>(vs, qkv, base + 2 * d.C, C3, u0, d);
+    stage<E, HS>(ks, qkv, row0 + k_col(d, j), C3, u0, d);
+    stage<E, HS>(vs, qkv, row0 + v_col(d, j), C3, u0, d);
     __syncthreads();
     for (int uu = 0; live && uu < kTile && u0 + uu <= w.r; ++uu) {
       const float* k = ks + uu * HS;
@@ -105,15 +122,17 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
   lse[(w.b * d.NH + w.h) * d.T + w.r] = m + logf(l);
 }
 
-// Per query row: D (B, NH, T) f32 into the workspace, and dq into dqkv (B, T, 3C).
+// Per query row: D (B, NH, T) f32 into the workspace, and dq into the q columns of dqkv
+// (B, T, C3). Blocks over (b, h) query heads.
 template <int WARP, typename E, int HS>
 __global__ void CT_LAUNCH_BOUNDS(kRows)
     flash_backward_query_kernel(void* dqkv, float* Dsave, const void* dout, const void* out,
                                 const void* qkv, const float* lse, FDims d) {
   CT_SHARED(float, ks, kTile* HS);
   CT_SHARED(float, vs, kTile* HS);
-  const Row w = row_of(d);
-  const std::int64_t C3 = 3 * d.C, base = w.b * d.T * C3 + w.h * d.hs;
+  const Row w = row_of(d, d.NH);
+  const std::int64_t C3 = d.C3, j = w.h / d.G;
+  const std::int64_t row0 = w.b * d.T * C3, base = row0 + w.h * d.hs;
   const std::int64_t row = (w.b * d.NH + w.h) * d.T + w.r;
   const bool live = w.r < d.T;
   float q[HS], g[HS], dq[HS];
@@ -128,8 +147,8 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
   }
   for (int i = 0; i < HS; ++i) dq[i] = 0.0f;
   for (std::int64_t u0 = 0; u0 <= w.last; u0 += kTile) {
-    stage<E, HS>(ks, qkv, base + d.C, C3, u0, d);
-    stage<E, HS>(vs, qkv, base + 2 * d.C, C3, u0, d);
+    stage<E, HS>(ks, qkv, row0 + k_col(d, j), C3, u0, d);
+    stage<E, HS>(vs, qkv, row0 + v_col(d, j), C3, u0, d);
     __syncthreads();
     for (int uu = 0; live && uu < kTile && u0 + uu <= w.r; ++uu) {
       const float* k = ks + uu * HS;
@@ -147,8 +166,10 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
   for (int i = 0; i < HS && i < d.hs; ++i) E::store(dqkv, base + w.r * C3 + i, dq[i]);
 }
 
-// Per key row u: dk, dv into dqkv (B, T, 3C), from the queries t >= u in order. Reads the
-// D that flash_backward_query_kernel saved.
+// Per key row u of key/value head j: dk, dv into the k and v columns of dqkv (B, T, C3), from
+// the query heads h = j G .. j G + G - 1 in order and, for each, the queries t >= u in order,
+// into one accumulator (the G partial sums are never split, so no other block writes them).
+// Blocks over (b, j) key/value heads. Reads the D that flash_backward_query_kernel saved.
 template <int WARP, typename E, int HS>
 __global__ void CT_LAUNCH_BOUNDS(kRows)
     flash_backward_key_kernel(void* dqkv, const float* Dsave, const void* dout, const void* qkv,
@@ -157,51 +178,53 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
   CT_SHARED(float, gs, kTile* HS);
   CT_SHARED(float, ls, kTile);
   CT_SHARED(float, Ds, kTile);
-  const Row w = row_of(d);
-  const std::int64_t C3 = 3 * d.C, base = w.b * d.T * C3 + w.h * d.hs;
-  const std::int64_t hrow = (w.b * d.NH + w.h) * d.T;
+  const Row w = row_of(d, d.NKV);
+  const std::int64_t C3 = d.C3, j = w.h, row0 = w.b * d.T * C3;
   const bool live = w.r < d.T;
   float k[HS], v[HS], dk[HS], dv[HS];
   if (live) {
-    load_row<E, HS>(k, qkv, base + w.r * C3 + d.C, d.hs);
-    load_row<E, HS>(v, qkv, base + w.r * C3 + 2 * d.C, d.hs);
+    load_row<E, HS>(k, qkv, row0 + w.r * C3 + k_col(d, j), d.hs);
+    load_row<E, HS>(v, qkv, row0 + w.r * C3 + v_col(d, j), d.hs);
   }
   for (int i = 0; i < HS; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
-  for (std::int64_t t0 = w.first; t0 < d.T; t0 += kTile) {
-    stage<E, HS>(qs, qkv, base, C3, t0, d);
-    stage<E, HS>(gs, dout, w.b * d.T * d.C + w.h * d.hs, d.C, t0, d);
-    if (threadIdx.x < kTile) {
-      const std::int64_t t = t0 + threadIdx.x;
-      ls[threadIdx.x] = t < d.T ? lse[hrow + t] : 0.0f;
-      Ds[threadIdx.x] = t < d.T ? Dsave[hrow + t] : 0.0f;
-    }
-    __syncthreads();
-    for (int tt = 0; live && tt < kTile && t0 + tt < d.T; ++tt) {
-      if (t0 + tt < w.r) continue;
-      const float* q = qs + tt * HS;
-      const float* g = gs + tt * HS;
-      float dot = 0.0f, dp = 0.0f;
-      for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
-      for (int i = 0; i < HS; ++i) dp += g[i] * v[i];
-      const float p = expf(dot * d.scale - ls[tt]);
-      const float ds = p * (dp - Ds[tt]) * d.scale;
-      for (int i = 0; i < HS; ++i) {
-        dv[i] += p * g[i];
-        dk[i] += ds * q[i];
+  for (std::int64_t h = j * d.G; h < (j + 1) * d.G; ++h) {
+    const std::int64_t hrow = (w.b * d.NH + h) * d.T;
+    for (std::int64_t t0 = w.first; t0 < d.T; t0 += kTile) {
+      stage<E, HS>(qs, qkv, row0 + h * d.hs, C3, t0, d);
+      stage<E, HS>(gs, dout, w.b * d.T * d.C + h * d.hs, d.C, t0, d);
+      if (threadIdx.x < kTile) {
+        const std::int64_t t = t0 + threadIdx.x;
+        ls[threadIdx.x] = t < d.T ? lse[hrow + t] : 0.0f;
+        Ds[threadIdx.x] = t < d.T ? Dsave[hrow + t] : 0.0f;
       }
+      __syncthreads();
+      for (int tt = 0; live && tt < kTile && t0 + tt < d.T; ++tt) {
+        if (t0 + tt < w.r) continue;
+        const float* q = qs + tt * HS;
+        const float* g = gs + tt * HS;
+        float dot = 0.0f, dp = 0.0f;
+        for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
+        for (int i = 0; i < HS; ++i) dp += g[i] * v[i];
+        const float p = expf(dot * d.scale - ls[tt]);
+        const float ds = p * (dp - Ds[tt]) * d.scale;
+        for (int i = 0; i < HS; ++i) {
+          dv[i] += p * g[i];
+          dk[i] += ds * q[i];
+        }
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
   if (!live) return;
   for (int i = 0; i < HS && i < d.hs; ++i) {
-    E::store(dqkv, base + w.r * C3 + d.C + i, dk[i]);
-    E::store(dqkv, base + w.r * C3 + 2 * d.C + i, dv[i]);
+    E::store(dqkv, row0 + w.r * C3 + k_col(d, j) + i, dk[i]);
+    E::store(dqkv, row0 + w.r * C3 + v_col(d, j) + i, dv[i]);
   }
 }
 
-FDims fdims_of(std::int64_t T, std::int64_t C, std::int64_t NH) {
+FDims fdims_of(std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV) {
   const std::int64_t hs = C / NH;
-  return FDims{T, C, NH, hs, 1.0f / sqrtf(static_cast<float>(hs))};
+  return FDims{T, C, NH, NKV, hs, C + 2 * NKV * hs, NH / NKV, 1.0f / sqrtf(static_cast<float>(hs))};
 }
 
 // Calls fn(std::integral_constant<int, HS>) for the head size's bucket.
@@ -219,16 +242,18 @@ void with_head_size(std::int64_t hs, Fn&& fn) {
                                 std::to_string(kFlashMaxHeadSize));
 }
 
-dim3 grid_of(std::int64_t B, std::int64_t T, std::int64_t NH) {
-  return dim3(static_cast<unsigned>((T + kRows - 1) / kRows), static_cast<unsigned>(B * NH));
+// Blocks of kRows rows over B x heads heads (NH query heads or NKV key/value heads).
+dim3 grid_of(std::int64_t B, std::int64_t T, std::int64_t heads) {
+  return dim3(static_cast<unsigned>((T + kRows - 1) / kRows), static_cast<unsigned>(B * heads));
 }
 
 }  // namespace
 
 void flash_attention_forward(const Ctx& cx, void* out, float* lse, const void* qkv, Elem e,
-                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH) {
+                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
+                             std::int64_t NKV) {
   if (B * T * C <= 0) return;
-  const FDims d = fdims_of(T, C, NH);
+  const FDims d = fdims_of(T, C, NH, NKV);
   with_warp(cx.warp, [&](auto w) {
     constexpr int W = decltype(w)::value;
     with_elem(e, [&](auto el) {
@@ -248,9 +273,10 @@ std::size_t flash_attention_backward_workspace(std::int64_t B, std::int64_t T, s
 
 void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const void* qkv,
                               const void* out, const float* lse, Elem e, std::int64_t B,
-                              std::int64_t T, std::int64_t C, std::int64_t NH, void* workspace) {
+                              std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV,
+                              void* workspace) {
   if (B * T * C <= 0) return;
-  const FDims d = fdims_of(T, C, NH);
+  const FDims d = fdims_of(T, C, NH, NKV);
   auto* D = static_cast<float*>(workspace);
   with_warp(cx.warp, [&](auto w) {
     constexpr int W = decltype(w)::value;
@@ -260,8 +286,8 @@ void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const
         constexpr int HS = decltype(hsz)::value;
         launch<W>(CT_KERNEL(flash_backward_query_kernel<W, E, HS>), grid_of(B, T, NH), dim3(kRows),
                   0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
-        launch<W>(CT_KERNEL(flash_backward_key_kernel<W, E, HS>), grid_of(B, T, NH), dim3(kRows), 0,
-                  stream_of(cx), dqkv, static_cast<const float*>(D), dout, qkv, lse, d);
+        launch<W>(CT_KERNEL(flash_backward_key_kernel<W, E, HS>), grid_of(B, T, NKV), dim3(kRows),
+                  0, stream_of(cx), dqkv, static_cast<const float*>(D), dout, qkv, lse, d);
       });
     });
   });
