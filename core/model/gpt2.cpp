@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/model/model_util.h"
 #include "core/philox.h"
 
 namespace ct {
@@ -18,17 +19,9 @@ namespace ct {
 
 std::vector<ParamInfo> gpt2_param_table(const GPT2Config& cfg) {
   const int64_t C = cfg.n_embd, V = cfg.vocab_size, maxT = cfg.block_size;
-  std::vector<ParamInfo> table;
-  int64_t offset = 0;
+  model_util::TableBuilder table;
   auto add = [&](const std::string& name, Shape shape, bool decay) {
-    ParamInfo p;
-    p.name = name;
-    p.shape = shape;
-    p.offset = offset;
-    p.numel = shape.numel();
-    p.decay = decay;
-    offset += p.numel;
-    table.push_back(std::move(p));
+    table.add(name, shape, decay);
   };
   auto h = [](int l, const char* rest) { return "h." + std::to_string(l) + "." + rest; };
 
@@ -54,7 +47,7 @@ std::vector<ParamInfo> gpt2_param_table(const GPT2Config& cfg) {
   }
   add("ln_f.weight", {C}, false);
   add("ln_f.bias", {C}, false);
-  return table;
+  return table.take();
 }
 
 namespace {
@@ -99,18 +92,24 @@ GPT2::GPT2(Device& device, const GPT2Config& config, bool with_grads, const GPT2
   }
 }
 
+std::string GPT2::config_mismatch(const nlohmann::json& saved_json) const {
+  if (!saved_json.is_object() || saved_json.value("model_type", "gpt2") != "gpt2")
+    return "a " + saved_json.value("model_type", std::string("?")) + " model, not this run's gpt2";
+  GPT2Config saved = GPT2Config::from_hf_json(saved_json);
+  // The special token ids name tokens, not shapes (and older checkpoints have none).
+  saved.bos_token_id = config_.bos_token_id;
+  saved.eos_token_id = config_.eos_token_id;
+  if (saved == config_) return "";
+  return "a different model (" + saved.str() + ") than this run's (" + config_.str() + ")";
+}
+
+bool GPT2::is_ignored_buffer(const std::string& name) const {
+  return name.find(".attn.bias") != std::string::npos ||
+         name.find(".attn.masked_bias") != std::string::npos;
+}
+
 void GPT2::check_policy() const {
   const PrecisionPolicy& pp = options_.policy;
-  const DType want = pp.precision == Precision::kFp16   ? DType::f16
-                     : pp.precision == Precision::kBf16 ? DType::bf16
-                                                        : DType::f32;
-  // The LM head multiplies activations by weights, and matmul wants a and b of one dtype.
-  if (pp.compute != want || pp.activations != want)
-    fail(ErrorKind::kInvalidArgument,
-         "GPT-2 precision policy " + pp.name() + " needs compute and activation dtype " +
-             dtype_name(want) + ", got " + dtype_name(pp.compute) + " / " +
-             dtype_name(pp.activations) + " (use PrecisionPolicy::make)");
-  if (!pp.mixed()) return;
   const std::pair<OpKind, const char*> needed[] = {{OpKind::kCopy, "copy"},
                                                    {OpKind::kAdd, "add"},
                                                    {OpKind::kLayerNorm, "layernorm"},
@@ -119,11 +118,7 @@ void GPT2::check_policy() const {
                                                    {OpKind::kAttention, "attention"},
                                                    {OpKind::kGelu, "gelu"},
                                                    {OpKind::kCrossEntropy, "crossentropy"}};
-  for (const auto& [op, name] : needed)
-    if (!device_.supports(op, want))
-      fail(ErrorKind::kUnsupported, "--" + pp.name() + ": device " + device_.info().id() + " (" +
-                                        device_.info().name + ") has no " + dtype_name(want) + " " +
-                                        name + " op");
+  const DType want = model_util::check_policy(device_, pp, "GPT-2", needed);
   if (base16() && !device_.supports(OpKind::kEmbedding, want))
     fail(ErrorKind::kUnsupported, "--" + pp.name() + " with LoRA: device " + device_.info().id() +
                                       " has no embedding op with " + dtype_name(want) +
@@ -271,11 +266,7 @@ std::vector<float> GPT2::download_grads() const {
 }
 
 std::map<std::string, std::vector<float>> GPT2::download_param_map() const {
-  std::vector<float> flat = download_params();
-  std::map<std::string, std::vector<float>> named;
-  for (const ParamInfo& p : table_)
-    named[p.name] = std::vector<float>(flat.begin() + p.offset, flat.begin() + p.offset + p.numel);
-  return named;
+  return model_util::split(table_, download_params());
 }
 
 void GPT2::upload_params(const std::vector<float>& flat) {
@@ -296,98 +287,7 @@ void GPT2::upload_params(const std::vector<float>& flat) {
 }
 
 void GPT2::upload_params(const std::map<std::string, std::vector<float>>& named) {
-  for (const auto& [name, values] : named) {
-    if (!index_.count(name))
-      fail(ErrorKind::kInvalidArgument, "upload_params: unknown parameter '" + name + "'");
-  }
-  std::vector<float> flat(static_cast<size_t>(num_params_));
-  for (const ParamInfo& p : table_) {
-    auto it = named.find(p.name);
-    if (it == named.end())
-      fail(ErrorKind::kInvalidArgument, "upload_params: missing parameter '" + p.name + "'");
-    if (static_cast<int64_t>(it->second.size()) != p.numel)
-      fail(ErrorKind::kInvalidArgument,
-           "upload_params: '" + p.name + "' has " + std::to_string(it->second.size()) +
-               " values, expected " + std::to_string(p.numel) + " for shape " + p.shape.str());
-    std::copy(it->second.begin(), it->second.end(), flat.begin() + p.offset);
-  }
-  upload_params(flat);
-}
-
-namespace {
-
-// One token from a row of logits: greedy at temperature <= 0, else softmax(logits / temperature)
-// restricted to the top_k largest (all if top_k <= 0), sampled by inverse CDF at u in (0,1).
-int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt, float u) {
-  const int V = static_cast<int>(logits.size());
-  if (opt.temperature <= 0.0f)
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  float threshold = -INFINITY;
-  if (opt.top_k > 0 && opt.top_k < V) {
-    std::vector<float> sorted = logits;
-    std::nth_element(sorted.begin(), sorted.begin() + (opt.top_k - 1), sorted.end(),
-                     std::greater<float>());
-    threshold = sorted[static_cast<size_t>(opt.top_k - 1)];
-  }
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> p(static_cast<size_t>(V), 0.0);
-  double total = 0.0;
-  for (int i = 0; i < V; ++i) {
-    if (logits[i] < threshold) continue;
-    p[i] = std::exp((static_cast<double>(logits[i]) - max_logit) / opt.temperature);
-    total += p[i];
-  }
-  double target = static_cast<double>(u) * total, cdf = 0.0;
-  int32_t last = 0;
-  for (int i = 0; i < V; ++i) {
-    if (p[i] == 0.0) continue;
-    cdf += p[i];
-    last = i;
-    if (target < cdf) return i;
-  }
-  return last;  // rounding at the very top of the CDF
-}
-
-}  // namespace
-
-std::vector<int32_t> GPT2::generate(const std::vector<int32_t>& prompt, int n,
-                                    const SampleOptions& options) {
-  CT_REQUIRE(!prompt.empty(), "generate: the prompt must hold at least one token");
-  CT_REQUIRE(n >= 0, "generate: negative token count");
-  for (int32_t t : prompt)
-    CT_REQUIRE(t >= 0 && t < config_.vocab_size, "generate: prompt token " + std::to_string(t) +
-                                                     " outside the vocabulary [0, " +
-                                                     std::to_string(config_.vocab_size) + ")");
-  const int V = config_.vocab_size;
-  const int window = static_cast<int>(
-      std::min<int64_t>(config_.block_size, static_cast<int64_t>(prompt.size()) + n));
-  if (max_b_ < 1 || max_t_ < window)
-    allocate_activations(std::max(1, max_b_), std::max(window, max_t_));
-  Tensor tokens = device_.empty({window}, DType::i32, MemCategory::kActivations);
-  // 16-bit logits are widened on the device before the one row is read back.
-  Tensor row32;
-  if (logits_.dtype != DType::f32)
-    row32 = device_.empty({V}, DType::f32, MemCategory::kActivations);
-
-  std::vector<int32_t> context = prompt, out;
-  std::vector<float> row(static_cast<size_t>(V));
-  Philox rng(options.seed, 0);
-  for (int i = 0; i < n; ++i) {
-    const int T = static_cast<int>(std::min<size_t>(context.size(), config_.block_size));
-    Tensor tok = tokens.slice_flat(0, {1, T});
-    device_.upload(tok, context.data() + (context.size() - T), sizeof(int32_t) * T);
-    forward(tok, nullptr, 1, T);
-    Tensor last = logits_.slice_flat(int64_t{T - 1} * V, {V});
-    if (row32.defined()) {
-      device_.copy(row32, last);
-      last = row32;
-    }
-    device_.download(row.data(), last, sizeof(float) * V);
-    int32_t next = sample_token(row, options, rng.uniform(static_cast<uint64_t>(i)));
-    context.push_back(next);
-    out.push_back(next);
-  }
-  return out;
+  upload_params(model_util::flatten(table_, num_params_, named));
 }
 
 }  // namespace ct

@@ -39,28 +39,14 @@
 #include "core/amp/precision.h"
 #include "core/device.h"
 #include "core/model/config.h"
+#include "core/model/model.h"
 #include "core/tensor.h"
 
 namespace ct {
 
-// One row of the parameter table.
-struct ParamInfo {
-  std::string name;  // HF name: "wte.weight", "h.3.attn.c_attn.weight", "ln_f.bias"
-  Shape shape;
-  int64_t offset = 0;  // in elements, into params_flat() / grads_flat()
-  int64_t numel = 0;
-  bool decay = false;  // matmul weights and embeddings: yes; biases and LayerNorm: no
-};
-
 // The parameter table for a config, in flat-buffer order (also the init order: tensor k of this
 // table draws from Philox stream k).
 std::vector<ParamInfo> gpt2_param_table(const GPT2Config& config);
-
-struct SampleOptions {
-  float temperature = 1.0f;  // <= 0: greedy (argmax)
-  int top_k = 0;             // > 0: sample among the k most likely tokens only
-  uint64_t seed = 0;         // Philox seed; draw i of a call uses element i of stream 0
-};
 
 struct LoraOptions {
   int r = 0;           // rank; 0: no adapters (every parameter trains)
@@ -90,7 +76,7 @@ struct GPT2Options {
   LoraOptions lora;
 };
 
-class GPT2 {
+class GPT2 final : public Model {
  public:
   // Allocates parameters (kWeights; with a 16-bit policy also the compute copy) and, if
   // with_grads, gradients (kGrads); all uninitialised until init() / upload_params() /
@@ -103,7 +89,15 @@ class GPT2 {
 
   const GPT2Config& config() const { return config_; }
   const GPT2Options& options() const { return options_; }
-  Device& device() const { return device_; }
+  Device& device() const override { return device_; }
+  std::string model_type() const override { return "gpt2"; }
+  int block_size() const override { return config_.block_size; }
+  int vocab_size() const override { return config_.vocab_size; }
+  nlohmann::json hf_config() const override { return config_.to_hf_json(); }
+  std::string config_str() const override { return config_.str(); }
+  std::string config_mismatch(const nlohmann::json& saved) const override;
+  std::string tied_head_source() const override { return "wte.weight"; }
+  bool is_ignored_buffer(const std::string& name) const override;
 
   // GPT-2 initialisation, identical on every backend and in scripts/torch_gpt2.py: element j of
   // table tensor k = 0.02 * Philox(seed, k).normal(j) for matrices and embeddings (residual
@@ -112,13 +106,13 @@ class GPT2 {
   // (in table order) draws from Philox stream params().size() + k: every lora_A uniform in
   // +-1/sqrt(in) (PEFT's kaiming_uniform(a=sqrt(5)) bound), every lora_B zero, so the adapted
   // model starts as the base.
-  void init(uint64_t seed);
+  void init(uint64_t seed) override;
 
   // Activation (and backward scratch) buffers for batches up to max_batch x max_seq
   // (max_seq <= block_size). forward() grows them on demand; call this up front to fix the peak.
-  void allocate_activations(int max_batch, int max_seq);
-  int max_batch() const { return max_b_; }
-  int max_seq() const { return max_t_; }
+  void allocate_activations(int max_batch, int max_seq) override;
+  int max_batch() const override { return max_b_; }
+  int max_seq() const override { return max_t_; }
   // Bytes of MemCategory::kActivations that allocate_activations(B, T) allocates for this config
   // and options (with_grads: including the backward scratch), counted from the list of tensors
   // and their dtypes, independently of the allocation code.
@@ -130,22 +124,22 @@ class GPT2 {
   // undefined Tensor otherwise); logits() holds [B,T,V]. tokens and targets must stay unchanged
   // until backward() has been enqueued. Reads the compute weights: after the optimizer has
   // changed the master weights, call refresh_compute_weights() first.
-  Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T);
+  Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T) override;
   // Gradients of dloss_scale * (mean loss of the last forward) are ADDED (+=) into
   // grads_flat(), so several forward/backward pairs accumulate; the last forward must have had
   // targets. Overwrites logits() (dlogits is computed in place). dloss_scale carries both the
   // accumulation weight and the fp16 loss scale (the gradients come out multiplied by it).
-  void backward(float dloss_scale = 1.0f);
+  void backward(float dloss_scale = 1.0f) override;
   // grads (=) 0.
-  void zero_grad();
+  void zero_grad() override;
 
   // Views valid after forward: logits [B,T,V] (of dtype policy.activations) and per-position
   // losses [B,T] (f32) of the last call.
-  Tensor logits() const;
-  Tensor losses() const;
+  Tensor logits() const override;
+  Tensor losses() const override;
 
   // Parameters and gradients.
-  const std::vector<ParamInfo>& params() const { return table_; }
+  const std::vector<ParamInfo>& params() const override { return table_; }
   const ParamInfo& param_info(const std::string& name) const;  // kInvalidArgument if unknown
   // [num_parameters] f32 master; undefined when base16() (the base exists in 16 bits only).
   Tensor params_flat() const { return params_; }
@@ -159,13 +153,13 @@ class GPT2 {
   // compute copy (=) master, rounded to nearest even. Call after every change of the master
   // weights made outside this class (the optimizer step); init() and upload_params() call it.
   // A no-op for fp32.
-  void refresh_compute_weights();
+  void refresh_compute_weights() override;
   Tensor grads_flat() const;  // [num_parameters]
   // View with the table shape of what the ops read as the parameter: the f32 master, or when
   // base16() the 16-bit copy (matrices, embeddings) / the widened f32 vectors (no-decay region).
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
-  int64_t num_parameters() const { return num_params_; }
+  int64_t num_parameters() const override { return num_params_; }
   int64_t decay_count() const { return decay_count_; }
   // The two optimizer groups of the full model: [0, decay_count) and [decay_count,
   // num_parameters).
@@ -175,12 +169,14 @@ class GPT2 {
   Tensor grads_no_decay() const;
 
   // What the optimizer updates: every parameter, or with LoRA the adapters only.
-  bool lora() const { return options_.lora.enabled(); }
-  const std::vector<ParamInfo>& trainable_params() const { return lora() ? lora_table_ : table_; }
-  Tensor trainable_flat() const { return lora() ? lora_params_ : params_; }
-  Tensor trainable_grads() const;  // kInvalidArgument without gradients
-  int64_t num_trainable() const { return lora() ? lora_count_ : num_params_; }
-  int64_t trainable_decay_count() const { return lora() ? lora_count_ : decay_count_; }
+  bool lora() const override { return options_.lora.enabled(); }
+  const std::vector<ParamInfo>& trainable_params() const override {
+    return lora() ? lora_table_ : table_;
+  }
+  Tensor trainable_flat() const override { return lora() ? lora_params_ : params_; }
+  Tensor trainable_grads() const override;  // kInvalidArgument without gradients
+  int64_t num_trainable() const override { return lora() ? lora_count_ : num_params_; }
+  int64_t trainable_decay_count() const override { return lora() ? lora_count_ : decay_count_; }
   // The adapter table: "h.<l>.<module>.lora_A.weight" [r, in] and ".lora_B.weight" [out, r],
   // per layer in module order; all weight-decayed (as Hugging Face's Trainer decays them).
   const std::vector<ParamInfo>& lora_params() const { return lora_table_; }
@@ -194,24 +190,19 @@ class GPT2 {
   // kLoraDropoutStream + (draw * n_layer + l) * 4 + m, so a backward (and the recomputation of
   // gradient checkpointing) sees the forward's mask and a resumed run the same masks; draw < 0
   // (the default, as for evaluation) turns it off. The trainer numbers its micro-batches.
-  void set_lora_dropout_draw(uint64_t seed, int64_t draw) {
+  void set_lora_dropout_draw(uint64_t seed, int64_t draw) override {
     lora_dropout_seed_ = seed;
     lora_dropout_draw_ = draw;
   }
   static constexpr uint64_t kLoraDropoutStream = uint64_t{1} << 48;
 
   // Host copies for checkpoints and tests (these wait for the device).
-  std::vector<float> download_params() const;
+  std::vector<float> download_params() const override;
   std::vector<float> download_grads() const;
-  std::map<std::string, std::vector<float>> download_param_map() const;
+  std::map<std::string, std::vector<float>> download_param_map() const override;
   void upload_params(const std::vector<float>& flat);
   // Every table name must be present with the right element count; unknown names are errors.
-  void upload_params(const std::map<std::string, std::vector<float>>& named);
-
-  // Samples n tokens after `prompt` (non-empty) and returns them (prompt excluded). Each step
-  // runs forward on the last block_size tokens and downloads only the last position's logits.
-  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int n,
-                                const SampleOptions& options = {});
+  void upload_params(const std::map<std::string, std::vector<float>>& named) override;
 
  private:
   // A block's internal activations; one set per layer, or one shared set with checkpointing.
@@ -266,7 +257,6 @@ class GPT2 {
   // The dropped-out input of module (l, m) in lora_x_ (x itself when dropout is off).
   Tensor lora_input(int l, int m, const Tensor& x) const;
   void init_lora(uint64_t seed);
-  void check_batch(const Tensor& t, int B, int T, const char* what) const;
 
   Device& device_;
   GPT2Config config_;

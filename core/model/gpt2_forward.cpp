@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/model/gpt2.h"
 #include "core/model/gpt2_internal.h"
+#include "core/model/model_util.h"
 
 namespace ct {
 
@@ -20,14 +21,6 @@ Tensor GPT2::logits() const {
 Tensor GPT2::losses() const {
   CT_REQUIRE(cur_b_ > 0 && have_targets_, "losses() needs a forward() with targets");
   return view(losses_, {cur_b_, cur_t_});
-}
-
-void GPT2::check_batch(const Tensor& t, int B, int T, const char* what) const {
-  CT_REQUIRE(
-      t.defined() && t.dtype == DType::i32 && t.is_contiguous() && t.numel() == int64_t{B} * T,
-      std::string(what) + " must be a contiguous i32 tensor of " + std::to_string(B) + "x" +
-          std::to_string(T) + " elements, got " +
-          (t.defined() ? t.describe() : std::string("none")));
 }
 
 // =============================================================================================
@@ -101,8 +94,8 @@ Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) 
   CT_REQUIRE(T >= 1 && T <= config_.block_size, "sequence length " + std::to_string(T) +
                                                     " outside [1, block_size " +
                                                     std::to_string(config_.block_size) + "]");
-  check_batch(tokens, B, T, "tokens");
-  if (targets) check_batch(*targets, B, T, "targets");
+  model_util::check_token_batch(tokens, B, T, "tokens");
+  if (targets) model_util::check_token_batch(*targets, B, T, "targets");
   if (B > max_b_ || T > max_t_) allocate_activations(std::max(B, max_b_), std::max(T, max_t_));
 
   const int64_t C = config_.n_embd, V = config_.vocab_size;

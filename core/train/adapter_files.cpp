@@ -167,7 +167,12 @@ void load_adapter(const std::string& dir, GPT2& model) {
 void merge_lora(const std::string& base_dir, const std::string& adapter_dir,
                 const std::string& output_dir) {
   const LoraOptions lo = read_adapter_config(adapter_dir);
-  const GPT2Config config = read_model_config(base_dir);
+  const ModelConfig base_config = read_model_config(base_dir);
+  if (base_config.is_llama())
+    fail(ErrorKind::kInvalidArgument,
+         base_dir + ": merge-lora: LoRA is implemented for GPT-2 only so far, this base is a " +
+             base_config.model_type());
+  const GPT2Config& config = base_config.gpt2();
   auto device = open_device("cpu");
   GPT2Options opts;
   opts.lora = lo;

@@ -31,7 +31,7 @@ namespace {
 const char* kPrefix = "checkpoint-";
 // The files whose SHA-256 trainer_state.json records: the weights (the adapters with LoRA),
 // the optimizer state and the config.
-std::vector<std::string> hashed_files(const GPT2& model) {
+std::vector<std::string> hashed_files(const Model& model) {
   if (model.lora())
     return {kAdapterWeights, kAdapterConfig, "optimizer.safetensors", "config.json"};
   return {"model.safetensors", "optimizer.safetensors", "config.json"};
@@ -227,7 +227,7 @@ std::vector<std::string> list_checkpoints(const std::string& output_dir) {
   return out;
 }
 
-std::string save_checkpoint(const std::string& output_dir, int64_t step, const GPT2& model,
+std::string save_checkpoint(const std::string& output_dir, int64_t step, const Model& model,
                             const Optimizer& optimizer, nlohmann::json trainer_state,
                             int save_total_limit, const std::string& tokenizer_dir,
                             const std::string& base_model) {
@@ -237,8 +237,8 @@ std::string save_checkpoint(const std::string& output_dir, int64_t step, const G
   std::error_code ec;
   try {
     if (model.lora()) {
-      save_adapter(tmp.string(), model, base_model);
-      write_json_file((tmp / "config.json").string(), model.config().to_hf_json());
+      save_adapter(tmp.string(), dynamic_cast<const GPT2&>(model), base_model);
+      write_json_file((tmp / "config.json").string(), model.hf_config());
       if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, tmp.string());
     } else {
       save_model(tmp.string(), model, tokenizer_dir);  // model.safetensors, config.json, tokenizer
@@ -289,7 +289,7 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
   return spec;
 }
 
-nlohmann::json load_checkpoint(const std::string& dir, GPT2& model, Optimizer& optimizer) {
+nlohmann::json load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer) {
   fs::path d(dir);
   std::string state_path = (d / "trainer_state.json").string();
   if (!fs::exists(d / kCheckpointMarker))
@@ -316,24 +316,21 @@ nlohmann::json load_checkpoint(const std::string& dir, GPT2& model, Optimizer& o
       fail(ErrorKind::kInvalidArgument,
            p + ": SHA-256 mismatch (the file is corrupt, truncated or was modified)");
   }
-  GPT2Config saved = GPT2Config::from_hf_json(read_json_file((d / "config.json").string()));
-  // The special token ids name tokens, not shapes (and older checkpoints have none).
-  saved.bos_token_id = model.config().bos_token_id;
-  saved.eos_token_id = model.config().eos_token_id;
-  if (!(saved == model.config()))
-    fail(ErrorKind::kInvalidArgument, (d / "config.json").string() +
-                                          ": the checkpoint is a different model (" + saved.str() +
-                                          ") than this run's (" + model.config().str() + ")");
+  const std::string mismatch = model.config_mismatch(read_json_file((d / "config.json").string()));
+  if (!mismatch.empty())
+    fail(ErrorKind::kInvalidArgument,
+         (d / "config.json").string() + ": the checkpoint is " + mismatch);
   if (model.lora()) {
+    GPT2& gpt2 = dynamic_cast<GPT2&>(model);  // the one family with adapters
     const LoraOptions saved_lora = read_adapter_config(dir);
-    const LoraOptions& lo = model.options().lora;
+    const LoraOptions& lo = gpt2.options().lora;
     if (saved_lora.r != lo.r || saved_lora.alpha != lo.alpha ||
         saved_lora.target_modules != lo.target_modules)
       fail(ErrorKind::kInvalidArgument,
            (d / kAdapterConfig).string() + ": the checkpoint's LoRA (r " +
                std::to_string(saved_lora.r) + ") differs from this run's (r " +
                std::to_string(lo.r) + "), or its alpha or target modules do");
-    load_adapter(dir, model);
+    load_adapter(dir, gpt2);
   } else {
     load_weights((d / "model.safetensors").string(), model);
   }

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model/gpt2.h"
+#include "core/model/model.h"
 #include "core/train/optimizer.h"
 
 namespace ct {
@@ -28,7 +28,7 @@ inline constexpr const char* kCheckpointMarker = "COMPLETE";
 // The tokenizer files of `tokenizer_dir` (when not empty) are copied in beside the weights.
 // A model with LoRA saves its adapters (adapter_model.safetensors, adapter_config.json naming
 // `base_model`) instead of model.safetensors. Returns the checkpoint's path.
-std::string save_checkpoint(const std::string& output_dir, int64_t step, const GPT2& model,
+std::string save_checkpoint(const std::string& output_dir, int64_t step, const Model& model,
                             const Optimizer& optimizer, nlohmann::json trainer_state,
                             int save_total_limit, const std::string& tokenizer_dir = "",
                             const std::string& base_model = "");
@@ -67,6 +67,6 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
 // Verifies every file's SHA-256 and that the checkpoint's model config equals model.config(),
 // then loads weights and optimizer state. Returns the trainer state. Errors name the file and
 // what is wrong (missing, corrupt, truncated, modified, a different model).
-nlohmann::json load_checkpoint(const std::string& dir, GPT2& model, Optimizer& optimizer);
+nlohmann::json load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer);
 
 }  // namespace ct

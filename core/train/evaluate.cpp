@@ -7,7 +7,7 @@
 
 namespace ct {
 
-EvalResult evaluate(GPT2& model, std::span<const int32_t> tokens, int T, int batch,
+EvalResult evaluate(Model& model, std::span<const int32_t> tokens, int T, int batch,
                     int64_t max_batches) {
   Device& dev = model.device();
   EvalResult r;

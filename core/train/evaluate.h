@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <span>
 
-#include "core/model/gpt2.h"
+#include "core/model/model.h"
 
 namespace ct {
 
@@ -17,7 +17,7 @@ struct EvalResult {
 // Window k: inputs t[kT, kT+T), targets t[kT+1, kT+T+1); only windows that fit. Runs batches
 // of up to `batch` windows; max_batches > 0 caps how many batches are run (0 = all).
 // `model` must have activations for at least batch x T.
-EvalResult evaluate(GPT2& model, std::span<const int32_t> tokens, int T, int batch,
+EvalResult evaluate(Model& model, std::span<const int32_t> tokens, int T, int batch,
                     int64_t max_batches = 0);
 
 }  // namespace ct

@@ -20,11 +20,6 @@ namespace {
 
 constexpr const char* kPrefix = "transformer.";
 
-bool is_mask_buffer(const std::string& name) {
-  return name.find(".attn.bias") != std::string::npos ||
-         name.find(".attn.masked_bias") != std::string::npos;
-}
-
 // The name without the "transformer." prefix GPT2LMHeadModel gives its body.
 std::string bare_name(const std::string& name) {
   return name.rfind(kPrefix, 0) == 0 ? name.substr(std::strlen(kPrefix)) : name;
@@ -86,8 +81,8 @@ std::vector<float> read_as_f32(const WeightFiles::Entry& e) {
   return v;
 }
 
-void load_from(const WeightFiles& files, const std::string& where, GPT2& model) {
-  const GPT2Config& config = model.config();
+void load_from(const WeightFiles& files, const std::string& where, Model& model) {
+  const std::string tied = model.tied_head_source();
   std::map<std::string, std::vector<float>> named;
   for (const ParamInfo& p : model.params()) {
     const WeightFiles::Entry* e = files.find(p.name);
@@ -101,28 +96,28 @@ void load_from(const WeightFiles& files, const std::string& where, GPT2& model) 
     named.emplace(p.name, read_as_f32(*e));
   }
   for (const auto& [bare, e] : files.all()) {
-    if (named.count(bare) != 0 || is_mask_buffer(bare)) continue;
-    if (bare == "lm_head.weight") {
-      // Tied: the head is wte (transformers saves it once; torch.save-style files twice).
-      const std::vector<float>& wte = named.at("wte.weight");
-      if (e.file->info(e.name).to_shape() !=
-              files.find("wte.weight")->file->info(files.find("wte.weight")->name).to_shape() ||
-          read_as_f32(e) != wte)
+    if (named.count(bare) != 0 || model.is_ignored_buffer(bare)) continue;
+    if (bare == "lm_head.weight" && !tied.empty()) {
+      // Tied: the head is the embedding (transformers saves it once; torch.save-style files
+      // twice).
+      const WeightFiles::Entry* emb = files.find(tied);
+      if (e.file->info(e.name).to_shape() != emb->file->info(emb->name).to_shape() ||
+          read_as_f32(e) != named.at(tied))
         fail(ErrorKind::kInvalidArgument,
-             e.file->path() + ": tensor '" + e.name +
-                 "' differs from wte.weight: an untied LM head (tie_word_embeddings false) "
-                 "is not supported");
+             e.file->path() + ": tensor '" + e.name + "' differs from " + tied +
+                 ": the config ties the LM head to the embedding (tie_word_embeddings true)");
       continue;
     }
-    fail(ErrorKind::kInvalidArgument,
-         e.file->path() + ": tensor '" + e.name + "' is not part of a GPT-2 with " + config.str());
+    fail(ErrorKind::kInvalidArgument, e.file->path() + ": tensor '" + e.name +
+                                          "' is not part of a " + model.model_type() + " with " +
+                                          model.config_str());
   }
   model.upload_params(named);
 }
 
 }  // namespace
 
-void save_model(const std::string& dir, const GPT2& model, const std::string& tokenizer_dir) {
+void save_model(const std::string& dir, const Model& model, const std::string& tokenizer_dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail(ErrorKind::kIo, "cannot create output folder '" + dir + "': " + ec.message());
@@ -138,7 +133,7 @@ void save_model(const std::string& dir, const GPT2& model, const std::string& to
     tensors.push_back(std::move(t));
   }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  write_json_file((fs::path(dir) / "config.json").string(), model.config().to_hf_json());
+  write_json_file((fs::path(dir) / "config.json").string(), model.hf_config());
   if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, dir);
 }
 
@@ -152,7 +147,7 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
   }
 }
 
-GPT2Config read_model_config(const std::string& dir, std::string* notice) {
+ModelConfig read_model_config(const std::string& dir, std::string* notice) {
   if (!fs::is_directory(dir))
     fail(ErrorKind::kInvalidArgument, "model folder '" + dir + "' is not a folder");
   const std::string config_path = (fs::path(dir) / "config.json").string();
@@ -164,8 +159,8 @@ GPT2Config read_model_config(const std::string& dir, std::string* notice) {
              dir + " --output-dir MERGED)");
   try {
     nlohmann::json j = read_json_file(config_path);
-    GPT2Config config = GPT2Config::from_hf_json(j);
-    if (notice != nullptr) *notice = GPT2Config::dropout_notice(j);
+    ModelConfig config = ModelConfig::from_hf_json(j);
+    if (notice != nullptr) *notice = config.is_llama() ? "" : GPT2Config::dropout_notice(j);
     return config;
   } catch (const Error& e) {
     fail(e.kind() == ErrorKind::kIo ? ErrorKind::kInvalidArgument : e.kind(),
@@ -173,14 +168,14 @@ GPT2Config read_model_config(const std::string& dir, std::string* notice) {
   }
 }
 
-std::unique_ptr<GPT2> load_model(const std::string& dir, Device& device) {
-  GPT2Config config = read_model_config(dir);
-  auto model = std::make_unique<GPT2>(device, config, /*with_grads=*/false);
+std::unique_ptr<Model> load_model(const std::string& dir, Device& device) {
+  const ModelConfig config = read_model_config(dir);
+  std::unique_ptr<Model> model = make_model(device, config, /*with_grads=*/false);
   load_weights_from_folder(dir, *model);
   return model;
 }
 
-void load_weights_from_folder(const std::string& dir, GPT2& model) {
+void load_weights_from_folder(const std::string& dir, Model& model) {
   const fs::path single = fs::path(dir) / "model.safetensors";
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(single) || !fs::exists(index)) {
@@ -218,7 +213,7 @@ void load_weights_from_folder(const std::string& dir, GPT2& model) {
   load_from(files, index.string(), model);
 }
 
-void load_weights(const std::string& weights_path, GPT2& model) {
+void load_weights(const std::string& weights_path, Model& model) {
   WeightFiles files;
   files.add(open_safetensors(weights_path));
   load_from(files, weights_path, model);

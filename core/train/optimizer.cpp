@@ -60,7 +60,7 @@ struct ParamSet {
   int64_t n = 0, decay_count = 0;
   const std::vector<ParamInfo>* table = nullptr;
 
-  static ParamSet of(GPT2& m) {
+  static ParamSet of(Model& m) {
     return {&m.device(),       m.trainable_flat(),        m.trainable_grads(),
             m.num_trainable(), m.trainable_decay_count(), &m.trainable_params()};
   }
@@ -75,7 +75,7 @@ class FusedOptimizer : public Optimizer {
  public:
   FusedOptimizer(const ParamSet& ps, const OptimizerSettings& s) : ps_(ps), s_(s) {}
   std::string name() const override { return optim_name(s_.kind); }
-  void step(GPT2& model, const Tensor& grad_norm, double lr, int64_t step) override {
+  void step(Model& model, const Tensor& grad_norm, double lr, int64_t step) override {
     update(ParamSet::of(model), grad_norm, lr, step);
   }
   std::vector<NamedTensor> state() const override { return state_; }
@@ -449,7 +449,7 @@ class UpdateWorker {
 // weights nor state, as with the synchronous optimizer.
 class Offloaded final : public Optimizer {
  public:
-  Offloaded(GPT2& model, const OptimizerSettings& s) : host_(open_device("cpu")) {
+  Offloaded(Model& model, const OptimizerSettings& s) : host_(open_device("cpu")) {
     const int64_t n = model.num_trainable();
     ParamSet ps;
     ps.dev = host_.get();
@@ -468,7 +468,7 @@ class Offloaded final : public Optimizer {
   // tensors it writes go: also when the trainer unwinds from an exception.
   std::string name() const override { return inner_->name(); }
 
-  void step(GPT2& model, const Tensor& grad_norm, double lr, int64_t step) override {
+  void step(Model& model, const Tensor& grad_norm, double lr, int64_t step) override {
     Device& dev = model.device();
     const size_t bytes = static_cast<size_t>(host_ps_.n) * sizeof(float);
     staging_.resize(static_cast<size_t>(host_ps_.n));
@@ -506,7 +506,7 @@ class Offloaded final : public Optimizer {
     resumed_at_ = Clock::now();  // the trainer goes on with the next step from here
   }
 
-  bool finish(GPT2& model) override {
+  bool finish(Model& model) override {
     if (!in_flight_) {
       warm_ = false;
       return false;
@@ -564,7 +564,7 @@ class Offloaded final : public Optimizer {
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(GPT2& model, const OptimizerSettings& settings) {
+std::unique_ptr<Optimizer> make_optimizer(Model& model, const OptimizerSettings& settings) {
   if (settings.kind == OptimKind::kSgd)
     CT_REQUIRE(!settings.nesterov || (settings.momentum > 0 && settings.dampening == 0),
                "--sgd-nesterov needs --sgd-momentum > 0 and --sgd-dampening 0");
@@ -572,7 +572,7 @@ std::unique_ptr<Optimizer> make_optimizer(GPT2& model, const OptimizerSettings& 
   return make_fused(ParamSet::of(model), settings);
 }
 
-std::unique_ptr<Optimizer> make_adamw(GPT2& model, const OptimizerSettings& settings) {
+std::unique_ptr<Optimizer> make_adamw(Model& model, const OptimizerSettings& settings) {
   OptimizerSettings s = settings;
   s.kind = OptimKind::kAdamW;
   return make_optimizer(model, s);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/device.h"
-#include "core/model/gpt2.h"
+#include "core/model/model.h"
 
 namespace ct {
 
@@ -76,7 +76,7 @@ class Optimizer {
   // global gradient norm (read when clipping); `step` is 1-based; `lr` this step's rate. With
   // delayed_update the update may still be running when this returns (see finish()); the
   // gradients have been copied out by then, so the caller may zero them.
-  virtual void step(GPT2& model, const Tensor& grad_norm, double lr, int64_t step) = 0;
+  virtual void step(Model& model, const Tensor& grad_norm, double lr, int64_t step) = 0;
   // Every state tensor, for checkpoints.
   virtual std::vector<NamedTensor> state() const = 0;
   // Bytes of optimizer state (MemCategory::kOptimizer), wherever it lives.
@@ -88,7 +88,7 @@ class Optimizer {
   // end of training); the next step() is synchronous again. Returns whether the model's master
   // weights changed (the caller then calls model.refresh_compute_weights()). Rethrows an error
   // of the background update. A no-op returning false for synchronous optimizers.
-  virtual bool finish(GPT2& model) {
+  virtual bool finish(Model& model) {
     (void)model;
     return false;
   }
@@ -99,9 +99,9 @@ class Optimizer {
 // as MemCategory::kOptimizer. Bytes per parameter: AdamW 8; 8-bit AdamW 2 + 8/256 (tensors of
 // >= min_8bit_size elements; 8 for the rest); Adafactor 4 (R + C) per matrix [R, C] and 4 per
 // element of a 1-D tensor (plus 4 per element with beta1); Lion 4; SGD 4 with momentum, else 0.
-std::unique_ptr<Optimizer> make_optimizer(GPT2& model, const OptimizerSettings& settings);
+std::unique_ptr<Optimizer> make_optimizer(Model& model, const OptimizerSettings& settings);
 
 // AdamW (PyTorch semantics): fp32 first and second moments, 8 bytes per parameter.
-std::unique_ptr<Optimizer> make_adamw(GPT2& model, const OptimizerSettings& settings);
+std::unique_ptr<Optimizer> make_adamw(Model& model, const OptimizerSettings& settings);
 
 }  // namespace ct

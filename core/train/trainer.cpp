@@ -18,6 +18,7 @@
 #include "core/data/token_file.h"
 #include "core/error.h"
 #include "core/model/gpt2.h"
+#include "core/model/model_config.h"
 #include "core/registry.h"
 #include "core/train/adapter_files.h"
 #include "core/train/checkpoint.h"
@@ -100,40 +101,43 @@ void validate_args(const TrainArgs& a) {
 
 // The model a run trains, the sequence length it trains at, and the tokenizer of its text.
 struct ModelSource {
-  GPT2Config config;
+  ModelConfig config;
   int seq_len = 0;
   std::unique_ptr<TextTokenizer> tokenizer;
   std::string pretrained;  // the --model-name-or-path folder, or empty (random init)
   std::string notice;      // printed before training (dropout not applied, ...)
 };
 
-GPT2Config resolve_config(const TrainArgs& a) {
-  GPT2Config c = GPT2Config::preset(a.model);
+ModelConfig resolve_config(const TrainArgs& a) {
+  ModelConfig mc = ModelConfig::preset(a.model);
   auto override_dim = [](int v, int& field, const char* flag) {
     if (v < 0)
       fail(ErrorKind::kInvalidArgument,
            std::string(flag) + " " + std::to_string(v) + ": must be > 0");
     if (v > 0) field = v;
   };
-  override_dim(a.n_layer, c.n_layer, "--n-layer");
-  override_dim(a.n_head, c.n_head, "--n-head");
-  override_dim(a.n_embd, c.n_embd, "--n-embd");
-  override_dim(a.block_size, c.block_size, "--block-size");
-  override_dim(a.vocab_size, c.vocab_size, "--vocab-size");
-  c.validate();
-  if (c.bos_token_id >= c.vocab_size) c.bos_token_id = -1;
-  if (c.eos_token_id >= c.vocab_size) c.eos_token_id = -1;
-  if (c.vocab_size < 256)
-    fail(ErrorKind::kInvalidArgument, "--vocab-size " + std::to_string(c.vocab_size) +
+  auto apply = [&](auto& c) {  // the fields both families name alike
+    override_dim(a.n_layer, c.n_layer, "--n-layer");
+    override_dim(a.n_head, c.n_head, "--n-head");
+    override_dim(a.n_embd, c.n_embd, "--n-embd");
+    override_dim(a.block_size, c.block_size, "--block-size");
+    override_dim(a.vocab_size, c.vocab_size, "--vocab-size");
+    c.validate();
+    if (c.bos_token_id >= c.vocab_size) c.bos_token_id = -1;
+    if (c.eos_token_id >= c.vocab_size) c.eos_token_id = -1;
+  };
+  std::visit(apply, mc.config);
+  if (mc.vocab_size() < 256)
+    fail(ErrorKind::kInvalidArgument, "--vocab-size " + std::to_string(mc.vocab_size()) +
                                           ": the byte-level tokenizer needs at least 256");
-  return c;
+  return mc;
 }
 
 ModelSource resolve_model(const TrainArgs& a) {
   ModelSource m;
   if (a.model_name_or_path.empty()) {
     m.config = resolve_config(a);
-    m.seq_len = m.config.block_size;
+    m.seq_len = m.config.block_size();
     m.tokenizer = make_byte_tokenizer();
     return m;
   }
@@ -151,15 +155,17 @@ ModelSource resolve_model(const TrainArgs& a) {
                  "cannot change the shape of a --model-name-or-path model");
   m.pretrained = dir;
   m.config = read_model_config(dir, &m.notice);
-  m.seq_len = a.block_size > 0 ? a.block_size : m.config.block_size;
+  m.seq_len = a.block_size > 0 ? a.block_size : m.config.block_size();
   require_flag(
-      m.seq_len <= m.config.block_size, "--block-size", std::to_string(a.block_size),
-      ("must be at most the model's n_positions, " + std::to_string(m.config.block_size)).c_str());
+      m.seq_len <= m.config.block_size(), "--block-size", std::to_string(a.block_size),
+      ("must be at most the model's longest sequence, " + std::to_string(m.config.block_size()))
+          .c_str());
   m.tokenizer = tokenizer_for_model(dir);
-  if (m.tokenizer->vocab_size() > m.config.vocab_size)
-    fail(ErrorKind::kInvalidArgument,
-         dir + ": the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +
-             " tokens, more than config.json's vocab_size " + std::to_string(m.config.vocab_size));
+  if (m.tokenizer->vocab_size() > m.config.vocab_size())
+    fail(ErrorKind::kInvalidArgument, dir + ": the tokenizer has " +
+                                          std::to_string(m.tokenizer->vocab_size()) +
+                                          " tokens, more than config.json's vocab_size " +
+                                          std::to_string(m.config.vocab_size()));
   return m;
 }
 
@@ -291,7 +297,7 @@ TrainSummary train(const TrainArgs& args) {
   validate_args(args);
   LrSchedule schedule = parse_lr_schedule(args.lr_scheduler_type);
   ModelSource source = resolve_model(args);
-  const GPT2Config& config = source.config;
+  const ModelConfig& config = source.config;
   const TextTokenizer& tokenizer = *source.tokenizer;
   const int B = args.per_device_train_batch_size;
   const int T = source.seq_len;
@@ -302,7 +308,7 @@ TrainSummary train(const TrainArgs& args) {
     fail(ErrorKind::kInvalidArgument, "the built-in default data " + data_path +
                                           " is missing: install Debian's 'fortunes' package (the "
                                           "setup script does) or pass --data");
-  std::vector<int32_t> tokens = load_tokens(data_path, tokenizer, config.vocab_size);
+  std::vector<int32_t> tokens = load_tokens(data_path, tokenizer, config.vocab_size());
   TokenSplit split = split_train_val(tokens, args.validation_split, T + 1);
   if (fs::exists(args.output_dir) && !fs::is_directory(args.output_dir))
     fail(ErrorKind::kInvalidArgument,
@@ -346,7 +352,8 @@ TrainSummary train(const TrainArgs& args) {
   mopts.policy = PrecisionPolicy::make(args.fp16   ? Precision::kFp16
                                        : args.bf16 ? Precision::kBf16
                                                    : Precision::kFp32);
-  GPT2 model(dev, config, /*with_grads=*/true, mopts);
+  std::unique_ptr<Model> model_ptr = make_model(dev, config, /*with_grads=*/true, mopts);
+  Model& model = *model_ptr;
   model.init(args.seed);
   // The pretrained weights, unless a checkpoint replaces them (a LoRA checkpoint holds only the
   // adapters: the frozen base always comes from the folder).
@@ -391,7 +398,8 @@ TrainSummary train(const TrainArgs& args) {
   TrainSummary s;
   s.device = dev.info().id() + " (" + dev.info().name + ")";
   s.num_parameters = model.num_parameters();
-  std::printf("crosstrain: training GPT-2 %s (%s, %s parameters) on %s\n",
+  std::printf("crosstrain: training %s %s (%s, %s parameters) on %s\n",
+              config.is_llama() ? "a Llama-family model" : "GPT-2",
               source.pretrained.empty() ? args.model.c_str() : source.pretrained.c_str(),
               config.str().c_str(), format_count(static_cast<double>(s.num_parameters)).c_str(),
               s.device.c_str());
@@ -567,7 +575,7 @@ TrainSummary train(const TrainArgs& args) {
   if (model.lora()) {
     // As PEFT's save_pretrained: the adapters (the base stays where it came from), and the
     // tokenizer as the Trainer saves it.
-    save_adapter(args.output_dir, model,
+    save_adapter(args.output_dir, dynamic_cast<const GPT2&>(model),
                  source.pretrained.empty() ? args.model : source.pretrained);
     if (!tokenizer.folder().empty()) copy_tokenizer_files(tokenizer.folder(), args.output_dir);
   } else {

@@ -1,5 +1,6 @@
-// End to end on every device under test (tests/common/device_harness.h): the tiny model trained
-// from one seed on the device and on cpu:0 gives the same loss at every step (1e-4 relative); a
+// End to end on every device under test (tests/common/device_harness.h): the tiny model (and
+// llama-tiny) trained from one seed on the device and on cpu:0 gives the same loss at every step
+// (1e-4 relative); a
 // checkpoint written on one resumes on the other like the uninterrupted run; the offloaded
 // optimizer, synchronous and delayed, follows the same trajectory. cpu:0 is the baseline of these
 // runs, so on a device of the cpu backend they are skipped (they would compare cpu:0 with
@@ -72,6 +73,30 @@ TEST_P(TrainParity, TinyFiftyStepsMatchCpu) {
     EXPECT_LE(submits, 2 * flushes) << out;
     std::printf("  %llu queue submits over %llu steps\n", submits, flushes);
   }
+  fs::remove_all(dc);
+  fs::remove_all(dd);
+}
+
+// The Llama family (llama-tiny: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU,
+// untied head) through the same trainer: the same loss at every step as on cpu:0.
+TEST_P(TrainParity, LlamaTinyMatchesCpu) {
+  const int64_t steps = 12;
+  std::string dc = fresh_dir("llama_cpu"), dd = fresh_dir("llama_dut");
+  TrainArgs ca = tiny_args(kBaseline, dc, steps), da = tiny_args(id(), dd, steps);
+  ca.model = da.model = "llama-tiny";
+  train(ca);
+  train(da);
+  std::vector<double> lc = logged_losses(dc), ld = logged_losses(dd);
+  ASSERT_EQ(lc.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(ld.size(), static_cast<size_t>(steps));
+  double worst = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    double rel = std::abs(ld[i] - lc[i]) / std::abs(lc[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 1e-4) << "step " << i + 1 << ": cpu " << lc[i] << ", " << id() << " " << ld[i];
+  }
+  std::printf("  llama-tiny on %s: max relative loss difference over %lld steps: %.3g\n",
+              id().c_str(), static_cast<long long>(steps), worst);
   fs::remove_all(dc);
   fs::remove_all(dd);
 }

@@ -123,7 +123,7 @@ TEST(Lora, TheBaseIsFrozenAndBStartsAtZero) {
   auto dev = open_device("cpu");
   const GPT2Options o = golden_lora();
   const int64_t grads_before = dev->memory().current[static_cast<int>(MemCategory::kGrads)];
-  GPT2 model(*dev, read_model_config(kBase), /*with_grads=*/true, o);
+  GPT2 model(*dev, read_model_config(kBase).gpt2(), /*with_grads=*/true, o);
   // Gradient memory: the adapters' only.
   EXPECT_EQ(dev->memory().current[static_cast<int>(MemCategory::kGrads)] - grads_before,
             model.num_trainable() * 4);
@@ -158,7 +158,7 @@ TEST(Lora, StepTwoGradientsMatchPyTorch) {
   a.save_steps = 1;
   train(a);
   auto dev = open_device("cpu");
-  GPT2 model(*dev, read_model_config(kBase), /*with_grads=*/true, golden_lora());
+  GPT2 model(*dev, read_model_config(kBase).gpt2(), /*with_grads=*/true, golden_lora());
   model.init(42);
   load_weights_from_folder(kBase, model);
   load_adapter((out / "checkpoint-1").string(), model);
@@ -219,7 +219,7 @@ TEST(Lora, ResumeIsBitExactAndMergeEqualsBasePlusAdapters) {
   GPT2Options o;
   o.lora = read_adapter_config((root / "full").string());
   EXPECT_FLOAT_EQ(o.lora.dropout, 0.1f);  // written as PEFT writes it, read back
-  GPT2 adapted(*dev, read_model_config(kBase), /*with_grads=*/false, o);
+  GPT2 adapted(*dev, read_model_config(kBase).gpt2(), /*with_grads=*/false, o);
   load_weights_from_folder(kBase, adapted);
   load_adapter((root / "full").string(), adapted);
   adapted.allocate_activations(4, 32);

@@ -71,8 +71,8 @@ TEST(Trainer, LossFallsAndFilesAreWritten) {
   ASSERT_TRUE(fs::exists(out / "config.json"));
   auto device = open_device("cpu");
   auto model = load_model(out.string(), *device);
-  EXPECT_EQ(model->config().n_layer, 2);
-  EXPECT_EQ(model->config().block_size, 32);
+  EXPECT_EQ(model->hf_config()["n_layer"], 2);
+  EXPECT_EQ(model->block_size(), 32);
   // The saved model reproduces the validation loss the trainer reported (same windows).
   std::vector<int32_t> tokens = ByteTokenizer().encode(load_text(small_args(out).data));
   TokenSplit split = split_train_val(tokens, 0.1, 33);

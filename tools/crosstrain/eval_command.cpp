@@ -32,21 +32,21 @@ Run add_eval(CLI::App& app) {
     if (o->batch <= 0)
       fail(ErrorKind::kInvalidArgument,
            "--per-device-eval-batch-size " + std::to_string(o->batch) + ": must be > 0");
-    const GPT2Config config = read_model_config(o->model_path);
-    if (o->block_size < 0 || o->block_size > config.block_size)
+    const ModelConfig config = read_model_config(o->model_path);
+    if (o->block_size < 0 || o->block_size > config.block_size())
       fail(ErrorKind::kInvalidArgument, "--block-size " + std::to_string(o->block_size) +
-                                            ": must be in [0, n_positions " +
-                                            std::to_string(config.block_size) + "]");
+                                            ": must be in [0, the model's longest sequence " +
+                                            std::to_string(config.block_size()) + "]");
     std::vector<int32_t> tokens;
     if (detect_data_format(o->data) != DataFormat::kText) {
-      tokens = read_token_file(o->data, config.vocab_size);
+      tokens = read_token_file(o->data, config.vocab_size());
     } else {
       auto tok = tokenizer_for_model(o->model_path);
       tokens = tok->encode_parallel(load_text(o->data, 1), 2);
     }
     auto device = open_device(o->backend);
     auto model = load_model(o->model_path, *device);
-    int T = o->block_size > 0 ? o->block_size : config.block_size;
+    int T = o->block_size > 0 ? o->block_size : config.block_size();
     if (static_cast<int64_t>(tokens.size()) < T + 1)
       fail(ErrorKind::kInvalidArgument, "--data " + o->data + ": " + std::to_string(tokens.size()) +
                                             " tokens, fewer than one window of " +

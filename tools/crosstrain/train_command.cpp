@@ -10,10 +10,11 @@ namespace ct::cli {
 
 Run add_train(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
-  flag(&app, "--model", a->model, "model preset: tiny, gpt2, gpt2-medium");
+  flag(&app, "--model", a->model,
+       "model preset: tiny, gpt2, gpt2-medium (GPT-2); llama-tiny, smollm-135m (Llama family)");
   flag(&app, "--model-name-or-path", a->model_name_or_path,
-       "start from a local Hugging Face GPT-2 folder (config.json, model.safetensors or a "
-       "sharded index, tokenizer files); replaces --model");
+       "start from a local Hugging Face GPT-2 or Llama/Mistral/Qwen2 folder (config.json, "
+       "model.safetensors or a sharded index, tokenizer files); replaces --model");
   flag(&app, "--n-layer", a->n_layer, "override the preset's layer count (0 = keep)");
   flag(&app, "--n-head", a->n_head, "override the preset's head count (0 = keep)");
   flag(&app, "--n-embd", a->n_embd, "override the preset's width (0 = keep)");

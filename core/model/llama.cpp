@@ -1,0 +1,320 @@
+// Llama: the parameter table, construction, initialisation, the compute-weight copy, the
+// activation buffers and the host helpers. forward and backward are in llama_forward.cpp and
+// llama_backward.cpp.
+#include "core/model/llama.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/model/model_util.h"
+#include "core/philox.h"
+
+namespace ct {
+
+// =============================================================================================
+// The parameter table
+
+std::vector<ParamInfo> llama_param_table(const LlamaConfig& cfg) {
+  const int64_t C = cfg.n_embd, V = cfg.vocab_size, F = cfg.intermediate_size;
+  const int64_t hd = cfg.head_dim(), Q = int64_t{cfg.n_head} * hd, KV = int64_t{cfg.n_kv_head} * hd;
+  model_util::TableBuilder table;
+  auto add = [&](const std::string& name, Shape shape, bool decay) {
+    table.add(name, shape, decay);
+  };
+  auto layer = [](int l, const char* rest) {
+    return "model.layers." + std::to_string(l) + "." + rest;
+  };
+
+  // Weight-decayed group: the embedding and the linear weights ([out, in]).
+  add("model.embed_tokens.weight", {V, C}, true);
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    add(layer(l, "self_attn.q_proj.weight"), {Q, C}, true);
+    add(layer(l, "self_attn.k_proj.weight"), {KV, C}, true);
+    add(layer(l, "self_attn.v_proj.weight"), {KV, C}, true);
+    add(layer(l, "self_attn.o_proj.weight"), {C, Q}, true);
+    add(layer(l, "mlp.gate_proj.weight"), {F, C}, true);
+    add(layer(l, "mlp.up_proj.weight"), {F, C}, true);
+    add(layer(l, "mlp.down_proj.weight"), {C, F}, true);
+  }
+  if (!cfg.tie_word_embeddings) add("lm_head.weight", {V, C}, true);
+  // No decay: RMSNorm weights and biases.
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    add(layer(l, "input_layernorm.weight"), {C}, false);
+    add(layer(l, "post_attention_layernorm.weight"), {C}, false);
+    if (cfg.attention_bias) {
+      add(layer(l, "self_attn.q_proj.bias"), {Q}, false);
+      add(layer(l, "self_attn.k_proj.bias"), {KV}, false);
+      add(layer(l, "self_attn.v_proj.bias"), {KV}, false);
+    }
+  }
+  add("model.norm.weight", {C}, false);
+  return table.take();
+}
+
+// =============================================================================================
+// Construction and parameter access
+
+Llama::Llama(Device& device, const LlamaConfig& config, bool with_grads,
+             const LlamaOptions& options)
+    : device_(device), config_(config), options_(options) {
+  config_.validate();
+  check_policy();
+  table_ = llama_param_table(config_);
+  for (size_t i = 0; i < table_.size(); ++i) {
+    index_[table_[i].name] = i;
+    num_params_ += table_[i].numel;
+    if (table_[i].decay) decay_count_ += table_[i].numel;
+  }
+  CT_CHECK(num_params_ == config_.num_parameters(), "parameter table disagrees with config");
+  params_ = device_.empty({num_params_}, DType::f32, MemCategory::kWeights);
+  compute_ = options_.policy.mixed()
+                 ? device_.empty({num_params_}, options_.policy.compute, MemCategory::kWeights)
+                 : params_;
+  if (with_grads) grads_ = device_.empty({num_params_}, DType::f32, MemCategory::kGrads);
+  // The rotary tables for every position of the block, computed as transformers computes them.
+  std::vector<float> cs, sn;
+  config_.rope_tables(config_.block_size, cs, sn);
+  const int64_t half = config_.head_dim() / 2;
+  rope_cos_ = device_.empty({config_.block_size, half}, DType::f32, MemCategory::kWeights);
+  rope_sin_ = device_.empty({config_.block_size, half}, DType::f32, MemCategory::kWeights);
+  device_.upload(rope_cos_, cs.data(), cs.size() * sizeof(float));
+  device_.upload(rope_sin_, sn.data(), sn.size() * sizeof(float));
+}
+
+std::string Llama::config_mismatch(const nlohmann::json& saved_json) const {
+  const std::string type =
+      saved_json.is_object() ? saved_json.value("model_type", std::string("?")) : "?";
+  if (type != config_.model_type)
+    return "a " + type + " model, not this run's " + config_.model_type;
+  LlamaConfig saved = LlamaConfig::from_hf_json(saved_json);
+  saved.bos_token_id = config_.bos_token_id;  // token ids, not shapes
+  saved.eos_token_id = config_.eos_token_id;
+  if (saved == config_) return "";
+  return "a different model (" + saved.str() + ") than this run's (" + config_.str() + ")";
+}
+
+bool Llama::is_ignored_buffer(const std::string& name) const {
+  return name.find("rotary_emb.inv_freq") != std::string::npos;  // older transformers saved it
+}
+
+void Llama::check_policy() const {
+  const std::pair<OpKind, const char*> needed[] = {{OpKind::kCopy, "copy"},
+                                                   {OpKind::kAdd, "add"},
+                                                   {OpKind::kRMSNorm, "rmsnorm"},
+                                                   {OpKind::kMatmul, "matmul"},
+                                                   {OpKind::kBiasGrad, "bias_backward"},
+                                                   {OpKind::kAttention, "attention"},
+                                                   {OpKind::kRope, "rope"},
+                                                   {OpKind::kSwiGLU, "swiglu"},
+                                                   {OpKind::kCrossEntropy, "crossentropy"}};
+  model_util::check_policy(device_, options_.policy, "Llama", needed);
+}
+
+void Llama::refresh_compute_weights() {
+  if (options_.policy.mixed()) device_.copy(compute_, params_);
+}
+
+const ParamInfo& Llama::param_info(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end())
+    fail(ErrorKind::kInvalidArgument, "Llama has no parameter named '" + name + "'");
+  return table_[it->second];
+}
+
+Tensor Llama::table_view(const Tensor& flat, const std::string& name) const {
+  const ParamInfo& p = param_info(name);
+  return flat.slice_flat(p.offset, p.shape);
+}
+
+Tensor Llama::head_weight(const Tensor& flat) const {
+  return table_view(flat,
+                    config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+}
+
+Tensor Llama::grads_flat() const {
+  if (!grads_.defined())
+    fail(ErrorKind::kInvalidArgument, "this Llama was created without gradients");
+  return grads_;
+}
+Tensor Llama::param(const std::string& name) const {
+  return table_view(params_, name);
+}
+Tensor Llama::grad(const std::string& name) const {
+  return table_view(grads_flat(), name);
+}
+Tensor Llama::params_decay() const {
+  return params_.slice_flat(0, {decay_count_});
+}
+Tensor Llama::params_no_decay() const {
+  return params_.slice_flat(decay_count_, {num_params_ - decay_count_});
+}
+Tensor Llama::grads_decay() const {
+  return grads_flat().slice_flat(0, {decay_count_});
+}
+Tensor Llama::grads_no_decay() const {
+  return grads_flat().slice_flat(decay_count_, {num_params_ - decay_count_});
+}
+
+// The fused projections are views spanning adjacent table rows: q|k|v weights (and biases) and
+// gate|up weights.
+Llama::LayerParams Llama::layer_params(const Tensor& flat, int l) const {
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  const int64_t C = config_.n_embd, W = config_.qkv_width(), F = config_.intermediate_size;
+  auto at = [&](const char* rest) { return param_info(p + rest).offset; };
+  LayerParams lp;
+  lp.ln1w = table_view(flat, p + "input_layernorm.weight");
+  lp.qkvw = flat.slice_flat(at("self_attn.q_proj.weight"), {W, C});
+  if (config_.attention_bias) lp.qkvb = flat.slice_flat(at("self_attn.q_proj.bias"), {W});
+  lp.ow = table_view(flat, p + "self_attn.o_proj.weight");
+  lp.ln2w = table_view(flat, p + "post_attention_layernorm.weight");
+  lp.guw = flat.slice_flat(at("mlp.gate_proj.weight"), {2 * F, C});
+  lp.downw = table_view(flat, p + "mlp.down_proj.weight");
+  return lp;
+}
+
+Llama::LayerParams Llama::forward_params(int l) const {
+  LayerParams p = layer_params(params_, l);
+  if (options_.policy.mixed()) {
+    const LayerParams c = layer_params(compute_, l);
+    p.qkvw = c.qkvw;
+    p.ow = c.ow;
+    p.guw = c.guw;
+    p.downw = c.downw;
+  }
+  return p;
+}
+
+void Llama::zero_grad() {
+  device_.fill(grads_flat(), 0.0f);
+}
+
+// =============================================================================================
+// Initialisation
+
+void Llama::init(uint64_t seed) {
+  std::vector<float> host(static_cast<size_t>(num_params_));
+  for (size_t k = 0; k < table_.size(); ++k) {
+    const ParamInfo& p = table_[k];
+    float* dst = host.data() + p.offset;
+    if (p.decay) {  // linear weights and the embedding: N(0, initializer_range 0.02)
+      Philox rng(seed, k);
+      for (int64_t j = 0; j < p.numel; ++j) dst[j] = 0.02f * rng.normal(static_cast<uint64_t>(j));
+    } else {  // RMSNorm weights 1, biases 0
+      const bool norm =
+          p.name.find("layernorm") != std::string::npos || p.name == "model.norm.weight";
+      std::fill(dst, dst + p.numel, norm ? 1.0f : 0.0f);
+    }
+  }
+  upload_params(host);
+  if (grads_.defined()) zero_grad();
+}
+
+// =============================================================================================
+// Activation buffers
+
+void Llama::allocate_activations(int max_batch, int max_seq) {
+  CT_REQUIRE(max_batch >= 1 && max_seq >= 1 && max_seq <= config_.block_size,
+             "allocate_activations: batch " + std::to_string(max_batch) + " x sequence " +
+                 std::to_string(max_seq) + " outside [1, block_size " +
+                 std::to_string(config_.block_size) + "]");
+  max_b_ = max_batch;
+  max_t_ = max_seq;
+  const int64_t B = max_batch, T = max_seq, BT = B * T;
+  const int64_t C = config_.n_embd, V = config_.vocab_size, F = config_.intermediate_size;
+  const int64_t W = config_.qkv_width(), NH = config_.n_head;
+  const DType h = options_.policy.activations;
+  auto act = [&](Shape s, DType dt) { return device_.empty(s, dt, MemCategory::kActivations); };
+  residuals_.clear();
+  layers_.clear();
+  for (int l = 0; l <= config_.n_layer; ++l) residuals_.push_back(act({BT * C}, DType::f32));
+  const int sets = options_.gradient_checkpointing ? 1 : config_.n_layer;
+  for (int s = 0; s < sets; ++s) {
+    LayerActs a;
+    a.ln1 = act({BT * C}, h);
+    a.ln1_rstd = act({BT}, DType::f32);
+    a.qkv = act({BT * W}, h);
+    if (options_.fused_attention)
+      a.lse = act({B * NH * T}, DType::f32);
+    else
+      a.att = act({B * NH * T * T}, h);
+    a.atty = act({BT * C}, h);
+    a.residual2 = act({BT * C}, DType::f32);
+    a.ln2 = act({BT * C}, h);
+    a.ln2_rstd = act({BT}, DType::f32);
+    a.gu = act({BT * 2 * F}, h);
+    a.act = act({BT * F}, h);
+    layers_.push_back(a);
+  }
+  proj_ = act({BT * C}, h);
+  lnf_ = act({BT * C}, h);
+  lnf_rstd_ = act({BT}, DType::f32);
+  logits_ = act({BT * V}, h);
+  losses_ = act({BT}, DType::f32);
+  loss_ = act({1}, DType::f32);
+  zero_pos_ = act({T * C}, DType::f32);
+  device_.fill(zero_pos_, 0.0f);
+  if (grads_.defined()) {
+    dzero_pos_ = act({T * C}, DType::f32);
+    dresidual_ = act({BT * C}, DType::f32);
+    if (options_.policy.mixed()) dresidual_h_ = act({BT * C}, h);
+    dln_ = act({BT * C}, DType::f32);
+    dwide_ = act({BT * std::max(F, W)}, h);
+    datty_ = act({BT * C}, h);
+  }
+}
+
+int64_t Llama::activation_bytes(const LlamaConfig& config, const LlamaOptions& options, int B,
+                                int T, bool with_grads) {
+  const int64_t BT = int64_t{B} * T, C = config.n_embd, V = config.vocab_size;
+  const int64_t F = config.intermediate_size, W = config.qkv_width(), NH = config.n_head;
+  const int64_t h = static_cast<int64_t>(dtype_size(options.policy.activations)), f = 4;
+  const int64_t per_layer = BT * C * h + BT * f  // ln1, its rstd
+                            + BT * W * h         // qkv
+                            + (options.fused_attention ? B * NH * T * f : B * NH * T * T * h) +
+                            BT * C * h + BT * C * f         // atty, residual2
+                            + BT * C * h + BT * f           // ln2, its rstd
+                            + BT * 2 * F * h + BT * F * h;  // gu, act
+  const int64_t sets = options.gradient_checkpointing ? 1 : config.n_layer;
+  int64_t total = (config.n_layer + 1) * BT * C * f + sets * per_layer;
+  total += BT * C * h + BT * C * h + BT * f + BT * V * h + BT * f + f;  // proj, lnf, logits, loss
+  total += int64_t{T} * C * f;                                          // zero_pos
+  if (with_grads) {
+    total += int64_t{T} * C * f + BT * C * f + BT * C * f;  // dzero_pos, dresidual, dln
+    if (options.policy.mixed()) total += BT * C * h;        // dresidual_h
+    total += BT * std::max(F, W) * h + BT * C * h;          // dwide, datty
+  }
+  return total;
+}
+
+// =============================================================================================
+// Host helpers
+
+std::vector<float> Llama::download_params() const {
+  std::vector<float> host(static_cast<size_t>(num_params_));
+  device_.download(host.data(), params_, host.size() * sizeof(float));
+  return host;
+}
+
+std::vector<float> Llama::download_grads() const {
+  std::vector<float> host(static_cast<size_t>(num_params_));
+  device_.download(host.data(), grads_flat(), host.size() * sizeof(float));
+  return host;
+}
+
+std::map<std::string, std::vector<float>> Llama::download_param_map() const {
+  return model_util::split(table_, download_params());
+}
+
+void Llama::upload_params(const std::vector<float>& flat) {
+  CT_REQUIRE(static_cast<int64_t>(flat.size()) == num_params_,
+             "upload_params: got " + std::to_string(flat.size()) + " values, the model has " +
+                 std::to_string(num_params_));
+  device_.upload(params_, flat.data(), flat.size() * sizeof(float));
+  if (options_.policy.mixed()) device_.copy(compute_, params_);
+}
+
+void Llama::upload_params(const std::map<std::string, std::vector<float>>& named) {
+  upload_params(model_util::flatten(table_, num_params_, named));
+}
+
+}  // namespace ct

@@ -1,0 +1,130 @@
+// Llama forward, one banner section per layer (as GPT-2's, core/model/gpt2_forward.cpp). The
+// residual stream, RMSNorm statistics and losses are f32; "h" is policy.activations.
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/model/gpt2_internal.h"
+#include "core/model/llama.h"
+#include "core/model/model_util.h"
+
+namespace ct {
+
+using gpt2_detail::view;
+
+Tensor Llama::logits() const {
+  CT_REQUIRE(cur_b_ > 0, "logits() before forward()");
+  return view(logits_, {cur_b_, cur_t_, config_.vocab_size});
+}
+
+Tensor Llama::losses() const {
+  CT_REQUIRE(cur_b_ > 0 && have_targets_, "losses() needs a forward() with targets");
+  return view(losses_, {cur_b_, cur_t_});
+}
+
+// =============================================================================================
+// One decoder layer
+
+void Llama::block_forward(int l, int B, int T, bool recompute) {
+  const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
+  const int64_t W = config_.qkv_width(), F = config_.intermediate_size, hd = config_.head_dim();
+  const int64_t BT = int64_t{B} * T;
+  const float eps = config_.rms_norm_eps;
+  const LayerParams p = forward_params(l);
+  const LayerActs& a = acts(l);
+  Tensor residual = view(residuals_[static_cast<size_t>(l)], {BT, C});  // (B,T,C) layer input
+
+  // ---- input RMSNorm ---------------------------------------------------------------------------
+  // ln1 (B,T,C) h = RMSNorm(residual) * input_layernorm.w
+  Tensor ln1 = view(a.ln1, {BT, C});
+  device_.rmsnorm_forward(ln1, view(a.ln1_rstd, {BT}), residual, p.ln1w, eps);
+
+  // ---- attention -------------------------------------------------------------------------------
+  // qkv (B,T,W) h = ln1 @ [q_proj; k_proj; v_proj]^T (+ biases): NH query heads, then NKV key
+  // and NKV value heads of hd
+  Tensor qkv = view(a.qkv, {BT, W});
+  device_.matmul(qkv, ln1, p.qkvw, false, true, 1.0f, 0.0f, p.qkvb.defined() ? &p.qkvb : nullptr);
+  // q and k rotated in place by position (rotate-half); v untouched
+  Tensor qkv3 = qkv.reshape({B, T, W});
+  const Tensor cs = rope_cos_.slice_flat(0, {T, hd / 2}), sn = rope_sin_.slice_flat(0, {T, hd / 2});
+  device_.rope_forward(qkv3, qkv3, cs, sn, hd, NH + NKV);
+  // atty (B,T,C) h = causal softmax(q k^T / sqrt(hd)) v, query head h reading kv head
+  // h / (NH / NKV); saved: lse (B,NH,T) f32 when fused, the probabilities att otherwise
+  Tensor atty = view(a.atty, {B, T, C});
+  if (options_.fused_attention)
+    device_.flash_attention_forward(atty, view(a.lse, {B, NH, T}), qkv3, config_.n_head,
+                                    config_.n_kv_head);
+  else
+    device_.attention_forward(atty, view(a.att, {B, NH, T, T}), qkv3, config_.n_head,
+                              config_.n_kv_head);
+  // proj (B,T,C) h = atty @ o_proj^T;  residual2 (B,T,C) f32 = residual + proj
+  Tensor proj = view(proj_, {BT, C});
+  device_.matmul(proj, atty.reshape({BT, C}), p.ow, false, true);
+  Tensor residual2 = view(a.residual2, {BT, C});
+  device_.add(residual2.reshape({BT * C}), residual.reshape({BT * C}), proj.reshape({BT * C}));
+
+  // ---- post-attention RMSNorm ------------------------------------------------------------------
+  Tensor ln2 = view(a.ln2, {BT, C});
+  device_.rmsnorm_forward(ln2, view(a.ln2_rstd, {BT}), residual2, p.ln2w, eps);
+
+  // ---- SwiGLU MLP ------------------------------------------------------------------------------
+  // gu (B,T,2F) h = ln2 @ [gate_proj; up_proj]^T;  act (B,T,F) h = silu(gate) * up
+  Tensor gu = view(a.gu, {BT, 2 * F});
+  device_.matmul(gu, ln2, p.guw, false, true);
+  Tensor act = view(a.act, {BT, F});
+  device_.swiglu_forward(act, gu);
+  // The recomputation inside backward stops here: backward does not read the block's output.
+  if (recompute) return;
+  // proj (B,T,C) h = act @ down_proj^T;  residual3 (B,T,C) f32 = residual2 + proj, the next
+  // layer's input
+  device_.matmul(proj, act, p.downw, false, true);
+  Tensor residual3 = view(residuals_[static_cast<size_t>(l) + 1], {BT * C});
+  device_.add(residual3, residual2.reshape({BT * C}), proj.reshape({BT * C}));
+}
+
+// =============================================================================================
+// Forward
+
+Tensor Llama::forward(const Tensor& tokens, const Tensor* targets, int B, int T) {
+  CT_REQUIRE(B >= 1, "batch size must be positive, got " + std::to_string(B));
+  CT_REQUIRE(T >= 1 && T <= config_.block_size, "sequence length " + std::to_string(T) +
+                                                    " outside [1, max_position_embeddings " +
+                                                    std::to_string(config_.block_size) + "]");
+  model_util::check_token_batch(tokens, B, T, "tokens");
+  if (targets) model_util::check_token_batch(*targets, B, T, "targets");
+  if (B > max_b_ || T > max_t_) allocate_activations(std::max(B, max_b_), std::max(T, max_t_));
+
+  const int64_t C = config_.n_embd, V = config_.vocab_size;
+  const int64_t BT = int64_t{B} * T;
+  cur_b_ = B;
+  cur_t_ = T;
+  tokens_ = tokens.reshape({B, T});
+  have_targets_ = targets != nullptr;
+  targets_ = targets ? targets->reshape({BT}) : Tensor();
+
+  // ---- embedding -------------------------------------------------------------------------------
+  // residuals[0] (B,T,C) f32 = embed_tokens[tokens]   (master weights; no position table)
+  device_.embedding_forward(view(residuals_[0], {B, T, C}), tokens_,
+                            param("model.embed_tokens.weight"), view(zero_pos_, {T, C}));
+
+  for (int l = 0; l < config_.n_layer; ++l) block_forward(l, B, T, /*recompute=*/false);
+
+  // ---- final RMSNorm and LM head ---------------------------------------------------------------
+  // lnf (B,T,C) h = RMSNorm(x) * model.norm.w;  logits (B,T,V) h = lnf @ lm_head^T (compute copy;
+  // embed_tokens when tied)
+  Tensor x = view(residuals_.back(), {BT, C});
+  Tensor lnf = view(lnf_, {BT, C});
+  device_.rmsnorm_forward(lnf, view(lnf_rstd_, {BT}), x, param("model.norm.weight"),
+                          config_.rms_norm_eps);
+  Tensor logits = view(logits_, {BT, V});
+  device_.matmul(logits, lnf, head_weight(compute_), false, true);
+
+  if (!targets) return Tensor();
+
+  // ---- loss ------------------------------------------------------------------------------------
+  Tensor losses = view(losses_, {BT});
+  device_.crossentropy_forward(losses, logits, targets_);
+  device_.sum(loss_, losses, 1.0f / static_cast<float>(BT));
+  return loss_;
+}
+
+}  // namespace ct

@@ -1,0 +1,91 @@
+// The model interface: what the trainer, evaluation, generation, checkpoints and the optimizers
+// use, implemented by GPT2 (core/model/gpt2.h) and Llama (core/model/llama.h), so each of those
+// exists once for every model family.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/tensor.h"
+
+namespace ct {
+
+// One row of a model's parameter table.
+struct ParamInfo {
+  std::string name;  // Hugging Face's name: "wte.weight", "model.layers.3.mlp.up_proj.weight"
+  Shape shape;
+  int64_t offset = 0;  // in elements, into the flat parameter / gradient buffers
+  int64_t numel = 0;
+  bool decay = false;  // matmul weights and embeddings: yes; biases and norms: no
+};
+
+struct SampleOptions {
+  float temperature = 1.0f;  // <= 0: greedy (argmax)
+  int top_k = 0;             // > 0: sample among the k most likely tokens only
+  uint64_t seed = 0;         // Philox seed; draw i of a call uses element i of stream 0
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual Device& device() const = 0;
+  // config.json's model_type: "gpt2", "llama", "mistral", "qwen2".
+  virtual std::string model_type() const = 0;
+  virtual int block_size() const = 0;  // the longest sequence
+  virtual int vocab_size() const = 0;
+  virtual nlohmann::json hf_config() const = 0;  // Hugging Face config.json
+  virtual std::string config_str() const = 0;    // one line for logs
+  // "" when config.json `saved` describes this model's architecture (special token ids aside),
+  // else why not, naming both.
+  virtual std::string config_mismatch(const nlohmann::json& saved) const = 0;
+  // The parameter an untied "lm_head.weight" in a checkpoint must equal (the tied head's
+  // embedding), or "" when the head is a parameter of its own or there is none to check.
+  virtual std::string tied_head_source() const = 0;
+  // Checkpoint tensors that are buffers, not parameters, and are ignored on load
+  // (GPT-2's attn.bias / attn.masked_bias, Llama's rotary_emb.inv_freq).
+  virtual bool is_ignored_buffer(const std::string& name) const = 0;
+
+  // Initial weights from the Philox streams (each family's scheme); zeroes the gradients.
+  virtual void init(uint64_t seed) = 0;
+  virtual void allocate_activations(int max_batch, int max_seq) = 0;
+  virtual int max_batch() const = 0;
+  virtual int max_seq() const = 0;
+  // tokens, targets [B,T] i32; the mean loss [1] f32 when targets are given. backward adds
+  // dloss_scale * d(mean loss) into the trainable gradients.
+  virtual Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T) = 0;
+  virtual void backward(float dloss_scale = 1.0f) = 0;
+  virtual void zero_grad() = 0;
+  virtual Tensor logits() const = 0;  // [B,T,V] of the last forward
+  virtual Tensor losses() const = 0;  // [B,T] f32
+
+  // Every parameter, in the flat-buffer order.
+  virtual const std::vector<ParamInfo>& params() const = 0;
+  virtual int64_t num_parameters() const = 0;
+  // compute copy (=) master after the optimizer changed the master weights (no-op in fp32).
+  virtual void refresh_compute_weights() = 0;
+  virtual std::vector<float> download_params() const = 0;
+  virtual std::map<std::string, std::vector<float>> download_param_map() const = 0;
+  virtual void upload_params(const std::map<std::string, std::vector<float>>& named) = 0;
+
+  // What the optimizer updates: every parameter, or with LoRA the adapters only.
+  virtual const std::vector<ParamInfo>& trainable_params() const = 0;
+  virtual Tensor trainable_flat() const = 0;
+  virtual Tensor trainable_grads() const = 0;
+  virtual int64_t num_trainable() const = 0;
+  virtual int64_t trainable_decay_count() const = 0;
+  // Low-rank adapters (GPT-2 only so far).
+  virtual bool lora() const { return false; }
+  virtual void set_lora_dropout_draw(uint64_t /*seed*/, int64_t /*draw*/) {}
+
+  // Samples n tokens after `prompt` (non-empty) and returns them (prompt excluded). Each step
+  // runs forward on the last block_size tokens and downloads only the last position's logits.
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int n,
+                                const SampleOptions& options = {});
+};
+
+}  // namespace ct

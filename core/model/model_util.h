@@ -1,0 +1,54 @@
+// Pieces every model family shares (core/model/gpt2*.cpp, llama*.cpp): the parameter table
+// builder, the checks of a batch and of a precision policy, named <-> flat parameter copies.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/amp/precision.h"
+#include "core/device.h"
+#include "core/model/model.h"
+
+namespace ct::model_util {
+
+// Appends rows in flat-buffer order: each one's offset is the sum of the numels before it.
+class TableBuilder {
+ public:
+  void add(const std::string& name, const Shape& shape, bool decay) {
+    ParamInfo p;
+    p.name = name;
+    p.shape = shape;
+    p.offset = offset_;
+    p.numel = shape.numel();
+    p.decay = decay;
+    offset_ += p.numel;
+    table_.push_back(std::move(p));
+  }
+  std::vector<ParamInfo> take() { return std::move(table_); }
+
+ private:
+  std::vector<ParamInfo> table_;
+  int64_t offset_ = 0;
+};
+
+// tokens / targets: a contiguous i32 tensor of B x T elements, else Error naming `what`.
+void check_token_batch(const Tensor& t, int B, int T, const char* what);
+
+// The policy's 16-bit dtype (f32 for fp32) after checking that compute and activations use it,
+// and that `device` has every op of `needed` in it (Error(kUnsupported) naming the op).
+DType check_policy(const Device& device, const PrecisionPolicy& policy, const char* model,
+                   std::span<const std::pair<OpKind, const char*>> needed);
+
+// The flat buffer in table order from one vector per name: every table name present with its
+// element count, no unknown names (Error(kInvalidArgument) naming the tensor).
+std::vector<float> flatten(const std::vector<ParamInfo>& table, int64_t total,
+                           const std::map<std::string, std::vector<float>>& named);
+// The reverse: one vector per table row.
+std::map<std::string, std::vector<float>> split(const std::vector<ParamInfo>& table,
+                                                const std::vector<float>& flat);
+
+}  // namespace ct::model_util

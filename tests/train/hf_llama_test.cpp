@@ -1,0 +1,137 @@
+// A Llama-family checkpoint as transformers writes it (tests/data/hf_llama: LlamaForCausalLM
+// .save_pretrained, grouped-query attention, untied head; made by
+// scripts/make_hf_llama_golden.py): crosstrain's eval loss of it, its training losses when
+// fine-tuned from it (--model-name-or-path), and the eval loss of what it wrote all equal what
+// transformers computed. Also: the folder crosstrain writes for a Llama is a Llama folder again,
+// a checkpoint resumes bit-exactly, and configs or tensors it cannot build are refused by name.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/data/text_dataset.h"
+#include "core/data/text_tokenizer.h"
+#include "core/error.h"
+#include "core/io/json_file.h"
+#include "core/registry.h"
+#include "core/train/evaluate.h"
+#include "core/train/model_files.h"
+#include "core/train/trainer.h"
+#include "tests/train/train_test_util.h"
+
+namespace ct {
+namespace {
+namespace fs = std::filesystem;
+
+const std::string kModel = std::string(CT_TEST_DATA_DIR) + "/hf_llama";
+const std::string kText = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
+
+double eval_on_text(const std::string& dir, int B, int T) {
+  auto device = open_device("cpu");
+  auto model = load_model(dir, *device);
+  std::vector<int32_t> tokens = make_byte_tokenizer()->encode(load_text(kText));
+  model->allocate_activations(B, T);
+  return evaluate(*model, tokens, T, B).loss;
+}
+
+TrainArgs golden_args(const nlohmann::json& g, const fs::path& out) {
+  TrainArgs a = testing::small_model_args(out);
+  a.n_layer = a.n_head = a.n_embd = 0;
+  a.block_size = g["T"];  // the training length, below max_position_embeddings 64
+  a.model_name_or_path = kModel;
+  a.per_device_train_batch_size = g["B"];
+  a.max_steps = g["steps"];
+  a.seed = g["seed"];
+  a.learning_rate = g["learning_rate"];
+  a.lr_scheduler_type = "constant";
+  a.warmup_steps = 0;
+  a.weight_decay = g["weight_decay"];
+  a.max_grad_norm = g["max_grad_norm"];
+  a.validation_split = g["validation_split"];
+  a.logging_steps = 1;
+  return a;
+}
+
+TEST(HfLlama, MatchesTransformersFromItsCheckpoint) {
+  const nlohmann::json g = read_json_file(kModel + "/golden.json");
+  const int B = g["B"], T = g["T"];
+  const double want_before = g["eval_loss"];
+  EXPECT_NEAR(eval_on_text(kModel, B, T), want_before, 1e-5 * want_before);
+
+  const fs::path out = testing::fresh_temp_dir("hf_llama_finetune");
+  train(golden_args(g, out));
+  const std::vector<nlohmann::json> recs = testing::read_metrics(out);
+  const std::vector<double> want = g["train_losses"].get<std::vector<double>>();
+  ASSERT_EQ(recs.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(recs[i]["loss"].get<double>(), want[i], 1e-5 * want[i]) << "step " << i + 1;
+  const double want_after = g["eval_loss_after"];
+  EXPECT_NEAR(eval_on_text(out.string(), B, T), want_after, 1e-5 * want_after);
+  EXPECT_LT(want_after, want_before);
+
+  // What crosstrain wrote is a Llama folder with the same architecture and transformers' names.
+  const nlohmann::json c = read_json_file((out / "config.json").string());
+  EXPECT_EQ(c["model_type"], "llama");
+  EXPECT_EQ(c["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(c["num_key_value_heads"], 2);
+  EXPECT_EQ(c["tie_word_embeddings"], false);
+}
+
+// k steps, a checkpoint, a resume to 2k: the same run as 2k straight (losses and weight bytes).
+TEST(HfLlama, ResumesBitExactly) {
+  const nlohmann::json g = read_json_file(kModel + "/golden.json");
+  const fs::path root = testing::fresh_temp_dir("hf_llama_resume");
+  TrainArgs straight = golden_args(g, root / "straight");
+  straight.max_steps = 4;
+  train(straight);
+  TrainArgs first = golden_args(g, root / "resumed");
+  first.max_steps = 2;
+  first.save_steps = 2;
+  train(first);
+  TrainArgs second = first;
+  second.max_steps = 4;
+  second.save_steps = 0;
+  second.resume_from_checkpoint = "latest";
+  train(second);
+  testing::expect_same_run(straight.output_dir, second.output_dir);
+}
+
+TEST(HfLlama, RefusesWhatItCannotBuildByName) {
+  const fs::path root = testing::fresh_temp_dir("hf_llama_refused");
+  auto refused = [&](const std::string& name, const std::function<void(const fs::path&)>& edit,
+                     const std::string& needle) {
+    const fs::path dir = root / name;
+    fs::create_directories(dir);
+    for (const char* f : {"config.json", "model.safetensors"})
+      fs::copy_file(fs::path(kModel) / f, dir / f);
+    edit(dir);
+    auto device = open_device("cpu");
+    try {
+      load_model(dir.string(), *device);
+      ADD_FAILURE() << name << ": loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << name << ": " << e.what();
+    }
+  };
+  auto set = [](const char* key, nlohmann::json v) {
+    return [key, v](const fs::path& dir) {
+      nlohmann::json c = read_json_file((dir / "config.json").string());
+      c[key] = v;
+      write_json_file((dir / "config.json").string(), c);
+    };
+  };
+  refused("kv_heads", set("num_key_value_heads", 3), "num_key_value_heads 3");
+  refused("heads", set("num_attention_heads", 5), "num_attention_heads 5");
+  refused("act", set("hidden_act", "gelu"), "hidden_act");
+  refused("scaling", set("rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}),
+          "rope_scaling");
+  refused("type", set("model_type", "mixtral"), "mixtral");
+  // A shape the config does not make: the tensor is named.
+  refused("shape", set("intermediate_size", 160), "mlp.gate_proj.weight");
+}
+
+}  // namespace
+}  // namespace ct
