@@ -1,16 +1,17 @@
-"""Writes tests/data/hf_llama/: a small Llama saved by Hugging Face transformers itself
-(LlamaForCausalLM.save_pretrained, safetensors) and what transformers computes with it -- the
-golden data of tests/train/hf_llama_test.cpp, which starts crosstrain from this folder
-(--model-name-or-path), evaluates and fine-tunes it, and compares.
+"""Writes tests/data/hf_llama/ and tests/data/hf_qwen2/: a small Llama and a small Qwen2 saved by
+Hugging Face transformers itself (save_pretrained, safetensors) and what transformers computes
+with them -- the golden data of tests/train/hf_llama_test.cpp, which starts crosstrain from
+these folders (--model-name-or-path), evaluates and fine-tunes them, and compares.
 
 Regenerate (seconds on a CPU; transformers 4.44 runs on Debian's torch 1.13):
     /usr/bin/python3 -m venv --system-site-packages /tmp/hf
     /tmp/hf/bin/pip install transformers==4.44.2
     /tmp/hf/bin/python scripts/make_hf_llama_golden.py
 
-The folder: config.json and model.safetensors as save_pretrained writes them (grouped-query
-attention 4 heads / 2 KV heads, untied head, rope_theta 10000, rms_norm_eps 1e-5, weights drawn
-by torch's generator -- norms around 1, not 1 -- so nothing depends on crosstrain's init), and
+Each folder: config.json and model.safetensors as save_pretrained writes them (grouped-query
+attention 4 heads / 2 KV heads; hf_llama: untied head, rope_theta 10000; hf_qwen2: q/k/v biases,
+tied head, rope_theta 1e6; weights drawn by torch's generator -- norms around 1, not 1, biases
+non-zero -- so nothing depends on crosstrain's init), and
 golden.json: the eval loss on tests/data/text/harbour.txt (consecutive windows of T, as
 `crosstrain eval`), the training loss of each of STEPS AdamW steps on crosstrain's batches
 (BatchLoader: Philox start positions, first 90 % of the tokens; constant lr, clipping at 1.0,
@@ -23,13 +24,12 @@ import sys
 import numpy as np
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_hf_golden as hg  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "tests", "data", "hf_llama")
 B, T, STEPS, SEED = hg.B, hg.T, hg.STEPS, hg.SEED
 
 
@@ -47,28 +47,22 @@ def eval_loss(model, tokens):
     return total / n
 
 
-def main():
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    torch.manual_seed(1234)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      vocab_size=256, rms_norm_eps=1e-5, rope_theta=10000.0,
-                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
-                      attn_implementation="eager")
-    model = LlamaForCausalLM(cfg)
+def make(out, model):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.normal_(1.0, 0.05)  # not all ones, so a norm that is not loaded shows
-    model.save_pretrained(OUT, safe_serialization=True)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.02)  # non-zero, so a bias that is not loaded shows
+    model.save_pretrained(out, safe_serialization=True)
 
     tokens = np.frombuffer(open(hg.TEXT, "rb").read(), dtype=np.uint8).astype(np.int64)
     before = eval_loss(model, tokens)
     n_val = int(round(len(tokens) * hg.VAL_FRACTION))
     train = tokens[:len(tokens) - n_val]
     named = dict(model.named_parameters())
-    decay = [p for n, p in named.items() if "norm" not in n]
-    no_decay = [p for n, p in named.items() if "norm" in n]
+    decay = [p for n, p in named.items() if "norm" not in n and not n.endswith(".bias")]
+    no_decay = [p for n, p in named.items() if "norm" in n or n.endswith(".bias")]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": hg.WEIGHT_DECAY},
                              {"params": no_decay, "weight_decay": 0.0}], lr=hg.LR,
                             betas=(0.9, 0.999), eps=1e-8)
@@ -89,10 +83,25 @@ def main():
               "weight_decay": hg.WEIGHT_DECAY, "max_grad_norm": hg.MAX_GRAD_NORM,
               "validation_split": hg.VAL_FRACTION, "torch": torch.__version__,
               "transformers": transformers.__version__}
-    with open(os.path.join(OUT, "golden.json"), "w") as f:
+    with open(os.path.join(out, "golden.json"), "w") as f:
         json.dump(golden, f, indent=2)
         f.write("\n")
-    print(json.dumps(golden))
+    print(out, json.dumps(golden))
+
+
+def main():
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    shape = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                 vocab_size=256, rms_norm_eps=1e-5, bos_token_id=None, eos_token_id=None,
+                 attn_implementation="eager")
+    torch.manual_seed(1234)
+    make(os.path.join(ROOT, "tests", "data", "hf_llama"),
+         LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, tie_word_embeddings=False, **shape)))
+    torch.manual_seed(1235)
+    make(os.path.join(ROOT, "tests", "data", "hf_qwen2"),
+         Qwen2ForCausalLM(Qwen2Config(rope_theta=1000000.0, tie_word_embeddings=True,
+                                      use_sliding_window=False, **shape)))
 
 
 if __name__ == "__main__":

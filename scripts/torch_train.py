@@ -11,6 +11,11 @@ back to the host every step (crosstrain logs every step in the benchmark, which 
     /usr/bin/python3 scripts/torch_train.py --model tiny --batch 4 --steps 12 --threads 2 \
         [--json out.json] [--philox-init]
 
+The Llama-family presets (llama-tiny, smollm-135m: core/model/llama_config.cpp) run Hugging Face
+transformers' LlamaForCausalLM instead (attention "sdpa" where the torch has
+scaled_dot_product_attention, else "eager"); that needs transformers beside torch, e.g. a venv
+with --system-site-packages and `pip install transformers==4.44.2` for Debian's torch 1.13.
+
 Prints one line per step and, with --json, writes {"steps": [{"step", "seconds", "tokens",
 "tokens_per_s", "loss"}, ...], ...}. Initialisation defaults to torch's normal(0, 0.02) (the
 speed does not depend on the values); --philox-init reproduces crosstrain's exact weights (slow
@@ -20,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import sys
 import time
 
@@ -61,10 +67,40 @@ def load_text(path):
     return bytes(out)
 
 
+# crosstrain's Llama-family presets, as transformers LlamaConfig arguments.
+LLAMA_PRESETS = {
+    "llama-tiny": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
+                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
+                       vocab_size=256, tie_word_embeddings=False),
+    "smollm-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                        num_attention_heads=9, num_key_value_heads=3,
+                        max_position_embeddings=2048, vocab_size=49152,
+                        tie_word_embeddings=True),
+}
+
+
+def make_llama(name):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    attn = "sdpa" if hasattr(F, "scaled_dot_product_attention") else "eager"
+    cfg = LlamaConfig(rms_norm_eps=1e-5, rope_theta=10000.0, attention_bias=False,
+                      bos_token_id=None, eos_token_id=None, attn_implementation=attn,
+                      **LLAMA_PRESETS[name])
+    return LlamaForCausalLM(cfg)
+
+
+def llama_param_groups(model, weight_decay):
+    """crosstrain's groups: weight decay on matrices and the embedding, not on norms/biases."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": rest, "weight_decay": 0.0}]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--block-size", type=int, default=0, help="sequence length (0: the preset's)")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data", default=DEFAULT_DATA)
@@ -82,14 +118,21 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    cfg = torch_gpt2.GPT2Config.preset(args.model)
-    B, T = args.batch, cfg.block_size
+    llama = args.model in LLAMA_PRESETS
+    cfg = None if llama else torch_gpt2.GPT2Config.preset(args.model)
+    B, T = args.batch, (args.block_size or (LLAMA_PRESETS[args.model]["max_position_embeddings"]
+                                            if llama else cfg.block_size))
 
     data = np.frombuffer(load_text(args.data), dtype=np.uint8).astype(np.int64)
     train = torch.from_numpy(data[: len(data) - int(round(len(data) * 0.1))])
 
-    model = torch_gpt2.GPT2(cfg)
-    if args.philox_init:
+    if llama:
+        model = make_llama(args.model)
+    else:
+        model = torch_gpt2.GPT2(cfg)
+    if llama:
+        pass  # transformers' own init: normal(0, 0.02), norms 1
+    elif args.philox_init:
         torch_gpt2.philox_init(model, args.seed)
     else:
         with torch.no_grad():
@@ -102,10 +145,11 @@ def main():
                     p.zero_()
     model.to(dev)
     model.train()
-    opt = torch.optim.AdamW(model.param_groups(args.weight_decay), lr=args.lr,
-                            betas=(0.9, 0.999), eps=1e-8)
+    groups = llama_param_groups(model, args.weight_decay) if llama else \
+        model.param_groups(args.weight_decay)
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"torch {torch.__version__}: GPT-2 {args.model} ({n_params:,} parameters), "
+    print(f"torch {torch.__version__}: {args.model} ({n_params:,} parameters), "
           f"batch {B} x {T}, {args.threads} threads, {args.steps} steps on {dev}", flush=True)
 
     gen = torch.Generator().manual_seed(args.seed)
@@ -118,7 +162,11 @@ def main():
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.bf16):
-            _, loss = model(x, y)
+            if llama:
+                logits = model(input_ids=x, use_cache=False).logits
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+            else:
+                _, loss = model(x, y)
         loss.backward()
         if args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -132,10 +180,14 @@ def main():
         records.append(rec)
         print(f"step {step:4d}/{args.steps}  loss {loss_value:.4f}  {dt * 1e3:8.1f} ms  "
               f"{B * T / dt:10.1f} tok/s", flush=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"peak RSS {peak / 2**30:.2f} GiB", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "device": str(dev), "batch": B, "block_size": T, "threads": args.threads,
-                       "torch": torch.__version__, "num_parameters": n_params,
+            json.dump({"model": args.model, "device": str(dev), "batch": B, "block_size": T,
+                       "threads": args.threads, "torch": torch.__version__,
+                       "num_parameters": n_params,
+                       "peak_rss_bytes": peak,
                        "steps": records}, f, indent=1)
 
 
