@@ -13,12 +13,15 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "core/amp/precision.h"
 #include "core/error.h"
 #include "core/model/config.h"
 #include "core/model/gpt2.h"
+#include "core/model/llama.h"
+#include "core/model/model_config.h"
 #include "core/registry.h"
 #include "core/train/progress.h"
 #include "tools/crosstrain/cli_util.h"
@@ -41,9 +44,11 @@ struct Technique {
 };
 
 // Optimizer state bytes per parameter of --optim `kind` on cfg's tensors (optimizer.h's formulas).
-double optimizer_bytes_per_param(const GPT2Config& cfg, const std::string& kind) {
+double optimizer_bytes_per_param(const ModelConfig& cfg, const std::string& kind) {
   double bytes = 0, n = 0;
-  for (const ParamInfo& p : gpt2_param_table(cfg)) {
+  const std::vector<ParamInfo> table =
+      cfg.is_llama() ? llama_param_table(cfg.llama()) : gpt2_param_table(cfg.gpt2());
+  for (const ParamInfo& p : table) {
     const double numel = static_cast<double>(p.numel), cols = static_cast<double>(p.shape.d[1]);
     n += numel;
     if (kind == "adafactor")
@@ -59,8 +64,19 @@ double optimizer_bytes_per_param(const GPT2Config& cfg, const std::string& kind)
 // Device memory a row needs, from first principles: fp32 weights (+ a 16-bit copy when mixed;
 // LoRA under bf16: the 16-bit base only), fp32 gradients, optimizer state, and the activations
 // the model's formula predicts.
-int64_t predicted_bytes(const GPT2Config& cfg, const Technique& t, int micro_batch) {
-  const int64_t n = cfg.num_parameters();
+int64_t predicted_bytes(const ModelConfig& mc, const Technique& t, int micro_batch) {
+  const int64_t n = mc.num_parameters();
+  if (mc.is_llama()) {  // every parameter trains (no LoRA rows for this family)
+    LlamaOptions o;
+    o.gradient_checkpointing = t.checkpointing;
+    o.fused_attention = !t.unfused_attention;
+    o.policy = PrecisionPolicy::make(t.mixed ? Precision::kBf16 : Precision::kFp32);
+    const LlamaConfig& c = mc.llama();
+    return n * (4 + (t.mixed ? 2 : 0)) + n * 4 +
+           static_cast<int64_t>(t.optimizer_bytes_per_param * static_cast<double>(n)) +
+           Llama::activation_bytes(c, o, micro_batch, c.block_size);
+  }
+  const GPT2Config& cfg = mc.gpt2();
   GPT2Options o;
   o.gradient_checkpointing = t.checkpointing;
   o.fused_attention = !t.unfused_attention;
@@ -190,8 +206,8 @@ Run add_bench(CLI::App& app) {
          true,
          true},
     };
-    GPT2Config cfg = GPT2Config::preset(o->model);
-    if (o->block_size > 0) cfg.block_size = o->block_size;
+    ModelConfig cfg = ModelConfig::preset(o->model);
+    if (o->block_size > 0) std::visit([&](auto& c) { c.block_size = o->block_size; }, cfg.config);
     cfg.validate();
     // The optimizer rows (core/train/optimizer.h): state bytes per parameter on the device.
     const double bpp_af = optimizer_bytes_per_param(cfg, "adafactor");
@@ -205,18 +221,21 @@ Run add_bench(CLI::App& app) {
                           true,
                           true,
                           bpp_8});
-    // LoRA r=8 on the attention projections (PEFT's names), as in the fine-tuning guides.
-    Technique lora{"LoRA r=8 (attention)",
-                   {"--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules",
-                    "attn.c_attn,attn.c_proj"}};
-    lora.lora_r = 8;
-    lora.lora_targets = "attn.c_attn,attn.c_proj";
-    techniques.push_back(lora);
-    Technique lora16 = lora;
-    lora16.name = "bf16 + LoRA r=8 (attention)";
-    lora16.flags.push_back("--bf16");
-    lora16.mixed = true;
-    techniques.push_back(lora16);
+    // LoRA r=8 on the attention projections (PEFT's names), as in the fine-tuning guides; GPT-2
+    // only (the Llama family has no adapters yet).
+    if (!cfg.is_llama()) {
+      Technique lora{"LoRA r=8 (attention)",
+                     {"--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules",
+                      "attn.c_attn,attn.c_proj"}};
+      lora.lora_r = 8;
+      lora.lora_targets = "attn.c_attn,attn.c_proj";
+      techniques.push_back(lora);
+      Technique lora16 = lora;
+      lora16.name = "bf16 + LoRA r=8 (attention)";
+      lora16.flags.push_back("--bf16");
+      lora16.mixed = true;
+      techniques.push_back(lora16);
+    }
     fs::create_directories(o->output_dir);
     const std::string exe = (fs::path(executable_dir()) / "crosstrain").string();
     const std::string log = (fs::path(o->output_dir) / "runs.log").string();
@@ -261,7 +280,7 @@ Run add_bench(CLI::App& app) {
         auto [status, rss] = run_child(argv, log);
         Row r;
         if (status == 0) {
-          T = cfg.block_size;  // LoRA rows write adapters, no config.json
+          T = cfg.block_size();  // LoRA rows write adapters, no config.json
           r = read_row(dir, 0, T);
         } else {
           r.error = "exit status " + std::to_string(status) + " (see " + log + ")";
