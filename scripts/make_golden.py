@@ -90,23 +90,8 @@ def train_run(cfg, dtype, tokens, targets):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ap.add_argument("--out", default=os.path.join(root, "tests/data/golden/tiny_golden.safetensors"))
-    args = ap.parse_args()
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-
-    cfg = tg.GPT2Config.preset("tiny")
-    table = tg.param_table(cfg)
-    data = np.frombuffer(TEXT.encode("ascii"), dtype=np.uint8).astype(np.int64)
-    assert len(data) >= B * T + 1, len(data)
-    tokens = torch.from_numpy(data[:B * T].reshape(B, T).copy())
-    targets = torch.from_numpy(data[1:B * T + 1].reshape(B, T).copy())
-
-    r32 = train_run(cfg, torch.float32, tokens, targets)
-    r64 = train_run(cfg, torch.float64, tokens, targets)
-
+def golden_tensors(table, r32, r64, tokens, targets):
+    """The golden file's tensors from a float32 and a float64 train_run (see the docstring)."""
     sidx, sowner = sample_indices(table)
     sizes = [int(np.prod(s)) for _, s, _ in table]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
@@ -135,6 +120,38 @@ def main():
         "adamw_grad_norms": f32(r32["norms"]),
         "final_sample": f32(r32["final"][sidx]),
     }
+    return tensors
+
+
+def write_golden(path, tensors, metadata, r32, r64):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tg.save_safetensors(path, tensors, metadata)
+    print(f"wrote {path} ({os.path.getsize(path)} bytes): loss {r32['loss']:.6f} "
+          f"(f64 {r64['loss']:.6f}), adamw losses {np.round(r32['losses'], 6).tolist()}")
+    print("max |loss32 - loss64| over steps:", np.abs(r32["losses"] - r64["losses"]).max())
+    n32 = np.array([np.sqrt((g * g).sum()) for g in r32["grads"]])
+    n64 = np.array([np.sqrt((g * g).sum()) for g in r64["grads"]])
+    print("max rel grad-norm diff f32 vs f64:", (np.abs(n32 - n64) / n64).max())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap.add_argument("--out", default=os.path.join(root, "tests/data/golden/tiny_golden.safetensors"))
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+    cfg = tg.GPT2Config.preset("tiny")
+    table = tg.param_table(cfg)
+    data = np.frombuffer(TEXT.encode("ascii"), dtype=np.uint8).astype(np.int64)
+    assert len(data) >= B * T + 1, len(data)
+    tokens = torch.from_numpy(data[:B * T].reshape(B, T).copy())
+    targets = torch.from_numpy(data[1:B * T + 1].reshape(B, T).copy())
+
+    r32 = train_run(cfg, torch.float32, tokens, targets)
+    r64 = train_run(cfg, torch.float64, tokens, targets)
+
+    tensors = golden_tensors(table, r32, r64, tokens, targets)
     metadata = {
         "format": "crosstrain-golden-v1",
         "preset": "tiny",
@@ -147,14 +164,7 @@ def main():
         "text": TEXT,
         "torch": torch.__version__,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    tg.save_safetensors(args.out, tensors, metadata)
-    print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes): loss {r32['loss']:.6f} "
-          f"(f64 {r64['loss']:.6f}), adamw losses {np.round(r32['losses'], 6).tolist()}")
-    print("max |loss32 - loss64| over steps:", np.abs(r32["losses"] - r64["losses"]).max())
-    rel = np.abs(np.array(grad_norm) - np.array(grad_norm64)) / np.array(grad_norm64)
-    print("max rel grad-norm diff f32 vs f64:", rel.max())
-
+    write_golden(args.out, tensors, metadata, r32, r64)
 
 if __name__ == "__main__":
     main()

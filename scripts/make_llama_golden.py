@@ -22,6 +22,7 @@ import sys
 
 import numpy as np
 import torch
+import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -130,35 +131,7 @@ def main():
     r32 = train_run(cfg, table, torch.float32, tokens, targets)
     r64 = train_run(cfg, table, torch.float64, tokens, targets)
 
-    sidx, sowner = mg.sample_indices(table)
-    sizes = [int(np.prod(s)) for _, s, _ in table]
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    init = r32["init"]
-    init_sum = [init[offsets[k]:offsets[k + 1]].astype(np.float64).sum() for k in range(len(table))]
-    grad_flat = np.concatenate(r32["grads"])
-    grad_norm = [np.sqrt((g * g).sum()) for g in r32["grads"]]
-    grad_norm64 = [np.sqrt((g * g).sum()) for g in r64["grads"]]
-
-    f32 = lambda x: np.asarray(x, dtype=np.float32)  # noqa: E731
-    tensors = {
-        "tokens": tokens.numpy().astype(np.int32),
-        "targets": targets.numpy().astype(np.int32),
-        "sample_index": sidx,
-        "sample_tensor": sowner,
-        "init_sum": f32(init_sum),
-        "init_sample": f32(init[sidx]),
-        "logits": f32(r32["logits"]),
-        "loss": f32([r32["loss"]]),
-        "loss_f64": f32([r64["loss"]]),
-        "grad_norm": f32(grad_norm),
-        "grad_norm_f64": f32(grad_norm64),
-        "grad_sample": f32(grad_flat[sidx]),
-        "adamw_losses": f32(r32["losses"]),
-        "adamw_losses_f64": f32(r64["losses"]),
-        "adamw_grad_norms": f32(r32["norms"]),
-        "final_sample": f32(r32["final"][sidx]),
-    }
-    import transformers
+    tensors = mg.golden_tensors(table, r32, r64, tokens, targets)
     metadata = {
         "format": "crosstrain-golden-v1",
         "preset": "llama-tiny",
@@ -172,14 +145,7 @@ def main():
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    tg.save_safetensors(args.out, tensors, metadata)
-    print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes): loss {r32['loss']:.6f} "
-          f"(f64 {r64['loss']:.6f}), adamw losses {np.round(r32['losses'], 6).tolist()}")
-    print("max |loss32 - loss64| over steps:", np.abs(r32["losses"] - r64["losses"]).max())
-    rel = np.abs(np.array(grad_norm) - np.array(grad_norm64)) / np.array(grad_norm64)
-    print("max rel grad-norm diff f32 vs f64:", rel.max())
-
+    mg.write_golden(args.out, tensors, metadata, r32, r64)
 
 if __name__ == "__main__":
     main()
