@@ -149,7 +149,8 @@ def main():
         model.param_groups(args.weight_decay)
     opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"torch {torch.__version__}: {args.model} ({n_params:,} parameters), "
+    attention = f", attention {model.config._attn_implementation}" if llama else ""
+    print(f"torch {torch.__version__}: {args.model} ({n_params:,} parameters{attention}), "
           f"batch {B} x {T}, {args.threads} threads, {args.steps} steps on {dev}", flush=True)
 
     gen = torch.Generator().manual_seed(args.seed)

@@ -65,6 +65,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 GPT2::GPT2(Device& device, const GPT2Config& config, bool with_grads, const GPT2Options& options)
     : device_(device), config_(config), options_(options) {
   config_.validate();
+  options_.lora = resolved_lora(options_.lora);
   check_policy();
   table_ = gpt2_param_table(config_);
   for (size_t i = 0; i < table_.size(); ++i) {
@@ -79,14 +80,11 @@ GPT2::GPT2(Device& device, const GPT2Config& config, bool with_grads, const GPT2
                  : params_;
   if (base16())
     small_ = device_.empty({num_params_ - decay_count_}, DType::f32, MemCategory::kWeights);
-  build_lora_table();
-  if (lora()) {
+  if (options_.lora.enabled()) {
     // The base is frozen: gradients (and so optimizer state) for the adapters only.
-    lora_params_ = device_.empty({lora_count_}, DType::f32, MemCategory::kWeights);
-    lora_compute_ = options_.policy.mixed() ? device_.empty({lora_count_}, options_.policy.compute,
-                                                            MemCategory::kWeights)
-                                            : lora_params_;
-    if (with_grads) lora_grads_ = device_.empty({lora_count_}, DType::f32, MemCategory::kGrads);
+    lora_ = std::make_unique<LoraAdapters>(device_, options_.lora, lora_sites(config_),
+                                           config_.n_layer, config_.n_embd, options_.policy.compute,
+                                           with_grads, "GPT-2");
   } else if (with_grads) {
     grads_ = device_.empty({num_params_}, DType::f32, MemCategory::kGrads);
   }
@@ -128,7 +126,7 @@ void GPT2::check_policy() const {
 void GPT2::refresh_compute_weights() {
   if (!options_.policy.mixed()) return;
   if (lora())
-    device_.copy(lora_compute_, lora_params_);  // the frozen base does not change
+    lora_->refresh_compute();  // the frozen base does not change
   else
     device_.copy(compute_, params_);
 }
@@ -161,7 +159,7 @@ int64_t GPT2::base_weight_bytes(const GPT2Config& config, const GPT2Options& opt
   const int64_t n = config.num_parameters();
   if (!options.policy.mixed()) return n * 4;
   const int64_t h = static_cast<int64_t>(dtype_size(options.policy.compute));
-  if (!options.lora.enabled()) return n * (4 + h);
+  if (!options.lora.enabled()) return n * (4 + h);  // base16(): the base in 16 bits only
   int64_t no_decay = 0;
   for (const ParamInfo& p : gpt2_param_table(config))
     if (!p.decay) no_decay += p.numel;
@@ -238,23 +236,16 @@ void GPT2::init(uint64_t seed) {
     }
   }
   upload_params(host);
-  if (lora()) init_lora(seed);
-  if (grads_.defined() || lora_grads_.defined()) zero_grad();
+  if (lora()) lora_->init(seed, table_.size());
+  if (grads_.defined() || (lora() && lora_->trains())) zero_grad();
 }
 
 // =============================================================================================
 // Host helpers: checkpoints and sampling
 
 std::vector<float> GPT2::download_params() const {
+  if (base16()) return model_util::download_widened(device_, compute_);  // the 16-bit base
   std::vector<float> host(static_cast<size_t>(num_params_));
-  if (base16()) {  // the 16-bit base, widened (exactly) on the host
-    std::vector<uint16_t> bits(host.size());
-    device_.download(bits.data(), compute_, bits.size() * sizeof(uint16_t));
-    const bool bf = compute_.dtype == DType::bf16;
-    for (size_t i = 0; i < host.size(); ++i)
-      host[i] = bf ? bf16_to_f32(bits[i]) : f16_to_f32(bits[i]);
-    return host;
-  }
   device_.download(host.data(), params_, host.size() * sizeof(float));
   return host;
 }
@@ -274,11 +265,7 @@ void GPT2::upload_params(const std::vector<float>& flat) {
              "upload_params: got " + std::to_string(flat.size()) + " values, the model has " +
                  std::to_string(num_params_));
   if (base16()) {  // rounded to nearest even on the host: no f32 copy on the device
-    std::vector<uint16_t> bits(flat.size());
-    const bool bf = compute_.dtype == DType::bf16;
-    for (size_t i = 0; i < flat.size(); ++i)
-      bits[i] = bf ? f32_to_bf16(flat[i]) : f32_to_f16(flat[i]);
-    device_.upload(compute_, bits.data(), bits.size() * sizeof(uint16_t));
+    model_util::upload_rounded(device_, compute_, flat);
     device_.copy(small_, compute_.slice_flat(decay_count_, {num_params_ - decay_count_}));
     return;
   }

@@ -33,12 +33,14 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/amp/precision.h"
 #include "core/device.h"
 #include "core/model/config.h"
+#include "core/model/lora.h"
 #include "core/model/model.h"
 #include "core/tensor.h"
 
@@ -47,20 +49,6 @@ namespace ct {
 // The parameter table for a config, in flat-buffer order (also the init order: tensor k of this
 // table draws from Philox stream k).
 std::vector<ParamInfo> gpt2_param_table(const GPT2Config& config);
-
-struct LoraOptions {
-  int r = 0;           // rank; 0: no adapters (every parameter trains)
-  float alpha = 8.0f;  // the update is scaled by alpha / r (PEFT's lora_alpha)
-  // PEFT's target_modules: a layer "h.<l>.<module>" is adapted when one entry equals its
-  // module ("attn.c_attn") or the module's last part ("c_attn"; "c_proj" means both the
-  // attention and the MLP projection). Modules: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj.
-  std::vector<std::string> target_modules = {"c_attn"};
-  // PEFT's lora_dropout: the adapter's input is x with elements zeroed at this rate (and the
-  // rest scaled by 1 / (1 - dropout)), in training passes only (GPT2::set_lora_dropout_draw).
-  float dropout = 0.0f;
-  bool enabled() const { return r > 0; }
-  float scaling() const { return alpha / static_cast<float>(r); }
-};
 
 struct GPT2Options {
   // Hugging Face --gradient_checkpointing: keep each block's input only, recompute the rest in
@@ -72,7 +60,7 @@ struct GPT2Options {
   bool fused_attention = true;
   // Which tensors are f32 and which 16-bit (core/amp/precision.h); fp32 by default.
   PrecisionPolicy policy;
-  // Low-rank adapters; r = 0 (the default) trains the whole model.
+  // Low-rank adapters (core/model/lora.h); r = 0 (the default) trains the whole model.
   LoraOptions lora;
 };
 
@@ -144,7 +132,7 @@ class GPT2 final : public Model {
   // [num_parameters] f32 master; undefined when base16() (the base exists in 16 bits only).
   Tensor params_flat() const { return params_; }
   // LoRA under a 16-bit policy: the frozen base is held in policy.compute only.
-  bool base16() const { return lora() && options_.policy.mixed(); }
+  bool base16() const { return options_.lora.enabled() && options_.policy.mixed(); }
   // Bytes of kWeights the base parameters take for `options` (f32 master, 16-bit copy, or the
   // 16-bit base plus its widened no-decay region), adapters not included.
   static int64_t base_weight_bytes(const GPT2Config& config, const GPT2Options& options);
@@ -169,32 +157,22 @@ class GPT2 final : public Model {
   Tensor grads_no_decay() const;
 
   // What the optimizer updates: every parameter, or with LoRA the adapters only.
-  bool lora() const override { return options_.lora.enabled(); }
+  LoraAdapters* adapters() const override { return lora_.get(); }
   const std::vector<ParamInfo>& trainable_params() const override {
-    return lora() ? lora_table_ : table_;
+    return lora() ? lora_->table() : table_;
   }
-  Tensor trainable_flat() const override { return lora() ? lora_params_ : params_; }
+  Tensor trainable_flat() const override { return lora() ? lora_->params() : params_; }
   Tensor trainable_grads() const override;  // kInvalidArgument without gradients
-  int64_t num_trainable() const override { return lora() ? lora_count_ : num_params_; }
-  int64_t trainable_decay_count() const override { return lora() ? lora_count_ : decay_count_; }
-  // The adapter table: "h.<l>.<module>.lora_A.weight" [r, in] and ".lora_B.weight" [out, r],
-  // per layer in module order; all weight-decayed (as Hugging Face's Trainer decays them).
-  const std::vector<ParamInfo>& lora_params() const { return lora_table_; }
+  int64_t num_trainable() const override { return lora() ? lora_->count() : num_params_; }
+  int64_t trainable_decay_count() const override { return lora() ? lora_->count() : decay_count_; }
+  std::string peft_prefix() const override { return "base_model.model.transformer."; }
+  bool peft_fan_in_fan_out() const override { return true; }  // Conv1D: W is [in, out]
+  // The layers LoRA may adapt, site l * 4 + m: "h.<l>." + attn.c_attn, attn.c_proj, mlp.c_fc,
+  // mlp.c_proj. PEFT's default target: c_attn.
+  static std::vector<LoraSite> lora_sites(const GPT2Config& config);
+  static LoraOptions resolved_lora(LoraOptions lora);  // empty target_modules -> {"c_attn"}
   // How many adapter parameters `lora` adds to a model of `config` (0 when not enabled).
   static int64_t lora_parameter_count(const GPT2Config& config, const LoraOptions& lora);
-  std::map<std::string, std::vector<float>> download_lora_map() const;
-  // Every adapter must be present with its element count; unknown names are errors.
-  void upload_lora(const std::map<std::string, std::vector<float>>& named);
-  // LoRA dropout for the forward/backward pairs that follow: draw >= 0 applies it with masks
-  // that are a pure function of (seed, draw, layer, module) -- Device::dropout on Philox stream
-  // kLoraDropoutStream + (draw * n_layer + l) * 4 + m, so a backward (and the recomputation of
-  // gradient checkpointing) sees the forward's mask and a resumed run the same masks; draw < 0
-  // (the default, as for evaluation) turns it off. The trainer numbers its micro-batches.
-  void set_lora_dropout_draw(uint64_t seed, int64_t draw) override {
-    lora_dropout_seed_ = seed;
-    lora_dropout_draw_ = draw;
-  }
-  static constexpr uint64_t kLoraDropoutStream = uint64_t{1} << 48;
 
   // Host copies for checkpoints and tests (these wait for the device).
   std::vector<float> download_params() const override;
@@ -233,30 +211,13 @@ class GPT2 final : public Model {
   // Block l from residuals_[l]: fills acts(l) and, unless recompute, residuals_[l + 1].
   void block_forward(int l, int B, int T, bool recompute);
   void check_policy() const;
-  // LoRA: the adapters of one linear layer (module m of kLoraModules in block l), if any.
-  struct LoraSlot {
-    bool on = false;
-    int64_t in = 0, out = 0;
-    const ParamInfo* a = nullptr;  // rows of lora_table_
-    const ParamInfo* b = nullptr;
-  };
-  void build_lora_table();
-  const LoraSlot& lora_slot(int l, int m) const {
-    return lora_slots_[static_cast<size_t>(l) * 4 + static_cast<size_t>(m)];
-  }
-  // out (+=) scaling * (x @ A^T) @ B^T, for module m of block l (no-op when not adapted).
+  // out (+=) the adapter's update of linear layer m of block l (no-op when not adapted).
   void lora_forward(int l, int m, const Tensor& out, const Tensor& x) const;
-  // dA (+=), dB (+=) and dx of that update, from dout and the layer input x: dx (+=), or with
-  // dropout active dx (=), and the caller adds the base layer's part after (see lora_backward).
-  void lora_backward(int l, int m, const Tensor& dx, const Tensor& dout, const Tensor& x) const;
-  // The widest input among the adapted modules when LoRA dropout is on (lora_x_'s row), else 0.
-  static int64_t lora_dropout_width(const GPT2Config& config, const LoraOptions& lora);
-  // Whether lora_backward of module (l, m) overwrites dx rather than adding to it.
-  bool lora_dropout_active(int l, int m) const;
-  uint64_t lora_dropout_stream(int l, int m) const;
-  // The dropped-out input of module (l, m) in lora_x_ (x itself when dropout is off).
-  Tensor lora_input(int l, int m, const Tensor& x) const;
-  void init_lora(uint64_t seed);
+  // dinp (=) dout @ w^T for linear layer m of block l, plus the weight/bias gradients unless
+  // the base is frozen, plus the adapter's part.
+  void linear_bwd(int l, int m, const Tensor& dinp, const Tensor& dw, const Tensor& db,
+                  const Tensor& dout, const Tensor& inp, const Tensor& w,
+                  const Tensor* dbias_src) const;
 
   Device& device_;
   GPT2Config config_;
@@ -268,11 +229,7 @@ class GPT2 final : public Model {
   Tensor params_, grads_;
   Tensor small_;    // base16(): f32 [num_params - decay_count], the no-decay region widened
   Tensor compute_;  // policy.compute copy of params_ (params_ itself for fp32)
-  // LoRA adapters: the table, per (layer, module) slots, master / compute / gradient buffers.
-  std::vector<ParamInfo> lora_table_;
-  std::vector<LoraSlot> lora_slots_;
-  int64_t lora_count_ = 0;
-  Tensor lora_params_, lora_compute_, lora_grads_;
+  std::unique_ptr<LoraAdapters> lora_;  // null without LoRA
 
   // Activations, sized for max_b_ x max_t_; views of the current (B,T) are taken per call.
   int max_b_ = 0, max_t_ = 0;
@@ -288,10 +245,6 @@ class GPT2 final : public Model {
   Tensor dresidual_h_;          // (B,T,C) h: its copy as a matmul input (16-bit policies only)
   Tensor dbt_c_;                // (B,T,C) f32: gradients of LayerNorm outputs
   Tensor dbt_4c_a_, dbt_4c_b_;  // (B,T,4C) h
-  Tensor lora_u_, lora_du_;     // (B,T,r) h: x @ A^T and its gradient (LoRA only)
-  Tensor lora_x_;               // (B,T,in) h: the dropped-out adapter input (LoRA dropout only)
-  uint64_t lora_dropout_seed_ = 0;
-  int64_t lora_dropout_draw_ = -1;
   Tensor frozen_ln_dw_, frozen_ln_db_;  // (C) f32: where a frozen LayerNorm's gradients go
 
   // The last forward's batch, kept for backward.

@@ -7,11 +7,10 @@
 
 namespace ct {
 
-using gpt2_detail::linear_backward;
 using gpt2_detail::view;
 
 void GPT2::backward(float dloss_scale) {
-  CT_REQUIRE(grads_.defined() || lora_grads_.defined(),
+  CT_REQUIRE(grads_.defined() || (lora() && lora_->trains()),
              "backward() on a GPT2 created without gradients");
   CT_REQUIRE(cur_b_ > 0 && have_targets_, "backward() needs a preceding forward() with targets");
   const int B = cur_b_, T = cur_t_;
@@ -21,28 +20,13 @@ void GPT2::backward(float dloss_scale) {
   const bool mixed = options_.policy.mixed();
   const Tensor& g = grads_;
   // LoRA: the base is frozen. Its weight gradients are not computed, the LayerNorm ones (which
-  // come with dx in one op) go to a scratch pair, and the adapters' are added per layer.
+  // come with dx in one op) go to a scratch pair, and the adapters' are added per layer
+  // (linear_bwd, core/model/gpt2_lora.cpp).
   const bool frozen = lora();
   auto ln_grad = [&](const std::string& name) {
     return frozen ? (name.find(".bias") != std::string::npos ? frozen_ln_db_ : frozen_ln_dw_)
                   : table_view(g, name);
   };
-  // dinp (=) dout @ w^T, plus the weight/bias gradients unless frozen, plus the adapter's part.
-  auto linear_bwd = [&](int l, int m, const Tensor& dinp, const Tensor& dw, const Tensor& db,
-                        const Tensor& dout, const Tensor& inp, const Tensor& w,
-                        const Tensor* dbias_src) {
-    if (frozen && lora_dropout_active(l, m)) {  // the adapter's masked part first, then +=
-      lora_backward(l, m, dinp, dout, inp);
-      device_.matmul(dinp, dout, w, false, true, 1.0f, 1.0f);
-      return;
-    }
-    if (frozen)
-      device_.matmul(dinp, dout, w, false, true);
-    else
-      linear_backward(device_, dinp, dw, db, dout, inp, w, dbias_src);
-    lora_backward(l, m, dinp, dout, inp);
-  };
-
   // d loss / d (residual stream), (B,T,C) f32, and its copy as a matmul operand (h)
   Tensor dresidual = view(dresidual_, {BT, C});
   Tensor dresidual_mm = mixed ? view(dresidual_h_, {BT, C}) : dresidual;

@@ -15,8 +15,8 @@ namespace ct {
 //   head              lnf BT*C*h, its mean/rstd 2 x BT*4, logits BT*V*h, losses BT*4, loss 4
 //   backward scratch  dresidual and dln 2 x BT*C*4, two BT*4C*h, and under a 16-bit policy the
 //                     copy of dresidual BT*C*h
-//   LoRA              u BT*r*h; with gradients also du BT*r*h and the frozen LayerNorms'
-//                     gradient sink 2 x C*4
+//   LoRA              LoraAdapters::activation_bytes (u, du, the dropped-out input); with
+//                     gradients the frozen LayerNorms' gradient sink 2 x C*4
 int64_t GPT2::activation_bytes(const GPT2Config& config, const GPT2Options& options, int B, int T,
                                bool with_grads) {
   const int64_t L = config.n_layer, C = config.n_embd, V = config.vocab_size, NH = config.n_head;
@@ -33,12 +33,10 @@ int64_t GPT2::activation_bytes(const GPT2Config& config, const GPT2Options& opti
   if (with_grads)
     scratch = 2 * BT * C * f + 2 * BT * 4 * C * h + (options.policy.mixed() ? BT * C * h : 0);
   int64_t lora = 0;
-  if (options.lora.enabled()) {
-    const int64_t r = options.lora.r;
-    lora = BT * r * h +
-           (with_grads ? BT * r * h + 2 * C * f + BT * lora_dropout_width(config, options.lora) * h
-                       : 0);
-  }
+  if (options.lora.enabled())
+    lora = LoraAdapters::activation_bytes(lora_sites(config), resolved_lora(options.lora), BT,
+                                          options.policy.activations, with_grads) +
+           (with_grads ? 2 * C * f : 0);
   return residual_stream + sets * block + head + scratch + lora;
 }
 
@@ -55,7 +53,8 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
   layers_.clear();
   lnf_ = lnf_mean_ = lnf_rstd_ = logits_ = losses_ = loss_ = Tensor();
   dresidual_ = dresidual_h_ = dbt_c_ = dbt_4c_a_ = dbt_4c_b_ = Tensor();
-  lora_u_ = lora_du_ = lora_x_ = frozen_ln_dw_ = frozen_ln_db_ = Tensor();
+  frozen_ln_dw_ = frozen_ln_db_ = Tensor();
+  if (lora()) lora_->release();
   tokens_ = targets_ = Tensor();
   have_targets_ = false;
   cur_b_ = cur_t_ = 0;
@@ -89,13 +88,10 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
   logits_ = act(BT * V, h);
   losses_ = act(BT, f32);
   loss_ = act(1, f32);
-  const bool trains = grads_.defined() || lora_grads_.defined();
+  const bool trains = grads_.defined() || (lora() && lora_->trains());
   if (lora()) {
-    lora_u_ = act(BT * options_.lora.r, h);
+    lora_->allocate(BT, h, trains);
     if (trains) {
-      lora_du_ = act(BT * options_.lora.r, h);
-      if (const int64_t w = lora_dropout_width(config_, options_.lora); w > 0)
-        lora_x_ = act(BT * w, h);
       frozen_ln_dw_ = act(C, f32);
       frozen_ln_db_ = act(C, f32);
     }

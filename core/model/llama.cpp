@@ -58,6 +58,7 @@ Llama::Llama(Device& device, const LlamaConfig& config, bool with_grads,
              const LlamaOptions& options)
     : device_(device), config_(config), options_(options) {
   config_.validate();
+  options_.lora = resolved_lora(options_.lora);
   check_policy();
   table_ = llama_param_table(config_);
   for (size_t i = 0; i < table_.size(); ++i) {
@@ -66,11 +67,18 @@ Llama::Llama(Device& device, const LlamaConfig& config, bool with_grads,
     if (table_[i].decay) decay_count_ += table_[i].numel;
   }
   CT_CHECK(num_params_ == config_.num_parameters(), "parameter table disagrees with config");
-  params_ = device_.empty({num_params_}, DType::f32, MemCategory::kWeights);
+  if (!base16()) params_ = device_.empty({num_params_}, DType::f32, MemCategory::kWeights);
   compute_ = options_.policy.mixed()
                  ? device_.empty({num_params_}, options_.policy.compute, MemCategory::kWeights)
                  : params_;
-  if (with_grads) grads_ = device_.empty({num_params_}, DType::f32, MemCategory::kGrads);
+  if (base16())
+    small_ = device_.empty({num_params_ - decay_count_}, DType::f32, MemCategory::kWeights);
+  if (options_.lora.enabled())  // the base frozen: gradients for the adapters only
+    lora_ = std::make_unique<LoraAdapters>(device_, options_.lora, lora_sites(config_),
+                                           config_.n_layer, config_.n_embd, options_.policy.compute,
+                                           with_grads, "Llama");
+  else if (with_grads)
+    grads_ = device_.empty({num_params_}, DType::f32, MemCategory::kGrads);
   // The rotary tables for every position of the block, computed as transformers computes them.
   std::vector<float> cs, sn;
   config_.rope_tables(config_.block_size, cs, sn);
@@ -107,11 +115,57 @@ void Llama::check_policy() const {
                                                    {OpKind::kRope, "rope"},
                                                    {OpKind::kSwiGLU, "swiglu"},
                                                    {OpKind::kCrossEntropy, "crossentropy"}};
-  model_util::check_policy(device_, options_.policy, "Llama", needed);
+  const DType want = model_util::check_policy(device_, options_.policy, "Llama", needed);
+  if (base16() && !device_.supports(OpKind::kEmbedding, want))
+    fail(ErrorKind::kUnsupported, "--" + options_.policy.name() + " with LoRA: device " +
+                                      device_.info().id() + " has no embedding op with " +
+                                      dtype_name(want) +
+                                      " tables (the frozen base is held in 16 bits)");
+}
+
+int64_t Llama::base_weight_bytes(const LlamaConfig& config, const LlamaOptions& options) {
+  const int64_t n = config.num_parameters();
+  const int64_t rope = 2 * int64_t{config.block_size} * (config.head_dim() / 2) * 4;
+  if (!options.policy.mixed()) return n * 4 + rope;
+  const int64_t h = static_cast<int64_t>(dtype_size(options.policy.compute));
+  if (!options.lora.enabled()) return n * (4 + h) + rope;
+  int64_t no_decay = 0;
+  for (const ParamInfo& p : llama_param_table(config))
+    if (!p.decay) no_decay += p.numel;
+  return n * h + no_decay * 4 + rope;
+}
+
+int64_t Llama::lora_parameter_count(const LlamaConfig& config, const LoraOptions& lora) {
+  return LoraAdapters::parameter_count(lora_sites(config), resolved_lora(lora));
 }
 
 void Llama::refresh_compute_weights() {
-  if (options_.policy.mixed()) device_.copy(compute_, params_);
+  if (lora())
+    lora_->refresh_compute();  // the frozen base does not change
+  else if (options_.policy.mixed())
+    device_.copy(compute_, params_);
+}
+
+std::vector<LoraSite> Llama::lora_sites(const LlamaConfig& cfg) {
+  const int64_t C = cfg.n_embd, F = cfg.intermediate_size, W = cfg.qkv_width();
+  const int64_t hd = cfg.head_dim(), Q = int64_t{cfg.n_head} * hd, KV = int64_t{cfg.n_kv_head} * hd;
+  std::vector<LoraSite> sites;
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    sites.push_back({p + "self_attn.q_proj", C, Q, W, 0});
+    sites.push_back({p + "self_attn.k_proj", C, KV, W, Q});
+    sites.push_back({p + "self_attn.v_proj", C, KV, W, Q + KV});
+    sites.push_back({p + "self_attn.o_proj", Q, C});
+    sites.push_back({p + "mlp.gate_proj", C, F, 2 * F, 0});
+    sites.push_back({p + "mlp.up_proj", C, F, 2 * F, F});
+    sites.push_back({p + "mlp.down_proj", F, C});
+  }
+  return sites;
+}
+
+LoraOptions Llama::resolved_lora(LoraOptions lora) {
+  if (lora.target_modules.empty()) lora.target_modules = {"q_proj", "v_proj"};  // PEFT's default
+  return lora;
 }
 
 const ParamInfo& Llama::param_info(const std::string& name) const {
@@ -137,7 +191,15 @@ Tensor Llama::grads_flat() const {
   return grads_;
 }
 Tensor Llama::param(const std::string& name) const {
-  return table_view(params_, name);
+  if (!base16()) return table_view(params_, name);
+  const ParamInfo& p = param_info(name);
+  if (p.decay) return compute_.slice_flat(p.offset, p.shape);
+  return small_.slice_flat(p.offset - decay_count_, p.shape);
+}
+
+Tensor Llama::vector_view(int64_t offset, const Shape& shape) const {
+  return base16() ? small_.slice_flat(offset - decay_count_, shape)
+                  : params_.slice_flat(offset, shape);
 }
 Tensor Llama::grad(const std::string& name) const {
   return table_view(grads_flat(), name);
@@ -173,19 +235,17 @@ Llama::LayerParams Llama::layer_params(const Tensor& flat, int l) const {
 }
 
 Llama::LayerParams Llama::forward_params(int l) const {
-  LayerParams p = layer_params(params_, l);
-  if (options_.policy.mixed()) {
-    const LayerParams c = layer_params(compute_, l);
-    p.qkvw = c.qkvw;
-    p.ow = c.ow;
-    p.guw = c.guw;
-    p.downw = c.downw;
-  }
+  LayerParams p = layer_params(compute_, l);  // params_ itself for fp32
+  const std::string n = "model.layers." + std::to_string(l) + ".";
+  p.ln1w = param(n + "input_layernorm.weight");
+  p.ln2w = param(n + "post_attention_layernorm.weight");
+  if (config_.attention_bias)
+    p.qkvb = vector_view(param_info(n + "self_attn.q_proj.bias").offset, {config_.qkv_width()});
   return p;
 }
 
 void Llama::zero_grad() {
-  device_.fill(grads_flat(), 0.0f);
+  device_.fill(trainable_grads(), 0.0f);
 }
 
 // =============================================================================================
@@ -206,7 +266,8 @@ void Llama::init(uint64_t seed) {
     }
   }
   upload_params(host);
-  if (grads_.defined()) zero_grad();
+  if (lora()) lora_->init(seed, table_.size());
+  if (grads_.defined() || (lora() && lora_->trains())) zero_grad();
 }
 
 // =============================================================================================
@@ -220,6 +281,7 @@ void Llama::allocate_activations(int max_batch, int max_seq) {
   max_b_ = max_batch;
   max_t_ = max_seq;
   const int64_t B = max_batch, T = max_seq, BT = B * T;
+  if (lora()) lora_->release();  // the old buffers go first: the peak holds one set
   const int64_t C = config_.n_embd, V = config_.vocab_size, F = config_.intermediate_size;
   const int64_t W = config_.qkv_width(), NH = config_.n_head;
   const DType h = options_.policy.activations;
@@ -251,10 +313,16 @@ void Llama::allocate_activations(int max_batch, int max_seq) {
   logits_ = act({BT * V}, h);
   losses_ = act({BT}, DType::f32);
   loss_ = act({1}, DType::f32);
-  zero_pos_ = act({T * C}, DType::f32);
+  // The embedding op's tables share a dtype: the 16-bit base's, or f32.
+  zero_pos_ = act({T * C}, base16() ? options_.policy.compute : DType::f32);
   device_.fill(zero_pos_, 0.0f);
-  if (grads_.defined()) {
-    dzero_pos_ = act({T * C}, DType::f32);
+  const bool trains = grads_.defined() || (lora() && lora_->trains());
+  if (lora()) {
+    lora_->allocate(BT, h, trains);
+    if (trains) frozen_norm_dw_ = act({C}, DType::f32);
+  }
+  if (grads_.defined()) dzero_pos_ = act({T * C}, DType::f32);  // frozen: no embedding grads
+  if (trains) {
     dresidual_ = act({BT * C}, DType::f32);
     if (options_.policy.mixed()) dresidual_h_ = act({BT * C}, h);
     dln_ = act({BT * C}, DType::f32);
@@ -277,12 +345,18 @@ int64_t Llama::activation_bytes(const LlamaConfig& config, const LlamaOptions& o
   const int64_t sets = options.gradient_checkpointing ? 1 : config.n_layer;
   int64_t total = (config.n_layer + 1) * BT * C * f + sets * per_layer;
   total += BT * C * h + BT * C * h + BT * f + BT * V * h + BT * f + f;  // proj, lnf, logits, loss
-  total += int64_t{T} * C * f;                                          // zero_pos
+  const bool base16 = options.lora.enabled() && options.policy.mixed();
+  total += int64_t{T} * C * (base16 ? h : f);  // zero_pos, in the embedding table's dtype
   if (with_grads) {
-    total += int64_t{T} * C * f + BT * C * f + BT * C * f;  // dzero_pos, dresidual, dln
-    if (options.policy.mixed()) total += BT * C * h;        // dresidual_h
-    total += BT * std::max(F, W) * h + BT * C * h;          // dwide, datty
+    if (!options.lora.enabled()) total += int64_t{T} * C * f;  // dzero_pos
+    total += BT * C * f + BT * C * f;                          // dresidual, dln
+    if (options.policy.mixed()) total += BT * C * h;           // dresidual_h
+    total += BT * std::max(F, W) * h + BT * C * h;             // dwide, datty
   }
+  if (options.lora.enabled())  // the adapters' scratch, and the frozen norms' gradient sink
+    total += LoraAdapters::activation_bytes(lora_sites(config), resolved_lora(options.lora), BT,
+                                            options.policy.activations, with_grads) +
+             (with_grads ? C * f : 0);
   return total;
 }
 
@@ -290,6 +364,7 @@ int64_t Llama::activation_bytes(const LlamaConfig& config, const LlamaOptions& o
 // Host helpers
 
 std::vector<float> Llama::download_params() const {
+  if (base16()) return model_util::download_widened(device_, compute_);  // the 16-bit base
   std::vector<float> host(static_cast<size_t>(num_params_));
   device_.download(host.data(), params_, host.size() * sizeof(float));
   return host;
@@ -309,6 +384,11 @@ void Llama::upload_params(const std::vector<float>& flat) {
   CT_REQUIRE(static_cast<int64_t>(flat.size()) == num_params_,
              "upload_params: got " + std::to_string(flat.size()) + " values, the model has " +
                  std::to_string(num_params_));
+  if (base16()) {  // rounded to nearest even on the host: no f32 copy on the device
+    model_util::upload_rounded(device_, compute_, flat);
+    device_.copy(small_, compute_.slice_flat(decay_count_, {num_params_ - decay_count_}));
+    return;
+  }
   device_.upload(params_, flat.data(), flat.size() * sizeof(float));
   if (options_.policy.mixed()) device_.copy(compute_, params_);
 }

@@ -18,6 +18,14 @@
 // buffer is the master copy, a policy.compute copy feeds the matmuls, RMSNorm weights, biases and
 // the embedding lookup read the master, gradients are f32.
 //
+// LoRA (LlamaOptions::lora, core/model/lora.h) adapts any of q_proj, k_proj, v_proj, o_proj,
+// gate_proj, up_proj, down_proj as PEFT does (default q_proj and v_proj); the base is then frozen
+// (no gradients, no optimizer state) and the adapters are what trainable_*() return. The fused
+// q|k|v and gate|up projections take each adapter's update in their columns of the fused output.
+// Under a mixed policy the frozen base is held in 16 bits only (base16(), as GPT-2's): no f32
+// master, the embedding lookup reads the 16-bit table, and the RMSNorm weights and biases (the
+// no-decay region) are widened once into an f32 buffer for the ops that take them in f32.
+//
 // Gradient checkpointing (LlamaOptions::gradient_checkpointing) keeps only the residual stream
 // entering each block; backward re-runs a block's forward just before its backward, so the
 // gradients are bitwise those of a run without it.
@@ -25,12 +33,14 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/amp/precision.h"
 #include "core/device.h"
 #include "core/model/llama_config.h"
+#include "core/model/lora.h"
 #include "core/model/model.h"
 #include "core/tensor.h"
 
@@ -46,6 +56,8 @@ struct LlamaOptions {
   // the (B,NH,T,T) probabilities.
   bool fused_attention = true;
   PrecisionPolicy policy;
+  // Low-rank adapters; r = 0 (the default) trains the whole model.
+  LoraOptions lora;
 };
 
 class Llama final : public Model {
@@ -95,10 +107,19 @@ class Llama final : public Model {
 
   const std::vector<ParamInfo>& params() const override { return table_; }
   const ParamInfo& param_info(const std::string& name) const;  // kInvalidArgument if unknown
-  Tensor params_flat() const { return params_; }
+  Tensor params_flat() const { return params_; }               // undefined when base16()
+  // LoRA under a 16-bit policy: the frozen base is held in policy.compute only.
+  bool base16() const { return options_.lora.enabled() && options_.policy.mixed(); }
+  // Bytes of kWeights the base parameters and rotary tables take for `options` (f32 master and
+  // 16-bit copy, or the 16-bit base and its widened no-decay region), adapters not included.
+  static int64_t base_weight_bytes(const LlamaConfig& config, const LlamaOptions& options);
+  // How many adapter parameters `lora` adds to a model of `config` (0 when not enabled).
+  static int64_t lora_parameter_count(const LlamaConfig& config, const LoraOptions& lora);
   Tensor compute_params_flat() const { return compute_; }
   void refresh_compute_weights() override;  // compute copy (=) master; a no-op for fp32
   Tensor grads_flat() const;
+  // What the ops read as the parameter: the f32 master, or when base16() the 16-bit base
+  // (matrices, the embedding) / the widened f32 vectors (norms, biases).
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
   int64_t num_parameters() const override { return num_params_; }
@@ -107,12 +128,22 @@ class Llama final : public Model {
   Tensor params_no_decay() const;
   Tensor grads_decay() const;
   Tensor grads_no_decay() const;
-  // Every parameter trains (no adapters for this family yet).
-  const std::vector<ParamInfo>& trainable_params() const override { return table_; }
-  Tensor trainable_flat() const override { return params_; }
-  Tensor trainable_grads() const override { return grads_flat(); }
-  int64_t num_trainable() const override { return num_params_; }
-  int64_t trainable_decay_count() const override { return decay_count_; }
+  // Every parameter, or with LoRA the adapters.
+  LoraAdapters* adapters() const override { return lora_.get(); }
+  const std::vector<ParamInfo>& trainable_params() const override {
+    return lora() ? lora_->table() : table_;
+  }
+  Tensor trainable_flat() const override { return lora() ? lora_->params() : params_; }
+  Tensor trainable_grads() const override { return lora() ? lora_->grads() : grads_flat(); }
+  int64_t num_trainable() const override { return lora() ? lora_->count() : num_params_; }
+  int64_t trainable_decay_count() const override { return lora() ? lora_->count() : decay_count_; }
+  std::string peft_prefix() const override { return "base_model.model."; }
+  bool peft_fan_in_fan_out() const override { return false; }  // nn.Linear: W is [out, in]
+  // The layers LoRA may adapt, site l * 7 + m: "model.layers.<l>." + self_attn.{q,k,v,o}_proj,
+  // mlp.{gate,up,down}_proj; q/k/v write columns of the fused q|k|v output, gate/up of gate|up.
+  static std::vector<LoraSite> lora_sites(const LlamaConfig& config);
+  static constexpr int kLoraSitesPerLayer = 7;
+  static LoraOptions resolved_lora(LoraOptions lora);  // empty targets -> q_proj, v_proj
 
   std::vector<float> download_params() const override;
   std::vector<float> download_grads() const;
@@ -141,6 +172,8 @@ class Llama final : public Model {
 
   LayerParams layer_params(const Tensor& flat, int l) const;
   LayerParams forward_params(int l) const;  // matrices from the compute copy, vectors master
+  // The f32 vector at `offset` (a no-decay row or adjacent rows): master, or the widened copy.
+  Tensor vector_view(int64_t offset, const Shape& shape) const;
   Tensor table_view(const Tensor& flat, const std::string& name) const;
   Tensor head_weight(const Tensor& flat) const;  // lm_head.weight, or embed_tokens when tied
   const LayerActs& acts(int l) const {
@@ -148,6 +181,12 @@ class Llama final : public Model {
   }
   void block_forward(int l, int B, int T, bool recompute);
   void check_policy() const;
+  // out (+=) the adapters' updates of sites [first, first + n) of layer l (no-op without LoRA).
+  void lora_forward(int l, int first, int n, const Tensor& out, const Tensor& x) const;
+  // dinp (=) dout @ w for linear layer `site` of layer l (one site, dinp of any dtype), plus the
+  // weight gradient unless frozen, plus the adapter's part.
+  void linear_bwd(int l, int site, const Tensor& dinp, const Tensor& dw, const Tensor& dout,
+                  const Tensor& inp, const Tensor& w) const;
 
   Device& device_;
   LlamaConfig config_;
@@ -157,7 +196,9 @@ class Llama final : public Model {
   int64_t num_params_ = 0;
   int64_t decay_count_ = 0;
   Tensor params_, grads_, compute_;
-  Tensor rope_cos_, rope_sin_;  // [block_size, hd/2] f32
+  Tensor small_;  // base16(): f32 [num_params - decay_count], the no-decay region widened
+  Tensor rope_cos_, rope_sin_;          // [block_size, hd/2] f32
+  std::unique_ptr<LoraAdapters> lora_;  // null without LoRA
 
   int max_b_ = 0, max_t_ = 0;
   std::vector<Tensor> residuals_;  // L + 1 of (B,T,C) f32
@@ -173,6 +214,7 @@ class Llama final : public Model {
   Tensor dln_;                      // (B,T,C) f32: gradient of an RMSNorm output
   Tensor dwide_;                    // (B,T,max(F,W)) h: dact, then dqkv
   Tensor datty_;                    // (B,T,C) h
+  Tensor frozen_norm_dw_;           // (C) f32: where a frozen RMSNorm's weight gradient goes
 
   int cur_b_ = 0, cur_t_ = 0;
   Tensor tokens_, targets_;

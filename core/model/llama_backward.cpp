@@ -10,8 +10,27 @@ namespace ct {
 
 using gpt2_detail::view;
 
+// dinp (=) dout @ w (the frozen base: that only), plus dw (+=) dout^T @ inp unless frozen, plus
+// the adapter's part; an adapter with dropout active writes dinp (=) first, the base adds after.
+void Llama::linear_bwd(int l, int site, const Tensor& dinp, const Tensor& dw, const Tensor& dout,
+                       const Tensor& inp, const Tensor& w) const {
+  const int s = l * kLoraSitesPerLayer + site;
+  if (lora() && lora_->dropout_active(s)) {
+    lora_->backward(s, dinp, dout, inp);
+    device_.matmul(dinp, dout, w, false, false, 1.0f, 1.0f);
+    return;
+  }
+  device_.matmul(dinp, dout, w, false, false);
+  if (!lora()) {
+    device_.matmul(dw, dout, inp, true, false, 1.0f, 1.0f);
+    return;
+  }
+  lora_->backward(s, dinp, dout, inp);
+}
+
 void Llama::backward(float dloss_scale) {
-  CT_REQUIRE(grads_.defined(), "backward() on a Llama created without gradients");
+  CT_REQUIRE(grads_.defined() || (lora() && lora_->trains()),
+             "backward() on a Llama created without gradients");
   CT_REQUIRE(cur_b_ > 0 && have_targets_, "backward() needs a preceding forward() with targets");
   const int B = cur_b_, T = cur_t_;
   const int64_t C = config_.n_embd, V = config_.vocab_size, NH = config_.n_head;
@@ -20,6 +39,10 @@ void Llama::backward(float dloss_scale) {
   const int L = config_.n_layer;
   const bool mixed = options_.policy.mixed();
   const Tensor& g = grads_;
+  // LoRA: the base is frozen. Its weight gradients are not computed, the RMSNorm ones (which come
+  // with dx in one op) go to a scratch vector, and the adapters' are added per layer.
+  const bool frozen = lora();
+  auto norm_grad = [&](const Tensor& w) { return frozen ? frozen_norm_dw_ : w; };
 
   Tensor dresidual = view(dresidual_, {BT, C});
   Tensor dresidual_mm = mixed ? view(dresidual_h_, {BT, C}) : dresidual;
@@ -32,12 +55,13 @@ void Llama::backward(float dloss_scale) {
   const Tensor& dlogits = logits;
   // dlnf (B,T,C) f32 = dlogits @ lm_head;  dlm_head += dlogits^T @ lnf
   device_.matmul(dln, dlogits, head_weight(compute_), false, false);
-  device_.matmul(head_weight(g), dlogits, view(lnf_, {BT, C}), true, false, 1.0f, 1.0f);
+  if (!frozen)
+    device_.matmul(head_weight(g), dlogits, view(lnf_, {BT, C}), true, false, 1.0f, 1.0f);
 
   // ---- final RMSNorm ---------------------------------------------------------------------------
   device_.fill(dresidual, 0.0f);
-  device_.rmsnorm_backward(dresidual, table_view(g, "model.norm.weight"), dln,
-                           view(residuals_.back(), {BT, C}), param("model.norm.weight"),
+  device_.rmsnorm_backward(dresidual, frozen ? frozen_norm_dw_ : table_view(g, "model.norm.weight"),
+                           dln, view(residuals_.back(), {BT, C}), param("model.norm.weight"),
                            view(lnf_rstd_, {BT}));
 
   const Tensor cs = rope_cos_.slice_flat(0, {T, hd / 2}), sn = rope_sin_.slice_flat(0, {T, hd / 2});
@@ -46,7 +70,7 @@ void Llama::backward(float dloss_scale) {
     // still there from forward()).
     if (options_.gradient_checkpointing && l != L - 1) block_forward(l, B, T, /*recompute=*/true);
     const LayerParams p = forward_params(l);
-    const LayerParams dp = layer_params(g, l);
+    const LayerParams dp = frozen ? LayerParams{} : layer_params(g, l);
     const LayerActs& a = acts(l);
     Tensor residual = view(residuals_[static_cast<size_t>(l)], {BT, C});
 
@@ -56,8 +80,7 @@ void Llama::backward(float dloss_scale) {
     if (mixed) device_.copy(dresidual_mm, dresidual);
     Tensor act = view(a.act, {BT, F});
     Tensor dact = view(dwide_, {BT, F});
-    device_.matmul(dact, dresidual_mm, p.downw, false, false);
-    device_.matmul(dp.downw, dresidual_mm, act, true, false, 1.0f, 1.0f);
+    linear_bwd(l, 6, dact, dp.downw, dresidual_mm, act, p.downw);
     // dgu (B,T,2F) h = d silu(gate) * up, written over gu
     Tensor gu = view(a.gu, {BT, 2 * F});
     device_.swiglu_backward(gu, gu, dact);
@@ -65,10 +88,12 @@ void Llama::backward(float dloss_scale) {
     // dln2 (B,T,C) f32 = dgu @ [gate; up];  d[gate; up] += dgu^T @ ln2
     Tensor ln2 = view(a.ln2, {BT, C});
     device_.matmul(dln, dgu, p.guw, false, false);
-    device_.matmul(dp.guw, dgu, ln2, true, false, 1.0f, 1.0f);
+    if (!frozen) device_.matmul(dp.guw, dgu, ln2, true, false, 1.0f, 1.0f);
+    for (int m : {4, 5})  // gate_proj, up_proj adapters
+      if (frozen) lora_->backward_add(l * kLoraSitesPerLayer + m, dln, dgu, ln2);
 
     // ---- post-attention RMSNorm ----------------------------------------------------------------
-    device_.rmsnorm_backward(dresidual, dp.ln2w, dln, view(a.residual2, {BT, C}), p.ln2w,
+    device_.rmsnorm_backward(dresidual, norm_grad(dp.ln2w), dln, view(a.residual2, {BT, C}), p.ln2w,
                              view(a.ln2_rstd, {BT}));
 
     // ---- attention -----------------------------------------------------------------------------
@@ -76,8 +101,7 @@ void Llama::backward(float dloss_scale) {
     if (mixed) device_.copy(dresidual_mm, dresidual);
     Tensor atty = view(a.atty, {BT, C});
     Tensor datty = view(datty_, {BT, C});
-    device_.matmul(datty, dresidual_mm, p.ow, false, false);
-    device_.matmul(dp.ow, dresidual_mm, atty, true, false, 1.0f, 1.0f);
+    linear_bwd(l, 3, datty, dp.ow, dresidual_mm, atty, p.ow);
     // dqkv (B,T,W) h, w.r.t. the rotated q and k (and v), from the saved qkv and lse / att
     Tensor qkv3 = view(a.qkv, {B, T, W});
     Tensor dqkv3 = view(dwide_, {B, T, W});
@@ -94,17 +118,21 @@ void Llama::backward(float dloss_scale) {
     Tensor dqkv = dqkv3.reshape({BT, W});
     Tensor ln1 = view(a.ln1, {BT, C});
     device_.matmul(dln, dqkv, p.qkvw, false, false);
-    device_.matmul(dp.qkvw, dqkv, ln1, true, false, 1.0f, 1.0f);
-    if (config_.attention_bias) device_.bias_backward(dp.qkvb, dqkv);
+    if (!frozen) device_.matmul(dp.qkvw, dqkv, ln1, true, false, 1.0f, 1.0f);
+    if (config_.attention_bias && !frozen) device_.bias_backward(dp.qkvb, dqkv);
+    for (int m : {0, 1, 2})  // q_proj, k_proj, v_proj adapters
+      if (frozen) lora_->backward_add(l * kLoraSitesPerLayer + m, dln, dqkv, ln1);
 
     // ---- input RMSNorm -------------------------------------------------------------------------
-    device_.rmsnorm_backward(dresidual, dp.ln1w, dln, residual, p.ln1w, view(a.ln1_rstd, {BT}));
+    device_.rmsnorm_backward(dresidual, norm_grad(dp.ln1w), dln, residual, p.ln1w,
+                             view(a.ln1_rstd, {BT}));
   }
 
   // ---- embedding -------------------------------------------------------------------------------
   // dembed_tokens += scatter of dresidual by token (the zero position table's gradient is dropped)
-  device_.embedding_backward(table_view(g, "model.embed_tokens.weight"), view(dzero_pos_, {T, C}),
-                             dresidual.reshape({B, T, C}), tokens_);
+  if (!frozen)
+    device_.embedding_backward(table_view(g, "model.embed_tokens.weight"), view(dzero_pos_, {T, C}),
+                               dresidual.reshape({B, T, C}), tokens_);
   have_targets_ = false;  // the logits now hold dlogits: a second backward needs a new forward
 }
 

@@ -21,6 +21,11 @@ Tensor Llama::losses() const {
   return view(losses_, {cur_b_, cur_t_});
 }
 
+void Llama::lora_forward(int l, int first, int n, const Tensor& out, const Tensor& x) const {
+  if (!lora_) return;
+  for (int m = first; m < first + n; ++m) lora_->forward(l * kLoraSitesPerLayer + m, out, x);
+}
+
 // =============================================================================================
 // One decoder layer
 
@@ -43,6 +48,7 @@ void Llama::block_forward(int l, int B, int T, bool recompute) {
   // and NKV value heads of hd
   Tensor qkv = view(a.qkv, {BT, W});
   device_.matmul(qkv, ln1, p.qkvw, false, true, 1.0f, 0.0f, p.qkvb.defined() ? &p.qkvb : nullptr);
+  lora_forward(l, 0, 3, qkv, ln1);  // q_proj, k_proj, v_proj adapters, before the rotation
   // q and k rotated in place by position (rotate-half); v untouched
   Tensor qkv3 = qkv.reshape({B, T, W});
   const Tensor cs = rope_cos_.slice_flat(0, {T, hd / 2}), sn = rope_sin_.slice_flat(0, {T, hd / 2});
@@ -59,6 +65,7 @@ void Llama::block_forward(int l, int B, int T, bool recompute) {
   // proj (B,T,C) h = atty @ o_proj^T;  residual2 (B,T,C) f32 = residual + proj
   Tensor proj = view(proj_, {BT, C});
   device_.matmul(proj, atty.reshape({BT, C}), p.ow, false, true);
+  lora_forward(l, 3, 1, proj, atty.reshape({BT, C}));
   Tensor residual2 = view(a.residual2, {BT, C});
   device_.add(residual2.reshape({BT * C}), residual.reshape({BT * C}), proj.reshape({BT * C}));
 
@@ -70,6 +77,7 @@ void Llama::block_forward(int l, int B, int T, bool recompute) {
   // gu (B,T,2F) h = ln2 @ [gate_proj; up_proj]^T;  act (B,T,F) h = silu(gate) * up
   Tensor gu = view(a.gu, {BT, 2 * F});
   device_.matmul(gu, ln2, p.guw, false, true);
+  lora_forward(l, 4, 2, gu, ln2);
   Tensor act = view(a.act, {BT, F});
   device_.swiglu_forward(act, gu);
   // The recomputation inside backward stops here: backward does not read the block's output.
@@ -77,6 +85,7 @@ void Llama::block_forward(int l, int B, int T, bool recompute) {
   // proj (B,T,C) h = act @ down_proj^T;  residual3 (B,T,C) f32 = residual2 + proj, the next
   // layer's input
   device_.matmul(proj, act, p.downw, false, true);
+  lora_forward(l, 6, 1, proj, act);
   Tensor residual3 = view(residuals_[static_cast<size_t>(l) + 1], {BT * C});
   device_.add(residual3, residual2.reshape({BT * C}), proj.reshape({BT * C}));
 }

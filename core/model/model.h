@@ -23,6 +23,8 @@ struct ParamInfo {
   bool decay = false;  // matmul weights and embeddings: yes; biases and norms: no
 };
 
+class LoraAdapters;  // core/model/lora.h
+
 struct SampleOptions {
   float temperature = 1.0f;  // <= 0: greedy (argmax)
   int top_k = 0;             // > 0: sample among the k most likely tokens only
@@ -78,9 +80,21 @@ class Model {
   virtual Tensor trainable_grads() const = 0;
   virtual int64_t num_trainable() const = 0;
   virtual int64_t trainable_decay_count() const = 0;
-  // Low-rank adapters (GPT-2 only so far).
-  virtual bool lora() const { return false; }
-  virtual void set_lora_dropout_draw(uint64_t /*seed*/, int64_t /*draw*/) {}
+  // Low-rank adapters (core/model/lora.h): null when every parameter trains. With them the
+  // base is frozen and trainable_*() are the adapters'.
+  virtual LoraAdapters* adapters() const { return nullptr; }
+  bool lora() const { return adapters() != nullptr; }
+  // The adapter table, its host copies (upload checks every name and size) and the dropout
+  // masks' draw for the passes that follow (LoraAdapters::set_dropout_draw; no-op without LoRA).
+  const std::vector<ParamInfo>& lora_params() const;
+  std::map<std::string, std::vector<float>> download_lora_map() const;
+  void upload_lora(const std::map<std::string, std::vector<float>>& named);
+  void set_lora_dropout_draw(uint64_t seed, int64_t draw);
+  // How PEFT names this family's adapters: the prefix before a table name in
+  // adapter_model.safetensors, and adapter_config.json's fan_in_fan_out (weights stored [in,
+  // out]).
+  virtual std::string peft_prefix() const = 0;
+  virtual bool peft_fan_in_fan_out() const = 0;
 
   // Samples n tokens after `prompt` (non-empty) and returns them (prompt excluded). Each step
   // runs forward on the last block_size tokens and downloads only the last position's logits.

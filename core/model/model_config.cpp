@@ -37,15 +37,11 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j) {
 std::unique_ptr<Model> make_model(Device& device, const ModelConfig& config, bool with_grads,
                                   const GPT2Options& options) {
   if (!config.is_llama()) return std::make_unique<GPT2>(device, config.gpt2(), with_grads, options);
-  if (options.lora.enabled())
-    fail(ErrorKind::kInvalidArgument, "--lora-r " + std::to_string(options.lora.r) +
-                                          ": LoRA is implemented for GPT-2 only so "
-                                          "far, not for model_type " +
-                                          config.llama().model_type);
   LlamaOptions lo;
   lo.gradient_checkpointing = options.gradient_checkpointing;
   lo.fused_attention = options.fused_attention;
   lo.policy = options.policy;
+  lo.lora = options.lora;
   return std::make_unique<Llama>(device, config.llama(), with_grads, lo);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace ct::model_util {
@@ -62,6 +63,30 @@ std::map<std::string, std::vector<float>> split(const std::vector<ParamInfo>& ta
   for (const ParamInfo& p : table)
     named[p.name] = std::vector<float>(flat.begin() + p.offset, flat.begin() + p.offset + p.numel);
   return named;
+}
+
+void upload_rounded(Device& device, const Tensor& dst16, const std::vector<float>& flat) {
+  CT_REQUIRE(dst16.dtype == DType::bf16 || dst16.dtype == DType::f16,
+             "upload_rounded: " + dst16.describe() + " is not a 16-bit float tensor");
+  CT_REQUIRE(static_cast<int64_t>(flat.size()) == dst16.numel(),
+             "upload_rounded: " + std::to_string(flat.size()) + " values for " + dst16.describe());
+  std::vector<uint16_t> bits(flat.size());
+  const bool bf = dst16.dtype == DType::bf16;
+  for (size_t i = 0; i < flat.size(); ++i)
+    bits[i] = bf ? f32_to_bf16(flat[i]) : f32_to_f16(flat[i]);
+  device.upload(dst16, bits.data(), bits.size() * sizeof(uint16_t));
+}
+
+std::vector<float> download_widened(Device& device, const Tensor& src16) {
+  CT_REQUIRE(src16.dtype == DType::bf16 || src16.dtype == DType::f16,
+             "download_widened: " + src16.describe() + " is not a 16-bit float tensor");
+  std::vector<uint16_t> bits(static_cast<size_t>(src16.numel()));
+  device.download(bits.data(), src16, bits.size() * sizeof(uint16_t));
+  std::vector<float> host(bits.size());
+  const bool bf = src16.dtype == DType::bf16;
+  for (size_t i = 0; i < host.size(); ++i)
+    host[i] = bf ? bf16_to_f32(bits[i]) : f16_to_f32(bits[i]);
+  return host;
 }
 
 }  // namespace ct::model_util

@@ -51,4 +51,9 @@ std::vector<float> flatten(const std::vector<ParamInfo>& table, int64_t total,
 std::map<std::string, std::vector<float>> split(const std::vector<ParamInfo>& table,
                                                 const std::vector<float>& flat);
 
+// A base held in 16 bits only (LoRA under a mixed policy): `flat` rounded to nearest even on the
+// host into dst16 (f16 or bf16), and dst16 widened (exactly) on the host.
+void upload_rounded(Device& device, const Tensor& dst16, const std::vector<float>& flat);
+std::vector<float> download_widened(Device& device, const Tensor& src16);
+
 }  // namespace ct::model_util

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/io/json_file.h"
 #include "core/io/safetensors.h"
+#include "core/model/model_config.h"
 #include "core/registry.h"
 #include "core/train/model_files.h"
 
@@ -19,17 +20,19 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kPeftPrefix = "base_model.model.";
-constexpr const char* kBodyPrefix = "transformer.";
 
-std::string strip(std::string name) {
-  for (const char* p : {kPeftPrefix, kBodyPrefix})
-    if (name.rfind(p, 0) == 0) name = name.substr(std::strlen(p));
+// A stored adapter name without PEFT's prefix ("base_model.model.") and the model body's
+// ("transformer." for GPT-2: the rest of model.peft_prefix()), where present.
+std::string strip(std::string name, const Model& model) {
+  const std::string body = model.peft_prefix().substr(std::strlen(kPeftPrefix));
+  for (const std::string& p : {std::string(kPeftPrefix), body})
+    if (!p.empty() && name.rfind(p, 0) == 0) name = name.substr(p.size());
   return name;
 }
 
 }  // namespace
 
-void save_adapter(const std::string& dir, const GPT2& model, const std::string& base_model) {
+void save_adapter(const std::string& dir, const Model& model, const std::string& base_model) {
   CT_REQUIRE(model.lora(), "save_adapter: the model has no LoRA adapters");
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -39,14 +42,14 @@ void save_adapter(const std::string& dir, const GPT2& model, const std::string& 
   for (const ParamInfo& p : model.lora_params()) {
     const std::vector<float>& v = named.at(p.name);
     SafetensorsTensor t;
-    t.name = std::string(kPeftPrefix) + kBodyPrefix + p.name;
+    t.name = model.peft_prefix() + p.name;
     t.dtype = DType::f32;
     t.shape.assign(p.shape.d.begin(), p.shape.d.begin() + p.shape.ndim);
     t.data = std::as_bytes(std::span<const float>(v));
     tensors.push_back(std::move(t));
   }
   write_safetensors((fs::path(dir) / kAdapterWeights).string(), tensors, {{"format", "pt"}});
-  const LoraOptions& lo = model.options().lora;
+  const LoraOptions& lo = model.adapters()->options();
   nlohmann::json c = {{"peft_type", "LORA"},
                       {"task_type", "CAUSAL_LM"},
                       {"base_model_name_or_path", base_model},
@@ -54,7 +57,7 @@ void save_adapter(const std::string& dir, const GPT2& model, const std::string& 
                       {"lora_alpha", lo.alpha},
                       {"lora_dropout", std::round(double{lo.dropout} * 1e6) / 1e6},
                       {"target_modules", lo.target_modules},
-                      {"fan_in_fan_out", true},
+                      {"fan_in_fan_out", model.peft_fan_in_fan_out()},
                       {"bias", "none"},
                       {"inference_mode", true},
                       {"init_lora_weights", true},
@@ -122,7 +125,7 @@ LoraOptions read_adapter_config(const std::string& dir) {
   return lo;
 }
 
-void load_adapter(const std::string& dir, GPT2& model) {
+void load_adapter(const std::string& dir, Model& model) {
   CT_REQUIRE(model.lora(), "load_adapter: the model has no LoRA adapters");
   const std::string path = (fs::path(dir) / kAdapterWeights).string();
   SafetensorsFile f;
@@ -132,7 +135,7 @@ void load_adapter(const std::string& dir, GPT2& model) {
     fail(ErrorKind::kInvalidArgument, e.what());
   }
   std::map<std::string, std::string> stored;  // bare -> as stored
-  for (const std::string& n : f.names()) stored[strip(n)] = n;
+  for (const std::string& n : f.names()) stored[strip(n, model)] = n;
   std::map<std::string, std::vector<float>> named;
   for (const ParamInfo& p : model.lora_params()) {
     auto it = stored.find(p.name);
@@ -160,7 +163,7 @@ void load_adapter(const std::string& dir, GPT2& model) {
     if (named.count(bare) == 0)
       fail(ErrorKind::kInvalidArgument,
            path + ": tensor '" + name + "' is not an adapter of this model (r " +
-               std::to_string(model.options().lora.r) + ", target_modules as configured)");
+               std::to_string(model.adapters()->options().r) + ", target_modules as configured)");
   model.upload_lora(named);
 }
 
@@ -168,21 +171,17 @@ void merge_lora(const std::string& base_dir, const std::string& adapter_dir,
                 const std::string& output_dir) {
   const LoraOptions lo = read_adapter_config(adapter_dir);
   const ModelConfig base_config = read_model_config(base_dir);
-  if (base_config.is_llama())
-    fail(ErrorKind::kInvalidArgument,
-         base_dir + ": merge-lora: LoRA is implemented for GPT-2 only so far, this base is a " +
-             base_config.model_type());
-  const GPT2Config& config = base_config.gpt2();
   auto device = open_device("cpu");
   GPT2Options opts;
   opts.lora = lo;
-  GPT2 model(*device, config, /*with_grads=*/false, opts);
-  load_weights_from_folder(base_dir, model);
-  load_adapter(adapter_dir, model);
-  std::map<std::string, std::vector<float>> base = model.download_param_map();
-  const std::map<std::string, std::vector<float>> ad = model.download_lora_map();
+  std::unique_ptr<Model> model = make_model(*device, base_config, /*with_grads=*/false, opts);
+  load_weights_from_folder(base_dir, *model);
+  load_adapter(adapter_dir, *model);
+  std::map<std::string, std::vector<float>> base = model->download_param_map();
+  const std::map<std::string, std::vector<float>> ad = model->download_lora_map();
   const double s = static_cast<double>(lo.alpha) / lo.r;
-  for (const ParamInfo& a : model.lora_params()) {
+  const bool in_out = model->peft_fan_in_fan_out();  // GPT-2's Conv1D [in, out], else [out, in]
+  for (const ParamInfo& a : model->lora_params()) {
     const std::string tail = ".lora_A.weight";
     if (a.name.size() < tail.size() ||
         a.name.compare(a.name.size() - tail.size(), tail.size(), tail) != 0)
@@ -190,7 +189,7 @@ void merge_lora(const std::string& base_dir, const std::string& adapter_dir,
     const std::string module = a.name.substr(0, a.name.size() - tail.size());
     const std::vector<float>& A = ad.at(a.name);                     // [r, in]
     const std::vector<float>& B = ad.at(module + ".lora_B.weight");  // [out, r]
-    std::vector<float>& W = base.at(module + ".weight");             // [in, out]
+    std::vector<float>& W = base.at(module + ".weight");
     const int64_t r = lo.r, in = a.shape.d[1], out = static_cast<int64_t>(B.size()) / r;
     for (int64_t i = 0; i < in; ++i)
       for (int64_t o = 0; o < out; ++o) {
@@ -198,13 +197,13 @@ void merge_lora(const std::string& base_dir, const std::string& adapter_dir,
         for (int64_t k = 0; k < r; ++k)
           d += static_cast<double>(A[static_cast<size_t>(k * in + i)]) *
                static_cast<double>(B[static_cast<size_t>(o * r + k)]);
-        float& w = W[static_cast<size_t>(i * out + o)];
+        float& w = W[static_cast<size_t>(in_out ? i * out + o : o * in + i)];
         w = static_cast<float>(static_cast<double>(w) + s * d);
       }
   }
-  GPT2 merged(*device, config, /*with_grads=*/false);
-  merged.upload_params(base);
-  save_model(output_dir, merged, base_dir);
+  std::unique_ptr<Model> merged = make_model(*device, base_config, /*with_grads=*/false);
+  merged->upload_params(base);
+  save_model(output_dir, *merged, base_dir);
 }
 
 }  // namespace ct

@@ -237,7 +237,7 @@ std::string save_checkpoint(const std::string& output_dir, int64_t step, const M
   std::error_code ec;
   try {
     if (model.lora()) {
-      save_adapter(tmp.string(), dynamic_cast<const GPT2&>(model), base_model);
+      save_adapter(tmp.string(), model, base_model);
       write_json_file((tmp / "config.json").string(), model.hf_config());
       if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, tmp.string());
     } else {
@@ -321,16 +321,15 @@ nlohmann::json load_checkpoint(const std::string& dir, Model& model, Optimizer& 
     fail(ErrorKind::kInvalidArgument,
          (d / "config.json").string() + ": the checkpoint is " + mismatch);
   if (model.lora()) {
-    GPT2& gpt2 = dynamic_cast<GPT2&>(model);  // the one family with adapters
     const LoraOptions saved_lora = read_adapter_config(dir);
-    const LoraOptions& lo = gpt2.options().lora;
+    const LoraOptions& lo = model.adapters()->options();
     if (saved_lora.r != lo.r || saved_lora.alpha != lo.alpha ||
         saved_lora.target_modules != lo.target_modules)
       fail(ErrorKind::kInvalidArgument,
            (d / kAdapterConfig).string() + ": the checkpoint's LoRA (r " +
                std::to_string(saved_lora.r) + ") differs from this run's (r " +
                std::to_string(lo.r) + "), or its alpha or target modules do");
-    load_adapter(dir, gpt2);
+    load_adapter(dir, model);
   } else {
     load_weights((d / "model.safetensors").string(), model);
   }

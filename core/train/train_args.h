@@ -71,7 +71,7 @@ struct TrainArgs {
   int lora_r = 0;
   double lora_alpha = 8.0;
   double lora_dropout = 0.0;
-  std::string lora_target_modules = "c_attn";
+  std::string lora_target_modules;  // "": the family's default (c_attn; q_proj,v_proj)
 
   // checkpoints: <output_dir>/checkpoint-<step>/ every save_steps steps (0 = none)
   int64_t save_steps = 0;

@@ -347,7 +347,8 @@ TrainSummary train(const TrainArgs& args) {
     mopts.lora.r = args.lora_r;
     mopts.lora.alpha = static_cast<float>(args.lora_alpha);
     mopts.lora.dropout = static_cast<float>(args.lora_dropout);
-    mopts.lora.target_modules = split_modules(args.lora_target_modules);
+    if (!args.lora_target_modules.empty())  // else the family's default
+      mopts.lora.target_modules = split_modules(args.lora_target_modules);
   }
   mopts.policy = PrecisionPolicy::make(args.fp16   ? Precision::kFp16
                                        : args.bf16 ? Precision::kBf16
@@ -404,14 +405,17 @@ TrainSummary train(const TrainArgs& args) {
               config.str().c_str(), format_count(static_cast<double>(s.num_parameters)).c_str(),
               s.device.c_str());
   if (!source.notice.empty()) std::printf("notice: %s\n", source.notice.c_str());
-  if (model.lora())
+  if (model.lora()) {
+    std::string targets;
+    for (const std::string& t : model.adapters()->options().target_modules)
+      targets += (targets.empty() ? "" : ",") + t;
     std::printf("LoRA r=%d alpha=%g on %s: %s trainable parameters (%.2f%% of %s), base frozen\n",
-                mopts.lora.r, static_cast<double>(mopts.lora.alpha),
-                args.lora_target_modules.c_str(),
+                mopts.lora.r, static_cast<double>(mopts.lora.alpha), targets.c_str(),
                 format_count(static_cast<double>(model.num_trainable())).c_str(),
                 100.0 * static_cast<double>(model.num_trainable()) /
                     static_cast<double>(model.num_parameters()),
                 format_count(static_cast<double>(model.num_parameters())).c_str());
+  }
   std::printf("data: %s (%s, tokenizer %s), %s train / %s validation tokens; batch %d x %d",
               data_path.c_str(), data_format_name(detect_data_format(data_path)),
               tokenizer.describe().c_str(),
@@ -575,7 +579,7 @@ TrainSummary train(const TrainArgs& args) {
   if (model.lora()) {
     // As PEFT's save_pretrained: the adapters (the base stays where it came from), and the
     // tokenizer as the Trainer saves it.
-    save_adapter(args.output_dir, dynamic_cast<const GPT2&>(model),
+    save_adapter(args.output_dir, model,
                  source.pretrained.empty() ? args.model : source.pretrained);
     if (!tokenizer.folder().empty()) copy_tokenizer_files(tokenizer.folder(), args.output_dir);
   } else {

@@ -1,13 +1,14 @@
-// LoRA under a 16-bit policy holds the frozen base in 16 bits only (GPT2::base16()): no f32
-// master on the device, weight memory as GPT2::base_weight_bytes says, and the same bits as a
-// full bf16 model whose master already holds the 16-bit values (so that nothing but where the
-// base lives differs).
+// LoRA under a 16-bit policy holds the frozen base in 16 bits only (GPT2::base16(),
+// Llama::base16()): no f32 master on the device, weight memory as base_weight_bytes says, and
+// the same bits as a full bf16 model whose master already holds the 16-bit values (so that
+// nothing but where the base lives differs).
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/model/gpt2.h"
+#include "core/model/llama.h"
 #include "tests/common/device_harness.h"
 
 namespace ct::test {
@@ -70,6 +71,67 @@ TEST(LoraBase16, NoF32MasterAndTheBitsOfTheRoundedModel) {
     }
     EXPECT_EQ(loss[0], loss[1]);  // B = 0: the adapted model is the base, bit for bit
     // and the frozen base trains its adapters (the backward reads the 16-bit base)
+    a.zero_grad();
+    Tensor in = upload_i32(ref(), {kB, kT}, tokens), tg = upload_i32(ref(), {kB, kT}, targets);
+    a.forward(in, &tg, kB, kT);
+    a.backward();
+    double sum = 0;
+    for (float g : download(ref(), a.trainable_grads())) sum += std::abs(g);
+    EXPECT_GT(sum, 0.0);
+  }
+}
+
+// The same for a Llama with q/k/v biases (Qwen2-style, so the widened no-decay region holds
+// biases as well as norms) and adapters on fused and unfused projections.
+TEST(LoraBase16, LlamaNoF32MasterAndTheBitsOfTheRoundedModel) {
+  LlamaConfig c;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.n_embd = 32;
+  c.intermediate_size = 48;
+  c.block_size = 16;
+  c.vocab_size = 50;
+  c.attention_bias = true;
+  for (Precision prec : {Precision::kBf16, Precision::kFp16}) {
+    const PrecisionPolicy pp = PrecisionPolicy::make(prec);
+    SCOPED_TRACE(pp.name());
+    LlamaOptions lo;
+    lo.policy = pp;
+    lo.lora.r = 4;
+    lo.lora.target_modules = {"k_proj", "o_proj", "up_proj"};
+    LlamaOptions full;
+    full.policy = pp;
+    const int64_t n = c.num_parameters();
+    std::vector<float> w = randn(static_cast<size_t>(n), 6, 0.05f), rounded(w.size());
+    for (size_t i = 0; i < w.size(); ++i)
+      rounded[i] =
+          prec == Precision::kBf16 ? bf16_to_f32(f32_to_bf16(w[i])) : f16_to_f32(f32_to_f16(w[i]));
+
+    const auto kW = static_cast<size_t>(MemCategory::kWeights);
+    const int64_t before = ref().memory().current[kW];
+    Llama a(ref(), c, /*with_grads=*/true, lo);
+    const int64_t weights = ref().memory().current[kW] - before;
+    EXPECT_TRUE(a.base16());
+    EXPECT_FALSE(a.params_flat().defined());
+    EXPECT_EQ(weights, Llama::base_weight_bytes(c, lo) +
+                           LoraAdapters::weight_bytes(Llama::lora_sites(c), lo.lora, pp.compute));
+    EXPECT_LT(Llama::base_weight_bytes(c, lo), n * 4);  // below an f32 copy alone
+    a.init(1);
+    a.upload_params(w);
+    EXPECT_EQ(a.download_params(), rounded);
+
+    Llama b(ref(), c, /*with_grads=*/true, full);
+    EXPECT_FALSE(b.base16());
+    b.upload_params(rounded);
+    auto tokens = randint(kB * kT, 3, 50), targets = randint(kB * kT, 4, 50);
+    std::vector<float> loss;
+    for (Llama* m : {&a, &b}) {
+      m->allocate_activations(kB, kT);
+      Tensor in = upload_i32(ref(), {kB, kT}, tokens), tg = upload_i32(ref(), {kB, kT}, targets);
+      loss.push_back(download(ref(), m->forward(in, &tg, kB, kT))[0]);
+    }
+    EXPECT_EQ(loss[0], loss[1]);
     a.zero_grad();
     Tensor in = upload_i32(ref(), {kB, kT}, tokens), tg = upload_i32(ref(), {kB, kT}, targets);
     a.forward(in, &tg, kB, kT);

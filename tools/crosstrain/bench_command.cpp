@@ -32,15 +32,15 @@ namespace {
 namespace fs = std::filesystem;
 
 struct Technique {
-  std::string name;
-  std::vector<std::string> flags;  // besides the common ones
-  int micro_batch_divisor = 1;     // accumulation: micro-batch = batch / divisor
-  bool mixed = false;              // a 16-bit policy: adds a 2-byte weight copy
+  std::string name = "";
+  std::vector<std::string> flags = {};  // besides the common ones
+  int micro_batch_divisor = 1;          // accumulation: micro-batch = batch / divisor
+  bool mixed = false;                   // a 16-bit policy: adds a 2-byte weight copy
   bool checkpointing = false;
   double optimizer_bytes_per_param = 8;  // AdamW: two fp32 moments
   bool unfused_attention = false;        // --attention unfused: the probabilities stored
   int lora_r = 0;                        // LoRA: the base frozen, adapters on lora_targets
-  std::string lora_targets;
+  std::string lora_targets = "";
 };
 
 // Optimizer state bytes per parameter of --optim `kind` on cfg's tensors (optimizer.h's formulas).
@@ -61,42 +61,57 @@ double optimizer_bytes_per_param(const ModelConfig& cfg, const std::string& kind
   return bytes / n;
 }
 
+// The row's adapters (alpha 16 on its targets), or none.
+LoraOptions row_lora(const Technique& t) {
+  LoraOptions lo;
+  if (t.lora_r <= 0) return lo;
+  lo.r = t.lora_r;
+  lo.alpha = 16.0f;
+  std::stringstream ss(t.lora_targets);
+  for (std::string m; std::getline(ss, m, ',');) lo.target_modules.push_back(m);
+  return lo;
+}
+
 // Device memory a row needs, from first principles: fp32 weights (+ a 16-bit copy when mixed;
-// LoRA under bf16: the 16-bit base only), fp32 gradients, optimizer state, and the activations
-// the model's formula predicts.
+// LoRA under bf16: the 16-bit base only), fp32 gradients, optimizer state, and the
+// activations the model's formula predicts. With LoRA the gradients and the optimizer state are
+// the adapters' (LoraAdapters::weight_bytes: their master and compute copy).
 int64_t predicted_bytes(const ModelConfig& mc, const Technique& t, int micro_batch) {
   const int64_t n = mc.num_parameters();
-  if (mc.is_llama()) {  // every parameter trains (no LoRA rows for this family)
+  const PrecisionPolicy policy =
+      PrecisionPolicy::make(t.mixed ? Precision::kBf16 : Precision::kFp32);
+  const LoraOptions lora = row_lora(t);
+  int64_t weights = 0, trained = n, activations = 0;
+  if (mc.is_llama()) {
     LlamaOptions o;
     o.gradient_checkpointing = t.checkpointing;
     o.fused_attention = !t.unfused_attention;
-    o.policy = PrecisionPolicy::make(t.mixed ? Precision::kBf16 : Precision::kFp32);
+    o.policy = policy;
+    o.lora = Llama::resolved_lora(lora);
     const LlamaConfig& c = mc.llama();
-    return n * (4 + (t.mixed ? 2 : 0)) + n * 4 +
-           static_cast<int64_t>(t.optimizer_bytes_per_param * static_cast<double>(n)) +
-           Llama::activation_bytes(c, o, micro_batch, c.block_size);
+    weights = Llama::base_weight_bytes(c, o);  // with the rotary tables
+    if (lora.enabled()) {
+      trained = LoraAdapters::parameter_count(Llama::lora_sites(c), o.lora);
+      weights += LoraAdapters::weight_bytes(Llama::lora_sites(c), o.lora, policy.compute);
+    }
+    activations = Llama::activation_bytes(c, o, micro_batch, c.block_size);
+  } else {
+    const GPT2Config& cfg = mc.gpt2();
+    GPT2Options o;
+    o.gradient_checkpointing = t.checkpointing;
+    o.fused_attention = !t.unfused_attention;
+    o.policy = policy;
+    o.lora = GPT2::resolved_lora(lora);
+    weights = GPT2::base_weight_bytes(cfg, o);
+    if (lora.enabled()) {
+      trained = GPT2::lora_parameter_count(cfg, o.lora);
+      weights += LoraAdapters::weight_bytes(GPT2::lora_sites(cfg), o.lora, policy.compute);
+    }
+    activations = GPT2::activation_bytes(cfg, o, micro_batch, cfg.block_size);
   }
-  const GPT2Config& cfg = mc.gpt2();
-  GPT2Options o;
-  o.gradient_checkpointing = t.checkpointing;
-  o.fused_attention = !t.unfused_attention;
-  o.policy = PrecisionPolicy::make(t.mixed ? Precision::kBf16 : Precision::kFp32);
-  const int64_t copy = t.mixed ? 2 : 0;
-  if (t.lora_r > 0) {
-    // The frozen base keeps its weights only (16-bit under bf16); the adapters train.
-    o.lora.r = t.lora_r;
-    o.lora.alpha = 16.0f;
-    o.lora.target_modules.clear();
-    std::stringstream ss(t.lora_targets);
-    for (std::string m; std::getline(ss, m, ',');) o.lora.target_modules.push_back(m);
-    const int64_t na = GPT2::lora_parameter_count(cfg, o.lora);
-    return GPT2::base_weight_bytes(cfg, o) + na * (4 + copy + 4) +
-           static_cast<int64_t>(t.optimizer_bytes_per_param * static_cast<double>(na)) +
-           GPT2::activation_bytes(cfg, o, micro_batch, cfg.block_size);
-  }
-  return GPT2::base_weight_bytes(cfg, o) + n * 4 +
-         static_cast<int64_t>(t.optimizer_bytes_per_param * n) +
-         GPT2::activation_bytes(cfg, o, micro_batch, cfg.block_size);
+  return weights + trained * 4 +
+         static_cast<int64_t>(t.optimizer_bytes_per_param * static_cast<double>(trained)) +
+         activations;
 }
 
 struct Row {
@@ -194,17 +209,21 @@ Run add_bench(CLI::App& app) {
     }
     const std::string acc = std::to_string(o->accumulation);
     std::vector<Technique> techniques = {
-        {"vanilla fp32", {}, 1},
-        {"unfused attention", {"--attention", "unfused"}, 1, false, false, 8, true},
-        {"+ accumulation x" + acc, {"--gradient-accumulation-steps", acc}, o->accumulation},
-        {"+ checkpointing", {"--gradient-checkpointing"}, 1, false, true},
-        {"+ fp16", {"--fp16"}, 1, true},
-        {"+ bf16", {"--bf16"}, 1, true},
-        {"bf16 + checkpointing + accumulation x" + acc,
-         {"--bf16", "--gradient-checkpointing", "--gradient-accumulation-steps", acc},
-         o->accumulation,
-         true,
-         true},
+        {.name = "vanilla fp32"},
+        {.name = "unfused attention",
+         .flags = {"--attention", "unfused"},
+         .unfused_attention = true},
+        {.name = "+ accumulation x" + acc,
+         .flags = {"--gradient-accumulation-steps", acc},
+         .micro_batch_divisor = o->accumulation},
+        {.name = "+ checkpointing", .flags = {"--gradient-checkpointing"}, .checkpointing = true},
+        {.name = "+ fp16", .flags = {"--fp16"}, .mixed = true},
+        {.name = "+ bf16", .flags = {"--bf16"}, .mixed = true},
+        {.name = "bf16 + checkpointing + accumulation x" + acc,
+         .flags = {"--bf16", "--gradient-checkpointing", "--gradient-accumulation-steps", acc},
+         .micro_batch_divisor = o->accumulation,
+         .mixed = true,
+         .checkpointing = true},
     };
     ModelConfig cfg = ModelConfig::preset(o->model);
     if (o->block_size > 0) std::visit([&](auto& c) { c.block_size = o->block_size; }, cfg.config);
@@ -212,23 +231,29 @@ Run add_bench(CLI::App& app) {
     // The optimizer rows (core/train/optimizer.h): state bytes per parameter on the device.
     const double bpp_af = optimizer_bytes_per_param(cfg, "adafactor");
     const double bpp_8 = optimizer_bytes_per_param(cfg, "adamw_8bit");
-    techniques.push_back({"+ adafactor", {"--optim", "adafactor"}, 1, false, false, bpp_af});
-    techniques.push_back({"+ 8-bit AdamW", {"--optim", "adamw_8bit"}, 1, false, false, bpp_8});
-    techniques.push_back({"+ offload optimizer", {"--offload-optimizer"}, 1, false, false, 0.0});
-    techniques.push_back({"bf16 + checkpointing + 8-bit AdamW",
-                          {"--bf16", "--gradient-checkpointing", "--optim", "adamw_8bit"},
-                          1,
-                          true,
-                          true,
-                          bpp_8});
-    // LoRA r=8 on the attention projections (PEFT's names), as in the fine-tuning guides; GPT-2
-    // only (the Llama family has no adapters yet).
-    if (!cfg.is_llama()) {
-      Technique lora{"LoRA r=8 (attention)",
-                     {"--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules",
-                      "attn.c_attn,attn.c_proj"}};
-      lora.lora_r = 8;
-      lora.lora_targets = "attn.c_attn,attn.c_proj";
+    techniques.push_back({.name = "+ adafactor",
+                          .flags = {"--optim", "adafactor"},
+                          .optimizer_bytes_per_param = bpp_af});
+    techniques.push_back({.name = "+ 8-bit AdamW",
+                          .flags = {"--optim", "adamw_8bit"},
+                          .optimizer_bytes_per_param = bpp_8});
+    techniques.push_back({.name = "+ offload optimizer",
+                          .flags = {"--offload-optimizer"},
+                          .optimizer_bytes_per_param = 0.0});
+    techniques.push_back({.name = "bf16 + checkpointing + 8-bit AdamW",
+                          .flags = {"--bf16", "--gradient-checkpointing", "--optim", "adamw_8bit"},
+                          .mixed = true,
+                          .checkpointing = true,
+                          .optimizer_bytes_per_param = bpp_8});
+    // LoRA r=8 on the attention projections (PEFT's names), as in the fine-tuning guides.
+    {
+      const std::string targets =
+          cfg.is_llama() ? "q_proj,k_proj,v_proj,o_proj" : "attn.c_attn,attn.c_proj";
+      Technique lora{
+          .name = "LoRA r=8 (attention)",
+          .flags = {"--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", targets},
+          .lora_r = 8,
+          .lora_targets = targets};
       techniques.push_back(lora);
       Technique lora16 = lora;
       lora16.name = "bf16 + LoRA r=8 (attention)";

@@ -70,7 +70,9 @@ Run add_train(CLI::App& app) {
   flag(&app, "--lora-dropout", a->lora_dropout,
        "LoRA dropout on the adapters' input, in [0, 1) (PEFT's lora_dropout)");
   flag(&app, "--lora-target-modules", a->lora_target_modules,
-       "comma-separated GPT-2 modules to adapt: c_attn, c_proj, c_fc, attn.c_proj, mlp.c_proj");
+       "comma-separated modules to adapt (PEFT's target_modules). GPT-2: c_attn, c_proj, c_fc, "
+       "attn.c_proj, mlp.c_proj (default c_attn); Llama family: q_proj, k_proj, v_proj, o_proj, "
+       "gate_proj, up_proj, down_proj (default q_proj,v_proj)");
   flag(&app, "--seed", a->seed, "seed of initialisation and data order");
   flag(&app, "--logging-steps", a->logging_steps, "log a metrics record every N steps");
   flag(&app, "--eval-steps", a->eval_steps, "evaluate every N steps (0 = only at the end)");
