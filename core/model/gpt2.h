@@ -42,6 +42,7 @@
 #include "core/model/config.h"
 #include "core/model/lora.h"
 #include "core/model/model.h"
+#include "core/model/model_util.h"
 #include "core/tensor.h"
 
 namespace ct {
@@ -248,9 +249,7 @@ class GPT2 final : public Model {
   Tensor frozen_ln_dw_, frozen_ln_db_;  // (C) f32: where a frozen LayerNorm's gradients go
 
   // The last forward's batch, kept for backward.
-  int cur_b_ = 0, cur_t_ = 0;
-  Tensor tokens_, targets_;
-  bool have_targets_ = false;
+  model_util::ForwardBatch batch_;
 };
 
 }  // namespace ct

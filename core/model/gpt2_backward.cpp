@@ -12,8 +12,8 @@ using gpt2_detail::view;
 void GPT2::backward(float dloss_scale) {
   CT_REQUIRE(grads_.defined() || (lora() && lora_->trains()),
              "backward() on a GPT2 created without gradients");
-  CT_REQUIRE(cur_b_ > 0 && have_targets_, "backward() needs a preceding forward() with targets");
-  const int B = cur_b_, T = cur_t_;
+  batch_.require_targets("backward()");
+  const int B = batch_.B(), T = batch_.T();
   const int64_t C = config_.n_embd, V = config_.vocab_size, NH = config_.n_head;
   const int64_t BT = int64_t{B} * T;
   const int L = config_.n_layer;
@@ -35,7 +35,8 @@ void GPT2::backward(float dloss_scale) {
   // ---- loss and LM head ------------------------------------------------------------------------
   // dlogits (B,T,V) h = dloss * (softmax(logits) - onehot(targets)), in place over the logits
   Tensor logits = view(logits_, {BT, V});
-  device_.crossentropy_backward(logits, logits, targets_, dloss_scale / static_cast<float>(BT));
+  device_.crossentropy_backward(logits, logits, batch_.targets(),
+                                dloss_scale / static_cast<float>(BT));
   const Tensor& dlogits = logits;
   // dlnf (B,T,C) f32 = dlogits @ wte;  dwte += dlogits^T @ lnf
   device_.matmul(dln, dlogits, table_view(compute_, "wte.weight"), false, false);
@@ -114,8 +115,8 @@ void GPT2::backward(float dloss_scale) {
   // dwte += scatter of dresidual by token;  dwpe += sum of dresidual over the batch
   if (!frozen)
     device_.embedding_backward(table_view(g, "wte.weight"), table_view(g, "wpe.weight"),
-                               dresidual.reshape({B, T, C}), tokens_);
-  have_targets_ = false;  // the logits now hold dlogits: a second backward needs a new forward
+                               dresidual.reshape({B, T, C}), batch_.tokens());
+  batch_.consume_targets();  // the logits now hold dlogits
 }
 
 }  // namespace ct

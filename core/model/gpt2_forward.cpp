@@ -14,13 +14,11 @@ using gpt2_detail::linear_forward;
 using gpt2_detail::view;
 
 Tensor GPT2::logits() const {
-  CT_REQUIRE(cur_b_ > 0, "logits() before forward()");
-  return view(logits_, {cur_b_, cur_t_, config_.vocab_size});
+  return batch_.logits(logits_, config_.vocab_size);
 }
 
 Tensor GPT2::losses() const {
-  CT_REQUIRE(cur_b_ > 0 && have_targets_, "losses() needs a forward() with targets");
-  return view(losses_, {cur_b_, cur_t_});
+  return batch_.losses(losses_);
 }
 
 // =============================================================================================
@@ -90,25 +88,15 @@ void GPT2::block_forward(int l, int B, int T, bool recompute) {
 // Forward
 
 Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) {
-  CT_REQUIRE(B >= 1, "batch size must be positive, got " + std::to_string(B));
-  CT_REQUIRE(T >= 1 && T <= config_.block_size, "sequence length " + std::to_string(T) +
-                                                    " outside [1, block_size " +
-                                                    std::to_string(config_.block_size) + "]");
-  model_util::check_token_batch(tokens, B, T, "tokens");
-  if (targets) model_util::check_token_batch(*targets, B, T, "targets");
+  model_util::ForwardBatch::check(tokens, targets, B, T, config_.block_size, "block_size");
   if (B > max_b_ || T > max_t_) allocate_activations(std::max(B, max_b_), std::max(T, max_t_));
-
+  batch_.begin(tokens, targets, B, T);
   const int64_t C = config_.n_embd, V = config_.vocab_size;
   const int64_t BT = int64_t{B} * T;
-  cur_b_ = B;
-  cur_t_ = T;
-  tokens_ = tokens.reshape({B, T});
-  have_targets_ = targets != nullptr;
-  targets_ = targets ? targets->reshape({BT}) : Tensor();
 
   // ---- encoder ---------------------------------------------------------------------------------
   // residuals[0] (B,T,C) f32 = wte[tokens] + wpe[0:T]   (master weights)
-  device_.embedding_forward(view(residuals_[0], {B, T, C}), tokens_, param("wte.weight"),
+  device_.embedding_forward(view(residuals_[0], {B, T, C}), batch_.tokens(), param("wte.weight"),
                             param("wpe.weight"));
 
   for (int l = 0; l < config_.n_layer; ++l) block_forward(l, B, T, /*recompute=*/false);
@@ -127,7 +115,7 @@ Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) 
   // ---- loss ------------------------------------------------------------------------------------
   // losses (B,T) f32 = -log softmax(logits)[targets];  loss [1] f32 = mean(losses)
   Tensor losses = view(losses_, {BT});
-  device_.crossentropy_forward(losses, logits, targets_);
+  device_.crossentropy_forward(losses, logits, batch_.targets());
   device_.sum(loss_, losses, 1.0f / static_cast<float>(BT));
   return loss_;
 }

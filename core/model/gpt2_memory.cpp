@@ -55,9 +55,7 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
   dresidual_ = dresidual_h_ = dbt_c_ = dbt_4c_a_ = dbt_4c_b_ = Tensor();
   frozen_ln_dw_ = frozen_ln_db_ = Tensor();
   if (lora()) lora_->release();
-  tokens_ = targets_ = Tensor();
-  have_targets_ = false;
-  cur_b_ = cur_t_ = 0;
+  batch_.reset();
 
   auto act = [&](int64_t n, DType dt) { return device_.empty({n}, dt, MemCategory::kActivations); };
   residuals_.resize(static_cast<size_t>(config_.n_layer) + 1);

@@ -42,6 +42,7 @@
 #include "core/model/llama_config.h"
 #include "core/model/lora.h"
 #include "core/model/model.h"
+#include "core/model/model_util.h"
 #include "core/tensor.h"
 
 namespace ct {
@@ -216,9 +217,7 @@ class Llama final : public Model {
   Tensor datty_;                    // (B,T,C) h
   Tensor frozen_norm_dw_;           // (C) f32: where a frozen RMSNorm's weight gradient goes
 
-  int cur_b_ = 0, cur_t_ = 0;
-  Tensor tokens_, targets_;
-  bool have_targets_ = false;
+  model_util::ForwardBatch batch_;
 };
 
 }  // namespace ct

@@ -31,8 +31,8 @@ void Llama::linear_bwd(int l, int site, const Tensor& dinp, const Tensor& dw, co
 void Llama::backward(float dloss_scale) {
   CT_REQUIRE(grads_.defined() || (lora() && lora_->trains()),
              "backward() on a Llama created without gradients");
-  CT_REQUIRE(cur_b_ > 0 && have_targets_, "backward() needs a preceding forward() with targets");
-  const int B = cur_b_, T = cur_t_;
+  batch_.require_targets("backward()");
+  const int B = batch_.B(), T = batch_.T();
   const int64_t C = config_.n_embd, V = config_.vocab_size, NH = config_.n_head;
   const int64_t NKV = config_.n_kv_head, W = config_.qkv_width(), F = config_.intermediate_size;
   const int64_t hd = config_.head_dim(), BT = int64_t{B} * T;
@@ -51,7 +51,8 @@ void Llama::backward(float dloss_scale) {
   // ---- loss and LM head ------------------------------------------------------------------------
   // dlogits (B,T,V) h = dloss * (softmax(logits) - onehot(targets)), in place over the logits
   Tensor logits = view(logits_, {BT, V});
-  device_.crossentropy_backward(logits, logits, targets_, dloss_scale / static_cast<float>(BT));
+  device_.crossentropy_backward(logits, logits, batch_.targets(),
+                                dloss_scale / static_cast<float>(BT));
   const Tensor& dlogits = logits;
   // dlnf (B,T,C) f32 = dlogits @ lm_head;  dlm_head += dlogits^T @ lnf
   device_.matmul(dln, dlogits, head_weight(compute_), false, false);
@@ -132,8 +133,8 @@ void Llama::backward(float dloss_scale) {
   // dembed_tokens += scatter of dresidual by token (the zero position table's gradient is dropped)
   if (!frozen)
     device_.embedding_backward(table_view(g, "model.embed_tokens.weight"), view(dzero_pos_, {T, C}),
-                               dresidual.reshape({B, T, C}), tokens_);
-  have_targets_ = false;  // the logits now hold dlogits: a second backward needs a new forward
+                               dresidual.reshape({B, T, C}), batch_.tokens());
+  batch_.consume_targets();  // the logits now hold dlogits
 }
 
 }  // namespace ct

@@ -12,13 +12,11 @@ namespace ct {
 using gpt2_detail::view;
 
 Tensor Llama::logits() const {
-  CT_REQUIRE(cur_b_ > 0, "logits() before forward()");
-  return view(logits_, {cur_b_, cur_t_, config_.vocab_size});
+  return batch_.logits(logits_, config_.vocab_size);
 }
 
 Tensor Llama::losses() const {
-  CT_REQUIRE(cur_b_ > 0 && have_targets_, "losses() needs a forward() with targets");
-  return view(losses_, {cur_b_, cur_t_});
+  return batch_.losses(losses_);
 }
 
 void Llama::lora_forward(int l, int first, int n, const Tensor& out, const Tensor& x) const {
@@ -94,25 +92,16 @@ void Llama::block_forward(int l, int B, int T, bool recompute) {
 // Forward
 
 Tensor Llama::forward(const Tensor& tokens, const Tensor* targets, int B, int T) {
-  CT_REQUIRE(B >= 1, "batch size must be positive, got " + std::to_string(B));
-  CT_REQUIRE(T >= 1 && T <= config_.block_size, "sequence length " + std::to_string(T) +
-                                                    " outside [1, max_position_embeddings " +
-                                                    std::to_string(config_.block_size) + "]");
-  model_util::check_token_batch(tokens, B, T, "tokens");
-  if (targets) model_util::check_token_batch(*targets, B, T, "targets");
+  model_util::ForwardBatch::check(tokens, targets, B, T, config_.block_size,
+                                  "max_position_embeddings");
   if (B > max_b_ || T > max_t_) allocate_activations(std::max(B, max_b_), std::max(T, max_t_));
-
+  batch_.begin(tokens, targets, B, T);
   const int64_t C = config_.n_embd, V = config_.vocab_size;
   const int64_t BT = int64_t{B} * T;
-  cur_b_ = B;
-  cur_t_ = T;
-  tokens_ = tokens.reshape({B, T});
-  have_targets_ = targets != nullptr;
-  targets_ = targets ? targets->reshape({BT}) : Tensor();
 
   // ---- embedding -------------------------------------------------------------------------------
   // residuals[0] (B,T,C) f32 = embed_tokens[tokens]   (master weights; no position table)
-  device_.embedding_forward(view(residuals_[0], {B, T, C}), tokens_,
+  device_.embedding_forward(view(residuals_[0], {B, T, C}), batch_.tokens(),
                             param("model.embed_tokens.weight"), view(zero_pos_, {T, C}));
 
   for (int l = 0; l < config_.n_layer; ++l) block_forward(l, B, T, /*recompute=*/false);
@@ -131,7 +120,7 @@ Tensor Llama::forward(const Tensor& tokens, const Tensor* targets, int B, int T)
 
   // ---- loss ------------------------------------------------------------------------------------
   Tensor losses = view(losses_, {BT});
-  device_.crossentropy_forward(losses, logits, targets_);
+  device_.crossentropy_forward(losses, logits, batch_.targets());
   device_.sum(loss_, losses, 1.0f / static_cast<float>(BT));
   return loss_;
 }

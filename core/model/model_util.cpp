@@ -65,6 +65,38 @@ std::map<std::string, std::vector<float>> split(const std::vector<ParamInfo>& ta
   return named;
 }
 
+void ForwardBatch::check(const Tensor& tokens, const Tensor* targets, int B, int T, int block_size,
+                         const char* limit) {
+  CT_REQUIRE(B >= 1, "batch size must be positive, got " + std::to_string(B));
+  CT_REQUIRE(T >= 1 && T <= block_size, "sequence length " + std::to_string(T) + " outside [1, " +
+                                            limit + " " + std::to_string(block_size) + "]");
+  check_token_batch(tokens, B, T, "tokens");
+  if (targets) check_token_batch(*targets, B, T, "targets");
+}
+
+void ForwardBatch::begin(const Tensor& tokens, const Tensor* targets, int B, int T) {
+  b_ = B;
+  t_ = T;
+  tokens_ = tokens.reshape({B, T});
+  have_targets_ = targets != nullptr;
+  targets_ = targets ? targets->reshape({int64_t{B} * T}) : Tensor();
+}
+
+void ForwardBatch::require_targets(const char* what) const {
+  CT_REQUIRE(b_ > 0 && have_targets_,
+             std::string(what) + " needs a preceding forward() with targets");
+}
+
+Tensor ForwardBatch::logits(const Tensor& buffer, int64_t V) const {
+  CT_REQUIRE(b_ > 0, "logits() before forward()");
+  return buffer.slice_flat(0, {b_, t_, V});
+}
+
+Tensor ForwardBatch::losses(const Tensor& buffer) const {
+  require_targets("losses()");
+  return buffer.slice_flat(0, {b_, t_});
+}
+
 void upload_rounded(Device& device, const Tensor& dst16, const std::vector<float>& flat) {
   CT_REQUIRE(dst16.dtype == DType::bf16 || dst16.dtype == DType::f16,
              "upload_rounded: " + dst16.describe() + " is not a 16-bit float tensor");

@@ -38,6 +38,35 @@ class TableBuilder {
 // tokens / targets: a contiguous i32 tensor of B x T elements, else Error naming `what`.
 void check_token_batch(const Tensor& t, int B, int T, const char* what);
 
+// The batch of the last forward(), which backward(), logits() and losses() read; one for every
+// family. Model::forward checks its arguments with check(), grows its activations, then begin().
+class ForwardBatch {
+ public:
+  // B >= 1, 1 <= T <= block_size (`limit` names it: "block_size", "max_position_embeddings"),
+  // tokens and targets (if any) B x T i32; else Error(kInvalidArgument).
+  static void check(const Tensor& tokens, const Tensor* targets, int B, int T, int block_size,
+                    const char* limit);
+  void begin(const Tensor& tokens, const Tensor* targets, int B, int T);
+  void reset() { *this = ForwardBatch(); }  // nothing kept (the activations were reallocated)
+  int B() const { return b_; }
+  int T() const { return t_; }
+  int64_t BT() const { return int64_t{b_} * t_; }
+  const Tensor& tokens() const { return tokens_; }    // [B,T]
+  const Tensor& targets() const { return targets_; }  // [B*T]
+  // Error unless a forward with targets precedes (and no backward has consumed its logits).
+  void require_targets(const char* what) const;
+  // backward() wrote dlogits over the logits: a second backward needs a new forward.
+  void consume_targets() { have_targets_ = false; }
+  // The views of the last forward: logits [B,T,V] of `buffer`, losses [B,T] of `buffer`.
+  Tensor logits(const Tensor& buffer, int64_t V) const;
+  Tensor losses(const Tensor& buffer) const;
+
+ private:
+  int b_ = 0, t_ = 0;
+  Tensor tokens_, targets_;
+  bool have_targets_ = false;
+};
+
 // The policy's 16-bit dtype (f32 for fp32) after checking that compute and activations use it,
 // and that `device` has every op of `needed` in it (Error(kUnsupported) naming the op).
 DType check_policy(const Device& device, const PrecisionPolicy& policy, const char* model,

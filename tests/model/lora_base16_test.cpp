@@ -26,6 +26,27 @@ GPT2Config small_config() {
 
 constexpr int kB = 2, kT = 16;
 
+// `lora` (base16, adapters just initialised) and `full` (the same base, rounded, as its master)
+// give the same loss bit for bit -- B = 0: the adapted model is the base -- and the frozen 16-bit
+// base trains its adapters (the backward reads it).
+void expect_base_loss_and_adapter_grads(Device& dev, Model& lora, Model& full) {
+  auto tokens = randint(kB * kT, 3, 50), targets = randint(kB * kT, 4, 50);
+  std::vector<float> loss;
+  for (Model* m : {&lora, &full}) {
+    m->allocate_activations(kB, kT);
+    Tensor in = upload_i32(dev, {kB, kT}, tokens), tg = upload_i32(dev, {kB, kT}, targets);
+    loss.push_back(download(dev, m->forward(in, &tg, kB, kT))[0]);
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  lora.zero_grad();
+  Tensor in = upload_i32(dev, {kB, kT}, tokens), tg = upload_i32(dev, {kB, kT}, targets);
+  lora.forward(in, &tg, kB, kT);
+  lora.backward();
+  double sum = 0;
+  for (float g : download(dev, lora.trainable_grads())) sum += std::abs(g);
+  EXPECT_GT(sum, 0.0);
+}
+
 TEST(LoraBase16, NoF32MasterAndTheBitsOfTheRoundedModel) {
   for (Precision prec : {Precision::kBf16, Precision::kFp16}) {
     const PrecisionPolicy pp = PrecisionPolicy::make(prec);
@@ -62,22 +83,7 @@ TEST(LoraBase16, NoF32MasterAndTheBitsOfTheRoundedModel) {
     EXPECT_FALSE(b.base16());
     b.upload_params(rounded);
 
-    auto tokens = randint(kB * kT, 3, 50), targets = randint(kB * kT, 4, 50);
-    std::vector<float> loss;
-    for (GPT2* m : {&a, &b}) {
-      m->allocate_activations(kB, kT);
-      Tensor in = upload_i32(ref(), {kB, kT}, tokens), tg = upload_i32(ref(), {kB, kT}, targets);
-      loss.push_back(download(ref(), m->forward(in, &tg, kB, kT))[0]);
-    }
-    EXPECT_EQ(loss[0], loss[1]);  // B = 0: the adapted model is the base, bit for bit
-    // and the frozen base trains its adapters (the backward reads the 16-bit base)
-    a.zero_grad();
-    Tensor in = upload_i32(ref(), {kB, kT}, tokens), tg = upload_i32(ref(), {kB, kT}, targets);
-    a.forward(in, &tg, kB, kT);
-    a.backward();
-    double sum = 0;
-    for (float g : download(ref(), a.trainable_grads())) sum += std::abs(g);
-    EXPECT_GT(sum, 0.0);
+    expect_base_loss_and_adapter_grads(ref(), a, b);
   }
 }
 
@@ -124,21 +130,7 @@ TEST(LoraBase16, LlamaNoF32MasterAndTheBitsOfTheRoundedModel) {
     Llama b(ref(), c, /*with_grads=*/true, full);
     EXPECT_FALSE(b.base16());
     b.upload_params(rounded);
-    auto tokens = randint(kB * kT, 3, 50), targets = randint(kB * kT, 4, 50);
-    std::vector<float> loss;
-    for (Llama* m : {&a, &b}) {
-      m->allocate_activations(kB, kT);
-      Tensor in = upload_i32(ref(), {kB, kT}, tokens), tg = upload_i32(ref(), {kB, kT}, targets);
-      loss.push_back(download(ref(), m->forward(in, &tg, kB, kT))[0]);
-    }
-    EXPECT_EQ(loss[0], loss[1]);
-    a.zero_grad();
-    Tensor in = upload_i32(ref(), {kB, kT}, tokens), tg = upload_i32(ref(), {kB, kT}, targets);
-    a.forward(in, &tg, kB, kT);
-    a.backward();
-    double sum = 0;
-    for (float g : download(ref(), a.trainable_grads())) sum += std::abs(g);
-    EXPECT_GT(sum, 0.0);
+    expect_base_loss_and_adapter_grads(ref(), a, b);
   }
 }
 

@@ -239,7 +239,7 @@ TEST(HfCheckpoint, FineTunesFromAFolderAndCarriesTheTokenizer) {
   EXPECT_TRUE(std::isfinite(s.final_loss));
   const Tensors after = read_tensors((root / "out" / "model.safetensors").string());
   for (const auto& [name, v] : t) EXPECT_EQ(after.at(name).values, v.values) << name;
-  for (const fs::path d : {root / "out", root / "out" / "checkpoint-2"})
+  for (const fs::path& d : {root / "out", root / "out" / "checkpoint-2"})
     for (const char* f : {"tokenizer.json", "vocab.json", "merges.txt"})
       EXPECT_EQ(read_file_bytes((d / f).string()), read_file_bytes((start / f).string()))
           << d << " " << f;
