@@ -35,6 +35,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
      "swiglu_forward/backward (Llama's MLP activation over a fused gate/up projection) and "
      "rope_forward/backward (rotary embedding, rotate-half, caller's cos/sin tables); "
      "OpKind::kSwiGLU, kRope; grouped-query attention (n_kv_head) in the four attention ops"},
+    {7, "e22939219bd923de1d692e4cd725226601e20afea3b55c3e4b1d1c118f7bd79b",
+     "embedding_forward / embedding_backward without a position table (wpe, dwpe undefined; "
+     "wpe defaults to none)"},
 };
 
 // device.h's text without // and /* */ comments, every run of whitespace one space, trimmed.

@@ -356,11 +356,12 @@ class Device {
 
   // -- transformer ops -------------------------------------------------------------------------
   // out[b,t,:] (=) wte[tokens[b,t],:] + wpe[t,:] (16-bit tables allowed: widened, added in fp32).
-  // out [B,T,C]; tokens [B,T] i32 in [0,V); wte [V,C]; wpe [maxT,C] with maxT >= T.
+  // out [B,T,C]; tokens [B,T] i32 in [0,V); wte [V,C]; wpe [maxT,C] with maxT >= T, or
+  // undefined: no position table (rotary models), out[b,t,:] (=) wte[tokens[b,t],:].
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                         const Tensor& wpe);
-  // dwte (+=) scatter of dout by token, dwpe (+=) sum of dout over the batch. Deterministic:
-  // for every row of dwte, contributions are added in (b,t) order.
+                         const Tensor& wpe = Tensor());
+  // dwte (+=) scatter of dout by token, dwpe (+=) sum of dout over the batch (dwpe undefined:
+  // none). Deterministic: for every row of dwte, contributions are added in (b,t) order.
   void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                           const Tensor& tokens);
 
@@ -625,7 +626,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 6;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 7;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

@@ -225,14 +225,17 @@ void Device::embedding_forward(const Tensor& out, const Tensor& tokens, const Te
   k.f32("out", out);
   k.is("tokens", tokens, DType::i32);
   k.flt("wte", wte, OpKind::kEmbedding);
-  k.flt("wpe", wpe, OpKind::kEmbedding);
-  k.same_dtype({&wte, &wpe});
-  std::string desc = shapes({&out, &tokens, &wte, &wpe});
-  CT_REQUIRE(out.ndim() == 3 && tokens.ndim() == 2 && wte.ndim() == 2 && wpe.ndim() == 2,
+  const bool pos = wpe.defined();  // undefined: no position table
+  if (pos) {
+    k.flt("wpe", wpe, OpKind::kEmbedding);
+    k.same_dtype({&wte, &wpe});
+  }
+  std::string desc = pos ? shapes({&out, &tokens, &wte, &wpe}) : shapes({&out, &tokens, &wte});
+  CT_REQUIRE(out.ndim() == 3 && tokens.ndim() == 2 && wte.ndim() == 2 && (!pos || wpe.ndim() == 2),
              k.op() + ": expected out [B,T,C], tokens [B,T], wte [V,C], wpe [maxT,C]" + desc);
   int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
   CT_REQUIRE(tokens.shape[0] == B && tokens.shape[1] == T && wte.shape[1] == C &&
-                 wpe.shape[1] == C && wpe.shape[0] >= T,
+                 (!pos || (wpe.shape[1] == C && wpe.shape[0] >= T)),
              k.op() + ": shape mismatch" + desc);
   embedding_forward_kernel(out, tokens, wte, wpe);
 }
@@ -241,15 +244,17 @@ void Device::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Te
                                 const Tensor& tokens) {
   Check k(*this, "embedding_backward");
   k.f32("dwte", dwte);
-  k.f32("dwpe", dwpe);
+  const bool pos = dwpe.defined();  // undefined: no position table
+  if (pos) k.f32("dwpe", dwpe);
   k.f32("dout", dout);
   k.is("tokens", tokens, DType::i32);
-  std::string desc = shapes({&dwte, &dwpe, &dout, &tokens});
-  CT_REQUIRE(dout.ndim() == 3 && tokens.ndim() == 2 && dwte.ndim() == 2 && dwpe.ndim() == 2,
-             k.op() + ": expected dout [B,T,C], tokens [B,T], dwte [V,C], dwpe [maxT,C]" + desc);
+  std::string desc = pos ? shapes({&dwte, &dwpe, &dout, &tokens}) : shapes({&dwte, &dout, &tokens});
+  CT_REQUIRE(
+      dout.ndim() == 3 && tokens.ndim() == 2 && dwte.ndim() == 2 && (!pos || dwpe.ndim() == 2),
+      k.op() + ": expected dout [B,T,C], tokens [B,T], dwte [V,C], dwpe [maxT,C]" + desc);
   int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
   CT_REQUIRE(tokens.shape[0] == B && tokens.shape[1] == T && dwte.shape[1] == C &&
-                 dwpe.shape[1] == C && dwpe.shape[0] >= T,
+                 (!pos || (dwpe.shape[1] == C && dwpe.shape[0] >= T)),
              k.op() + ": shape mismatch" + desc);
   embedding_backward_kernel(dwte, dwpe, dout, tokens);
 }

@@ -4,7 +4,8 @@
 //   EMB_CHAIN    link[bt] = (is the first position of its token, next position of that token)
 //   EMB_BWD_WTE  dwte[tok,c] += dout[bt,c] over the token's positions, in (b,t) order
 //   EMB_BWD_WPE  dwpe[t,c] += dout[b,t,c] over b, in order
-// out, dout [B*T, C]; tokens [B*T] i32; wte, dwte rows [v0, v0+vc) of [V, C]; wpe [maxT, C].
+// out, dout [B*T, C]; tokens [B*T] i32; wte, dwte rows [v0, v0+vc) of [V, C]; wpe [maxT, C]
+// (haswpe 0: no position table, out = wte[token]; the host binds some table it does not read).
 // EMB_FWD's wte and wpe may be 16-bit (H_F16 / H_BF16: widened, added in fp32); the rest f32.
 #extension GL_GOOGLE_include_directive : require
 #include "common/h16.glsl"
@@ -23,6 +24,7 @@ layout(push_constant) uniform Push {
   uint otok;
   uint owte;
   uint owpe;
+  uint haswpe;
 } pc;
 layout(std430, binding = 0) writeonly buffer Out { float o[]; };
 layout(std430, binding = 1) readonly buffer Tok { int tokens[]; };
@@ -35,7 +37,8 @@ void main() {
   uint bt = i / pc.C, c = i % pc.C;
   uint tok = uint(tokens[pc.otok + bt]) - pc.v0;
   if (tok >= pc.vc) return;  // another chunk's token
-  o[pc.oo + i] = h_load(wte[pc.owte + tok * pc.C + c]) + h_load(wpe[pc.owpe + (bt % pc.T) * pc.C + c]);
+  float e = h_load(wte[pc.owte + tok * pc.C + c]);
+  o[pc.oo + i] = pc.haswpe != 0u ? e + h_load(wpe[pc.owpe + (bt % pc.T) * pc.C + c]) : e;
 }
 
 #elif defined(EMB_CHAIN)

@@ -162,19 +162,23 @@ class CpuDevice final : public Device, private Workspace {
     int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
     check_indices("embedding_forward", "tokens", tokens, wte.shape[0]);
     if (wte.dtype == DType::f32) {
-      k_.embedding_forward(f(out), idx(tokens), f(wte), f(wpe), B, T, C);
+      k_.embedding_forward(f(out), idx(tokens), f(wte), wpe.defined() ? f(wpe) : nullptr, B, T, C);
       return;
     }
     // 16-bit tables (a frozen base held in 16 bits): each row widened exactly, one fp32 add --
     // the bits of the f32 kernel on the widened tables, without widening the whole table.
     const auto* te = static_cast<const uint16_t*>(raw(wte));
-    const auto* pe = static_cast<const uint16_t*>(raw(wpe));
+    const auto* pe = wpe.defined() ? static_cast<const uint16_t*>(raw(wpe)) : nullptr;
     const bool bf = wte.dtype == DType::bf16;
     float* o = f(out);
     const int32_t* tok = idx(tokens);
     auto widen = [bf](uint16_t v) { return bf ? bf16_to_f32(v) : f16_to_f32(v); };
     for (int64_t bt = 0; bt < B * T; ++bt) {
       const uint16_t* wr = te + static_cast<int64_t>(tok[bt]) * C;
+      if (pe == nullptr) {
+        for (int64_t c = 0; c < C; ++c) o[bt * C + c] = widen(wr[c]);
+        continue;
+      }
       const uint16_t* pr = pe + (bt % T) * C;
       for (int64_t c = 0; c < C; ++c) o[bt * C + c] = widen(wr[c]) + widen(pr[c]);
     }
@@ -183,7 +187,8 @@ class CpuDevice final : public Device, private Workspace {
                                  const Tensor& tokens) override {
     int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
     check_indices("embedding_backward", "tokens", tokens, dwte.shape[0]);
-    k_.embedding_backward(f(dwte), f(dwpe), f(dout), idx(tokens), B, T, C);
+    k_.embedding_backward(f(dwte), dwpe.defined() ? f(dwpe) : nullptr, f(dout), idx(tokens), B, T,
+                          C);
   }
 
   void layernorm_forward_kernel(const Tensor& out, const Tensor& mean, const Tensor& rstd,

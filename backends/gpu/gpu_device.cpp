@@ -224,15 +224,16 @@ class GpuDevice final : public Device {
     const std::int64_t C = wte.shape[-1];
     const std::int64_t T = tokens.shape[-1];
     const std::int64_t B = tokens.numel() / std::max<std::int64_t>(T, 1);
-    gpu::embedding_forward(cx(), f(out), i32(tokens), ptr(wte), ptr(wpe), elem_of(wte.dtype), B, T,
-                           C);
+    gpu::embedding_forward(cx(), f(out), i32(tokens), ptr(wte), wpe.defined() ? ptr(wpe) : nullptr,
+                           elem_of(wte.dtype), B, T, C);
   }
   void embedding_backward_kernel(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                  const Tensor& tokens) override {
     const std::int64_t C = dwte.shape[-1];
     const std::int64_t T = tokens.shape[-1];
     const std::int64_t B = tokens.numel() / std::max<std::int64_t>(T, 1);
-    gpu::embedding_backward(cx(), f(dwte), f(dwpe), f(dout), i32(tokens), B, T, C);
+    gpu::embedding_backward(cx(), f(dwte), dwpe.defined() ? f(dwpe) : nullptr, f(dout), i32(tokens),
+                            B, T, C);
   }
   void layernorm_forward_kernel(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                                 const Tensor& x, const Tensor& w, const Tensor& b,

@@ -313,15 +313,11 @@ void Llama::allocate_activations(int max_batch, int max_seq) {
   logits_ = act({BT * V}, h);
   losses_ = act({BT}, DType::f32);
   loss_ = act({1}, DType::f32);
-  // The embedding op's tables share a dtype: the 16-bit base's, or f32.
-  zero_pos_ = act({T * C}, base16() ? options_.policy.compute : DType::f32);
-  device_.fill(zero_pos_, 0.0f);
   const bool trains = grads_.defined() || (lora() && lora_->trains());
   if (lora()) {
     lora_->allocate(BT, h, trains);
     if (trains) frozen_norm_dw_ = act({C}, DType::f32);
   }
-  if (grads_.defined()) dzero_pos_ = act({T * C}, DType::f32);  // frozen: no embedding grads
   if (trains) {
     dresidual_ = act({BT * C}, DType::f32);
     if (options_.policy.mixed()) dresidual_h_ = act({BT * C}, h);
@@ -345,13 +341,10 @@ int64_t Llama::activation_bytes(const LlamaConfig& config, const LlamaOptions& o
   const int64_t sets = options.gradient_checkpointing ? 1 : config.n_layer;
   int64_t total = (config.n_layer + 1) * BT * C * f + sets * per_layer;
   total += BT * C * h + BT * C * h + BT * f + BT * V * h + BT * f + f;  // proj, lnf, logits, loss
-  const bool base16 = options.lora.enabled() && options.policy.mixed();
-  total += int64_t{T} * C * (base16 ? h : f);  // zero_pos, in the embedding table's dtype
   if (with_grads) {
-    if (!options.lora.enabled()) total += int64_t{T} * C * f;  // dzero_pos
-    total += BT * C * f + BT * C * f;                          // dresidual, dln
-    if (options.policy.mixed()) total += BT * C * h;           // dresidual_h
-    total += BT * std::max(F, W) * h + BT * C * h;             // dwide, datty
+    total += BT * C * f + BT * C * f;                 // dresidual, dln
+    if (options.policy.mixed()) total += BT * C * h;  // dresidual_h
+    total += BT * std::max(F, W) * h + BT * C * h;    // dwide, datty
   }
   if (options.lora.enabled())  // the adapters' scratch, and the frozen norms' gradient sink
     total += LoraAdapters::activation_bytes(lora_sites(config), resolved_lora(options.lora), BT,

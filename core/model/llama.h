@@ -207,9 +207,6 @@ class Llama final : public Model {
   Tensor proj_;            // (B,T,C) h: o_proj / down_proj output before the residual add
   Tensor lnf_, lnf_rstd_;  // (B,T,C) h, (B,T)
   Tensor logits_, losses_, loss_;
-  // The embedding op adds a position table: Llama has none, so it reads a zero one, and its
-  // gradient goes to a scratch table nobody reads.
-  Tensor zero_pos_, dzero_pos_;  // (T,C) f32
   // Backward scratch, reused by every layer.
   Tensor dresidual_, dresidual_h_;  // (B,T,C) f32, and its h copy (16-bit policies)
   Tensor dln_;                      // (B,T,C) f32: gradient of an RMSNorm output

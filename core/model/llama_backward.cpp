@@ -130,9 +130,9 @@ void Llama::backward(float dloss_scale) {
   }
 
   // ---- embedding -------------------------------------------------------------------------------
-  // dembed_tokens += scatter of dresidual by token (the zero position table's gradient is dropped)
+  // dembed_tokens += scatter of dresidual by token (no position table)
   if (!frozen)
-    device_.embedding_backward(table_view(g, "model.embed_tokens.weight"), view(dzero_pos_, {T, C}),
+    device_.embedding_backward(table_view(g, "model.embed_tokens.weight"), Tensor(),
                                dresidual.reshape({B, T, C}), batch_.tokens());
   batch_.consume_targets();  // the logits now hold dlogits
 }

@@ -102,7 +102,7 @@ Tensor Llama::forward(const Tensor& tokens, const Tensor* targets, int B, int T)
   // ---- embedding -------------------------------------------------------------------------------
   // residuals[0] (B,T,C) f32 = embed_tokens[tokens]   (master weights; no position table)
   device_.embedding_forward(view(residuals_[0], {B, T, C}), batch_.tokens(),
-                            param("model.embed_tokens.weight"), view(zero_pos_, {T, C}));
+                            param("model.embed_tokens.weight"));
 
   for (int l = 0; l < config_.n_layer; ++l) block_forward(l, B, T, /*recompute=*/false);
 

@@ -106,6 +106,41 @@ TEST_P(Embedding, SixteenBitTablesGiveTheWidenedTablesBits) {
   CT_REQUIRE_SUPPORT(OpKind::kEmbedding, DType::bf16);
 }
 
+// No position table (rotary models: wpe / dwpe undefined): out is the token's row, exactly (f32
+// and 16-bit tables), and the backward's dwte is the one with a table, bit for bit.
+TEST_P(Embedding, WithoutAPositionTable) {
+  const int64_t B = 3, T = 11, C = 40, V = 23, maxT = 16;
+  auto toks = randint(B * T, 80, V);
+  toks[1] = toks[7] = toks[20] = 5;
+  const Vec wte = randn(V * C, 81), dout = randn(B * T * C, 82), dwte0 = randn(V * C, 83);
+  for (DType h : {DType::f32, DType::bf16, DType::f16}) {
+    if (h != DType::f32 && !unsupported(OpKind::kEmbedding, h).empty()) continue;
+    Tensor te = dev().empty({V, C}, h, MemCategory::kWeights);
+    dev().copy(te, upload(dev(), {V, C}, wte));
+    Vec table(static_cast<size_t>(V * C));  // the table as stored, widened
+    {
+      Tensor w = dev().empty({V, C}, DType::f32, MemCategory::kWeights);
+      dev().copy(w, te);
+      table = download(dev(), w);
+    }
+    Tensor tt = upload_i32(dev(), {B, T}, toks), to = upload(dev(), {B, T, C}, Vec(B * T * C, NAN));
+    dev().embedding_forward(to, tt, te);
+    const Vec got = download(dev(), to);
+    Vec want(static_cast<size_t>(B * T * C));
+    for (int64_t bt = 0; bt < B * T; ++bt)
+      for (int64_t c = 0; c < C; ++c)
+        want[static_cast<size_t>(bt * C + c)] = table[static_cast<size_t>(toks[bt] * C + c)];
+    EXPECT_EQ(got, want) << id() << ", " << dtype_name(h);
+  }
+  // The backward: dwte as with a position table (the reference's), dwpe absent.
+  EmbOut r = run(ref(), B, T, C, V, maxT, toks, wte, randn(maxT * C, 84), dout, dwte0,
+                 Vec(maxT * C, 0.0f));
+  Tensor tt = upload_i32(dev(), {B, T}, toks), td = upload(dev(), {B, T, C}, dout);
+  Tensor dte = upload(dev(), {V, C}, dwte0);
+  dev().embedding_backward(dte, Tensor(), td, tt);
+  EXPECT_EQ(download(dev(), dte), r.dwte) << id();
+}
+
 CT_INSTANTIATE_DEVICE_SUITE(Embedding);
 
 TEST(ReferenceEmbedding, MatchesFp64AndFiniteDifferences) {

@@ -10,7 +10,7 @@ namespace {
 constexpr int kThreads = 256;
 
 // out (B*T, C) f32 = wte[tokens[bt]] + wpe[bt mod T]; tokens (B*T) i32; wte (V, C) and
-// wpe (maxT, C) of element E (widened exactly, added in fp32).
+// wpe (maxT, C) of element E (widened exactly, added in fp32); wpe null: no position table.
 template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     embedding_forward_kernel(float* out, const std::int32_t* tokens, const void* wte,
@@ -18,8 +18,8 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   const std::int64_t n = BT * C;
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     const std::int64_t bt = i / C, c = i - bt * C;
-    out[i] = E::load(wte, static_cast<std::int64_t>(tokens[bt]) * C + c) +
-             E::load(wpe, (bt % T) * C + c);
+    const float e = E::load(wte, static_cast<std::int64_t>(tokens[bt]) * C + c);
+    out[i] = wpe == nullptr ? e : e + E::load(wpe, (bt % T) * C + c);
   }
 }
 
@@ -83,8 +83,9 @@ void embedding_backward(const Ctx& cx, float* dwte, float* dwpe, const float* do
     launch<W>(CT_KERNEL(embedding_backward_wte_kernel<W>),
               dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(parts)), dim3(kThreads),
               0, stream_of(cx), dwte, dout, tokens, B * T, C);
-    launch<W>(CT_KERNEL(embedding_backward_wpe_kernel<W>), dim3(grid_for(cx, T * C, kThreads)),
-              dim3(kThreads), 0, stream_of(cx), dwpe, dout, B, T, C);
+    if (dwpe != nullptr)  // null: no position table
+      launch<W>(CT_KERNEL(embedding_backward_wpe_kernel<W>), dim3(grid_for(cx, T * C, kThreads)),
+                dim3(kThreads), 0, stream_of(cx), dwpe, dout, B, T, C);
   });
 }
 

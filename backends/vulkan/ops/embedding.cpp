@@ -6,7 +6,7 @@
 namespace ct::vk {
 
 struct EmbFwdPush {
-  uint32_t n, T, C, v0, vc, oo, otok, owte, owpe;
+  uint32_t n, T, C, v0, vc, oo, otok, owte, owpe, haswpe;
 };
 CT_VK_PUSH_SIZE(EmbFwdPush, embedding_fwd);
 CT_VK_PUSH_MEMBER(EmbFwdPush, embedding_fwd, n);
@@ -18,6 +18,7 @@ CT_VK_PUSH_MEMBER(EmbFwdPush, embedding_fwd, oo);
 CT_VK_PUSH_MEMBER(EmbFwdPush, embedding_fwd, otok);
 CT_VK_PUSH_MEMBER(EmbFwdPush, embedding_fwd, owte);
 CT_VK_PUSH_MEMBER(EmbFwdPush, embedding_fwd, owpe);
+CT_VK_PUSH_MEMBER(EmbFwdPush, embedding_fwd, haswpe);
 CT_VK_PUSH_SIZE(EmbFwdPush, embedding_fwd_f16);
 CT_VK_PUSH_SIZE(EmbFwdPush, embedding_fwd_bf16);
 
@@ -69,7 +70,9 @@ void VulkanDevice::embedding_forward_kernel(const Tensor& out, const Tensor& tok
   int64_t n = s.B * s.T * s.C;
   if (n == 0) return;
   int64_t rows = std::max<int64_t>(1, max_elems(dtype_size(wte.dtype)) / s.C);
-  Bound bo = bind(out), bt = bind(tokens), bp = bind(wpe, 0, s.T * s.C);
+  // No position table: binding 3 gets a table it does not read (wte's first row).
+  const bool pos = wpe.defined();
+  Bound bo = bind(out), bt = bind(tokens), bp = pos ? bind(wpe, 0, s.T * s.C) : bind(wte, 0, s.C);
   auto g = grid(n, 256);
   const ShaderId id = h_variant(wte.dtype, ShaderId::embedding_fwd, ShaderId::embedding_fwd_f16,
                                 ShaderId::embedding_fwd_bf16);
@@ -78,7 +81,7 @@ void VulkanDevice::embedding_forward_kernel(const Tensor& out, const Tensor& tok
     Bound bw = bind(wte, v0 * s.C, vc * s.C);
     dispatch(id, {bo, bt, bw, bp},
              EmbFwdPush{u32(n), u32(s.T), u32(s.C), u32(v0), u32(vc), bo.first, bt.first, bw.first,
-                        bp.first},
+                        bp.first, pos ? 1u : 0u},
              g[0], g[1]);
   }
 }
@@ -104,6 +107,7 @@ void VulkanDevice::embedding_backward_kernel(const Tensor& dwte, const Tensor& d
              EmbWtePush{u32(n), u32(s.C), u32(v0), u32(vc), bw.first, bd.first, bt.first, bl.first},
              g[0], g[1]);
   }
+  if (!dwpe.defined()) return;  // no position table
   Bound bp = bind(dwpe, 0, s.T * s.C);
   auto gp = grid(s.T * s.C, 256);
   dispatch(ShaderId::embedding_bwd_wpe, {bp, bd},
