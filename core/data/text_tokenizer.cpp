@@ -4,6 +4,7 @@
 
 #include "core/data/bpe_tokenizer.h"
 #include "core/data/tokenizer.h"
+#include "core/error.h"
 
 namespace ct {
 namespace fs = std::filesystem;
@@ -50,7 +51,45 @@ class Bpe final : public TextTokenizer {
   std::string dir_;
 };
 
+class IdsOnly final : public TextTokenizer {
+ public:
+  IdsOnly(std::string dir, int vocab, std::string why)
+      : dir_(std::move(dir)), vocab_(vocab), why_(std::move(why)) {}
+  std::vector<int32_t> encode(std::string_view) const override {
+    fail(ErrorKind::kUnsupported, "cannot encode text: " + why_);
+  }
+  std::vector<int32_t> encode_parallel(std::string_view text, int,
+                                       const std::function<void(size_t)>&) const override {
+    return encode(text);
+  }
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string s = "[";
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i > 0) s += ' ';
+      s += std::to_string(ids[i]);
+    }
+    return s + "]";
+  }
+  int vocab_size() const override { return vocab_; }
+  std::optional<int32_t> end_of_text() const override { return std::nullopt; }
+  std::string describe() const override {
+    return "token ids only (" + dir_ + "'s tokenizer is not supported)";
+  }
+  std::string folder() const override { return dir_; }
+  bool encodes_text() const override { return false; }
+
+ private:
+  std::string dir_;
+  int vocab_;
+  std::string why_;
+};
+
 }  // namespace
+
+std::unique_ptr<TextTokenizer> make_ids_only_tokenizer(const std::string& dir, int vocab_size,
+                                                       const std::string& why) {
+  return std::make_unique<IdsOnly>(dir, vocab_size, why);
+}
 
 std::unique_ptr<TextTokenizer> make_byte_tokenizer() {
   return std::make_unique<ByteLevel>();

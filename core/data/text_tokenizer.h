@@ -31,6 +31,8 @@ class TextTokenizer {
   virtual std::string describe() const = 0;
   // The folder holding the tokenizer files ("" for the byte-level one): copied beside outputs.
   virtual std::string folder() const = 0;
+  // false for make_ids_only_tokenizer's: encode() throws.
+  virtual bool encodes_text() const { return true; }
 };
 
 std::unique_ptr<TextTokenizer> make_byte_tokenizer();
@@ -44,5 +46,12 @@ std::unique_ptr<TextTokenizer> tokenizer_for_model(const std::string& dir);
 
 // The BPE tokenizer of `dir` (BpeTokenizer::from_folder; errors name the file).
 std::unique_ptr<TextTokenizer> load_bpe_tokenizer(const std::string& dir);
+
+// For a run on token-file data whose model folder `dir` has tokenizer files crosstrain cannot
+// read (`why`: the error that said so): token ids only. encode() throws Error(kUnsupported)
+// with `why`; decode() writes the ids ("[464 318 ...]"); folder() is `dir`, so the files are
+// still copied beside the outputs for transformers to use.
+std::unique_ptr<TextTokenizer> make_ids_only_tokenizer(const std::string& dir, int vocab_size,
+                                                       const std::string& why);
 
 }  // namespace ct

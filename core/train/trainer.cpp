@@ -160,7 +160,18 @@ ModelSource resolve_model(const TrainArgs& a) {
       m.seq_len <= m.config.block_size(), "--block-size", std::to_string(a.block_size),
       ("must be at most the model's longest sequence, " + std::to_string(m.config.block_size()))
           .c_str());
-  m.tokenizer = tokenizer_for_model(dir);
+  try {
+    m.tokenizer = tokenizer_for_model(dir);
+  } catch (const Error& e) {
+    // Token-file data needs no tokenizer: train on the ids, keep the files for the outputs.
+    const std::string data = a.data.empty() ? kDefaultDataPath : a.data;
+    if (e.kind() != ErrorKind::kInvalidArgument || !fs::is_regular_file(data) ||
+        detect_data_format(data) == DataFormat::kText)
+      throw;
+    m.tokenizer = make_ids_only_tokenizer(dir, m.config.vocab_size(), e.what());
+    m.notice += std::string(m.notice.empty() ? "" : "; ") + "training on the token ids of " + data +
+                ": " + e.what() + " (the sample is printed as ids, from token 0)";
+  }
   if (m.tokenizer->vocab_size() > m.config.vocab_size())
     fail(ErrorKind::kInvalidArgument, dir + ": the tokenizer has " +
                                           std::to_string(m.tokenizer->vocab_size()) +
@@ -590,10 +601,14 @@ TrainSummary train(const TrainArgs& args) {
     so.temperature = 0.8f;
     so.top_k = 40;
     so.seed = args.seed;
-    std::vector<int32_t> prompt =
-        tokenizer.encode(args.sample_prompt.empty() ? "\n" : args.sample_prompt);
-    s.sample =
-        args.sample_prompt + tokenizer.decode(model.generate(prompt, args.sample_tokens, so));
+    if (!tokenizer.encodes_text()) {  // token ids only: from token 0, printed as ids
+      s.sample = tokenizer.decode(model.generate({0}, args.sample_tokens, so));
+    } else {
+      std::vector<int32_t> prompt =
+          tokenizer.encode(args.sample_prompt.empty() ? "\n" : args.sample_prompt);
+      s.sample =
+          args.sample_prompt + tokenizer.decode(model.generate(prompt, args.sample_tokens, so));
+    }
   }
   return s;
 }

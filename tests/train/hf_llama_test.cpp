@@ -15,6 +15,7 @@
 
 #include "core/data/text_dataset.h"
 #include "core/data/text_tokenizer.h"
+#include "core/data/token_file.h"
 #include "core/error.h"
 #include "core/io/json_file.h"
 #include "core/registry.h"
@@ -113,6 +114,44 @@ TEST(HfLlama, ResumesBitExactly) {
   second.resume_from_checkpoint = "latest";
   train(second);
   testing::expect_same_run(straight.output_dir, second.output_dir);
+}
+
+// A folder whose tokenizer.json crosstrain cannot read (here SmolLM's pre-tokenizer shape:
+// Digits then ByteLevel) trains on token-file data all the same -- the ids are the data -- and
+// its tokenizer files are copied beside the output; on text it is refused naming the field.
+TEST(HfLlama, TrainsOnTokenFilesWhateverItsTokenizer) {
+  const fs::path root = testing::fresh_temp_dir("hf_llama_ids_only");
+  const fs::path dir = root / "model";
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(fs::path(kModel) / f, dir / f);
+  nlohmann::json tok = read_json_file(std::string(CT_TEST_DATA_DIR) + "/bpe/tokenizer.json");
+  tok["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, tok["pre_tokenizer"]}}};
+  write_json_file((dir / "tokenizer.json").string(), tok);
+  const std::vector<int32_t> ids = make_byte_tokenizer()->encode(load_text(kText));
+  write_llmc_token_file((root / "data.tok").string(), ids);
+
+  const nlohmann::json g = read_json_file(kModel + "/golden.json");
+  TrainArgs a = golden_args(g, root / "out", dir.string());
+  a.data = (root / "data.tok").string();
+  a.max_steps = 2;
+  a.sample_tokens = 4;
+  const TrainSummary s = train(a);
+  EXPECT_EQ(testing::read_metrics(root / "out").size(), 2u);
+  EXPECT_TRUE(fs::exists(root / "out" / "tokenizer.json"));
+  EXPECT_EQ(s.sample.front(), '[');  // the sample as ids
+
+  a.data = kText;
+  a.output_dir = (root / "out_text").string();
+  try {
+    train(a);
+    ADD_FAILURE() << "trained on text without its tokenizer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'pre_tokenizer'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(root / "out_text"));
 }
 
 TEST(HfLlama, RefusesWhatItCannotBuildByName) {
