@@ -292,12 +292,15 @@ class BpeTokenizer::Regex {
     // error or, with the JIT, undefined behaviour.
     code_ = compile(kPattern, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF);
     space_ = compile(kSpaceClass, PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED);
+    number_ = compile("\\p{N}+", PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF);
+    number_jit_ = pcre2_jit_compile(number_, PCRE2_JIT_COMPLETE) == 0;
     // Without the JIT (not built in, or no executable memory) pcre2_match interprets.
     jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
   }
   ~Regex() {
     pcre2_code_free(code_);
     pcre2_code_free(space_);
+    pcre2_code_free(number_);
   }
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
@@ -309,6 +312,13 @@ class BpeTokenizer::Regex {
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     return jit_ ? pcre2_jit_match(code_, subject, text.size(), pos, 0, md, nullptr)
                 : pcre2_match(code_, subject, text.size(), pos, 0, md, nullptr);
+  }
+
+  // The first run of number characters (\p{N}+) at or after `pos`, in md's ovector.
+  int match_number(std::string_view text, size_t pos, pcre2_match_data* md) const {
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    return number_jit_ ? pcre2_jit_match(number_, subject, text.size(), pos, 0, md, nullptr)
+                       : pcre2_match(number_, subject, text.size(), pos, 0, md, nullptr);
   }
 
   // Whether the one valid UTF-8 character `ch` is whitespace to the pattern.
@@ -339,19 +349,25 @@ class BpeTokenizer::Regex {
 
   pcre2_code* code_ = nullptr;
   pcre2_code* space_ = nullptr;
-  bool jit_ = false;
+  pcre2_code* number_ = nullptr;
+  bool jit_ = false, number_jit_ = false;
 };
 
 struct BpeTokenizer::State {
   explicit State(const Regex& regex)
-      : md(pcre2_match_data_create_from_pattern(regex.code(), nullptr)) {
-    CT_CHECK(md != nullptr, "out of memory");
+      : md(pcre2_match_data_create_from_pattern(regex.code(), nullptr)),
+        md_number(pcre2_match_data_create(1, nullptr)) {
+    CT_CHECK(md != nullptr && md_number != nullptr, "out of memory");
   }
-  ~State() { pcre2_match_data_free(md); }
+  ~State() {
+    pcre2_match_data_free(md);
+    pcre2_match_data_free(md_number);
+  }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
 
   pcre2_match_data* md;
+  pcre2_match_data* md_number;
   PieceCache cache;
   std::vector<int32_t> sym, ranks, merged, ids;  // encode_piece's scratch
 };
@@ -396,9 +412,23 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
   };
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     refuse("normalizer", j["normalizer"], "GPT-2's tokenizer has no normalizer");
-  const nlohmann::json pre = j.value("pre_tokenizer", nlohmann::json());
+  nlohmann::json pre = j.value("pre_tokenizer", nlohmann::json());
+  Digits digits = Digits::kNone;
+  // SmolLM's / StarCoder's: Sequence [Digits, ByteLevel].
+  if (pre.is_object() && pre.value("type", "") == "Sequence") {
+    const nlohmann::json steps = pre.value("pretokenizers", nlohmann::json());
+    if (!steps.is_array() || steps.size() != 2 || !steps[0].is_object() ||
+        steps[0].value("type", "") != "Digits" || !steps[1].is_object() ||
+        steps[1].value("type", "") != "ByteLevel")
+      refuse("pre_tokenizer", pre, "a Sequence only as [Digits, ByteLevel]");
+    if (!steps[0].contains("individual_digits") || !steps[0]["individual_digits"].is_boolean())
+      refuse("pre_tokenizer.pretokenizers[0].individual_digits",
+             steps[0].value("individual_digits", nlohmann::json()), "must be true or false");
+    digits = steps[0]["individual_digits"].get<bool>() ? Digits::kIndividual : Digits::kContiguous;
+    pre = steps[1];
+  }
   if (!pre.is_object() || pre.value("type", "") != "ByteLevel")
-    refuse("pre_tokenizer", pre, "only the ByteLevel pre-tokenizer");
+    refuse("pre_tokenizer", pre, "only ByteLevel, or Digits then ByteLevel");
   if (pre.value("add_prefix_space", false))
     refuse("pre_tokenizer.add_prefix_space", pre["add_prefix_space"], "GPT-2 adds no space");
   if (!pre.value("use_regex", true))
@@ -428,6 +458,7 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
 
   BpeTokenizer t;
   t.ignore_merges_ = m.value("ignore_merges", false);
+  t.digits_ = digits;
   if (!m.contains("vocab")) bad(path, "no 'model.vocab'");
   read_vocab(m["vocab"], path + ": model.vocab", t.vocab_);
   if (!m.contains("merges") || !m["merges"].is_array()) bad(path, "no 'model.merges' list");
@@ -761,6 +792,36 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
 
 void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out,
                                State& state) const {
+  if (digits_ == Digits::kNone) {
+    encode_pieces(text, out, state);
+    return;
+  }
+  // tokenizers' Digits step: the text between runs of number characters, and the runs (whole,
+  // or one character each), go through the ByteLevel step separately.
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const int rc = regex_->match_number(text, pos, state.md_number);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    CT_CHECK(rc > 0, "the number pattern failed");
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(state.md_number);
+    if (ov[0] > pos) encode_pieces(text.substr(pos, ov[0] - pos), out, state);
+    if (digits_ == Digits::kContiguous) {
+      encode_pieces(text.substr(ov[0], ov[1] - ov[0]), out, state);
+    } else {
+      for (size_t i = ov[0]; i < ov[1];) {
+        size_t next = i;
+        next_code_point(text, next);  // valid UTF-8: the pattern matched it
+        encode_pieces(text.substr(i, next - i), out, state);
+        i = next;
+      }
+    }
+    pos = ov[1];
+  }
+  if (pos < text.size()) encode_pieces(text.substr(pos), out, state);
+}
+
+void BpeTokenizer::encode_pieces(std::string_view text, std::vector<int32_t>& out,
+                                 State& state) const {
   auto piece = [&](size_t from, size_t to) {
     const std::string_view p = text.substr(from, to - from);
     if (p.size() == 1) {  // one byte: its stand-in, nothing to merge

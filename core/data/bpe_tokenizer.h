@@ -1,15 +1,20 @@
 // GPT-2's byte-level BPE, giving the ids Hugging Face `tokenizers` gives for the same files:
 //   1. added tokens (such as <|endoftext|>) are cut out of the text first, leftmost-longest (the
 //      non-normalized ones, then the normalized ones in what is left, as `tokenizers` does);
-//   2. each remaining stretch is split by GPT-2's pattern
+//   2. with a Digits step before ByteLevel (pre_tokenizer Sequence [Digits, ByteLevel], as
+//      SmolLM's and StarCoder's tokenizer.json have it) each stretch is first cut around its
+//      number characters (\p{N}: one piece each with individual_digits, else one per run),
+//      every part going through step 3 on its own (checked against tokenizers 0.20.3:
+//      tests/data/bpe/digits_expected.json, scripts/make_bpe_digits_data.py);
+//   3. each remaining stretch is split by GPT-2's pattern
 //        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 //      run by PCRE2 (UTF, Unicode properties, JIT), with \s spelled out as Oniguruma's Unicode
 //      \s, [\p{Z}\t-\r\x{85}]: PCRE2's own \s also takes U+180E, which `tokenizers` does not.
 //      Stretches of ASCII take a hand-written matcher that gives the pattern's pieces; it hands
 //      any decision that depends on a byte >= 0x80 to PCRE2;
-//   3. every piece's bytes become GPT-2's printable stand-ins (byte_to_unicode: bytes that are
+//   4. every piece's bytes become GPT-2's printable stand-ins (byte_to_unicode: bytes that are
 //      printable Latin-1 stand for themselves, the other 68 for U+0100 onwards, in byte order);
-//   4. the piece is merged pairwise, the lowest-ranked merge first (leftmost among equals), until
+//   5. the piece is merged pairwise, the lowest-ranked merge first (leftmost among equals), until
 //      no adjacent pair has a merge; the symbols are the ids.
 // Checked id for id against tokenizers 0.23.3 (tests/data/bpe, scripts/make_bpe_data.py), and on
 // every Unicode scalar value in letter, digit, space and punctuation contexts.
@@ -93,8 +98,10 @@ class BpeTokenizer {
   // Derived tables and checks; `merges` holds (left id, right id, merged id) in rank order.
   void finish(const std::string& source, const std::vector<std::array<int32_t, 3>>& merges);
   std::vector<Segment> split_added(std::string_view text) const;
-  // Appends the ids of one stretch without added tokens.
+  // Appends the ids of one stretch without added tokens: split at number characters first when
+  // the pre-tokenizer has a Digits step, then GPT-2's pattern (encode_pieces).
   void encode_text(std::string_view text, std::vector<int32_t>& out, State& state) const;
+  void encode_pieces(std::string_view text, std::vector<int32_t>& out, State& state) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out, State& state) const;
   // About how many ids `text` will give (a little more), to reserve.
   size_t expected_ids(std::string_view text, State& state) const;
@@ -112,6 +119,10 @@ class BpeTokenizer {
   int merge_shift_ = 64;                // 64 - log2(table size)
   std::array<int32_t, 256> byte_id_{};  // id of each byte's stand-in (-1: not in vocab)
   bool ignore_merges_ = false;  // a piece that is a vocabulary token as a whole is not merged
+  // A Digits pre-tokenizer before ByteLevel (SmolLM, StarCoder): number characters (Unicode N*)
+  // are pieces of their own, one each (individual_digits) or one per run.
+  enum class Digits { kNone, kIndividual, kContiguous };
+  Digits digits_ = Digits::kNone;
   std::unique_ptr<const Regex> regex_;
 };
 

@@ -4,6 +4,7 @@
 #include "core/data/bpe_tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -142,6 +143,40 @@ std::string hostile_text(size_t bytes, uint32_t seed) {
     }
   }
   return text;
+}
+
+// tests/data/bpe's tokenizer behind a Digits pre-tokenizer (SmolLM's and StarCoder's shape),
+// against tokenizers' ids (scripts/make_bpe_digits_data.py); and encode_parallel = encode.
+TEST(BpeTokenizer, DigitsThenByteLevelMatchesHuggingFaceTokenizers) {
+  const nlohmann::json g = read_json_file(kDir + "/digits_expected.json");
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ct_bpe_digits_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  for (bool individual : {true, false}) {
+    nlohmann::json j = read_json_file(kDir + "/tokenizer.json");
+    j["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Digits"}, {"individual_digits", individual}}, j["pre_tokenizer"]}}};
+    const std::string path = (dir / "tokenizer.json").string();
+    write_json_file(path, j);
+    const BpeTokenizer tok = BpeTokenizer::from_tokenizer_json(path);
+    const char* key = individual ? "individual" : "contiguous";
+    int checked = 0;
+    for (const auto& c : g["cases"]) {
+      const std::string text = c["text"].get<std::string>();
+      EXPECT_EQ(tok.encode(text), c[key].get<std::vector<int32_t>>()) << key << ": " << text;
+      ++checked;
+    }
+    EXPECT_GE(checked, 100);
+    const std::string big = hostile_text(size_t{3} << 19, 3);
+    const std::vector<int32_t> serial = tok.encode(big);
+    for (int threads : {2, 3}) EXPECT_EQ(tok.encode_parallel(big, threads), serial) << key;
+    // Without number characters: the plain tokenizer's ids.
+    EXPECT_EQ(tok.encode("no numbers here, just words."),
+              tokenizer().encode("no numbers here, just words."));
+  }
+  fs::remove_all(dir);
 }
 
 TEST(BpeTokenizer, ParallelEqualsSerial) {
