@@ -129,6 +129,8 @@ layout(push_constant) uniform Push {
   uint c_lo;   // MM_VEC: device address of c's bound range, used where c_vec != 0: c f32 with
   uint c_hi;   // oc, scm, scb multiples of 4 (rows of whole blocks are then vec4-aligned)
   uint c_vec;
+  uint ksplit;  // MM_TILED split-k (matmul_splitk.comp): workgroup z = batch * ksplit + s sums
+  uint kchunk;  // k in [s, s+1) * kchunk into f32 partials; 1 and K elsewhere
 } pc;
 #if defined(MM_TILED)
 // As[k][m], Bs[k][n]; +1 column of padding against bank conflicts.
@@ -189,8 +191,16 @@ void store(uint m, uint n, uint cbase, float acc) {
 
 void main() {
   uint z = gl_WorkGroupID.z;
+#if defined(MM_TILED)
+  // split-k: z = batch * ksplit + s, c the f32 partials [batch * ksplit][M][N]
+  const uint zb = z / pc.ksplit, kbeg = (z % pc.ksplit) * pc.kchunk;
+  const uint kend = min(pc.K, kbeg + pc.kchunk);
+  uint abase = pc.oa + zb * pc.sab;
+  uint bbase = pc.ob + zb * pc.sbb;
+#else
   uint abase = pc.oa + z * pc.sab;
   uint bbase = pc.ob + z * pc.sbb;
+#endif
   uint cbase = pc.oc + z * pc.scb;
   uint m0 = gl_WorkGroupID.y * TM, n0 = gl_WorkGroupID.x * TN;
   uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y;
@@ -409,15 +419,15 @@ void main() {
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
   uint tid = ty * 16u + tx;
-  for (uint k0 = 0; k0 < pc.K; k0 += BK) {
+  for (uint k0 = kbeg; k0 < kend; k0 += BK) {
     for (uint r = 0; r < 4u; ++r) {
       uint e = tid + 256u * r;  // 0..1023 over a 16 x 64 slice
       uint kk = e / TM, mm = e % TM;
       uint gm = m0 + mm, gk = k0 + kk;
-      As[kk][mm] = (gm < pc.M && gk < pc.K) ? A_LD(a[abase + gm * pc.sam + gk * pc.sak]) : 0.0;
+      As[kk][mm] = (gm < pc.M && gk < kend) ? A_LD(a[abase + gm * pc.sam + gk * pc.sak]) : 0.0;
       uint nn = e % TN;
       uint gn = n0 + nn;
-      Bs[kk][nn] = (gn < pc.N && gk < pc.K) ? B_LD(b[bbase + gk * pc.sbk + gn * pc.sbn]) : 0.0;
+      Bs[kk][nn] = (gn < pc.N && gk < kend) ? B_LD(b[bbase + gk * pc.sbk + gn * pc.sbn]) : 0.0;
     }
     barrier();
     for (uint kk = 0; kk < BK; ++kk) {

@@ -17,10 +17,13 @@
 //              same code in both builds, so running the emulated build tests them.
 //
 // Tiling: a workgroup computes a TBM x TBN tile of c with WARPS_M x WARPS_N subgroups, each a
-// (TBM / WARPS_M) x (TBN / WARPS_N) block of FM x FN fragments; k advances TBK at a time through
-// shared memory (As [TBM][TBK] and Bs [TBK][TBN], row-major, zero outside the matrices), FK per
-// multiply-add. Fragment shape FM x FN x FK: 16x16x16 by default, 8x8x8 with CM_FRAG=8 (the
-// emulated builds test both).
+// WM x WN block of FRM x FRN fragments of FM x FN; k advances TBK at a time through shared
+// memory (As [TBM][TBK] and Bs [TBK][TBN], row-major, zero outside the matrices), FK per
+// multiply-add. All of these are specialization constants (below).
+// Split-k (pc.ksplit = S > 1, for long K and few tiles): workgroup z = batch * S + s sums only
+// k in [s * kchunk, (s + 1) * kchunk) and stores its raw sums (alpha 1, beta 0, no bias, c the
+// f32 partials [batch * S][M][N]); matmul_splitk.comp adds the S partials in order and applies
+// the epilogue. S = 1: kchunk = K, the plain GEMM.
 // Epilogue: each accumulator fragment is stored to its subgroup's FM x FN scratch in shared
 // memory, then every lane applies alpha, beta, bias and the bounds to its elements.
 
@@ -34,37 +37,38 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #endif
 
-#if !defined(CM_FRAG)
-#define CM_FRAG 16
-#endif
-#define FM CM_FRAG
-#define FN CM_FRAG
-#define FK CM_FRAG
-#define TBM 64
-#define TBN 64
-#define TBK 32
-#define WARPS_M 2
-#define WARPS_N 2
-#define NWARPS (WARPS_M * WARPS_N)
-#define WM (TBM / WARPS_M)  // rows of a subgroup's block
-#define WN (TBN / WARPS_N)
-#define FRM (WM / FM)  // fragments per subgroup block, down and across
-#define FRN (WN / FN)
+// The shape, as specialization constants (the host picks them per device and problem;
+// backends/vulkan/ops/matmul.cpp): fragments FM x FN x FK (the driver's coopmat shape:
+// 16x16x16 on NVIDIA and AMD RDNA3, 8x16x16 or 8x8x16 on Intel; the emulated build takes any
+// with FM * FN a multiple of 32); WARPS_M x WARPS_N subgroups per workgroup, each FRM x FRN
+// fragments; TBK of k staged per step (a multiple of FK).
+layout(constant_id = 1) const uint FM = 16;
+layout(constant_id = 2) const uint FN = 16;
+layout(constant_id = 3) const uint FK = 16;
+layout(constant_id = 4) const uint WARPS_M = 2;
+layout(constant_id = 5) const uint WARPS_N = 2;
+layout(constant_id = 6) const uint FRM = 2;  // fragments per subgroup block, down and across
+layout(constant_id = 7) const uint FRN = 2;
+layout(constant_id = 8) const uint TBK = 32;
+const uint NWARPS = WARPS_M * WARPS_N;
+const uint WM = FRM * FM;  // rows of a subgroup's block
+const uint WN = FRN * FN;
+const uint TBM = WARPS_M * WM;  // the workgroup's tile of c
+const uint TBN = WARPS_N * WN;
 // Row strides of the shared tiles, padded (multiples of 8 elements: 16-byte aligned rows for
 // coopMatLoad).
-#define LDA (TBK + 8)
-#define LDB (TBN + 8)
+const uint LDA = TBK + 8;
+const uint LDB = TBN + 8;
 
+// local_size_x = NWARPS * subgroup size (32 in the emulated build), set by the host
+// (specialization constant 0); the real build's pipeline requires full subgroups, so subgroup s
+// is invocations [s*SG, (s+1)*SG).
+layout(local_size_x_id = 0) in;
 #if defined(CM_EMU)
 #define LANES 32u
-#define NT (NWARPS * 32)
-layout(local_size_x = NT) in;
 #define SH_T float
 #define TO_SH(x) (x)
 #else
-// local_size_x = NWARPS * subgroup size, set by the host (specialization constant 0); the
-// pipeline requires full subgroups, so subgroup s is invocations [s*SG, (s+1)*SG).
-layout(local_size_x_id = 0) in;
 #define SH_T float16_t
 #define TO_SH(x) float16_t(x)
 #endif
@@ -78,6 +82,7 @@ layout(push_constant) uniform Push {
   float alpha, beta;
   uint a_lo, a_hi, b_lo, b_hi;  // unused here (matmul.comp's MM_VEC addresses)
   uint c_lo, c_hi, c_vec;
+  uint ksplit, kchunk;  // split-k: workgroup z = batch * ksplit + s sums k in [s, s+1) * kchunk
 }
 pc;
 
@@ -101,33 +106,16 @@ shared SH_T Bs[TBK * LDB];
 shared float Cw[NWARPS * FM * FN];  // per-subgroup epilogue scratch
 
 // ---- fragment operations: coopmat, or their shared-memory emulation -------------------------
+// The accumulators are one array, fragment f = i * FRN + j (arrays sized by specialization
+// constants cannot be function parameters, so the emulation works on the array in place).
 #if defined(CM_EMU)
-#define KF_LOOP [[dont_unroll]]  // (see acc_muladd)
-#define EPL (FM * FN / 32)  // accumulator elements per lane
-#define ACC_T float[EPL]
-#define FRAG_A uint  // a fragment of A or B: its offset in As / Bs
+const uint EPL = FM * FN / 32;  // accumulator elements per lane
+// A fragment of A or B is its offset in As / Bs.
+#define FRAG_A uint
 #define FRAG_B uint
 #define LOAD_A(f, off) f = (off)
 #define LOAD_B(f, off) f = (off)
-void acc_zero(inout float acc[EPL]) {
-  [[unroll]] for (int e = 0; e < EPL; ++e) acc[e] = 0.0;
-}
-// acc += A[FM x FK at fa, stride LDA] @ B[FK x FN at fb, stride LDB]
-void acc_muladd(inout float acc[EPL], uint fa, uint fb, uint lane) {
-  [[unroll]] for (int e = 0; e < EPL; ++e) {
-    uint idx = uint(e) * LANES + lane, r = idx / FN, col = idx % FN;
-    float s = acc[e];
-    // Not unrolled: the emulation only has to be right, and lavapipe's LLVM compiles the fully
-    // unrolled 16x16x16 bf16 build for minutes.
-    [[dont_unroll]] for (int k = 0; k < FK; ++k) s += As[fa + r * LDA + k] * Bs[fb + uint(k) * LDB + col];
-    acc[e] = s;
-  }
-}
-void acc_store(float acc[EPL], uint off, uint lane) {  // row-major, stride FN
-  [[unroll]] for (int e = 0; e < EPL; ++e) Cw[off + uint(e) * LANES + lane] = acc[e];
-}
 #else
-#define KF_LOOP [[unroll]]
 #define ACC_T coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>
 #define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA>
 #define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, FK, FN, gl_MatrixUseB>
@@ -136,8 +124,10 @@ void acc_store(float acc[EPL], uint off, uint lane) {  // row-major, stride FN
 #endif
 
 void main() {
-  const uint z = gl_WorkGroupID.z;
-  const uint abase = pc.oa + z * pc.sab, bbase = pc.ob + z * pc.sbb, cbase = pc.oc + z * pc.scb;
+  const uint S = pc.ksplit, z = gl_WorkGroupID.z, zb = z / S, ks = z % S;
+  const uint abase = pc.oa + zb * pc.sab, bbase = pc.ob + zb * pc.sbb;
+  const uint cbase = pc.oc + z * pc.scb;  // split-k: c is the f32 partials [batch * S][M][N]
+  const uint kbeg = ks * pc.kchunk, kend = min(pc.K, kbeg + pc.kchunk);
   const uint m0 = gl_WorkGroupID.y * TBM, n0 = gl_WorkGroupID.x * TBN;
   const uint tid = gl_LocalInvocationIndex, nt = gl_WorkGroupSize.x;
 #if defined(CM_EMU)
@@ -148,41 +138,50 @@ void main() {
   const uint wm = (warp / WARPS_N) * WM, wn = (warp % WARPS_N) * WN;
 
 #if defined(CM_EMU)
-  float acc[FRM][FRN][EPL];
-  [[unroll]] for (int i = 0; i < FRM; ++i)
-    [[unroll]] for (int j = 0; j < FRN; ++j) acc_zero(acc[i][j]);
+  // element e of fragment f, lane l: acc[f * EPL + e] holds element e * 32 + l (row-major)
+  float acc[FRM * FRN * EPL];
+  [[unroll]] for (uint e = 0; e < FRM * FRN * EPL; ++e) acc[e] = 0.0;
 #else
-  ACC_T acc[FRM][FRN];
-  [[unroll]] for (int i = 0; i < FRM; ++i)
-    [[unroll]] for (int j = 0; j < FRN; ++j) acc[i][j] = ACC_T(0.0);
+  ACC_T acc[FRM * FRN];
+  [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) acc[f] = ACC_T(0.0);
 #endif
 
-  for (uint k0 = 0; k0 < pc.K; k0 += TBK) {
+  for (uint k0 = kbeg; k0 < kend; k0 += TBK) {
     // Stage op(a)[m0 .. m0+TBM, k0 .. k0+TBK] and op(b)[k0 .., n0 ..]; zeros past the edges.
     for (uint i = tid; i < TBM * TBK; i += nt) {
       uint r = i / TBK, k = i % TBK, m = m0 + r, kk = k0 + k;
       float v = 0.0;
-      if (m < pc.M && kk < pc.K) v = h_load(a[abase + m * pc.sam + kk * pc.sak]);
+      if (m < pc.M && kk < kend) v = h_load(a[abase + m * pc.sam + kk * pc.sak]);
       As[r * LDA + k] = TO_SH(v);
     }
     for (uint i = tid; i < TBK * TBN; i += nt) {
       uint k = i / TBN, col = i % TBN, n = n0 + col, kk = k0 + k;
       float v = 0.0;
-      if (n < pc.N && kk < pc.K) v = h_load(b[bbase + kk * pc.sbk + n * pc.sbn]);
+      if (n < pc.N && kk < kend) v = h_load(b[bbase + kk * pc.sbk + n * pc.sbn]);
       Bs[k * LDB + col] = TO_SH(v);
     }
     barrier();
-    KF_LOOP for (uint kf = 0; kf < TBK; kf += FK) {
+    [[unroll]] for (uint kf = 0; kf < TBK; kf += FK) {
       FRAG_A fa[FRM];
       FRAG_B fb[FRN];
-      [[unroll]] for (int i = 0; i < FRM; ++i) LOAD_A(fa[i], (wm + uint(i) * FM) * LDA + kf);
-      [[unroll]] for (int j = 0; j < FRN; ++j) LOAD_B(fb[j], kf * LDB + wn + uint(j) * FN);
-      [[unroll]] for (int i = 0; i < FRM; ++i)
-        [[unroll]] for (int j = 0; j < FRN; ++j) {
+      [[unroll]] for (uint i = 0; i < FRM; ++i) LOAD_A(fa[i], (wm + i * FM) * LDA + kf);
+      [[unroll]] for (uint j = 0; j < FRN; ++j) LOAD_B(fb[j], kf * LDB + wn + j * FN);
+      [[unroll]] for (uint i = 0; i < FRM; ++i)
+        [[unroll]] for (uint j = 0; j < FRN; ++j) {
 #if defined(CM_EMU)
-          acc_muladd(acc[i][j], fa[i], fb[j], lane);
+          // acc += A[FM x FK at fa, stride LDA] @ B[FK x FN at fb, stride LDB], the FK
+          // products summed in k order. The k loop is not unrolled: the emulation only has to
+          // be right, and lavapipe's LLVM compiles fully unrolled 16x16x16 builds for minutes.
+          const uint f = i * FRN + j;
+          [[unroll]] for (uint e = 0; e < EPL; ++e) {
+            uint idx = e * LANES + lane, r = idx / FN, col = idx % FN;
+            float s = acc[f * EPL + e];
+            [[dont_unroll]] for (uint k = 0; k < FK; ++k)
+              s += float(As[fa[i] + r * LDA + k]) * float(Bs[fb[j] + k * LDB + col]);
+            acc[f * EPL + e] = s;
+          }
 #else
-          acc[i][j] = coopMatMulAdd(fa[i], fb[j], acc[i][j]);
+          acc[i * FRN + j] = coopMatMulAdd(fa[i], fb[j], acc[i * FRN + j]);
 #endif
         }
     }
@@ -191,16 +190,17 @@ void main() {
 
   // Epilogue, one fragment at a time through the subgroup's scratch.
   const uint woff = warp * (FM * FN);
-  [[unroll]] for (int i = 0; i < FRM; ++i)
-    [[unroll]] for (int j = 0; j < FRN; ++j) {
+  [[unroll]] for (uint i = 0; i < FRM; ++i)
+    [[unroll]] for (uint j = 0; j < FRN; ++j) {
 #if defined(CM_EMU)
-      acc_store(acc[i][j], woff, lane);
+      [[unroll]] for (uint e = 0; e < EPL; ++e)
+        Cw[woff + e * LANES + lane] = acc[(i * FRN + j) * EPL + e];
 #else
-      coopMatStore(acc[i][j], Cw, woff, FN, gl_CooperativeMatrixLayoutRowMajor);
+      coopMatStore(acc[i * FRN + j], Cw, woff, FN, gl_CooperativeMatrixLayoutRowMajor);
 #endif
       barrier();
       for (uint e = lane; e < FM * FN; e += lanes) {
-        uint m = m0 + wm + uint(i) * FM + e / FN, n = n0 + wn + uint(j) * FN + e % FN;
+        uint m = m0 + wm + i * FM + e / FN, n = n0 + wn + j * FN + e % FN;
         if (m < pc.M && n < pc.N) {
           uint ci = cbase + m * pc.scm + n;
           float v = pc.alpha * Cw[woff + e];

@@ -213,13 +213,12 @@ void Instance::fill_coopmat_caps(PhysicalDevice& pd, const VkPhysicalDeviceVulka
       if (get(pd.handle, &n, cfg.data()) == VK_SUCCESS) {
         c.configurations = n;
         for (const auto& p : cfg)
-          if (p.MSize == 16 && p.NSize == 16 && p.KSize == 16 &&
-              static_cast<int32_t>(p.AType) == kVkComponentFloat16KHR &&
+          if (static_cast<int32_t>(p.AType) == kVkComponentFloat16KHR &&
               static_cast<int32_t>(p.BType) == kVkComponentFloat16KHR &&
               static_cast<int32_t>(p.CType) == kVkComponentFloat32KHR &&
               static_cast<int32_t>(p.ResultType) == kVkComponentFloat32KHR &&
               static_cast<int32_t>(p.scope) == kVkScopeSubgroupKHR && !p.saturatingAccumulation)
-            c.f16_16x16x16 = true;
+            c.f16_shapes.push_back({p.MSize, p.NSize, p.KSize});
       }
     }
   }

@@ -24,6 +24,21 @@ bool amd_has_matrix_cores(const std::string& name) {
 
 }  // namespace
 
+std::string CmShape::str() const {
+  return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+}
+
+CmShape pick_coopmat_shape(const std::vector<CmShape>& listed) {
+  auto side_ok = [](uint32_t v) { return v == 8 || v == 16 || v == 32; };
+  CmShape best;
+  for (const CmShape& s : listed) {
+    if (!side_ok(s.m) || !side_ok(s.n) || !side_ok(s.k)) continue;
+    if (s == CmShape{16, 16, 16}) return s;
+    if (uint64_t(s.m) * s.n * s.k > uint64_t(best.m) * best.n * best.k) best = s;
+  }
+  return best;
+}
+
 CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env) {
   CoopmatGate g;
   const std::string mode = env ? env : "";
@@ -44,8 +59,9 @@ CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env) {
     return no("this build has no coopmat shaders (glslang without GL_KHR_cooperative_matrix)");
   if (!caps.extension) return no("the driver does not offer VK_KHR_cooperative_matrix");
   if (!caps.feature) return no("cooperativeMatrix feature not supported");
-  if (!caps.f16_16x16x16)
-    return no("no 16x16x16 f16 x f16 -> f32 subgroup shape among the driver's " +
+  const CmShape shape = pick_coopmat_shape(caps.f16_shapes);
+  if (shape.m == 0)
+    return no("no usable f16 x f16 -> f32 subgroup shape (sides 8, 16 or 32) among the driver's " +
               std::to_string(caps.configurations) + " configurations");
   if (!caps.vulkan13) return no("Vulkan 1.3 needed (the shaders are SPIR-V 1.6)");
   if (!caps.memory_model || !caps.maintenance4 || !caps.full_subgroups || !caps.float16 ||
@@ -61,7 +77,8 @@ CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env) {
   if (amd_own_driver && !amd_has_matrix_cores(caps.device_name) && mode != "force")
     return no("denied: AMD's own driver on a GPU without matrix cores (advertised, emulated)");
   g.allowed = true;
-  g.why = "candidate (16x16x16 f16, subgroup " + std::to_string(caps.subgroup_size) +
+  g.shape = shape;
+  g.why = "candidate (" + shape.str() + " f16, subgroup " + std::to_string(caps.subgroup_size) +
           "), pending the start-up self-test";
   return g;
 }

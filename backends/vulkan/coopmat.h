@@ -51,13 +51,29 @@ enum CtVkCoopmatConstants : int32_t {
 };
 #endif
 
+#include <vector>
+
 namespace ct::vk {
+
+// A fragment shape M x N x K of the coopmat GEMM: A is M x K, B K x N, the accumulator M x N.
+struct CmShape {
+  uint32_t m = 0, n = 0, k = 0;
+  bool operator==(const CmShape&) const = default;
+  std::string str() const;  // "16x16x16"
+};
+
+// The shape the GEMM uses among those a driver lists for f16 x f16 + f32 -> f32 at subgroup
+// scope: 16x16x16 where listed (NVIDIA, AMD RDNA3 and CDNA), else the listed shape with each
+// side 8, 16 or 32 and the most multiply-adds per fragment (Intel Arc lists 8x16x16); {} if none.
+// The workgroup tiles (32 or 64 rows and columns a subgroup, k staged 32 deep) hold whole
+// fragments of every such shape.
+CmShape pick_coopmat_shape(const std::vector<CmShape>& listed);
 
 // What a physical device offers for the coopmat GEMM (context.cpp fills it).
 struct CoopmatCaps {
-  bool extension = false;       // VK_KHR_cooperative_matrix listed
-  bool feature = false;         // cooperativeMatrix
-  bool f16_16x16x16 = false;    // (16, 16, 16) f16 x f16 + f32 -> f32, subgroup scope
+  bool extension = false;           // VK_KHR_cooperative_matrix listed
+  bool feature = false;             // cooperativeMatrix
+  std::vector<CmShape> f16_shapes;  // f16 x f16 + f32 -> f32 shapes at subgroup scope
   uint32_t configurations = 0;  // entries vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR lists
   bool vulkan13 = false;        // apiVersion >= 1.3 (the modules are SPIR-V 1.6)
   bool memory_model = false;    // vulkanMemoryModel
@@ -76,6 +92,7 @@ struct CoopmatCaps {
 struct CoopmatGate {
   bool emulate = false;  // CROSSTRAIN_VK_COOPMAT=emulate: the emulated build stands in (tests)
   bool allowed = false;  // real coopmat modules may be enabled and self-tested
+  CmShape shape;         // the fragment shape they are specialized to (pick_coopmat_shape)
   std::string why;       // one line for `crosstrain devices`
 };
 

@@ -1,6 +1,10 @@
 // Which matmul.comp family a device gets by default: one rule, used by the matmul op and by
-// `crosstrain devices` (which prints it), so the listing cannot disagree with what runs.
+// `crosstrain devices` (which prints it), so the listing cannot disagree with what runs. And
+// when a GEMM is split along k (plan_splitk), a rule the tests check on GPU-like inputs.
 #pragma once
+
+#include <algorithm>
+#include <cstdint>
 
 namespace ct::vk {
 
@@ -30,6 +34,33 @@ inline const char* describe(MmKind k) {
       return "tiled (64x64 shared-memory tiles)";
   }
   return "?";
+}
+
+// Split-k on GPUs (not CPU-type devices, whose cores one workgroup row already fills): a product
+// with fewer than kSplitGroups workgroups and K >= 2048 (the weight gradients of small models:
+// dW = x^T dout with M, N = the width, K = batch x tokens) runs as S slices of K, at least 1024
+// deep, into f32 partials, added in order by matmul_splitk.comp; S aims at 2 x kSplitGroups
+// workgroups, at most 16, and the partials must fit one binding (`limit` elements) and S x batch
+// the grid's z (max_s). `forced` > 0 (CROSSTRAIN_VK_SPLITK=S) forces S within those bounds;
+// `tbk` is the k the shader stages per step (every slice but the last is a multiple of it).
+inline constexpr int64_t kSplitGroups = 128;
+struct SplitK {
+  uint32_t S = 1;
+  uint32_t kchunk = 0;
+};
+inline SplitK plan_splitk(bool cpu_like, int forced, int64_t groups, int64_t K, int64_t tbk,
+                          int64_t max_s, int64_t part_elems, int64_t limit) {
+  int64_t S = 1;
+  if (forced > 0)
+    S = forced;
+  else if (!cpu_like && groups < kSplitGroups && K >= 2048)
+    S = std::min<int64_t>({(2 * kSplitGroups + groups - 1) / groups, K / 1024, 16});
+  S = std::max<int64_t>(1, std::min<int64_t>({S, (K + tbk - 1) / tbk, max_s}));
+  while (S > 1 && S * part_elems > limit) --S;
+  // kchunk: whole tbk steps; S again, as the rounding may leave the last slices empty
+  const int64_t kchunk = ((K + S - 1) / S + tbk - 1) / tbk * tbk;
+  S = (K + kchunk - 1) / kchunk;
+  return {static_cast<uint32_t>(S), static_cast<uint32_t>(S > 1 ? kchunk : K)};
 }
 
 }  // namespace ct::vk

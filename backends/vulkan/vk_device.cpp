@@ -139,11 +139,13 @@ VulkanDevice::~VulkanDevice() {
   if (cur_) destroy_batch(*cur_);
   for (auto& b : spare_) destroy_batch(*b);
   for (auto& b : inflight_) destroy_batch(*b);  // only after a lost device
-  for (auto& p : pipelines_) {
+  auto destroy_pipeline = [&](const Pipeline& p) {
     if (p.pipeline) f_.vkDestroyPipeline(device_, p.pipeline, nullptr);
     if (p.layout) f_.vkDestroyPipelineLayout(device_, p.layout, nullptr);
     if (p.dsl) f_.vkDestroyDescriptorSetLayout(device_, p.dsl, nullptr);
-  }
+  };
+  for (auto& p : pipelines_) destroy_pipeline(p);
+  for (auto& [key, p] : spec_pipelines_) destroy_pipeline(p);
   save_pipeline_cache();
   if (cache_) f_.vkDestroyPipelineCache(device_, cache_, nullptr);
   alloc_.reset();
@@ -497,6 +499,7 @@ void VulkanDevice::collect_timestamps(Batch& b) {
 void VulkanDevice::set_profiling(bool on) {
   CT_REQUIRE(!on || pd_.props.limits.timestampComputeAndGraphics,
              std::string("profiling: ") + pd_.props.deviceName + " has no compute timestamps");
+  if (on && !profiling_) op_times_.clear();  // a new profile: times from now on
   profiling_ = on;
 }
 
@@ -664,19 +667,23 @@ VkDescriptorSet VulkanDevice::descriptor_set(VkDescriptorSetLayout dsl) {
 // ---------------------------------------------------------------------------------------------
 // Pipelines
 
-// The VK_KHR_cooperative_matrix modules (built where cmake found the tools).
-static bool is_coopmat_shader(ShaderId id) {
-#if defined(CT_VK_COOPMAT)
-  return id == ShaderId::matmul_cm16_hhf_f16 || id == ShaderId::matmul_cm16_hhh_f16;
-#else
-  (void)id;
-  return false;
-#endif
+const VulkanDevice::Pipeline& VulkanDevice::pipeline(ShaderId id, const PipelineSpec* spec) {
+  if (!spec) {
+    Pipeline& p = pipelines_[static_cast<uint32_t>(id)];
+    if (!p.pipeline) p = create_pipeline(id, nullptr);
+    return p;
+  }
+  std::vector<uint32_t> key{static_cast<uint32_t>(id), spec->n, spec->required_subgroup,
+                            spec->full_subgroups ? 1u : 0u};
+  key.insert(key.end(), spec->v.begin(), spec->v.begin() + spec->n);
+  auto it = spec_pipelines_.find(key);
+  if (it == spec_pipelines_.end())
+    it = spec_pipelines_.emplace(key, create_pipeline(id, spec)).first;
+  return it->second;
 }
 
-const VulkanDevice::Pipeline& VulkanDevice::pipeline(ShaderId id) {
-  Pipeline& p = pipelines_[static_cast<uint32_t>(id)];
-  if (p.pipeline) return p;
+VulkanDevice::Pipeline VulkanDevice::create_pipeline(ShaderId id, const PipelineSpec* spec) {
+  Pipeline p;
   const ShaderBinary& sb = kShaderBinaries[static_cast<uint32_t>(id)];
   std::vector<VkDescriptorSetLayoutBinding> lb;
   for (uint32_t i = 0; i < 32; ++i) {
@@ -711,18 +718,21 @@ const VulkanDevice::Pipeline& VulkanDevice::pipeline(ShaderId id) {
   ci.stage.module = mod;
   ci.stage.pName = "main";
   ci.layout = p.layout;
-  // Coopmat modules (matmul_coopmat.comp): 4 full subgroups of the device's subgroup size, the
-  // workgroup size a specialization constant.
-  const uint32_t local = 4 * pd_.subgroup_size;
-  VkSpecializationMapEntry se{0, 0, sizeof(uint32_t)};
-  VkSpecializationInfo spec{1, &se, sizeof(uint32_t), &local};
+  std::array<VkSpecializationMapEntry, 12> entries{};
+  VkSpecializationInfo si{};
   auto rs = vk_struct<VkPipelineShaderStageRequiredSubgroupSizeCreateInfo>(
       VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO);
-  rs.requiredSubgroupSize = pd_.subgroup_size;
-  if (is_coopmat_shader(id)) {
-    ci.stage.pSpecializationInfo = &spec;
-    ci.stage.flags = VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
-    ci.stage.pNext = &rs;
+  if (spec) {
+    for (uint32_t i = 0; i < spec->n; ++i)
+      entries[i] = {i, i * static_cast<uint32_t>(sizeof(uint32_t)), sizeof(uint32_t)};
+    si = {spec->n, entries.data(), spec->n * sizeof(uint32_t), spec->v.data()};
+    ci.stage.pSpecializationInfo = &si;
+    if (spec->full_subgroups)
+      ci.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
+    if (spec->required_subgroup) {
+      rs.requiredSubgroupSize = spec->required_subgroup;
+      ci.stage.pNext = &rs;
+    }
   }
   VkResult r = f_.vkCreateComputePipelines(device_, cache_, 1, &ci, nullptr, &p.pipeline);
   f_.vkDestroyShaderModule(device_, mod, nullptr);
@@ -820,14 +830,15 @@ std::array<uint32_t, 2> VulkanDevice::grid(uint64_t n, uint32_t local) const {
   return {static_cast<uint32_t>(gx), static_cast<uint32_t>(gy)};
 }
 
-void VulkanDevice::dispatch_raw(ShaderId id, const Bound* b, size_t nb, const void* push,
-                                size_t push_size, uint32_t gx, uint32_t gy, uint32_t gz) {
+void VulkanDevice::dispatch_raw(ShaderId id, const PipelineSpec* spec, const Bound* b, size_t nb,
+                                const void* push, size_t push_size, uint32_t gx, uint32_t gy,
+                                uint32_t gz) {
   const ShaderBinary& sb = kShaderBinaries[static_cast<uint32_t>(id)];
   CT_CHECK(push_size == sb.info.push_size,
            std::string("push constants for ") + sb.name + ": " + std::to_string(push_size) +
                " bytes given, the shader's block has " + std::to_string(sb.info.push_size));
   CT_CHECK(nb == sb.info.num_bindings, std::string("binding count for ") + sb.name);
-  const Pipeline& p = pipeline(id);
+  const Pipeline& p = pipeline(id, spec);
   VkCommandBuffer cb = cmd();
   std::array<Access, 16> acc{};
   CT_CHECK(nb <= acc.size(), "too many bindings");

@@ -47,6 +47,16 @@ struct Bound {
   VkDeviceAddress addr = 0;  // device address of byte `offset` (0 without bufferDeviceAddress)
 };
 
+// Specialization of a compute pipeline: constants 0 .. n-1 (uint32 each, constant_id = index),
+// and where required_subgroup != 0, that subgroup size (VK_EXT_subgroup_size_control / 1.3)
+// with full subgroups when `full_subgroups`.
+struct PipelineSpec {
+  std::array<uint32_t, 12> v{};
+  uint32_t n = 0;
+  uint32_t required_subgroup = 0;
+  bool full_subgroups = false;
+};
+
 // One strided batched GEMM for gemm(): c[z] = alpha op(a)[z] op(b)[z] + beta c[z] (+ bias).
 // Strides are in elements, {batch, row, column} of op(a) [M,K], op(b) [K,N] and c [M,N]
 // (c's column stride must be 1); `first` of each Bound is element (0,0,0).
@@ -94,7 +104,13 @@ class VulkanDevice final : public Device {
   template <class Push>
   void dispatch(ShaderId id, std::initializer_list<Bound> bindings, const Push& push, uint32_t gx,
                 uint32_t gy = 1, uint32_t gz = 1) {
-    dispatch_raw(id, bindings.begin(), bindings.size(), &push, sizeof(Push), gx, gy, gz);
+    dispatch_raw(id, nullptr, bindings.begin(), bindings.size(), &push, sizeof(Push), gx, gy, gz);
+  }
+  // The same for a module specialized by `spec` (one pipeline per distinct spec).
+  template <class Push>
+  void dispatch(ShaderId id, const PipelineSpec& spec, std::initializer_list<Bound> bindings,
+                const Push& push, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
+    dispatch_raw(id, &spec, bindings.begin(), bindings.size(), &push, sizeof(Push), gx, gy, gz);
   }
   // Records one GEMM (ops/matmul.cpp); every binding must already fit (no splitting here).
   void gemm(const GemmCall& g);
@@ -219,8 +235,8 @@ class VulkanDevice final : public Device {
     Allocation alloc;
   };
 
-  void dispatch_raw(ShaderId id, const Bound* b, size_t nb, const void* push, size_t push_size,
-                    uint32_t gx, uint32_t gy, uint32_t gz);
+  void dispatch_raw(ShaderId id, const PipelineSpec* spec, const Bound* b, size_t nb,
+                    const void* push, size_t push_size, uint32_t gx, uint32_t gy, uint32_t gz);
   VkCommandBuffer cmd();  // the open command buffer, begun on demand
   void submit();          // submits the open command buffer, if any (flush() without counting)
   void barrier(VkCommandBuffer cb, bool to_host = false);
@@ -234,7 +250,8 @@ class VulkanDevice final : public Device {
   void check(VkResult r, const char* call);
   void ensure_alive() const;
   VkDescriptorSet descriptor_set(VkDescriptorSetLayout dsl);
-  const Pipeline& pipeline(ShaderId id);
+  const Pipeline& pipeline(ShaderId id, const PipelineSpec* spec = nullptr);
+  Pipeline create_pipeline(ShaderId id, const PipelineSpec* spec);
   std::shared_ptr<VkBufferObj> make_buffer(size_t bytes, MemCategory category, bool staging);
   void recycle(bool wait_all);
   Event download_async_kernel(void* host, const Tensor& src, size_t bytes) override;
@@ -256,6 +273,8 @@ class VulkanDevice final : public Device {
   std::unique_ptr<Allocator> alloc_;
   VkPipelineCache cache_ = VK_NULL_HANDLE;
   std::array<Pipeline, kNumShaders> pipelines_{};
+  // Specialized pipelines, keyed by (shader, the spec's constants, subgroup requirements).
+  std::map<std::vector<uint32_t>, Pipeline> spec_pipelines_;
   std::unique_ptr<Batch> cur_;
   std::vector<std::unique_ptr<Batch>> inflight_, spare_;
   uint64_t next_serial_ = 1, completed_serial_ = 0;
@@ -279,6 +298,8 @@ class VulkanDevice final : public Device {
   bool cm_ok_ = false, cm_emulated_ = false;
   std::string cm_why_;
   int cm_force_ = 0;
+  // The self-test's overrides of the coopmat tile (64, 128) and of split-k (S); 0: the rule.
+  int cm_tile_force_ = 0, splitk_force_ = 0;
   void coopmat_start();                      // the gate, then the cached or a new verdict
   bool coopmat_self_test(std::string* why);  // ops/matmul.cpp
   // counters (profile_report)

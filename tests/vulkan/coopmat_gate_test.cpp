@@ -19,8 +19,9 @@ using vk::CoopmatCaps;
 
 CoopmatCaps capable() {
   CoopmatCaps c;
-  c.extension = c.feature = c.f16_16x16x16 = c.vulkan13 = c.memory_model = c.maintenance4 =
-      c.full_subgroups = c.float16 = c.storage16 = true;
+  c.extension = c.feature = c.vulkan13 = c.memory_model = c.maintenance4 = c.full_subgroups =
+      c.float16 = c.storage16 = true;
+  c.f16_shapes = {{16, 8, 16}, {16, 16, 16}, {16, 8, 8}};  // NVIDIA's list, f16 -> f32
   c.configurations = 12;
   c.subgroup_size = 32;
   c.vendor = 0x10de;
@@ -43,7 +44,7 @@ TEST(CoopmatGate, RulesOnDeviceDescriptions) {
   c.extension = false;
   EXPECT_NE(why_not(c).find("does not offer VK_KHR_cooperative_matrix"), std::string::npos);
   c = capable();
-  c.f16_16x16x16 = false;
+  c.f16_shapes = {{16, 16, 64}, {4, 4, 4}};  // no side of 8, 16 or 32 throughout
   EXPECT_NE(why_not(c).find("among the driver's 12 configurations"), std::string::npos);
   c = capable();
   c.maintenance4 = false;
@@ -64,6 +65,15 @@ TEST(CoopmatGate, RulesOnDeviceDescriptions) {
   c.device_name = "AMD Radeon RX 6800 XT";
   c.driver_id = 3;  // RADV
   EXPECT_TRUE(coopmat_gate(c, true, nullptr).allowed);
+  // The fragment shape: 16x16x16 where listed, else the largest usable one (Intel Arc: 8x16x16).
+  EXPECT_EQ(coopmat_gate(capable(), true, nullptr).shape, (vk::CmShape{16, 16, 16}));
+  c = capable();
+  c.vendor = 0x8086;
+  c.driver_id = 6;  // Intel's Mesa driver (ANV)
+  c.device_name = "Intel(R) Arc(tm) A770 Graphics (DG2)";
+  c.f16_shapes = {{8, 8, 16}, {8, 16, 16}};
+  EXPECT_EQ(coopmat_gate(c, true, nullptr).shape, (vk::CmShape{8, 16, 16}));
+  EXPECT_NE(coopmat_gate(c, true, nullptr).why.find("candidate (8x16x16 f16"), std::string::npos);
   // The emulated build stands in whatever the device has.
   vk::CoopmatGate e = coopmat_gate(CoopmatCaps{}, false, "emulate");
   EXPECT_TRUE(e.emulate);

@@ -1,9 +1,11 @@
 // The cooperative-matrix GEMM (shaders/matmul_coopmat.comp) through its emulated build
-// (CROSSTRAIN_VK_MATMUL=cm8e / cm16e: 8x8x8 and 16x16x16 fragments in shared memory), which runs
-// on lavapipe: the tiling, the fragment offsets and strides, the zero-filled edges and the
-// epilogue of the coopmat kernel are the same code. Against the CPU reference on shapes that are
-// no multiple of the 64 x 64 tile, the 32-deep k slice or the fragment, in every transpose, with
-// batches, broadcast b, alpha/beta/bias, c f32 (hhf) and 16-bit (hhh), f16 and bf16.
+// (CROSSTRAIN_VK_MATMUL=cme with CROSSTRAIN_VK_CM_FRAG=MxNxK: the fragments in shared memory),
+// which runs on lavapipe: the tiling, the fragment offsets and strides, the zero-filled edges,
+// split-k and the epilogue of the coopmat kernel are the same code, specialized the same way.
+// Against the CPU reference on shapes that are no multiple of the tile, the k slice or the
+// fragment, in every transpose, with batches, broadcast b, alpha/beta/bias, c f32 (hhf) and
+// 16-bit (hhh), f16 and bf16; square fragments and the drivers' oblong ones (Intel 8x16x16,
+// NVIDIA 16x8x16), both workgroup tiles and split-k.
 #include "tests/common/half_compare.h"
 #include "tests/vulkan/vulkan_fixture.h"
 
@@ -11,23 +13,32 @@ namespace ct::vktest {
 namespace {
 
 struct Frag {
-  const char* kind;
+  const char* kind;  // CROSSTRAIN_VK_CM_FRAG
   DType h;
 };
 void PrintTo(const Frag& f, std::ostream* os) {
   *os << f.kind << " " << dtype_name(f.h);
 }
 
+// Sets an environment variable for a scope.
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+};
+
 class CoopmatEmulated : public VulkanTest, public ::testing::WithParamInterface<Frag> {
  protected:
   void SetUp() override {
     VulkanTest::SetUp();
     if (HasFatalFailure()) return;
-    setenv("CROSSTRAIN_VK_MATMUL", GetParam().kind, 1);
+    setenv("CROSSTRAIN_VK_MATMUL", "cme", 1);
+    setenv("CROSSTRAIN_VK_CM_FRAG", GetParam().kind, 1);
     vk().set_profiling(true);  // the profile names the shaders that ran
   }
   void TearDown() override {
     unsetenv("CROSSTRAIN_VK_MATMUL");
+    unsetenv("CROSSTRAIN_VK_CM_FRAG");
     vk().set_profiling(false);
     VulkanTest::TearDown();
   }
@@ -40,7 +51,7 @@ struct Case {
   bool c16;
 };
 
-void run_case(const Case& k, DType h, uint64_t seed, const char* kind) {
+void run_case(const Case& k, DType h, uint64_t seed, const char* kind, bool split = false) {
   auto shp = [&](bool two_d, int64_t r, int64_t c) {
     return k.batch > 1 && !two_d ? Shape{k.batch, r, c} : Shape{r, c};
   };
@@ -58,9 +69,14 @@ void run_case(const Case& k, DType h, uint64_t seed, const char* kind) {
                      " " + std::to_string(k.M) + "x" + std::to_string(k.N) + "x" +
                      std::to_string(k.K) + (k.ta ? " ta" : "") + (k.tb ? " tb" : "") +
                      (k.bias ? " bias" : "") + (k.b2d ? " b 2-D" : "") + " c " + dtype_name(tc);
+  // split-k: the partials come from the c f32 build, then matmul_splitk adds them
   const std::string shader =
-      std::string("matmul_") + kind + "_" + (k.c16 ? "hhh_" : "hhf_") + dtype_name(h);
-  EXPECT_NE(vk().profile_report().find(shader), std::string::npos) << what << ": " << shader;
+      std::string("matmul_cme_") + (k.c16 && !split ? "hhh_" : "hhf_") + dtype_name(h);
+  const std::string report = vk().profile_report();
+  EXPECT_NE(report.find(shader), std::string::npos) << what << ": " << shader;
+  EXPECT_EQ(report.find("matmul_splitk") != std::string::npos, split) << what << "\n" << report;
+  vk().set_profiling(false);  // a fresh profile for the next case
+  vk().set_profiling(true);
   // Products of 16-bit values are exact in fp32; only the order of the fp32 sums differs.
   if (tc == DType::f32)
     EXPECT_TRUE(same(c, 1e-5, what));
@@ -101,12 +117,40 @@ TEST_P(CoopmatEmulated, BetaZeroIgnoresNaNInC) {
   EXPECT_TRUE(same(c, 1e-5, "beta = 0 over NaN"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fragments, CoopmatEmulated,
-                         ::testing::Values(Frag{"cm8e", DType::f16}, Frag{"cm8e", DType::bf16},
-                                           Frag{"cm16e", DType::f16}, Frag{"cm16e", DType::bf16}),
-                         [](const auto& info) {
-                           return std::string(info.param.kind) + "_" + dtype_name(info.param.h);
-                         });
+// The 128 x 128 workgroup tile (64 x 64 a subgroup; k staged 16 deep in the emulated build's f32
+// shared memory) and split-k (S slices of K into f32 partials, summed in order with the epilogue
+// by matmul_splitk), as the self-test and GPUs run them.
+TEST_P(CoopmatEmulated, BigTilesAndSplitK) {
+  const DType h = GetParam().h;
+  const char* kind = GetParam().kind;
+  {
+    ScopedEnv tile("CROSSTRAIN_VK_CM_TILE", "128");
+    run_case({1, 150, 140, 40, false, true, true, false, 1.0f, 0.5f, false}, h, 330, kind);
+    run_case({2, 130, 200, 70, true, false, false, false, 0.5f, 0.0f, true}, h, 331, kind);
+  }
+  {
+    ScopedEnv splitk("CROSSTRAIN_VK_SPLITK", "3");  // kchunk 64: slices 64, 64 and 2 deep
+    run_case({1, 70, 60, 130, true, false, true, false, 1.0f, 0.75f, true}, h, 332, kind, true);
+    run_case({3, 37, 53, 300, false, true, false, true, -1.0f, 0.5f, false}, h, 333, kind, true);
+  }
+  {
+    ScopedEnv tile("CROSSTRAIN_VK_CM_TILE", "128");
+    ScopedEnv splitk("CROSSTRAIN_VK_SPLITK", "4");
+    run_case({1, 129, 131, 257, false, false, true, false, 1.0f, 0.0f, true}, h, 334, kind, true);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fragments, CoopmatEmulated,
+    ::testing::Values(Frag{"8x8x8", DType::f16}, Frag{"8x8x8", DType::bf16},
+                      Frag{"16x16x16", DType::f16}, Frag{"16x16x16", DType::bf16},
+                      Frag{"8x16x16", DType::f16}, Frag{"16x8x16", DType::bf16}),
+    [](const auto& info) {
+      std::string n = std::string(info.param.kind) + "_" + dtype_name(info.param.h);
+      for (char& ch : n)
+        if (ch == 'x') ch = '_';
+      return n;
+    });
 
 }  // namespace
 }  // namespace ct::vktest

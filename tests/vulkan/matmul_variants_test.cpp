@@ -1,6 +1,8 @@
 // Each Vulkan GEMM shader variant forced in turn (CROSSTRAIN_VK_MATMUL): every transpose, batch,
 // broadcast, bias, alpha/beta, against the CPU reference, at 5e-4 and at 1e-10. The variant the
 // device picks by itself runs the conformance table in tests/ops/matmul_test.cpp.
+#include "backends/vulkan/matmul_kind.h"
+#include "tests/common/half_compare.h"
 #include "tests/vulkan/vulkan_fixture.h"
 
 namespace ct::vktest {
@@ -103,6 +105,60 @@ TEST_P(MatmulTest, BetaZeroIgnoresNaNInC) {
   vk().matmul(c.d, a.d, b.d, false, false, 1.0f, 0.0f);
   ref().matmul(c.r, a.r, b.r, false, false, 1.0f, 0.0f);
   EXPECT_TRUE(same(c, kTolGemm, "beta=0 over NaN"));
+}
+
+// The split-k rule (matmul_kind.h) on the inputs a GPU would give it: small products with long K
+// split into slices of at least 1024, never on a CPU-type device, never past the limits.
+TEST(SplitKRule, WhenAndHowFar) {
+  const int64_t lim = int64_t(1) << 25;
+  // tiny's dW (64 x 192 of 64 x 64 tiles: 3 groups) over 8 x 512 tokens: K / 1024 = 4 slices
+  vk::SplitK s = vk::plan_splitk(false, 0, 3, 4096, 32, 65535, 64 * 192, lim);
+  EXPECT_EQ(s.S, 4u);
+  EXPECT_EQ(s.kchunk, 1024u);
+  EXPECT_EQ(vk::plan_splitk(true, 0, 3, 4096, 32, 65535, 64 * 192, lim).S, 1u);       // CPU-like
+  EXPECT_EQ(vk::plan_splitk(false, 0, 200, 65536, 32, 65535, 64 * 192, lim).S, 1u);   // enough
+  EXPECT_EQ(vk::plan_splitk(false, 0, 3, 2000, 32, 65535, 64 * 192, lim).S, 1u);      // short K
+  EXPECT_EQ(vk::plan_splitk(false, 0, 1, 1 << 20, 32, 65535, 64 * 192, lim).S, 16u);  // at most
+  EXPECT_EQ(vk::plan_splitk(false, 0, 64, 1 << 20, 32, 65535, 64 * 192, lim).S, 4u);  // 2 x 128
+  EXPECT_EQ(vk::plan_splitk(false, 0, 1, 1 << 20, 32, 65535, lim / 3, lim).S, 3u);    // binding
+  EXPECT_EQ(vk::plan_splitk(false, 0, 1, 1 << 20, 32, 5, 64, lim).S, 5u);             // grid z
+  // forced: ragged last slice; never more slices than tbk steps
+  s = vk::plan_splitk(true, 3, 1, 130, 32, 65535, 64, lim);
+  EXPECT_EQ(s.S, 3u);
+  EXPECT_EQ(s.kchunk, 64u);
+  EXPECT_EQ(vk::plan_splitk(true, 8, 1, 40, 16, 65535, 64, lim).S, 3u);
+  EXPECT_EQ(vk::plan_splitk(true, 0, 1, 40, 16, 65535, 64, lim).kchunk, 40u);  // unsplit: K
+}
+
+// The shared-memory tiled GEMM split along k (CROSSTRAIN_VK_SPLITK=S: f32 partials, then
+// matmul_splitk's ordered sum with alpha, beta, bias and c's dtype), f32 and 16-bit operands.
+TEST_F(VulkanTest, TiledSplitK) {
+  setenv("CROSSTRAIN_VK_MATMUL", "tiled", 1);
+  setenv("CROSSTRAIN_VK_SPLITK", "3", 1);
+  vk().set_profiling(true);
+  run_case({1, 70, 66, 100, true, false, true, false, false, 0.5f, 0.25f}, 70);
+  run_case({3, 37, 53, 300, false, true, false, false, true, 1.0f, 0.0f}, 71);
+  run_case({2, 64, 64, 48, true, true, true, false, false, -1.0f, 0.5f}, 72);  // 16 deep each
+  for (DType h : {DType::f16, DType::bf16})
+    for (bool c16 : {false, true}) {
+      const Shape sa{45, 130}, sb{130, 29}, sc{45, 29};
+      Pair a = both_as(sa, randn(sa.numel(), 73), h), b = both_as(sb, randn(sb.numel(), 74), h);
+      Pair c = both_as(sc, randn(sc.numel(), 75), c16 ? h : DType::f32);
+      Pair bias = both({29}, randn(29, 76));
+      vk().matmul(c.d, a.d, b.d, false, false, 0.5f, 0.5f, &bias.d);
+      ref().matmul(c.r, a.r, b.r, false, false, 0.5f, 0.5f, &bias.r);
+      const std::string what = std::string("split-k ") + dtype_name(h) + (c16 ? " hhh" : " hhf");
+      if (c16)
+        EXPECT_TRUE(same_h(c, what, 1e-5));
+      else
+        EXPECT_TRUE(same(c, 1e-5, what));
+    }
+  const std::string report = vk().profile_report();
+  EXPECT_NE(report.find("matmul_splitk "), std::string::npos) << report;
+  EXPECT_NE(report.find("matmul_splitk_bf16"), std::string::npos) << report;
+  vk().set_profiling(false);
+  unsetenv("CROSSTRAIN_VK_SPLITK");
+  unsetenv("CROSSTRAIN_VK_MATMUL");
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, MatmulTest,

@@ -27,6 +27,7 @@ struct MatmulPush {
   float alpha, beta;
   uint32_t a_lo, a_hi, b_lo, b_hi;
   uint32_t c_lo, c_hi, c_vec;
+  uint32_t ksplit, kchunk;
 };
 CT_VK_PUSH_SIZE(MatmulPush, matmul_reg);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, M);
@@ -50,14 +51,31 @@ CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, beta);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, a_lo);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, b_hi);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, c_vec);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_tiled, ksplit);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_tiled, kchunk);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_cme_hhf_f16, ksplit);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_cme_hhf_f16, kchunk);
 static_assert(refl::matmul_vec_kn::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_tiled::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_vsg_kn::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_vsg64_kn::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_vsg_ss_hhh_bf16::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_tiled_fhh_f16::kPushSize == refl::matmul_reg::kPushSize);
-static_assert(refl::matmul_cm16e_hhh_bf16::kPushSize == refl::matmul_reg::kPushSize);
-static_assert(refl::matmul_cm8e_hhf_f16::kPushSize == refl::matmul_reg::kPushSize);
+static_assert(refl::matmul_cme_hhh_bf16::kPushSize == refl::matmul_reg::kPushSize);
+static_assert(refl::matmul_cme_hhf_f16::kPushSize == refl::matmul_reg::kPushSize);
+
+struct SplitkPush {
+  uint32_t M, N, batch, S;
+  uint32_t opart, oc, scm, scb;
+  uint32_t obias, has_bias;
+  float alpha, beta;
+};
+CT_VK_PUSH_SIZE(SplitkPush, matmul_splitk);
+CT_VK_PUSH_SIZE(SplitkPush, matmul_splitk_bf16);
+CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk, S);
+CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk, opart);
+CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk, has_bias);
+CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk, beta);
 
 struct BiasGradPush {
   uint32_t M, N, odb, odo;
@@ -98,24 +116,52 @@ std::pair<int64_t, int64_t> span(const Strides& s, int64_t z0, int64_t zc, int64
 // a 64-bit component brings two floats per gather (+8-12% when introduced; measurements in
 // backends/vulkan/README.md).
 
-// CROSSTRAIN_VK_MATMUL=cm8e|cm16e: the emulated build of the cooperative-matrix GEMM
-// (matmul_coopmat.comp with CM_EMU, 8x8x8 or 16x16x16 fragments) for products of two 16-bit
-// operands (hhf, hhh); every other product takes the device's default. The emulation runs
-// anywhere, so the coopmat kernel's tiling, indexing and edges are tested on lavapipe.
-int coopmat_emulation() {
-  if (const char* v = std::getenv("CROSSTRAIN_VK_MATMUL"); v && *v) {
-    if (std::strcmp(v, "cm8e") == 0) return 8;
-    if (std::strcmp(v, "cm16e") == 0) return 16;
+// CROSSTRAIN_VK_MATMUL=cme: the emulated build of the cooperative-matrix GEMM
+// (matmul_coopmat.comp with CM_EMU) for products of two 16-bit operands (hhf, hhh), with the
+// fragment shape of CROSSTRAIN_VK_CM_FRAG=MxNxK (16x16x16 by default; cm8e and cm16e are
+// 8x8x8 and 16x16x16); every other product takes the device's default. The emulation runs
+// anywhere, so the coopmat kernel's tiling, indexing, split-k and edges are tested on lavapipe.
+struct CmEmulation {
+  bool on = false;
+  CmShape frag;
+};
+CmEmulation coopmat_emulation() {
+  const char* v = std::getenv("CROSSTRAIN_VK_MATMUL");
+  if (!v || !*v) return {};
+  if (std::strcmp(v, "cm8e") == 0) return {true, {8, 8, 8}};
+  if (std::strcmp(v, "cm16e") == 0) return {true, {16, 16, 16}};
+  if (std::strcmp(v, "cme") != 0) return {};
+  CmShape f{16, 16, 16};
+  if (const char* e = std::getenv("CROSSTRAIN_VK_CM_FRAG"); e && *e) {
+    unsigned m = 0, n = 0, k = 0;
+    char tail = 0;
+    const bool parsed = std::sscanf(e, "%ux%ux%u%c", &m, &n, &k, &tail) == 3;
+    f = {m, n, k};
+    CT_REQUIRE(parsed && pick_coopmat_shape({f}) == f && (m * n) % 32 == 0,
+               std::string("CROSSTRAIN_VK_CM_FRAG=") + e +
+                   ": expected MxNxK with sides 8, 16 or 32 (e.g. 8x16x16)");
   }
-  return 0;
+  return {true, f};
 }
-// [fragment 8, 16][combo hhf, hhh][f16, bf16]
-constexpr ShaderId kCmEmuIds[2][2][2] = {
-    {{ShaderId::matmul_cm8e_hhf_f16, ShaderId::matmul_cm8e_hhf_bf16},
-     {ShaderId::matmul_cm8e_hhh_f16, ShaderId::matmul_cm8e_hhh_bf16}},
-    {{ShaderId::matmul_cm16e_hhf_f16, ShaderId::matmul_cm16e_hhf_bf16},
-     {ShaderId::matmul_cm16e_hhh_f16, ShaderId::matmul_cm16e_hhh_bf16}}};
-constexpr int64_t kCmTile = 64;  // TBM = TBN of matmul_coopmat.comp
+// A test or benchmark override: the integer in `name`, or 0 where unset.
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : 0;
+}
+// [combo hhf, hhh][f16, bf16]: the emulated build, specialized like the real one.
+constexpr ShaderId kCmEmuIds[2][2] = {
+    {ShaderId::matmul_cme_hhf_f16, ShaderId::matmul_cme_hhf_bf16},
+    {ShaderId::matmul_cme_hhh_f16, ShaderId::matmul_cme_hhh_bf16}};
+
+// The coopmat GEMM's workgroup: 2 x 2 subgroups, each a wm x wn block of fragments, k staged
+// tbk deep. 128 x 128 tiles (64 x 64 a subgroup) where the product still has at least
+// kBigTileGroups of them, else 64 x 64 (CROSSTRAIN_VK_CM_TILE=64|128 forces one).
+struct CmPlan {
+  uint32_t warps_m = 2, warps_n = 2, wm = 32, wn = 32, tbk = 32;
+  int64_t tile_m() const { return warps_m * wm; }
+  int64_t tile_n() const { return warps_n * wn; }
+};
+constexpr int64_t kBigTileGroups = 256;
 
 MmKind pick_kind(const VulkanDevice& d) {
   if (const char* v = std::getenv("CROSSTRAIN_VK_MATMUL"); v && *v) {
@@ -294,23 +340,27 @@ void VulkanDevice::gemm(const GemmCall& g) {
   else
     CT_CHECK(false, "gemm: unsupported operand dtype combination");
   const int hi = h == DType::bf16 ? 1 : 0;
-  // Cooperative-matrix GEMM for two 16-bit operands: 8 / 16 an emulated build, 1 the
-  // VK_KHR_cooperative_matrix build (f16), 0 none. CROSSTRAIN_VK_MATMUL=cm8e|cm16e forces an
-  // emulated one; otherwise coopmat runs once the start-up self-test passed (cm_force_ overrides
-  // while it runs).
-  int cm = 0;
+  // Cooperative-matrix GEMM for two 16-bit operands: the emulated build (CROSSTRAIN_VK_MATMUL=
+  // cme|cm8e|cm16e, or CROSSTRAIN_VK_COOPMAT=emulate standing in for the real one), or the
+  // VK_KHR_cooperative_matrix build (f16) once the start-up self-test passed (cm_force_
+  // overrides while it runs).
+  const CmEmulation emu = coopmat_emulation();
+  bool cm = false, cm_emu = false;
+  CmShape frag;
   if (combo == 0 || combo == 1) {
-    if (const int e = coopmat_emulation())
-      cm = e;
-    else if (cm_force_ > 0 || (cm_force_ == 0 && cm_ok_))
-      cm = cm_emulated_ ? 16 : hi == 0 ? 1 : 0;
+    if (emu.on) {
+      cm = cm_emu = true, frag = emu.frag;
+    } else if (cm_force_ > 0 || (cm_force_ == 0 && cm_ok_)) {
+      cm_emu = cm_emulated_;
+      cm = cm_emu || hi == 0;
+      frag = cm_emu ? CmShape{16, 16, 16} : cm_gate_.shape;
+    }
   }
   if (combo >= 0 && kind == MmKind::kVec) kind = MmKind::kReg;    // no MM_VEC 16-bit variants
   if (combo >= 0 && kind == MmKind::kVsg64) kind = MmKind::kVsg;  // f32 only
   // TM, TN of matmul.comp: 64 x 64 (8 x 8 invocations, 8 x 8 blocks), MM_SG 128 x 64 (16-row
   // blocks).
-  int64_t tm = 64;
-  const int64_t tn = 64;
+  int64_t tm = 64, tn = 64;
   CT_CHECK(g.sc[2] == 1, "gemm: c must have unit column stride");
   MatmulPush p{};
   p.M = u32(g.M), p.N = u32(g.N), p.K = u32(g.K);
@@ -319,9 +369,11 @@ void VulkanDevice::gemm(const GemmCall& g) {
   p.oc = g.c.first, p.scm = u32(g.sc[1]), p.scb = u32(g.sc[0]);
   p.obias = g.bias.first, p.has_bias = g.has_bias ? 1u : 0u;
   p.alpha = g.alpha, p.beta = g.beta;
+  p.ksplit = 1, p.kchunk = p.K;
   ShaderId id = kind == MmKind::kReg ? ShaderId::matmul_reg : ShaderId::matmul_tiled;
   if (combo >= 0) id = kind == MmKind::kTiled ? kTiledH[combo][hi] : kRegH[combo][hi];
-  if ((kind == MmKind::kVec || kind == MmKind::kVsg || kind == MmKind::kVsg64) && has_bda()) {
+  if (!cm && (kind == MmKind::kVec || kind == MmKind::kVsg || kind == MmKind::kVsg64) &&
+      has_bda()) {
     p.a_lo = static_cast<uint32_t>(g.a.addr), p.a_hi = static_cast<uint32_t>(g.a.addr >> 32);
     p.b_lo = static_cast<uint32_t>(g.b.addr), p.b_hi = static_cast<uint32_t>(g.b.addr >> 32);
     p.c_lo = static_cast<uint32_t>(g.c.addr), p.c_hi = static_cast<uint32_t>(g.c.addr >> 32);
@@ -345,45 +397,115 @@ void VulkanDevice::gemm(const GemmCall& g) {
                                                                         : kVecIds[am][bm];
     if (kind != MmKind::kVec) tm = 128;  // an MM_SG variant
   }
-  if (cm) {  // whole 64 x 64 tiles of c per workgroup, edges zero-filled in the shader
+  const PipelineSpec* spec = nullptr;
+  PipelineSpec cm_spec;
+  // split-k: the variant whose c is f32 writes the partials (hhf for hhh; fhh is not split)
+  ShaderId part_id = id;
+  bool splittable = false;
+  if (cm) {  // whole tiles of c per workgroup, edges zero-filled in the shader
+    CmPlan pl;
+    const int forced = cm_tile_force_ ? cm_tile_force_ : env_int("CROSSTRAIN_VK_CM_TILE");
+    const int64_t big = g.batch * ((g.M + 127) / 128) * ((g.N + 127) / 128);
+    if (forced == 128 || (forced == 0 && big >= kBigTileGroups)) pl.wm = pl.wn = 64;
+    // the emulated build's f32 tiles: 128 x 128 with k 32 deep overflow 32 KiB of shared memory
+    const uint32_t sg = cm_emu ? 32 : pd_.subgroup_size, esz = cm_emu ? 4 : 2;
+    auto shared_bytes = [&] {
+      return (pl.tile_m() * (pl.tbk + 8) + pl.tbk * (pl.tile_n() + 8)) * esz +
+             int64_t(pl.warps_m) * pl.warps_n * frag.m * frag.n * 4;
+    };
+    if (shared_bytes() > pd_.props.limits.maxComputeSharedMemorySize && frag.k <= 16) pl.tbk = 16;
+    CT_CHECK(shared_bytes() <= pd_.props.limits.maxComputeSharedMemorySize,
+             "gemm: coopmat tile exceeds the device's shared memory");
+    cm_spec.n = 9;
+    cm_spec.v = {pl.warps_m * pl.warps_n * sg,
+                 frag.m,
+                 frag.n,
+                 frag.k,
+                 pl.warps_m,
+                 pl.warps_n,
+                 pl.wm / frag.m,
+                 pl.wn / frag.n,
+                 pl.tbk};
+    if (!cm_emu) cm_spec.required_subgroup = sg, cm_spec.full_subgroups = true;
+    spec = &cm_spec;
 #if defined(CT_VK_COOPMAT)
-    id = cm == 1 ? (combo == 0 ? ShaderId::matmul_cm16_hhf_f16 : ShaderId::matmul_cm16_hhh_f16)
-                 : kCmEmuIds[cm == 16][combo][hi];
+    id = cm_emu ? kCmEmuIds[combo][hi]
+                : (combo == 0 ? ShaderId::matmul_cm_hhf_f16 : ShaderId::matmul_cm_hhh_f16);
+    part_id = cm_emu ? kCmEmuIds[0][hi] : ShaderId::matmul_cm_hhf_f16;
 #else
-    CT_CHECK(cm != 1, "gemm: no coopmat modules in this build");
-    id = kCmEmuIds[cm == 16][combo][hi];
+    CT_CHECK(cm_emu, "gemm: no coopmat modules in this build");
+    id = kCmEmuIds[combo][hi];
+    part_id = kCmEmuIds[0][hi];
 #endif
-    tm = kCmTile;
+    tm = pl.tile_m(), tn = pl.tile_n();
+    splittable = true;
+  } else if (kind == MmKind::kTiled && combo != 2) {
+    part_id = combo < 0 ? ShaderId::matmul_tiled : kTiledH[0][hi];
+    splittable = true;
   }
   uint32_t gx = u32((g.N + tn - 1) / tn), gy = u32((g.M + tm - 1) / tm);
   CT_CHECK(gx <= max_groups_x() && g.batch <= 65535, "matmul grid too large");
-  dispatch(id, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
+  SplitK sk;
+  if (splittable) {
+    const int forced = splitk_force_ ? splitk_force_ : env_int("CROSSTRAIN_VK_SPLITK");
+    const int64_t tbk = cm ? cm_spec.v[8] : 16;  // k staged per step (matmul.comp BK 16)
+    sk = plan_splitk(cpu_like(), forced, int64_t(gx) * gy * g.batch, g.K, tbk, 65535 / g.batch,
+                     g.batch * g.M * g.N, max_elems(4));
+  }
+  if (sk.S <= 1) {
+    if (spec)
+      dispatch(id, *spec, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
+    else
+      dispatch(id, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
+    return;
+  }
+  // Split-k: S slices of K into f32 partials [batch * S][M][N], then their ordered sum with the
+  // epilogue (alpha, beta, bias, c's dtype) by matmul_splitk.comp.
+  Tensor part = empty({int64_t(sk.S) * g.batch * g.M * g.N}, DType::f32, MemCategory::kWorkspace);
+  const Bound pb = bind(part);
+  MatmulPush pp = p;
+  pp.oc = pb.first, pp.scm = u32(g.N), pp.scb = u32(g.M * g.N);
+  pp.has_bias = 0, pp.alpha = 1.0f, pp.beta = 0.0f;
+  pp.ksplit = sk.S, pp.kchunk = sk.kchunk;
+  if (spec)
+    dispatch(part_id, *spec, {pb, g.a, g.b, pb}, pp, gx, gy, u32(g.batch * sk.S));
+  else
+    dispatch(part_id, {pb, g.a, g.b, pb}, pp, gx, gy, u32(g.batch * sk.S));
+  SplitkPush r{u32(g.M),     u32(g.N),     u32(g.batch), sk.S,       pb.first, g.c.first,
+               u32(g.sc[1]), u32(g.sc[0]), g.bias.first, p.has_bias, g.alpha,  g.beta};
+  auto grd = grid(uint64_t(g.batch) * g.M * g.N, 256);
+  dispatch(h_variant(g.tc, ShaderId::matmul_splitk, ShaderId::matmul_splitk_f16,
+                     ShaderId::matmul_splitk_bf16),
+           {g.c, pb, g.has_bias ? g.bias : pb}, r, grd[0], grd[1]);
 }
 
 // Start-up self-test of the cooperative-matrix GEMM (the real build, or the emulated one under
 // CROSSTRAIN_VK_COOPMAT=emulate): on ragged shapes in every layout, with bias, beta and 16-bit c,
-// its products must equal the default GEMM's within 1e-3 of the largest |c| (f16 products are
-// exact in fp32; only the order of the sums differs); then on a 512^3 f16 product (median of 3)
-// it must not be slower. CROSSTRAIN_VK_COOPMAT_INJECT=wrong perturbs its results (the test of
-// this test). Returns the verdict with its reason.
+// both workgroup tiles and split-k, its products must equal the default GEMM's within 1e-3 of the
+// largest |c| (f16 products are exact in fp32; only the order of the sums differs); then on a
+// 512^3 f16 product (median of 3) it must not be slower. CROSSTRAIN_VK_COOPMAT_INJECT=wrong
+// perturbs its results (the test of this test). Returns the verdict with its reason.
 bool VulkanDevice::coopmat_self_test(std::string* why) {
   struct Shape3 {
     int64_t M, N, K;
     bool ta, tb, bias;
     float beta;
     bool c16;
+    int tile, splitk;  // forced (0: the rule)
   };
-  const Shape3 shapes[] = {{37, 53, 29, false, false, false, 0.0f, false},
-                           {130, 67, 70, true, false, true, 0.5f, false},
-                           {65, 9, 100, false, true, false, 0.0f, true},
-                           {128, 128, 64, true, true, true, 0.25f, true}};
+  const Shape3 shapes[] = {{37, 53, 29, false, false, false, 0.0f, false, 0, 0},
+                           {130, 67, 70, true, false, true, 0.5f, false, 0, 0},
+                           {65, 9, 100, false, true, false, 0.0f, true, 0, 0},
+                           {128, 128, 64, true, true, true, 0.25f, true, 0, 0},
+                           {150, 140, 40, false, true, true, 0.5f, false, 128, 0},
+                           {70, 60, 130, true, false, true, 0.75f, true, 0, 3}};
   const DType h = DType::f16;
   const char* inject = std::getenv("CROSSTRAIN_VK_COOPMAT_INJECT");
   const bool wrong = inject && std::strcmp(inject, "wrong") == 0;
   struct Restore {
-    int& f;
-    ~Restore() { f = 0; }
-  } restore{cm_force_};
+    VulkanDevice& d;
+    ~Restore() { d.cm_force_ = d.cm_tile_force_ = d.splitk_force_ = 0; }
+  } restore{*this};
   auto host_tensor = [&](const ct::Shape& s, DType dt, uint64_t seed) {
     Philox rng(seed, 7);
     std::vector<uint16_t> bits(static_cast<size_t>(s.numel()));
@@ -410,7 +532,7 @@ bool VulkanDevice::coopmat_self_test(std::string* why) {
     Tensor c1 = host_tensor({s.M, s.N}, tc, seed++);
     cm_force_ = -1;
     matmul(c0, a, b, s.ta, s.tb, 1.0f, s.beta, s.bias ? &bias : nullptr);
-    cm_force_ = 1;
+    cm_force_ = 1, cm_tile_force_ = s.tile, splitk_force_ = s.splitk;
     matmul(c1, a, b, s.ta, s.tb, wrong ? 1.01f : 1.0f, s.beta, s.bias ? &bias : nullptr);
     const size_t n = static_cast<size_t>(s.M * s.N);
     std::vector<float> r0(n), r1(n);
@@ -433,8 +555,10 @@ bool VulkanDevice::coopmat_self_test(std::string* why) {
     }
     if (!(err <= 1e-3 * std::max(top, 1.0))) {
       char line[160];
-      std::snprintf(line, sizeof line, "wrong products: |diff| %.3g (max |c| %.3g) at %ldx%ldx%ld",
-                    err, top, long(s.M), long(s.N), long(s.K));
+      std::snprintf(
+          line, sizeof line,
+          "wrong products: |diff| %.3g (max |c| %.3g) at %ldx%ldx%ld (tile %d, split-k %d)", err,
+          top, long(s.M), long(s.N), long(s.K), s.tile, s.splitk);
       *why = line;
       return false;
     }
@@ -443,7 +567,7 @@ bool VulkanDevice::coopmat_self_test(std::string* why) {
   Tensor a = host_tensor({512, 512}, h, 90), b = host_tensor({512, 512}, h, 91);
   Tensor c = empty({512, 512}, DType::f32, MemCategory::kWorkspace);
   auto time_it = [&](int force) {
-    cm_force_ = force;
+    cm_force_ = force, cm_tile_force_ = splitk_force_ = 0;
     matmul(c, a, b, false, false);  // warm-up: pipeline creation
     synchronize();
     std::vector<double> t;
@@ -458,8 +582,9 @@ bool VulkanDevice::coopmat_self_test(std::string* why) {
   };
   const double base = time_it(-1), coop = time_it(1);
   char line[160];
+  const std::string what = cm_emulated_ ? "emulated coopmat" : "coopmat " + cm_gate_.shape.str();
   std::snprintf(line, sizeof line, "%s %.1f GFLOP/s against %.1f (default GEMM, 512^3 f16)",
-                cm_emulated_ ? "emulated coopmat" : "coopmat 16x16x16", coop, base);
+                what.c_str(), coop, base);
   *why = line;
   if (coop < base) {
     *why = "slower: " + *why;
