@@ -2,7 +2,8 @@
 // which have no *_sync shuffles) and g++ through the CPU SIMT runtime (backends/simt).
 //
 // Kernels written against this header use:
-//   __global__ / __device__ / __forceinline__, CT_LAUNCH_BOUNDS(threads) on every kernel,
+//   __global__ / __device__ / __forceinline__, CT_LAUNCH_BOUNDS(threads) on every kernel and
+//   CT_CHECK_LAUNCH_BOUNDS(threads) with the same bound as its first statement,
 //   a template parameter WARP for the warp size (32 on NVIDIA and RDNA, 64 on CDNA/GCN),
 //   ct_shfl_down/up/xor/idx(v, lane_arg, width) and ct_any/ct_all/ct_ballot (whole warp),
 //   __syncthreads(), threadIdx/blockIdx/blockDim/gridDim,
@@ -41,6 +42,9 @@ inline constexpr int kMaxWarp = 64;
 #if defined(CT_GPU_CUDA) || defined(CT_GPU_HIP)
 
 #define CT_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+// The GPU itself refuses a block over the bound; here the bound only has to be one a GPU takes.
+#define CT_CHECK_LAUNCH_BOUNDS(threads) \
+  static_assert((threads) >= 1 && (threads) <= 1024, "a launch bound is 1 to 1024 threads")
 #define CT_SHARED(type, name, count) __shared__ type name[count]
 #define CT_DYNAMIC_SHARED(type, name)                               \
   extern __shared__ __align__(16) unsigned char ct_dynamic_smem_[]; \
@@ -147,7 +151,15 @@ void launch(KernelRef<P...> k, dim3 grid, dim3 block, std::size_t shared_bytes, 
 #define __device__
 #define __host__
 #define __forceinline__ inline __attribute__((always_inline))
+// A GPU refuses to launch a block with more threads than the kernel's __launch_bounds__. g++
+// has no such attribute, and no attribute in that place can be read back through the function
+// pointer a launch gets (kernels are templates on WARP and element types: the bound may depend on
+// them). So the kernel repeats its bound as its first statement, where the template's parameters
+// are in scope, and every thread checks its block against it before anything else runs: a
+// launcher over the bound fails here as it would on a GPU (kernel_rules_test keeps the two
+// spellings equal).
 #define CT_LAUNCH_BOUNDS(threads)
+#define CT_CHECK_LAUNCH_BOUNDS(threads) ::ct::simt::check_launch_bounds((threads), #threads)
 // Every thread of a block gets the same storage for `name` (keyed by this declaration), fresh per
 // block.
 #define CT_SHARED(type, name, count)          \

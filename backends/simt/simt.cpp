@@ -473,6 +473,17 @@ void run_launch(Runtime* rt, const LaunchConfig& cfg, Entry entry, void* call) {
   LaunchJob job{&cfg, entry, call};
   (rt ? *rt : default_runtime()).run_blocks(std::size_t{g.x} * g.y * g.z, run_one_block, &job);
 }
+
+// Reported as run_launch reports a bad launch: a GPU refuses the launch itself.
+void over_launch_bounds(int max_threads, const char* spelled) {
+  const Block& b = *current().block;
+  const dim3& bd = b.cfg->block;
+  throw std::runtime_error("simt: launch of " + std::string(b.cfg->kernel) + ": block (" +
+                           std::to_string(bd.x) + "," + std::to_string(bd.y) + "," +
+                           std::to_string(bd.z) + ") has " + std::to_string(b.threads) +
+                           " threads, over the kernel's CT_LAUNCH_BOUNDS(" + spelled +
+                           ") = " + std::to_string(max_threads));
+}
 }  // namespace detail
 
 std::uint64_t warp_member_mask() {

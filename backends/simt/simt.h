@@ -82,6 +82,18 @@ void* dynamic_shared();
 // The lanes of the calling thread's warp that exist (a block's last warp may be partial).
 std::uint64_t warp_member_mask();
 
+namespace detail {
+[[noreturn]] void over_launch_bounds(int max_threads, const char* spelled);
+}
+// CT_CHECK_LAUNCH_BOUNDS, a kernel's first statement: its block may have at most max_threads
+// threads (`spelled` is the bound as the kernel writes it). Every thread checks before it runs
+// any of the kernel, so a launch over the bound executes nothing and fails naming the kernel.
+inline void check_launch_bounds(int max_threads, const char* spelled) {
+  const dim3& b = detail::block_info().block_dim;
+  if (std::size_t{b.x} * b.y * b.z > static_cast<std::size_t>(max_threads))
+    detail::over_launch_bounds(max_threads, spelled);
+}
+
 template <typename T>
 T shuffle(Shuffle op, T v, int arg, int width,
           const std::source_location& where = std::source_location::current()) {

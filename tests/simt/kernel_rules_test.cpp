@@ -1,5 +1,6 @@
 // The rules every file under backends/gpu/kernels keeps, so that one source stays correct on
-// CUDA, HIP (warp 32 or 64) and the SIMT runtime: explicit launch bounds and a shape comment at
+// CUDA, HIP (warp 32 or 64) and the SIMT runtime: explicit launch bounds, checked in the body
+// with the same spelling (the SIMT runtime enforces them only there), and a shape comment at
 // every kernel, shuffles and votes only through the width-taking wrappers with a WARP-derived
 // width, shared memory only through CT_SHARED / CT_DYNAMIC_SHARED, and no atomics that could
 // sum floats in a timing-dependent order (determinism: integer flags use atomicOr / atomicMax).
@@ -13,6 +14,20 @@
 #include <vector>
 
 namespace {
+
+// The argument of the first `call` (which ends in '(') in text, spaces collapsed; "" if none.
+std::string call_argument(const std::string& text, const std::string& call) {
+  const std::size_t open = text.find(call);
+  if (open == std::string::npos) return "";
+  std::string arg;
+  int depth = 1;
+  for (std::size_t k = open + call.size(); k < text.size(); ++k) {
+    depth += text[k] == '(' ? 1 : text[k] == ')' ? -1 : 0;
+    if (depth == 0) return arg;
+    if (text[k] != ' ' || (!arg.empty() && arg.back() != ' ')) arg += text[k];
+  }
+  return "";
+}
 
 std::vector<std::string> rule_violations(const std::string& src) {
   std::vector<std::string> lines;
@@ -35,11 +50,20 @@ std::vector<std::string> rule_violations(const std::string& src) {
     if (std::regex_search(code, summing_atomic))
       report(i, "an order-dependent atomic: reduce through a fixed tree");
     if (code.find("__global__") == std::string::npos) continue;
-    std::string head = code.substr(code.find("__global__"));  // the declaration, up to '{'
-    for (std::size_t j = i + 1; j < lines.size() && head.find('{') == std::string::npos; ++j)
-      head += ' ' + lines[j];
-    head = head.substr(0, head.find('{'));
-    if (head.find("CT_LAUNCH_BOUNDS(") == std::string::npos) report(i, "a kernel without bounds");
+    std::string text = code.substr(code.find("__global__"));  // up to the first statement's ';'
+    for (std::size_t j = i + 1;
+         j < lines.size() && (text.find('{') == std::string::npos ||
+                              text.find(';', text.find('{')) == std::string::npos);
+         ++j)
+      text += ' ' + lines[j].substr(0, lines[j].find("//"));
+    const std::string head = text.substr(0, text.find('{'));
+    const std::string bound = call_argument(head, "CT_LAUNCH_BOUNDS(");
+    if (bound.empty()) report(i, "a kernel without bounds");
+    const std::size_t brace = text.find('{');
+    const std::string first = brace == std::string::npos ? "" : text.substr(brace + 1);
+    if (first.find_first_not_of(" ") != first.find("CT_CHECK_LAUNCH_BOUNDS(") ||
+        call_argument(first, "CT_CHECK_LAUNCH_BOUNDS(") != bound)
+      report(i, "a kernel that does not start with CT_CHECK_LAUNCH_BOUNDS(" + bound + ")");
     std::size_t k = i;
     while (k > 0 && lines[k - 1].find("template") != std::string::npos) --k;
     if (k == 0 || lines[k - 1].find("//") == std::string::npos)
@@ -58,16 +82,23 @@ TEST(KernelRules, TheCheckerFindsEachBrokenRule) {
       "  atomicAdd(x + 2, x[1]);\n"
       "}\n"
       "// x is (n)\n"
-      "__global__ void no_bounds(float* x) {}\n";
+      "__global__ void no_bounds(float* x) {}\n"
+      "// x is (n)\n"
+      "template <int WARP>\n"
+      "__global__ void CT_LAUNCH_BOUNDS(4 * WARP) other_check(float* x) {\n"
+      "  CT_CHECK_LAUNCH_BOUNDS(2 * WARP);\n"
+      "}\n";
   const auto bad = rule_violations(broken);
   const std::string all = ::testing::PrintToString(bad);
-  EXPECT_EQ(bad.size(), 7u) << all;  // no_comment lacks bounds too
-  for (const char* what : {"shape comment", "__shared__", "raw warp intrinsic",
-                           "literal warp width", "without bounds", "order-dependent atomic"})
+  EXPECT_EQ(bad.size(), 10u) << all;  // no_comment lacks bounds and their check too
+  for (const char* what :
+       {"shape comment", "__shared__", "raw warp intrinsic", "literal warp width", "without bounds",
+        "order-dependent atomic", "does not start with CT_CHECK_LAUNCH_BOUNDS(4 * WARP)"})
     EXPECT_NE(all.find(what), std::string::npos) << what << " in " << all;
   EXPECT_TRUE(rule_violations("// x is (n)\ntemplate <int WARP>\n__global__ void "
-                              "CT_LAUNCH_BOUNDS(256)\n    k(float* x) { ct_shfl_down(x[0], 1, "
-                              "WARP); }\n")
+                              "CT_LAUNCH_BOUNDS(4 * WARP)\n    k(float* x) {\n"
+                              "  CT_CHECK_LAUNCH_BOUNDS(4  *  WARP);  // the bound\n"
+                              "  x[0] = ct_shfl_down(x[0], 1, WARP);\n}\n")
                   .empty());
 }
 

@@ -8,6 +8,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ using ct::simt::Runtime;
 // x is (gridDim.x * 256), out is (gridDim.x): a pairwise tree in shared memory, a barrier per
 // level.
 __global__ void CT_LAUNCH_BOUNDS(256) tree_sum(const float* x, float* out) {
+  CT_CHECK_LAUNCH_BOUNDS(256);
   CT_SHARED(float, s, 256);
   const unsigned t = threadIdx.x;
   s[t] = x[blockIdx.x * 256 + t];
@@ -38,6 +40,7 @@ __global__ void CT_LAUNCH_BOUNDS(256) tree_sum(const float* x, float* out) {
 // x, out are (gridDim.x, blockDim.x): inclusive prefix sums per block (Hillis-Steele), two
 // barriers per level: every read of a level happens before any write of it.
 __global__ void CT_LAUNCH_BOUNDS(1024) block_scan(const int* x, int* out) {
+  CT_CHECK_LAUNCH_BOUNDS(1024);
   CT_DYNAMIC_SHARED(int, s);
   const unsigned t = threadIdx.x, n = blockDim.x, base = blockIdx.x * n;
   s[t] = x[base + t];
@@ -54,6 +57,7 @@ __global__ void CT_LAUNCH_BOUNDS(1024) block_scan(const int* x, int* out) {
 // out is (blockDim.x): lanes take different branches and loop counts, then meet at one shuffle.
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(128) divergent(int* out) {
+  CT_CHECK_LAUNCH_BOUNDS(128);
   const int t = threadIdx.x;
   int v = 0;
   if (t % 3 == 0) {
@@ -73,6 +77,7 @@ __global__ void CT_LAUNCH_BOUNDS(128) divergent(int* out) {
 // in, out are (4, blockDim.x): out[k][t] = shuffle k (down, up, xor, idx) of in[k][t].
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(256) shuffles(const int* in, int* out, int arg, int width) {
+  CT_CHECK_LAUNCH_BOUNDS(256);
   const int t = threadIdx.x, n = blockDim.x;
   out[0 * n + t] = ct_shfl_down(in[0 * n + t], arg, width);
   out[1 * n + t] = ct_shfl_up(in[1 * n + t], arg, width);
@@ -83,6 +88,7 @@ __global__ void CT_LAUNCH_BOUNDS(256) shuffles(const int* in, int* out, int arg,
 // out is (blockDim.x, 4): ballot of t%3==0, any(t==5), all(true), all(t!=7).
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(256) votes(unsigned long long* out) {
+  CT_CHECK_LAUNCH_BOUNDS(256);
   const int t = threadIdx.x;
   out[t * 4 + 0] = ct_ballot(t % 3 == 0);
   out[t * 4 + 1] = ct_any(t == 5);
@@ -93,6 +99,7 @@ __global__ void CT_LAUNCH_BOUNDS(256) votes(unsigned long long* out) {
 // out is (gridDim.x, blockDim.x). Block b sees fresh shared memory (every byte 0xff), writes its
 // own pattern, and each thread reads its neighbour's slot of both arrays.
 __global__ void CT_LAUNCH_BOUNDS(128) shared_per_block(unsigned* out, unsigned* fresh) {
+  CT_CHECK_LAUNCH_BOUNDS(128);
   CT_SHARED(unsigned, a, 128);
   CT_SHARED(unsigned, b, 128);
   CT_DYNAMIC_SHARED(unsigned, d);
@@ -109,6 +116,7 @@ __global__ void CT_LAUNCH_BOUNDS(128) shared_per_block(unsigned* out, unsigned* 
 
 // counters: [int sum, int max, unsigned cas-increments], fsum: float ones.
 __global__ void CT_LAUNCH_BOUNDS(128) atomics(int* counters, float* fsum) {
+  CT_CHECK_LAUNCH_BOUNDS(128);
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
   atomicAdd(&counters[0], 1);
   atomicMax(&counters[1], g);
@@ -120,6 +128,7 @@ __global__ void CT_LAUNCH_BOUNDS(128) atomics(int* counters, float* fsum) {
 
 // out is (grid volume * block volume): the global linear index of every thread, once.
 __global__ void CT_LAUNCH_BOUNDS(1024) geometry(int* out, int* bad) {
+  CT_CHECK_LAUNCH_BOUNDS(1024);
   const unsigned bx = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const unsigned tx = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   const unsigned per_block = blockDim.x * blockDim.y * blockDim.z;
@@ -130,12 +139,14 @@ __global__ void CT_LAUNCH_BOUNDS(1024) geometry(int* out, int* bad) {
 }
 
 __global__ void CT_LAUNCH_BOUNDS(64) early_return(int* out) {
+  CT_CHECK_LAUNCH_BOUNDS(64);
   if (threadIdx.x == 3) return;
   __syncthreads();
   out[threadIdx.x] = 1;
 }
 
 __global__ void CT_LAUNCH_BOUNDS(64) split_barriers(int* out) {
+  CT_CHECK_LAUNCH_BOUNDS(64);
   if (threadIdx.x < 16) {
     __syncthreads();
   } else {
@@ -146,6 +157,7 @@ __global__ void CT_LAUNCH_BOUNDS(64) split_barriers(int* out) {
 
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(64) barrier_vs_shuffle(int* out) {
+  CT_CHECK_LAUNCH_BOUNDS(64);
   int v = threadIdx.x;
   if (threadIdx.x < 16)
     __syncthreads();
@@ -156,6 +168,7 @@ __global__ void CT_LAUNCH_BOUNDS(64) barrier_vs_shuffle(int* out) {
 
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(64) mixed_collectives(int* out) {
+  CT_CHECK_LAUNCH_BOUNDS(64);
   int v = threadIdx.x;
   if (threadIdx.x % 2)
     v = ct_shfl_down(v, 1, WARP);
@@ -165,15 +178,26 @@ __global__ void CT_LAUNCH_BOUNDS(64) mixed_collectives(int* out) {
 }
 
 __global__ void CT_LAUNCH_BOUNDS(64) too_much_static_shared(int* out) {
+  CT_CHECK_LAUNCH_BOUNDS(64);
   CT_SHARED(int, big, 13000);  // 52,000 bytes: over CUDA's 48 KiB of static shared memory
   big[threadIdx.x] = 1;
   out[threadIdx.x] = big[threadIdx.x];
 }
 
 __global__ void CT_LAUNCH_BOUNDS(64) throws_in_kernel(int* out) {
+  CT_CHECK_LAUNCH_BOUNDS(64);
   if (blockIdx.x == 2 && threadIdx.x == 9) throw std::domain_error("kernel says no");
   __syncthreads();
   out[threadIdx.x] = 1;
+}
+
+// out is (gridDim.x, blockDim.y, blockDim.x): every thread writes 1. At most 2 * WARP threads a
+// block: the bound depends on the template's WARP, as the matmul tile kernel's does.
+template <int WARP>
+__global__ void CT_LAUNCH_BOUNDS(2 * WARP) bounded(int* out) {
+  CT_CHECK_LAUNCH_BOUNDS(2 * WARP);
+  const unsigned per_block = blockDim.x * blockDim.y;
+  out[blockIdx.x * per_block + threadIdx.y * blockDim.x + threadIdx.x] = 1;
 }
 
 // --- CUDA's shuffle rules, spelled out case by case ----------------------------------------------
@@ -399,6 +423,38 @@ TEST(SimtRuntime, OddOneTwoAndThreeDimensionalGeometry) {
     EXPECT_EQ(bad, 0);
     EXPECT_EQ(std::count(out.begin(), out.end(), 1), total) << "shape " << i;
   }
+}
+
+// A GPU refuses a block over the kernel's __launch_bounds__; so does the runtime, before any thread
+// of the launch runs, naming kernel, block and bound.
+template <int WARP>
+void check_launch_bounds_at_warp() {
+  Runtime rt(3);
+  const unsigned grid = 5;
+  for (const dim3 block : {dim3(2 * WARP), dim3(WARP / 2, 4), dim3(1), dim3(WARP + 3)}) {
+    const unsigned threads = block.x * block.y;
+    std::vector<int> out(grid * threads, 0);
+    launch<WARP>(CT_KERNEL(bounded<WARP>), dim3(grid), block, 0, &rt, out.data());
+    EXPECT_EQ(std::count(out.begin(), out.end(), 1), static_cast<long>(out.size()))
+        << "warp " << WARP << " block " << block.x << "x" << block.y;
+  }
+  for (const dim3 block : {dim3(2 * WARP + 1), dim3(WARP, 3), dim3(1024)}) {
+    std::vector<int> out(grid * block.x * block.y, 0);
+    const std::string e = error_of(
+        [&] { launch<WARP>(CT_KERNEL(bounded<WARP>), dim3(grid), block, 0, &rt, out.data()); });
+    std::ostringstream expect;
+    expect << "simt: launch of bounded<WARP>: block (" << block.x << "," << block.y << ",1) has "
+           << block.x * block.y
+           << " threads, over the kernel's CT_LAUNCH_BOUNDS(2 * WARP) = " << 2 * WARP;
+    EXPECT_EQ(e, expect.str());
+    EXPECT_EQ(std::count(out.begin(), out.end(), 0), static_cast<long>(out.size()))
+        << "a refused launch ran, " << e;
+  }
+}
+
+TEST(SimtRuntime, LaunchBoundsAdmitBlocksUpToTheBoundAndRefuseLarger) {
+  check_launch_bounds_at_warp<32>();
+  check_launch_bounds_at_warp<64>();
 }
 
 TEST(SimtRuntime, KernelErrorsNameKernelAndBlockInsteadOfHanging) {

@@ -49,6 +49,7 @@ __device__ __forceinline__ void row_of(const Dims& d, std::int64_t heads, std::i
 template <int WARP, typename E, int THREADS>
 __global__ void CT_LAUNCH_BOUNDS(THREADS)
     attention_forward_kernel(void* out, void* att, const void* qkv, Dims d) {
+  CT_CHECK_LAUNCH_BOUNDS(THREADS);
   CT_SHARED(float, red, THREADS);
   CT_DYNAMIC_SHARED(float, p);
   std::int64_t b, h, t;
@@ -97,6 +98,7 @@ template <int WARP, typename E, int THREADS>
 __global__ void CT_LAUNCH_BOUNDS(THREADS)
     attention_backward_query_kernel(void* dqkv, float* dpre, const void* dout, const void* qkv,
                                     const void* att, Dims d) {
+  CT_CHECK_LAUNCH_BOUNDS(THREADS);
   CT_SHARED(float, red, THREADS);
   CT_DYNAMIC_SHARED(float, g);
   std::int64_t b, h, t;
@@ -136,6 +138,7 @@ template <int WARP, typename E, int THREADS>
 __global__ void CT_LAUNCH_BOUNDS(THREADS)
     attention_backward_key_kernel(void* dqkv, const float* dpre, const void* dout, const void* qkv,
                                   const void* att, Dims d) {
+  CT_CHECK_LAUNCH_BOUNDS(THREADS);
   std::int64_t b, j, t2;
   row_of(d, d.NKV, &b, &j, &t2);
   const std::int64_t C3 = d.C3;

@@ -27,6 +27,7 @@ template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     crossentropy_forward_kernel(float* losses, const void* logits, const std::int32_t* targets,
                                 std::int64_t V) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, smem, kThreads);
   const std::int64_t n = blockIdx.x;
   const std::int64_t base = n * V;
@@ -42,6 +43,7 @@ template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     crossentropy_backward_kernel(void* dlogits, const void* logits, const std::int32_t* targets,
                                  std::int64_t V, float dloss) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, smem, kThreads);
   const std::int64_t n = blockIdx.x;
   const std::int64_t base = n * V;

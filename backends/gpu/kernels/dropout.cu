@@ -37,6 +37,7 @@ template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     dropout_kernel(void* out, const void* x, std::int64_t n, std::uint32_t k0, std::uint32_t k1,
                    std::uint32_t s0, std::uint32_t s1, std::uint32_t threshold, float scale) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     const std::uint64_t u = static_cast<std::uint64_t>(i);
     const std::uint32_t w = philox_word(u >> 2, s0, s1, k0, k1, static_cast<int>(u & 3u));

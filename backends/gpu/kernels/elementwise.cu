@@ -11,6 +11,7 @@ constexpr int kThreads = 256;
 // dst is (n) elements of `width` bytes (1, 2 or 4): dst[i] = pattern.
 template <int WARP, typename T>
 __global__ void CT_LAUNCH_BOUNDS(kThreads) fill_kernel(T* dst, std::int64_t n, T pattern) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_FOR_EACH_ELEMENT(i, n, kThreads)
   dst[i] = pattern;
 }
@@ -19,6 +20,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads) fill_kernel(T* dst, std::int64_t n, T
 template <int WARP, typename D, typename S>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     convert_kernel(void* dst, const void* src, std::int64_t n) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_FOR_EACH_ELEMENT(i, n, kThreads)
   D::store(dst, i, S::load(src, i));
 }
@@ -27,6 +29,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 template <int WARP, typename B>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     add_kernel(float* out, const float* a, const void* b, std::int64_t n) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_FOR_EACH_ELEMENT(i, n, kThreads)
   out[i] = a[i] + B::load(b, i);
 }
@@ -35,6 +38,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     accumulate_kernel(float* dst, const float* src, std::int64_t n) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_FOR_EACH_ELEMENT(i, n, kThreads)
   dst[i] += src[i];
 }
@@ -42,6 +46,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 // t (n) f32: t *= s.
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads) scale_kernel(float* t, float s, std::int64_t n) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_FOR_EACH_ELEMENT(i, n, kThreads)
   t[i] *= s;
 }

@@ -15,6 +15,7 @@ template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     embedding_forward_kernel(float* out, const std::int32_t* tokens, const void* wte,
                              const void* wpe, std::int64_t BT, std::int64_t T, std::int64_t C) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const std::int64_t n = BT * C;
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     const std::int64_t bt = i / C, c = i - bt * C;
@@ -30,6 +31,7 @@ template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     embedding_backward_wte_kernel(float* dwte, const float* dout, const std::int32_t* tokens,
                                   std::int64_t BT, std::int64_t C) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= C) return;
   const std::int64_t P = gridDim.y, p = blockIdx.y;
@@ -44,6 +46,7 @@ template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     embedding_backward_wpe_kernel(float* dwpe, const float* dout, std::int64_t B, std::int64_t T,
                                   std::int64_t C) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const std::int64_t n = T * C;
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     float acc = dwpe[i];

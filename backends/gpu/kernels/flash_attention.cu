@@ -82,6 +82,7 @@ __device__ __forceinline__ void stage(float* tile, const void* src, std::int64_t
 template <int WARP, typename E, int HS>
 __global__ void CT_LAUNCH_BOUNDS(kRows)
     flash_forward_kernel(void* out, float* lse, const void* qkv, FDims d) {
+  CT_CHECK_LAUNCH_BOUNDS(kRows);
   CT_SHARED(float, ks, kTile* HS);
   CT_SHARED(float, vs, kTile* HS);
   const Row w = row_of(d, d.NH);
@@ -128,6 +129,7 @@ template <int WARP, typename E, int HS>
 __global__ void CT_LAUNCH_BOUNDS(kRows)
     flash_backward_query_kernel(void* dqkv, float* Dsave, const void* dout, const void* out,
                                 const void* qkv, const float* lse, FDims d) {
+  CT_CHECK_LAUNCH_BOUNDS(kRows);
   CT_SHARED(float, ks, kTile* HS);
   CT_SHARED(float, vs, kTile* HS);
   const Row w = row_of(d, d.NH);
@@ -174,6 +176,7 @@ template <int WARP, typename E, int HS>
 __global__ void CT_LAUNCH_BOUNDS(kRows)
     flash_backward_key_kernel(void* dqkv, const float* Dsave, const void* dout, const void* qkv,
                               const float* lse, FDims d) {
+  CT_CHECK_LAUNCH_BOUNDS(kRows);
   CT_SHARED(float, qs, kTile* HS);
   CT_SHARED(float, gs, kTile* HS);
   CT_SHARED(float, ls, kTile);

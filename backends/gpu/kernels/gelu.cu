@@ -22,6 +22,7 @@ __device__ __forceinline__ float mul_exp(float q, float e) {
 template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     gelu_forward_kernel(void* out, const void* x, std::int64_t n) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     const float v = E::load(x, i);
     const float z = kS * (v + kA * v * v * v);
@@ -35,6 +36,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     gelu_backward_kernel(void* dx, const void* x, const void* dout, std::int64_t n) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     const float v = E::load(x, i);
     const float d = E::load(dout, i);

@@ -15,6 +15,7 @@ template <int WARP, typename O>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     layernorm_forward_kernel(void* out, float* mean, float* rstd, const float* x, const float* w,
                              const float* b, std::int64_t C, float eps) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, smem, kThreads);
   const std::int64_t n = blockIdx.x;
   const float* xn = x + n * C;
@@ -39,6 +40,7 @@ template <int WARP, typename D>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     layernorm_backward_dx_kernel(float* dx, const void* dout, const float* x, const float* w,
                                  const float* mean, const float* rstd, std::int64_t C) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, smem, kThreads);
   const std::int64_t n = blockIdx.x;
   const float m = mean[n], r = rstd[n];
@@ -65,6 +67,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     layernorm_backward_partial_kernel(float* partial, const void* dout, const float* x,
                                       const float* mean, const float* rstd, std::int64_t N,
                                       std::int64_t C) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= C) return;
   const std::int64_t k = blockIdx.y;
@@ -84,6 +87,7 @@ template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     layernorm_backward_sum_kernel(float* dw, float* db, const float* partial, std::int64_t chunks,
                                   std::int64_t C) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= C) return;
   float sw = 0.0f, sb = 0.0f;

@@ -30,6 +30,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
                 std::int64_t N, std::int64_t K, std::int64_t stride_a, std::int64_t stride_b,
                 std::int64_t stride_c, float alpha, float beta, std::int64_t m_base,
                 std::int64_t z_base) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, as, kBK* kBM);  // as[k * kBM + m]
   CT_SHARED(float, bs, kBK* kBN);  // bs[k * kBN + n]
   const int t = threadIdx.x, tx = t % 16, ty = t / 16;
@@ -99,6 +100,7 @@ __global__ void CT_LAUNCH_BOUNDS(4 * WARP)
                      std::int64_t N, std::int64_t K, std::int64_t stride_a, std::int64_t stride_b,
                      std::int64_t stride_c, float alpha, float beta, std::int64_t m_base,
                      std::int64_t z_base) {
+  CT_CHECK_LAUNCH_BOUNDS(4 * WARP);
   using L = MmaLayout<WARP>;
   constexpr int kThreadsT = 4 * WARP, kTK = 16, kPad = 8;  // kTK: a multiple of every L::TK
   constexpr int kTilesM = 32 / L::TM, kTilesN = 32 / L::TN;
@@ -172,6 +174,7 @@ __global__ void CT_LAUNCH_BOUNDS(4 * WARP)
 template <int WARP, typename D>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     bias_partial_kernel(float* partial, const void* dout, std::int64_t M, std::int64_t N) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (n >= N) return;
   const std::int64_t k = blockIdx.y;
@@ -185,6 +188,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     bias_sum_kernel(float* dbias, const float* partial, std::int64_t chunks, std::int64_t N) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (n >= N) return;
   float s = 0.0f;

@@ -30,6 +30,7 @@ template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     adamw_kernel(float* param, const float* grad, float* m, float* v, const float* grad_norm,
                  std::int64_t n, AdamScalars s) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const float clip = clip_of(grad_norm, s.max_norm);
   CT_GRID_STRIDE(i, n) {
     const float g = grad[i] * clip;
@@ -49,6 +50,7 @@ template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     sgd_kernel(float* param, const float* grad, float* buf, const float* grad_norm, std::int64_t n,
                SgdArgs h) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const float clip = clip_of(grad_norm, h.max_grad_norm);
   CT_GRID_STRIDE(i, n) {
     const float p = param[i];
@@ -67,6 +69,7 @@ template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     lion_kernel(float* param, const float* grad, float* m, const float* grad_norm, std::int64_t n,
                 LionArgs h) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const float clip = clip_of(grad_norm, h.max_grad_norm);
   CT_GRID_STRIDE(i, n) {
     const float g = grad[i] * clip;
@@ -95,6 +98,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
                       float* m_absmax, float* v_absmax, const float* qmap_signed,
                       const float* qmap_unsigned, const float* grad_norm, std::int64_t n,
                       AdamScalars s) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, qs, 256);
   CT_SHARED(float, qu, 256);
   CT_SHARED(float, red, kThreads);
@@ -139,6 +143,7 @@ struct AfScalars {
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     af_row_kernel(float* row, const float* grad, const float* grad_norm, AfScalars s) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, red, kThreads);
   const std::int64_t r = blockIdx.x;
   const float clip = clip_of(grad_norm, s.clip_max);
@@ -155,6 +160,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     af_col_kernel(float* col, const float* grad, const float* grad_norm, AfScalars s) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= s.C) return;
   const float clip = clip_of(grad_norm, s.clip_max);
@@ -171,6 +177,7 @@ template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     af_u_factored_kernel(float* u, const float* grad, const float* row, const float* col,
                          const float* scal, const float* grad_norm, AfScalars s) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const float clip = clip_of(grad_norm, s.clip_max);
   const float row_mean = scal[1];
   CT_GRID_STRIDE(i, s.n) {
@@ -183,6 +190,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     af_u_plain_kernel(float* u, float* v, const float* grad, const float* grad_norm, AfScalars s) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const float clip = clip_of(grad_norm, s.clip_max);
   CT_GRID_STRIDE(i, s.n) {
     const float g = grad[i] * clip;
@@ -197,6 +205,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     af_apply_kernel(float* param, float* exp_avg, const float* u, const float* scal, AfScalars s) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const float sqrt_n = sqrtf(static_cast<float>(s.n));
   float scale = 1.0f;
   if (s.scale_parameter) scale = fmaxf(s.eps2, scal[0] / sqrt_n);

@@ -30,6 +30,7 @@ __device__ __forceinline__ float block_sum(float v, float* smem) {
 template <int WARP, bool SQUARE = false>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     reduce_sum_pass1(const float* __restrict__ x, float* __restrict__ partial, std::int64_t n) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, smem, kThreads);
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
   float acc = 0.0f;
@@ -45,6 +46,7 @@ template <int WARP, bool SQRT = false>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     reduce_sum_pass2(const float* __restrict__ partial, float* __restrict__ out, int count,
                      float scale) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, smem, kThreads);
   float acc = 0.0f;
   for (int i = threadIdx.x; i < count; i += kThreads) acc += partial[i];
@@ -56,6 +58,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 template <int WARP, bool SCALE>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     finite_kernel(float* __restrict__ x, std::int32_t* __restrict__ flag, float s, std::int64_t n) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   bool bad = false;
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     float v = x[i];

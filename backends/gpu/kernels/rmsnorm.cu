@@ -15,6 +15,7 @@ template <int WARP, typename O>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     rmsnorm_forward_kernel(void* out, float* rstd, const float* x, const float* w, std::int64_t C,
                            float eps) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, smem, kThreads);
   const std::int64_t n = blockIdx.x;
   const float* xn = x + n * C;
@@ -33,6 +34,7 @@ template <int WARP, typename D>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     rmsnorm_backward_dx_kernel(float* dx, const void* dout, const float* x, const float* w,
                                const float* rstd, std::int64_t C) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, smem, kThreads);
   const std::int64_t n = blockIdx.x;
   const float r = rstd[n];
@@ -52,6 +54,7 @@ template <int WARP, typename D>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     rmsnorm_backward_partial_kernel(float* partial, const void* dout, const float* x,
                                     const float* rstd, std::int64_t N, std::int64_t C) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= C) return;
   const std::int64_t k = blockIdx.y;
@@ -67,6 +70,7 @@ template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     rmsnorm_backward_sum_kernel(float* dw, const float* partial, std::int64_t chunks,
                                 std::int64_t C) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= C) return;
   float sw = 0.0f;

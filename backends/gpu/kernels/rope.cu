@@ -16,6 +16,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     rope_kernel(void* out, const void* x, const float* cos, const float* sin, std::int64_t n,
                 std::int64_t T, std::int64_t W, std::int64_t D, std::int64_t rot_heads,
                 float sign) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const std::int64_t per = W / 2, half = D / 2;
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     const std::int64_t bt = i / per, k = i - bt * per, t = bt % T;

@@ -11,6 +11,7 @@ constexpr int kThreads = 256;
 template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     swiglu_forward_kernel(void* out, const void* gu, std::int64_t n, std::int64_t F) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {  // i over the N * F pairs
     const std::int64_t row = i / F, col = i - row * F;
     const float g = E::load(gu, row * 2 * F + col), u = E::load(gu, row * 2 * F + F + col);
@@ -23,6 +24,7 @@ template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     swiglu_backward_kernel(void* dgu, const void* gu, const void* dout, std::int64_t n,
                            std::int64_t F) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {
     const std::int64_t row = i / F, col = i - row * F;
     const std::int64_t ig = row * 2 * F + col, iu = ig + F;
