@@ -4,8 +4,9 @@
 //                     [--shape MxNxK]... [--dtype f32|f16|bf16] [--json FILE]
 //                     (CT_BENCH_VARIANTS=vec,reg picks variants)
 // --dtype f16|bf16: a and b in 16 bits, c f32 (the mixed-precision GEMMs), against OpenBLAS on
-// the same rounded values; the variants are then vsg, reg, tiled and the emulated
-// cooperative-matrix builds cm8e and cm16e.
+// the same rounded values; the variants are then vsg, reg, tiled, tiled128 and the emulated
+// cooperative-matrix builds cm8e and cm16e. tiled128 is the tiled GEMM in the shape it takes on
+// discrete GPUs (128 x 128 tiles, 8 x 8 register blocks), tiled the 64 x 64 one.
 // Each figure is the median over --iters runs. Every variant's product is checked against
 // OpenBLAS's (max |c - c_blas| / max |c_blas| <= 1e-4): a wrong one is marked and the exit
 // status is 1, so no speed is reported for a kernel that does not compute the product.
@@ -109,8 +110,8 @@ int main(int argc, char** argv) {
     auto dev = open_device(spec);
     std::printf("device: %s (%s); a, b %s; GFLOP per %s second\n", dev->info().name.c_str(),
                 dev->info().driver.c_str(), dtype_name(dt), g_cpu_time ? "CPU" : "wall");
-    std::vector<const char*> variants = {"vsg64", "vsg", "vec", "reg", "tiled"};
-    if (dt != DType::f32) variants = {"vsg", "reg", "tiled", "cm8e", "cm16e"};
+    std::vector<const char*> variants = {"vsg64", "vsg", "vec", "reg", "tiled", "tiled128"};
+    if (dt != DType::f32) variants = {"vsg", "reg", "tiled", "tiled128", "cm8e", "cm16e"};
     if (const char* v = std::getenv("CT_BENCH_VARIANTS")) {  // comma-separated subset
       static std::string keep = v;
       variants.clear();
@@ -160,7 +161,13 @@ int main(int argc, char** argv) {
       std::vector<double> gf(variants.size()), err(variants.size());
       std::vector<float> got(c.size());
       for (size_t v = 0; v < variants.size(); ++v) {
-        setenv("CROSSTRAIN_VK_MATMUL", variants[v], 1);
+        // tiled128: the tiled GEMM in its discrete-GPU shape (128 x 128, 8 x 8 blocks)
+        const bool t128 = std::strcmp(variants[v], "tiled128") == 0;
+        setenv("CROSSTRAIN_VK_MATMUL", t128 ? "tiled" : variants[v], 1);
+        if (t128)
+          setenv("CROSSTRAIN_VK_TILED", "128", 1);
+        else
+          unsetenv("CROSSTRAIN_VK_TILED");
         dev->matmul(tc, ta, tb, trans_a, trans_b);  // warm-up: pipeline creation
         dev->synchronize();
         std::vector<double> tv;

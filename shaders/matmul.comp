@@ -6,8 +6,12 @@
 //   MM_REG    CPU-like devices (lavapipe): 8x8 invocations, each a 4x4 register block whose
 //             columns are 8 apart, so neighbouring lanes load neighbouring b elements; no
 //             shared memory, bounds handled by clamping loads and masking stores.
-//   MM_TILED  GPUs: 16x16 invocations, 64x64 tile, 16-deep k slices staged in shared memory,
-//             4x4 register block per invocation.
+//   MM_TILED  GPUs without (or before) cooperative matrices: a TBM x TBN tile of c per workgroup,
+//             TBK-deep k slices of a and b staged in shared memory, a TRM x TRN register block
+//             per invocation, operands read as vec4s where aligned -- all specialization
+//             constants, so the host sizes the tile per device class (backends/vulkan/
+//             matmul_kind.h tiled_config(): 128x128 with 8x8 blocks on discrete GPUs, 64x64
+//             with 4x4 on integrated ones).
 // 16-bit operands (core/device.h: a, b f32 | h, the same; c f32 | a's dtype; the attention's
 // GEMMs also need a f32 with b, c h): A_H, B_H, C_H store that operand as 16 bits of the H_F16 or
 // H_BF16 format (common/h16.glsl: exact widening on load, the CPU's round-to-nearest-even on
@@ -97,10 +101,21 @@ layout(local_size_x = 8, local_size_y = 8) in;
 #define TN (8 * RB)
 layout(local_size_x = 8, local_size_y = 8) in;
 #else
-#define TM 64
-#define TN 64
-#define BK 16
-layout(local_size_x = 16, local_size_y = 16) in;
+// MM_TILED's shape (specialization constants; tiled_config() in matmul_kind.h picks them):
+layout(constant_id = 1) const uint TBM = 64;  // the workgroup's tile of c
+layout(constant_id = 2) const uint TBN = 64;
+layout(constant_id = 3) const uint TBK = 16;  // k staged per step
+layout(constant_id = 4) const uint TRM = 4;   // register block per invocation: rows TTM apart,
+layout(constant_id = 5) const uint TRN = 4;   // columns TTN apart (neighbours read neighbours)
+// How a and b are staged: 0 one element per load; VA 1: vec4s along k (a row-major), 2: along
+// m (a transposed); VB 1: along n (b row-major), 2: along k (b transposed). The host sets 1 or 2
+// only where every vec4 is aligned and the unit-stride extent is a multiple of 4.
+layout(constant_id = 6) const uint VA = 0;
+layout(constant_id = 7) const uint VB = 0;
+const uint TTM = TBM / TRM, TTN = TBN / TRN;  // invocations down and across
+layout(local_size_x_id = 0) in;               // TTM * TTN
+#define TM TBM
+#define TN TBN
 #endif
 
 layout(push_constant) uniform Push {
@@ -133,14 +148,37 @@ layout(push_constant) uniform Push {
   uint kchunk;  // k in [s, s+1) * kchunk into f32 partials; 1 and K elsewhere
 } pc;
 #if defined(MM_TILED)
-// As[k][m], Bs[k][n]; +1 column of padding against bank conflicts.
-shared float As[BK][TM + 1];
-shared float Bs[BK][TN + 1];
+// As [TBK][TBM], Bs [TBK][TBN], row strides padded by 4 (rows stay 16-byte aligned).
+const uint LDA = TBM + 4, LDB = TBN + 4;
+shared float As[TBK * LDA];
+shared float Bs[TBK * LDB];
 #endif
 
 layout(std430, binding = 0) buffer Cm { C_T c[]; };
 layout(std430, binding = 1) readonly buffer Am { A_T a[]; };
 layout(std430, binding = 2) readonly buffer Bm { B_T b[]; };
+#if defined(MM_TILED)
+// The same bindings read 4 elements at a time (vec4 for f32, uvec2 of 4 halves for 16 bits).
+#if defined(A_H) || defined(B_H)
+vec4 t_h4(uvec2 w) {
+  return vec4(h_load(w.x & 0xffffu), h_load(w.x >> 16), h_load(w.y & 0xffffu), h_load(w.y >> 16));
+}
+#endif
+#if defined(A_H)
+layout(std430, binding = 1) readonly buffer Am4 { uvec2 a4[]; };
+#define A_LD4(i) t_h4(a4[i])
+#else
+layout(std430, binding = 1) readonly buffer Am4 { vec4 a4[]; };
+#define A_LD4(i) a4[i]
+#endif
+#if defined(B_H)
+layout(std430, binding = 2) readonly buffer Bm4 { uvec2 b4[]; };
+#define B_LD4(i) t_h4(b4[i])
+#else
+layout(std430, binding = 2) readonly buffer Bm4 { vec4 b4[]; };
+#define B_LD4(i) b4[i]
+#endif
+#endif
 #if defined(MM_VEC)
 // a and b are read through buffer device addresses: lavapipe compiles a divergent load from a
 // descriptor-bound buffer into a bounds-checked per-lane branch, a load through an address into
@@ -415,34 +453,67 @@ void main() {
     for (int j = 0; j < RB; ++j)
       store(m0 + ty + 8u * uint(i), n0 + tx + 8u * uint(j), cbase, acc[i][j]);
 #else
-  float acc[4][4];
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
-  uint tid = ty * 16u + tx;
-  for (uint k0 = kbeg; k0 < kend; k0 += BK) {
-    for (uint r = 0; r < 4u; ++r) {
-      uint e = tid + 256u * r;  // 0..1023 over a 16 x 64 slice
-      uint kk = e / TM, mm = e % TM;
-      uint gm = m0 + mm, gk = k0 + kk;
-      As[kk][mm] = (gm < pc.M && gk < kend) ? A_LD(a[abase + gm * pc.sam + gk * pc.sak]) : 0.0;
-      uint nn = e % TN;
-      uint gn = n0 + nn;
-      Bs[kk][nn] = (gn < pc.N && gk < kend) ? B_LD(b[bbase + gk * pc.sbk + gn * pc.sbn]) : 0.0;
+  // MM_TILED
+  float acc[TRM * TRN];
+  [[unroll]] for (uint i = 0; i < TRM * TRN; ++i) acc[i] = 0.0;
+  const uint tid = gl_LocalInvocationIndex, nt = TTM * TTN;
+  const uint tm = tid / TTN, tn = tid % TTN;
+  for (uint k0 = kbeg; k0 < kend; k0 += TBK) {
+    // Stage op(a)[m0 .., k0 ..] into As[k][m] and op(b)[k0 .., n0 ..] into Bs[k][n], zeros past
+    // the edges. With vec4s every one lies wholly inside or outside (aligned, extent % 4 == 0,
+    // and k0, kend multiples of 4 or K).
+    if (VA == 1) {
+      for (uint i = tid; i < TBM * TBK / 4; i += nt) {
+        uint r = i / (TBK / 4), q = (i % (TBK / 4)) * 4, gm = m0 + r, gk = k0 + q;
+        vec4 v = (gm < pc.M && gk < kend) ? A_LD4((abase + gm * pc.sam + gk) / 4) : vec4(0.0);
+        As[q * LDA + r] = v.x, As[(q + 1) * LDA + r] = v.y;
+        As[(q + 2) * LDA + r] = v.z, As[(q + 3) * LDA + r] = v.w;
+      }
+    } else if (VA == 2) {
+      for (uint i = tid; i < TBM * TBK / 4; i += nt) {
+        uint k = i / (TBM / 4), r = (i % (TBM / 4)) * 4, gm = m0 + r, gk = k0 + k;
+        vec4 v = (gm < pc.M && gk < kend) ? A_LD4((abase + gk * pc.sak + gm) / 4) : vec4(0.0);
+        As[k * LDA + r] = v.x, As[k * LDA + r + 1] = v.y;
+        As[k * LDA + r + 2] = v.z, As[k * LDA + r + 3] = v.w;
+      }
+    } else {
+      for (uint i = tid; i < TBM * TBK; i += nt) {
+        uint k = i / TBM, r = i % TBM, gm = m0 + r, gk = k0 + k;
+        As[k * LDA + r] = (gm < pc.M && gk < kend) ? A_LD(a[abase + gm * pc.sam + gk * pc.sak]) : 0.0;
+      }
+    }
+    if (VB == 1) {
+      for (uint i = tid; i < TBN * TBK / 4; i += nt) {
+        uint k = i / (TBN / 4), col = (i % (TBN / 4)) * 4, gn = n0 + col, gk = k0 + k;
+        vec4 v = (gn < pc.N && gk < kend) ? B_LD4((bbase + gk * pc.sbk + gn) / 4) : vec4(0.0);
+        Bs[k * LDB + col] = v.x, Bs[k * LDB + col + 1] = v.y;
+        Bs[k * LDB + col + 2] = v.z, Bs[k * LDB + col + 3] = v.w;
+      }
+    } else if (VB == 2) {
+      for (uint i = tid; i < TBN * TBK / 4; i += nt) {
+        uint col = i / (TBK / 4), q = (i % (TBK / 4)) * 4, gn = n0 + col, gk = k0 + q;
+        vec4 v = (gn < pc.N && gk < kend) ? B_LD4((bbase + gn * pc.sbn + gk) / 4) : vec4(0.0);
+        Bs[q * LDB + col] = v.x, Bs[(q + 1) * LDB + col] = v.y;
+        Bs[(q + 2) * LDB + col] = v.z, Bs[(q + 3) * LDB + col] = v.w;
+      }
+    } else {
+      for (uint i = tid; i < TBN * TBK; i += nt) {
+        uint k = i / TBN, col = i % TBN, gn = n0 + col, gk = k0 + k;
+        Bs[k * LDB + col] = (gn < pc.N && gk < kend) ? B_LD(b[bbase + gk * pc.sbk + gn * pc.sbn]) : 0.0;
+      }
     }
     barrier();
-    for (uint kk = 0; kk < BK; ++kk) {
-      float av[4], bv[4];
-      for (int i = 0; i < 4; ++i) {
-        av[i] = As[kk][ty + 16u * uint(i)];
-        bv[i] = Bs[kk][tx + 16u * uint(i)];
-      }
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+    [[unroll]] for (uint kk = 0; kk < TBK; ++kk) {
+      float av[TRM], bv[TRN];
+      [[unroll]] for (uint i = 0; i < TRM; ++i) av[i] = As[kk * LDA + tm + TTM * i];
+      [[unroll]] for (uint j = 0; j < TRN; ++j) bv[j] = Bs[kk * LDB + tn + TTN * j];
+      [[unroll]] for (uint i = 0; i < TRM; ++i)
+        [[unroll]] for (uint j = 0; j < TRN; ++j) acc[i * TRN + j] = fma(av[i], bv[j], acc[i * TRN + j]);
     }
     barrier();
   }
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j)
-      store(m0 + ty + 16u * uint(i), n0 + tx + 16u * uint(j), cbase, acc[i][j]);
+  [[unroll]] for (uint i = 0; i < TRM; ++i)
+    [[unroll]] for (uint j = 0; j < TRN; ++j)
+      store(m0 + tm + TTM * i, n0 + tn + TTN * j, cbase, acc[i * TRN + j]);
 #endif
 }

@@ -303,6 +303,10 @@ void Instance::enumerate() {
     pd.subgroup_ballot = (p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                          (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
     pd.max_alloc = p11.maxMemoryAllocationSize;
+    pd.subgroup_control = v13 && f13.subgroupSizeControl &&
+                          (p13.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT);
+    pd.subgroup_min = v13 ? p13.minSubgroupSize : 0;
+    pd.subgroup_max = v13 ? p13.maxSubgroupSize : 0;
     fill_coopmat_caps(pd, f12, f13, fcm, p12, p13, v13);
 
     f.vkGetPhysicalDeviceMemoryProperties(h, &pd.mem);

@@ -29,9 +29,12 @@ struct PhysicalDevice {
   bool int64 = false;          // shaderInt64 (MM_SG reads b as 64-bit pairs)
   uint32_t subgroup_size = 0;
   bool subgroup_ballot = false;  // subgroupBroadcast() in compute shaders
-  uint64_t max_alloc = 0;        // maxMemoryAllocationSize
-  CoopmatCaps cm;                // what the cooperative-matrix GEMM needs (coopmat.h)
-  CoopmatGate cm_gate;           // may it be tried here (CROSSTRAIN_VK_COOPMAT read at start)
+  // subgroupSizeControl with compute in requiredSubgroupSizeStages, and the sizes allowed
+  bool subgroup_control = false;
+  uint32_t subgroup_min = 0, subgroup_max = 0;
+  uint64_t max_alloc = 0;  // maxMemoryAllocationSize
+  CoopmatCaps cm;          // what the cooperative-matrix GEMM needs (coopmat.h)
+  CoopmatGate cm_gate;     // may it be tried here (CROSSTRAIN_VK_COOPMAT read at start)
 };
 
 // One VkInstance per process, shared by the backend and every device opened from it.

@@ -31,7 +31,8 @@ inline const char* describe(MmKind k) {
     case MmKind::kReg:
       return "reg (8x8 register blocks)";
     case MmKind::kTiled:
-      return "tiled (64x64 shared-memory tiles)";
+      return "tiled (shared-memory tiles: 128x128 with 8x8 register blocks on discrete GPUs, "
+             "64x64 with 4x4 elsewhere; vec4 loads)";
   }
   return "?";
 }
@@ -61,6 +62,34 @@ inline SplitK plan_splitk(bool cpu_like, int forced, int64_t groups, int64_t K, 
   const int64_t kchunk = ((K + S - 1) / S + tbk - 1) / tbk * tbk;
   S = (K + kchunk - 1) / kchunk;
   return {static_cast<uint32_t>(S), static_cast<uint32_t>(S > 1 ? kchunk : K)};
+}
+
+// The tiled GEMM's shape (matmul.comp MM_TILED specialization constants): a TBM x TBN tile of
+// c per workgroup, k staged TBK deep, a TRM x TRN register block per invocation. Discrete GPUs:
+// 128 x 128 with 8 x 8 blocks (256 invocations, 64 accumulators each; 17 KiB of shared memory),
+// where the product has at least kBigTiledGroups such tiles -- fewer would leave multiprocessors
+// idle -- else 64 x 64 with 4 x 4 (256 invocations; 8.5 KiB), the shape for integrated GPUs
+// and CPU-type devices. `forced` 64 or 128 (CROSSTRAIN_VK_TILED) overrides the size.
+// Required subgroup size: Intel GPUs compile compute shaders at SIMD8, 16 or 32 by their own
+// heuristic; a GEMM with 16 to 64 accumulators an invocation is held at 16 where the device
+// lets a pipeline require it (VK_EXT_subgroup_size_control with compute in
+// requiredSubgroupSizeStages), so the register file holds it without spills. 0: the driver's
+// choice. `forced_sg` (CROSSTRAIN_VK_TILED_SG) requires that size instead where allowed.
+inline constexpr int64_t kBigTiledGroups = 256;
+struct TiledConfig {
+  uint32_t tbm = 64, tbn = 64, tbk = 16, trm = 4, trn = 4;
+  uint32_t subgroup = 0;
+  uint32_t invocations() const { return (tbm / trm) * (tbn / trn); }
+};
+inline TiledConfig tiled_config(bool discrete, int64_t groups128, int forced, uint32_t vendor,
+                                bool sg_control, uint32_t sg_min, uint32_t sg_max,
+                                uint32_t forced_sg) {
+  TiledConfig c;
+  if (forced == 128 || (forced == 0 && discrete && groups128 >= kBigTiledGroups))
+    c.tbm = c.tbn = 128, c.trm = c.trn = 8;
+  const uint32_t want = forced_sg ? forced_sg : vendor == 0x8086 ? 16 : 0;
+  if (want && sg_control && want >= sg_min && want <= sg_max) c.subgroup = want;
+  return c;
 }
 
 }  // namespace ct::vk

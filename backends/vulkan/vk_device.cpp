@@ -62,6 +62,10 @@ VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
       static_cast<VkStructureType>(kVkStructPhysicalDeviceCoopmatFeaturesKHR));
   auto f13 = vk_struct<VkPhysicalDeviceVulkan13Features>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES);
+  if (pd_.subgroup_control) {  // the tiled GEMM may require a subgroup size (matmul_kind.h)
+    f13.subgroupSizeControl = VK_TRUE;
+    f12.pNext = &f13;
+  }
   if (cm_gate_.allowed) {
     exts.push_back("VK_KHR_cooperative_matrix");
     fcm.cooperativeMatrix = VK_TRUE;

@@ -237,6 +237,14 @@ bool vec_ok(const Bound& bd, size_t esize, int64_t sbatch, int64_t sother, int64
          unit_extent % 4 == 0;
 }
 
+// The tiled GEMM's vec4 staging reads through the binding itself (no device addresses), so the
+// bound range's offset must be 4-element aligned too.
+bool tiled_vec_ok(const Bound& bd, size_t esize, int64_t sbatch, int64_t sother,
+                  int64_t unit_extent) {
+  return bd.offset % (4 * esize) == 0 && bd.first % 4 == 0 && sbatch % 4 == 0 && sother % 4 == 0 &&
+         unit_extent % 4 == 0;
+}
+
 }  // namespace
 
 void VulkanDevice::matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b,
@@ -398,7 +406,7 @@ void VulkanDevice::gemm(const GemmCall& g) {
     if (kind != MmKind::kVec) tm = 128;  // an MM_SG variant
   }
   const PipelineSpec* spec = nullptr;
-  PipelineSpec cm_spec;
+  PipelineSpec pspec;
   // split-k: the variant whose c is f32 writes the partials (hhf for hhh; fhh is not split)
   ShaderId part_id = id;
   bool splittable = false;
@@ -416,18 +424,18 @@ void VulkanDevice::gemm(const GemmCall& g) {
     if (shared_bytes() > pd_.props.limits.maxComputeSharedMemorySize && frag.k <= 16) pl.tbk = 16;
     CT_CHECK(shared_bytes() <= pd_.props.limits.maxComputeSharedMemorySize,
              "gemm: coopmat tile exceeds the device's shared memory");
-    cm_spec.n = 9;
-    cm_spec.v = {pl.warps_m * pl.warps_n * sg,
-                 frag.m,
-                 frag.n,
-                 frag.k,
-                 pl.warps_m,
-                 pl.warps_n,
-                 pl.wm / frag.m,
-                 pl.wn / frag.n,
-                 pl.tbk};
-    if (!cm_emu) cm_spec.required_subgroup = sg, cm_spec.full_subgroups = true;
-    spec = &cm_spec;
+    pspec.n = 9;
+    pspec.v = {pl.warps_m * pl.warps_n * sg,
+               frag.m,
+               frag.n,
+               frag.k,
+               pl.warps_m,
+               pl.warps_n,
+               pl.wm / frag.m,
+               pl.wn / frag.n,
+               pl.tbk};
+    if (!cm_emu) pspec.required_subgroup = sg, pspec.full_subgroups = true;
+    spec = &pspec;
 #if defined(CT_VK_COOPMAT)
     id = cm_emu ? kCmEmuIds[combo][hi]
                 : (combo == 0 ? ShaderId::matmul_cm_hhf_f16 : ShaderId::matmul_cm_hhh_f16);
@@ -439,16 +447,39 @@ void VulkanDevice::gemm(const GemmCall& g) {
 #endif
     tm = pl.tile_m(), tn = pl.tile_n();
     splittable = true;
-  } else if (kind == MmKind::kTiled && combo != 2) {
+  } else if (kind == MmKind::kTiled) {
+    const int64_t groups128 = g.batch * ((g.M + 127) / 128) * ((g.N + 127) / 128);
+    const TiledConfig tc = tiled_config(info_.type == DeviceType::kDiscreteGpu, groups128,
+                                        env_int("CROSSTRAIN_VK_TILED"), pd_.props.vendorID,
+                                        pd_.subgroup_control, pd_.subgroup_min, pd_.subgroup_max,
+                                        static_cast<uint32_t>(env_int("CROSSTRAIN_VK_TILED_SG")));
+    // vec4 staging where every vec4 is aligned (tiled_vec_ok) and the stride-1 extent is a
+    // multiple of 4: a along k (row-major) or m (transposed), b along n or k
+    const size_t ea = dtype_size(g.ta), eb = dtype_size(g.tb);
+    uint32_t va = 0, vb = 0;
+    if (g.sa[2] == 1 && tiled_vec_ok(g.a, ea, g.sa[0], g.sa[1], g.K))
+      va = 1;
+    else if (g.sa[1] == 1 && tiled_vec_ok(g.a, ea, g.sa[0], g.sa[2], g.M))
+      va = 2;
+    if (g.sb[2] == 1 && tiled_vec_ok(g.b, eb, g.sb[0], g.sb[1], g.N))
+      vb = 1;
+    else if (g.sb[1] == 1 && tiled_vec_ok(g.b, eb, g.sb[0], g.sb[2], g.K))
+      vb = 2;
+    pspec.n = 8;
+    pspec.v = {tc.invocations(), tc.tbm, tc.tbn, tc.tbk, tc.trm, tc.trn, va, vb};
+    pspec.required_subgroup = tc.subgroup;
+    spec = &pspec;
+    tm = tc.tbm, tn = tc.tbn;
+    // split-k partials through the variant with an f32 c (none for fhh: not split)
     part_id = combo < 0 ? ShaderId::matmul_tiled : kTiledH[0][hi];
-    splittable = true;
+    splittable = combo != 2;
   }
   uint32_t gx = u32((g.N + tn - 1) / tn), gy = u32((g.M + tm - 1) / tm);
   CT_CHECK(gx <= max_groups_x() && g.batch <= 65535, "matmul grid too large");
   SplitK sk;
   if (splittable) {
     const int forced = splitk_force_ ? splitk_force_ : env_int("CROSSTRAIN_VK_SPLITK");
-    const int64_t tbk = cm ? cm_spec.v[8] : 16;  // k staged per step (matmul.comp BK 16)
+    const int64_t tbk = cm ? pspec.v[8] : pspec.v[3];  // k staged per step
     sk = plan_splitk(cpu_like(), forced, int64_t(gx) * gy * g.batch, g.K, tbk, 65535 / g.batch,
                      g.batch * g.M * g.N, max_elems(4));
   }
