@@ -1,7 +1,9 @@
 // device_gemm_bench: GFLOP/s of Device::matmul on any device of the registry, on GPT-2's GEMM
-// shapes, in f32 and bf16 (median of --iters timed runs after a warm-up, the device synchronized
-// around each). On CUDA/HIP, CT_GPU_GEMM=own makes the device run the project's own tiled
-// kernel instead of cuBLASLt / rocBLAS, so two runs compare them (scripts/gpu-check.sh does).
+// shapes, in f32, f16 and bf16 (median of --iters timed runs after a warm-up, the device
+// synchronized around each). On CUDA/HIP, CT_GPU_GEMM=own makes the device run the project's own
+// tiled kernel instead of cuBLASLt / rocBLAS, so two runs compare them (scripts/gpu-check.sh does;
+// it also runs it on the GPU's Vulkan device, whose f16 products take the cooperative-matrix GEMM
+// where its self-test passed, and with CROSSTRAIN_VK_COOPMAT=0 the tiled one).
 //   device_gemm_bench --device cuda:0 [--iters 20] [--json out.json]
 #include <algorithm>
 #include <chrono>
@@ -49,7 +51,7 @@ int main(int argc, char** argv) {
     const char* own = std::getenv("CT_GPU_GEMM");
     std::printf("%s  %s  gemm: %s\n", dev->info().id().c_str(), dev->info().name.c_str(),
                 own && std::string(own) == "own" ? "own (CT_GPU_GEMM=own)" : "default");
-    for (ct::DType dt : {ct::DType::f32, ct::DType::bf16}) {
+    for (ct::DType dt : {ct::DType::f32, ct::DType::f16, ct::DType::bf16}) {
       for (const Shape& s : shapes) {
         ct::Tensor a = dev->empty(s.ta ? ct::Shape{s.K, s.M} : ct::Shape{s.M, s.K}, dt,
                                   ct::MemCategory::kActivations);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA or AMD GPU: build, run the conformance suites and the end-to-end
 # parity tests on that GPU, benchmark the GEMM (the own kernel against cuBLASLt / rocBLAS) and
-# training throughput (tiny and gpt2; PyTorch beside it when installed), and write a report:
+# training throughput (tiny and gpt2; PyTorch beside it when installed); where the GPU also has a
+# Vulkan driver, the same on Vulkan (its conformance suites, the coopmat verdict, the coopmat and
+# tiled GEMMs against the library, tokens/s against the native backend); and write a report:
 #   bench/gpu-check-<date>/report.md and report.json (plus the raw logs).
 # Without a GPU it says so and exits 77 (skipped).
 #   bash scripts/gpu-check.sh [--quick]      --quick: fewer benchmark iterations and steps
@@ -85,6 +87,30 @@ if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
   done
 fi
 
+# The same GPU through Vulkan (issue #12's figures), where a Vulkan GPU device is listed.
+vk="$(grep -E '^  vulkan:[0-9]+ .*\[(discrete|integrated)-gpu\]' "$out/devices.txt" | head -1 | awk '{print $1}' || true)"
+if [ -n "$vk" ]; then
+  log "Vulkan on $vk: conformance suites, GEMM (coopmat where its self-test passed, tiled), training"
+  set +e
+  build/bin/test_ops --gtest_filter="*/${vk/:/_}" --gtest_output="json:$out/test_ops_vulkan.json" \
+    >"$out/test_ops_vulkan.log" 2>&1
+  build/bin/test_vulkan --gtest_output="json:$out/test_vulkan.json" >"$out/test_vulkan.log" 2>&1
+  build/bin/device_gemm_bench --device "$vk" --iters "$iters" --json "$out/gemm_vulkan.json" \
+    >"$out/gemm_vulkan.txt" 2>&1
+  CROSSTRAIN_VK_COOPMAT=0 build/bin/device_gemm_bench --device "$vk" --iters "$iters" \
+    --json "$out/gemm_vulkan_tiled.json" >"$out/gemm_vulkan_tiled.txt" 2>&1
+  for model in tiny gpt2; do
+    for prec in "" --bf16; do
+      tag="${model}${prec:+-bf16}"
+      build/bin/crosstrain train --backend "$vk" --model "$model" --max-steps "$steps" \
+        --eval-steps 0 --sample-tokens 0 --no-progress $prec --output-dir "$out/run-vulkan-$tag" \
+        >"$out/vulkan-train-$tag.log" 2>&1
+    done
+  done
+  set -e
+  build/bin/crosstrain devices 2>&1 | grep -E "coopmat GEMM|matmul variant" >"$out/vulkan_coopmat.txt" || true
+fi
+
 python3 - "$out" "$backend" "$ops_rc" "$model_rc" "$torch_note" <<'PY'
 import json, os, re, sys
 out, backend, ops_rc, model_rc, torch_note = sys.argv[1:]
@@ -132,6 +158,34 @@ for k, v in throughput.items():
     ratio = f"{v / t:.2f}" if v and t else "-"
     md.append(f"| {k} | {v if v is not None else 'failed (see log)'} | {f'{t:.0f}' if t else '-'} | {ratio} |")
 md += ["", f"PyTorch: {torch_note}", ""]
+vk_lib, vk_tiled = gemm("gemm_vulkan.json"), gemm("gemm_vulkan_tiled.json")
+if vk_lib:
+    cm = open(os.path.join(out, "vulkan_coopmat.txt")).read().strip() if os.path.exists(
+        os.path.join(out, "vulkan_coopmat.txt")) else ""
+    md += ["## Vulkan on the same GPU", "", "```", cm, "```", "",
+           "| suite | tests | failures |", "|---|---|---|"]
+    for s in ("test_ops_vulkan", "test_vulkan"):
+        r = tests(s + ".json")
+        md.append(f"| {s} | {r.get('tests','-')} | {r.get('failures','-')} |")
+    md += ["", "GEMM, GFLOP/s (default: coopmat for f16 where its self-test passed, else tiled; "
+           "tiled: CROSSTRAIN_VK_COOPMAT=0). Targets: coopmat 60 %, tiled 30 % of the library.", "",
+           "| dtype | shape | library | vulkan default | / library | vulkan tiled | / library |",
+           "|---|---|---|---|---|---|---|"]
+    for a, b, c in zip(lib, vk_lib, vk_tiled or vk_lib):
+        r1 = b["gflops"] / a["gflops"] if a["gflops"] else 0
+        r2 = c["gflops"] / a["gflops"] if a["gflops"] else 0
+        md.append(f"| {a['dtype']} | {a['shape']} | {a['gflops']:.0f} | {b['gflops']:.0f} | {r1:.2f} | {c['gflops']:.0f} | {r2:.2f} |")
+    md += ["", "| run | native | vulkan | vulkan / native |", "|---|---|---|---|"]
+    for f in sorted(os.listdir(out)):
+        m = re.match(r"vulkan-train-(.*)\.log$", f)
+        if not m: continue
+        t = re.findall(r"throughput\s+([\d,.]+) tokens/s", open(os.path.join(out, f)).read())
+        v = float(t[-1].replace(",", "")) if t else None
+        n = throughput.get(m.group(1))
+        md.append(f"| {m.group(1)} | {n} | {v if v is not None else 'failed (see log)'} | {f'{v / n:.2f}' if v and n else '-'} |")
+    report["vulkan"] = {"gemm": vk_lib, "gemm_tiled": vk_tiled, "coopmat": cm}
+    json.dump(report, open(os.path.join(out, "report.json"), "w"), indent=2)
+    md.append("")
 open(os.path.join(out, "report.md"), "w").write("\n".join(md))
 print("\n".join(md))
 PY
