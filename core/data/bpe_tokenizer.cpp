@@ -32,7 +32,50 @@ constexpr const char* kPattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^)" CT_SPACE R"(\p{L}\p{N}]+|[)" CT_SPACE
     R"(]+(?![^)" CT_SPACE R"(])|[)" CT_SPACE R"(]+)";
 constexpr const char* kSpaceClass = "[" CT_SPACE "]";
+
+// A Split pre-tokenizer's pattern (Oniguruma syntax in `tokenizers`) for PCRE2: \s and \S as
+// Oniguruma's, inside and outside character classes (a \S inside a class has no such spelling:
+// null). The rest of the syntax Llama 3's pattern uses -- (?i:..), \p{..}, {m,n}, (?!..) -- means
+// the same in both.
+std::optional<std::string> onig_to_pcre2(const std::string& p) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char e = p[++i];
+      if (e == 's')
+        out += in_class ? CT_SPACE : "[" CT_SPACE "]";
+      else if (e == 'S' && !in_class)
+        out += "[^" CT_SPACE "]";
+      else if (e == 'S')
+        return std::nullopt;
+      else
+        out += std::string{c, e};
+      continue;
+    }
+    if (c == '[' && !in_class) {
+      in_class = true;
+      out += c;
+      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];  // a literal ] first
+      continue;
+    }
+    if (c == ']' && in_class) in_class = false;
+    out += c;
+  }
+  return out;
+}
 #undef CT_SPACE
+
+// Llama 3's Split pattern (tokenizer.json of Meta-Llama-3 and 3.1/3.2): encode_parallel knows
+// where it may cut text split by it.
+constexpr const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+bool ascii_letter(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
 
 // Largest id accepted: ids index dense tables, and real vocabularies stay far below this.
 constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
@@ -287,9 +330,25 @@ class PieceCache {
 
 class BpeTokenizer::Regex {
  public:
-  Regex() {
+  // `split`: a Split pre-tokenizer's pattern (null: none); `where` names it in errors.
+  explicit Regex(const std::string* split = nullptr, const std::string& where = "") {
     // MATCH_INVALID_UTF: invalid UTF-8 matches nothing (and is skipped) instead of being an
     // error or, with the JIT, undefined behaviour.
+    if (split) {
+      int err = 0;
+      PCRE2_SIZE offset = 0;
+      split_ =
+          pcre2_compile(reinterpret_cast<PCRE2_SPTR>(split->data()), split->size(),
+                        PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
+      if (split_ == nullptr) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        fail(ErrorKind::kInvalidArgument, where + ": the pattern does not compile (PCRE2, at " +
+                                              std::to_string(offset) +
+                                              "): " + reinterpret_cast<const char*>(msg));
+      }
+      split_jit_ = pcre2_jit_compile(split_, PCRE2_JIT_COMPLETE) == 0;
+    }
     code_ = compile(kPattern, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF);
     space_ = compile(kSpaceClass, PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED);
     number_ = compile("\\p{N}+", PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF);
@@ -298,6 +357,7 @@ class BpeTokenizer::Regex {
     jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
   }
   ~Regex() {
+    pcre2_code_free(split_);  // (null is allowed)
     pcre2_code_free(code_);
     pcre2_code_free(space_);
     pcre2_code_free(number_);
@@ -319,6 +379,13 @@ class BpeTokenizer::Regex {
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     return number_jit_ ? pcre2_jit_match(number_, subject, text.size(), pos, 0, md, nullptr)
                        : pcre2_match(number_, subject, text.size(), pos, 0, md, nullptr);
+  }
+
+  // The Split pattern's first match at or after `pos`, in md's ovector.
+  int match_split(std::string_view text, size_t pos, pcre2_match_data* md) const {
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    return split_jit_ ? pcre2_jit_match(split_, subject, text.size(), pos, 0, md, nullptr)
+                      : pcre2_match(split_, subject, text.size(), pos, 0, md, nullptr);
   }
 
   // Whether the one valid UTF-8 character `ch` is whitespace to the pattern.
@@ -350,24 +417,28 @@ class BpeTokenizer::Regex {
   pcre2_code* code_ = nullptr;
   pcre2_code* space_ = nullptr;
   pcre2_code* number_ = nullptr;
-  bool jit_ = false, number_jit_ = false;
+  pcre2_code* split_ = nullptr;
+  bool jit_ = false, number_jit_ = false, split_jit_ = false;
 };
 
 struct BpeTokenizer::State {
   explicit State(const Regex& regex)
       : md(pcre2_match_data_create_from_pattern(regex.code(), nullptr)),
-        md_number(pcre2_match_data_create(1, nullptr)) {
-    CT_CHECK(md != nullptr && md_number != nullptr, "out of memory");
+        md_number(pcre2_match_data_create(1, nullptr)),
+        md_split(pcre2_match_data_create(1, nullptr)) {
+    CT_CHECK(md != nullptr && md_number != nullptr && md_split != nullptr, "out of memory");
   }
   ~State() {
     pcre2_match_data_free(md);
     pcre2_match_data_free(md_number);
+    pcre2_match_data_free(md_split);
   }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
 
   pcre2_match_data* md;
   pcre2_match_data* md_number;
+  pcre2_match_data* md_split;  // one pair: pcre2_match returns 0 for a match with groups
   PieceCache cache;
   std::vector<int32_t> sym, ranks, merged, ids;  // encode_piece's scratch
 };
@@ -414,29 +485,59 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
     refuse("normalizer", j["normalizer"], "GPT-2's tokenizer has no normalizer");
   nlohmann::json pre = j.value("pre_tokenizer", nlohmann::json());
   Digits digits = Digits::kNone;
-  // SmolLM's / StarCoder's: Sequence [Digits, ByteLevel].
+  std::optional<std::string> split;  // a Split step's pattern
   if (pre.is_object() && pre.value("type", "") == "Sequence") {
     const nlohmann::json steps = pre.value("pretokenizers", nlohmann::json());
-    if (!steps.is_array() || steps.size() != 2 || !steps[0].is_object() ||
-        steps[0].value("type", "") != "Digits" || !steps[1].is_object() ||
-        steps[1].value("type", "") != "ByteLevel")
-      refuse("pre_tokenizer", pre, "a Sequence only as [Digits, ByteLevel]");
-    if (!steps[0].contains("individual_digits") || !steps[0]["individual_digits"].is_boolean())
-      refuse("pre_tokenizer.pretokenizers[0].individual_digits",
-             steps[0].value("individual_digits", nlohmann::json()), "must be true or false");
-    digits = steps[0]["individual_digits"].get<bool>() ? Digits::kIndividual : Digits::kContiguous;
+    const std::string first = steps.is_array() && !steps.empty() && steps[0].is_object()
+                                  ? steps[0].value("type", "")
+                                  : "";
+    if (!steps.is_array() || steps.size() != 2 || (first != "Digits" && first != "Split") ||
+        !steps[1].is_object() || steps[1].value("type", "") != "ByteLevel")
+      refuse("pre_tokenizer", pre, "a Sequence only as [Digits, ByteLevel] or [Split, ByteLevel]");
+    const nlohmann::json& s0 = steps[0];
+    if (first == "Digits") {  // SmolLM's / StarCoder's
+      if (!s0.contains("individual_digits") || !s0["individual_digits"].is_boolean())
+        refuse("pre_tokenizer.pretokenizers[0].individual_digits",
+               s0.value("individual_digits", nlohmann::json()), "must be true or false");
+      digits = s0["individual_digits"].get<bool>() ? Digits::kIndividual : Digits::kContiguous;
+    } else {  // Llama 3's: a regex whose matches and the text between them are the pieces
+      const nlohmann::json pat = s0.value("pattern", nlohmann::json());
+      if (!pat.is_object() || !pat.contains("Regex") || !pat["Regex"].is_string())
+        refuse("pre_tokenizer.pretokenizers[0].pattern", pat, "only {\"Regex\": ...}");
+      if (s0.value("behavior", "") != "Isolated")
+        refuse("pre_tokenizer.pretokenizers[0].behavior", s0.value("behavior", nlohmann::json()),
+               "only Isolated");
+      if (s0.value("invert", false))
+        refuse("pre_tokenizer.pretokenizers[0].invert", s0["invert"], "only false");
+      split = pat["Regex"].get<std::string>();
+    }
     pre = steps[1];
   }
   if (!pre.is_object() || pre.value("type", "") != "ByteLevel")
-    refuse("pre_tokenizer", pre, "only ByteLevel, or Digits then ByteLevel");
+    refuse("pre_tokenizer", pre, "only ByteLevel, or Digits or Split then ByteLevel");
   if (pre.value("add_prefix_space", false))
     refuse("pre_tokenizer.add_prefix_space", pre["add_prefix_space"], "GPT-2 adds no space");
-  if (!pre.value("use_regex", true))
-    refuse("pre_tokenizer.use_regex", pre["use_regex"], "GPT-2 splits with its pattern");
-  for (const char* part : {"decoder", "post_processor"}) {
-    if (j.contains(part) && !j[part].is_null() &&
-        !(j[part].is_object() && j[part].value("type", "") == "ByteLevel"))
-      refuse(part, j[part], "only ByteLevel or none");
+  const bool byte_regex = pre.value("use_regex", true);
+  if (!byte_regex && digits != Digits::kNone)
+    refuse("pre_tokenizer.use_regex", pre["use_regex"], "after Digits, GPT-2's pattern splits");
+  if (j.contains("decoder") && !j["decoder"].is_null() &&
+      !(j["decoder"].is_object() && j["decoder"].value("type", "") == "ByteLevel"))
+    refuse("decoder", j["decoder"], "only ByteLevel or none");
+  // The post-processor adds special tokens around a whole input (Llama 3's TemplateProcessing:
+  // <|begin_of_text|> first); encode() is `tokenizers`' encode(text, add_special_tokens=False),
+  // the ids of the text alone, so a ByteLevel or template post-processor does not change them.
+  if (j.contains("post_processor") && !j["post_processor"].is_null()) {
+    const nlohmann::json& pp = j["post_processor"];
+    auto plain = [](const nlohmann::json& p) {
+      const std::string t = p.is_object() ? p.value("type", "") : "";
+      return t == "ByteLevel" || t == "TemplateProcessing";
+    };
+    bool ok = plain(pp);
+    if (pp.is_object() && pp.value("type", "") == "Sequence" && pp.contains("processors") &&
+        pp["processors"].is_array())
+      ok = std::all_of(pp["processors"].begin(), pp["processors"].end(), plain);
+    if (!ok)
+      refuse("post_processor", pp, "only ByteLevel, TemplateProcessing or a Sequence of them");
   }
   for (const char* part : {"truncation", "padding"}) {
     if (j.contains(part) && !j[part].is_null())
@@ -459,6 +560,15 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
   BpeTokenizer t;
   t.ignore_merges_ = m.value("ignore_merges", false);
   t.digits_ = digits;
+  t.byte_regex_ = byte_regex;
+  if (split) {
+    const std::optional<std::string> pcre = onig_to_pcre2(*split);
+    if (!pcre)
+      refuse("pre_tokenizer.pretokenizers[0].pattern", *split, "\\S inside a character class");
+    t.regex_ = std::make_unique<Regex>(&*pcre, path + ": pre_tokenizer.pretokenizers[0].pattern");
+    t.split_ = true;
+    t.split_cuts_ = *split == kLlama3Pattern;
+  }
   if (!m.contains("vocab")) bad(path, "no 'model.vocab'");
   read_vocab(m["vocab"], path + ": model.vocab", t.vocab_);
   if (!m.contains("merges") || !m["merges"].is_array()) bad(path, "no 'model.merges' list");
@@ -792,8 +902,37 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
 
 void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out,
                                State& state) const {
+  // ByteLevel's own step: GPT-2's pattern, or (use_regex false) the part as one piece
+  auto byte_level = [&](std::string_view part) {
+    if (byte_regex_)
+      encode_pieces(part, out, state);
+    else if (!part.empty())
+      encode_cached(part, out, state);
+  };
+  if (split_) {
+    // tokenizers' Split, behavior Isolated: every match, and the text between matches, is a part
+    size_t pos = 0;
+    while (pos < text.size()) {
+      const int rc = regex_->match_split(text, pos, state.md_split);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      CT_CHECK(rc >= 0, "the Split pattern failed");
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(state.md_split);
+      if (ov[1] == ov[0]) {  // an empty match: no part; go on after the next character
+        size_t next = std::max<size_t>(ov[0], pos);
+        next_code_point(text, next);
+        if (next > pos) byte_level(text.substr(pos, next - pos));
+        pos = next;
+        continue;
+      }
+      if (ov[0] > pos) byte_level(text.substr(pos, ov[0] - pos));
+      byte_level(text.substr(ov[0], ov[1] - ov[0]));
+      pos = ov[1];
+    }
+    if (pos < text.size()) byte_level(text.substr(pos));
+    return;
+  }
   if (digits_ == Digits::kNone) {
-    encode_pieces(text, out, state);
+    byte_level(text);
     return;
   }
   // tokenizers' Digits step: the text between runs of number characters, and the runs (whole,
@@ -820,25 +959,29 @@ void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out,
   if (pos < text.size()) encode_pieces(text.substr(pos), out, state);
 }
 
+void BpeTokenizer::encode_cached(std::string_view p, std::vector<int32_t>& out,
+                                 State& state) const {
+  if (p.size() == 1) {  // one byte: its stand-in, nothing to merge
+    const int32_t id = byte_id_[static_cast<unsigned char>(p[0])];
+    if (id >= 0) out.push_back(id);
+    return;
+  }
+  if (p.size() > kMaxCachedPiece) {
+    encode_piece(p, out, state);
+    return;
+  }
+  const uint64_t h = hash_piece(p.data(), p.size());
+  if (state.cache.append(p, h, out)) return;
+  state.ids.clear();
+  encode_piece(p, state.ids, state);
+  state.cache.insert(p, h, state.ids.data(), state.ids.size());
+  out.insert(out.end(), state.ids.begin(), state.ids.end());
+}
+
 void BpeTokenizer::encode_pieces(std::string_view text, std::vector<int32_t>& out,
                                  State& state) const {
   auto piece = [&](size_t from, size_t to) {
-    const std::string_view p = text.substr(from, to - from);
-    if (p.size() == 1) {  // one byte: its stand-in, nothing to merge
-      const int32_t id = byte_id_[static_cast<unsigned char>(p[0])];
-      if (id >= 0) out.push_back(id);
-      return;
-    }
-    if (p.size() > kMaxCachedPiece) {
-      encode_piece(p, out, state);
-      return;
-    }
-    const uint64_t h = hash_piece(p.data(), p.size());
-    if (state.cache.append(p, h, out)) return;
-    state.ids.clear();
-    encode_piece(p, state.ids, state);
-    state.cache.insert(p, h, state.ids.data(), state.ids.size());
-    out.insert(out.end(), state.ids.begin(), state.ids.end());
+    encode_cached(text.substr(from, to - from), out, state);
   };
   size_t pos = 0;
   while (pos < text.size()) {
@@ -931,6 +1074,10 @@ std::vector<int32_t> BpeTokenizer::encode_parallel(
   //    (\s+(?!\S) when it ends the chunk, \s+ when the non-space follows), and the pattern restarts
   //    at the next character.
   // Nothing looks behind, and chunks are cut at ASCII bytes, so never inside a character.
+  // With Llama 3's Split pattern (the pieces: contractions, an optional non-letter then letters,
+  // 1-3 digits, punctuation runs, whitespace runs), only before a ' ' between two ASCII letters:
+  // no piece holds a letter and a following space, so one ends at the letter, and at the ' ' the
+  // pattern restarts with the same text ahead (' ' then letters), before and after the cut.
   const size_t target = std::clamp<size_t>(text.size() / (static_cast<size_t>(threads) * 16),
                                            size_t{1} << 16, size_t{1} << 22);
   std::vector<Segment> parts;       // added tokens and stretches, in text order
@@ -958,6 +1105,14 @@ std::vector<int32_t> BpeTokenizer::encode_parallel(
       if (rest.size() <= room + target / 4) break;  // fits (a little over is fine)
       size_t cut = std::string_view::npos;          // the first safe cut once the chunk is full
       for (size_t i = std::max<size_t>(room, 1); i < rest.size(); ++i) {
+        if (split_) {  // Llama 3's pattern: see above; any other Split pattern is not cut
+          if (split_cuts_ && rest[i] == ' ' && i + 1 < rest.size() && ascii_letter(rest[i - 1]) &&
+              ascii_letter(rest[i + 1])) {
+            cut = i;
+            break;
+          }
+          continue;
+        }
         if ((rest[i] == ' ' && non_space_before(rest, i)) ||
             (rest[i - 1] == '\n' && non_space_at(rest, i) && non_space_before(rest, i - 1))) {
           cut = i;

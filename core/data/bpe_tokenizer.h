@@ -6,6 +6,12 @@
 //      number characters (\p{N}: one piece each with individual_digits, else one per run),
 //      every part going through step 3 on its own (checked against tokenizers 0.20.3:
 //      tests/data/bpe/digits_expected.json, scripts/make_bpe_digits_data.py);
+//   2'. or with a Split step before ByteLevel (Sequence [Split, ByteLevel], as Meta Llama 3's
+//      tokenizer.json has it, behavior Isolated): the Split pattern's matches and the text
+//      between them are the parts (the pattern run by PCRE2, its \s and \S spelled as
+//      Oniguruma's); with ByteLevel's use_regex false (Llama 3) each part is one piece for step
+//      4, else it goes through step 3 (checked against tokenizers 0.20.3 with Llama 3's pattern
+//      and ignore_merges: tests/data/bpe/split_expected.json, scripts/make_bpe_split_data.py);
 //   3. each remaining stretch is split by GPT-2's pattern
 //        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 //      run by PCRE2 (UTF, Unicode properties, JIT), with \s spelled out as Oniguruma's Unicode
@@ -43,8 +49,10 @@ class BpeTokenizer {
   static BpeTokenizer from_folder(const std::string& dir);
   // Hugging Face's tokenizer.json: model.type "BPE" (vocab; merges as "a b" strings or [a, b]
   // pairs, a repeated pair taking its last rank as `tokenizers` does; ignore_merges),
-  // added_tokens, a ByteLevel pre-tokenizer without prefix space, a ByteLevel (or no) decoder
-  // and post-processor, no normalizer, truncation or padding. Anything else -- another model
+  // added_tokens, a ByteLevel pre-tokenizer without prefix space (alone, or after Digits or an
+  // Isolated Split), a ByteLevel (or no) decoder, a ByteLevel or TemplateProcessing
+  // post-processor (encode() is add_special_tokens=False: the template's tokens are not added),
+  // no normalizer, truncation or padding. Anything else -- another model
   // type, a normalizer, BPE dropout, an unknown-token fallback, an added token with lstrip/rstrip/
   // single_word -- is refused naming the file and the field.
   static BpeTokenizer from_tokenizer_json(const std::string& path);
@@ -102,6 +110,8 @@ class BpeTokenizer {
   // the pre-tokenizer has a Digits step, then GPT-2's pattern (encode_pieces).
   void encode_text(std::string_view text, std::vector<int32_t>& out, State& state) const;
   void encode_pieces(std::string_view text, std::vector<int32_t>& out, State& state) const;
+  // One piece's ids through the piece cache (its bytes mapped to GPT-2's stand-ins and merged).
+  void encode_cached(std::string_view piece, std::vector<int32_t>& out, State& state) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out, State& state) const;
   // About how many ids `text` will give (a little more), to reserve.
   size_t expected_ids(std::string_view text, State& state) const;
@@ -123,6 +133,10 @@ class BpeTokenizer {
   // are pieces of their own, one each (individual_digits) or one per run.
   enum class Digits { kNone, kIndividual, kContiguous };
   Digits digits_ = Digits::kNone;
+  // A Split pre-tokenizer before ByteLevel (Llama 3): its regex's matches and the text between
+  // them are the parts; split_cuts_: the pattern is Llama 3's, which encode_parallel may cut.
+  bool split_ = false, split_cuts_ = false;
+  bool byte_regex_ = true;  // ByteLevel's use_regex: GPT-2's pattern splits each part further
   std::unique_ptr<const Regex> regex_;
 };
 

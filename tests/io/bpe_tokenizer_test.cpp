@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/io/json_file.h"
 #include "tests/io/io_test_util.h"
 
@@ -176,6 +177,57 @@ TEST(BpeTokenizer, DigitsThenByteLevelMatchesHuggingFaceTokenizers) {
     EXPECT_EQ(tok.encode("no numbers here, just words."),
               tokenizer().encode("no numbers here, just words."));
   }
+  fs::remove_all(dir);
+}
+
+// tests/data/bpe's tokenizer reshaped as Meta Llama 3's tokenizer.json is (a Split pre-tokenizer
+// with Llama 3's pattern before ByteLevel without its regex, ignore_merges, a BOS template
+// post-processor), against tokenizers 0.20.3's encode(text, add_special_tokens=False)
+// (tests/data/bpe/split_expected.json, scripts/make_bpe_split_data.py).
+TEST(BpeTokenizer, Llama3SplitThenByteLevelMatchesHuggingFaceTokenizers) {
+  const nlohmann::json g = read_json_file(kDir + "/split_expected.json");
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ct_bpe_split_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  nlohmann::json j = read_json_file(kDir + "/tokenizer.json");
+  j["pre_tokenizer"] = g["changes"]["pre_tokenizer"];
+  j["post_processor"] = g["changes"]["post_processor"];
+  j["model"]["ignore_merges"] = g["changes"]["ignore_merges"];
+  const std::string path = (dir / "tokenizer.json").string();
+  write_json_file(path, j);
+  const BpeTokenizer tok = BpeTokenizer::from_tokenizer_json(path);
+  int checked = 0;
+  for (const auto& c : g["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    EXPECT_EQ(tok.encode(text), c["ids"].get<std::vector<int32_t>>()) << text;
+    ++checked;
+  }
+  EXPECT_GE(checked, 240);
+  // Cut only before a ' ' between ASCII letters: the same ids on any number of threads.
+  const std::string big = hostile_text(size_t{3} << 19, 4);
+  const std::vector<int32_t> serial = tok.encode(big);
+  for (int threads : {2, 3}) EXPECT_EQ(tok.encode_parallel(big, threads), serial);
+  // Another Split pattern is never cut (its safe places are unknown), and still encodes.
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{L}+|\\s+";
+  write_json_file(path, j);
+  const BpeTokenizer other = BpeTokenizer::from_tokenizer_json(path);
+  EXPECT_EQ(other.encode_parallel(big, 3), other.encode(big));
+  // Refused, naming the field: other behaviours, inverted, a pattern PCRE2 cannot compile.
+  auto refused = [&](const char* key, const nlohmann::json& value, const char* what) {
+    nlohmann::json k = j;
+    k["pre_tokenizer"]["pretokenizers"][0][key] = value;
+    write_json_file(path, k);
+    try {
+      (void)BpeTokenizer::from_tokenizer_json(path);
+      ADD_FAILURE() << key << " " << value.dump() << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused("behavior", "Removed", "pretokenizers[0].behavior");
+  refused("invert", true, "pretokenizers[0].invert");
+  refused("pattern", {{"Regex", "(unclosed"}}, "the pattern does not compile");
+  refused("pattern", {{"String", " "}}, "pretokenizers[0].pattern");
   fs::remove_all(dir);
 }
 

@@ -116,10 +116,10 @@ TEST(HfLlama, ResumesBitExactly) {
   testing::expect_same_run(straight.output_dir, second.output_dir);
 }
 
-// A folder whose tokenizer.json crosstrain cannot read (here Llama 3's pre-tokenizer shape: a
-// Split regex, then ByteLevel without its own regex) trains on token-file data all the same -- the
-// ids are the data -- and its tokenizer files are copied beside the output; on text it is refused
-// naming the field.
+// A folder whose tokenizer.json crosstrain cannot read (here the SentencePiece style of Llama 2
+// and Mistral: a Metaspace pre-tokenizer) trains on token-file data all the same -- the ids are
+// the data -- and its tokenizer files are copied beside the output; on text it is refused naming
+// the field.
 TEST(HfLlama, TrainsOnTokenFilesWhateverItsTokenizer) {
   const fs::path root = testing::fresh_temp_dir("hf_llama_ids_only");
   const fs::path dir = root / "model";
@@ -127,15 +127,10 @@ TEST(HfLlama, TrainsOnTokenFilesWhateverItsTokenizer) {
   for (const char* f : {"config.json", "model.safetensors"})
     fs::copy_file(fs::path(kModel) / f, dir / f);
   nlohmann::json tok = read_json_file(std::string(CT_TEST_DATA_DIR) + "/bpe/tokenizer.json");
-  nlohmann::json byte_level = tok["pre_tokenizer"];
-  byte_level["use_regex"] = false;
-  tok["pre_tokenizer"] = {{"type", "Sequence"},
-                          {"pretokenizers",
-                           {{{"type", "Split"},
-                             {"pattern", {{"Regex", "\\p{N}{1,3}"}}},
-                             {"behavior", "Isolated"},
-                             {"invert", false}},
-                            byte_level}}};
+  tok["pre_tokenizer"] = {{"type", "Metaspace"},
+                          {"replacement", "\u2581"},
+                          {"prepend_scheme", "first"},
+                          {"split", false}};
   write_json_file((dir / "tokenizer.json").string(), tok);
   const std::vector<int32_t> ids = make_byte_tokenizer()->encode(load_text(kText));
   write_llmc_token_file((root / "data.tok").string(), ids);
