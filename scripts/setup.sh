@@ -13,6 +13,7 @@ packages=(
   hipcc libamdhip64-dev                      # HIP compile check of the one kernel source (gfx90a, gfx1030)
   libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libgtest-dev libssl-dev
   libpcre2-dev                               # the GPT-2 pre-tokenization pattern (core/data)
+  libicu-dev                                 # NFC for tokenizer.json normalizers (core/data)
   fortunes                                   # the built-in default training text
   gnuplot-nox                                # charts of the benchmarks
   libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-tools spirv-cross spirv-tools

@@ -16,6 +16,7 @@
 #include <queue>
 #include <thread>
 
+#include "core/data/unicode_nfc.h"
 #include "core/error.h"
 #include "core/io/json_file.h"
 
@@ -481,8 +482,12 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
   auto refuse = [&](const std::string& field, const nlohmann::json& value, const char* why) {
     bad(path, "'" + field + "': " + value.dump() + " is not supported (" + why + ")");
   };
-  if (j.contains("normalizer") && !j["normalizer"].is_null())
-    refuse("normalizer", j["normalizer"], "GPT-2's tokenizer has no normalizer");
+  bool nfc = false;  // Qwen2's: Unicode NFC before the pre-tokenizer
+  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+    if (!j["normalizer"].is_object() || j["normalizer"].value("type", "") != "NFC")
+      refuse("normalizer", j["normalizer"], "only none or NFC");
+    nfc = true;
+  }
   nlohmann::json pre = j.value("pre_tokenizer", nlohmann::json());
   Digits digits = Digits::kNone;
   std::optional<std::string> split;  // a Split step's pattern
@@ -561,6 +566,7 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
   t.ignore_merges_ = m.value("ignore_merges", false);
   t.digits_ = digits;
   t.byte_regex_ = byte_regex;
+  t.nfc_ = nfc;
   if (split) {
     const std::optional<std::string> pcre = onig_to_pcre2(*split);
     if (!pcre)
@@ -618,6 +624,10 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
       }
       // `tokenizers` defaults: special tokens are matched before normalization, others after.
       const bool special = a.value("special", false);
+      // (matched in the text before NFC: only tokens that are matched there are supported)
+      if (nfc && a.value("normalized", !special))
+        refuse(where + ".normalized", a.value("normalized", !special),
+               "with an NFC normalizer, added tokens must be matched before normalization");
       t.added_.push_back({a["content"].get<std::string>(), a["id"].get<int32_t>(),
                           a.value("normalized", !special)});
     }
@@ -902,6 +912,17 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
 
 void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out,
                                State& state) const {
+  if (nfc_ && nfc_may_change(text)) {  // the normalizer, then the rest on its output
+    std::string normalized;
+    append_nfc(text, normalized);
+    encode_normalized(normalized, out, state);
+    return;
+  }
+  encode_normalized(text, out, state);
+}
+
+void BpeTokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out,
+                                     State& state) const {
   // ByteLevel's own step: GPT-2's pattern, or (use_regex false) the part as one piece
   auto byte_level = [&](std::string_view part) {
     if (byte_regex_)

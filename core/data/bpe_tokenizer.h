@@ -6,6 +6,8 @@
 //      number characters (\p{N}: one piece each with individual_digits, else one per run),
 //      every part going through step 3 on its own (checked against tokenizers 0.20.3:
 //      tests/data/bpe/digits_expected.json, scripts/make_bpe_digits_data.py);
+//   (with an NFC normalizer, as Qwen2's tokenizer.json has, each stretch is normalized first:
+//      ICU, core/data/unicode_nfc.h; its added tokens must be matched before normalization)
 //   2'. or with a Split step before ByteLevel (Sequence [Split, ByteLevel], as Meta Llama 3's
 //      tokenizer.json has it, behavior Isolated): the Split pattern's matches and the text
 //      between them are the parts (the pattern run by PCRE2, its \s and \S spelled as
@@ -52,7 +54,7 @@ class BpeTokenizer {
   // added_tokens, a ByteLevel pre-tokenizer without prefix space (alone, or after Digits or an
   // Isolated Split), a ByteLevel (or no) decoder, a ByteLevel or TemplateProcessing
   // post-processor (encode() is add_special_tokens=False: the template's tokens are not added),
-  // no normalizer, truncation or padding. Anything else -- another model
+  // no normalizer but NFC, no truncation or padding. Anything else -- another model
   // type, a normalizer, BPE dropout, an unknown-token fallback, an added token with lstrip/rstrip/
   // single_word -- is refused naming the file and the field.
   static BpeTokenizer from_tokenizer_json(const std::string& path);
@@ -109,6 +111,8 @@ class BpeTokenizer {
   // Appends the ids of one stretch without added tokens: split at number characters first when
   // the pre-tokenizer has a Digits step, then GPT-2's pattern (encode_pieces).
   void encode_text(std::string_view text, std::vector<int32_t>& out, State& state) const;
+  // encode_text after the normalizer (NFC where the tokenizer has one).
+  void encode_normalized(std::string_view text, std::vector<int32_t>& out, State& state) const;
   void encode_pieces(std::string_view text, std::vector<int32_t>& out, State& state) const;
   // One piece's ids through the piece cache (its bytes mapped to GPT-2's stand-ins and merged).
   void encode_cached(std::string_view piece, std::vector<int32_t>& out, State& state) const;
@@ -136,6 +140,7 @@ class BpeTokenizer {
   // A Split pre-tokenizer before ByteLevel (Llama 3): its regex's matches and the text between
   // them are the parts; split_cuts_: the pattern is Llama 3's, which encode_parallel may cut.
   bool split_ = false, split_cuts_ = false;
+  bool nfc_ = false;        // an NFC normalizer (Qwen2): encode_text normalizes each stretch
   bool byte_regex_ = true;  // ByteLevel's use_regex: GPT-2's pattern splits each part further
   std::unique_ptr<const Regex> regex_;
 };

@@ -231,6 +231,45 @@ TEST(BpeTokenizer, Llama3SplitThenByteLevelMatchesHuggingFaceTokenizers) {
   fs::remove_all(dir);
 }
 
+// Qwen2's shape: Llama 3's pattern with one digit a piece, behind an NFC normalizer (ICU);
+// the same texts, with decomposed letters, Hangul jamo, singletons and marks to reorder.
+TEST(BpeTokenizer, Qwen2NfcSplitThenByteLevelMatchesHuggingFaceTokenizers) {
+  const nlohmann::json g = read_json_file(kDir + "/split_expected.json")["qwen2"];
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ct_bpe_qwen2_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  nlohmann::json j = read_json_file(kDir + "/tokenizer.json");
+  for (const char* k : {"pre_tokenizer", "post_processor", "normalizer"}) j[k] = g["changes"][k];
+  j["model"]["ignore_merges"] = g["changes"]["ignore_merges"];
+  const std::string path = (dir / "tokenizer.json").string();
+  write_json_file(path, j);
+  const BpeTokenizer tok = BpeTokenizer::from_tokenizer_json(path);
+  int checked = 0;
+  for (const auto& c : g["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    EXPECT_EQ(tok.encode(text), c["ids"].get<std::vector<int32_t>>()) << text;
+    ++checked;
+  }
+  EXPECT_GE(checked, 240);
+  const std::string big = hostile_text(size_t{3} << 19, 5);
+  const std::vector<int32_t> serial = tok.encode(big);
+  for (int threads : {2, 3}) EXPECT_EQ(tok.encode_parallel(big, threads), serial);
+  // Invalid UTF-8 around a decomposed letter: the valid runs are normalized, the bytes kept.
+  const std::string bad = std::string("e\xcc\x81") + "\xff" + "a\xcc\x8a";
+  EXPECT_EQ(tok.decode(tok.encode(bad)), std::string("\xc3\xa9\xff\xc3\xa5"));
+  // An added token matched after normalization cannot be honoured: refused, naming it.
+  j["added_tokens"].push_back(
+      {{"id", 7}, {"content", "caf\u00e9"}, {"special", false}, {"normalized", true}});
+  write_json_file(path, j);
+  try {
+    (void)BpeTokenizer::from_tokenizer_json(path);
+    ADD_FAILURE() << "a normalized added token was accepted with NFC";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(".normalized"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 TEST(BpeTokenizer, ParallelEqualsSerial) {
   const BpeTokenizer& tok = tokenizer();
   for (uint32_t seed : {1u, 2u}) {
@@ -287,8 +326,8 @@ TEST(BpeTokenizer, RefusesWhatItDoesNotImplementNamingTheFile) {
   j["model"]["type"] = "WordPiece";
   refused("type.json", j, {"model.type", "WordPiece"});
   j = good;
-  j["normalizer"] = {{"type", "NFC"}};
-  refused("norm.json", j, {"normalizer", "NFC"});
+  j["normalizer"] = {{"type", "NFKC"}};  // (NFC is read: Qwen2's)
+  refused("norm.json", j, {"normalizer", "NFKC"});
   j = good;
   j["pre_tokenizer"]["add_prefix_space"] = true;
   refused("prefix.json", j, {"add_prefix_space"});
