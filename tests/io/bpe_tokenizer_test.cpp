@@ -180,34 +180,42 @@ TEST(BpeTokenizer, DigitsThenByteLevelMatchesHuggingFaceTokenizers) {
   fs::remove_all(dir);
 }
 
-// tests/data/bpe's tokenizer reshaped as Meta Llama 3's tokenizer.json is (a Split pre-tokenizer
-// with Llama 3's pattern before ByteLevel without its regex, ignore_merges, a BOS template
-// post-processor), against tokenizers 0.20.3's encode(text, add_special_tokens=False)
-// (tests/data/bpe/split_expected.json, scripts/make_bpe_split_data.py).
-TEST(BpeTokenizer, Llama3SplitThenByteLevelMatchesHuggingFaceTokenizers) {
-  const nlohmann::json g = read_json_file(kDir + "/split_expected.json");
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("ct_bpe_split_" + std::to_string(getpid()));
-  fs::create_directories(dir);
+// tests/data/bpe's tokenizer.json with a shape's changes (split_expected.json's "changes":
+// pre_tokenizer, post_processor, normalizer, model.ignore_merges) written to `path`; then
+// checked id for id on the shape's cases and, on any number of threads, on 1.5 MiB.
+nlohmann::json reshaped_tokenizer(const nlohmann::json& shape, const std::string& path) {
   nlohmann::json j = read_json_file(kDir + "/tokenizer.json");
-  j["pre_tokenizer"] = g["changes"]["pre_tokenizer"];
-  j["post_processor"] = g["changes"]["post_processor"];
-  j["model"]["ignore_merges"] = g["changes"]["ignore_merges"];
-  const std::string path = (dir / "tokenizer.json").string();
+  for (const char* k : {"pre_tokenizer", "post_processor", "normalizer"})
+    if (shape["changes"].contains(k)) j[k] = shape["changes"][k];
+  j["model"]["ignore_merges"] = shape["changes"]["ignore_merges"];
   write_json_file(path, j);
   const BpeTokenizer tok = BpeTokenizer::from_tokenizer_json(path);
   int checked = 0;
-  for (const auto& c : g["cases"]) {
+  for (const auto& c : shape["cases"]) {
     const std::string text = c["text"].get<std::string>();
     EXPECT_EQ(tok.encode(text), c["ids"].get<std::vector<int32_t>>()) << text;
     ++checked;
   }
   EXPECT_GE(checked, 240);
-  // Cut only before a ' ' between ASCII letters: the same ids on any number of threads.
   const std::string big = hostile_text(size_t{3} << 19, 4);
   const std::vector<int32_t> serial = tok.encode(big);
-  for (int threads : {2, 3}) EXPECT_EQ(tok.encode_parallel(big, threads), serial);
+  for (int threads : {2, 3}) EXPECT_EQ(tok.encode_parallel(big, threads), serial) << threads;
+  return j;
+}
+
+// tests/data/bpe's tokenizer reshaped as Meta Llama 3's tokenizer.json is (a Split pre-tokenizer
+// with Llama 3's pattern before ByteLevel without its regex, ignore_merges, a BOS template
+// post-processor), against tokenizers 0.20.3's encode(text, add_special_tokens=False)
+// (tests/data/bpe/split_expected.json, scripts/make_bpe_split_data.py). encode_parallel cuts
+// only before a ' ' between ASCII letters.
+TEST(BpeTokenizer, Llama3SplitThenByteLevelMatchesHuggingFaceTokenizers) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ct_bpe_split_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "tokenizer.json").string();
+  nlohmann::json j = reshaped_tokenizer(read_json_file(kDir + "/split_expected.json"), path);
   // Another Split pattern is never cut (its safe places are unknown), and still encodes.
+  const std::string big = hostile_text(size_t{3} << 19, 4);
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{L}+|\\s+";
   write_json_file(path, j);
   const BpeTokenizer other = BpeTokenizer::from_tokenizer_json(path);
@@ -234,26 +242,13 @@ TEST(BpeTokenizer, Llama3SplitThenByteLevelMatchesHuggingFaceTokenizers) {
 // Qwen2's shape: Llama 3's pattern with one digit a piece, behind an NFC normalizer (ICU);
 // the same texts, with decomposed letters, Hangul jamo, singletons and marks to reorder.
 TEST(BpeTokenizer, Qwen2NfcSplitThenByteLevelMatchesHuggingFaceTokenizers) {
-  const nlohmann::json g = read_json_file(kDir + "/split_expected.json")["qwen2"];
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("ct_bpe_qwen2_" + std::to_string(getpid()));
   fs::create_directories(dir);
-  nlohmann::json j = read_json_file(kDir + "/tokenizer.json");
-  for (const char* k : {"pre_tokenizer", "post_processor", "normalizer"}) j[k] = g["changes"][k];
-  j["model"]["ignore_merges"] = g["changes"]["ignore_merges"];
   const std::string path = (dir / "tokenizer.json").string();
-  write_json_file(path, j);
+  nlohmann::json j =
+      reshaped_tokenizer(read_json_file(kDir + "/split_expected.json")["qwen2"], path);
   const BpeTokenizer tok = BpeTokenizer::from_tokenizer_json(path);
-  int checked = 0;
-  for (const auto& c : g["cases"]) {
-    const std::string text = c["text"].get<std::string>();
-    EXPECT_EQ(tok.encode(text), c["ids"].get<std::vector<int32_t>>()) << text;
-    ++checked;
-  }
-  EXPECT_GE(checked, 240);
-  const std::string big = hostile_text(size_t{3} << 19, 5);
-  const std::vector<int32_t> serial = tok.encode(big);
-  for (int threads : {2, 3}) EXPECT_EQ(tok.encode_parallel(big, threads), serial);
   // Invalid UTF-8 around a decomposed letter: the valid runs are normalized, the bytes kept.
   const std::string bad = std::string("e\xcc\x81") + "\xff" + "a\xcc\x8a";
   EXPECT_EQ(tok.decode(tok.encode(bad)), std::string("\xc3\xa9\xff\xc3\xa5"));
