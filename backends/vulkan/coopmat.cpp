@@ -98,9 +98,12 @@ std::string cache_file_path(const std::string& prefix, const uint8_t* uuid,
 }
 
 std::string coopmat_verdict_path(const uint8_t* uuid, uint32_t driver_version, bool emulated) {
-  return cache_file_path(
-      "vulkan-coopmat-", uuid,
-      "-" + std::to_string(driver_version) + (emulated ? "-emulated" : "") + ".txt");
+  // (appended step by step: GCC 12 warns falsely (-Wrestrict) on "-" + std::string)
+  std::string suffix = "-";
+  suffix += std::to_string(driver_version);
+  if (emulated) suffix += "-emulated";
+  suffix += ".txt";
+  return cache_file_path("vulkan-coopmat-", uuid, suffix);
 }
 
 bool read_coopmat_verdict(const std::string& path, bool* ok, std::string* why) {
