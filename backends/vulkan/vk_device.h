@@ -106,11 +106,11 @@ class VulkanDevice final : public Device {
                 uint32_t gy = 1, uint32_t gz = 1) {
     dispatch_raw(id, nullptr, bindings.begin(), bindings.size(), &push, sizeof(Push), gx, gy, gz);
   }
-  // The same for a module specialized by `spec` (one pipeline per distinct spec).
+  // The same for a module specialized by `spec` (one pipeline per distinct spec; null: none).
   template <class Push>
-  void dispatch(ShaderId id, const PipelineSpec& spec, std::initializer_list<Bound> bindings,
+  void dispatch(ShaderId id, const PipelineSpec* spec, std::initializer_list<Bound> bindings,
                 const Push& push, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
-    dispatch_raw(id, &spec, bindings.begin(), bindings.size(), &push, sizeof(Push), gx, gy, gz);
+    dispatch_raw(id, spec, bindings.begin(), bindings.size(), &push, sizeof(Push), gx, gy, gz);
   }
   // Records one GEMM (ops/matmul.cpp); every binding must already fit (no splitting here).
   void gemm(const GemmCall& g);

@@ -410,11 +410,12 @@ void VulkanDevice::gemm(const GemmCall& g) {
   // split-k: the variant whose c is f32 writes the partials (hhf for hhh; fhh is not split)
   ShaderId part_id = id;
   bool splittable = false;
+  // tiles of 128 x 128 the product has: the rule for the big coopmat and tiled workgroups
+  const int64_t groups128 = g.batch * ((g.M + 127) / 128) * ((g.N + 127) / 128);
   if (cm) {  // whole tiles of c per workgroup, edges zero-filled in the shader
     CmPlan pl;
     const int forced = cm_tile_force_ ? cm_tile_force_ : env_int("CROSSTRAIN_VK_CM_TILE");
-    const int64_t big = g.batch * ((g.M + 127) / 128) * ((g.N + 127) / 128);
-    if (forced == 128 || (forced == 0 && big >= kBigTileGroups)) pl.wm = pl.wn = 64;
+    if (forced == 128 || (forced == 0 && groups128 >= kBigTileGroups)) pl.wm = pl.wn = 64;
     // the emulated build's f32 tiles: 128 x 128 with k 32 deep overflow 32 KiB of shared memory
     const uint32_t sg = cm_emu ? 32 : pd_.subgroup_size, esz = cm_emu ? 4 : 2;
     auto shared_bytes = [&] {
@@ -448,7 +449,6 @@ void VulkanDevice::gemm(const GemmCall& g) {
     tm = pl.tile_m(), tn = pl.tile_n();
     splittable = true;
   } else if (kind == MmKind::kTiled) {
-    const int64_t groups128 = g.batch * ((g.M + 127) / 128) * ((g.N + 127) / 128);
     const TiledConfig tc = tiled_config(info_.type == DeviceType::kDiscreteGpu, groups128,
                                         env_int("CROSSTRAIN_VK_TILED"), pd_.props.vendorID,
                                         pd_.subgroup_control, pd_.subgroup_min, pd_.subgroup_max,
@@ -484,10 +484,7 @@ void VulkanDevice::gemm(const GemmCall& g) {
                      g.batch * g.M * g.N, max_elems(4));
   }
   if (sk.S <= 1) {
-    if (spec)
-      dispatch(id, *spec, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
-    else
-      dispatch(id, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
+    dispatch(id, spec, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
     return;
   }
   // Split-k: S slices of K into f32 partials [batch * S][M][N], then their ordered sum with the
@@ -498,10 +495,7 @@ void VulkanDevice::gemm(const GemmCall& g) {
   pp.oc = pb.first, pp.scm = u32(g.N), pp.scb = u32(g.M * g.N);
   pp.has_bias = 0, pp.alpha = 1.0f, pp.beta = 0.0f;
   pp.ksplit = sk.S, pp.kchunk = sk.kchunk;
-  if (spec)
-    dispatch(part_id, *spec, {pb, g.a, g.b, pb}, pp, gx, gy, u32(g.batch * sk.S));
-  else
-    dispatch(part_id, {pb, g.a, g.b, pb}, pp, gx, gy, u32(g.batch * sk.S));
+  dispatch(part_id, spec, {pb, g.a, g.b, pb}, pp, gx, gy, u32(g.batch * sk.S));
   SplitkPush r{u32(g.M),     u32(g.N),     u32(g.batch), sk.S,       pb.first, g.c.first,
                u32(g.sc[1]), u32(g.sc[0]), g.bias.first, p.has_bias, g.alpha,  g.beta};
   auto grd = grid(uint64_t(g.batch) * g.M * g.N, 256);
