@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/io/json_file.h"
+#include "tests/common/test_data_dir.h"
 #include "tests/io/io_test_util.h"
 
 namespace ct {
@@ -24,7 +25,7 @@ using testing::expect_error;
 using testing::TempDir;
 using testing::write_bytes;
 
-const std::string kDir = std::string(CT_TEST_DATA_DIR) + "/bpe";
+const std::string kDir = ct::test::data_dir() + "/bpe";
 
 struct Case {
   std::string text;

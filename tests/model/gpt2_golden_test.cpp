@@ -8,6 +8,7 @@
 // weights 4.6e-6: 4-10x inside every bound.
 #include "core/model/gpt2.h"
 #include "tests/common/golden_check.h"
+#include "tests/common/test_data_dir.h"
 
 namespace ct {
 namespace {
@@ -21,7 +22,8 @@ void check(Device& d, const std::string& label) {
     const int64_t j = flat_index - p.offset;
     return j >= C && j < 2 * C;
   };
-  test::check_golden(d, model, CT_TEST_DATA_DIR "/golden/tiny_golden.safetensors", label, key_bias);
+  test::check_golden(d, model, ct::test::data_dir() + "/golden/tiny_golden.safetensors", label,
+                     key_bias);
 }
 
 TEST(ReferenceGPT2Golden, MatchesPyTorch) {

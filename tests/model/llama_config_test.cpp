@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/io/json_file.h"
+#include "tests/common/test_data_dir.h"
 
 namespace ct {
 namespace {
@@ -189,7 +190,7 @@ TEST(LlamaConfig, Llama3ScalingKeepsHighSlowsLowAndBlendsBetween) {
 // frequencies and LlamaRotaryEmbedding cos/sin, plain and llama3-scaled, read through the
 // config.json that transformers wrote.
 TEST(LlamaConfig, RopeTablesMatchTransformers) {
-  const nlohmann::json cases = read_json_file(std::string(CT_TEST_DATA_DIR) + "/llama/rope.json");
+  const nlohmann::json cases = read_json_file(ct::test::data_dir() + "/llama/rope.json");
   ASSERT_EQ(cases.size(), 2u);
   for (const auto& c : cases) {
     const std::string name = c["name"];

@@ -5,11 +5,12 @@
 // tolerances (tests/common/golden_check.h).
 #include "core/model/llama.h"
 #include "tests/common/golden_check.h"
+#include "tests/common/test_data_dir.h"
 
 namespace ct {
 namespace {
 
-const char* kGolden = CT_TEST_DATA_DIR "/golden/llama_tiny_golden.safetensors";
+const std::string kGolden = ct::test::data_dir() + "/golden/llama_tiny_golden.safetensors";
 
 TEST(ReferenceLlamaGolden, MatchesTransformers) {
   Llama model(test::ref(), LlamaConfig::preset("llama-tiny"));

@@ -13,6 +13,7 @@
 #include "core/train/train_args.h"
 #include "core/train/trainer.h"
 #include "tests/common/device_harness.h"
+#include "tests/common/test_data_dir.h"
 #include "tests/common/tiny_training.h"
 
 namespace ct::test {
@@ -25,8 +26,8 @@ using LoraTraining = DeviceTest;
 TrainArgs lora_run(const std::string& backend, const std::string& dir, bool bf16,
                    bool llama = false) {
   TrainArgs a;
-  a.model_name_or_path = std::string(CT_TEST_DATA_DIR) + (llama ? "/hf_llama" : "/hf_gpt2");
-  a.data = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
+  a.model_name_or_path = ct::test::data_dir() + (llama ? "/hf_llama" : "/hf_gpt2");
+  a.data = ct::test::data_dir() + "/text/harbour.txt";
   a.output_dir = dir;
   a.backend = backend;
   a.max_steps = 8;

@@ -13,6 +13,7 @@
 
 #include "core/optim/quant_map.h"
 #include "tests/common/device_harness.h"
+#include "tests/common/test_data_dir.h"
 
 namespace ct::test {
 namespace {
@@ -21,7 +22,7 @@ using nlohmann::json;
 
 const json& golden() {
   static json j = [] {
-    std::ifstream f(std::string(CT_TEST_DATA_DIR) + "/optim/optim_golden.json");
+    std::ifstream f(ct::test::data_dir() + "/optim/optim_golden.json");
     EXPECT_TRUE(f.good()) << "missing tests/data/optim/optim_golden.json";
     return json::parse(f);
   }();

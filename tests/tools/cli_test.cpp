@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/common/test_data_dir.h"
+
 namespace {
 namespace fs = std::filesystem;
 
@@ -40,7 +42,7 @@ class Cli : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     out_ = (dir_ / "out").string();
-    data_ = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
+    data_ = ct::test::data_dir() + "/text/harbour.txt";
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string small() const {
@@ -161,7 +163,7 @@ TEST_F(Cli, UnderscoreFlagsAndEvalJson) {
 
 TEST_F(Cli, PrepareDataThenTrainAndEvalOnTokenFiles) {
   const std::string tok = (dir_ / "harbour.tok").string();
-  const std::string bpe = std::string(CT_TEST_DATA_DIR) + "/bpe";
+  const std::string bpe = ct::test::data_dir() + "/bpe";
   ProcResult p = run("prepare-data --tokenizer " + bpe + " --data " + data_ + " --output " + tok);
   ASSERT_EQ(p.status, 0) << p.output;
   EXPECT_NE(p.output.find("tokens from 1417 bytes"), std::string::npos) << p.output;

@@ -22,6 +22,7 @@
 #include "core/train/evaluate.h"
 #include "core/train/model_files.h"
 #include "core/train/trainer.h"
+#include "tests/common/test_data_dir.h"
 #include "tests/train/train_test_util.h"
 
 namespace ct {
@@ -79,7 +80,7 @@ double eval_loss(const std::string& dir) {
   auto device = open_device("cpu");
   auto model = load_model(dir, *device);
   std::vector<int32_t> tokens =
-      make_byte_tokenizer()->encode(load_text(std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt"));
+      make_byte_tokenizer()->encode(load_text(ct::test::data_dir() + "/text/harbour.txt"));
   model->allocate_activations(4, 32);
   return evaluate(*model, tokens, 32, 4, 8).loss;
 }
@@ -212,7 +213,7 @@ TEST(HfCheckpoint, FineTunesFromAFolderAndCarriesTheTokenizer) {
   fs::path start = root / "start";
   fs::create_directories(start);
   for (const char* f : {"tokenizer.json", "vocab.json", "merges.txt"})
-    fs::copy_file(std::string(CT_TEST_DATA_DIR) + "/bpe/" + f, start / f);
+    fs::copy_file(ct::test::data_dir() + "/bpe/" + f, start / f);
   nlohmann::json config = read_json_file((base / "config.json").string());
   config["vocab_size"] = 1111;
   config["bos_token_id"] = 0;

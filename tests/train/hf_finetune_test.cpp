@@ -19,14 +19,15 @@
 #include "core/train/evaluate.h"
 #include "core/train/model_files.h"
 #include "core/train/trainer.h"
+#include "tests/common/test_data_dir.h"
 #include "tests/train/train_test_util.h"
 
 namespace ct {
 namespace {
 namespace fs = std::filesystem;
 
-const std::string kModel = std::string(CT_TEST_DATA_DIR) + "/hf_gpt2";
-const std::string kText = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
+const std::string kModel = ct::test::data_dir() + "/hf_gpt2";
+const std::string kText = ct::test::data_dir() + "/text/harbour.txt";
 
 // The eval loss `crosstrain eval --model-path dir --data harbour.txt` reports.
 double eval_on_text(const std::string& dir, int B, int T) {

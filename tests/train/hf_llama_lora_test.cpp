@@ -25,13 +25,14 @@
 #include "core/train/evaluate.h"
 #include "core/train/model_files.h"
 #include "core/train/trainer.h"
+#include "tests/common/test_data_dir.h"
 #include "tests/train/train_test_util.h"
 
 namespace ct {
 namespace {
 namespace fs = std::filesystem;
 
-const std::string kData = std::string(CT_TEST_DATA_DIR);
+const std::string kData = ct::test::data_dir();
 const std::string kText = kData + "/text/harbour.txt";
 
 std::vector<float> floats(const SafetensorsFile& f, const std::string& name) {

@@ -22,15 +22,16 @@
 #include "core/train/evaluate.h"
 #include "core/train/model_files.h"
 #include "core/train/trainer.h"
+#include "tests/common/test_data_dir.h"
 #include "tests/train/train_test_util.h"
 
 namespace ct {
 namespace {
 namespace fs = std::filesystem;
 
-const std::string kModel = std::string(CT_TEST_DATA_DIR) + "/hf_llama";
-const std::string kQwen2 = std::string(CT_TEST_DATA_DIR) + "/hf_qwen2";
-const std::string kText = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
+const std::string kModel = ct::test::data_dir() + "/hf_llama";
+const std::string kQwen2 = ct::test::data_dir() + "/hf_qwen2";
+const std::string kText = ct::test::data_dir() + "/text/harbour.txt";
 
 double eval_on_text(const std::string& dir, int B, int T) {
   auto device = open_device("cpu");
@@ -126,7 +127,7 @@ TEST(HfLlama, TrainsOnTokenFilesWhateverItsTokenizer) {
   fs::create_directories(dir);
   for (const char* f : {"config.json", "model.safetensors"})
     fs::copy_file(fs::path(kModel) / f, dir / f);
-  nlohmann::json tok = read_json_file(std::string(CT_TEST_DATA_DIR) + "/bpe/tokenizer.json");
+  nlohmann::json tok = read_json_file(ct::test::data_dir() + "/bpe/tokenizer.json");
   tok["pre_tokenizer"] = {{"type", "Metaspace"},
                           {"replacement", "\u2581"},
                           {"prepend_scheme", "first"},

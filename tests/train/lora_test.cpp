@@ -25,14 +25,15 @@
 #include "core/train/evaluate.h"
 #include "core/train/model_files.h"
 #include "core/train/trainer.h"
+#include "tests/common/test_data_dir.h"
 #include "tests/train/train_test_util.h"
 
 namespace ct {
 namespace {
 namespace fs = std::filesystem;
 
-const std::string kBase = std::string(CT_TEST_DATA_DIR) + "/hf_gpt2";
-const std::string kText = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
+const std::string kBase = ct::test::data_dir() + "/hf_gpt2";
+const std::string kText = ct::test::data_dir() + "/text/harbour.txt";
 
 std::vector<float> floats(const SafetensorsFile& f, const std::string& name) {
   std::vector<float> v(static_cast<size_t>(f.info(name).numel()));

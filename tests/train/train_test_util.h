@@ -13,6 +13,7 @@
 
 #include "core/io/read_file.h"
 #include "core/train/train_args.h"
+#include "tests/common/test_data_dir.h"
 
 namespace ct::testing {
 namespace fs = std::filesystem;
@@ -35,7 +36,7 @@ inline TrainArgs small_model_args(const fs::path& output_dir) {
   a.n_head = 2;
   a.n_embd = 32;
   a.block_size = 32;
-  a.data = std::string(CT_TEST_DATA_DIR) + "/text/harbour.txt";
+  a.data = ct::test::data_dir() + "/text/harbour.txt";
   a.output_dir = output_dir.string();
   a.logging_steps = 1;
   a.eval_steps = 0;
