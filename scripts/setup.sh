@@ -17,6 +17,7 @@ packages=(
   fortunes                                   # the built-in default training text
   gnuplot-nox                                # charts of the benchmarks
   libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-tools spirv-cross spirv-tools
+  patchelf                                   # $ORIGIN RUNPATHs of the GPU-check bundle (scripts/bundle.sh)
 )
 packages_only=0
 for arg in "$@"; do
