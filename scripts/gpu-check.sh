@@ -1,16 +1,88 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA or AMD GPU: build, run the conformance suites and the end-to-end
-# parity tests on that GPU, benchmark the GEMM (the own kernel against cuBLASLt / rocBLAS) and
-# training throughput (tiny and gpt2; PyTorch beside it when installed); where the GPU also has a
-# Vulkan driver, the same on Vulkan (its conformance suites, the coopmat verdict, the coopmat and
-# tiled GEMMs against the library, tokens/s against the native backend); and write a report:
-#   bench/gpu-check-<date>/report.md and report.json (plus the raw logs).
-# Without a GPU it says so and exits 77 (skipped).
-#   bash scripts/gpu-check.sh [--quick]      --quick: fewer benchmark iterations and steps
+# On a machine with an NVIDIA or AMD GPU: the conformance suites and the end-to-end parity tests
+# on that GPU (and on its Vulkan driver), the GEMM benchmarks (cuBLASLt / rocBLAS, the own
+# kernel, Vulkan), training tokens/s of tiny, gpt2 (batch 16) and smollm-135m in fp32, tf32 and
+# bf16, PyTorch on the same GPU when it is importable (eager with SDPA and fused AdamW, and
+# torch.compile), llm.c when given; a report written as it goes (a run cut short still reports):
+#   <out>/report.md, report.json, steps.tsv, and every step's log.
+#
+#   bash scripts/gpu-check.sh --bundle FILE [--llmc PATH] [--out DIR] [--budget S] [--quick]
+#       runs everything from a bundle (scripts/bundle.sh: a .tar.xz, or its unpacked folder) with
+#       no build: what a bare GPU machine can do (/work/shared/GPU.md)
+#   bash scripts/gpu-check.sh [--llmc PATH] [--out DIR] [--budget S] [--quick]
+#       builds here first (cmake's release preset with the GPU's plugin), then the same
+#   --llmc PATH   llm.c's train_gpt2cu (or the folder holding it): gpt2 bf16 tokens/s beside it
+#   --out DIR     where the report goes (default bench/gpu-check-<date>)
+#   --budget S    seconds for all steps (default 450: one 8-minute call, unpacking included);
+#                 each step runs under `timeout`, one that would not fit is skipped and says so
+#   --quick       fewer steps and benchmark iterations
+#   --check-only  check (and unpack) the bundle, then stop: no GPU needed
+# Every step runs even when an earlier one failed; the exit status is 0 only when the GPU's
+# suites passed. Without a GPU: exit 77 (skipped), after the bundle was checked.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-quick=0
-[ "${1:-}" = "--quick" ] && quick=1
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# The backend plugin ABI this script's steps were written for (core/device.h kBackendAbiVersion;
+# tests/tools/bundle_test.sh fails when they differ). A bundle built for another is refused.
+expected_abi=7
+bundle_format=1
+
+bundle="" llmc="" out="" budget=450 quick=0 check_only=0
+while (($#)); do
+  case "$1" in
+    --bundle) bundle="${2:?gpu-check: --bundle needs a file}"; shift 2 ;;
+    --llmc) llmc="${2:?gpu-check: --llmc needs a path}"; shift 2 ;;
+    --out) out="${2:?gpu-check: --out needs a folder}"; shift 2 ;;
+    --budget) budget="${2:?gpu-check: --budget needs seconds}"; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --check-only) check_only=1; shift ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+start=$(date +%s)
+deadline=$((start + budget))
+[ -n "$out" ] || out="bench/gpu-check-$(date -u +%Y%m%d-%H%M%S)"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+refuse() { echo "gpu-check: refusing --bundle '$bundle': $*" >&2; exit 2; }
+log() { echo "gpu-check: $*" | tee -a "$out/gpu-check.log"; }
+
+# ---- the bundle: checked before anything else (no GPU needed for that) -----------------------
+if [ -n "$bundle" ]; then
+  if [ -d "$bundle" ]; then
+    top="$(cd "$bundle" && pwd)"
+    [ -f "$top/bundle.json" ] || refuse "the folder has no bundle.json manifest (found: $(ls "$top" | head -5 | tr '\n' ' '))"
+  elif [ -f "$bundle" ]; then
+    rm -rf "$out/bundle"
+    mkdir -p "$out/bundle"
+    if ! err="$(tar -C "$out/bundle" -xJf "$bundle" 2>&1)"; then
+      rm -rf "$out/bundle"
+      refuse "not an xz-compressed tar archive (tar: $(echo "$err" | head -2 | tr '\n' ' '); file: $(file -b "$bundle" 2>/dev/null || echo '?'))"
+    fi
+    top="$out/bundle/crosstrain-bundle"
+    if [ ! -f "$top/bundle.json" ]; then
+      found="$(cd "$out/bundle" && find . -maxdepth 2 | sed -n '2,6p' | tr '\n' ' ')"
+      rm -rf "$out/bundle"
+      refuse "no crosstrain-bundle/bundle.json manifest in the archive (found: ${found:-nothing})"
+    fi
+  else
+    refuse "no such file"
+  fi
+  format="$(sed -n 's/^ *"format": *\([0-9][0-9]*\).*/\1/p' "$top/bundle.json" | head -1)"
+  abi="$(sed -n 's/^ *"backend_abi": *\([0-9][0-9]*\).*/\1/p' "$top/bundle.json" | head -1)"
+  [ "$format" = "$bundle_format" ] || refuse "bundle.json has format '${format:-none}', this script reads format $bundle_format"
+  [ "$abi" = "$expected_abi" ] || refuse "bundle.json says backend ABI '${abi:-none}', this gpu-check expects $expected_abi (make the bundle from the same commit: scripts/bundle.sh)"
+  for f in crosstrain test_ops test_model device_gemm_bench; do
+    [ -x "$top/bin/$f" ] || refuse "bin/$f is missing from it"
+  done
+  bin="$top/bin"
+  data="$top/data/fortunes"
+  log "bundle $bundle: commit $(sed -n 's/^ *"git_commit": *"\(.*\)".*/\1/p' "$top/bundle.json"), ABI $abi, in $top"
+fi
+if ((check_only)); then
+  [ -n "$bundle" ] || { echo "gpu-check: --check-only checks a --bundle" >&2; exit 2; }
+  exit 0
+fi
 
 backend=""
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -19,175 +91,196 @@ elif [ -e /dev/kfd ] && command -v rocminfo >/dev/null 2>&1 && rocminfo 2>/dev/n
   backend=hip
 fi
 if [ -z "$backend" ]; then
-  echo "gpu-check: no NVIDIA (nvidia-smi) or AMD (/dev/kfd + rocminfo) GPU on this machine: skipped"
+  log "no NVIDIA (nvidia-smi) or AMD (/dev/kfd + rocminfo) GPU on this machine: skipped"
   exit 77
 fi
 
-out="bench/gpu-check-$(date -u +%Y%m%d-%H%M%S)"
-mkdir -p "$out"
-log() { echo "gpu-check: $*" | tee -a "$out/gpu-check.log"; }
-
-log "building (release preset, $backend plugin)"
-opts=(-DCT_BACKEND_CUDA=OFF -DCT_BACKEND_HIP=OFF)
-[ "$backend" = cuda ] && opts=(-DCT_BACKEND_CUDA=ON -DCT_BACKEND_HIP=OFF)
-[ "$backend" = hip ] && opts=(-DCT_BACKEND_CUDA=OFF -DCT_BACKEND_HIP=ON)
-cmake --preset release "${opts[@]}" >"$out/configure.log" 2>&1
-cmake --build --preset release -j"$(nproc)" >"$out/build.log" 2>&1
-build/bin/crosstrain devices >"$out/devices.txt" 2>&1
-build/bin/crosstrain devices --json >"$out/devices.json" 2>&1
-if ! grep -q "^  $backend:0" "$out/devices.txt"; then
-  log "the $backend backend lists no device:"; grep "^$backend" "$out/devices.txt" | tee -a "$out/gpu-check.log"
-  exit 1
+if [ -z "$bundle" ]; then
+  repo="$(cd "$here/.." && pwd)"
+  log "building (release preset, $backend plugin)"
+  opts=(-DCT_BACKEND_CUDA=OFF -DCT_BACKEND_HIP=OFF)
+  [ "$backend" = cuda ] && opts=(-DCT_BACKEND_CUDA=ON -DCT_BACKEND_HIP=OFF)
+  [ "$backend" = hip ] && opts=(-DCT_BACKEND_CUDA=OFF -DCT_BACKEND_HIP=ON)
+  (cd "$repo" && cmake --preset release "${opts[@]}" && cmake --build --preset release -j"$(nproc)") \
+    >"$out/build.log" 2>&1 || { log "the build failed: $out/build.log"; exit 1; }
+  bin="$repo/build/bin"
+  data=""  # crosstrain's built-in default (Debian's fortunes)
+  [ -d /usr/share/games/fortunes ] || data="$repo/tests/data/text/harbour.txt"
 fi
+data_flag=()
+[ -n "$data" ] && data_flag=(--data "$data")
 
-log "conformance suites and end-to-end parity on ${backend}:0"
-set +e
-build/bin/test_ops --gtest_filter="*/${backend}_0" --gtest_output="json:$out/test_ops.json" \
-  >"$out/test_ops.log" 2>&1
-ops_rc=$?
-build/bin/test_model --gtest_filter="*/${backend}_0" --gtest_output="json:$out/test_model.json" \
-  >"$out/test_model.log" 2>&1
-model_rc=$?
-set -e
-
-iters=20; steps=50
-[ "$quick" = 1 ] && iters=5 && steps=10
-log "GEMM: cuBLASLt/rocBLAS, then the own kernel"
-build/bin/device_gemm_bench --device "${backend}:0" --iters "$iters" --json "$out/gemm_library.json" \
-  >"$out/gemm_library.txt" 2>&1
-CT_GPU_GEMM=own build/bin/device_gemm_bench --device "${backend}:0" --iters "$iters" \
-  --json "$out/gemm_own.json" >"$out/gemm_own.txt" 2>&1
-
-log "training throughput"
-for model in tiny gpt2; do
-  for prec in "" --bf16; do
-    tag="${model}${prec:+-bf16}"
-    set +e
-    build/bin/crosstrain train --backend "${backend}:0" --model "$model" --max-steps "$steps" \
-      --eval-steps 0 --sample-tokens 0 --no-progress $prec --output-dir "$out/run-$tag" \
-      >"$out/train-$tag.log" 2>&1
-    set -e
+# ---- the environment of every crosstrain process ---------------------------------------------
+# Only the bundle's own RUNPATHs, plus CUDA's cuBLASLt. Vulkan without the Khronos validation
+# layer (not installed on a bare GPU machine), on the GPU's own driver.
+ct_env=(env CROSSTRAIN_VK_VALIDATION=0 VK_INSTANCE_LAYERS= OMP_WAIT_POLICY=passive)
+libpath=""
+[ -d /usr/local/cuda/lib64 ] && libpath=/usr/local/cuda/lib64
+[ -d /opt/rocm/lib ] && libpath="${libpath:+$libpath:}/opt/rocm/lib"
+[ -z "$bundle" ] && [ -n "${LD_LIBRARY_PATH:-}" ] && libpath="${libpath:+$libpath:}$LD_LIBRARY_PATH"
+ct_env+=(LD_LIBRARY_PATH="$libpath")
+# The GPU vendor's Vulkan driver (its ICD manifest), so that the loader opens no other.
+icd=""
+icd_names=(nvidia_icd)
+[ "$backend" = hip ] && icd_names=(amd_icd radeon_icd)
+for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
+  for n in "${icd_names[@]}"; do
+    for f in "$d/$n"*.json; do
+      [ -f "$f" ] && [ -z "$icd" ] && icd="$f"
+    done
   done
 done
-# PyTorch beside it, on the same GPU, same models, batch and steps (scripts/torch_train.py: the
-# same GPT-2 step in eager PyTorch, fp32 and bf16 autocast), when a PyTorch that sees the GPU is
-# installed.
-torch_note="not installed (or it does not see the GPU): no comparison"
-if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  torch_note="$(python3 -c 'import torch; print("torch", torch.__version__)') on the same GPU"
-  log "PyTorch: $torch_note"
-  for model in tiny gpt2; do
-    for prec in "" --bf16; do
-      tag="${model}${prec:+-bf16}"
-      set +e
-      python3 scripts/torch_train.py --device cuda --model "$model" --batch 4 --steps "$steps" \
-        $prec --json "$out/torch-$tag.json" >"$out/torch-$tag.log" 2>&1
-      set -e
-    done
-  done
-fi
+[ -n "$icd" ] && ct_env+=(VK_DRIVER_FILES="$icd" VK_ICD_FILENAMES="$icd")
 
-# The same GPU through Vulkan (issue #12's figures), where a Vulkan GPU device is listed.
-vk="$(grep -E '^  vulkan:[0-9]+ .*\[(discrete|integrated)-gpu\]' "$out/devices.txt" | head -1 | awk '{print $1}' || true)"
-if [ -n "$vk" ]; then
-  log "Vulkan on $vk: conformance suites, GEMM (coopmat where its self-test passed, tiled), training"
+# ---- steps -------------------------------------------------------------------------------------
+steps="$out/steps.tsv"
+printf 'step\tstatus\texit\tseconds\tlog\n' >"$steps"
+report() {
+  python3 "$here/gpu_check_report.py" "$out" "$backend" "${vk:-}" "${bundle:-}" "${icd:-}" \
+    >/dev/null 2>"$out/report.err" || log "the report failed: $out/report.err"
+}
+# step NAME MAX_SECONDS LOG COMMAND...: runs COMMAND under timeout (at most MAX_SECONDS, less
+# when the budget has less left; skipped under 10 s), records it, rewrites the report.
+step() {
+  local name="$1" max="$2" logf="$3" left t t0 rc status
+  shift 3
+  left=$((deadline - $(date +%s)))
+  if ((left < 10)); then
+    printf '%s\tskipped (time budget)\t-\t0\t-\n' "$name" >>"$steps"
+    log "$name: skipped, ${left}s left of the ${budget}s budget"
+    report
+    return 0
+  fi
+  t=$((max < left ? max : left))
+  log "$name (at most ${t}s)"
+  t0=$(date +%s.%N)
   set +e
-  build/bin/test_ops --gtest_filter="*/${vk/:/_}" --gtest_output="json:$out/test_ops_vulkan.json" \
-    >"$out/test_ops_vulkan.log" 2>&1
-  build/bin/test_vulkan --gtest_output="json:$out/test_vulkan.json" >"$out/test_vulkan.log" 2>&1
-  build/bin/device_gemm_bench --device "$vk" --iters "$iters" --json "$out/gemm_vulkan.json" \
-    >"$out/gemm_vulkan.txt" 2>&1
-  CROSSTRAIN_VK_COOPMAT=0 build/bin/device_gemm_bench --device "$vk" --iters "$iters" \
-    --json "$out/gemm_vulkan_tiled.json" >"$out/gemm_vulkan_tiled.txt" 2>&1
-  for model in tiny gpt2; do
-    for prec in "" --bf16; do
-      tag="${model}${prec:+-bf16}"
-      build/bin/crosstrain train --backend "$vk" --model "$model" --max-steps "$steps" \
-        --eval-steps 0 --sample-tokens 0 --no-progress $prec --output-dir "$out/run-vulkan-$tag" \
-        >"$out/vulkan-train-$tag.log" 2>&1
-    done
-  done
+  timeout -k 5 "$t" "$@" >"$out/$logf" 2>&1
+  rc=$?
   set -e
-  build/bin/crosstrain devices 2>&1 | grep -E "coopmat GEMM|matmul variant" >"$out/vulkan_coopmat.txt" || true
+  case "$rc" in
+    0) status=ok ;;
+    124|137) status="timed out after ${t}s" ;;
+    139) status="SIGSEGV" ;;
+    *) status=failed ;;
+  esac
+  printf '%s\t%s\t%s\t%.1f\t%s\n' "$name" "$status" "$rc" \
+    "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')" "$logf" >>"$steps"
+  report
+}
+
+step devices 30 devices.txt "${ct_env[@]}" "$bin/crosstrain" devices
+"${ct_env[@]}" timeout 30 "$bin/crosstrain" devices --json >"$out/devices.json" 2>/dev/null || true
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+  rocminfo 2>/dev/null | grep -m1 'Marketing Name' || true; } >"$out/gpu.txt"
+vk="$(grep -E '^ *vulkan:[0-9]+ .*\[(discrete|integrated)-gpu\]' "$out/devices.txt" | head -1 | awk '{print $1}' || true)"
+if ! grep -qE "^ *$backend:0" "$out/devices.txt"; then
+  log "the $backend backend lists no device: see $out/devices.txt"
 fi
 
-python3 - "$out" "$backend" "$ops_rc" "$model_rc" "$torch_note" <<'PY'
-import json, os, re, sys
-out, backend, ops_rc, model_rc, torch_note = sys.argv[1:]
-def tests(name):
-    p = os.path.join(out, name)
-    if not os.path.exists(p): return {"ran": False}
-    j = json.load(open(p))
-    return {"ran": True, "tests": j.get("tests", 0), "failures": j.get("failures", 0),
-            "disabled": j.get("disabled", 0)}
-def gemm(name):
-    p = os.path.join(out, name)
-    return json.load(open(p))["rows"] if os.path.exists(p) else []
-lib, own = gemm("gemm_library.json"), gemm("gemm_own.json")
-throughput = {}
-for f in sorted(os.listdir(out)):
-    m = re.match(r"train-(.*)\.log$", f)
-    if not m: continue
-    t = re.findall(r"throughput\s+([\d,.]+) tokens/s", open(os.path.join(out, f)).read())
-    throughput[m.group(1)] = float(t[-1].replace(",", "")) if t else None
-torch_tps = {}
-for f in sorted(os.listdir(out)):
-    m = re.match(r"torch-(.*)\.json$", f)
-    if not m: continue
-    steps = [r["tokens_per_s"] for r in json.load(open(os.path.join(out, f)))["steps"]][3:]
-    torch_tps[m.group(1)] = sorted(steps)[len(steps) // 2] if steps else None  # median, warm
-devices = open(os.path.join(out, "devices.txt")).read()
-report = {"backend": backend, "test_ops": tests("test_ops.json"), "test_model": tests("test_model.json"),
-          "test_ops_exit": int(ops_rc), "test_model_exit": int(model_rc), "gemm_library": lib,
-          "gemm_own": own, "tokens_per_s": throughput, "pytorch": torch_note,
-          "pytorch_tokens_per_s": torch_tps}
-json.dump(report, open(os.path.join(out, "report.json"), "w"), indent=2)
-md = [f"# gpu-check on {backend}:0", "", "```", devices.strip(), "```", "",
-      "## Tests", "", "| suite | tests | failures | exit |", "|---|---|---|---|"]
-for s in ("test_ops", "test_model"):
-    r = report[s]
-    md.append(f"| {s} | {r.get('tests','-')} | {r.get('failures','-')} | {report[s + '_exit']} |")
-md += ["", "## GEMM (GFLOP/s, median)", "", "| dtype | shape | library | own | own / library |", "|---|---|---|---|---|"]
-for a, b in zip(lib, own):
-    ratio = b["gflops"] / a["gflops"] if a["gflops"] else 0
-    md.append(f"| {a['dtype']} | {a['shape']} {a['M']}x{a['N']}x{a['K']} | {a['gflops']:.0f} | {b['gflops']:.0f} | {ratio:.2f} |")
-md += ["", "## Training throughput (tokens/s)", "", "| run | crosstrain | PyTorch | crosstrain / PyTorch |",
-       "|---|---|---|---|"]
-for k, v in throughput.items():
-    t = torch_tps.get(k)
-    ratio = f"{v / t:.2f}" if v and t else "-"
-    md.append(f"| {k} | {v if v is not None else 'failed (see log)'} | {f'{t:.0f}' if t else '-'} | {ratio} |")
-md += ["", f"PyTorch: {torch_note}", ""]
-vk_lib, vk_tiled = gemm("gemm_vulkan.json"), gemm("gemm_vulkan_tiled.json")
-if vk_lib:
-    cm = open(os.path.join(out, "vulkan_coopmat.txt")).read().strip() if os.path.exists(
-        os.path.join(out, "vulkan_coopmat.txt")) else ""
-    md += ["## Vulkan on the same GPU", "", "```", cm, "```", "",
-           "| suite | tests | failures |", "|---|---|---|"]
-    for s in ("test_ops_vulkan", "test_vulkan"):
-        r = tests(s + ".json")
-        md.append(f"| {s} | {r.get('tests','-')} | {r.get('failures','-')} |")
-    md += ["", "GEMM, GFLOP/s (default: coopmat for f16 where its self-test passed, else tiled; "
-           "tiled: CROSSTRAIN_VK_COOPMAT=0). Targets: coopmat 60 %, tiled 30 % of the library.", "",
-           "| dtype | shape | library | vulkan default | / library | vulkan tiled | / library |",
-           "|---|---|---|---|---|---|---|"]
-    for a, b, c in zip(lib, vk_lib, vk_tiled or vk_lib):
-        r1 = b["gflops"] / a["gflops"] if a["gflops"] else 0
-        r2 = c["gflops"] / a["gflops"] if a["gflops"] else 0
-        md.append(f"| {a['dtype']} | {a['shape']} | {a['gflops']:.0f} | {b['gflops']:.0f} | {r1:.2f} | {c['gflops']:.0f} | {r2:.2f} |")
-    md += ["", "| run | native | vulkan | vulkan / native |", "|---|---|---|---|"]
-    for f in sorted(os.listdir(out)):
-        m = re.match(r"vulkan-train-(.*)\.log$", f)
-        if not m: continue
-        t = re.findall(r"throughput\s+([\d,.]+) tokens/s", open(os.path.join(out, f)).read())
-        v = float(t[-1].replace(",", "")) if t else None
-        n = throughput.get(m.group(1))
-        md.append(f"| {m.group(1)} | {n} | {v if v is not None else 'failed (see log)'} | {f'{v / n:.2f}' if v and n else '-'} |")
-    report["vulkan"] = {"gemm": vk_lib, "gemm_tiled": vk_tiled, "coopmat": cm}
-    json.dump(report, open(os.path.join(out, "report.json"), "w"), indent=2)
-    md.append("")
-open(os.path.join(out, "report.md"), "w").write("\n".join(md))
-print("\n".join(md))
+tests() {  # tests SUITE DEVICE MAX_SECONDS
+  local tag="$1_${2/:/_}"
+  step "$1 on $2" "$3" "$tag.log" "${ct_env[@]}" "$bin/$1" --gtest_filter="*/${2/:/_}" \
+    --gtest_output="json:$out/$tag.json"
+}
+tests test_ops "$backend:0" 120
+tests test_model "$backend:0" 150
+if [ -n "$vk" ]; then tests test_ops "$vk" 120; fi
+
+# Training tokens/s: the median of the steps after the first three (metrics.jsonl, one record a
+# step); the run's weights are deleted (only the numbers are kept).
+train() {  # train DEVICE MODEL BATCH STEPS PRECISION MAX_SECONDS
+  local dev="$1" model="$2" batch="$3" n="$4" prec="$5" max="$6" tag flags=()
+  tag="train-${dev/:/_}-$model-$prec"
+  [ "$prec" = bf16 ] && flags=(--bf16)
+  [ "$prec" = tf32 ] && flags=(--tf32)
+  step "crosstrain $model $prec on $dev" "$max" "$tag.log" "${ct_env[@]}" "$bin/crosstrain" train \
+    --backend "$dev" --model "$model" --per-device-train-batch-size "$batch" --max-steps "$n" \
+    --logging-steps 1 --eval-steps 0 --max-eval-batches 1 --sample-tokens 0 --no-progress \
+    "${flags[@]}" "${data_flag[@]}" --output-dir "$out/$tag"
+  find "$out/$tag" -name '*.safetensors' -delete 2>/dev/null || true
+}
+s_tiny=30 s_gpt2=12 s_smol=10 iters=10
+((quick)) && s_tiny=10 s_gpt2=6 s_smol=6 iters=3
+for prec in fp32 tf32 bf16; do
+  train "$backend:0" tiny 4 "$s_tiny" "$prec" 40
+  train "$backend:0" gpt2 16 "$s_gpt2" "$prec" 60
+  train "$backend:0" smollm-135m 4 "$s_smol" "$prec" 60
+done
+
+step "GEMM library on $backend:0" 60 gemm_library.log "${ct_env[@]}" "$bin/device_gemm_bench" \
+  --device "$backend:0" --iters "$iters" --json "$out/gemm_library.json"
+step "GEMM own kernel on $backend:0" 60 gemm_own.log "${ct_env[@]}" CT_GPU_GEMM=own \
+  "$bin/device_gemm_bench" --device "$backend:0" --iters "$iters" --json "$out/gemm_own.json"
+if [ -n "$vk" ]; then
+  step "GEMM on $vk" 60 gemm_vulkan.log "${ct_env[@]}" "$bin/device_gemm_bench" \
+    --device "$vk" --iters "$iters" --json "$out/gemm_vulkan.json"
+fi
+
+# PyTorch on the same GPU, same models, batch and data (scripts/torch_train.py).
+if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+  python3 -c 'import torch; print("torch", torch.__version__)' >"$out/torch_version.txt" 2>&1
+  torch_run() {  # torch_run TAG MAX_SECONDS ARGS...
+    local tag="$1" max="$2"
+    shift 2
+    step "PyTorch $tag" "$max" "torch-$tag.log" python3 "$here/torch_train.py" --device cuda \
+      "${data_flag[@]}" --json "$out/torch-$tag.json" "$@"
+  }
+  torch_run gpt2-bf16 60 --model gpt2 --batch 16 --steps "$s_gpt2" --sdpa --fused-adamw --bf16
+  torch_run gpt2-tf32 60 --model gpt2 --batch 16 --steps "$s_gpt2" --sdpa --fused-adamw --tf32
+  torch_run gpt2-fp32 60 --model gpt2 --batch 16 --steps "$s_gpt2" --sdpa --fused-adamw
+  torch_run tiny-fp32 40 --model tiny --batch 4 --steps "$s_tiny" --sdpa --fused-adamw
+  if python3 -c 'import transformers' >/dev/null 2>&1; then
+    torch_run smollm-135m-bf16 60 --model smollm-135m --batch 4 --steps "$s_smol" --fused-adamw --bf16
+  fi
+  torch_run gpt2-bf16-compile 150 --model gpt2 --batch 16 --steps $((s_gpt2 + 8)) --sdpa \
+    --fused-adamw --bf16 --compile
+else
+  echo "not importable, or it does not see the GPU" >"$out/torch_version.txt"
+fi
+
+# llm.c (train_gpt2cu, bf16, random d12 init) on the same text, byte-tokenised into its format.
+if [ -n "$llmc" ]; then
+  exe="$llmc"
+  [ -d "$exe" ] && exe="$exe/train_gpt2cu"
+  if [ -x "$exe" ]; then
+    python3 - "${data:-/usr/share/games/fortunes}" "$out/llmc_tokens.bin" <<'PY'
+import os, struct, sys
+src, dst = sys.argv[1:]
+if os.path.isdir(src):
+    names = sorted(n for n in os.listdir(src) if not n.startswith(".") and not n.endswith(".dat")
+                   and os.path.isfile(os.path.join(src, n)) and not os.path.islink(os.path.join(src, n)))
+    text = b"".join(open(os.path.join(src, n), "rb").read() for n in names)
+else:
+    text = open(src, "rb").read()
+header = [20240520, 1, len(text)] + [0] * 253   # llm.c's token file: 256 int32, then uint16
+with open(dst, "wb") as f:
+    f.write(struct.pack("<256i", *header))
+    tokens = bytearray(2 * len(text))
+    tokens[0::2] = text
+    f.write(tokens)
 PY
-log "report: $out/report.md"
-[ "$ops_rc" = 0 ] && [ "$model_rc" = 0 ]
+    step "llm.c gpt2 bf16" 90 llmc-gpt2-bf16.log "$exe" -i "$out/llmc_tokens.bin" \
+      -j "$out/llmc_tokens.bin" -e d12 -b 16 -t 1024 -x $((s_gpt2 + 8)) -v 0 -s 0 -n 0 -o "$out/llmc-out"
+  else
+    printf 'llm.c\tfailed\t-\t0\t-\n' >>"$steps"
+    log "--llmc $llmc: no executable train_gpt2cu there"
+  fi
+fi
+
+# The same GPU through Vulkan: the rest of its suites and one training run.
+if [ -n "$vk" ]; then
+  train "$vk" gpt2 16 6 bf16 60
+  if [ -x "$bin/test_vulkan" ]; then
+    step "test_vulkan on $vk" 90 test_vulkan.log "${ct_env[@]}" "$bin/test_vulkan" \
+      --gtest_output="json:$out/test_vulkan.json"
+  fi
+fi
+
+report
+log "report: $out/report.md ($(($(date +%s) - start))s)"
+python3 - "$out/report.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+sys.exit(0 if r.get("gpu_suites_passed") else 1)
+PY

@@ -76,6 +76,9 @@ class Attention(nn.Module):
         self.n_head = cfg.n_head
         self.c_attn = Conv1D(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd)
+        # True: F.scaled_dot_product_attention (torch >= 2.0) instead of the explicit softmax;
+        # the same function, set by scripts/torch_train.py --sdpa.
+        self.sdpa = False
 
     def forward(self, x):
         # x is (B,T,C)
@@ -85,10 +88,14 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B,NH,T,hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B,NH,T,T)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        if self.sdpa:  # PyTorch's fused kernel (flash / memory-efficient on a GPU)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B,NH,T,T)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            y = att @ v
+        y = y.transpose(1, 2).reshape(B, T, C)
         return self.c_proj(y)
 
 

@@ -11,6 +11,9 @@ back to the host every step (crosstrain logs every step in the benchmark, which 
     /usr/bin/python3 scripts/torch_train.py --model tiny --batch 4 --steps 12 --threads 2 \
         [--json out.json] [--philox-init]
 
+On a GPU (scripts/gpu-check.sh), the fast PyTorch setup beside crosstrain: --device cuda --sdpa
+(F.scaled_dot_product_attention) --fused-adamw [--tf32 | --bf16] [--compile].
+
 The Llama-family presets (llama-tiny, smollm-135m: core/model/llama_config.cpp) run Hugging Face
 transformers' LlamaForCausalLM instead (attention "sdpa" where the torch has
 scaled_dot_product_attention, else "eager"); that needs transformers beside torch, e.g. a venv
@@ -113,10 +116,20 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--device", default="cpu",
                     help="cpu, or cuda (NVIDIA, and AMD through ROCm builds of PyTorch)")
+    ap.add_argument("--sdpa", action="store_true",
+                    help="GPT-2 attention through F.scaled_dot_product_attention (torch >= 2.0)")
+    ap.add_argument("--fused-adamw", action="store_true",
+                    help="torch.optim.AdamW(fused=True) (one kernel per step on a GPU)")
+    ap.add_argument("--tf32", action="store_true", help="TF32 matmuls (CUDA)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (the first steps include the compilation)")
     args = ap.parse_args()
     dev = torch.device(args.device)
 
     torch.set_num_threads(args.threads)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(args.seed)
     llama = args.model in LLAMA_PRESETS
     cfg = None if llama else torch_gpt2.GPT2Config.preset(args.model)
@@ -143,15 +156,25 @@ def main():
                     p.fill_(1.0 if name.endswith(".weight") else 0.0)
                 else:
                     p.zero_()
+    if args.sdpa and not llama:
+        for m in model.modules():
+            if isinstance(m, torch_gpt2.Attention):
+                m.sdpa = True
     model.to(dev)
     model.train()
     groups = llama_param_groups(model, args.weight_decay) if llama else \
         model.param_groups(args.weight_decay)
-    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
+                            **({"fused": True} if args.fused_adamw else {}))
     n_params = sum(p.numel() for p in model.parameters())
-    attention = f", attention {model.config._attn_implementation}" if llama else ""
+    step_model = torch.compile(model) if args.compile else model
+    attention = f", attention {model.config._attn_implementation}" if llama else \
+        (", attention sdpa" if args.sdpa else "")
+    options = "".join(f", {o}" for o, on in (("tf32", args.tf32), ("bf16 autocast", args.bf16),
+                                              ("fused AdamW", args.fused_adamw),
+                                              ("torch.compile", args.compile)) if on)
     print(f"torch {torch.__version__}: {args.model} ({n_params:,} parameters{attention}), "
-          f"batch {B} x {T}, {args.threads} threads, {args.steps} steps on {dev}", flush=True)
+          f"batch {B} x {T}, {args.threads} threads, {args.steps} steps on {dev}{options}", flush=True)
 
     gen = torch.Generator().manual_seed(args.seed)
     records = []
@@ -164,10 +187,10 @@ def main():
         opt.zero_grad(set_to_none=True)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.bf16):
             if llama:
-                logits = model(input_ids=x, use_cache=False).logits
+                logits = step_model(input_ids=x, use_cache=False).logits
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
             else:
-                _, loss = model(x, y)
+                _, loss = step_model(x, y)
         loss.backward()
         if args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -187,6 +210,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "device": str(dev), "batch": B, "block_size": T,
                        "threads": args.threads, "torch": torch.__version__,
+                       "sdpa": args.sdpa, "fused_adamw": args.fused_adamw, "tf32": args.tf32,
+                       "bf16": args.bf16, "compile": args.compile,
                        "num_parameters": n_params,
                        "peak_rss_bytes": peak,
                        "steps": records}, f, indent=1)
