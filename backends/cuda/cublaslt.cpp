@@ -10,7 +10,9 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -63,12 +65,23 @@ cudaDataType_t data_type(gpu::Elem e) {
 
 Cublaslt::Cublaslt(bool tf32) : lib_(std::make_unique<Lib>()), tf32_(tf32) {
   Lib& l = *lib_;
-  for (const char* so : {"libcublasLt.so.13", "libcublasLt.so.12"}) {
-    l.handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  // The dynamic linker's search first, then CUDA's own folders: a bundle (scripts/bundle.sh)
+  // finds the toolkit's cuBLASLt without LD_LIBRARY_PATH.
+  std::vector<std::string> dirs = {""};
+  if (const char* home = std::getenv("CUDA_HOME"); home && *home)
+    dirs.push_back(std::string(home) + "/lib64/");
+  dirs.push_back("/usr/local/cuda/lib64/");
+  for (const std::string& dir : dirs) {
+    for (const char* so : {"libcublasLt.so.13", "libcublasLt.so.12"}) {
+      l.handle = dlopen((dir + so).c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (l.handle) break;
+    }
     if (l.handle) break;
   }
   if (!l.handle) {
-    why_ = "libcublasLt.so.13 / .so.12 not found";
+    why_ =
+        "libcublasLt.so.13 / .so.12 not found (searched: the library path, $CUDA_HOME/lib64, "
+        "/usr/local/cuda/lib64)";
     return;
   }
   bool ok = true;
