@@ -17,6 +17,8 @@
 #                 each step runs under `timeout`, one that would not fit is skipped and says so
 #   --quick       fewer steps and benchmark iterations
 #   --check-only  check (and unpack) the bundle, then stop: no GPU needed
+#   --unpack-dir DIR  where an archive is unpacked (DIR/crosstrain-bundle, kept); default: a
+#                 temporary folder, removed at the end (the report keeps a copy of bundle.json)
 # Every step runs even when an earlier one failed; the exit status is 0 only when the GPU's
 # suites passed. Without a GPU: exit 77 (skipped), after the bundle was checked.
 set -euo pipefail
@@ -26,7 +28,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 expected_abi=7
 bundle_format=1
 
-bundle="" llmc="" out="" budget=450 quick=0 check_only=0
+bundle="" llmc="" out="" budget=450 quick=0 check_only=0 unpack=""
 while (($#)); do
   case "$1" in
     --bundle) bundle="${2:?gpu-check: --bundle needs a file}"; shift 2 ;;
@@ -35,7 +37,8 @@ while (($#)); do
     --budget) budget="${2:?gpu-check: --budget needs seconds}"; shift 2 ;;
     --quick) quick=1; shift ;;
     --check-only) check_only=1; shift ;;
-    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --unpack-dir) unpack="${2:?gpu-check: --unpack-dir needs a folder}"; shift 2 ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -53,17 +56,24 @@ if [ -n "$bundle" ]; then
     top="$(cd "$bundle" && pwd)"
     [ -f "$top/bundle.json" ] || refuse "the folder has no bundle.json manifest (found: $(ls "$top" | head -5 | tr '\n' ' '))"
   elif [ -f "$bundle" ]; then
-    rm -rf "$out/bundle"
-    mkdir -p "$out/bundle"
-    if ! err="$(tar -C "$out/bundle" -xJf "$bundle" 2>&1)"; then
-      rm -rf "$out/bundle"
+    # Unpacked into a fresh folder of its own: a foreign archive leaves nothing elsewhere.
+    dest="$unpack"
+    [ -n "$dest" ] || dest="${TMPDIR:-/tmp}"
+    mkdir -p "$dest"
+    scratch="$(mktemp -d "$dest/crosstrain-bundle.XXXXXX")"
+    trap 'rm -rf "$scratch"' EXIT
+    if ! err="$(tar -C "$scratch" -xJf "$bundle" 2>&1)"; then
       refuse "not an xz-compressed tar archive (tar: $(echo "$err" | head -2 | tr '\n' ' '); file: $(file -b "$bundle" 2>/dev/null || echo '?'))"
     fi
-    top="$out/bundle/crosstrain-bundle"
+    top="$scratch/crosstrain-bundle"
     if [ ! -f "$top/bundle.json" ]; then
-      found="$(cd "$out/bundle" && find . -maxdepth 2 | sed -n '2,6p' | tr '\n' ' ')"
-      rm -rf "$out/bundle"
+      found="$(cd "$scratch" && find . -maxdepth 2 | sed -n '2,6p' | tr '\n' ' ')"
       refuse "no crosstrain-bundle/bundle.json manifest in the archive (found: ${found:-nothing})"
+    fi
+    if [ -n "$unpack" ]; then  # kept: moved to DIR/crosstrain-bundle
+      rm -rf "$unpack/crosstrain-bundle"
+      mv "$top" "$unpack/crosstrain-bundle"
+      top="$(cd "$unpack/crosstrain-bundle" && pwd)"
     fi
   else
     refuse "no such file"
@@ -77,6 +87,7 @@ if [ -n "$bundle" ]; then
   done
   bin="$top/bin"
   data="$top/data/fortunes"
+  cp "$top/bundle.json" "$out/bundle.json"
   log "bundle $bundle: commit $(sed -n 's/^ *"git_commit": *"\(.*\)".*/\1/p' "$top/bundle.json"), ABI $abi, in $top"
 fi
 if ((check_only)); then
@@ -136,7 +147,7 @@ done
 steps="$out/steps.tsv"
 printf 'step\tstatus\texit\tseconds\tlog\n' >"$steps"
 report() {
-  python3 "$here/gpu_check_report.py" "$out" "$backend" "${vk:-}" "${bundle:-}" "${icd:-}" \
+  python3 "$here/gpu_check_report.py" "$out" "$backend" "${vk:-}" "${icd:-}" \
     >/dev/null 2>"$out/report.err" || log "the report failed: $out/report.err"
 }
 # step NAME MAX_SECONDS LOG COMMAND...: runs COMMAND under timeout (at most MAX_SECONDS, less

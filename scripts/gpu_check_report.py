@@ -1,9 +1,9 @@
 """Writes scripts/gpu-check.sh's report (report.md and report.json) from what its steps left in
 the output folder so far: called after every step, so a run cut short still reports.
 
-    python3 scripts/gpu_check_report.py OUT BACKEND VULKAN_DEVICE BUNDLE ICD
+    python3 scripts/gpu_check_report.py OUT BACKEND VULKAN_DEVICE ICD
 
-Reads OUT/steps.tsv (one row a step), devices.txt, gpu.txt, the bundle's bundle.json, the
+Reads OUT/steps.tsv (one row a step), devices.txt, gpu.txt, bundle.json (the bundle's), the
 GoogleTest JSON files (*.json beside the suites' logs), train-*/metrics.jsonl, gemm_*.json,
 torch-*.json and llmc-*.log. Only the standard library.
 """
@@ -113,18 +113,13 @@ def llmc_runs(out):
 
 
 def main():
-    out, backend, vk, bundle, icd = (sys.argv[1:] + [""] * 5)[:5]
+    out, backend, vk, icd = (sys.argv[1:] + [""] * 4)[:4]
     steps = []
     for line in read(os.path.join(out, "steps.tsv")).splitlines()[1:]:
         f = line.split("\t")
         if len(f) >= 5:
             steps.append({"step": f[0], "status": f[1], "exit": f[2], "seconds": f[3], "log": f[4]})
-    manifest = None
-    for p in (os.path.join(out, "bundle", "crosstrain-bundle", "bundle.json"),
-              os.path.join(bundle, "bundle.json") if bundle else ""):
-        if p and os.path.isfile(p):
-            manifest = load_json(p)
-            break
+    manifest = load_json(os.path.join(out, "bundle.json"))
     dev_tag = f"{backend}_0"
     suites = {}
     for name in ("test_ops", "test_model"):

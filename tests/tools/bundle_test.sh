@@ -42,10 +42,11 @@ mkdir -p "$small/bin"
 cp "$top/bundle.json" "$small/"
 cp "$top/bin/crosstrain" "$top/bin/test_ops" "$top/bin/test_model" "$top/bin/device_gemm_bench" "$small/bin/"
 XZ_OPT=-0 tar -C "$tmp/small" -cJf "$tmp/small.tar.xz" crosstrain-bundle
-bash "$src/scripts/gpu-check.sh" --bundle "$tmp/small.tar.xz" --check-only --out "$tmp/gc2" ||
+bash "$src/scripts/gpu-check.sh" --bundle "$tmp/small.tar.xz" --check-only --out "$tmp/gc2" \
+  --unpack-dir "$tmp/unpacked" ||
   fail "gpu-check.sh --check-only refused an archive of the bundle"
-cmp -s "$top/bin/crosstrain" "$tmp/gc2/bundle/crosstrain-bundle/bin/crosstrain" ||
-  fail "gpu-check.sh did not unpack the archive into <out>/bundle/crosstrain-bundle"
+cmp -s "$top/bin/crosstrain" "$tmp/unpacked/crosstrain-bundle/bin/crosstrain" ||
+  fail "gpu-check.sh did not unpack the archive into --unpack-dir/crosstrain-bundle"
 lap "unpacked: $(find "$top" -type f | wc -l) files"
 
 # ---- every ELF file resolves its libraries inside the bundle or to the allowed system ones ----
