@@ -142,6 +142,9 @@ for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d
   done
 done
 [ -n "$icd" ] && ct_env+=(VK_DRIVER_FILES="$icd" VK_ICD_FILENAMES="$icd")
+# Line-buffered output: a process that crashes in exit() (the Vulkan plugin on the NVIDIA driver:
+# /work/shared/GPU.md) would otherwise lose what it printed into a log file.
+if command -v stdbuf >/dev/null 2>&1; then ct_env=(stdbuf -oL -eL "${ct_env[@]}"); fi
 
 # ---- steps -------------------------------------------------------------------------------------
 steps="$out/steps.tsv"
