@@ -78,7 +78,11 @@ class Instance {
   std::string first_message_;
 };
 
-// The process's instance (created on first use), or null with *why.
+// The process's instance, or null with *why: the one in use, or a new one where none is (the
+// first call, or after the backend and every device let the last one go). Once creating it
+// failed, every later call fails with the same reason.
 std::shared_ptr<Instance> shared_instance(std::string* why);
+// The instance in use, or null; never creates one.
+std::shared_ptr<Instance> live_instance();
 
 }  // namespace ct::vk

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/teardown_trace.h"
 
 namespace ct::vk {
 
@@ -83,6 +84,7 @@ VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
   ci.enabledExtensionCount = static_cast<uint32_t>(exts.size());
   ci.ppEnabledExtensionNames = exts.data();
   VK_CHECK(f_.vkCreateDevice(pd_.handle, &ci, nullptr, &device_));
+  trace_teardown(info_.id() + " opened");
   load_device(f_, device_);
   f_.vkGetDeviceQueue(device_, pd_.queue_family, 0, &queue_);
   alloc_ = std::make_unique<Allocator>(f_, device_, pd_, *instance_);
@@ -154,6 +156,7 @@ VulkanDevice::~VulkanDevice() {
   if (cache_) f_.vkDestroyPipelineCache(device_, cache_, nullptr);
   alloc_.reset();
   f_.vkDestroyDevice(device_, nullptr);
+  trace_teardown(info_.id() + " closed");
 }
 
 bool VulkanDevice::supports(OpKind op, DType dtype) const {
