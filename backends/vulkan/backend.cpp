@@ -19,6 +19,11 @@ class VulkanBackend final : public Backend {
     for (const auto& pd : instance_->devices()) {
       DeviceInfo info = pd.info;
       info.memory_budget_bytes = instance_->memory_budget(pd);
+      bool settled = true;
+      const std::string coopmat = coopmat_listing(pd, &settled);
+      for (auto& [k, val] : info.extra)
+        if (k == "coopmat GEMM") val = coopmat;
+      info.settled_on_open = !settled;
       v.push_back(std::move(info));
     }
     return v;

@@ -225,12 +225,31 @@ void Instance::fill_coopmat_caps(PhysicalDevice& pd, const VkPhysicalDeviceVulka
       }
     }
   }
+  pd.cm_gate = coopmat_gate_now(pd);
+}
+
+CoopmatGate coopmat_gate_now(const PhysicalDevice& pd) {
 #if defined(CT_VK_COOPMAT)
   const bool built = true;
 #else
   const bool built = false;
 #endif
-  pd.cm_gate = coopmat_gate(c, built, std::getenv("CROSSTRAIN_VK_COOPMAT"));
+  return coopmat_gate(pd.cm, built, std::getenv("CROSSTRAIN_VK_COOPMAT"));
+}
+
+std::string coopmat_listing(const PhysicalDevice& pd, bool* settled) {
+  *settled = true;
+  const CoopmatGate g = coopmat_gate_now(pd);
+  if (!g.allowed && !g.emulate) return g.why;
+  const std::string path =
+      coopmat_verdict_path(pd.props.pipelineCacheUUID, pd.props.driverVersion, g.emulate);
+  bool ok = false;
+  std::string why;
+  if (read_coopmat_verdict(path, &ok, &why))
+    return coopmat_verdict_line(ok, why) + " (cached: " + path + ")";
+  *settled = false;
+  return g.why + "; no verdict cached for this driver yet: the self-test runs when the device " +
+         "is first opened (by any command that uses it, or `crosstrain devices`)";
 }
 
 void Instance::enumerate() {

@@ -34,11 +34,7 @@ VkBufferObj::~VkBufferObj() {
 VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
     : instance_(std::move(instance)), pd_(instance_->devices().at(index)), f_(instance_->fns()) {
   info_ = pd_.info;
-#if defined(CT_VK_COOPMAT)
-  cm_gate_ = coopmat_gate(pd_.cm, true, std::getenv("CROSSTRAIN_VK_COOPMAT"));
-#else
-  cm_gate_ = coopmat_gate(pd_.cm, false, std::getenv("CROSSTRAIN_VK_COOPMAT"));
-#endif
+  cm_gate_ = coopmat_gate_now(pd_);
   float prio = 1.0f;
   auto qi = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
   qi.queueFamilyIndex = pd_.queue_family;
@@ -117,7 +113,7 @@ void VulkanDevice::coopmat_start() {
     write_coopmat_verdict(path, ok, why);
   }
   cm_ok_ = ok;
-  show((ok ? "in use: " : "not used: ") + why);
+  show(coopmat_verdict_line(ok, why));
 }
 
 VulkanDevice::~VulkanDevice() {
