@@ -18,6 +18,7 @@
 #include "core/registry.h"
 
 int main(int argc, char** argv) {
+  ct::ShutdownBackendsOnReturn shutdown;  // first: the backends close after everything else
   std::string spec = "simt:0", json_path;
   int iters = 10;
   for (int i = 1; i < argc; ++i) {

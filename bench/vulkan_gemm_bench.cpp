@@ -56,6 +56,7 @@ static double median(std::vector<double> v) {
 }
 
 int main(int argc, char** argv) {
+  ct::ShutdownBackendsOnReturn shutdown;  // first: the backends close after everything else
   std::string spec = "vulkan";
   int iters = 5;
   bool trans_a = false, trans_b = false;  // --layout nn|nt|tn

@@ -38,6 +38,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {7, "e22939219bd923de1d692e4cd725226601e20afea3b55c3e4b1d1c118f7bd79b",
      "embedding_forward / embedding_backward without a position table (wpe, dwpe undefined; "
      "wpe defaults to none)"},
+    {8, "d88fa140f64641cdb8d132fdc1590d3920c7057b69b2a7c67b2dd31d2c4aada2",
+     "DeviceInfo::settled_on_open (a description settled only by opening the device: the "
+     "Vulkan coopmat self-test without a cached verdict)"},
 };
 
 // device.h's text without // and /* */ comments, every run of whitespace one space, trimmed.

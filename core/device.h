@@ -119,6 +119,10 @@ struct DeviceInfo {
   bool bf16_arithmetic = false;
   // Further capabilities to show in `crosstrain devices`: ordered name -> value pairs.
   std::vector<std::pair<std::string, std::string>> extra;
+  // Part of this description is settled only when the device is opened (Vulkan: the coopmat
+  // start-up self-test, where no verdict is cached for this driver yet): open(index)->info()
+  // has the settled one, and `crosstrain devices` opens such a device to show it.
+  bool settled_on_open = false;
 
   std::string id() const { return backend + ":" + std::to_string(index); }
 };
@@ -626,7 +630,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 7;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 8;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

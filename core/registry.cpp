@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 
 #include "core/error.h"
+#include "core/teardown_trace.h"
 
 namespace ct {
 namespace fs = std::filesystem;
@@ -51,45 +53,89 @@ static BackendEntry load_plugin(const fs::path& path) {
   return e;
 }
 
+// Every backend: the built-in ones, the plugins found, and the GPU backends not built.
+static std::vector<BackendEntry> load_backends() {
+  std::vector<BackendEntry> v;
+  for (auto& b : builtin_backends()) v.push_back({b->name(), "built in", b, ""});
+  std::vector<fs::path> dirs = {executable_dir()};
+  if (const char* extra = std::getenv("CROSSTRAIN_BACKEND_DIR")) dirs.insert(dirs.begin(), extra);
+  std::vector<fs::path> found;
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    for (const auto& f : fs::directory_iterator(dir, ec)) {
+      std::string n = f.path().filename().string();
+      if (n.rfind("libcrosstrain_backend_", 0) == 0 && f.path().extension() == ".so")
+        found.push_back(f.path());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  for (const auto& p : found) {
+    BackendEntry e = load_plugin(p);
+    bool dup =
+        std::any_of(v.begin(), v.end(), [&](const BackendEntry& x) { return x.name == e.name; });
+    if (!dup) v.push_back(std::move(e));
+  }
+  // The GPU backends crosstrain knows of are listed even where this build has no plugin for
+  // them, with the reason, so that `crosstrain devices` answers "why not" for each.
+  for (const char* name : {"cuda", "hip", "vulkan"}) {
+    bool have =
+        std::any_of(v.begin(), v.end(), [&](const BackendEntry& x) { return x.name == name; });
+    if (have) continue;
+    std::string upper = name;
+    for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    v.push_back({name, "(not built)", nullptr,
+                 "libcrosstrain_backend_" + std::string(name) + ".so is not beside " +
+                     executable_dir() + " (this build has no " + upper +
+                     " backend: configure with -DCT_BACKEND_" + upper +
+                     "=ON where its compiler is installed)"});
+  }
+  return v;
+}
+
+namespace {
+
+// Leaked on purpose: never destroyed by exit() (see backends()).
+struct RegistryState {
+  std::vector<BackendEntry> list;
+  std::vector<std::function<void()>> at_shutdown;
+  std::mutex mu;  // at_shutdown
+  bool shut_down = false;
+};
+RegistryState& state() {
+  static RegistryState* s = new RegistryState();
+  return *s;
+}
+
+}  // namespace
+
 const std::vector<BackendEntry>& backends() {
-  static const std::vector<BackendEntry> list = [] {
-    std::vector<BackendEntry> v;
-    for (auto& b : builtin_backends()) v.push_back({b->name(), "built in", b, ""});
-    std::vector<fs::path> dirs = {executable_dir()};
-    if (const char* extra = std::getenv("CROSSTRAIN_BACKEND_DIR")) dirs.insert(dirs.begin(), extra);
-    std::vector<fs::path> found;
-    for (const auto& dir : dirs) {
-      std::error_code ec;
-      for (const auto& f : fs::directory_iterator(dir, ec)) {
-        std::string n = f.path().filename().string();
-        if (n.rfind("libcrosstrain_backend_", 0) == 0 && f.path().extension() == ".so")
-          found.push_back(f.path());
-      }
-    }
-    std::sort(found.begin(), found.end());
-    for (const auto& p : found) {
-      BackendEntry e = load_plugin(p);
-      bool dup =
-          std::any_of(v.begin(), v.end(), [&](const BackendEntry& x) { return x.name == e.name; });
-      if (!dup) v.push_back(std::move(e));
-    }
-    // The GPU backends crosstrain knows of are listed even where this build has no plugin for
-    // them, with the reason, so that `crosstrain devices` answers "why not" for each.
-    for (const char* name : {"cuda", "hip", "vulkan"}) {
-      bool have =
-          std::any_of(v.begin(), v.end(), [&](const BackendEntry& x) { return x.name == name; });
-      if (have) continue;
-      std::string upper = name;
-      for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-      v.push_back({name, "(not built)", nullptr,
-                   "libcrosstrain_backend_" + std::string(name) + ".so is not beside " +
-                       executable_dir() + " (this build has no " + upper +
-                       " backend: configure with -DCT_BACKEND_" + upper +
-                       "=ON where its compiler is installed)"});
-    }
-    return v;
-  }();
-  return list;
+  static const bool loaded = (state().list = load_backends(), true);
+  (void)loaded;
+  return state().list;
+}
+
+void at_backend_shutdown(std::function<void()> close) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().at_shutdown.push_back(std::move(close));
+}
+
+void shutdown_backends() {
+  RegistryState& s = state();
+  std::vector<std::function<void()>> hooks;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    hooks.swap(s.at_shutdown);
+  }
+  for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) (*it)();
+  if (s.shut_down) return;
+  s.shut_down = true;
+  for (auto it = s.list.rbegin(); it != s.list.rend(); ++it) {
+    if (!it->backend) continue;
+    const bool last = it->backend.use_count() == 1;
+    it->backend.reset();
+    trace_teardown("backend " + it->name + (last ? " destroyed" : " released (held elsewhere)"));
+    it->error = "the backends were shut down (ct::shutdown_backends())";
+  }
 }
 
 // Backends that exist to test the GPU kernel sources on the CPU: never chosen by `auto`.

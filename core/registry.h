@@ -1,11 +1,13 @@
 // Finds the backends: the built-in CPU backend and plugins beside the executable.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/device.h"
+#include "core/teardown_trace.h"
 
 namespace ct {
 
@@ -17,8 +19,39 @@ struct BackendEntry {
 };
 
 // Every backend crosstrain knows of, loaded once per process. A plugin that fails to load is
-// listed with its reason rather than aborting.
+// listed with its reason rather than aborting. The list is never destroyed by a static
+// destructor (a driver may have torn itself down by then: NVIDIA's Vulkan driver crashes in
+// vkDestroyInstance during exit()); shutdown_backends() destroys the backends instead, and a
+// process that never calls it leaves them to the OS.
 const std::vector<BackendEntry>& backends();
+
+// Closes everything the backends own, in a defined order, while the drivers are still there:
+// the callbacks given to at_backend_shutdown() (latest first), then every backend in reverse
+// load order. A backend's driver objects (the Vulkan instance) go with the last device or
+// backend that uses them, so every device must be closed by then; one still open keeps them
+// until it is closed. main() calls it before returning (tools/crosstrain, the test main, the
+// benches); afterwards the entries are listed as unavailable and open_device() refuses.
+// Idempotent; call it when no other thread uses a backend or device.
+void shutdown_backends();
+
+// Runs `close` at the start of shutdown_backends(): for owners of devices that live as long as
+// the process (a test suite's cache of open devices), so that they are closed before their
+// backends.
+void at_backend_shutdown(std::function<void()> close);
+
+// The first local of a main() that uses the backends: shutdown_backends() when main returns
+// (after every other local, devices included, is gone), then the marker "main returned" under
+// CROSSTRAIN_TRACE_TEARDOWN=1 (core/teardown_trace.h): a teardown line after it would come from
+// a static destructor.
+struct ShutdownBackendsOnReturn {
+  ShutdownBackendsOnReturn() = default;
+  ShutdownBackendsOnReturn(const ShutdownBackendsOnReturn&) = delete;
+  ShutdownBackendsOnReturn& operator=(const ShutdownBackendsOnReturn&) = delete;
+  ~ShutdownBackendsOnReturn() {
+    shutdown_backends();
+    trace_teardown("main returned");
+  }
+};
 
 // Opens "cpu", "vulkan", "vulkan:1", ..., or "auto": the first usable of cuda > hip > discrete
 // Vulkan > integrated Vulkan > cpu:0 (the test-only simt backends never), the choice printed to

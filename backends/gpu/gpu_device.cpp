@@ -18,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/op_support.h"
+#include "core/teardown_trace.h"
 
 namespace ct::gpu {
 namespace {
@@ -130,6 +131,7 @@ class GpuDevice final : public Device {
   explicit GpuDevice(std::unique_ptr<Runtime> rt)
       : rt_(std::move(rt)), cache_(std::make_shared<BlockCache>(rt_)), info_(rt_->info()) {
     info_.extra.push_back({"gemm", rt_->gemm_library()});
+    trace_teardown(info_.id() + " opened");
   }
   ~GpuDevice() override {
     try {
@@ -142,6 +144,7 @@ class GpuDevice final : public Device {
       cache_->trim();
     } catch (...) {
     }
+    trace_teardown(info_.id() + " closed");
   }
 
   const DeviceInfo& info() const override { return info_; }

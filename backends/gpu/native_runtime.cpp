@@ -28,6 +28,7 @@
 
 #include "backends/gpu/runtime.h"
 #include "core/error.h"
+#include "core/teardown_trace.h"
 
 namespace ct::gpu::native {
 namespace {
@@ -191,6 +192,7 @@ class NativeRuntime final : public gpu::Runtime {
     for (auto& [serial, ev] : events_) (void)CT_API(EventDestroy)(ev);
     for (ApiEvent ev : spare_) (void)CT_API(EventDestroy)(ev);
     (void)CT_API(StreamDestroy)(stream_);
+    trace_teardown(info_.id() + " stream, events and BLAS handle destroyed");
   }
 
   const DeviceInfo& info() const override {

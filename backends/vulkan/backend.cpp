@@ -19,6 +19,11 @@ class VulkanBackend final : public Backend {
     for (const auto& pd : instance_->devices()) {
       DeviceInfo info = pd.info;
       info.memory_budget_bytes = instance_->memory_budget(pd);
+      bool settled = true;
+      const std::string coopmat = coopmat_listing(pd, &settled);
+      for (auto& [k, val] : info.extra)
+        if (k == "coopmat GEMM") val = coopmat;
+      info.settled_on_open = !settled;
       v.push_back(std::move(info));
     }
     return v;
@@ -54,8 +59,7 @@ __attribute__((visibility("default"))) ct::Backend* crosstrain_backend_create() 
 }
 // Validation messages counted so far (CROSSTRAIN_VK_VALIDATION=1); tests fail on any.
 __attribute__((visibility("default"))) uint64_t crosstrain_vk_validation_messages() {
-  std::string why;
-  auto inst = ct::vk::shared_instance(&why);
+  auto inst = ct::vk::live_instance();  // none after shutdown: nothing to count
   return inst ? inst->validation_messages() : 0;
 }
 }

@@ -6,6 +6,7 @@
 
 #include "backends/vulkan/matmul_kind.h"
 #include "core/error.h"
+#include "core/teardown_trace.h"
 
 namespace ct::vk {
 
@@ -110,6 +111,7 @@ std::shared_ptr<Instance> Instance::create(std::string* why) {
                 : "");
     return nullptr;
   }
+  trace_teardown("vulkan instance created");
   try {
     load_instance(inst->fns_, inst->instance_);
     if (validate && inst->fns_.vkCreateDebugUtilsMessengerEXT) {
@@ -140,6 +142,7 @@ std::shared_ptr<Instance> Instance::create(std::string* why) {
 }
 
 Instance::~Instance() {
+  if (instance_ != VK_NULL_HANDLE) trace_teardown("vulkan instance destroyed");
   if (messenger_ != VK_NULL_HANDLE && fns_.vkDestroyDebugUtilsMessengerEXT)
     fns_.vkDestroyDebugUtilsMessengerEXT(instance_, messenger_, nullptr);
   if (instance_ != VK_NULL_HANDLE) fns_.vkDestroyInstance(instance_, nullptr);
@@ -222,12 +225,31 @@ void Instance::fill_coopmat_caps(PhysicalDevice& pd, const VkPhysicalDeviceVulka
       }
     }
   }
+  pd.cm_gate = coopmat_gate_now(pd);
+}
+
+CoopmatGate coopmat_gate_now(const PhysicalDevice& pd) {
 #if defined(CT_VK_COOPMAT)
   const bool built = true;
 #else
   const bool built = false;
 #endif
-  pd.cm_gate = coopmat_gate(c, built, std::getenv("CROSSTRAIN_VK_COOPMAT"));
+  return coopmat_gate(pd.cm, built, std::getenv("CROSSTRAIN_VK_COOPMAT"));
+}
+
+std::string coopmat_listing(const PhysicalDevice& pd, bool* settled) {
+  *settled = true;
+  const CoopmatGate g = coopmat_gate_now(pd);
+  if (!g.allowed && !g.emulate) return g.why;
+  const std::string path =
+      coopmat_verdict_path(pd.props.pipelineCacheUUID, pd.props.driverVersion, g.emulate);
+  bool ok = false;
+  std::string why;
+  if (read_coopmat_verdict(path, &ok, &why))
+    return coopmat_verdict_line(ok, why) + " (cached: " + path + ")";
+  *settled = false;
+  return g.why + "; no verdict cached for this driver yet: the self-test runs when the device " +
+         "is first opened (by any command that uses it, or `crosstrain devices`)";
 }
 
 void Instance::enumerate() {
@@ -388,18 +410,45 @@ int64_t Instance::memory_budget(const PhysicalDevice& pd) const {
   return total;
 }
 
+// The instance lives as long as the backend or a device uses it, never longer: the weak_ptr
+// here does not keep it, so it is destroyed by shutdown_backends() (core/registry.h) or when the
+// last device closes, and never by a static destructor during exit() (NVIDIA's driver has torn
+// itself down by then, and vkDestroyInstance crashes). The state is leaked for the same reason.
+namespace {
+struct SharedInstance {
+  std::mutex mu;
+  std::weak_ptr<Instance> inst;
+  std::string reason;  // why Vulkan is unusable; once set, not tried again
+};
+SharedInstance& shared_state() {
+  static SharedInstance* s = new SharedInstance();
+  return *s;
+}
+}  // namespace
+
 std::shared_ptr<Instance> shared_instance(std::string* why) {
-  static std::mutex mu;
-  static std::shared_ptr<Instance> inst;
-  static std::string reason;
-  static bool tried = false;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!tried) {
-    tried = true;
-    inst = Instance::create(&reason);
+  SharedInstance& s = shared_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.reason.empty()) {
+    *why = s.reason;
+    return nullptr;
   }
-  if (!inst) *why = reason;
+  std::shared_ptr<Instance> inst = s.inst.lock();
+  if (inst) return inst;
+  inst = Instance::create(&s.reason);
+  if (!inst) {
+    if (s.reason.empty()) s.reason = "the Vulkan instance could not be created";
+    *why = s.reason;
+    return nullptr;
+  }
+  s.inst = inst;
   return inst;
+}
+
+std::shared_ptr<Instance> live_instance() {
+  SharedInstance& s = shared_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.inst.lock();
 }
 
 }  // namespace ct::vk

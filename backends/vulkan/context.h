@@ -78,7 +78,19 @@ class Instance {
   std::string first_message_;
 };
 
-// The process's instance (created on first use), or null with *why.
+// The coopmat gate of `pd` with CROSSTRAIN_VK_COOPMAT as it is now (devices opened later in a
+// process may see another setting than the enumeration did).
+CoopmatGate coopmat_gate_now(const PhysicalDevice& pd);
+// The `coopmat GEMM` line of `pd` without opening it: the gate's line where that settles it, the
+// cached verdict of the start-up self-test ("in use: ... (cached: <path>)"), or, where no verdict
+// is cached for this driver yet, when the self-test will run, with *settled = false.
+std::string coopmat_listing(const PhysicalDevice& pd, bool* settled);
+
+// The process's instance, or null with *why: the one in use, or a new one where none is (the
+// first call, or after the backend and every device let the last one go). Once creating it
+// failed, every later call fails with the same reason.
 std::shared_ptr<Instance> shared_instance(std::string* why);
+// The instance in use, or null; never creates one.
+std::shared_ptr<Instance> live_instance();
 
 }  // namespace ct::vk

@@ -118,6 +118,10 @@ bool read_coopmat_verdict(const std::string& path, bool* ok, std::string* why) {
   return true;
 }
 
+std::string coopmat_verdict_line(bool ok, const std::string& why) {
+  return (ok ? "in use: " : "not used: ") + why;
+}
+
 void write_coopmat_verdict(const std::string& path, bool ok, const std::string& why) {
   if (path.empty()) return;
   std::error_code ec;

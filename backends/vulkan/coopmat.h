@@ -121,5 +121,7 @@ std::string coopmat_verdict_path(const uint8_t* pipeline_cache_uuid, uint32_t dr
                                  bool emulated);
 bool read_coopmat_verdict(const std::string& path, bool* ok, std::string* why);
 void write_coopmat_verdict(const std::string& path, bool ok, const std::string& why);
+// The `coopmat GEMM` line of a verdict: "in use: <why>" or "not used: <why>".
+std::string coopmat_verdict_line(bool ok, const std::string& why);
 
 }  // namespace ct::vk

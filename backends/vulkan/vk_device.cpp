@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/teardown_trace.h"
 
 namespace ct::vk {
 
@@ -33,11 +34,7 @@ VkBufferObj::~VkBufferObj() {
 VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
     : instance_(std::move(instance)), pd_(instance_->devices().at(index)), f_(instance_->fns()) {
   info_ = pd_.info;
-#if defined(CT_VK_COOPMAT)
-  cm_gate_ = coopmat_gate(pd_.cm, true, std::getenv("CROSSTRAIN_VK_COOPMAT"));
-#else
-  cm_gate_ = coopmat_gate(pd_.cm, false, std::getenv("CROSSTRAIN_VK_COOPMAT"));
-#endif
+  cm_gate_ = coopmat_gate_now(pd_);
   float prio = 1.0f;
   auto qi = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
   qi.queueFamilyIndex = pd_.queue_family;
@@ -83,6 +80,7 @@ VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
   ci.enabledExtensionCount = static_cast<uint32_t>(exts.size());
   ci.ppEnabledExtensionNames = exts.data();
   VK_CHECK(f_.vkCreateDevice(pd_.handle, &ci, nullptr, &device_));
+  trace_teardown(info_.id() + " opened");
   load_device(f_, device_);
   f_.vkGetDeviceQueue(device_, pd_.queue_family, 0, &queue_);
   alloc_ = std::make_unique<Allocator>(f_, device_, pd_, *instance_);
@@ -115,7 +113,7 @@ void VulkanDevice::coopmat_start() {
     write_coopmat_verdict(path, ok, why);
   }
   cm_ok_ = ok;
-  show((ok ? "in use: " : "not used: ") + why);
+  show(coopmat_verdict_line(ok, why));
 }
 
 VulkanDevice::~VulkanDevice() {
@@ -154,6 +152,7 @@ VulkanDevice::~VulkanDevice() {
   if (cache_) f_.vkDestroyPipelineCache(device_, cache_, nullptr);
   alloc_.reset();
   f_.vkDestroyDevice(device_, nullptr);
+  trace_teardown(info_.id() + " closed");
 }
 
 bool VulkanDevice::supports(OpKind op, DType dtype) const {

@@ -494,6 +494,7 @@ class Offloaded final : public Optimizer {
     // (on a device backend) and the host update in flight overlap.
     grad_staging_.resize(static_cast<size_t>(host_ps_.n));
     dev.download(grad_staging_.data(), model.trainable_grads(), bytes);
+    device_waited_ = true;  // the device has finished the step; an update in flight overlapped
     float gn = 0.0f;
     if (grad_norm.defined()) dev.download(&gn, grad_norm, sizeof gn);
     join();                                                      // 2
@@ -502,6 +503,7 @@ class Offloaded final : public Optimizer {
     host_->download(staging_.data(), host_ps_.params, bytes);
     worker_->launch([this, lr, step] { inner_->update(host_ps_, norm_, lr, step); });  // 4
     in_flight_ = true;
+    device_waited_ = false;
     dev.upload(model.trainable_flat(), staging_.data(), bytes);  // 5
     resumed_at_ = Clock::now();  // the trainer goes on with the next step from here
   }
@@ -540,6 +542,7 @@ class Offloaded final : public Optimizer {
     if (!in_flight_) return;
     const auto t_wait = Clock::now();
     in_flight_ = false;
+    if (device_waited_) ++stats_.overlapped_updates;  // launched before, joined after the wait
     const auto [began, ended] = worker_->wait();
     stats_.wait_s += seconds(Clock::now() - t_wait);
     stats_.update_s += seconds(ended - began);
@@ -557,6 +560,7 @@ class Offloaded final : public Optimizer {
   bool synced_ = false;              // the master copy holds the model's weights
   bool warm_ = false;                // delayed: the synchronous first step is done
   bool in_flight_ = false;           // delayed: an update runs on worker_
+  bool device_waited_ = false;       // delayed: step() waited for the device since the launch
   Clock::time_point resumed_at_;
   OffloadStats stats_;
   std::unique_ptr<UpdateWorker> worker_;  // last (see above)

@@ -57,6 +57,11 @@ struct OffloadStats {
   // compute them; on the CPU backend the main thread computes them itself). 0 when synchronous.
   double overlap_s = 0;
   double wait_s = 0;  // seconds step()/finish() blocked waiting for an update in flight
+  // Delayed updates started before, and waited for only after, the next step() waited for the
+  // device (read that step's gradients back): each was free to run while the device computed.
+  // Counted by the order of events, not by clocks, so it does not depend on how fast the device
+  // or the host is (where the device finishes first, overlap_s may be 0 while this is not).
+  int64_t overlapped_updates = 0;
 };
 
 // A named piece of optimizer state: `tensor` is a view into the optimizer's buffers with the

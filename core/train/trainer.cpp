@@ -521,6 +521,8 @@ TrainSummary train(const TrainArgs& args) {
         rec["offload_update_s"] = os_now.update_s - offload_logged.update_s;
         rec["offload_overlap_s"] = os_now.overlap_s - offload_logged.overlap_s;
         rec["offload_wait_s"] = os_now.wait_s - offload_logged.wait_s;
+        rec["offload_overlapped_updates"] =
+            os_now.overlapped_updates - offload_logged.overlapped_updates;
         offload_logged = os_now;
       }
       if (scaler.enabled()) {

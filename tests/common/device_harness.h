@@ -171,12 +171,23 @@ inline std::string device_param_name(const ::testing::TestParamInfo<DeviceCase>&
   return info.param.test_name();
 }
 
-// Devices are opened once per process and kept (a Vulkan device is costly to open).
+// Devices are opened once per process and kept (a Vulkan device is costly to open) until the
+// test main calls shutdown_backends(), which closes them first; never by a static destructor.
 inline Device& open_cached(const std::string& spec) {
-  static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<Device>> open;
-  std::lock_guard<std::mutex> lock(mu);
-  auto& d = open[spec];
+  struct Cache {
+    std::mutex mu;
+    std::map<std::string, std::unique_ptr<Device>> open;
+  };
+  static Cache* cache = [] {
+    auto* c = new Cache();  // leaked: see above
+    at_backend_shutdown([c] {
+      std::lock_guard<std::mutex> lock(c->mu);
+      c->open.clear();
+    });
+    return c;
+  }();
+  std::lock_guard<std::mutex> lock(cache->mu);
+  auto& d = cache->open[spec];
   if (!d) d = open_device(spec);
   return *d;
 }

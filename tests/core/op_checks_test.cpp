@@ -30,20 +30,22 @@ const bool kPinned = [] {
 #endif
 }();
 
-// Every device of every available backend, opened once.
+// Every device of every available backend, opened once and closed by the test main's
+// shutdown_backends() (never by a static destructor).
 std::vector<Device*>& devices() {
-  static std::vector<std::unique_ptr<Device>> owned = [] {
-    std::vector<std::unique_ptr<Device>> v;
+  static std::vector<std::unique_ptr<Device>>* owned = [] {
+    auto* v = new std::vector<std::unique_ptr<Device>>();  // leaked: see above
     for (const auto& e : backends()) {
       if (!e.backend || !e.error.empty()) continue;
       int n = static_cast<int>(e.backend->devices().size());
-      for (int i = 0; i < n; ++i) v.push_back(e.backend->open(i));
+      for (int i = 0; i < n; ++i) v->push_back(e.backend->open(i));
     }
+    at_backend_shutdown([v] { v->clear(); });
     return v;
   }();
   static std::vector<Device*> raw = [] {
     std::vector<Device*> r;
-    for (auto& d : owned) r.push_back(d.get());
+    for (auto& d : *owned) r.push_back(d.get());
     return r;
   }();
   return raw;

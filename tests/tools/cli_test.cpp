@@ -1,14 +1,16 @@
 // The crosstrain binary as a user meets it: bad input exits 2 with a message naming the flag or
-// file and writes nothing; eval prints JSON; devices lists the CPU.
+// file and writes nothing; eval prints JSON; devices lists the CPU, and the coopmat verdict.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "tests/common/test_data_dir.h"
 
@@ -207,6 +209,64 @@ TEST_F(Cli, DevicesJsonListsCpu) {
   EXPECT_EQ(j[0]["backend"], "cpu");
   EXPECT_TRUE(j[0]["available"].get<bool>());
   EXPECT_EQ(j[0]["devices"][0]["id"], "cpu:0");
+}
+
+// The coopmat GEMM's verdict in `crosstrain devices` (issue #24: it said "pending the start-up
+// self-test" even after training had run it). Lavapipe has no coopmat; the emulated build stands
+// in (CROSSTRAIN_VK_COOPMAT=emulate) and goes through the same gate, self-test and cache. The
+// first listing finds no verdict cached, opens the device, runs the self-test and shows its
+// verdict; the second shows the cached one without opening it.
+TEST_F(Cli, DevicesShowsTheCoopmatVerdictNeverPending) {
+  if (std::string(CT_EXPECTED_BACKENDS).find("vulkan") == std::string::npos)
+    GTEST_SKIP() << "this build has no Vulkan backend";
+  std::vector<std::string> set;
+  auto put = [&](const char* k, const std::string& v) {
+    setenv(k, v.c_str(), 1);
+    set.push_back(k);
+  };
+#ifdef CT_VK_LAVAPIPE_ICD
+  if (!std::getenv("VK_DRIVER_FILES") && !std::getenv("VK_ICD_FILENAMES")) {
+    put("VK_DRIVER_FILES", CT_VK_LAVAPIPE_ICD);
+    put("VK_ICD_FILENAMES", CT_VK_LAVAPIPE_ICD);
+  }
+#endif
+  // Mesa's shader cache stays where it was (a cold one compiles every pipeline anew).
+  if (!std::getenv("MESA_SHADER_CACHE_DIR")) {
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    put("MESA_SHADER_CACHE_DIR",
+        xdg && *xdg ? std::string(xdg) : std::string(home ? home : "/tmp") + "/.cache");
+  }
+  const char* old_xdg = std::getenv("XDG_CACHE_HOME");
+  const std::string saved_xdg = old_xdg ? old_xdg : "";
+  setenv("XDG_CACHE_HOME", (dir_ / "cache").c_str(), 1);
+  put("CROSSTRAIN_VK_COOPMAT", "emulate");
+  auto coopmat_line = [](const std::string& out) {
+    const size_t dev = out.find("vulkan:0 ");
+    const std::string key = "coopmat GEMM: ";
+    const size_t at = dev == std::string::npos ? dev : out.find(key, dev);
+    if (at == std::string::npos) return std::string();
+    return out.substr(at + key.size(), out.find('\n', at) - at - key.size());
+  };
+  const ProcResult first = run("devices"), second = run("devices");
+  for (const std::string& k : set) unsetenv(k.c_str());
+  if (old_xdg)
+    setenv("XDG_CACHE_HOME", saved_xdg.c_str(), 1);
+  else
+    unsetenv("XDG_CACHE_HOME");
+
+  ASSERT_EQ(first.status, 0) << first.output;
+  const std::string verdict = coopmat_line(first.output);
+  EXPECT_NE(first.output.find("vulkan:0: opening it to settle"), std::string::npos) << first.output;
+  // Correct, and on lavapipe far slower than the default GEMM: rejected as slower.
+  EXPECT_EQ(verdict.rfind("not used: slower: emulated coopmat ", 0), 0u) << first.output;
+  EXPECT_EQ(verdict.find("pending"), std::string::npos) << verdict;
+
+  ASSERT_EQ(second.status, 0) << second.output;
+  const std::string cached = coopmat_line(second.output);
+  EXPECT_EQ(second.output.find("opening it to settle"), std::string::npos) << second.output;
+  EXPECT_EQ(cached.rfind(verdict + " (cached: " + (dir_ / "cache").string(), 0), 0u)
+      << "first: " << verdict << "\nsecond: " << cached;
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // - every step's loss and the final weights equal an explicit reference computed here with the
 //   ordinary on-device optimizer, whose gradients are taken at the weights of two updates ago;
 // - checkpoints are pipeline barriers holding the weights after as many updates as the state;
-// - the host update really runs while the next step is computed (offload_overlap_s > 0);
+// - the host update really runs while the next step is computed (offload_overlap_s > 0 on the
+//   CPU, whose main thread computes that step; offload_overlapped_updates by event order);
 // - the flag needs --offload-optimizer.
 #include <gtest/gtest.h>
 
@@ -259,6 +260,10 @@ TEST(DelayedUpdateRuns, HostUpdateOverlapsTheNextStep) {
   EXPECT_LE(overlap, update + 1e-9);
   EXPECT_GT(sum(rs, "offload_update_s"), 0.0);
   EXPECT_EQ(sum(rs, "offload_overlap_s"), 0.0);
+  // By the order of events: every delayed update but the last (joined by finish()) was in
+  // flight across the next step's device work; step 1 is synchronous.
+  EXPECT_EQ(sum(rd, "offload_overlapped_updates"), static_cast<double>(d.max_steps - 2));
+  EXPECT_EQ(sum(rs, "offload_overlapped_updates"), 0.0);
   std::printf("delayed: host update %.4f s, of which overlapped %.4f s, waited %.4f s\n", update,
               overlap, sum(rd, "offload_wait_s"));
   fs::remove_all(out);

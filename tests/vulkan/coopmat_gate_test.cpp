@@ -141,6 +141,38 @@ TEST_F(CoopmatStartup, EmulatedCandidateIsSelfTestedAndTheVerdictCached) {
   EXPECT_NE(second.find("(cached: "), std::string::npos) << second;
 }
 
+// The device list (what `crosstrain devices` prints) before and after the self-test: pending,
+// and marked to be settled by opening the device, only while no verdict is cached; then the
+// cached verdict, the same one the opened device showed.
+TEST_F(CoopmatStartup, ListingShowsTheCachedVerdictOnceThereIsOne) {
+  const std::map<std::string, std::string> env = {{"XDG_CACHE_HOME", cache_},
+                                                  {"CROSSTRAIN_VK_COOPMAT", "emulate"}};
+  auto listed = [&] {
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<DeviceInfo> devs = vulkan_entry()->backend->devices();
+    for (const auto& [k, v] : env) unsetenv(k.c_str());
+    return devs.at(0);
+  };
+  auto line = [](const DeviceInfo& d) {
+    for (const auto& [k, v] : d.extra)
+      if (k == "coopmat GEMM") return v;
+    return std::string("(none)");
+  };
+  const DeviceInfo before = listed();
+  EXPECT_TRUE(before.settled_on_open);
+  EXPECT_NE(line(before).find("no verdict cached for this driver yet"), std::string::npos)
+      << line(before);
+  const std::string opened = verdict_line(env);  // runs the self-test, caches the verdict
+  EXPECT_EQ(opened.rfind("not used: slower: ", 0), 0u) << opened;
+  const DeviceInfo after = listed();
+  EXPECT_FALSE(after.settled_on_open);
+  EXPECT_EQ(line(after).rfind(opened + " (cached: " + cache_.string(), 0), 0u) << line(after);
+  // Without the emulation lavapipe's line is settled by the gate alone.
+  const DeviceInfo plain = vulkan_entry()->backend->devices().at(0);
+  EXPECT_FALSE(plain.settled_on_open);
+  EXPECT_EQ(line(plain), "not used: the driver does not offer VK_KHR_cooperative_matrix");
+}
+
 TEST_F(CoopmatStartup, WrongProductsAreRejected) {
   const std::string v = verdict_line({{"XDG_CACHE_HOME", cache_},
                                       {"CROSSTRAIN_VK_COOPMAT", "emulate"},

@@ -4,9 +4,11 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/registry.h"
 #include "tools/crosstrain/commands.h"
 
 int main(int argc, char** argv) {
+  ct::ShutdownBackendsOnReturn shutdown;  // first: the backends close after everything else
   CLI::App app{"crosstrain: train GPT-2 models on CPU, Vulkan, CUDA and HIP from one binary"};
   app.require_subcommand(1);
   std::map<CLI::App*, ct::cli::Run> runs;
