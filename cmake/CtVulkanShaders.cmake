@@ -13,6 +13,10 @@
 #                                       ct_vk_shader() three times: <variant> (f32), <variant>_f16
 #                                       and <variant>_bf16 with H_F16 / H_BF16 added to the defines
 #                                       (the 16-bit storage of shaders/common/h16.glsl)
+#   ct_vk_shader_strict(<variant> <source.comp> [DEFINES ...])
+#                                       ct_vk_shader(<variant>_strict ...) with CT_STRICT_MATH: the
+#                                       test-only twin whose built-ins are poisoned outside the
+#                                       range every driver must get right (shaders/common/math.glsl)
 #   ct_vk_shader_library(<target>)      generates the aggregate table of all variants declared so
 #                                       far and adds every generated file to <target>.
 include_guard(GLOBAL)
@@ -147,6 +151,11 @@ function(ct_vk_shader_h variant source)
   ct_vk_shader(${variant} ${source} DEFINES ${ARG_DEFINES})
   ct_vk_shader(${variant}_f16 ${source} DEFINES ${ARG_DEFINES} H_F16)
   ct_vk_shader(${variant}_bf16 ${source} DEFINES ${ARG_DEFINES} H_BF16)
+endfunction()
+
+function(ct_vk_shader_strict variant source)
+  cmake_parse_arguments(ARG "" "" "DEFINES" ${ARGN})
+  ct_vk_shader(${variant}_strict ${source} DEFINES ${ARG_DEFINES} CT_STRICT_MATH)
 endfunction()
 
 function(ct_vk_shader_library target)

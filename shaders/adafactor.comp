@@ -14,6 +14,7 @@
 // g = grad * clip (clip from grad_norm when max_norm > 0). Offsets o* are element indices.
 #extension GL_GOOGLE_include_directive : require
 #include "common/index.glsl"
+#include "common/math.glsl"
 
 #define CT_WG 256
 layout(local_size_x = CT_WG) in;
@@ -45,7 +46,7 @@ layout(push_constant) uniform Push {
 layout(std430, binding = 0) readonly buffer Norm { float gnorm[]; };
 
 float clip_factor() {
-  return pc.max_norm > 0.0 ? min(1.0, pc.max_norm / (gnorm[pc.onorm] + 1e-6)) : 1.0;
+  return pc.max_norm > 0.0 ? ct_clip_factor(pc.max_norm, gnorm[pc.onorm]) : 1.0;
 }
 
 #if defined(AF_ROW)

@@ -3,6 +3,7 @@
 // param, grad, m, v [n]; grad_norm [1] (read only when max_norm > 0).
 #extension GL_GOOGLE_include_directive : require
 #include "common/index.glsl"
+#include "common/math.glsl"
 
 layout(local_size_x = 256) in;
 layout(push_constant) uniform Push {
@@ -31,14 +32,15 @@ void main() {
   uint i = ct_linear_index();
   if (i >= pc.n) return;
   float clip = 1.0;
-  if (pc.max_norm > 0.0) clip = min(1.0, pc.max_norm / (gnorm[pc.onorm] + 1e-6));
+  if (pc.max_norm > 0.0) clip = ct_clip_factor(pc.max_norm, gnorm[pc.onorm]);
   float gi = g[pc.og + i] * clip;
   float mi = pc.beta1 * m[pc.om + i] + (1.0 - pc.beta1) * gi;
-  float vi = pc.beta2 * v[pc.ov + i] + (1.0 - pc.beta2) * gi * gi;
+  float v0 = v[pc.ov + i];
+  float vi = pc.beta2 * v0 + (1.0 - pc.beta2) * gi * gi;
   m[pc.om + i] = mi;
   v[pc.ov + i] = vi;
   float pi = p[pc.op + i];
   pi -= pc.lr * pc.wd * pi;
-  pi -= pc.lr * (mi / pc.bc1) / (sqrt(vi / pc.bc2) + pc.eps);
+  pi -= ct_adam_update(mi, vi, v0, gi, pc.lr, pc.beta2, pc.bc1, pc.bc2, pc.eps);
   p[pc.op + i] = pi;
 }

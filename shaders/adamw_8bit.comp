@@ -10,6 +10,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_shader_8bit_storage : require
 #include "common/index.glsl"
+#include "common/math.glsl"
 
 #define CT_WG 256
 layout(local_size_x = CT_WG) in;
@@ -70,13 +71,14 @@ void main() {
   float mi = 0.0, vi = 0.0;
   if (live) {
     float clip = 1.0;
-    if (pc.max_norm > 0.0) clip = min(1.0, pc.max_norm / (gnorm[pc.onorm] + 1e-6));
+    if (pc.max_norm > 0.0) clip = ct_clip_factor(pc.max_norm, gnorm[pc.onorm]);
     float gi = g[pc.og + i] * clip;
     mi = pc.beta1 * (qs[uint(mq[pc.omq + i])] * mabs[pc.oma + blk]) + (1.0 - pc.beta1) * gi;
-    vi = pc.beta2 * (qu[uint(vq[pc.ovq + i])] * vabs[pc.ova + blk]) + (1.0 - pc.beta2) * gi * gi;
+    float v0 = qu[uint(vq[pc.ovq + i])] * vabs[pc.ova + blk];
+    vi = pc.beta2 * v0 + (1.0 - pc.beta2) * gi * gi;
     float pi = p[pc.op + i];
     pi -= pc.lr * pc.wd * pi;
-    pi -= pc.lr * (mi / pc.bc1) / (sqrt(vi / pc.bc2) + pc.eps);
+    pi -= ct_adam_update(mi, vi, v0, gi, pc.lr, pc.beta2, pc.bc1, pc.bc2, pc.eps);
     p[pc.op + i] = pi;
   }
   // Every invocation has read the old absmax before any writes the new one.

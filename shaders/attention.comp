@@ -13,6 +13,7 @@
 // most 128.
 #extension GL_GOOGLE_include_directive : require
 #include "common/index.glsl"
+#include "common/math.glsl"
 
 #define MAX_HS 128
 layout(local_size_x = 64) in;
@@ -61,7 +62,7 @@ void main() {
 
 #if defined(ATT_FWD)
   uint q = row + t * C3;
-  float mx = -1.0 / 0.0;
+  float mx = -CT_FLT_MAX;
   for (uint u = 0; u <= t; ++u) {
     float d = 0.0;
     for (uint i = 0; i < hs; ++i) d += qkv[q + i] * qkv[krow + u * C3 + i];
@@ -71,7 +72,7 @@ void main() {
   }
   float z = 0.0;
   for (uint u = 0; u <= t; ++u) {
-    float e = exp(att[arow + u] - mx);
+    float e = ct_exp_le0(att[arow + u] - mx);
     att[arow + u] = e;
     z += e;
   }

@@ -18,6 +18,7 @@
 #include "common/h16.glsl"
 #define ATT_H
 #endif
+#include "common/math.glsl"
 
 layout(local_size_x = 64) in;
 
@@ -52,11 +53,11 @@ void main() {
   FPtr pa = FPtr(uvec2(pc.att_lo, pc.att_hi));
   uint base = pc.oatt + row * T;
 #if defined(SM_FWD)
-  float mx = -1.0 / 0.0;
+  float mx = -CT_FLT_MAX;
   for (uint u = 0; u <= t; ++u) mx = max(mx, pc.scale * pa.v[base + u]);
   float z = 0.0;
   for (uint u = 0; u <= t; ++u) {
-    float e = exp(pc.scale * pa.v[base + u] - mx);
+    float e = ct_exp_le0(pc.scale * pa.v[base + u] - mx);
     pa.v[base + u] = e;
     z += e;
   }

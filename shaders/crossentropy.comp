@@ -7,6 +7,7 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common/h16.glsl"
 #include "common/index.glsl"
+#include "common/math.glsl"
 
 #define CT_WG 256
 layout(local_size_x = CT_WG) in;
@@ -33,19 +34,20 @@ void main() {
   if (row >= pc.N) return;  // uniform per workgroup
   uint tid = gl_LocalInvocationID.x;
   uint xr = pc.ox + row * pc.V;
-  float mx = -1.0 / 0.0;
+  float mx = -CT_FLT_MAX;  // finite start: -inf logits give exp(-inf) = 0 from ct_exp_le0
   for (uint v = tid; v < pc.V; v += CT_WG) mx = max(mx, h_load(x[xr + v]));
   mx = ct_wg_max(mx);
   float z = 0.0;
-  for (uint v = tid; v < pc.V; v += CT_WG) z += exp(h_load(x[xr + v]) - mx);
+  for (uint v = tid; v < pc.V; v += CT_WG) z += ct_exp_le0(h_load(x[xr + v]) - mx);
   z = ct_wg_sum(z);
   int tgt = targets[pc.ot + row];
 #if defined(CE_FWD)
-  if (tid == 0) o[pc.oo + row] = log(z) + mx - h_load(x[xr + uint(tgt)]);
+  // log z + (max - x[target]): log z is not absorbed by a huge max first (as crossentropy.cu)
+  if (tid == 0) o[pc.oo + row] = log(z) + (mx - h_load(x[xr + uint(tgt)]));
 #else
   float rz = 1.0 / z;
   for (uint v = tid; v < pc.V; v += CT_WG) {
-    float p = exp(h_load(x[xr + v]) - mx) * rz;
+    float p = ct_exp_le0(h_load(x[xr + v]) - mx) * rz;
     o[pc.oo + row * pc.V + v] = h_store(pc.dloss * (p - (int(v) == tgt ? 1.0 : 0.0)));
   }
 #endif

@@ -19,6 +19,7 @@
 // run to hs (the tiles are padded to MAX_HS with zeros).
 #extension GL_GOOGLE_include_directive : require
 #include "common/h16.glsl"
+#include "common/math.glsl"
 
 #define MAX_HS 128
 #define ROWS 64
@@ -84,7 +85,7 @@ void main() {
     q[i] = live && i < hs ? h_load(qkv[qbase + r * C3 + i]) : 0.0;
     acc[i] = 0.0;
   }
-  float m = -1.0 / 0.0, l = 0.0;
+  float m = -CT_FLT_MAX, l = 0.0;  // finite start: the first key takes the s > m branch
   for (uint u0 = 0; u0 <= last; u0 += TILE) {
     STAGE(ta, qkv, kbase, C3, u0)
     STAGE(tb, qkv, vbase, C3, u0)
@@ -94,12 +95,12 @@ void main() {
       for (uint i = 0; i < hs; ++i) dot += q[i] * ta[uu * MAX_HS + i];
       float s = dot * pc.scale;
       if (s > m) {
-        float corr = exp(m - s);  // 0 for the first key (m = -inf)
+        float corr = ct_exp_le0(m - s);  // 0 for the first key (m - s <= -1e38 or -inf)
         l = l * corr + 1.0;
         for (uint i = 0; i < hs; ++i) acc[i] = acc[i] * corr + tb[uu * MAX_HS + i];
         m = s;
       } else {
-        float p = exp(s - m);
+        float p = ct_exp_le0(s - m);
         l += p;
         for (uint i = 0; i < hs; ++i) acc[i] += p * tb[uu * MAX_HS + i];
       }
@@ -133,7 +134,7 @@ void main() {
       float dot = 0.0, dp = 0.0;
       for (uint i = 0; i < hs; ++i) dot += q[i] * ta[uu * MAX_HS + i];
       for (uint i = 0; i < hs; ++i) dp += g[i] * tb[uu * MAX_HS + i];
-      float p = exp(dot * pc.scale - lr);
+      float p = ct_exp_le0(dot * pc.scale - lr);
       float ds = p * (dp - D) * pc.scale;
       for (uint i = 0; i < hs; ++i) acc[i] += ds * ta[uu * MAX_HS + i];
     }
@@ -169,7 +170,7 @@ void main() {
         float dot = 0.0, dp = 0.0;
         for (uint i = 0; i < hs; ++i) dot += ta[tt * MAX_HS + i] * k[i];
         for (uint i = 0; i < hs; ++i) dp += tb[tt * MAX_HS + i] * v[i];
-        float p = exp(dot * pc.scale - tl[tt]);
+        float p = ct_exp_le0(dot * pc.scale - tl[tt]);
         float ds = p * (dp - td[tt]) * pc.scale;
         for (uint i = 0; i < hs; ++i) {
           dv[i] += p * tb[tt * MAX_HS + i];

@@ -8,6 +8,7 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common/h16.glsl"
 #include "common/index.glsl"
+#include "common/math.glsl"
 
 #define CT_WG 64
 #if defined(LN_BWD_DWDB)
@@ -41,20 +42,33 @@ void main() {
   if (row >= pc.N) return;  // uniform per workgroup
   uint tid = gl_LocalInvocationID.x;
   uint xr = pc.ox + row * pc.C;
-  float s = 0.0;
-  for (uint c = tid; c < pc.C; c += CT_WG) s += x[xr + c];
-  float m = ct_wg_sum(s) / float(pc.C);
-  float v = 0.0;
-  for (uint c = tid; c < pc.C; c += CT_WG) {
-    float d = x[xr + c] - m;
-    v += d * d;
+  // The row is used as x * sc: sc = 1 (the same arithmetic as without it) unless the sum or the
+  // sum of squares overflowed (|x| past ~1e19); then sc is a power of two that brings max |x|
+  // into [1, 4) and both sums are taken again (uniform per workgroup: reduced values decide).
+  float sc = 1.0, m, var;
+  for (int pass = 0; pass < 2; ++pass) {
+    float s = 0.0;
+    for (uint c = tid; c < pc.C; c += CT_WG) s += x[xr + c] * sc;
+    m = ct_wg_sum(s) / float(pc.C);
+    float v = 0.0;
+    for (uint c = tid; c < pc.C; c += CT_WG) {
+      float d = x[xr + c] * sc - m;
+      v += d * d;
+    }
+    var = ct_wg_sum(v) / float(pc.C);
+    if (pass == 1 || (ct_isfinite(m) && ct_isfinite(var))) break;
+    float a = 0.0;
+    for (uint c = tid; c < pc.C; c += CT_WG) a = max(a, abs(x[xr + c]));
+    a = ct_wg_max(a);
+    if (!ct_isfinite(a)) break;  // an inf or NaN x: the sums stay inf / NaN
+    sc = ct_downscale(a);
   }
-  float r = 1.0 / sqrt(ct_wg_sum(v) / float(pc.C) + pc.eps);
+  float r = ct_isinf(var) ? 0.0 : 1.0 / sqrt(var + pc.eps * sc * sc);  // rstd of x sc
   for (uint c = tid; c < pc.C; c += CT_WG)
-    o[pc.oo + row * pc.C + c] = h_store((x[xr + c] - m) * r * w[pc.ow + c] + b[pc.ob + c]);
+    o[pc.oo + row * pc.C + c] = h_store((x[xr + c] * sc - m) * r * w[pc.ow + c] + b[pc.ob + c]);
   if (tid == 0) {
-    mean[pc.om + row] = m;
-    rstd[pc.ors + row] = r;
+    mean[pc.om + row] = m / sc;
+    rstd[pc.ors + row] = r * sc;
   }
 }
 

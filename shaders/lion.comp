@@ -4,6 +4,7 @@
 //   c = b1 m + (1-b1) g;  p = p (1 - lr wd) - lr sign(c);  m = b2 m + (1-b2) g
 #extension GL_GOOGLE_include_directive : require
 #include "common/index.glsl"
+#include "common/math.glsl"
 
 layout(local_size_x = 256) in;
 layout(push_constant) uniform Push {
@@ -27,7 +28,7 @@ void main() {
   uint i = ct_linear_index();
   if (i >= pc.n) return;
   float clip = 1.0;
-  if (pc.max_norm > 0.0) clip = min(1.0, pc.max_norm / (gnorm[pc.onorm] + 1e-6));
+  if (pc.max_norm > 0.0) clip = ct_clip_factor(pc.max_norm, gnorm[pc.onorm]);
   float gi = g[pc.og + i] * clip;
   float mi = m[pc.om + i];
   float c = pc.beta1 * mi + (1.0 - pc.beta1) * gi;

@@ -5,6 +5,7 @@
 //   CHECK_FINITE  flag[of] |= 1 if any x is inf or NaN (bit test: immune to fast-math)
 #extension GL_GOOGLE_include_directive : require
 #include "common/index.glsl"
+#include "common/math.glsl"
 
 #define CT_WG 256
 layout(local_size_x = CT_WG) in;
@@ -49,7 +50,7 @@ void main() {
   float s = 0.0;
   for (uint i = gl_LocalInvocationID.x; i < pc.count; i += CT_WG) s += partial[pc.op + i];
   s = ct_wg_sum(s);
-  if (gl_LocalInvocationID.x == 0) o[pc.oo] = pc.do_sqrt != 0u ? sqrt(s) : s * pc.scale;
+  if (gl_LocalInvocationID.x == 0) o[pc.oo] = pc.do_sqrt != 0u ? ct_sqrt(s) : s * pc.scale;  // an overflowed sum: inf
 }
 
 #else  // CHECK_FINITE

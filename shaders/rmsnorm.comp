@@ -9,6 +9,7 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common/h16.glsl"
 #include "common/index.glsl"
+#include "common/math.glsl"
 
 #define CT_WG 64
 #if defined(RMS_BWD_DW)
@@ -40,9 +41,26 @@ void main() {
   uint xr = pc.ox + row * pc.C;
   float ss = 0.0;
   for (uint c = tid; c < pc.C; c += CT_WG) ss += x[xr + c] * x[xr + c];
-  float r = 1.0 / sqrt(ct_wg_sum(ss) / float(pc.C) + pc.eps);
-  for (uint c = tid; c < pc.C; c += CT_WG) o[pc.oo + row * pc.C + c] = h_store(x[xr + c] * r * w[pc.ow + c]);
-  if (tid == 0) rstd[pc.ors + row] = r;
+  float ms = ct_wg_sum(ss) / float(pc.C);
+  // The row is used as x * sc: sc = 1 (the same arithmetic as without it) unless the squares
+  // overflowed (|x| past ~1e19); then sc is a power of two that brings max |x| into [1, 4) and
+  // the sums are taken again (uniform per workgroup: ms is the reduced value).
+  float sc = 1.0;
+  if (!ct_isfinite(ms)) {
+    float a = 0.0;
+    for (uint c = tid; c < pc.C; c += CT_WG) a = max(a, abs(x[xr + c]));
+    a = ct_wg_max(a);
+    if (ct_isfinite(a)) {  // an inf x keeps ms = inf: rstd 0, as PyTorch's rsqrt(inf)
+      sc = ct_downscale(a);
+      ss = 0.0;
+      for (uint c = tid; c < pc.C; c += CT_WG) ss += (x[xr + c] * sc) * (x[xr + c] * sc);
+      ms = ct_wg_sum(ss) / float(pc.C);
+    }
+  }
+  float r = ct_isinf(ms) ? 0.0 : 1.0 / sqrt(ms + pc.eps * sc * sc);  // rstd of x sc
+  for (uint c = tid; c < pc.C; c += CT_WG)
+    o[pc.oo + row * pc.C + c] = h_store((x[xr + c] * sc) * r * w[pc.ow + c]);
+  if (tid == 0) rstd[pc.ors + row] = r * sc;
 }
 
 #elif defined(RMS_BWD_DX)

@@ -4,6 +4,7 @@
 // (read only when max_norm > 0); buf is read and written only when has_buf != 0.
 #extension GL_GOOGLE_include_directive : require
 #include "common/index.glsl"
+#include "common/math.glsl"
 
 layout(local_size_x = 256) in;
 layout(push_constant) uniform Push {
@@ -30,7 +31,7 @@ void main() {
   uint i = ct_linear_index();
   if (i >= pc.n) return;
   float clip = 1.0;
-  if (pc.max_norm > 0.0) clip = min(1.0, pc.max_norm / (gnorm[pc.onorm] + 1e-6));
+  if (pc.max_norm > 0.0) clip = ct_clip_factor(pc.max_norm, gnorm[pc.onorm]);
   float pi = p[pc.op + i];
   float gi = g[pc.og + i] * clip + pc.wd * pi;
   if (pc.has_buf != 0u) {

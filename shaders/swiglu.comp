@@ -6,6 +6,7 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common/h16.glsl"
 #include "common/index.glsl"
+#include "common/math.glsl"
 
 layout(local_size_x = 256) in;
 #ifndef BACKWARD
@@ -36,11 +37,13 @@ void main() {
   uint row = i / pc.F, col = i - row * pc.F;
   uint ig = row * 2u * pc.F + col, iu = ig + pc.F;
   float g = h_load(gu[pc.og + ig]), u = h_load(gu[pc.og + iu]);
+  // silu and sigmoid from common/math.glsl: exp(-g) never overflows (g / inf, 1 / inf are
+  // outside the range a Vulkan division is defined on); the formulas of before for g >= -80.
 #ifndef BACKWARD
-  o[pc.oo + i] = h_store(g / (1.0 + exp(-g)) * u);
+  o[pc.oo + i] = h_store(ct_silu(g) * u);
 #else
   float d = h_load(dout[pc.odo + i]);
-  float s = 1.0 / (1.0 + exp(-g));
+  float s = ct_sigmoid(g);
   dgu[pc.odg + ig] = h_store(d * u * s * (1.0 + g * (1.0 - s)));
   dgu[pc.odg + iu] = h_store(d * g * s);
 #endif

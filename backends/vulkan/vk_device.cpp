@@ -89,6 +89,16 @@ VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
     inject_lost_at_ = std::strtoull(v, nullptr, 10);
   if (const char* v = std::getenv("CROSSTRAIN_VK_PROFILE"); v && *v && std::strcmp(v, "0") != 0)
     set_profiling(true);
+  if (const char* v = std::getenv("CROSSTRAIN_VK_STRICT_MATH");
+      v && *v && std::strcmp(v, "0") != 0) {
+    strict_twin_.resize(kNumShaders);
+    for (uint32_t i = 0; i < kNumShaders; ++i) {
+      strict_twin_[i] = i;
+      const std::string twin = std::string(kShaderBinaries[i].name) + "_strict";
+      for (uint32_t j = 0; j < kNumShaders; ++j)
+        if (twin == kShaderBinaries[j].name) strict_twin_[i] = j;
+    }
+  }
   coopmat_start();
 }
 
@@ -836,6 +846,7 @@ std::array<uint32_t, 2> VulkanDevice::grid(uint64_t n, uint32_t local) const {
 void VulkanDevice::dispatch_raw(ShaderId id, const PipelineSpec* spec, const Bound* b, size_t nb,
                                 const void* push, size_t push_size, uint32_t gx, uint32_t gy,
                                 uint32_t gz) {
+  if (!strict_twin_.empty()) id = static_cast<ShaderId>(strict_twin_[static_cast<uint32_t>(id)]);
   const ShaderBinary& sb = kShaderBinaries[static_cast<uint32_t>(id)];
   CT_CHECK(push_size == sb.info.push_size,
            std::string("push constants for ") + sb.name + ": " + std::to_string(push_size) +

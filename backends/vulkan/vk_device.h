@@ -291,6 +291,9 @@ class VulkanDevice final : public Device {
   std::vector<Access> pending_;  // accesses since the last barrier
   bool lost_ = false;
   uint64_t inject_lost_at_ = 0;  // CROSSTRAIN_VK_INJECT_DEVICE_LOST=N: the Nth submit "fails"
+  // CROSSTRAIN_VK_STRICT_MATH=1 (tests): ShaderId -> its CT_STRICT_MATH twin ("<name>_strict",
+  // backends/vulkan/CMakeLists.txt) where one exists, else itself; empty when off.
+  std::vector<uint32_t> strict_twin_;
   // Cooperative-matrix GEMM: usable (self-test passed), the emulated build standing in
   // (CROSSTRAIN_VK_COOPMAT=emulate), the verdict line, and what gemm() must use for hhf/hhh
   // products while the self-test runs (0: the normal choice, -1: never coopmat, 1: coopmat).

@@ -18,6 +18,23 @@ struct AdamWConsts {
 // elements [i0, i1) of param, grad, m, v
 void adamw_span(float* param, const float* grad, float* m, float* v, int64_t i0, int64_t i1,
                 const AdamWConsts& k) {
+  // A gradient past 1e19 (or NaN) in the span: g^2 overflows fp32 and v becomes inf, while the
+  // reference's fp64 step stays finite. Such a span is stepped in fp64, as the reference.
+  float gmax = 0.0f;
+#pragma omp simd reduction(max : gmax)
+  for (int64_t i = i0; i < i1; ++i) gmax = std::max(gmax, std::abs(grad[i]));
+  if (!(gmax * k.clip < 1e19f)) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const double g = static_cast<double>(grad[i]) * k.clip;
+      const double mi = k.b1 * static_cast<double>(m[i]) + (1.0 - k.b1) * g;
+      const double vi = k.b2 * static_cast<double>(v[i]) + (1.0 - k.b2) * g * g;
+      m[i] = static_cast<float>(mi);
+      v[i] = static_cast<float>(vi);
+      param[i] = static_cast<float>(static_cast<double>(param[i]) * k.decay -
+                                    k.step * mi / (std::sqrt(vi) * k.inv_bc2_sqrt + k.eps));
+    }
+    return;
+  }
   for (int64_t i = i0; i < i1; ++i) {
     float g = grad[i] * k.clip;
     float mi = k.b1 * m[i] + (1.0f - k.b1) * g;

@@ -19,8 +19,21 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
     float v = 0.0f;
 #pragma omp simd reduction(+ : v)
     for (int64_t i = 0; i < C; ++i) v += (xn[i] - m) * (xn[i] - m);
-    float r = 1.0f / std::sqrt(v / static_cast<float>(C) + eps);
     float* on = out + n * C;
+    if (!std::isfinite(m) || !std::isfinite(v)) {
+      // |x| past ~1e19: the sum or the squares overflow fp32. The row in fp64, as the reference
+      // (an inf or NaN x gives NaN there too).
+      double sd = 0.0, vd = 0.0;
+      for (int64_t i = 0; i < C; ++i) sd += xn[i];
+      const double md = sd / static_cast<double>(C);
+      for (int64_t i = 0; i < C; ++i) vd += (xn[i] - md) * (xn[i] - md);
+      const double rd = 1.0 / std::sqrt(vd / static_cast<double>(C) + eps);
+      for (int64_t i = 0; i < C; ++i) on[i] = static_cast<float>((xn[i] - md) * rd * w[i] + b[i]);
+      mean[n] = static_cast<float>(md);
+      rstd[n] = static_cast<float>(rd);
+      continue;
+    }
+    float r = 1.0f / std::sqrt(v / static_cast<float>(C) + eps);
 #pragma omp simd
     for (int64_t i = 0; i < C; ++i) on[i] = (xn[i] - m) * r * w[i] + b[i];
     mean[n] = m;

@@ -15,8 +15,18 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
     float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
     for (int64_t i = 0; i < C; ++i) ss += xn[i] * xn[i];
-    float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
     float* on = out + n * C;
+    if (!std::isfinite(ss)) {
+      // |x| past ~1e19: the squares overflow fp32. The row in fp64, as the reference (an inf x
+      // keeps ss = inf: rstd 0, PyTorch's rsqrt(inf); NaN stays NaN).
+      double sd = 0.0;
+      for (int64_t i = 0; i < C; ++i) sd += static_cast<double>(xn[i]) * xn[i];
+      const double rd = 1.0 / std::sqrt(sd / static_cast<double>(C) + eps);
+      for (int64_t i = 0; i < C; ++i) on[i] = static_cast<float>(xn[i] * rd * w[i]);
+      rstd[n] = static_cast<float>(rd);
+      continue;
+    }
+    float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
 #pragma omp simd
     for (int64_t i = 0; i < C; ++i) on[i] = xn[i] * r * w[i];
     rstd[n] = r;

@@ -24,7 +24,9 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
     const float* x = logits + n * V;
     double m, ls;
     row_stats(x, V, &m, &ls);
-    losses[n] = static_cast<float>(ls + m - x[targets[n]]);
+    // log z + (max - x[target]): log z is not absorbed by a huge max first (logits of -1e30
+    // all alike: log V, not 0)
+    losses[n] = static_cast<float>(ls + (m - x[targets[n]]));
   }
 }
 

@@ -11,6 +11,7 @@
 // row t2 of a key/value head, sums dk and dv over the G query heads of its group in order and,
 // for each, over the queries t >= t2 in order.
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/safe_math.h"
 
 namespace ct::gpu {
 namespace {
@@ -56,7 +57,7 @@ __global__ void CT_LAUNCH_BOUNDS(THREADS)
   row_of(d, d.NH, &b, &h, &t);
   const std::int64_t C3 = d.C3, j = h / d.G;
   const std::int64_t q0 = (b * d.T + t) * C3 + h * d.hs;
-  float m = -INFINITY;
+  float m = -kFltMax;
   for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += THREADS) {
     const std::int64_t k0 = (b * d.T + t2) * C3 + k_col(d, j);
     float dot = 0.0f;
@@ -67,7 +68,7 @@ __global__ void CT_LAUNCH_BOUNDS(THREADS)
   m = block_max<WARP, THREADS>(m, red);
   float s = 0.0f;
   for (std::int64_t t2 = threadIdx.x; t2 <= t; t2 += THREADS) {
-    p[t2] = expf(p[t2] - m);
+    p[t2] = ct_exp_le0(p[t2] - m);
     s += p[t2];
   }
   s = block_sum<WARP, THREADS>(s, red);

@@ -2,6 +2,7 @@
 // f32 or 16-bit, statistics in fp32 by the fixed block trees of common.h (the same at every warp
 // size). The backward reads a row's statistics before it writes, so dlogits may be logits.
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/safe_math.h"
 
 namespace ct::gpu {
 namespace {
@@ -12,11 +13,12 @@ constexpr int kThreads = 256;
 template <int WARP, typename E>
 __device__ __forceinline__ void row_stats(const void* x, std::int64_t base, std::int64_t V,
                                           float* smem, float* maxval, float* logsum) {
-  float m = -INFINITY;
+  float m = -kFltMax;  // finite start; -inf logits give ct_exp_le0(-inf) = 0
   for (std::int64_t i = threadIdx.x; i < V; i += kThreads) m = fmaxf(m, E::load(x, base + i));
   m = block_max<WARP, kThreads>(m, smem);
   float s = 0.0f;
-  for (std::int64_t i = threadIdx.x; i < V; i += kThreads) s += expf(E::load(x, base + i) - m);
+  for (std::int64_t i = threadIdx.x; i < V; i += kThreads)
+    s += ct_exp_le0(E::load(x, base + i) - m);
   s = block_sum<WARP, kThreads>(s, smem);
   *maxval = m;
   *logsum = logf(s);
@@ -51,7 +53,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   row_stats<WARP, E>(logits, base, V, smem, &m, &ls);
   const std::int64_t target = targets[n];
   for (std::int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float p = expf(E::load(logits, base + i) - m - ls);
+    const float p = ct_exp_le0(E::load(logits, base + i) - m - ls);
     E::store(dlogits, base + i, dloss * (p - (i == target ? 1.0f : 0.0f)));
   }
 }

@@ -20,6 +20,7 @@
 // Registers: a few arrays of HS floats per thread, HS the head size rounded up to 16, 64 or 128
 // (zero-padded, so the padding adds nothing).
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/safe_math.h"
 
 namespace ct::gpu {
 namespace {
@@ -92,7 +93,7 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
   float q[HS], o[HS];
   if (live) load_row<E, HS>(q, qkv, base + w.r * C3, d.hs);
   for (int i = 0; i < HS; ++i) o[i] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
+  float m = -kFltMax, l = 0.0f;  // finite start: the first key takes the s > m branch
   for (std::int64_t u0 = 0; u0 <= w.last; u0 += kTile) {
     stage<E, HS>(ks, qkv, row0 + k_col(d, j), C3, u0, d);
     stage<E, HS>(vs, qkv, row0 + v_col(d, j), C3, u0, d);
@@ -104,12 +105,12 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
       for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
       const float s = dot * d.scale;
       if (s > m) {
-        const float corr = expf(m - s);  // 0 for the first key (m = -inf)
+        const float corr = ct_exp_le0(m - s);  // 0 for the first key
         l = l * corr + 1.0f;
         for (int i = 0; i < HS; ++i) o[i] = o[i] * corr + v[i];
         m = s;
       } else {
-        const float p = expf(s - m);
+        const float p = ct_exp_le0(s - m);
         l += p;
         for (int i = 0; i < HS; ++i) o[i] += p * v[i];
       }
@@ -158,7 +159,7 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
       float dot = 0.0f, dp = 0.0f;
       for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
       for (int i = 0; i < HS; ++i) dp += g[i] * v[i];
-      const float p = expf(dot * d.scale - l);
+      const float p = ct_exp_le0(dot * d.scale - l);
       const float ds = p * (dp - D) * d.scale;
       for (int i = 0; i < HS; ++i) dq[i] += ds * k[i];
     }
@@ -208,7 +209,7 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
         float dot = 0.0f, dp = 0.0f;
         for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
         for (int i = 0; i < HS; ++i) dp += g[i] * v[i];
-        const float p = expf(dot * d.scale - ls[tt]);
+        const float p = ct_exp_le0(dot * d.scale - ls[tt]);
         const float ds = p * (dp - Ds[tt]) * d.scale;
         for (int i = 0; i < HS; ++i) {
           dv[i] += p * g[i];

@@ -3,6 +3,7 @@
 // of kChunk, then the chunks in order) so that no float atomics are needed and the result
 // depends on N and C only.
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/safe_math.h"
 
 namespace ct::gpu {
 namespace {
@@ -19,18 +20,31 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   CT_SHARED(float, smem, kThreads);
   const std::int64_t n = blockIdx.x;
   const float* xn = x + n * C;
-  float s = 0.0f;
-  for (std::int64_t i = threadIdx.x; i < C; i += kThreads) s += xn[i];
-  const float m = block_sum<WARP, kThreads>(s, smem) / static_cast<float>(C);
-  float v = 0.0f;
-  for (std::int64_t i = threadIdx.x; i < C; i += kThreads) v += (xn[i] - m) * (xn[i] - m);
-  const float var = block_sum<WARP, kThreads>(v, smem) / static_cast<float>(C);
-  const float r = 1.0f / sqrtf(var + eps);
+  // The row is used as x * sc: sc = 1 (the arithmetic of before) unless the sum or the sum of
+  // squares overflowed (|x| past ~1e19); then sc, a power of two, brings max |x| into [1, 4)
+  // and both sums are taken again. Block-uniform: the reduced values decide.
+  float sc = 1.0f, m = 0.0f, var = 0.0f;
+  for (int pass = 0; pass < 2; ++pass) {
+    float s = 0.0f;
+    for (std::int64_t i = threadIdx.x; i < C; i += kThreads) s += xn[i] * sc;
+    m = block_sum<WARP, kThreads>(s, smem) / static_cast<float>(C);
+    float v = 0.0f;
+    for (std::int64_t i = threadIdx.x; i < C; i += kThreads)
+      v += (xn[i] * sc - m) * (xn[i] * sc - m);
+    var = block_sum<WARP, kThreads>(v, smem) / static_cast<float>(C);
+    if (pass == 1 || (ct_isfinite(m) && ct_isfinite(var))) break;
+    float a = 0.0f;
+    for (std::int64_t i = threadIdx.x; i < C; i += kThreads) a = fmaxf(a, fabsf(xn[i]));
+    a = block_max<WARP, kThreads>(a, smem);
+    if (!ct_isfinite(a)) break;  // an inf or NaN x: the sums stay inf / NaN
+    sc = ct_downscale(a);
+  }
+  const float r = ct_isinf(var) ? 0.0f : 1.0f / sqrtf(var + eps * sc * sc);  // rstd of x sc
   for (std::int64_t i = threadIdx.x; i < C; i += kThreads)
-    O::store(out, n * C + i, (xn[i] - m) * r * w[i] + b[i]);
+    O::store(out, n * C + i, (xn[i] * sc - m) * r * w[i] + b[i]);
   if (threadIdx.x == 0) {
-    mean[n] = m;
-    rstd[n] = r;
+    mean[n] = m / sc;
+    rstd[n] = r * sc;
   }
 }
 

@@ -6,16 +6,23 @@
 #include <cmath>
 
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/safe_math.h"
 
 namespace ct::gpu {
 namespace {
 
 constexpr int kThreads = 256;
 
-// min(1, max_grad_norm / (grad_norm[0] + 1e-6)), or 1 without clipping.
+// min(1, max_grad_norm / (grad_norm[0] + 1e-6)), or 1 without clipping; 0 for an inf norm (no
+// division by inf: IEEE's quotient), 1 for a NaN norm (the CPU's std::min), the division scaled
+// for norms past 1e37.
 __device__ __forceinline__ float clip_of(const float* grad_norm, float max_grad_norm) {
   if (!grad_norm || !(max_grad_norm > 0.0f)) return 1.0f;
-  const float c = max_grad_norm / (grad_norm[0] + 1e-6f);
+  const float d = grad_norm[0] + 1e-6f;
+  if (ct_isnan(d)) return 1.0f;
+  if (ct_isinf(d)) return 0.0f;
+  const float c =
+      d > 1e37f ? (max_grad_norm * 0.0009765625f) / (d * 0.0009765625f) : max_grad_norm / d;
   return c < 1.0f ? c : 1.0f;
 }
 
@@ -35,12 +42,13 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   CT_GRID_STRIDE(i, n) {
     const float g = grad[i] * clip;
     const float mi = s.b1 * m[i] + (1.0f - s.b1) * g;
-    const float vi = s.b2 * v[i] + (1.0f - s.b2) * g * g;
+    const float v0 = v[i];
+    const float vi = s.b2 * v0 + (1.0f - s.b2) * g * g;
     m[i] = mi;
     v[i] = vi;
     float p = param[i];
     p -= s.lr * s.wd * p;
-    p -= s.lr * (mi / s.bc1) / (sqrtf(vi / s.bc2) + s.eps);
+    p -= ct_adam_update(mi, vi, v0, g, s.lr, s.b2, s.bc1, s.bc2, s.eps);
     param[i] = p;
   }
 }
@@ -114,10 +122,11 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   if (live) {
     const float g = grad[i] * clip;
     mi = s.b1 * (qs[m_q[i]] * m_absmax[blk]) + (1.0f - s.b1) * g;
-    vi = s.b2 * (qu[v_q[i]] * v_absmax[blk]) + (1.0f - s.b2) * g * g;
+    const float v0 = qu[v_q[i]] * v_absmax[blk];
+    vi = s.b2 * v0 + (1.0f - s.b2) * g * g;
     float p = param[i];
     p -= s.lr * s.wd * p;
-    p -= s.lr * (mi / s.bc1) / (sqrtf(vi / s.bc2) + s.eps);
+    p -= ct_adam_update(mi, vi, v0, g, s.lr, s.b2, s.bc1, s.bc2, s.eps);
     param[i] = p;
   }
   const float mmax = block_max<WARP, kThreads>(live ? fabsf(mi) : 0.0f, red);

@@ -3,6 +3,7 @@
 // through shared memory, the others through shfl_down, so the result is bit-identical for every
 // warp size. Pass 1 leaves one partial per block, pass 2 sums the partials with the same tree.
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/safe_math.h"
 
 namespace ct::gpu {
 namespace {
@@ -51,7 +52,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   float acc = 0.0f;
   for (int i = threadIdx.x; i < count; i += kThreads) acc += partial[i];
   acc = block_sum<WARP>(acc, smem);
-  if (threadIdx.x == 0) out[0] = SQRT ? sqrtf(acc) : acc * scale;
+  if (threadIdx.x == 0) out[0] = SQRT ? ct_sqrt(acc) : acc * scale;  // overflowed: inf
 }
 
 // x is (n): flag[0] |= 1 when any x[i] is inf or NaN (before, or with SCALE after, x *= s).

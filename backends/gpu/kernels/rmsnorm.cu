@@ -3,6 +3,7 @@
 // chunks of kChunk, then the chunks in order): no float atomics, a result that depends on N and
 // C only. The same structure as layernorm.cu.
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/safe_math.h"
 
 namespace ct::gpu {
 namespace {
@@ -21,11 +22,26 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   const float* xn = x + n * C;
   float ss = 0.0f;
   for (std::int64_t i = threadIdx.x; i < C; i += kThreads) ss += xn[i] * xn[i];
-  const float ms = block_sum<WARP, kThreads>(ss, smem) / static_cast<float>(C);
-  const float r = 1.0f / sqrtf(ms + eps);
+  float ms = block_sum<WARP, kThreads>(ss, smem) / static_cast<float>(C);
+  // The row is used as x * sc: sc = 1 (the arithmetic of before) unless the squares overflowed
+  // (|x| past ~1e19); then sc, a power of two, brings max |x| into [1, 4) and the sum is taken
+  // again. Block-uniform: ms is the reduced value.
+  float sc = 1.0f;
+  if (!ct_isfinite(ms)) {
+    float a = 0.0f;
+    for (std::int64_t i = threadIdx.x; i < C; i += kThreads) a = fmaxf(a, fabsf(xn[i]));
+    a = block_max<WARP, kThreads>(a, smem);
+    if (ct_isfinite(a)) {  // an inf x keeps ms = inf: rstd 0, as PyTorch's rsqrt(inf)
+      sc = ct_downscale(a);
+      ss = 0.0f;
+      for (std::int64_t i = threadIdx.x; i < C; i += kThreads) ss += (xn[i] * sc) * (xn[i] * sc);
+      ms = block_sum<WARP, kThreads>(ss, smem) / static_cast<float>(C);
+    }
+  }
+  const float r = ct_isinf(ms) ? 0.0f : 1.0f / sqrtf(ms + eps * sc * sc);  // rstd of x sc
   for (std::int64_t i = threadIdx.x; i < C; i += kThreads)
-    O::store(out, n * C + i, xn[i] * r * w[i]);
-  if (threadIdx.x == 0) rstd[n] = r;
+    O::store(out, n * C + i, (xn[i] * sc) * r * w[i]);
+  if (threadIdx.x == 0) rstd[n] = r * sc;
 }
 
 // dx (N, C) += rstd (dxhat - xhat mean(dxhat xhat)), xhat = x rstd, dxhat = dout w; dout (N, C)

@@ -1,6 +1,7 @@
 // SwiGLU (Llama's MLP activation), forward and backward, f32 or 16-bit tensors (all of one
 // element type); fp32 arithmetic. One thread per (gate, up) pair, so dgu may be gu.
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/safe_math.h"
 
 namespace ct::gpu {
 namespace {
@@ -15,7 +16,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   CT_FOR_EACH_ELEMENT(i, n, kThreads) {  // i over the N * F pairs
     const std::int64_t row = i / F, col = i - row * F;
     const float g = E::load(gu, row * 2 * F + col), u = E::load(gu, row * 2 * F + F + col);
-    E::store(out, i, g / (1.0f + expf(-g)) * u);
+    E::store(out, i, ct_silu(g) * u);  // safe_math.h: exp(-g) never overflows
   }
 }
 
@@ -29,7 +30,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     const std::int64_t row = i / F, col = i - row * F;
     const std::int64_t ig = row * 2 * F + col, iu = ig + F;
     const float g = E::load(gu, ig), u = E::load(gu, iu), d = E::load(dout, i);
-    const float s = 1.0f / (1.0f + expf(-g));
+    const float s = ct_sigmoid(g);
     E::store(dgu, ig, d * u * s * (1.0f + g * (1.0f - s)));
     E::store(dgu, iu, d * g * s);
   }
