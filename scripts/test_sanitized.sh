@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite once more, built with AddressSanitizer + UndefinedBehaviorSanitizer
-# (CMake preset debug-asan: -O1 -g, build-asan/). Run after scripts/setup.sh, which installs the
+# The test suite's host-code part once more, built with AddressSanitizer + UndefinedBehaviorSanitizer
+# (CMake preset debug-asan: -O1 -g1, build-asan/). Run after scripts/setup.sh, which installs the
 # packages; CI runs it after the README's test command.
 #
 # Any ASan error or UBSan "runtime error" fails the test that hit it (halt_on_error/abort, see
@@ -9,12 +9,25 @@
 # libdnnl, libvulkan or JIT code), and LeakSanitizer's tracer crashes (SIGSEGV) on this VM for
 # processes that ran lavapipe's threads.
 #
-# Left out here (the release run has them): the CUDA and HIP plugins (built and compiled there;
-# they cannot run on these machines) and the end-to-end training runs on the simt backends
-# (test preset filter: TrainParity / GPT2Golden / FusedAttentionTraining on simt*, TrainChain)
-# -- minutes of fiber switching under ASan that add nothing the simt op suites under ASan do
-# not check -- and the nvcc / hipcc compile checks of the kernel sources (the release build
-# compiles the plugins).
+# What runs here is what sanitizers can find: memory and UB errors in host code. The release
+# run (ctest in build/) runs every case; this one (test preset debug-asan, CMakePresets.json)
+# runs all of test_core, test_io, test_train, test_tools, test_simt, the fuzz corpus, the op
+# suites on cpu_0, simt_0 and simt64_0 (the CPU kernels at each ISA level, the SIMT runtime and
+# every GPU kernel source executed by it), the models on cpu_0, and the Vulkan host code
+# (device, memory, streams, range splitting, the GEMM planner, the coopmat gate, pipeline cache)
+# through a small shader set. Left to the release run, with the reason:
+#   - the op cases of the other Vulkan shaders (attention, flash attention, norms, optimizers,
+#     the mixed-precision and ULP sweeps, ...) and test_vulkan's shader-variant sweeps and
+#     training runs: their work is in lavapipe's JIT-compiled shaders, which ASan does not
+#     instrument, and their host code is the same dispatch path the small set covers;
+#   - the end-to-end model runs on simt/simt64/vulkan (TrainParity, GPT2Golden, LlamaGolden,
+#     LoraTraining, FusedAttentionTraining) and TrainChain: minutes of fiber switching or JIT
+#     code under ASan repeating host paths the cpu_0 model cases and the simt op suites cover;
+#   - the cuda_unavailable / hip_unavailable cases (they only report the skip) and the nvcc /
+#     hipcc compile checks and the CUDA/HIP plugins (built and compiled by the release build);
+#   - the benchmarks (CT_BUILD_BENCH=OFF: the release run checks vulkan_gemm_bench's products).
+# -g1 (line tables, no variable info) is enough for the file:line of every report and builds
+# faster than -g.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cmake --preset debug-asan >/dev/null
@@ -23,4 +36,6 @@ cmake --preset debug-asan >/dev/null
 # preset apply there too (LeakSanitizer off, for the reasons above).
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   cmake --build --preset debug-asan
+# ctest's log of this run (build-asan/Testing/Temporary/LastTest.log) is what
+# scripts/ci_timings.py reads; the count of cases left to the release run is printed here.
 ctest --preset debug-asan
