@@ -1,16 +1,13 @@
-// GPT-2: the parameter table, construction, initialisation, the compute-weight copy, and the host
-// helpers (checkpoints, sampling). forward is in gpt2_forward.cpp, backward in
-// gpt2_backward.cpp, the activation buffers in gpt2_memory.cpp. The host never touches device
-// data except in the explicit host helpers.
+// GPT-2: the parameter table, construction, the per-block parameter views and the
+// initialisation scheme; the parameter store, upload / download and the trainable set are
+// ModelBase's (core/model/model_base.h). forward is in gpt2_forward.cpp, backward in
+// gpt2_backward.cpp, the activation buffers in gpt2_memory.cpp, the LoRA sites in gpt2_lora.cpp.
 #include "core/model/gpt2.h"
 
-#include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "core/error.h"
 #include "core/model/model_util.h"
-#include "core/philox.h"
 
 namespace ct {
 
@@ -62,32 +59,13 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // =============================================================================================
 // Construction and parameter access
 
-GPT2::GPT2(Device& device, const GPT2Config& config, bool with_grads, const GPT2Options& options)
-    : device_(device), config_(config), options_(options) {
+GPT2::GPT2(Device& device, const GPT2Config& config, bool with_grads, const ModelOptions& options)
+    : ModelBase(device, options, "GPT-2", 4), config_(config) {
   config_.validate();
   options_.lora = resolved_lora(options_.lora);
   check_policy();
-  table_ = gpt2_param_table(config_);
-  for (size_t i = 0; i < table_.size(); ++i) {
-    index_[table_[i].name] = i;
-    num_params_ += table_[i].numel;
-    if (table_[i].decay) decay_count_ += table_[i].numel;
-  }
-  CT_CHECK(num_params_ == config_.num_parameters(), "parameter table disagrees with config");
-  if (!base16()) params_ = device_.empty({num_params_}, DType::f32, MemCategory::kWeights);
-  compute_ = options_.policy.mixed()
-                 ? device_.empty({num_params_}, options_.policy.compute, MemCategory::kWeights)
-                 : params_;
-  if (base16())
-    small_ = device_.empty({num_params_ - decay_count_}, DType::f32, MemCategory::kWeights);
-  if (options_.lora.enabled()) {
-    // The base is frozen: gradients (and so optimizer state) for the adapters only.
-    lora_ = std::make_unique<LoraAdapters>(device_, options_.lora, lora_sites(config_),
-                                           config_.n_layer, config_.n_embd, options_.policy.compute,
-                                           with_grads, "GPT-2");
-  } else if (with_grads) {
-    grads_ = device_.empty({num_params_}, DType::f32, MemCategory::kGrads);
-  }
+  build_param_store(gpt2_param_table(config_), config_.num_parameters(), lora_sites(config_),
+                    config_.n_layer, config_.n_embd, with_grads);
 }
 
 std::string GPT2::config_mismatch(const nlohmann::json& saved_json) const {
@@ -107,7 +85,6 @@ bool GPT2::is_ignored_buffer(const std::string& name) const {
 }
 
 void GPT2::check_policy() const {
-  const PrecisionPolicy& pp = options_.policy;
   const std::pair<OpKind, const char*> needed[] = {{OpKind::kCopy, "copy"},
                                                    {OpKind::kAdd, "add"},
                                                    {OpKind::kLayerNorm, "layernorm"},
@@ -116,69 +93,11 @@ void GPT2::check_policy() const {
                                                    {OpKind::kAttention, "attention"},
                                                    {OpKind::kGelu, "gelu"},
                                                    {OpKind::kCrossEntropy, "crossentropy"}};
-  const DType want = model_util::check_policy(device_, pp, "GPT-2", needed);
-  if (base16() && !device_.supports(OpKind::kEmbedding, want))
-    fail(ErrorKind::kUnsupported, "--" + pp.name() + " with LoRA: device " + device_.info().id() +
-                                      " has no embedding op with " + dtype_name(want) +
-                                      " tables (the frozen base is held in 16 bits)");
+  ModelBase::check_policy(needed);
 }
 
-void GPT2::refresh_compute_weights() {
-  if (!options_.policy.mixed()) return;
-  if (lora())
-    lora_->refresh_compute();  // the frozen base does not change
-  else
-    device_.copy(compute_, params_);
-}
-
-const ParamInfo& GPT2::param_info(const std::string& name) const {
-  auto it = index_.find(name);
-  if (it == index_.end())
-    fail(ErrorKind::kInvalidArgument, "GPT-2 has no parameter named '" + name + "'");
-  return table_[it->second];
-}
-
-Tensor GPT2::table_view(const Tensor& flat, const std::string& name) const {
-  const ParamInfo& p = param_info(name);
-  return flat.slice_flat(p.offset, p.shape);
-}
-
-Tensor GPT2::grads_flat() const {
-  if (!grads_.defined())
-    fail(ErrorKind::kInvalidArgument, "this GPT2 was created without gradients");
-  return grads_;
-}
-Tensor GPT2::param(const std::string& name) const {
-  if (!base16()) return table_view(params_, name);
-  const ParamInfo& p = param_info(name);
-  if (p.offset < decay_count_) return compute_.slice_flat(p.offset, p.shape);
-  return small_.slice_flat(p.offset - decay_count_, p.shape);
-}
-
-int64_t GPT2::base_weight_bytes(const GPT2Config& config, const GPT2Options& options) {
-  const int64_t n = config.num_parameters();
-  if (!options.policy.mixed()) return n * 4;
-  const int64_t h = static_cast<int64_t>(dtype_size(options.policy.compute));
-  if (!options.lora.enabled()) return n * (4 + h);  // base16(): the base in 16 bits only
-  int64_t no_decay = 0;
-  for (const ParamInfo& p : gpt2_param_table(config))
-    if (!p.decay) no_decay += p.numel;
-  return n * h + no_decay * 4;
-}
-Tensor GPT2::grad(const std::string& name) const {
-  return table_view(grads_flat(), name);
-}
-Tensor GPT2::params_decay() const {
-  return params_.slice_flat(0, {decay_count_});
-}
-Tensor GPT2::params_no_decay() const {
-  return params_.slice_flat(decay_count_, {num_params_ - decay_count_});
-}
-Tensor GPT2::grads_decay() const {
-  return grads_flat().slice_flat(0, {decay_count_});
-}
-Tensor GPT2::grads_no_decay() const {
-  return grads_flat().slice_flat(decay_count_, {num_params_ - decay_count_});
+int64_t GPT2::base_weight_bytes(const GPT2Config& config, const ModelOptions& options) {
+  return param_store_bytes(gpt2_param_table(config), options);
 }
 
 GPT2::LayerParams GPT2::layer_params(const Tensor& flat, int l) const {
@@ -210,71 +129,22 @@ GPT2::LayerParams GPT2::forward_params(int l) const {
   return p;
 }
 
-void GPT2::zero_grad() {
-  device_.fill(trainable_grads(), 0.0f);
-}
-
 // =============================================================================================
-// Initialisation
+// Initialisation (ModelBase::init)
 
-void GPT2::init(uint64_t seed) {
-  std::vector<float> host(static_cast<size_t>(num_params_));
+// Matrices and embeddings: N(0, 0.02), the residual projections scaled down.
+float GPT2::init_stddev(const ParamInfo& p) const {
   const float proj_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
-  for (size_t k = 0; k < table_.size(); ++k) {
-    const ParamInfo& p = table_[k];
-    float* dst = host.data() + p.offset;
-    if (p.decay) {  // matrices and embeddings: N(0, 0.02), residual projections scaled down
-      float stddev = 0.02f;
-      if (ends_with(p.name, "attn.c_proj.weight") || ends_with(p.name, "mlp.c_proj.weight"))
-        stddev *= proj_scale;
-      Philox rng(seed, k);
-      for (int64_t j = 0; j < p.numel; ++j) dst[j] = stddev * rng.normal(static_cast<uint64_t>(j));
-    } else {  // LayerNorm weights 1; biases (LayerNorm and linear) 0
-      bool is_ln_weight = p.name.find(".ln_") != std::string::npos || p.name.rfind("ln_f", 0) == 0;
-      float value = is_ln_weight && ends_with(p.name, ".weight") ? 1.0f : 0.0f;
-      std::fill(dst, dst + p.numel, value);
-    }
-  }
-  upload_params(host);
-  if (lora()) lora_->init(seed, table_.size());
-  if (grads_.defined() || (lora() && lora_->trains())) zero_grad();
+  float stddev = 0.02f;
+  if (ends_with(p.name, "attn.c_proj.weight") || ends_with(p.name, "mlp.c_proj.weight"))
+    stddev *= proj_scale;
+  return stddev;
 }
 
-// =============================================================================================
-// Host helpers: checkpoints and sampling
-
-std::vector<float> GPT2::download_params() const {
-  if (base16()) return model_util::download_widened(device_, compute_);  // the 16-bit base
-  std::vector<float> host(static_cast<size_t>(num_params_));
-  device_.download(host.data(), params_, host.size() * sizeof(float));
-  return host;
-}
-
-std::vector<float> GPT2::download_grads() const {
-  std::vector<float> host(static_cast<size_t>(num_params_));
-  device_.download(host.data(), grads_flat(), host.size() * sizeof(float));
-  return host;
-}
-
-std::map<std::string, std::vector<float>> GPT2::download_param_map() const {
-  return model_util::split(table_, download_params());
-}
-
-void GPT2::upload_params(const std::vector<float>& flat) {
-  CT_REQUIRE(static_cast<int64_t>(flat.size()) == num_params_,
-             "upload_params: got " + std::to_string(flat.size()) + " values, the model has " +
-                 std::to_string(num_params_));
-  if (base16()) {  // rounded to nearest even on the host: no f32 copy on the device
-    model_util::upload_rounded(device_, compute_, flat);
-    device_.copy(small_, compute_.slice_flat(decay_count_, {num_params_ - decay_count_}));
-    return;
-  }
-  device_.upload(params_, flat.data(), flat.size() * sizeof(float));
-  if (options_.policy.mixed()) device_.copy(compute_, params_);
-}
-
-void GPT2::upload_params(const std::map<std::string, std::vector<float>>& named) {
-  upload_params(model_util::flatten(table_, num_params_, named));
+// LayerNorm weights 1; biases (LayerNorm and linear) 0.
+float GPT2::init_fill(const ParamInfo& p) const {
+  bool is_ln_weight = p.name.find(".ln_") != std::string::npos || p.name.rfind("ln_f", 0) == 0;
+  return is_ln_weight && ends_with(p.name, ".weight") ? 1.0f : 0.0f;
 }
 
 }  // namespace ct

@@ -10,11 +10,10 @@ namespace ct {
 using gpt2_detail::view;
 
 void GPT2::backward(float dloss_scale) {
-  CT_REQUIRE(grads_.defined() || (lora() && lora_->trains()),
-             "backward() on a GPT2 created without gradients");
-  batch_.require_targets("backward()");
+  // dlogits (B,T,V) h = dloss * (softmax(logits) - onehot(targets)), in place over the logits
+  const Tensor dlogits = loss_backward(dloss_scale, config_.vocab_size);
   const int B = batch_.B(), T = batch_.T();
-  const int64_t C = config_.n_embd, V = config_.vocab_size, NH = config_.n_head;
+  const int64_t C = config_.n_embd, NH = config_.n_head;
   const int64_t BT = int64_t{B} * T;
   const int L = config_.n_layer;
   const bool mixed = options_.policy.mixed();
@@ -32,12 +31,7 @@ void GPT2::backward(float dloss_scale) {
   Tensor dresidual_mm = mixed ? view(dresidual_h_, {BT, C}) : dresidual;
   Tensor dln = view(dbt_c_, {BT, C});  // (B,T,C) f32: the gradient of a LayerNorm output
 
-  // ---- loss and LM head ------------------------------------------------------------------------
-  // dlogits (B,T,V) h = dloss * (softmax(logits) - onehot(targets)), in place over the logits
-  Tensor logits = view(logits_, {BT, V});
-  device_.crossentropy_backward(logits, logits, batch_.targets(),
-                                dloss_scale / static_cast<float>(BT));
-  const Tensor& dlogits = logits;
+  // ---- LM head ---------------------------------------------------------------------------------
   // dlnf (B,T,C) f32 = dlogits @ wte;  dwte += dlogits^T @ lnf
   device_.matmul(dln, dlogits, table_view(compute_, "wte.weight"), false, false);
   if (!frozen)

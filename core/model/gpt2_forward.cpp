@@ -13,14 +13,6 @@ namespace ct {
 using gpt2_detail::linear_forward;
 using gpt2_detail::view;
 
-Tensor GPT2::logits() const {
-  return batch_.logits(logits_, config_.vocab_size);
-}
-
-Tensor GPT2::losses() const {
-  return batch_.losses(losses_);
-}
-
 // =============================================================================================
 // One transformer block
 
@@ -42,7 +34,7 @@ void GPT2::block_forward(int l, int B, int T, bool recompute) {
   // qkv (B,T,3C) h = ln1 @ c_attn.w + c_attn.b
   Tensor qkv = view(a.qkv, {BT, 3 * C});
   linear_forward(device_, qkv, ln1, p.qkvw, p.qkvb);
-  lora_forward(l, 0, qkv, ln1);
+  lora_forward(l, 0, 1, qkv, ln1);
   // atty (B,T,C) h = causal softmax(q k^T / sqrt(hs)) v per head; saved for the backward:
   // fused, the rows' log-sum-exp lse (B,NH,T) f32; unfused, the probabilities att (B,NH,T,T) h
   Tensor atty = view(a.atty, {B, T, C});
@@ -55,7 +47,7 @@ void GPT2::block_forward(int l, int B, int T, bool recompute) {
   // attproj (B,T,C) h = atty @ attn.c_proj.w + attn.c_proj.b
   Tensor attproj = view(a.attproj, {BT, C});
   linear_forward(device_, attproj, atty.reshape({BT, C}), p.attprojw, p.attprojb);
-  lora_forward(l, 1, attproj, atty.reshape({BT, C}));
+  lora_forward(l, 1, 1, attproj, atty.reshape({BT, C}));
   // residual2 (B,T,C) f32 = residual + attproj
   Tensor residual2 = view(a.residual2, {BT, C});
   device_.add(residual2.reshape({BT * C}), residual.reshape({BT * C}), attproj.reshape({BT * C}));
@@ -69,13 +61,13 @@ void GPT2::block_forward(int l, int B, int T, bool recompute) {
   // fch (B,T,4C) h = ln2 @ c_fc.w + c_fc.b;  fch_gelu = gelu(fch)
   Tensor fch = view(a.fch, {BT, 4 * C});
   linear_forward(device_, fch, ln2, p.fcw, p.fcb);
-  lora_forward(l, 2, fch, ln2);
+  lora_forward(l, 2, 1, fch, ln2);
   Tensor fch_gelu = view(a.fch_gelu, {BT, 4 * C});
   device_.gelu_forward(fch_gelu.reshape({BT * 4 * C}), fch.reshape({BT * 4 * C}));
   // fcproj (B,T,C) h = fch_gelu @ mlp.c_proj.w + mlp.c_proj.b
   Tensor fcproj = view(a.fcproj, {BT, C});
   linear_forward(device_, fcproj, fch_gelu, p.fcprojw, p.fcprojb);
-  lora_forward(l, 3, fcproj, fch_gelu);
+  lora_forward(l, 3, 1, fcproj, fch_gelu);
   // The recomputation inside backward stops here: the block's output is kept already and
   // backward does not read it.
   if (recompute) return;
@@ -114,10 +106,7 @@ Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) 
 
   // ---- loss ------------------------------------------------------------------------------------
   // losses (B,T) f32 = -log softmax(logits)[targets];  loss [1] f32 = mean(losses)
-  Tensor losses = view(losses_, {BT});
-  device_.crossentropy_forward(losses, logits, batch_.targets());
-  device_.sum(loss_, losses, 1.0f / static_cast<float>(BT));
-  return loss_;
+  return loss_forward(logits, BT);
 }
 
 }  // namespace ct

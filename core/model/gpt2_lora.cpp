@@ -2,7 +2,6 @@
 // blocks' linear layers and the adapters.
 #include "core/error.h"
 #include "core/model/gpt2.h"
-#include "core/model/gpt2_internal.h"
 
 namespace ct {
 
@@ -36,31 +35,15 @@ int64_t GPT2::lora_parameter_count(const GPT2Config& config, const LoraOptions& 
   return LoraAdapters::parameter_count(lora_sites(config), resolved_lora(lora));
 }
 
-Tensor GPT2::trainable_grads() const {
-  if (!lora()) return grads_flat();
-  return lora_->grads();
-}
-
-void GPT2::lora_forward(int l, int m, const Tensor& out, const Tensor& x) const {
-  if (lora_) lora_->forward(l * 4 + m, out, x);
-}
-
-// The frozen base (LoRA) gets dinp only; an adapter whose dropout is active writes dinp (=)
-// first, so the base's part is added after it.
+// The frozen base (LoRA) gets dinp only (ModelBase::linear_backward_input adds the adapter's
+// part); the full model also its weight and bias gradients.
 void GPT2::linear_bwd(int l, int m, const Tensor& dinp, const Tensor& dw, const Tensor& db,
                       const Tensor& dout, const Tensor& inp, const Tensor& w,
                       const Tensor* dbias_src) const {
-  const int site = l * 4 + m;
-  if (lora() && lora_->dropout_active(site)) {
-    lora_->backward(site, dinp, dout, inp);
-    device_.matmul(dinp, dout, w, false, true, 1.0f, 1.0f);
-    return;
-  }
-  if (lora())
-    device_.matmul(dinp, dout, w, false, true);
-  else
-    gpt2_detail::linear_backward(device_, dinp, dw, db, dout, inp, w, dbias_src);
-  if (lora()) lora_->backward(site, dinp, dout, inp);
+  linear_backward_input(l, m, dinp, dout, inp, w, /*transpose_w=*/true);
+  if (lora()) return;
+  device_.matmul(dw, inp, dout, true, false, 1.0f, 1.0f);
+  device_.bias_backward(db, dbias_src ? *dbias_src : dout);
 }
 
 }  // namespace ct

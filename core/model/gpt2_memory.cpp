@@ -17,7 +17,7 @@ namespace ct {
 //                     copy of dresidual BT*C*h
 //   LoRA              LoraAdapters::activation_bytes (u, du, the dropped-out input); with
 //                     gradients the frozen LayerNorms' gradient sink 2 x C*4
-int64_t GPT2::activation_bytes(const GPT2Config& config, const GPT2Options& options, int B, int T,
+int64_t GPT2::activation_bytes(const GPT2Config& config, const ModelOptions& options, int B, int T,
                                bool with_grads) {
   const int64_t L = config.n_layer, C = config.n_embd, V = config.vocab_size, NH = config.n_head;
   const int64_t BT = int64_t{B} * T, f = 4;
@@ -49,17 +49,14 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
   const int64_t NH = config_.n_head;
   const DType f32 = DType::f32, h = options_.policy.activations;
   // Drop the old buffers first so the peak holds one set, not two.
-  residuals_.clear();
+  release_activations();
   layers_.clear();
-  lnf_ = lnf_mean_ = lnf_rstd_ = logits_ = losses_ = loss_ = Tensor();
-  dresidual_ = dresidual_h_ = dbt_c_ = dbt_4c_a_ = dbt_4c_b_ = Tensor();
+  lnf_ = lnf_mean_ = lnf_rstd_ = Tensor();
+  dbt_c_ = dbt_4c_a_ = dbt_4c_b_ = Tensor();
   frozen_ln_dw_ = frozen_ln_db_ = Tensor();
-  if (lora()) lora_->release();
-  batch_.reset();
 
   auto act = [&](int64_t n, DType dt) { return device_.empty({n}, dt, MemCategory::kActivations); };
-  residuals_.resize(static_cast<size_t>(config_.n_layer) + 1);
-  for (Tensor& r : residuals_) r = act(BT * C, f32);
+  allocate_residuals(config_.n_layer, BT, C);
   layers_.resize(options_.gradient_checkpointing ? 1 : static_cast<size_t>(config_.n_layer));
   for (LayerActs& a : layers_) {
     a.ln1 = act(BT * C, h);
@@ -83,20 +80,16 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
   lnf_ = act(BT * C, h);
   lnf_mean_ = act(BT, f32);
   lnf_rstd_ = act(BT, f32);
-  logits_ = act(BT * V, h);
-  losses_ = act(BT, f32);
-  loss_ = act(1, f32);
-  const bool trains = grads_.defined() || (lora() && lora_->trains());
+  allocate_head(BT, V);
   if (lora()) {
-    lora_->allocate(BT, h, trains);
-    if (trains) {
+    lora_->allocate(BT, h, trains());
+    if (trains()) {
       frozen_ln_dw_ = act(C, f32);
       frozen_ln_db_ = act(C, f32);
     }
   }
-  if (trains) {
-    dresidual_ = act(BT * C, f32);
-    if (options_.policy.mixed()) dresidual_h_ = act(BT * C, h);
+  if (trains()) {
+    allocate_dresidual(BT, C);
     dbt_c_ = act(BT * C, f32);
     dbt_4c_a_ = act(BT * 4 * C, h);
     dbt_4c_b_ = act(BT * 4 * C, h);

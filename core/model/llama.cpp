@@ -1,13 +1,13 @@
-// Llama: the parameter table, construction, initialisation, the compute-weight copy, the
-// activation buffers and the host helpers. forward and backward are in llama_forward.cpp and
-// llama_backward.cpp.
+// Llama: the parameter table, construction, the per-layer parameter views, the initialisation
+// scheme, the LoRA sites and the activation buffers; the parameter store, upload / download and
+// the trainable set are ModelBase's (core/model/model_base.h). forward and backward are in
+// llama_forward.cpp and llama_backward.cpp.
 #include "core/model/llama.h"
 
 #include <algorithm>
 
 #include "core/error.h"
 #include "core/model/model_util.h"
-#include "core/philox.h"
 
 namespace ct {
 
@@ -55,30 +55,13 @@ std::vector<ParamInfo> llama_param_table(const LlamaConfig& cfg) {
 // Construction and parameter access
 
 Llama::Llama(Device& device, const LlamaConfig& config, bool with_grads,
-             const LlamaOptions& options)
-    : device_(device), config_(config), options_(options) {
+             const ModelOptions& options)
+    : ModelBase(device, options, "Llama", kLoraSitesPerLayer), config_(config) {
   config_.validate();
   options_.lora = resolved_lora(options_.lora);
   check_policy();
-  table_ = llama_param_table(config_);
-  for (size_t i = 0; i < table_.size(); ++i) {
-    index_[table_[i].name] = i;
-    num_params_ += table_[i].numel;
-    if (table_[i].decay) decay_count_ += table_[i].numel;
-  }
-  CT_CHECK(num_params_ == config_.num_parameters(), "parameter table disagrees with config");
-  if (!base16()) params_ = device_.empty({num_params_}, DType::f32, MemCategory::kWeights);
-  compute_ = options_.policy.mixed()
-                 ? device_.empty({num_params_}, options_.policy.compute, MemCategory::kWeights)
-                 : params_;
-  if (base16())
-    small_ = device_.empty({num_params_ - decay_count_}, DType::f32, MemCategory::kWeights);
-  if (options_.lora.enabled())  // the base frozen: gradients for the adapters only
-    lora_ = std::make_unique<LoraAdapters>(device_, options_.lora, lora_sites(config_),
-                                           config_.n_layer, config_.n_embd, options_.policy.compute,
-                                           with_grads, "Llama");
-  else if (with_grads)
-    grads_ = device_.empty({num_params_}, DType::f32, MemCategory::kGrads);
+  build_param_store(llama_param_table(config_), config_.num_parameters(), lora_sites(config_),
+                    config_.n_layer, config_.n_embd, with_grads);
   // The rotary tables for every position of the block, computed as transformers computes them.
   std::vector<float> cs, sn;
   config_.rope_tables(config_.block_size, cs, sn);
@@ -115,35 +98,16 @@ void Llama::check_policy() const {
                                                    {OpKind::kRope, "rope"},
                                                    {OpKind::kSwiGLU, "swiglu"},
                                                    {OpKind::kCrossEntropy, "crossentropy"}};
-  const DType want = model_util::check_policy(device_, options_.policy, "Llama", needed);
-  if (base16() && !device_.supports(OpKind::kEmbedding, want))
-    fail(ErrorKind::kUnsupported, "--" + options_.policy.name() + " with LoRA: device " +
-                                      device_.info().id() + " has no embedding op with " +
-                                      dtype_name(want) +
-                                      " tables (the frozen base is held in 16 bits)");
+  ModelBase::check_policy(needed);
 }
 
-int64_t Llama::base_weight_bytes(const LlamaConfig& config, const LlamaOptions& options) {
-  const int64_t n = config.num_parameters();
+int64_t Llama::base_weight_bytes(const LlamaConfig& config, const ModelOptions& options) {
   const int64_t rope = 2 * int64_t{config.block_size} * (config.head_dim() / 2) * 4;
-  if (!options.policy.mixed()) return n * 4 + rope;
-  const int64_t h = static_cast<int64_t>(dtype_size(options.policy.compute));
-  if (!options.lora.enabled()) return n * (4 + h) + rope;
-  int64_t no_decay = 0;
-  for (const ParamInfo& p : llama_param_table(config))
-    if (!p.decay) no_decay += p.numel;
-  return n * h + no_decay * 4 + rope;
+  return param_store_bytes(llama_param_table(config), options) + rope;
 }
 
 int64_t Llama::lora_parameter_count(const LlamaConfig& config, const LoraOptions& lora) {
   return LoraAdapters::parameter_count(lora_sites(config), resolved_lora(lora));
-}
-
-void Llama::refresh_compute_weights() {
-  if (lora())
-    lora_->refresh_compute();  // the frozen base does not change
-  else if (options_.policy.mixed())
-    device_.copy(compute_, params_);
 }
 
 std::vector<LoraSite> Llama::lora_sites(const LlamaConfig& cfg) {
@@ -168,53 +132,9 @@ LoraOptions Llama::resolved_lora(LoraOptions lora) {
   return lora;
 }
 
-const ParamInfo& Llama::param_info(const std::string& name) const {
-  auto it = index_.find(name);
-  if (it == index_.end())
-    fail(ErrorKind::kInvalidArgument, "Llama has no parameter named '" + name + "'");
-  return table_[it->second];
-}
-
-Tensor Llama::table_view(const Tensor& flat, const std::string& name) const {
-  const ParamInfo& p = param_info(name);
-  return flat.slice_flat(p.offset, p.shape);
-}
-
 Tensor Llama::head_weight(const Tensor& flat) const {
   return table_view(flat,
                     config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
-}
-
-Tensor Llama::grads_flat() const {
-  if (!grads_.defined())
-    fail(ErrorKind::kInvalidArgument, "this Llama was created without gradients");
-  return grads_;
-}
-Tensor Llama::param(const std::string& name) const {
-  if (!base16()) return table_view(params_, name);
-  const ParamInfo& p = param_info(name);
-  if (p.decay) return compute_.slice_flat(p.offset, p.shape);
-  return small_.slice_flat(p.offset - decay_count_, p.shape);
-}
-
-Tensor Llama::vector_view(int64_t offset, const Shape& shape) const {
-  return base16() ? small_.slice_flat(offset - decay_count_, shape)
-                  : params_.slice_flat(offset, shape);
-}
-Tensor Llama::grad(const std::string& name) const {
-  return table_view(grads_flat(), name);
-}
-Tensor Llama::params_decay() const {
-  return params_.slice_flat(0, {decay_count_});
-}
-Tensor Llama::params_no_decay() const {
-  return params_.slice_flat(decay_count_, {num_params_ - decay_count_});
-}
-Tensor Llama::grads_decay() const {
-  return grads_flat().slice_flat(0, {decay_count_});
-}
-Tensor Llama::grads_no_decay() const {
-  return grads_flat().slice_flat(decay_count_, {num_params_ - decay_count_});
 }
 
 // The fused projections are views spanning adjacent table rows: q|k|v weights (and biases) and
@@ -244,30 +164,18 @@ Llama::LayerParams Llama::forward_params(int l) const {
   return p;
 }
 
-void Llama::zero_grad() {
-  device_.fill(trainable_grads(), 0.0f);
+// =============================================================================================
+// Initialisation (ModelBase::init)
+
+// Linear weights and the embedding: N(0, initializer_range 0.02).
+float Llama::init_stddev(const ParamInfo&) const {
+  return 0.02f;
 }
 
-// =============================================================================================
-// Initialisation
-
-void Llama::init(uint64_t seed) {
-  std::vector<float> host(static_cast<size_t>(num_params_));
-  for (size_t k = 0; k < table_.size(); ++k) {
-    const ParamInfo& p = table_[k];
-    float* dst = host.data() + p.offset;
-    if (p.decay) {  // linear weights and the embedding: N(0, initializer_range 0.02)
-      Philox rng(seed, k);
-      for (int64_t j = 0; j < p.numel; ++j) dst[j] = 0.02f * rng.normal(static_cast<uint64_t>(j));
-    } else {  // RMSNorm weights 1, biases 0
-      const bool norm =
-          p.name.find("layernorm") != std::string::npos || p.name == "model.norm.weight";
-      std::fill(dst, dst + p.numel, norm ? 1.0f : 0.0f);
-    }
-  }
-  upload_params(host);
-  if (lora()) lora_->init(seed, table_.size());
-  if (grads_.defined() || (lora() && lora_->trains())) zero_grad();
+// RMSNorm weights 1, biases 0.
+float Llama::init_fill(const ParamInfo& p) const {
+  const bool norm = p.name.find("layernorm") != std::string::npos || p.name == "model.norm.weight";
+  return norm ? 1.0f : 0.0f;
 }
 
 // =============================================================================================
@@ -281,14 +189,13 @@ void Llama::allocate_activations(int max_batch, int max_seq) {
   max_b_ = max_batch;
   max_t_ = max_seq;
   const int64_t B = max_batch, T = max_seq, BT = B * T;
-  if (lora()) lora_->release();  // the old buffers go first: the peak holds one set
+  release_activations();  // the old buffers go first: the peak holds one set
+  layers_.clear();
   const int64_t C = config_.n_embd, V = config_.vocab_size, F = config_.intermediate_size;
   const int64_t W = config_.qkv_width(), NH = config_.n_head;
   const DType h = options_.policy.activations;
   auto act = [&](Shape s, DType dt) { return device_.empty(s, dt, MemCategory::kActivations); };
-  residuals_.clear();
-  layers_.clear();
-  for (int l = 0; l <= config_.n_layer; ++l) residuals_.push_back(act({BT * C}, DType::f32));
+  allocate_residuals(config_.n_layer, BT, C);
   const int sets = options_.gradient_checkpointing ? 1 : config_.n_layer;
   for (int s = 0; s < sets; ++s) {
     LayerActs a;
@@ -310,24 +217,20 @@ void Llama::allocate_activations(int max_batch, int max_seq) {
   proj_ = act({BT * C}, h);
   lnf_ = act({BT * C}, h);
   lnf_rstd_ = act({BT}, DType::f32);
-  logits_ = act({BT * V}, h);
-  losses_ = act({BT}, DType::f32);
-  loss_ = act({1}, DType::f32);
-  const bool trains = grads_.defined() || (lora() && lora_->trains());
+  allocate_head(BT, V);
   if (lora()) {
-    lora_->allocate(BT, h, trains);
-    if (trains) frozen_norm_dw_ = act({C}, DType::f32);
+    lora_->allocate(BT, h, trains());
+    if (trains()) frozen_norm_dw_ = act({C}, DType::f32);
   }
-  if (trains) {
-    dresidual_ = act({BT * C}, DType::f32);
-    if (options_.policy.mixed()) dresidual_h_ = act({BT * C}, h);
+  if (trains()) {
+    allocate_dresidual(BT, C);
     dln_ = act({BT * C}, DType::f32);
     dwide_ = act({BT * std::max(F, W)}, h);
     datty_ = act({BT * C}, h);
   }
 }
 
-int64_t Llama::activation_bytes(const LlamaConfig& config, const LlamaOptions& options, int B,
+int64_t Llama::activation_bytes(const LlamaConfig& config, const ModelOptions& options, int B,
                                 int T, bool with_grads) {
   const int64_t BT = int64_t{B} * T, C = config.n_embd, V = config.vocab_size;
   const int64_t F = config.intermediate_size, W = config.qkv_width(), NH = config.n_head;
@@ -351,43 +254,6 @@ int64_t Llama::activation_bytes(const LlamaConfig& config, const LlamaOptions& o
                                             options.policy.activations, with_grads) +
              (with_grads ? C * f : 0);
   return total;
-}
-
-// =============================================================================================
-// Host helpers
-
-std::vector<float> Llama::download_params() const {
-  if (base16()) return model_util::download_widened(device_, compute_);  // the 16-bit base
-  std::vector<float> host(static_cast<size_t>(num_params_));
-  device_.download(host.data(), params_, host.size() * sizeof(float));
-  return host;
-}
-
-std::vector<float> Llama::download_grads() const {
-  std::vector<float> host(static_cast<size_t>(num_params_));
-  device_.download(host.data(), grads_flat(), host.size() * sizeof(float));
-  return host;
-}
-
-std::map<std::string, std::vector<float>> Llama::download_param_map() const {
-  return model_util::split(table_, download_params());
-}
-
-void Llama::upload_params(const std::vector<float>& flat) {
-  CT_REQUIRE(static_cast<int64_t>(flat.size()) == num_params_,
-             "upload_params: got " + std::to_string(flat.size()) + " values, the model has " +
-                 std::to_string(num_params_));
-  if (base16()) {  // rounded to nearest even on the host: no f32 copy on the device
-    model_util::upload_rounded(device_, compute_, flat);
-    device_.copy(small_, compute_.slice_flat(decay_count_, {num_params_ - decay_count_}));
-    return;
-  }
-  device_.upload(params_, flat.data(), flat.size() * sizeof(float));
-  if (options_.policy.mixed()) device_.copy(compute_, params_);
-}
-
-void Llama::upload_params(const std::map<std::string, std::vector<float>>& named) {
-  upload_params(model_util::flatten(table_, num_params_, named));
 }
 
 }  // namespace ct

@@ -10,30 +10,19 @@ namespace ct {
 
 using gpt2_detail::view;
 
-// dinp (=) dout @ w (the frozen base: that only), plus dw (+=) dout^T @ inp unless frozen, plus
-// the adapter's part; an adapter with dropout active writes dinp (=) first, the base adds after.
+// dinp (=) dout @ w (the frozen base: that only, with ModelBase::linear_backward_input adding
+// the adapter's part), plus dw (+=) dout^T @ inp unless frozen.
 void Llama::linear_bwd(int l, int site, const Tensor& dinp, const Tensor& dw, const Tensor& dout,
                        const Tensor& inp, const Tensor& w) const {
-  const int s = l * kLoraSitesPerLayer + site;
-  if (lora() && lora_->dropout_active(s)) {
-    lora_->backward(s, dinp, dout, inp);
-    device_.matmul(dinp, dout, w, false, false, 1.0f, 1.0f);
-    return;
-  }
-  device_.matmul(dinp, dout, w, false, false);
-  if (!lora()) {
-    device_.matmul(dw, dout, inp, true, false, 1.0f, 1.0f);
-    return;
-  }
-  lora_->backward(s, dinp, dout, inp);
+  linear_backward_input(l, site, dinp, dout, inp, w, /*transpose_w=*/false);
+  if (!lora()) device_.matmul(dw, dout, inp, true, false, 1.0f, 1.0f);
 }
 
 void Llama::backward(float dloss_scale) {
-  CT_REQUIRE(grads_.defined() || (lora() && lora_->trains()),
-             "backward() on a Llama created without gradients");
-  batch_.require_targets("backward()");
+  // dlogits (B,T,V) h = dloss * (softmax(logits) - onehot(targets)), in place over the logits
+  const Tensor dlogits = loss_backward(dloss_scale, config_.vocab_size);
   const int B = batch_.B(), T = batch_.T();
-  const int64_t C = config_.n_embd, V = config_.vocab_size, NH = config_.n_head;
+  const int64_t C = config_.n_embd, NH = config_.n_head;
   const int64_t NKV = config_.n_kv_head, W = config_.qkv_width(), F = config_.intermediate_size;
   const int64_t hd = config_.head_dim(), BT = int64_t{B} * T;
   const int L = config_.n_layer;
@@ -48,12 +37,7 @@ void Llama::backward(float dloss_scale) {
   Tensor dresidual_mm = mixed ? view(dresidual_h_, {BT, C}) : dresidual;
   Tensor dln = view(dln_, {BT, C});
 
-  // ---- loss and LM head ------------------------------------------------------------------------
-  // dlogits (B,T,V) h = dloss * (softmax(logits) - onehot(targets)), in place over the logits
-  Tensor logits = view(logits_, {BT, V});
-  device_.crossentropy_backward(logits, logits, batch_.targets(),
-                                dloss_scale / static_cast<float>(BT));
-  const Tensor& dlogits = logits;
+  // ---- LM head ---------------------------------------------------------------------------------
   // dlnf (B,T,C) f32 = dlogits @ lm_head;  dlm_head += dlogits^T @ lnf
   device_.matmul(dln, dlogits, head_weight(compute_), false, false);
   if (!frozen)

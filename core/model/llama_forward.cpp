@@ -11,19 +11,6 @@ namespace ct {
 
 using gpt2_detail::view;
 
-Tensor Llama::logits() const {
-  return batch_.logits(logits_, config_.vocab_size);
-}
-
-Tensor Llama::losses() const {
-  return batch_.losses(losses_);
-}
-
-void Llama::lora_forward(int l, int first, int n, const Tensor& out, const Tensor& x) const {
-  if (!lora_) return;
-  for (int m = first; m < first + n; ++m) lora_->forward(l * kLoraSitesPerLayer + m, out, x);
-}
-
 // =============================================================================================
 // One decoder layer
 
@@ -119,10 +106,7 @@ Tensor Llama::forward(const Tensor& tokens, const Tensor* targets, int B, int T)
   if (!targets) return Tensor();
 
   // ---- loss ------------------------------------------------------------------------------------
-  Tensor losses = view(losses_, {BT});
-  device_.crossentropy_forward(losses, logits, batch_.targets());
-  device_.sum(loss_, losses, 1.0f / static_cast<float>(BT));
-  return loss_;
+  return loss_forward(logits, BT);
 }
 
 }  // namespace ct

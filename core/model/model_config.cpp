@@ -35,14 +35,9 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& j) {
 }
 
 std::unique_ptr<Model> make_model(Device& device, const ModelConfig& config, bool with_grads,
-                                  const GPT2Options& options) {
+                                  const ModelOptions& options) {
   if (!config.is_llama()) return std::make_unique<GPT2>(device, config.gpt2(), with_grads, options);
-  LlamaOptions lo;
-  lo.gradient_checkpointing = options.gradient_checkpointing;
-  lo.fused_attention = options.fused_attention;
-  lo.policy = options.policy;
-  lo.lora = options.lora;
-  return std::make_unique<Llama>(device, config.llama(), with_grads, lo);
+  return std::make_unique<Llama>(device, config.llama(), with_grads, options);
 }
 
 }  // namespace ct

@@ -50,9 +50,9 @@ struct ModelConfig {
   static ModelConfig from_hf_json(const nlohmann::json& j);
 };
 
-// The model for `config` on `device` (GPT2Options' fields apply to both families; an empty
-// lora.target_modules takes the family's default).
+// The model for `config` on `device` (an empty lora.target_modules takes the family's
+// default).
 std::unique_ptr<Model> make_model(Device& device, const ModelConfig& config, bool with_grads,
-                                  const GPT2Options& options = {});
+                                  const ModelOptions& options = {});
 
 }  // namespace ct

@@ -172,7 +172,7 @@ void merge_lora(const std::string& base_dir, const std::string& adapter_dir,
   const LoraOptions lo = read_adapter_config(adapter_dir);
   const ModelConfig base_config = read_model_config(base_dir);
   auto device = open_device("cpu");
-  GPT2Options opts;
+  ModelOptions opts;
   opts.lora = lo;
   std::unique_ptr<Model> model = make_model(*device, base_config, /*with_grads=*/false, opts);
   load_weights_from_folder(base_dir, *model);

@@ -61,7 +61,7 @@ struct TrainArgs {
   bool gradient_checkpointing = false;
   // "fused": flash attention (only the rows' log-sum-exp saved); "unfused": the probabilities
   // stored; "auto": fused, except where unfused was measured faster (a Vulkan device that is a
-  // CPU, i.e. lavapipe: 3x). The --attention flag; GPT2Options::fused_attention.
+  // CPU, i.e. lavapipe: 3x). The --attention flag; ModelOptions::fused_attention.
   std::string attention = "auto";
 
   // LoRA (PEFT's names and defaults): r > 0 freezes the model and trains rank-r adapters on the

@@ -350,7 +350,7 @@ TrainSummary train(const TrainArgs& args) {
   if (args.tf32 && dev.info().backend != "cuda")
     std::printf("--tf32: takes effect on CUDA only; %s computes fp32 matmuls in full fp32\n",
                 dev.info().id().c_str());
-  GPT2Options mopts;
+  ModelOptions mopts;
   mopts.gradient_checkpointing = args.gradient_checkpointing;
   mopts.fused_attention = args.attention == "fused" ||
                           (args.attention == "auto" && !unfused_attention_is_faster(dev.info()));

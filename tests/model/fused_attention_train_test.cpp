@@ -58,7 +58,7 @@ TEST(FusedAttentionMemory, ActivationsFallByTheAttentionMatrices) {
   const GPT2Config cfg = GPT2Config::preset("gpt2");
   const int B = 4, T = 1024;
   for (Precision p : {Precision::kFp32, Precision::kBf16}) {
-    GPT2Options fused, unfused;
+    ModelOptions fused, unfused;
     fused.policy = unfused.policy = PrecisionPolicy::make(p);
     unfused.fused_attention = false;
     const int64_t h = static_cast<int64_t>(dtype_size(fused.policy.activations));

@@ -42,7 +42,7 @@ struct RunResult {
 // Two accumulated micro-batches (the second at a different B,T) and the grads they leave.
 RunResult run(Device& dev, bool checkpointing) {
   const GPT2Config c = config_with_layers(3);
-  GPT2Options o;
+  ModelOptions o;
   o.gradient_checkpointing = checkpointing;
   GPT2 model(dev, c, true, o);
   model.init(11);
@@ -92,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(CpuDevices, GPT2Checkpointing, ::testing::Values(false,
 TEST(GPT2CheckpointingMemory, GenerateAndForwardWithoutTargetsWork) {
   auto dev = make_cpu_device(false);
   const GPT2Config c = config_with_layers(2);
-  GPT2Options o;
+  ModelOptions o;
   o.gradient_checkpointing = true;
   GPT2 ckpt(*dev, c, true, o), plain(*dev, c, false);
   ckpt.init(5);
@@ -107,7 +107,7 @@ TEST(GPT2CheckpointingMemory, GenerateAndForwardWithoutTargetsWork) {
 }
 
 // Allocates the activations of a model and returns the kActivations bytes they added.
-int64_t accounted_activation_bytes(Device& dev, const GPT2Config& c, const GPT2Options& o,
+int64_t accounted_activation_bytes(Device& dev, const GPT2Config& c, const ModelOptions& o,
                                    bool with_grads, int B, int T) {
   GPT2 model(dev, c, with_grads, o);
   const int64_t before = dev.memory().current[kActs];
@@ -121,7 +121,7 @@ TEST(GPT2CheckpointingMemory, AccountingMatchesThePredictionExactly) {
   const int B = 2, T = 32;
   for (bool ckpt : {false, true})
     for (bool with_grads : {false, true}) {
-      GPT2Options o;
+      ModelOptions o;
       o.gradient_checkpointing = ckpt;
       EXPECT_EQ(accounted_activation_bytes(*dev, c, o, with_grads, B, T),
                 GPT2::activation_bytes(c, o, B, T, with_grads))
@@ -129,7 +129,7 @@ TEST(GPT2CheckpointingMemory, AccountingMatchesThePredictionExactly) {
     }
   ASSERT_EQ(dev->memory().current[kActs], 0);
 
-  GPT2Options plain, ckpt;
+  ModelOptions plain, ckpt;
   ckpt.gradient_checkpointing = true;
   const double ratio = double(GPT2::activation_bytes(c, plain, B, T)) /
                        double(GPT2::activation_bytes(c, ckpt, B, T));
@@ -144,7 +144,7 @@ TEST(GPT2CheckpointingMemory, BackwardAllocatesNothingAndPeakIsThePrediction) {
   Tensor tokens = upload_tokens(*dev, B, T, c.vocab_size, 1);
   Tensor targets = upload_tokens(*dev, B, T, c.vocab_size, 2);
   const int64_t inputs = dev->memory().current[kActs];
-  GPT2Options o;
+  ModelOptions o;
   o.gradient_checkpointing = true;
   GPT2 model(*dev, c, true, o);
   model.init(1);
@@ -160,7 +160,7 @@ TEST(GPT2CheckpointingMemory, Gpt2At4x1024) {
   const GPT2Config c = GPT2Config::preset("gpt2");
   // The unfused attention (the probabilities stored), whose block sizes are worked out below;
   // the fused one at the end.
-  GPT2Options plain, ckpt, bf16, bf16_ckpt;
+  ModelOptions plain, ckpt, bf16, bf16_ckpt;
   plain.fused_attention = ckpt.fused_attention = false;
   bf16.fused_attention = bf16_ckpt.fused_attention = false;
   ckpt.gradient_checkpointing = bf16_ckpt.gradient_checkpointing = true;
@@ -183,7 +183,7 @@ TEST(GPT2CheckpointingMemory, Gpt2At4x1024) {
   EXPECT_GT(double(a) / b, 3.9);
   EXPECT_LT(d, a);
   // Fused attention keeps lse (4*12*1024*4 B) instead of att: 214,171,648 B a block.
-  GPT2Options fused, fused_ckpt;
+  ModelOptions fused, fused_ckpt;
   fused_ckpt.gradient_checkpointing = true;
   const int64_t f = GPT2::activation_bytes(c, fused, 4, 1024);
   const int64_t g = GPT2::activation_bytes(c, fused_ckpt, 4, 1024);

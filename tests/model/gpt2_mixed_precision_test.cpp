@@ -38,8 +38,8 @@ GPT2Config test_config() {
   return c;
 }
 
-GPT2Options options_for(Precision p, bool checkpointing = false) {
-  GPT2Options o;
+ModelOptions options_for(Precision p, bool checkpointing = false) {
+  ModelOptions o;
   o.policy = PrecisionPolicy::make(p);
   o.gradient_checkpointing = checkpointing;
   return o;
@@ -63,7 +63,7 @@ struct StepResult {
 };
 
 // One forward/backward with dloss_scale `scale`; gradients are returned divided by it.
-StepResult forward_backward(Device& dev, const GPT2Options& o, float scale) {
+StepResult forward_backward(Device& dev, const ModelOptions& o, float scale) {
   const GPT2Config c = test_config();
   const int B = 4, T = 32;
   GPT2 model(dev, c, true, o);
@@ -229,7 +229,7 @@ TEST_P(GPT2MixedPrecision, ActivationBytesAreThePrediction) {
   GPT2Config c = test_config();
   c.n_layer = 6;
   for (bool ckpt : {false, true}) {
-    const GPT2Options o = options_for(p_, ckpt);
+    const ModelOptions o = options_for(p_, ckpt);
     GPT2 model(*dev_, c, true, o);
     const int64_t before = dev_->memory().current[kActs];
     model.allocate_activations(3, 24);
@@ -265,7 +265,7 @@ INSTANTIATE_TEST_SUITE_P(CpuDevices, GPT2MixedPrecision,
 
 TEST(GPT2Precision, PolicyIsChecked) {
   auto dev = make_cpu_device(false);
-  GPT2Options o = options_for(Precision::kBf16);
+  ModelOptions o = options_for(Precision::kBf16);
   o.policy.compute = DType::f32;  // matmul needs a and b of one dtype: lnf (h) @ wte (compute)
   try {
     GPT2 model(*dev, test_config(), true, o);

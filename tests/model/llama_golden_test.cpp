@@ -39,7 +39,7 @@ TEST(Llama, UnfusedAttentionAndCheckpointingMatch) {
   Tensor targets = d.empty({B, T}, DType::i32, MemCategory::kActivations);
   d.upload(tokens, tok.data(), tok.size() * 4);
   d.upload(targets, tgt.data(), tgt.size() * 4);
-  auto run = [&](const LlamaOptions& o, float* loss) {
+  auto run = [&](const ModelOptions& o, float* loss) {
     Llama m(d, cfg, true, o);
     m.init(7);
     d.download(loss, m.forward(tokens, &targets, B, T), sizeof(float));
@@ -48,10 +48,10 @@ TEST(Llama, UnfusedAttentionAndCheckpointingMatch) {
   };
   float l_fused, l_unfused, l_ckpt;
   const std::vector<float> g_fused = run({}, &l_fused);
-  LlamaOptions unfused;
+  ModelOptions unfused;
   unfused.fused_attention = false;
   const std::vector<float> g_unfused = run(unfused, &l_unfused);
-  LlamaOptions ckpt;
+  ModelOptions ckpt;
   ckpt.gradient_checkpointing = true;
   const std::vector<float> g_ckpt = run(ckpt, &l_ckpt);
   EXPECT_NEAR(l_unfused, l_fused, 1e-6 * l_fused);
@@ -69,7 +69,7 @@ TEST(Llama, ActivationBytesMatchTheAllocation) {
   Device& d = test::open_cached("cpu:0");
   for (bool ckpt : {false, true})
     for (bool fused : {false, true}) {
-      LlamaOptions o;
+      ModelOptions o;
       o.gradient_checkpointing = ckpt;
       o.fused_attention = fused;
       const LlamaConfig cfg = LlamaConfig::preset("llama-tiny");

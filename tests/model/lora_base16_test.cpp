@@ -51,11 +51,11 @@ TEST(LoraBase16, NoF32MasterAndTheBitsOfTheRoundedModel) {
   for (Precision prec : {Precision::kBf16, Precision::kFp16}) {
     const PrecisionPolicy pp = PrecisionPolicy::make(prec);
     SCOPED_TRACE(pp.name());
-    GPT2Options lo;
+    ModelOptions lo;
     lo.policy = pp;
     lo.lora.r = 4;
     lo.lora.target_modules = {"c_attn", "c_fc"};
-    GPT2Options full;
+    ModelOptions full;
     full.policy = pp;
 
     // Weights with non-trivial LayerNorm and bias values, rounded to the 16-bit type for the
@@ -102,11 +102,11 @@ TEST(LoraBase16, LlamaNoF32MasterAndTheBitsOfTheRoundedModel) {
   for (Precision prec : {Precision::kBf16, Precision::kFp16}) {
     const PrecisionPolicy pp = PrecisionPolicy::make(prec);
     SCOPED_TRACE(pp.name());
-    LlamaOptions lo;
+    ModelOptions lo;
     lo.policy = pp;
     lo.lora.r = 4;
     lo.lora.target_modules = {"k_proj", "o_proj", "up_proj"};
-    LlamaOptions full;
+    ModelOptions full;
     full.policy = pp;
     const int64_t n = c.num_parameters();
     std::vector<float> w = randn(static_cast<size_t>(n), 6, 0.05f), rounded(w.size());

@@ -1,4 +1,4 @@
-// LoRA dropout (GPT2Options::lora.dropout): adapter gradients against central differences of the
+// LoRA dropout (ModelOptions::lora.dropout): adapter gradients against central differences of the
 // loss under the same masks (so the backward uses the forward's masks, also through the input
 // gradient of a later layer's adapter), masks that change with the draw and vanish without one,
 // gradient checkpointing bitwise equal, and the activation memory as predicted.
@@ -26,8 +26,8 @@ GPT2Config small_config() {
   return c;
 }
 
-GPT2Options lora_options(float dropout, bool checkpointing = false) {
-  GPT2Options o;
+ModelOptions lora_options(float dropout, bool checkpointing = false) {
+  ModelOptions o;
   o.lora.r = 4;
   o.lora.alpha = 8;
   o.lora.target_modules = {"c_attn", "c_proj", "c_fc"};  // all four modules
@@ -46,7 +46,7 @@ class LoraDropout : public ::testing::Test {
   }
   // A model with weights from seed 1 and adapters (B non-zero) of scale 0.1 (larger ones make
   // the loss too curved for a central difference at this step).
-  std::unique_ptr<GPT2> make(const GPT2Options& o) {
+  std::unique_ptr<GPT2> make(const ModelOptions& o) {
     auto m = std::make_unique<GPT2>(ref(), small_config(), /*with_grads=*/true, o);
     m->init(1);
     std::map<std::string, std::vector<float>> ad = m->download_lora_map();

@@ -42,8 +42,8 @@ std::vector<float> floats(const SafetensorsFile& f, const std::string& name) {
 }
 
 // The golden run's adapters: r 4, alpha 16 on c_attn and c_proj.
-GPT2Options golden_lora() {
-  GPT2Options o;
+ModelOptions golden_lora() {
+  ModelOptions o;
   o.lora.r = 4;
   o.lora.alpha = 16;
   o.lora.target_modules = {"c_attn", "c_proj"};
@@ -122,7 +122,7 @@ TEST(Lora, MatchesPyTorchAdapters) {
 
 TEST(Lora, TheBaseIsFrozenAndBStartsAtZero) {
   auto dev = open_device("cpu");
-  const GPT2Options o = golden_lora();
+  const ModelOptions o = golden_lora();
   const int64_t grads_before = dev->memory().current[static_cast<int>(MemCategory::kGrads)];
   GPT2 model(*dev, read_model_config(kBase).gpt2(), /*with_grads=*/true, o);
   // Gradient memory: the adapters' only.
@@ -217,7 +217,7 @@ TEST(Lora, ResumeIsBitExactAndMergeEqualsBasePlusAdapters) {
   auto m = load_model(merged.string(), *dev);
   m->allocate_activations(4, 32);
   const double merged_loss = evaluate(*m, tokens, 32, 4).loss;
-  GPT2Options o;
+  ModelOptions o;
   o.lora = read_adapter_config((root / "full").string());
   EXPECT_FLOAT_EQ(o.lora.dropout, 0.1f);  // written as PEFT writes it, read back
   GPT2 adapted(*dev, read_model_config(kBase).gpt2(), /*with_grads=*/false, o);

@@ -81,7 +81,7 @@ Reference reference(const TrainArgs& a) {
   cfg.n_head = a.n_head;
   cfg.n_embd = a.n_embd;
   cfg.block_size = a.block_size;
-  GPT2Options mo;
+  ModelOptions mo;
   mo.policy = PrecisionPolicy::make(a.fp16   ? Precision::kFp16
                                     : a.bf16 ? Precision::kBf16
                                              : Precision::kFp32);

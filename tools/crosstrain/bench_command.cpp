@@ -83,7 +83,7 @@ int64_t predicted_bytes(const ModelConfig& mc, const Technique& t, int micro_bat
   const LoraOptions lora = row_lora(t);
   int64_t weights = 0, trained = n, activations = 0;
   if (mc.is_llama()) {
-    LlamaOptions o;
+    ModelOptions o;
     o.gradient_checkpointing = t.checkpointing;
     o.fused_attention = !t.unfused_attention;
     o.policy = policy;
@@ -97,7 +97,7 @@ int64_t predicted_bytes(const ModelConfig& mc, const Technique& t, int micro_bat
     activations = Llama::activation_bytes(c, o, micro_batch, c.block_size);
   } else {
     const GPT2Config& cfg = mc.gpt2();
-    GPT2Options o;
+    ModelOptions o;
     o.gradient_checkpointing = t.checkpointing;
     o.fused_attention = !t.unfused_attention;
     o.policy = policy;

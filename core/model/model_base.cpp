@@ -1,0 +1,252 @@
+// ModelBase: the parameter store, initialisation, the trainable set, the host helpers, the LoRA
+// glue and the buffers at the network's ends, once for every family.
+#include "core/model/model_base.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/philox.h"
+
+namespace ct {
+
+// =============================================================================================
+// Construction and parameter access
+
+ModelBase::ModelBase(Device& device, const ModelOptions& options, const char* family,
+                     int sites_per_layer)
+    : device_(device), options_(options), family_(family), sites_per_layer_(sites_per_layer) {}
+
+void ModelBase::build_param_store(std::vector<ParamInfo> table, int64_t expected_count,
+                                  std::vector<LoraSite> sites, int layers, int64_t width,
+                                  bool with_grads) {
+  table_ = std::move(table);
+  for (size_t i = 0; i < table_.size(); ++i) {
+    index_[table_[i].name] = i;
+    num_params_ += table_[i].numel;
+    if (table_[i].decay) decay_count_ += table_[i].numel;
+  }
+  CT_CHECK(num_params_ == expected_count, "parameter table disagrees with config");
+  if (!base16()) params_ = device_.empty({num_params_}, DType::f32, MemCategory::kWeights);
+  compute_ = options_.policy.mixed()
+                 ? device_.empty({num_params_}, options_.policy.compute, MemCategory::kWeights)
+                 : params_;
+  if (base16())
+    small_ = device_.empty({num_params_ - decay_count_}, DType::f32, MemCategory::kWeights);
+  if (options_.lora.enabled())  // the base frozen: gradients (and optimizer state) for adapters
+    lora_ = std::make_unique<LoraAdapters>(device_, options_.lora, std::move(sites), layers, width,
+                                           options_.policy.compute, with_grads, family_);
+  else if (with_grads)
+    grads_ = device_.empty({num_params_}, DType::f32, MemCategory::kGrads);
+}
+
+void ModelBase::check_policy(std::span<const std::pair<OpKind, const char*>> needed) const {
+  const PrecisionPolicy& pp = options_.policy;
+  const DType want = model_util::check_policy(device_, pp, family_, needed);
+  if (base16() && !device_.supports(OpKind::kEmbedding, want))
+    fail(ErrorKind::kUnsupported, "--" + pp.name() + " with LoRA: device " + device_.info().id() +
+                                      " has no embedding op with " + dtype_name(want) +
+                                      " tables (the frozen base is held in 16 bits)");
+}
+
+int64_t ModelBase::param_store_bytes(const std::vector<ParamInfo>& table,
+                                     const ModelOptions& options) {
+  int64_t n = 0, no_decay = 0;
+  for (const ParamInfo& p : table) {
+    n += p.numel;
+    if (!p.decay) no_decay += p.numel;
+  }
+  if (!options.policy.mixed()) return n * 4;
+  const int64_t h = static_cast<int64_t>(dtype_size(options.policy.compute));
+  if (!options.lora.enabled()) return n * (4 + h);
+  return n * h + no_decay * 4;  // base16(): the base in 16 bits, the no-decay region widened
+}
+
+void ModelBase::refresh_compute_weights() {
+  if (lora())
+    lora_->refresh_compute();  // the frozen base does not change
+  else if (options_.policy.mixed())
+    device_.copy(compute_, params_);
+}
+
+const ParamInfo& ModelBase::param_info(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end())
+    fail(ErrorKind::kInvalidArgument,
+         std::string(family_) + " has no parameter named '" + name + "'");
+  return table_[it->second];
+}
+
+Tensor ModelBase::table_view(const Tensor& flat, const std::string& name) const {
+  const ParamInfo& p = param_info(name);
+  return flat.slice_flat(p.offset, p.shape);
+}
+
+Tensor ModelBase::vector_view(int64_t offset, const Shape& shape) const {
+  return base16() ? small_.slice_flat(offset - decay_count_, shape)
+                  : params_.slice_flat(offset, shape);
+}
+
+Tensor ModelBase::grads_flat() const {
+  if (!grads_.defined())
+    fail(ErrorKind::kInvalidArgument,
+         "this " + std::string(family_) + " model was created without gradients");
+  return grads_;
+}
+Tensor ModelBase::param(const std::string& name) const {
+  if (!base16()) return table_view(params_, name);
+  const ParamInfo& p = param_info(name);
+  if (p.decay) return compute_.slice_flat(p.offset, p.shape);
+  return small_.slice_flat(p.offset - decay_count_, p.shape);
+}
+Tensor ModelBase::grad(const std::string& name) const {
+  return table_view(grads_flat(), name);
+}
+Tensor ModelBase::params_decay() const {
+  return params_.slice_flat(0, {decay_count_});
+}
+Tensor ModelBase::params_no_decay() const {
+  return params_.slice_flat(decay_count_, {num_params_ - decay_count_});
+}
+Tensor ModelBase::grads_decay() const {
+  return grads_flat().slice_flat(0, {decay_count_});
+}
+Tensor ModelBase::grads_no_decay() const {
+  return grads_flat().slice_flat(decay_count_, {num_params_ - decay_count_});
+}
+
+void ModelBase::zero_grad() {
+  device_.fill(trainable_grads(), 0.0f);
+}
+
+// =============================================================================================
+// Initialisation
+
+void ModelBase::init(uint64_t seed) {
+  std::vector<float> host(static_cast<size_t>(num_params_));
+  for (size_t k = 0; k < table_.size(); ++k) {
+    const ParamInfo& p = table_[k];
+    float* dst = host.data() + p.offset;
+    if (p.decay) {
+      const float stddev = init_stddev(p);
+      Philox rng(seed, k);
+      for (int64_t j = 0; j < p.numel; ++j) dst[j] = stddev * rng.normal(static_cast<uint64_t>(j));
+    } else {
+      std::fill(dst, dst + p.numel, init_fill(p));
+    }
+  }
+  upload_params(host);
+  if (lora()) lora_->init(seed, table_.size());
+  if (trains()) zero_grad();
+}
+
+// =============================================================================================
+// Activations at the network's ends, the loss
+
+void ModelBase::release_activations() {
+  residuals_.clear();
+  logits_ = losses_ = loss_ = Tensor();
+  dresidual_ = dresidual_h_ = Tensor();
+  if (lora()) lora_->release();
+  batch_.reset();
+}
+
+void ModelBase::allocate_residuals(int layers, int64_t BT, int64_t C) {
+  residuals_.resize(static_cast<size_t>(layers) + 1);
+  for (Tensor& r : residuals_) r = device_.empty({BT * C}, DType::f32, MemCategory::kActivations);
+}
+
+void ModelBase::allocate_head(int64_t BT, int64_t V) {
+  logits_ = device_.empty({BT * V}, options_.policy.activations, MemCategory::kActivations);
+  losses_ = device_.empty({BT}, DType::f32, MemCategory::kActivations);
+  loss_ = device_.empty({1}, DType::f32, MemCategory::kActivations);
+}
+
+void ModelBase::allocate_dresidual(int64_t BT, int64_t C) {
+  dresidual_ = device_.empty({BT * C}, DType::f32, MemCategory::kActivations);
+  if (options_.policy.mixed())
+    dresidual_h_ = device_.empty({BT * C}, options_.policy.activations, MemCategory::kActivations);
+}
+
+Tensor ModelBase::logits() const {
+  return batch_.logits(logits_, vocab_size());
+}
+
+Tensor ModelBase::losses() const {
+  return batch_.losses(losses_);
+}
+
+Tensor ModelBase::loss_forward(const Tensor& logits, int64_t BT) {
+  Tensor losses = losses_.slice_flat(0, {BT});
+  device_.crossentropy_forward(losses, logits, batch_.targets());
+  device_.sum(loss_, losses, 1.0f / static_cast<float>(BT));
+  return loss_;
+}
+
+Tensor ModelBase::loss_backward(float dloss_scale, int64_t V) {
+  CT_REQUIRE(trains(), "backward() on a " + std::string(family_) + " created without gradients");
+  batch_.require_targets("backward()");
+  const int64_t BT = batch_.BT();
+  Tensor logits = logits_.slice_flat(0, {BT, V});
+  device_.crossentropy_backward(logits, logits, batch_.targets(),
+                                dloss_scale / static_cast<float>(BT));
+  return logits;
+}
+
+// =============================================================================================
+// LoRA glue
+
+void ModelBase::lora_forward(int l, int first, int n, const Tensor& out, const Tensor& x) const {
+  if (!lora_) return;
+  for (int m = first; m < first + n; ++m) lora_->forward(l * sites_per_layer_ + m, out, x);
+}
+
+void ModelBase::linear_backward_input(int l, int m, const Tensor& dinp, const Tensor& dout,
+                                      const Tensor& inp, const Tensor& w, bool transpose_w) const {
+  const int site = l * sites_per_layer_ + m;
+  if (lora() && lora_->dropout_active(site)) {
+    lora_->backward(site, dinp, dout, inp);
+    device_.matmul(dinp, dout, w, false, transpose_w, 1.0f, 1.0f);
+    return;
+  }
+  device_.matmul(dinp, dout, w, false, transpose_w);
+  if (lora()) lora_->backward(site, dinp, dout, inp);
+}
+
+// =============================================================================================
+// Host helpers: checkpoints
+
+std::vector<float> ModelBase::download_params() const {
+  if (base16()) return model_util::download_widened(device_, compute_);  // the 16-bit base
+  std::vector<float> host(static_cast<size_t>(num_params_));
+  device_.download(host.data(), params_, host.size() * sizeof(float));
+  return host;
+}
+
+std::vector<float> ModelBase::download_grads() const {
+  std::vector<float> host(static_cast<size_t>(num_params_));
+  device_.download(host.data(), grads_flat(), host.size() * sizeof(float));
+  return host;
+}
+
+std::map<std::string, std::vector<float>> ModelBase::download_param_map() const {
+  return model_util::split(table_, download_params());
+}
+
+void ModelBase::upload_params(const std::vector<float>& flat) {
+  CT_REQUIRE(static_cast<int64_t>(flat.size()) == num_params_,
+             "upload_params: got " + std::to_string(flat.size()) + " values, the model has " +
+                 std::to_string(num_params_));
+  if (base16()) {  // rounded to nearest even on the host: no f32 copy on the device
+    model_util::upload_rounded(device_, compute_, flat);
+    device_.copy(small_, compute_.slice_flat(decay_count_, {num_params_ - decay_count_}));
+    return;
+  }
+  device_.upload(params_, flat.data(), flat.size() * sizeof(float));
+  if (options_.policy.mixed()) device_.copy(compute_, params_);
+}
+
+void ModelBase::upload_params(const std::map<std::string, std::vector<float>>& named) {
+  upload_params(model_util::flatten(table_, num_params_, named));
+}
+
+}  // namespace ct

@@ -1,0 +1,202 @@
+// What every model family (core/model/gpt2.h, core/model/llama.h) holds and does the same way:
+// the options, the flat parameter store (master, compute copy, gradients, and LoRA's 16-bit-only
+// base), its table and views, upload / download, initialisation from the Philox streams, the
+// trainable set for the optimizer with or without LoRA adapters, the LoRA glue of a linear layer,
+// and the buffers at the ends of the network (residual stream, logits, losses). A family keeps its
+// config, its parameter table, its layers and its forward / backward.
+//
+// The parameter store: ONE contiguous f32 buffer in table order, weight-decayed rows first
+// ([0, decay_count)), then the no-decay rows (norms, biases); gradients in another of the same
+// layout. Under a mixed policy (core/amp/precision.h) that buffer is the master the optimizer
+// updates and a second one in policy.compute holds the copy matmuls read, refreshed by
+// refresh_compute_weights(); gradients are always f32. With LoRA under a mixed policy the frozen
+// base is held in 16 bits only (base16()): no f32 master, the compute copy is the model, and the
+// no-decay region is widened once into an f32 buffer for the ops that take vectors in f32.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/amp/precision.h"
+#include "core/device.h"
+#include "core/model/lora.h"
+#include "core/model/model.h"
+#include "core/model/model_util.h"
+#include "core/tensor.h"
+
+namespace ct {
+
+// How a model is built, for every family.
+struct ModelOptions {
+  // Hugging Face --gradient_checkpointing: keep each block's input only, recompute the rest in
+  // backward (one extra block forward per layer but the last; bitwise the same gradients).
+  bool gradient_checkpointing = false;
+  // Fused (flash) attention: only the per-row log-sum-exp is saved, not the (B,NH,T,T)
+  // probabilities, and the backward recomputes them (Device::flash_attention_*). false: the
+  // unfused ops, which store the probabilities.
+  bool fused_attention = true;
+  // Which tensors are f32 and which 16-bit (core/amp/precision.h); fp32 by default.
+  PrecisionPolicy policy;
+  // Low-rank adapters (core/model/lora.h); r = 0 (the default) trains the whole model. An empty
+  // target_modules takes the family's default.
+  LoraOptions lora;
+};
+
+class ModelBase : public Model {
+ public:
+  ModelBase(const ModelBase&) = delete;
+  ModelBase& operator=(const ModelBase&) = delete;
+
+  const ModelOptions& options() const { return options_; }
+  Device& device() const override { return device_; }
+  int max_batch() const override { return max_b_; }
+  int max_seq() const override { return max_t_; }
+
+  // Element j of table tensor k = init_stddev(row k) * Philox(seed, k).normal(j) for the
+  // weight-decayed rows, init_fill(row) for the others. With LoRA, adapter k of lora_params()
+  // (in table order) draws from Philox stream params().size() + k: every lora_A uniform in
+  // +-1/sqrt(in) (PEFT's kaiming_uniform(a=sqrt(5)) bound), every lora_B zero, so the adapted
+  // model starts as the base. Also zeroes the gradients.
+  void init(uint64_t seed) override;
+
+  // Views valid after forward: logits [B,T,V] (of dtype policy.activations) and per-position
+  // losses [B,T] (f32) of the last call.
+  Tensor logits() const override;
+  Tensor losses() const override;
+  // trainable grads (=) 0.
+  void zero_grad() override;
+
+  // Parameters and gradients.
+  const std::vector<ParamInfo>& params() const override { return table_; }
+  const ParamInfo& param_info(const std::string& name) const;  // kInvalidArgument if unknown
+  // [num_parameters] f32 master; undefined when base16() (the base exists in 16 bits only).
+  Tensor params_flat() const { return params_; }
+  // LoRA under a 16-bit policy: the frozen base is held in policy.compute only.
+  bool base16() const { return options_.lora.enabled() && options_.policy.mixed(); }
+  // The copy matmuls read, [num_parameters] of policy.compute (params_flat() itself for fp32).
+  Tensor compute_params_flat() const { return compute_; }
+  // compute copy (=) master, rounded to nearest even (with LoRA: the adapters' compute copy; the
+  // frozen base does not change). Call after every change of the master weights made outside
+  // this class (the optimizer step); init() and upload_params() call it. A no-op for fp32.
+  void refresh_compute_weights() override;
+  Tensor grads_flat() const;  // [num_parameters]; kInvalidArgument without gradients
+  // View with the table shape of what the ops read as the parameter: the f32 master, or when
+  // base16() the 16-bit copy (matrices, embeddings) / the widened f32 vectors (no-decay region).
+  Tensor param(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+  int64_t num_parameters() const override { return num_params_; }
+  int64_t decay_count() const { return decay_count_; }
+  // The two optimizer groups of the full model: [0, decay_count) and [decay_count,
+  // num_parameters).
+  Tensor params_decay() const;
+  Tensor params_no_decay() const;
+  Tensor grads_decay() const;
+  Tensor grads_no_decay() const;
+
+  // What the optimizer updates: every parameter, or with LoRA the adapters only.
+  LoraAdapters* adapters() const override { return lora_.get(); }
+  const std::vector<ParamInfo>& trainable_params() const override {
+    return lora() ? lora_->table() : table_;
+  }
+  Tensor trainable_flat() const override { return lora() ? lora_->params() : params_; }
+  Tensor trainable_grads() const override { return lora() ? lora_->grads() : grads_flat(); }
+  int64_t num_trainable() const override { return lora() ? lora_->count() : num_params_; }
+  int64_t trainable_decay_count() const override { return lora() ? lora_->count() : decay_count_; }
+
+  // Host copies for checkpoints and tests (these wait for the device).
+  std::vector<float> download_params() const override;
+  std::vector<float> download_grads() const;
+  std::map<std::string, std::vector<float>> download_param_map() const override;
+  void upload_params(const std::vector<float>& flat);
+  // Every table name must be present with the right element count; unknown names are errors.
+  void upload_params(const std::map<std::string, std::vector<float>>& named) override;
+
+  // Bytes of kWeights the parameter store of `table` takes under `options` (f32 master, 16-bit
+  // copy, or the 16-bit base plus its widened no-decay region), adapters not included.
+  static int64_t param_store_bytes(const std::vector<ParamInfo>& table,
+                                   const ModelOptions& options);
+
+ protected:
+  // `family` names the model in errors ("GPT-2", "Llama"); a family has `sites_per_layer` LoRA
+  // sites per block, site l * sites_per_layer + m being linear layer m of block l.
+  ModelBase(Device& device, const ModelOptions& options, const char* family, int sites_per_layer);
+
+  // Construction, after the family has validated its config and resolved options_.lora: the
+  // table (checked against the config's count), the parameter buffers and, with LoRA, the
+  // adapters on `sites` (the base frozen: gradients for the adapters only).
+  void build_param_store(std::vector<ParamInfo> table, int64_t expected_count,
+                         std::vector<LoraSite> sites, int layers, int64_t width, bool with_grads);
+  // Error(kUnsupported) naming the op when the device lacks one of `needed` in the policy's
+  // dtype, or (base16()) the embedding op with 16-bit tables.
+  void check_policy(std::span<const std::pair<OpKind, const char*>> needed) const;
+  // The initial value scheme of init(): the standard deviation of a weight-decayed row, the
+  // constant of a no-decay row.
+  virtual float init_stddev(const ParamInfo& p) const = 0;
+  virtual float init_fill(const ParamInfo& p) const = 0;
+
+  Tensor table_view(const Tensor& flat, const std::string& name) const;
+  // The f32 vector at `offset` (a no-decay row or adjacent rows): master, or the widened copy.
+  Tensor vector_view(int64_t offset, const Shape& shape) const;
+  // Whether backward has anything to compute: the full gradients or trainable adapters.
+  bool trains() const { return grads_.defined() || (lora() && lora_->trains()); }
+
+  // The network's two ends, for allocate_activations: drops the old buffers (so the peak holds
+  // one set), then allocates the residual stream (layers + 1 of (B,T,C) f32), logits (BT,V) h,
+  // losses (BT) f32, loss [1]; with `trains` the backward's dresidual (BT,C) f32 and, under a
+  // 16-bit policy, its h copy.
+  void release_activations();
+  void allocate_residuals(int layers, int64_t BT, int64_t C);
+  void allocate_head(int64_t BT, int64_t V);
+  void allocate_dresidual(int64_t BT, int64_t C);
+
+  // The loss of forward: losses (BT) f32 = -log softmax(logits)[targets]; loss [1] f32 = their
+  // mean. Returns loss_.
+  Tensor loss_forward(const Tensor& logits, int64_t BT);
+  // The start of backward: checks that there is something to train and a forward with targets,
+  // then dlogits (BT,V) h = dloss_scale * (softmax(logits) - onehot(targets)) / BT, in place over
+  // the logits, which it returns.
+  Tensor loss_backward(float dloss_scale, int64_t V);
+
+  // LoRA glue of linear layers: out (+=) the adapters' updates of sites [first, first + n) of
+  // block l (no-op without LoRA).
+  void lora_forward(int l, int first, int n, const Tensor& out, const Tensor& x) const;
+  // dinp (=) dout @ w (transpose_w: w^T) plus the adapter's part of site m of block l; an adapter
+  // with dropout active writes dinp (=) first and the base's part is added after it. The base's
+  // weight gradients are the caller's (none when lora()).
+  void linear_backward_input(int l, int m, const Tensor& dinp, const Tensor& dout,
+                             const Tensor& inp, const Tensor& w, bool transpose_w) const;
+
+  Device& device_;
+  ModelOptions options_;
+  const char* family_;
+  int sites_per_layer_;
+  std::vector<ParamInfo> table_;
+  std::map<std::string, size_t> index_;  // name -> row of table_
+  int64_t num_params_ = 0;
+  int64_t decay_count_ = 0;
+  Tensor params_, grads_;
+  Tensor small_;    // base16(): f32 [num_params - decay_count], the no-decay region widened
+  Tensor compute_;  // policy.compute copy of params_ (params_ itself for fp32)
+  std::unique_ptr<LoraAdapters> lora_;  // null without LoRA
+
+  // Activations, sized for max_b_ x max_t_; views of the current (B,T) are taken per call.
+  int max_b_ = 0, max_t_ = 0;
+  // The residual stream, f32 (B,T,C): [0] the embedding output, [l + 1] block l's output.
+  std::vector<Tensor> residuals_;
+  Tensor logits_;  // (B,T,V) h
+  Tensor losses_;  // (B,T)
+  Tensor loss_;    // [1]
+  // Backward scratch: the gradient flowing along the residual stream (B,T,C) f32, and its copy
+  // as a matmul input (B,T,C) h (16-bit policies only).
+  Tensor dresidual_, dresidual_h_;
+
+  // The last forward's batch, kept for backward.
+  model_util::ForwardBatch batch_;
+};
+
+}  // namespace ct
