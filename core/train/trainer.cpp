@@ -279,6 +279,191 @@ void truncate_metrics(const std::string& path, int64_t step) {
   std::ofstream(path, std::ios::trunc) << kept;
 }
 
+// --data, or the built-in default when it is installed.
+std::string training_data_path(const TrainArgs& args) {
+  std::string data_path = args.data.empty() ? kDefaultDataPath : args.data;
+  if (args.data.empty() && !fs::exists(data_path))
+    fail(ErrorKind::kInvalidArgument, "the built-in default data " + data_path +
+                                          " is missing: install Debian's 'fortunes' package (the "
+                                          "setup script does) or pass --data");
+  return data_path;
+}
+
+// --output-dir (created) / metrics.jsonl: new, or for a resumed run its records up to
+// `start_step` continued.
+std::ofstream open_metrics(const std::string& output_dir, int64_t start_step) {
+  std::error_code ec;
+  fs::create_directories(output_dir, ec);
+  if (ec) fail(ErrorKind::kIo, "cannot create --output-dir '" + output_dir + "': " + ec.message());
+  std::string metrics_path = (fs::path(output_dir) / "metrics.jsonl").string();
+  if (start_step > 0) truncate_metrics(metrics_path, start_step);
+  std::ofstream metrics(metrics_path, start_step > 0 ? std::ios::app : std::ios::trunc);
+  if (!metrics) fail(ErrorKind::kIo, "cannot write " + metrics_path);
+  return metrics;
+}
+
+// Removes (or, for a checkpoint moved aside by a killed writer, puts back) what runs killed while
+// writing a checkpoint left in `output_dir`, saying so.
+void clean_stale_checkpoint_temps(const std::string& output_dir) {
+  if (!fs::is_directory(output_dir)) return;
+  for (const StaleCheckpointTemp& t : remove_stale_checkpoint_temps(output_dir)) {
+    if (t.restored.empty())
+      std::printf("removed %s, left by a killed checkpoint writer (%s): %s freed\n", t.path.c_str(),
+                  t.why.c_str(), format_bytes(static_cast<int64_t>(t.bytes)).c_str());
+    else
+      std::printf("restored %s from %s, left by a killed checkpoint writer (%s)\n",
+                  t.restored.c_str(), t.path.c_str(), t.why.c_str());
+  }
+}
+
+// The model options of the flags: checkpointing, attention (--attention auto by the device),
+// LoRA, precision.
+ModelOptions model_options(const TrainArgs& args, const DeviceInfo& device) {
+  ModelOptions mopts;
+  mopts.gradient_checkpointing = args.gradient_checkpointing;
+  mopts.fused_attention = args.attention == "fused" ||
+                          (args.attention == "auto" && !unfused_attention_is_faster(device));
+  if (args.lora_r > 0) {
+    mopts.lora.r = args.lora_r;
+    mopts.lora.alpha = static_cast<float>(args.lora_alpha);
+    mopts.lora.dropout = static_cast<float>(args.lora_dropout);
+    if (!args.lora_target_modules.empty())  // else the family's default
+      mopts.lora.target_modules = split_modules(args.lora_target_modules);
+  }
+  mopts.policy = PrecisionPolicy::make(args.fp16   ? Precision::kFp16
+                                       : args.bf16 ? Precision::kBf16
+                                                   : Precision::kFp32);
+  return mopts;
+}
+
+// The lines that open a run: the model, LoRA, the data, the batch and techniques, the steps.
+void print_run_header(const TrainArgs& args, const ModelSource& source, const Model& model,
+                      const ModelOptions& mopts, const std::string& device,
+                      const std::string& data_path, const TokenSplit& split, int64_t start_step,
+                      const std::string& resume_dir) {
+  const ModelConfig& config = source.config;
+  const int B = args.per_device_train_batch_size, T = source.seq_len;
+  const int accum = args.gradient_accumulation_steps;
+  std::printf("crosstrain: training %s %s (%s, %s parameters) on %s\n",
+              config.is_llama() ? "a Llama-family model" : "GPT-2",
+              source.pretrained.empty() ? args.model.c_str() : source.pretrained.c_str(),
+              config.str().c_str(),
+              format_count(static_cast<double>(model.num_parameters())).c_str(), device.c_str());
+  if (!source.notice.empty()) std::printf("notice: %s\n", source.notice.c_str());
+  if (model.lora()) {
+    std::string targets;
+    for (const std::string& t : model.adapters()->options().target_modules)
+      targets += (targets.empty() ? "" : ",") + t;
+    std::printf("LoRA r=%d alpha=%g on %s: %s trainable parameters (%.2f%% of %s), base frozen\n",
+                mopts.lora.r, static_cast<double>(mopts.lora.alpha), targets.c_str(),
+                format_count(static_cast<double>(model.num_trainable())).c_str(),
+                100.0 * static_cast<double>(model.num_trainable()) /
+                    static_cast<double>(model.num_parameters()),
+                format_count(static_cast<double>(model.num_parameters())).c_str());
+  }
+  std::printf("data: %s (%s, tokenizer %s), %s train / %s validation tokens; batch %d x %d",
+              data_path.c_str(), data_format_name(detect_data_format(data_path)),
+              source.tokenizer->describe().c_str(),
+              format_count(static_cast<double>(split.train.size())).c_str(),
+              format_count(static_cast<double>(split.val.size())).c_str(), B, T);
+  if (accum > 1) std::printf(" x %d accumulation steps", accum);
+  if (mopts.policy.mixed()) std::printf("; %s mixed precision", mopts.policy.name().c_str());
+  if (args.gradient_checkpointing) std::printf("; gradient checkpointing");
+  if (!mopts.fused_attention)
+    std::printf("; unfused attention%s",
+                args.attention == "auto" ? " (faster on this device)" : "");
+  std::printf("; steps %lld to %lld\n", static_cast<long long>(start_step + 1),
+              static_cast<long long>(args.max_steps));
+  if (!resume_dir.empty()) std::printf("resumed from %s\n", resume_dir.c_str());
+  std::fflush(stdout);
+}
+
+// One metrics.jsonl record (without the evaluation); `offload_logged` (the optimizer's offload
+// figures at the last record) moves on to the current ones.
+nlohmann::json log_record(int64_t done, double mean_loss, double lr, float host_norm, double tps,
+                          Device& dev, double optimizer_bytes_per_param, const Optimizer& optimizer,
+                          OffloadStats& offload_logged, const LossScaler& scaler) {
+  nlohmann::json rec;
+  rec["step"] = done;
+  rec["loss"] = mean_loss;
+  rec["lr"] = lr;
+  rec["grad_norm"] = host_norm;
+  rec["tokens_per_s"] = tps;
+  rec["memory"] = memory_json(dev.memory());
+  rec["optimizer_bytes_per_param"] = optimizer_bytes_per_param;
+  if (optimizer.offloaded()) {
+    rec["memory"]["optimizer_host"] = optimizer.state_bytes();
+    // Seconds of this logging window: host update time, and the part of it that ran while
+    // the next step was computed (0 unless --offload-delayed-update).
+    const OffloadStats os_now = optimizer.offload_stats();
+    rec["offload_update_s"] = os_now.update_s - offload_logged.update_s;
+    rec["offload_overlap_s"] = os_now.overlap_s - offload_logged.overlap_s;
+    rec["offload_wait_s"] = os_now.wait_s - offload_logged.wait_s;
+    rec["offload_overlapped_updates"] =
+        os_now.overlapped_updates - offload_logged.overlapped_updates;
+    offload_logged = os_now;
+  }
+  if (scaler.enabled()) {
+    rec["loss_scale"] = scaler.scale();
+    rec["skipped_steps"] = scaler.skipped_steps();
+  }
+  return rec;
+}
+
+// A checkpoint's trainer_state: where the run is (step, data position, the open logging window),
+// how it draws, its schedule, optimizer, loss scaler, precision, model and flags.
+nlohmann::json checkpoint_state(const TrainArgs& args, int64_t done, int64_t data_position,
+                                float partial, int64_t window_steps, LrSchedule schedule, double lr,
+                                const Optimizer& optimizer, const LossScaler& scaler,
+                                const PrecisionPolicy& policy, const ModelConfig& config) {
+  return {{"step", done},
+          {"data_position", data_position},
+          {"logging_window_loss_sum", partial},
+          {"logging_window_steps", window_steps},
+          {"rng",
+           {{"init_seed", args.seed},
+            {"data_seed", args.seed},
+            {"data_stream", BatchLoader::kBatchLoaderStream}}},
+          {"schedule",
+           {{"type", lr_schedule_name(schedule)},
+            {"lr", lr},
+            {"warmup_steps", args.warmup_steps},
+            {"total_steps", args.max_steps}}},
+          {"optimizer", optimizer.name()},
+          {"loss_scaler", scaler.state()},
+          {"precision", policy.name()},
+          {"model_config", config.to_hf_json()},
+          {"args", args_json(args)}};
+}
+
+// The trained model into --output-dir: with LoRA the adapters as PEFT's save_pretrained writes
+// them (the base stays where it came from) and the tokenizer as the Trainer saves it; else the
+// whole model.
+void save_trained_model(const TrainArgs& args, const ModelSource& source, Model& model) {
+  const TextTokenizer& tokenizer = *source.tokenizer;
+  if (model.lora()) {
+    save_adapter(args.output_dir, model,
+                 source.pretrained.empty() ? args.model : source.pretrained);
+    if (!tokenizer.folder().empty()) copy_tokenizer_files(tokenizer.folder(), args.output_dir);
+  } else {
+    save_model(args.output_dir, model, tokenizer.folder());
+  }
+}
+
+// --sample-tokens after --sample-prompt (or a newline), temperature 0.8, top-k 40; a tokenizer
+// of token ids only starts from token 0 and prints ids.
+std::string sample_text(const TrainArgs& args, const TextTokenizer& tokenizer, Model& model) {
+  SampleOptions so;
+  so.temperature = 0.8f;
+  so.top_k = 40;
+  so.seed = args.seed;
+  if (!tokenizer.encodes_text())
+    return tokenizer.decode(model.generate({0}, args.sample_tokens, so));
+  std::vector<int32_t> prompt =
+      tokenizer.encode(args.sample_prompt.empty() ? "\n" : args.sample_prompt);
+  return args.sample_prompt + tokenizer.decode(model.generate(prompt, args.sample_tokens, so));
+}
+
 }  // namespace
 
 OptimizerSettings optimizer_settings(const TrainArgs& a) {
@@ -314,29 +499,14 @@ TrainSummary train(const TrainArgs& args) {
   const int T = source.seq_len;
   const int accum = args.gradient_accumulation_steps;
 
-  std::string data_path = args.data.empty() ? kDefaultDataPath : args.data;
-  if (args.data.empty() && !fs::exists(data_path))
-    fail(ErrorKind::kInvalidArgument, "the built-in default data " + data_path +
-                                          " is missing: install Debian's 'fortunes' package (the "
-                                          "setup script does) or pass --data");
+  const std::string data_path = training_data_path(args);
   std::vector<int32_t> tokens = load_tokens(data_path, tokenizer, config.vocab_size());
   TokenSplit split = split_train_val(tokens, args.validation_split, T + 1);
   if (fs::exists(args.output_dir) && !fs::is_directory(args.output_dir))
     fail(ErrorKind::kInvalidArgument,
          "--output-dir '" + args.output_dir + "' exists and is not a folder");
-  // Leftovers of runs killed while writing a checkpoint, before `latest` is looked for (a
-  // checkpoint moved aside by a killed writer is put back).
-  if (fs::is_directory(args.output_dir)) {
-    for (const StaleCheckpointTemp& t : remove_stale_checkpoint_temps(args.output_dir)) {
-      if (t.restored.empty())
-        std::printf("removed %s, left by a killed checkpoint writer (%s): %s freed\n",
-                    t.path.c_str(), t.why.c_str(),
-                    format_bytes(static_cast<int64_t>(t.bytes)).c_str());
-      else
-        std::printf("restored %s from %s, left by a killed checkpoint writer (%s)\n",
-                    t.restored.c_str(), t.path.c_str(), t.why.c_str());
-    }
-  }
+  // Leftovers of runs killed while writing a checkpoint, before `latest` is looked for.
+  clean_stale_checkpoint_temps(args.output_dir);
   std::string resume_dir;
   if (!args.resume_from_checkpoint.empty())
     resume_dir = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir);
@@ -350,20 +520,7 @@ TrainSummary train(const TrainArgs& args) {
   if (args.tf32 && dev.info().backend != "cuda")
     std::printf("--tf32: takes effect on CUDA only; %s computes fp32 matmuls in full fp32\n",
                 dev.info().id().c_str());
-  ModelOptions mopts;
-  mopts.gradient_checkpointing = args.gradient_checkpointing;
-  mopts.fused_attention = args.attention == "fused" ||
-                          (args.attention == "auto" && !unfused_attention_is_faster(dev.info()));
-  if (args.lora_r > 0) {
-    mopts.lora.r = args.lora_r;
-    mopts.lora.alpha = static_cast<float>(args.lora_alpha);
-    mopts.lora.dropout = static_cast<float>(args.lora_dropout);
-    if (!args.lora_target_modules.empty())  // else the family's default
-      mopts.lora.target_modules = split_modules(args.lora_target_modules);
-  }
-  mopts.policy = PrecisionPolicy::make(args.fp16   ? Precision::kFp16
-                                       : args.bf16 ? Precision::kBf16
-                                                   : Precision::kFp32);
+  const ModelOptions mopts = model_options(args, dev.info());
   std::unique_ptr<Model> model_ptr = make_model(dev, config, /*with_grads=*/true, mopts);
   Model& model = *model_ptr;
   model.init(args.seed);
@@ -398,50 +555,12 @@ TrainSummary train(const TrainArgs& args) {
     dev.upload(loss_sum, &partial, sizeof partial);
   }
 
-  std::error_code ec;
-  fs::create_directories(args.output_dir, ec);
-  if (ec)
-    fail(ErrorKind::kIo, "cannot create --output-dir '" + args.output_dir + "': " + ec.message());
-  std::string metrics_path = (fs::path(args.output_dir) / "metrics.jsonl").string();
-  if (start_step > 0) truncate_metrics(metrics_path, start_step);
-  std::ofstream metrics(metrics_path, start_step > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics) fail(ErrorKind::kIo, "cannot write " + metrics_path);
+  std::ofstream metrics = open_metrics(args.output_dir, start_step);
 
   TrainSummary s;
   s.device = dev.info().id() + " (" + dev.info().name + ")";
   s.num_parameters = model.num_parameters();
-  std::printf("crosstrain: training %s %s (%s, %s parameters) on %s\n",
-              config.is_llama() ? "a Llama-family model" : "GPT-2",
-              source.pretrained.empty() ? args.model.c_str() : source.pretrained.c_str(),
-              config.str().c_str(), format_count(static_cast<double>(s.num_parameters)).c_str(),
-              s.device.c_str());
-  if (!source.notice.empty()) std::printf("notice: %s\n", source.notice.c_str());
-  if (model.lora()) {
-    std::string targets;
-    for (const std::string& t : model.adapters()->options().target_modules)
-      targets += (targets.empty() ? "" : ",") + t;
-    std::printf("LoRA r=%d alpha=%g on %s: %s trainable parameters (%.2f%% of %s), base frozen\n",
-                mopts.lora.r, static_cast<double>(mopts.lora.alpha), targets.c_str(),
-                format_count(static_cast<double>(model.num_trainable())).c_str(),
-                100.0 * static_cast<double>(model.num_trainable()) /
-                    static_cast<double>(model.num_parameters()),
-                format_count(static_cast<double>(model.num_parameters())).c_str());
-  }
-  std::printf("data: %s (%s, tokenizer %s), %s train / %s validation tokens; batch %d x %d",
-              data_path.c_str(), data_format_name(detect_data_format(data_path)),
-              tokenizer.describe().c_str(),
-              format_count(static_cast<double>(split.train.size())).c_str(),
-              format_count(static_cast<double>(split.val.size())).c_str(), B, T);
-  if (accum > 1) std::printf(" x %d accumulation steps", accum);
-  if (mopts.policy.mixed()) std::printf("; %s mixed precision", mopts.policy.name().c_str());
-  if (args.gradient_checkpointing) std::printf("; gradient checkpointing");
-  if (!mopts.fused_attention)
-    std::printf("; unfused attention%s",
-                args.attention == "auto" ? " (faster on this device)" : "");
-  std::printf("; steps %lld to %lld\n", static_cast<long long>(start_step + 1),
-              static_cast<long long>(args.max_steps));
-  if (!resume_dir.empty()) std::printf("resumed from %s\n", resume_dir.c_str());
-  std::fflush(stdout);
+  print_run_header(args, source, model, mopts, s.device, data_path, split, start_step, resume_dir);
 
   ProgressBar bar(start_step, args.max_steps, args.progress_bar);
   auto t_start = Clock::now(), t_window = t_start;
@@ -505,30 +624,9 @@ TrainSummary train(const TrainArgs& args) {
       s.final_loss = mean_loss;
       s.tokens_per_s = tps;
 
-      nlohmann::json rec;
-      rec["step"] = done;
-      rec["loss"] = mean_loss;
-      rec["lr"] = lr;
-      rec["grad_norm"] = host_norm;
-      rec["tokens_per_s"] = tps;
-      rec["memory"] = memory_json(dev.memory());
-      rec["optimizer_bytes_per_param"] = optimizer_bytes_per_param;
-      if (optimizer->offloaded()) {
-        rec["memory"]["optimizer_host"] = optimizer->state_bytes();
-        // Seconds of this logging window: host update time, and the part of it that ran while
-        // the next step was computed (0 unless --offload-delayed-update).
-        const OffloadStats os_now = optimizer->offload_stats();
-        rec["offload_update_s"] = os_now.update_s - offload_logged.update_s;
-        rec["offload_overlap_s"] = os_now.overlap_s - offload_logged.overlap_s;
-        rec["offload_wait_s"] = os_now.wait_s - offload_logged.wait_s;
-        rec["offload_overlapped_updates"] =
-            os_now.overlapped_updates - offload_logged.overlapped_updates;
-        offload_logged = os_now;
-      }
-      if (scaler.enabled()) {
-        rec["loss_scale"] = scaler.scale();
-        rec["skipped_steps"] = scaler.skipped_steps();
-      }
+      nlohmann::json rec =
+          log_record(done, mean_loss, lr, host_norm, tps, dev, optimizer_bytes_per_param,
+                     *optimizer, offload_logged, scaler);
       char line[256];
       std::snprintf(line, sizeof line,
                     "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
@@ -554,24 +652,9 @@ TrainSummary train(const TrainArgs& args) {
     if (do_save) {
       float partial = 0;
       dev.download(&partial, loss_sum, sizeof partial);
-      nlohmann::json st = {{"step", done},
-                           {"data_position", loader.position()},
-                           {"logging_window_loss_sum", partial},
-                           {"logging_window_steps", window_steps},
-                           {"rng",
-                            {{"init_seed", args.seed},
-                             {"data_seed", args.seed},
-                             {"data_stream", BatchLoader::kBatchLoaderStream}}},
-                           {"schedule",
-                            {{"type", lr_schedule_name(schedule)},
-                             {"lr", lr},
-                             {"warmup_steps", args.warmup_steps},
-                             {"total_steps", args.max_steps}}},
-                           {"optimizer", optimizer->name()},
-                           {"loss_scaler", scaler.state()},
-                           {"precision", mopts.policy.name()},
-                           {"model_config", config.to_hf_json()},
-                           {"args", args_json(args)}};
+      const nlohmann::json st =
+          checkpoint_state(args, done, loader.position(), partial, window_steps, schedule, lr,
+                           *optimizer, scaler, mopts.policy, config);
       std::string path = save_checkpoint(
           args.output_dir, done, model, *optimizer, st, args.save_total_limit, tokenizer.folder(),
           source.pretrained.empty() ? args.model : source.pretrained);
@@ -589,29 +672,8 @@ TrainSummary train(const TrainArgs& args) {
   s.peak_memory = dev.memory().total_peak;
 
   if (args.profile) std::printf("%s", dev.profile_report().c_str());
-  if (model.lora()) {
-    // As PEFT's save_pretrained: the adapters (the base stays where it came from), and the
-    // tokenizer as the Trainer saves it.
-    save_adapter(args.output_dir, model,
-                 source.pretrained.empty() ? args.model : source.pretrained);
-    if (!tokenizer.folder().empty()) copy_tokenizer_files(tokenizer.folder(), args.output_dir);
-  } else {
-    save_model(args.output_dir, model, tokenizer.folder());
-  }
-  if (args.sample_tokens > 0) {
-    SampleOptions so;
-    so.temperature = 0.8f;
-    so.top_k = 40;
-    so.seed = args.seed;
-    if (!tokenizer.encodes_text()) {  // token ids only: from token 0, printed as ids
-      s.sample = tokenizer.decode(model.generate({0}, args.sample_tokens, so));
-    } else {
-      std::vector<int32_t> prompt =
-          tokenizer.encode(args.sample_prompt.empty() ? "\n" : args.sample_prompt);
-      s.sample =
-          args.sample_prompt + tokenizer.decode(model.generate(prompt, args.sample_tokens, so));
-    }
-  }
+  save_trained_model(args, source, model);
+  if (args.sample_tokens > 0) s.sample = sample_text(args, tokenizer, model);
   return s;
 }
 

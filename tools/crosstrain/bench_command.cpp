@@ -170,15 +170,219 @@ Row read_row(const fs::path& dir, int64_t batch_tokens, int T) {
   return r;
 }
 
+struct BenchOpts {
+  bool techniques = false;
+  std::string model = "tiny", backends, output_dir = "bench-out", data;
+  int batch = 8, accumulation = 4, steps = 12, logging = 3, block_size = 0;
+};
+
+// --backends as a list, or every backend that opens.
+std::vector<std::string> bench_backends(const std::string& csv) {
+  std::vector<std::string> backends;
+  if (csv.empty()) {
+    for (const auto& e : ct::backends())
+      if (e.error.empty()) backends.push_back(e.name);
+  } else {
+    std::stringstream ss(csv);
+    for (std::string b; std::getline(ss, b, ',');) backends.push_back(b);
+  }
+  return backends;
+}
+
+// The table's rows: the training guides' techniques alone and combined, the optimizers, LoRA.
+std::vector<Technique> bench_techniques(const ModelConfig& cfg, int accumulation) {
+  const std::string acc = std::to_string(accumulation);
+  std::vector<Technique> techniques = {
+      {.name = "vanilla fp32"},
+      {.name = "unfused attention", .flags = {"--attention", "unfused"}, .unfused_attention = true},
+      {.name = "+ accumulation x" + acc,
+       .flags = {"--gradient-accumulation-steps", acc},
+       .micro_batch_divisor = accumulation},
+      {.name = "+ checkpointing", .flags = {"--gradient-checkpointing"}, .checkpointing = true},
+      {.name = "+ fp16", .flags = {"--fp16"}, .mixed = true},
+      {.name = "+ bf16", .flags = {"--bf16"}, .mixed = true},
+      {.name = "bf16 + checkpointing + accumulation x" + acc,
+       .flags = {"--bf16", "--gradient-checkpointing", "--gradient-accumulation-steps", acc},
+       .micro_batch_divisor = accumulation,
+       .mixed = true,
+       .checkpointing = true},
+  };
+  // The optimizer rows (core/train/optimizer.h): state bytes per parameter on the device.
+  const double bpp_af = optimizer_bytes_per_param(cfg, "adafactor");
+  const double bpp_8 = optimizer_bytes_per_param(cfg, "adamw_8bit");
+  techniques.push_back({.name = "+ adafactor",
+                        .flags = {"--optim", "adafactor"},
+                        .optimizer_bytes_per_param = bpp_af});
+  techniques.push_back({.name = "+ 8-bit AdamW",
+                        .flags = {"--optim", "adamw_8bit"},
+                        .optimizer_bytes_per_param = bpp_8});
+  techniques.push_back({.name = "+ offload optimizer",
+                        .flags = {"--offload-optimizer"},
+                        .optimizer_bytes_per_param = 0.0});
+  techniques.push_back({.name = "bf16 + checkpointing + 8-bit AdamW",
+                        .flags = {"--bf16", "--gradient-checkpointing", "--optim", "adamw_8bit"},
+                        .mixed = true,
+                        .checkpointing = true,
+                        .optimizer_bytes_per_param = bpp_8});
+  // LoRA r=8 on the attention projections (PEFT's names), as in the fine-tuning guides.
+  const std::string targets =
+      cfg.is_llama() ? "q_proj,k_proj,v_proj,o_proj" : "attn.c_attn,attn.c_proj";
+  Technique lora{.name = "LoRA r=8 (attention)",
+                 .flags = {"--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", targets},
+                 .lora_r = 8,
+                 .lora_targets = targets};
+  techniques.push_back(lora);
+  Technique lora16 = lora;
+  lora16.name = "bf16 + LoRA r=8 (attention)";
+  lora16.flags.push_back("--bf16");
+  lora16.mixed = true;
+  techniques.push_back(lora16);
+  return techniques;
+}
+
+// The `crosstrain train` command line of technique t on `backend`, writing into `dir`.
+std::vector<std::string> train_argv(const BenchOpts& o, const std::string& exe,
+                                    const std::string& backend, const Technique& t,
+                                    const fs::path& dir) {
+  std::vector<std::string> argv = {exe,
+                                   "train",
+                                   "--no-progress",
+                                   "--model",
+                                   o.model,
+                                   "--backend",
+                                   backend,
+                                   "--output-dir",
+                                   dir.string(),
+                                   "--max-steps",
+                                   std::to_string(o.steps),
+                                   "--logging-steps",
+                                   std::to_string(o.logging),
+                                   "--eval-steps",
+                                   "0",
+                                   "--max-eval-batches",
+                                   "1",
+                                   "--sample-tokens",
+                                   "0",
+                                   "--warmup-steps",
+                                   "2",
+                                   "--per-device-train-batch-size",
+                                   std::to_string(o.batch / t.micro_batch_divisor)};
+  if (o.block_size > 0) argv.insert(argv.end(), {"--block-size", std::to_string(o.block_size)});
+  if (!o.data.empty()) argv.insert(argv.end(), {"--data", o.data});
+  // Every row but "unfused attention" runs the fused attention the prediction assumes
+  // (--attention auto would pick unfused on lavapipe).
+  if (!t.unfused_attention) argv.insert(argv.end(), {"--attention", "fused"});
+  argv.insert(argv.end(), t.flags.begin(), t.flags.end());
+  return argv;
+}
+
+// One row per backend and technique, each a `crosstrain train` process of its own.
+std::vector<Row> run_rows(const BenchOpts& o, const ModelConfig& cfg,
+                          const std::vector<std::string>& backends,
+                          const std::vector<Technique>& techniques) {
+  const std::string exe = (fs::path(executable_dir()) / "crosstrain").string();
+  const std::string log = (fs::path(o.output_dir) / "runs.log").string();
+  std::vector<Row> rows;
+  int T = 0;
+  for (const auto& backend : backends) {
+    for (const auto& t : techniques) {
+      fs::path dir =
+          fs::path(o.output_dir) / "runs" / (backend + "-" + std::to_string(rows.size()));
+      fs::remove_all(dir);
+      std::fprintf(stderr, "bench: %s / %s ...\n", backend.c_str(), t.name.c_str());
+      auto [status, rss] = run_child(train_argv(o, exe, backend, t, dir), log);
+      Row r;
+      if (status == 0) {
+        T = cfg.block_size();  // LoRA rows write adapters, no config.json
+        r = read_row(dir, 0, T);
+      } else {
+        r.error = "exit status " + std::to_string(status) + " (see " + log + ")";
+      }
+      r.backend = backend;
+      r.technique = t.name;
+      r.predicted = predicted_bytes(cfg, t, o.batch / t.micro_batch_divisor);
+      r.peak_rss = rss;
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
+// The Markdown table. "model" = weights + grads + optimizer + activations: what the
+// first-principles formula predicts. Backend workspace (scratch of its kernels) is shown apart.
+std::string rows_markdown(const std::vector<Row>& rows) {
+  std::ostringstream md;
+  md << "| backend | technique | samples/s | tokens/s | peak memory (accounting) | model tensors "
+        "| "
+        "predicted | model vs predicted | workspace | process RSS | activations | final loss |\n"
+     << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& r : rows) {
+    if (!r.error.empty()) {
+      md << "| " << r.backend << " | " << r.technique << " | failed: " << r.error
+         << " | | | | | | | | | |\n";
+      continue;
+    }
+    char buf[512];
+    const int64_t model = r.weights + r.grads + r.optimizer + r.activations;
+    double dev = 100.0 * (static_cast<double>(model) / static_cast<double>(r.predicted) - 1.0);
+    std::snprintf(buf, sizeof buf,
+                  "| %s | %s | %.2f | %s | %s | %s | %s | %+.1f%% | %s | %s | %s | %.4f |\n",
+                  r.backend.c_str(), r.technique.c_str(), r.samples_per_s,
+                  format_count(r.tokens_per_s).c_str(), format_bytes(r.peak_accounted).c_str(),
+                  format_bytes(model).c_str(), format_bytes(r.predicted).c_str(), dev,
+                  format_bytes(r.workspace).c_str(), format_bytes(r.peak_rss).c_str(),
+                  format_bytes(r.activations).c_str(), r.final_loss);
+    md << buf;
+  }
+  return md.str();
+}
+
+nlohmann::json rows_json(const std::vector<Row>& rows) {
+  nlohmann::json js = nlohmann::json::array();
+  for (const auto& r : rows)
+    js.push_back({{"backend", r.backend},
+                  {"technique", r.technique},
+                  {"samples_per_s", r.samples_per_s},
+                  {"tokens_per_s", r.tokens_per_s},
+                  {"peak_memory_accounted", r.peak_accounted},
+                  {"peak_rss", r.peak_rss},
+                  {"predicted_memory", r.predicted},
+                  {"weights", r.weights},
+                  {"grads", r.grads},
+                  {"optimizer", r.optimizer},
+                  {"activations", r.activations},
+                  {"workspace", r.workspace},
+                  {"final_loss", r.final_loss},
+                  {"error", r.error}});
+  return js;
+}
+
+// The chart's data and gnuplot script at `base`.dat / .gp; true when gnuplot drew `base`.png
+// (Debian's gnuplot-nox; the table stands on its own otherwise).
+bool write_chart(const std::vector<Row>& rows, const fs::path& base, const std::string& model) {
+  std::ofstream dat(base.string() + ".dat");
+  for (size_t i = 0; i < rows.size(); ++i)
+    dat << i << " \"" << rows[i].backend << ": " << rows[i].technique << "\" "
+        << rows[i].samples_per_s << " " << rows[i].peak_accounted / 1048576.0 << "\n";
+  dat.close();
+  std::ofstream gp(base.string() + ".gp");
+  gp << "set terminal pngcairo size 1200,680 font ',10'\nset output '" << base.string() << ".png'\n"
+     << "set multiplot layout 1,2 title 'crosstrain techniques (" << model << ")'\n"
+     << "set style fill solid 0.8\nset boxwidth 0.7\nset xtics rotate by -35 left\nset grid "
+        "ytics\nset yrange [0:*]\nset bmargin 14\n"
+     << "set title 'throughput'\nset ylabel 'samples/s'\nplot '" << base.string()
+     << ".dat' using 1:3:xtic(2) with boxes notitle lc rgb '#4477aa'\n"
+     << "set title 'peak memory (accounting)'\nset ylabel 'MiB'\nplot '" << base.string()
+     << ".dat' using 1:4:xtic(2) with boxes notitle lc rgb '#cc6677'\nunset multiplot\n";
+  gp.close();
+  return std::system(("command -v gnuplot >/dev/null 2>&1 && gnuplot '" + base.string() + ".gp'")
+                         .c_str()) == 0;
+}
+
 }  // namespace
 
 Run add_bench(CLI::App& app) {
-  struct Opts {
-    bool techniques = false;
-    std::string model = "tiny", backends, output_dir = "bench-out", data;
-    int batch = 8, accumulation = 4, steps = 12, logging = 3, block_size = 0;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<BenchOpts>();
   app.add_flag("--techniques", o->techniques, "the techniques table (the only benchmark so far)");
   flag(&app, "--model", o->model, "model preset");
   flag(&app, "--block-size", o->block_size, "override the preset's context length (0 = keep)");
@@ -199,189 +403,21 @@ Run add_bench(CLI::App& app) {
            "--per-device-train-batch-size " + std::to_string(o->batch) +
                " must be a positive multiple of --gradient-accumulation-steps " +
                std::to_string(o->accumulation));
-    std::vector<std::string> backends;
-    if (o->backends.empty()) {
-      for (const auto& e : ct::backends())
-        if (e.error.empty()) backends.push_back(e.name);
-    } else {
-      std::stringstream ss(o->backends);
-      for (std::string b; std::getline(ss, b, ',');) backends.push_back(b);
-    }
-    const std::string acc = std::to_string(o->accumulation);
-    std::vector<Technique> techniques = {
-        {.name = "vanilla fp32"},
-        {.name = "unfused attention",
-         .flags = {"--attention", "unfused"},
-         .unfused_attention = true},
-        {.name = "+ accumulation x" + acc,
-         .flags = {"--gradient-accumulation-steps", acc},
-         .micro_batch_divisor = o->accumulation},
-        {.name = "+ checkpointing", .flags = {"--gradient-checkpointing"}, .checkpointing = true},
-        {.name = "+ fp16", .flags = {"--fp16"}, .mixed = true},
-        {.name = "+ bf16", .flags = {"--bf16"}, .mixed = true},
-        {.name = "bf16 + checkpointing + accumulation x" + acc,
-         .flags = {"--bf16", "--gradient-checkpointing", "--gradient-accumulation-steps", acc},
-         .micro_batch_divisor = o->accumulation,
-         .mixed = true,
-         .checkpointing = true},
-    };
+    const std::vector<std::string> backends = bench_backends(o->backends);
     ModelConfig cfg = ModelConfig::preset(o->model);
     if (o->block_size > 0) std::visit([&](auto& c) { c.block_size = o->block_size; }, cfg.config);
     cfg.validate();
-    // The optimizer rows (core/train/optimizer.h): state bytes per parameter on the device.
-    const double bpp_af = optimizer_bytes_per_param(cfg, "adafactor");
-    const double bpp_8 = optimizer_bytes_per_param(cfg, "adamw_8bit");
-    techniques.push_back({.name = "+ adafactor",
-                          .flags = {"--optim", "adafactor"},
-                          .optimizer_bytes_per_param = bpp_af});
-    techniques.push_back({.name = "+ 8-bit AdamW",
-                          .flags = {"--optim", "adamw_8bit"},
-                          .optimizer_bytes_per_param = bpp_8});
-    techniques.push_back({.name = "+ offload optimizer",
-                          .flags = {"--offload-optimizer"},
-                          .optimizer_bytes_per_param = 0.0});
-    techniques.push_back({.name = "bf16 + checkpointing + 8-bit AdamW",
-                          .flags = {"--bf16", "--gradient-checkpointing", "--optim", "adamw_8bit"},
-                          .mixed = true,
-                          .checkpointing = true,
-                          .optimizer_bytes_per_param = bpp_8});
-    // LoRA r=8 on the attention projections (PEFT's names), as in the fine-tuning guides.
-    {
-      const std::string targets =
-          cfg.is_llama() ? "q_proj,k_proj,v_proj,o_proj" : "attn.c_attn,attn.c_proj";
-      Technique lora{
-          .name = "LoRA r=8 (attention)",
-          .flags = {"--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", targets},
-          .lora_r = 8,
-          .lora_targets = targets};
-      techniques.push_back(lora);
-      Technique lora16 = lora;
-      lora16.name = "bf16 + LoRA r=8 (attention)";
-      lora16.flags.push_back("--bf16");
-      lora16.mixed = true;
-      techniques.push_back(lora16);
-    }
+    const std::vector<Technique> techniques = bench_techniques(cfg, o->accumulation);
+
     fs::create_directories(o->output_dir);
-    const std::string exe = (fs::path(executable_dir()) / "crosstrain").string();
-    const std::string log = (fs::path(o->output_dir) / "runs.log").string();
-    std::vector<Row> rows;
-    int T = 0;
-    for (const auto& backend : backends) {
-      for (const auto& t : techniques) {
-        fs::path dir =
-            fs::path(o->output_dir) / "runs" / (backend + "-" + std::to_string(rows.size()));
-        fs::remove_all(dir);
-        std::vector<std::string> argv = {exe,
-                                         "train",
-                                         "--no-progress",
-                                         "--model",
-                                         o->model,
-                                         "--backend",
-                                         backend,
-                                         "--output-dir",
-                                         dir.string(),
-                                         "--max-steps",
-                                         std::to_string(o->steps),
-                                         "--logging-steps",
-                                         std::to_string(o->logging),
-                                         "--eval-steps",
-                                         "0",
-                                         "--max-eval-batches",
-                                         "1",
-                                         "--sample-tokens",
-                                         "0",
-                                         "--warmup-steps",
-                                         "2",
-                                         "--per-device-train-batch-size",
-                                         std::to_string(o->batch / t.micro_batch_divisor)};
-        if (o->block_size > 0)
-          argv.insert(argv.end(), {"--block-size", std::to_string(o->block_size)});
-        if (!o->data.empty()) argv.insert(argv.end(), {"--data", o->data});
-        // Every row but "unfused attention" runs the fused attention the prediction assumes
-        // (--attention auto would pick unfused on lavapipe).
-        if (!t.unfused_attention) argv.insert(argv.end(), {"--attention", "fused"});
-        argv.insert(argv.end(), t.flags.begin(), t.flags.end());
-        std::fprintf(stderr, "bench: %s / %s ...\n", backend.c_str(), t.name.c_str());
-        auto [status, rss] = run_child(argv, log);
-        Row r;
-        if (status == 0) {
-          T = cfg.block_size();  // LoRA rows write adapters, no config.json
-          r = read_row(dir, 0, T);
-        } else {
-          r.error = "exit status " + std::to_string(status) + " (see " + log + ")";
-        }
-        r.backend = backend;
-        r.technique = t.name;
-        r.predicted = predicted_bytes(cfg, t, o->batch / t.micro_batch_divisor);
-        r.peak_rss = rss;
-        rows.push_back(r);
-      }
-    }
-    // Markdown + JSON
-    std::ostringstream md;
-    // "model" = weights + grads + optimizer + activations: what the first-principles formula
-    // predicts. Backend workspace (scratch of its kernels) is shown apart.
-    md << "| backend | technique | samples/s | tokens/s | peak memory (accounting) | model tensors "
-          "| "
-          "predicted | model vs predicted | workspace | process RSS | activations | final loss |\n"
-       << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
-    nlohmann::json js = nlohmann::json::array();
-    for (const auto& r : rows) {
-      if (!r.error.empty()) {
-        md << "| " << r.backend << " | " << r.technique << " | failed: " << r.error
-           << " | | | | | | | | | |\n";
-      } else {
-        char buf[512];
-        const int64_t model = r.weights + r.grads + r.optimizer + r.activations;
-        double dev = 100.0 * (static_cast<double>(model) / static_cast<double>(r.predicted) - 1.0);
-        std::snprintf(buf, sizeof buf,
-                      "| %s | %s | %.2f | %s | %s | %s | %s | %+.1f%% | %s | %s | %s | %.4f |\n",
-                      r.backend.c_str(), r.technique.c_str(), r.samples_per_s,
-                      format_count(r.tokens_per_s).c_str(), format_bytes(r.peak_accounted).c_str(),
-                      format_bytes(model).c_str(), format_bytes(r.predicted).c_str(), dev,
-                      format_bytes(r.workspace).c_str(), format_bytes(r.peak_rss).c_str(),
-                      format_bytes(r.activations).c_str(), r.final_loss);
-        md << buf;
-      }
-      js.push_back({{"backend", r.backend},
-                    {"technique", r.technique},
-                    {"samples_per_s", r.samples_per_s},
-                    {"tokens_per_s", r.tokens_per_s},
-                    {"peak_memory_accounted", r.peak_accounted},
-                    {"peak_rss", r.peak_rss},
-                    {"predicted_memory", r.predicted},
-                    {"weights", r.weights},
-                    {"grads", r.grads},
-                    {"optimizer", r.optimizer},
-                    {"activations", r.activations},
-                    {"workspace", r.workspace},
-                    {"final_loss", r.final_loss},
-                    {"error", r.error}});
-    }
-    fs::path base = fs::path(o->output_dir) / "techniques";
-    std::ofstream(base.string() + ".md") << md.str();
-    std::ofstream(base.string() + ".json") << js.dump(2) << "\n";
-    std::printf("%s", md.str().c_str());
-    // Chart: gnuplot when present (Debian's gnuplot-nox); the table stands on its own otherwise.
-    std::ofstream dat(base.string() + ".dat");
-    for (size_t i = 0; i < rows.size(); ++i)
-      dat << i << " \"" << rows[i].backend << ": " << rows[i].technique << "\" "
-          << rows[i].samples_per_s << " " << rows[i].peak_accounted / 1048576.0 << "\n";
-    dat.close();
-    std::ofstream gp(base.string() + ".gp");
-    gp << "set terminal pngcairo size 1200,680 font ',10'\nset output '" << base.string()
-       << ".png'\n"
-       << "set multiplot layout 1,2 title 'crosstrain techniques (" << o->model << ")'\n"
-       << "set style fill solid 0.8\nset boxwidth 0.7\nset xtics rotate by -35 left\nset grid "
-          "ytics\nset yrange [0:*]\nset bmargin 14\n"
-       << "set title 'throughput'\nset ylabel 'samples/s'\nplot '" << base.string()
-       << ".dat' using 1:3:xtic(2) with boxes notitle lc rgb '#4477aa'\n"
-       << "set title 'peak memory (accounting)'\nset ylabel 'MiB'\nplot '" << base.string()
-       << ".dat' using 1:4:xtic(2) with boxes notitle lc rgb '#cc6677'\nunset multiplot\n";
-    gp.close();
-    if (std::system(
-            ("command -v gnuplot >/dev/null 2>&1 && gnuplot '" + base.string() + ".gp'").c_str()) ==
-        0)
+    const std::vector<Row> rows = run_rows(*o, cfg, backends, techniques);
+
+    const std::string md = rows_markdown(rows);
+    const fs::path base = fs::path(o->output_dir) / "techniques";
+    std::ofstream(base.string() + ".md") << md;
+    std::ofstream(base.string() + ".json") << rows_json(rows).dump(2) << "\n";
+    std::printf("%s", md.c_str());
+    if (write_chart(rows, base, o->model))
       std::printf("\nwrote %s.md, .json and .png\n", base.string().c_str());
     else
       std::printf("\nwrote %s.md and .json (install gnuplot-nox for the PNG chart)\n",
