@@ -10,6 +10,7 @@
 // runs them again with CROSSTRAIN_VK_STRICT_MATH=1: the Vulkan device then dispatches the
 // CT_STRICT_MATH twins of the shaders (shaders/common/math.glsl), whose exp/log/sqrt return NaN
 // outside the range every driver must get right. StrictMathTwinsDispatched checks the switch.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -139,7 +140,10 @@ TEST_P(ExtremeValues, AttentionWithHugeScores) {
     const std::string nm = std::string(flash ? " flash" : " unfused") + " on " + id();
     EXPECT_TRUE(all_finite(ro) && all_finite(rd)) << nm;
     EXPECT_TRUE(close_nmse(fo, ro, tol(Tol::kGemm), "out" + nm));
-    EXPECT_TRUE(close_nmse(fd, rd, tol(Tol::kGemm), "dqkv" + nm));
+    // The backward at scores of 1e6..1e7 recomputes P from an fp32 log-sum-exp that has lost
+    // its small log term: within 1e-7 of the fp64 reference on any build (an -O1 build of the
+    // CPU kernels rounds differently from -O3), never the near-exact device tolerance.
+    EXPECT_TRUE(close_nmse(fd, rd, std::max(tol(Tol::kGemm), 1e-7), "dqkv" + nm));
   }
 }
 
