@@ -76,20 +76,7 @@ find "$fortunes" -maxdepth 1 -type f ! -name '*.dat' ! -name '.*' -exec cp {} "$
 
 # ---- the libraries -----------------------------------------------------------------------------
 # Left to the target: the base system, and the GPU stack (with whatever it needs in turn).
-is_base() {
-  case "$1" in
-    linux-vdso.so.*|ld-linux*.so.*|libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*) return 0 ;;
-    libstdc++.so.*|libgcc_s.so.*) return 0 ;;
-  esac
-  return 1
-}
-is_gpu_stack() {
-  case "$1" in
-    libcuda.so*|libcudart.so*|libcublas.so*|libcublasLt.so*|libnvidia-*|libnvrtc*) return 0 ;;
-    libamdhip64.so*|libhiprtc*|librocblas.so*|libhsa-runtime64.so*|libamd_comgr.so*|librocm*) return 0 ;;
-  esac
-  return 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/bundle_libs.sh"
 # NAME's path as the dynamic linker finds it from FILE (ldd), or from the cache (dlopened).
 resolve() {
   local file="$1" name="$2" p

@@ -50,20 +50,7 @@ cmp -s "$top/bin/crosstrain" "$tmp/unpacked/crosstrain-bundle/bin/crosstrain" ||
 lap "unpacked: $(find "$top" -type f | wc -l) files"
 
 # ---- every ELF file resolves its libraries inside the bundle or to the allowed system ones ----
-allowed_system() {
-  case "$1" in
-    linux-vdso.so.*|ld-linux*.so.*|libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*) return 0 ;;
-    libstdc++.so.*|libgcc_s.so.*) return 0 ;;
-  esac
-  return 1
-}
-gpu_stack() {
-  case "$1" in
-    libcuda.so*|libcudart.so*|libcublas.so*|libcublasLt.so*|libnvidia-*|libnvrtc*) return 0 ;;
-    libamdhip64.so*|libhiprtc*|librocblas.so*|libhsa-runtime64.so*|libamd_comgr.so*|librocm*) return 0 ;;
-  esac
-  return 1
-}
+source "$src/scripts/bundle_libs.sh"
 n_elf=0
 while IFS= read -r f; do
   head -c4 "$f" | grep -q $'\x7fELF' || continue
@@ -78,8 +65,8 @@ while IFS= read -r f; do
   while read -r name arrow path _; do
     [ "$arrow" = "=>" ] || continue
     case "$path" in "$top"/*) continue ;; esac
-    allowed_system "$name" && continue
-    gpu_stack "$name" && continue
+    is_base "$name" && continue
+    is_gpu_stack "$name" && continue
     fail "${f#"$top/"}: $name resolves to '$path', outside the bundle"
   done < <(env -i PATH=/usr/bin:/bin ldd "$f" 2>/dev/null)
 done < <(find "$top" -type f \( -path '*/bin/*' -o -path '*/lib/*' \) ! -path '*/test-data/*')
