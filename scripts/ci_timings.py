@@ -2,6 +2,11 @@
 """Where a CI run's time went, from the tools' own records (no timer of ours in a test).
 
   python3 scripts/ci_timings.py BUILD_DIR [BUILD_DIR ...] [--top N]
+  python3 scripts/ci_timings.py BUILD_DIR --costs tests/ctest_costs.txt
+
+--costs writes the per-test times of BUILD_DIR's last ctest run in the format of ctest's
+CTestCostData.txt (name, runs, seconds), which tests/CMakeLists.txt copies into a fresh build
+folder so that the first run already starts the long tests first.
 
 For each build folder:
   - the build: ninja's own log (BUILD_DIR/.ninja_log, the last build's entries), per target the
@@ -170,6 +175,20 @@ def report_tests(build_dir, top):
         print(f"  {t:>8.1f}  {name}{'' if status == 'passed' else '  (' + status + ')'}")
 
 
+def write_costs(build_dir, out):
+    lastlog = os.path.join(build_dir, "Testing", "Temporary", "LastTest.log")
+    if not os.path.exists(lastlog):
+        print(f"ci_timings: no {lastlog}: run ctest there first", file=sys.stderr)
+        return 2
+    cases = [c for c in lastlog_cases(lastlog) if c[2] != "skipped"]
+    with open(out, "w") as f:
+        for t, name, _, _ in sorted(cases, key=lambda c: c[1]):
+            f.write(f"{name} 1 {max(t, 0.01):.2f}\n")
+        f.write("---\n")
+    print(f"ci_timings: {len(cases)} test costs written to {out}")
+    return 0
+
+
 def report_phases(build_dir):
     path = os.path.join(build_dir, "ci-phases.tsv")
     if not os.path.exists(path):
@@ -185,7 +204,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("build_dirs", nargs="+")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--costs", metavar="FILE",
+                    help="write the last run's test times as a ctest cost file and exit")
     args = ap.parse_args()
+    if args.costs:
+        return write_costs(args.build_dirs[0], args.costs)
     for d in args.build_dirs:
         print(f"== {d}")
         report_phases(d)

@@ -59,7 +59,7 @@
 // loads cut the load count per FMA fourfold. A_K and B_K need K % 4 == 0.
 #ifndef VRM
 #if defined(MM_SG)
-#define VRM 16  // rows per invocation: MM_SG 16 (8: 7-10% slower on lavapipe, 32: 20-45% slower)
+#define VRM 8  // rows per invocation: MM_SG 8 (see below: 16 compiles 4x slower on lavapipe)
 #else
 #define VRM 8  // rows per invocation (multiple of 4)
 #endif
@@ -73,14 +73,17 @@
 #define MM_KU 1  // 4-deep k steps per loop iteration
 #endif
 #if defined(MM_SG)
-// MM_SG (with MM_VEC, VRM a multiple of 8, 16 by default; the host picks it where the subgroup
+// MM_SG (with MM_VEC, VRM a multiple of 8, 8 by default; the host picks it where the subgroup
 // size is 8 and subgroups support ballot in compute): the 8 invocations of a subgroup share their
 // VRM rows of a, so each loads 1/8 of them -- rows l, l + 8, .. (A_K, A_S) or vec4s of 4 rows at
 // one k (A_M) -- and subgroupBroadcast() hands the values round (on lavapipe an extract and a
 // splat, against 8x the gathers). The row block is the subgroup's, the column block the lane's,
-// so nothing depends on how the device lays subgroups over the workgroup. 16 rows: each b value
-// loaded (a per-lane gather on lavapipe, about half the time of the 8-row block) serves 16
-// multiply-adds; the multiply-adds run in 8-row halves that reuse the loaded b.
+// so nothing depends on how the device lays subgroups over the workgroup. With 16 rows each b
+// value loaded (a per-lane gather on lavapipe) serves 16 multiply-adds, in 8-row halves that
+// reuse it: 5-37% faster GEMMs on lavapipe, but lavapipe's LLVM 15 compiles a 16x8 variant in
+// 41-50 s against 10 s for 8x8 (and 4 s for 8x4), at its first dispatch in every process whose
+// Mesa shader cache lacks it -- in a cold CI run 60+ variants, most of the Vulkan suite's time.
+// 8 rows it is; VRM=16 builds the faster-running kernel for a long lavapipe training run.
 // Tried: 32-bit byte offsets from a 64-bit base (base + sext(offset)) so that LLVM might use
 // 32-bit-index gathers: LLVM 15 keeps vpgatherqd with 64-bit zmm addresses (already 8 lanes per
 // instruction with AVX-512), no faster. 8x4 blocks (32 accumulators, no spills): no faster.

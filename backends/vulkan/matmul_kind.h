@@ -23,9 +23,9 @@ inline MmKind default_mm_kind(bool cpu_like, bool bda, bool sg8, bool int64) {
 inline const char* describe(MmKind k) {
   switch (k) {
     case MmKind::kVsg64:
-      return "vsg64 (16x8 register blocks, subgroup-shared rows of a, 64-bit loads)";
+      return "vsg64 (8x8 register blocks, subgroup-shared rows of a, 64-bit loads)";
     case MmKind::kVsg:
-      return "vsg (16x8 register blocks, subgroup-shared rows of a)";
+      return "vsg (8x8 register blocks, subgroup-shared rows of a)";
     case MmKind::kVec:
       return "vec (8x8 register blocks, vec4 loads through device addresses)";
     case MmKind::kReg:

@@ -366,8 +366,7 @@ void VulkanDevice::gemm(const GemmCall& g) {
   }
   if (combo >= 0 && kind == MmKind::kVec) kind = MmKind::kReg;    // no MM_VEC 16-bit variants
   if (combo >= 0 && kind == MmKind::kVsg64) kind = MmKind::kVsg;  // f32 only
-  // TM, TN of matmul.comp: 64 x 64 (8 x 8 invocations, 8 x 8 blocks), MM_SG 128 x 64 (16-row
-  // blocks).
+  // TM, TN of matmul.comp: 64 x 64 (8 x 8 invocations, 8 x 8 blocks), MM_SG too.
   int64_t tm = 64, tn = 64;
   CT_CHECK(g.sc[2] == 1, "gemm: c must have unit column stride");
   MatmulPush p{};
@@ -403,7 +402,6 @@ void VulkanDevice::gemm(const GemmCall& g) {
          : kind == MmKind::kVsg64 && bm < 2                             ? kVsg64Ids[am][bm]
          : kind == MmKind::kVsg || kind == MmKind::kVsg64               ? kVsgIds[am][bm]
                                                                         : kVecIds[am][bm];
-    if (kind != MmKind::kVec) tm = 128;  // an MM_SG variant
   }
   const PipelineSpec* spec = nullptr;
   PipelineSpec pspec;
