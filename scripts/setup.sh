@@ -2,6 +2,7 @@
 # Installs what crosstrain needs from Debian's packages (only what is missing), then configures
 # and builds it into build/. Idempotent: a second run installs nothing and rebuilds only changes.
 #   bash scripts/setup.sh            # build, tests included
+#   bash scripts/setup.sh --app      # build the crosstrain command and its backend plugins only
 #   bash scripts/setup.sh --torch    # also install PyTorch (golden-file script, benchmarks)
 #   bash scripts/setup.sh --packages-only   # install, do not build
 set -euo pipefail
@@ -20,11 +21,13 @@ packages=(
   patchelf                                   # $ORIGIN RUNPATHs of the GPU-check bundle (scripts/bundle.sh)
 )
 packages_only=0
+app_only=0
 for arg in "$@"; do
   case "$arg" in
     --torch) packages+=(python3-torch python3-numpy) ;;
     --packages-only) packages_only=1 ;;
-    *) echo "setup.sh: unknown option '$arg' (known: --torch, --packages-only)" >&2; exit 2 ;;
+    --app) app_only=1 ;;
+    *) echo "setup.sh: unknown option '$arg' (known: --torch, --packages-only, --app)" >&2; exit 2 ;;
   esac
 done
 
@@ -91,4 +94,8 @@ fi
 # them the build makes only the emulated cooperative-matrix shaders.
 python3 scripts/fetch_coopmat_tools.py || echo "setup: building without the coopmat shaders" >&2
 cmake --preset release >/dev/null
-cmake --build --preset release
+if ((app_only)); then
+  cmake --build --preset release --target crosstrain_app
+else
+  cmake --build --preset release
+fi

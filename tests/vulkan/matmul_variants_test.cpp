@@ -171,9 +171,15 @@ TEST_F(VulkanTest, TiledSplitK) {
   unsetenv("CROSSTRAIN_VK_MATMUL");
 }
 
+// Named by the variant (Variants/MatmulTest.LongKInPieces/tiled128), so ctest's name is the gtest
+// name (gtest_discover_tests NO_PRETTY_VALUES: names without spaces, which ctest's cost file
+// needs).
 INSTANTIATE_TEST_SUITE_P(Variants, MatmulTest,
                          ::testing::Values("vsg64", "vsg", "vec", "reg", "tiled", "tiled128",
-                                           "tiled_sg8"));
+                                           "tiled_sg8"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param);
+                         });
 
 }  // namespace
 }  // namespace ct::vktest
