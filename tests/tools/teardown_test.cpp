@@ -106,8 +106,9 @@ TEST(Teardown, ProbeClosesEveryBackendBeforeMainReturns) {
     SCOPED_TRACE(b);
     EXPECT_NE(c.output.find(std::string("ok ") + b + ":0"), std::string::npos) << c.output;
     EXPECT_GE(c.at(std::string("backend ") + b + " destroyed"), 0) << c.output;
-    if (std::string(b) != "cpu")  // the GPU-kernel devices: opened and closed before main ends
+    if (std::string(b) != "cpu") {  // the GPU-kernel devices: opened and closed before main ends
       EXPECT_LT(c.at(std::string(b) + ":0 closed"), c.at("main returned")) << c.output;
+    }
   }
   if (expected("vulkan")) expect_vulkan_closed_in_order(c, true);
 }
@@ -120,7 +121,9 @@ TEST(Teardown, WithoutShutdownNothingIsDestroyedAtExit) {
   EXPECT_EQ(c.at("vulkan instance destroyed"), -1) << c.output;
   for (const std::string& line : c.trace)
     EXPECT_EQ(line.find("backend "), std::string::npos) << c.output;
-  if (expected("vulkan")) EXPECT_LT(c.at("vulkan:0 closed"), c.at("main returned")) << c.output;
+  if (expected("vulkan")) {
+    EXPECT_LT(c.at("vulkan:0 closed"), c.at("main returned")) << c.output;
+  }
 }
 
 TEST(Teardown, DevicesCommandExitsCleanly) {
