@@ -83,7 +83,8 @@
 // reuse it: 5-37% faster GEMMs on lavapipe, but lavapipe's LLVM 15 compiles a 16x8 variant in
 // 41-50 s against 10 s for 8x8 (and 4 s for 8x4), at its first dispatch in every process whose
 // Mesa shader cache lacks it -- in a cold CI run 60+ variants, most of the Vulkan suite's time.
-// 8 rows it is; VRM=16 builds the faster-running kernel for a long lavapipe training run.
+// 8 rows it is. VRM=16 would also need the host's tile height (tm in backends/vulkan/ops/
+// matmul.cpp) back at 128 for the MM_SG variants.
 // Tried: 32-bit byte offsets from a 64-bit base (base + sext(offset)) so that LLVM might use
 // 32-bit-index gathers: LLVM 15 keeps vpgatherqd with 64-bit zmm addresses (already 8 lanes per
 // instruction with AVX-512), no faster. 8x4 blocks (32 accumulators, no spills): no faster.
