@@ -464,6 +464,228 @@ std::string sample_text(const TrainArgs& args, const TextTokenizer& tokenizer, M
   return args.sample_prompt + tokenizer.decode(model.generate(prompt, args.sample_tokens, so));
 }
 
+// A training run between its steps. train() below is the sequence of the named steps that fill
+// and use it: prepare_run, open_model, restore_run, then per step optimizer_step, log_window and
+// save_step_checkpoint, and finish_run.
+struct Run {
+  explicit Run(const TrainArgs& a) : args(a) {}
+  const TrainArgs& args;
+  // prepare_run: the checked arguments, the model source and the data.
+  LrSchedule schedule{};
+  ModelSource source;
+  int B = 0, T = 0, accum = 1;
+  std::string data_path, resume_dir;
+  TokenSplit split;
+  // open_model: the device, the model with its optimizer and loss scaler, the step's tensors.
+  std::unique_ptr<Device> device;
+  ModelOptions mopts;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<LossScaler> scaler;
+  std::unique_ptr<Optimizer> optimizer;
+  double optimizer_bytes_per_param = 0;
+  Tensor inputs, targets, loss_sum, grad_norm;
+  // restore_run: where the run starts in the data and the steps.
+  std::unique_ptr<BatchLoader> loader;
+  int64_t start_step = 0;
+  // The logging window: what was summed since the last log line.
+  int64_t window_steps = 0, window_tokens = 0;
+  Clock::time_point t_start, t_window;
+  double eval_seconds = 0;
+  bool have_first = false;
+  OffloadStats offload_logged;  // offload_stats() at the last logging step
+  TrainSummary summary;
+};
+
+// Everything is checked before anything is written: the arguments, the model, the data, the
+// output folder and the checkpoint to resume from.
+void prepare_run(Run& r) {
+  const TrainArgs& args = r.args;
+  validate_args(args);
+  r.schedule = parse_lr_schedule(args.lr_scheduler_type);
+  r.source = resolve_model(args);
+  r.B = args.per_device_train_batch_size;
+  r.T = r.source.seq_len;
+  r.accum = args.gradient_accumulation_steps;
+
+  r.data_path = training_data_path(args);
+  std::vector<int32_t> tokens =
+      load_tokens(r.data_path, *r.source.tokenizer, r.source.config.vocab_size());
+  r.split = split_train_val(tokens, args.validation_split, r.T + 1);
+  if (fs::exists(args.output_dir) && !fs::is_directory(args.output_dir))
+    fail(ErrorKind::kInvalidArgument,
+         "--output-dir '" + args.output_dir + "' exists and is not a folder");
+  // Leftovers of runs killed while writing a checkpoint, before `latest` is looked for.
+  clean_stale_checkpoint_temps(args.output_dir);
+  if (!args.resume_from_checkpoint.empty())
+    r.resume_dir = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir);
+}
+
+// The device, the model on it (pretrained weights loaded), the loss scaler, the activations, the
+// optimizer and the tensors every step uses.
+void open_model(Run& r) {
+  const TrainArgs& args = r.args;
+  // --tf32 reaches the CUDA device through its environment switch (backends/cuda/cublaslt.h),
+  // read when the device opens.
+  if (args.tf32) setenv("CT_TF32", "1", 1);
+  r.device = open_device(args.backend);
+  Device& dev = *r.device;
+  if (args.profile) dev.set_profiling(true);
+  if (args.tf32 && dev.info().backend != "cuda")
+    std::printf("--tf32: takes effect on CUDA only; %s computes fp32 matmuls in full fp32\n",
+                dev.info().id().c_str());
+  r.mopts = model_options(args, dev.info());
+  r.model = make_model(dev, r.source.config, /*with_grads=*/true, r.mopts);
+  Model& model = *r.model;
+  model.init(args.seed);
+  // The pretrained weights, unless a checkpoint replaces them (a LoRA checkpoint holds only the
+  // adapters: the frozen base always comes from the folder).
+  if (!r.source.pretrained.empty() && (args.resume_from_checkpoint.empty() || model.lora()))
+    load_weights_from_folder(r.source.pretrained, model);
+  LossScalerConfig scaler_config;
+  scaler_config.init_scale = static_cast<float>(args.fp16_init_scale);
+  r.scaler = std::make_unique<LossScaler>(r.mopts.policy.loss_scaling, scaler_config);
+  model.allocate_activations(r.B, r.T);
+  r.optimizer = make_optimizer(model, optimizer_settings(args));
+  r.optimizer_bytes_per_param =
+      static_cast<double>(r.optimizer->state_bytes()) / static_cast<double>(model.num_trainable());
+  r.inputs = dev.empty({r.B, r.T}, DType::i32, MemCategory::kActivations);
+  r.targets = dev.empty({r.B, r.T}, DType::i32, MemCategory::kActivations);
+  r.loss_sum = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
+  r.grad_norm = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
+  dev.fill(r.loss_sum, 0.0f);
+}
+
+// Resume: weights, optimizer state, step, data position and the open logging window of the
+// checkpoint, if there is one.
+void restore_run(Run& r) {
+  const TrainArgs& args = r.args;
+  r.loader = std::make_unique<BatchLoader>(r.split.train, r.B, r.T, args.seed);
+  if (!r.resume_dir.empty()) {
+    nlohmann::json st = load_checkpoint(r.resume_dir, *r.model, *r.optimizer);
+    r.start_step = st["step"].get<int64_t>();
+    r.loader->seek(st["data_position"].get<int64_t>());
+    float partial = st.value("logging_window_loss_sum", 0.0f);
+    r.window_steps = st.value("logging_window_steps", int64_t{0});
+    if (st.contains("loss_scaler")) r.scaler->load_state(st["loss_scaler"]);
+    r.device->upload(r.loss_sum, &partial, sizeof partial);
+  }
+}
+
+// One optimizer step (0-based `step`): `accum` micro-batches whose gradients add up to the
+// gradient of the mean loss over all of them (each backward is weighted 1/accum), then the
+// update unless fp16 found an inf/NaN gradient. Returns the step's learning rate.
+double optimizer_step(Run& r, int64_t step) {
+  const TrainArgs& args = r.args;
+  Device& dev = *r.device;
+  Model& model = *r.model;
+  LossScaler& scaler = *r.scaler;
+  model.zero_grad();
+  for (int micro = 0; micro < r.accum; ++micro) {
+    Batch batch = r.loader->next();
+    dev.upload(r.inputs, batch.inputs.data(), batch.inputs.size() * sizeof(int32_t));
+    dev.upload(r.targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
+    // LoRA dropout masks are numbered by micro-batch: the same on resume, off for evaluation.
+    model.set_lora_dropout_draw(args.seed, step * r.accum + micro);
+    Tensor loss = model.forward(r.inputs, &r.targets, r.B, r.T);
+    model.backward(scaler.scale() / static_cast<float>(r.accum));
+    model.set_lora_dropout_draw(args.seed, -1);
+    dev.accumulate(r.loss_sum, loss);
+  }
+  // fp16: unscale the gradients and skip the step if any is inf/NaN (GradScaler semantics).
+  const bool found_inf = scaler.unscale_and_check(dev, model.trainable_grads());
+  const double lr = lr_at(r.schedule, args.learning_rate, step, args.warmup_steps, args.max_steps);
+  if (!found_inf) {
+    dev.norm(r.grad_norm, model.trainable_grads());
+    r.optimizer->step(model, r.grad_norm, lr, step + 1 - scaler.skipped_steps());
+    model.refresh_compute_weights();
+  }
+  scaler.update(found_inf, step + 1);
+  dev.flush();
+  ++r.window_steps;
+  r.window_tokens += static_cast<int64_t>(r.B) * r.T * r.accum;
+  return lr;
+}
+
+// The log line and metrics.jsonl record after `done` steps: the window's mean loss, throughput
+// and memory, and the evaluation loss when `do_eval`. Closes the window.
+void log_window(Run& r, int64_t done, double lr, bool do_eval, std::ofstream& metrics,
+                ProgressBar& bar) {
+  const TrainArgs& args = r.args;
+  Device& dev = *r.device;
+  TrainSummary& s = r.summary;
+  float host_loss_sum = 0, host_norm = 0;
+  dev.download(&host_loss_sum, r.loss_sum, sizeof(float));
+  dev.download(&host_norm, r.grad_norm, sizeof(float));
+  dev.fill(r.loss_sum, 0.0f);
+  double window_s = std::chrono::duration<double>(Clock::now() - r.t_window).count();
+  double tps = static_cast<double>(r.window_tokens) / std::max(window_s, 1e-9);
+  double mean_loss = host_loss_sum / static_cast<double>(r.window_steps * r.accum);
+  if (!std::isfinite(mean_loss))
+    fail(ErrorKind::kInvalidArgument, "training diverged: the loss is " +
+                                          std::to_string(mean_loss) + " at step " +
+                                          std::to_string(done) + " (try a lower --learning-rate)");
+  if (!r.have_first) s.first_loss = mean_loss, r.have_first = true;
+  s.final_loss = mean_loss;
+  s.tokens_per_s = tps;
+
+  nlohmann::json rec =
+      log_record(done, mean_loss, lr, host_norm, tps, dev, r.optimizer_bytes_per_param,
+                 *r.optimizer, r.offload_logged, *r.scaler);
+  char line[256];
+  std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
+                static_cast<long long>(done), static_cast<long long>(args.max_steps), mean_loss, lr,
+                host_norm, format_count(tps).c_str());
+  std::string text = line;
+  if (do_eval) {
+    auto e0 = Clock::now();
+    EvalResult ev = evaluate(*r.model, r.split.val, r.T, r.B, args.max_eval_batches);
+    r.eval_seconds += std::chrono::duration<double>(Clock::now() - e0).count();
+    rec["eval_loss"] = ev.loss;
+    rec["eval_tokens"] = ev.tokens;
+    s.eval_loss = ev.loss;
+    std::snprintf(line, sizeof line, "  eval_loss %.4f", ev.loss);
+    text += line;
+  }
+  metrics << rec.dump() << '\n' << std::flush;
+  bar.println(text);
+  r.window_steps = 0;
+  r.window_tokens = 0;
+  r.t_window = Clock::now();  // evaluation time is not training throughput
+}
+
+// A checkpoint after `done` steps, with the open logging window so that a resumed run logs the
+// same lines.
+void save_step_checkpoint(Run& r, int64_t done, double lr, ProgressBar& bar) {
+  const TrainArgs& args = r.args;
+  float partial = 0;
+  r.device->download(&partial, r.loss_sum, sizeof partial);
+  const nlohmann::json st =
+      checkpoint_state(args, done, r.loader->position(), partial, r.window_steps, r.schedule, lr,
+                       *r.optimizer, *r.scaler, r.mopts.policy, r.source.config);
+  std::string path = save_checkpoint(
+      args.output_dir, done, *r.model, *r.optimizer, st, args.save_total_limit,
+      r.source.tokenizer->folder(), r.source.pretrained.empty() ? args.model : r.source.pretrained);
+  bar.println("saved " + path);
+  r.t_window = Clock::now();
+}
+
+// The summary's totals, the profile, the trained model's files and the sample.
+void finish_run(Run& r) {
+  const TrainArgs& args = r.args;
+  Device& dev = *r.device;
+  TrainSummary& s = r.summary;
+  dev.synchronize();
+  s.steps = args.max_steps - r.start_step;
+  s.tokens = s.steps * r.B * r.T * r.accum;
+  s.seconds = std::chrono::duration<double>(Clock::now() - r.t_start).count();
+  s.tokens_per_s = static_cast<double>(s.tokens) / std::max(s.seconds - r.eval_seconds, 1e-9);
+  s.peak_memory = dev.memory().total_peak;
+
+  if (args.profile) std::printf("%s", dev.profile_report().c_str());
+  save_trained_model(args, r.source, *r.model);
+  if (args.sample_tokens > 0) s.sample = sample_text(args, *r.source.tokenizer, *r.model);
+}
+
 }  // namespace
 
 OptimizerSettings optimizer_settings(const TrainArgs& a) {
@@ -489,114 +711,19 @@ OptimizerSettings optimizer_settings(const TrainArgs& a) {
 }
 
 TrainSummary train(const TrainArgs& args) {
-  // ---- everything is checked before anything is written --------------------------------------
-  validate_args(args);
-  LrSchedule schedule = parse_lr_schedule(args.lr_scheduler_type);
-  ModelSource source = resolve_model(args);
-  const ModelConfig& config = source.config;
-  const TextTokenizer& tokenizer = *source.tokenizer;
-  const int B = args.per_device_train_batch_size;
-  const int T = source.seq_len;
-  const int accum = args.gradient_accumulation_steps;
-
-  const std::string data_path = training_data_path(args);
-  std::vector<int32_t> tokens = load_tokens(data_path, tokenizer, config.vocab_size());
-  TokenSplit split = split_train_val(tokens, args.validation_split, T + 1);
-  if (fs::exists(args.output_dir) && !fs::is_directory(args.output_dir))
-    fail(ErrorKind::kInvalidArgument,
-         "--output-dir '" + args.output_dir + "' exists and is not a folder");
-  // Leftovers of runs killed while writing a checkpoint, before `latest` is looked for.
-  clean_stale_checkpoint_temps(args.output_dir);
-  std::string resume_dir;
-  if (!args.resume_from_checkpoint.empty())
-    resume_dir = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir);
-
-  // --tf32 reaches the CUDA device through its environment switch (backends/cuda/cublaslt.h),
-  // read when the device opens.
-  if (args.tf32) setenv("CT_TF32", "1", 1);
-  std::unique_ptr<Device> device = open_device(args.backend);
-  Device& dev = *device;
-  if (args.profile) dev.set_profiling(true);
-  if (args.tf32 && dev.info().backend != "cuda")
-    std::printf("--tf32: takes effect on CUDA only; %s computes fp32 matmuls in full fp32\n",
-                dev.info().id().c_str());
-  const ModelOptions mopts = model_options(args, dev.info());
-  std::unique_ptr<Model> model_ptr = make_model(dev, config, /*with_grads=*/true, mopts);
-  Model& model = *model_ptr;
-  model.init(args.seed);
-  // The pretrained weights, unless a checkpoint replaces them (a LoRA checkpoint holds only the
-  // adapters: the frozen base always comes from the folder).
-  if (!source.pretrained.empty() && (args.resume_from_checkpoint.empty() || model.lora()))
-    load_weights_from_folder(source.pretrained, model);
-  LossScalerConfig scaler_config;
-  scaler_config.init_scale = static_cast<float>(args.fp16_init_scale);
-  LossScaler scaler(mopts.policy.loss_scaling, scaler_config);
-  model.allocate_activations(B, T);
-  const OptimizerSettings os = optimizer_settings(args);
-  std::unique_ptr<Optimizer> optimizer = make_optimizer(model, os);
-  const double optimizer_bytes_per_param =
-      static_cast<double>(optimizer->state_bytes()) / static_cast<double>(model.num_trainable());
-  Tensor inputs = dev.empty({B, T}, DType::i32, MemCategory::kActivations);
-  Tensor targets = dev.empty({B, T}, DType::i32, MemCategory::kActivations);
-  Tensor loss_sum = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
-  Tensor grad_norm = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
-  dev.fill(loss_sum, 0.0f);
-
-  // ---- resume: weights, optimizer state, step, data position, the open logging window --------
-  int64_t start_step = 0, window_steps = 0;
-  BatchLoader loader(split.train, B, T, args.seed);
-  if (!resume_dir.empty()) {
-    nlohmann::json st = load_checkpoint(resume_dir, model, *optimizer);
-    start_step = st["step"].get<int64_t>();
-    loader.seek(st["data_position"].get<int64_t>());
-    float partial = st.value("logging_window_loss_sum", 0.0f);
-    window_steps = st.value("logging_window_steps", int64_t{0});
-    if (st.contains("loss_scaler")) scaler.load_state(st["loss_scaler"]);
-    dev.upload(loss_sum, &partial, sizeof partial);
-  }
-
-  std::ofstream metrics = open_metrics(args.output_dir, start_step);
-
-  TrainSummary s;
-  s.device = dev.info().id() + " (" + dev.info().name + ")";
-  s.num_parameters = model.num_parameters();
-  print_run_header(args, source, model, mopts, s.device, data_path, split, start_step, resume_dir);
-
-  ProgressBar bar(start_step, args.max_steps, args.progress_bar);
-  auto t_start = Clock::now(), t_window = t_start;
-  double eval_seconds = 0;
-  int64_t window_tokens = 0;
-  bool have_first = false;
-  OffloadStats offload_logged;  // offload_stats() at the last logging step
-
-  for (int64_t step = start_step; step < args.max_steps; ++step) {
-    // One optimizer step: `accum` micro-batches whose gradients add up to the gradient of the
-    // mean loss over all of them (each backward is weighted 1/accum).
-    model.zero_grad();
-    for (int micro = 0; micro < accum; ++micro) {
-      Batch batch = loader.next();
-      dev.upload(inputs, batch.inputs.data(), batch.inputs.size() * sizeof(int32_t));
-      dev.upload(targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
-      // LoRA dropout masks are numbered by micro-batch: the same on resume, off for evaluation.
-      model.set_lora_dropout_draw(args.seed, step * accum + micro);
-      Tensor loss = model.forward(inputs, &targets, B, T);
-      model.backward(scaler.scale() / static_cast<float>(accum));
-      model.set_lora_dropout_draw(args.seed, -1);
-      dev.accumulate(loss_sum, loss);
-    }
-    // fp16: unscale the gradients and skip the step if any is inf/NaN (GradScaler semantics).
-    const bool found_inf = scaler.unscale_and_check(dev, model.trainable_grads());
-    double lr = lr_at(schedule, args.learning_rate, step, args.warmup_steps, args.max_steps);
-    if (!found_inf) {
-      dev.norm(grad_norm, model.trainable_grads());
-      optimizer->step(model, grad_norm, lr, step + 1 - scaler.skipped_steps());
-      model.refresh_compute_weights();
-    }
-    scaler.update(found_inf, step + 1);
-    dev.flush();
-    ++window_steps;
-    window_tokens += static_cast<int64_t>(B) * T * accum;
-
+  Run r(args);
+  prepare_run(r);
+  open_model(r);
+  restore_run(r);
+  std::ofstream metrics = open_metrics(args.output_dir, r.start_step);
+  r.summary.device = r.device->info().id() + " (" + r.device->info().name + ")";
+  r.summary.num_parameters = r.model->num_parameters();
+  print_run_header(args, r.source, *r.model, r.mopts, r.summary.device, r.data_path, r.split,
+                   r.start_step, r.resume_dir);
+  ProgressBar bar(r.start_step, args.max_steps, args.progress_bar);
+  r.t_start = r.t_window = Clock::now();
+  for (int64_t step = r.start_step; step < args.max_steps; ++step) {
+    const double lr = optimizer_step(r, step);
     const int64_t done = step + 1;
     const bool last = done == args.max_steps;
     const bool do_eval = last || (args.eval_steps > 0 && done % args.eval_steps == 0);
@@ -607,74 +734,15 @@ TrainSummary train(const TrainArgs& args) {
     // checkpoint holds weights and optimizer state after the same number of updates, and the
     // next step starts a new synchronous warm-up step (a resumed run does the same, which keeps
     // resuming bit-exact). Evaluations in between use the model's weights, one update behind.
-    if ((last || do_save) && optimizer->finish(model)) model.refresh_compute_weights();
-    if (do_log) {
-      float host_loss_sum = 0, host_norm = 0;
-      dev.download(&host_loss_sum, loss_sum, sizeof(float));
-      dev.download(&host_norm, grad_norm, sizeof(float));
-      dev.fill(loss_sum, 0.0f);
-      double window_s = std::chrono::duration<double>(Clock::now() - t_window).count();
-      double tps = static_cast<double>(window_tokens) / std::max(window_s, 1e-9);
-      double mean_loss = host_loss_sum / static_cast<double>(window_steps * accum);
-      if (!std::isfinite(mean_loss))
-        fail(ErrorKind::kInvalidArgument,
-             "training diverged: the loss is " + std::to_string(mean_loss) + " at step " +
-                 std::to_string(done) + " (try a lower --learning-rate)");
-      if (!have_first) s.first_loss = mean_loss, have_first = true;
-      s.final_loss = mean_loss;
-      s.tokens_per_s = tps;
-
-      nlohmann::json rec =
-          log_record(done, mean_loss, lr, host_norm, tps, dev, optimizer_bytes_per_param,
-                     *optimizer, offload_logged, scaler);
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
-                    static_cast<long long>(done), static_cast<long long>(args.max_steps), mean_loss,
-                    lr, host_norm, format_count(tps).c_str());
-      std::string text = line;
-      if (do_eval) {
-        auto e0 = Clock::now();
-        EvalResult ev = evaluate(model, split.val, T, B, args.max_eval_batches);
-        eval_seconds += std::chrono::duration<double>(Clock::now() - e0).count();
-        rec["eval_loss"] = ev.loss;
-        rec["eval_tokens"] = ev.tokens;
-        s.eval_loss = ev.loss;
-        std::snprintf(line, sizeof line, "  eval_loss %.4f", ev.loss);
-        text += line;
-      }
-      metrics << rec.dump() << '\n' << std::flush;
-      bar.println(text);
-      window_steps = 0;
-      window_tokens = 0;
-      t_window = Clock::now();  // evaluation time is not training throughput
-    }
-    if (do_save) {
-      float partial = 0;
-      dev.download(&partial, loss_sum, sizeof partial);
-      const nlohmann::json st =
-          checkpoint_state(args, done, loader.position(), partial, window_steps, schedule, lr,
-                           *optimizer, scaler, mopts.policy, config);
-      std::string path = save_checkpoint(
-          args.output_dir, done, model, *optimizer, st, args.save_total_limit, tokenizer.folder(),
-          source.pretrained.empty() ? args.model : source.pretrained);
-      bar.println("saved " + path);
-      t_window = Clock::now();
-    }
-    bar.update(done, s.final_loss, s.tokens_per_s, dev.memory().total_current);
+    if ((last || do_save) && r.optimizer->finish(*r.model)) r.model->refresh_compute_weights();
+    if (do_log) log_window(r, done, lr, do_eval, metrics, bar);
+    if (do_save) save_step_checkpoint(r, done, lr, bar);
+    bar.update(done, r.summary.final_loss, r.summary.tokens_per_s,
+               r.device->memory().total_current);
   }
   bar.finish();
-  dev.synchronize();
-  s.steps = args.max_steps - start_step;
-  s.tokens = s.steps * B * T * accum;
-  s.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
-  s.tokens_per_s = static_cast<double>(s.tokens) / std::max(s.seconds - eval_seconds, 1e-9);
-  s.peak_memory = dev.memory().total_peak;
-
-  if (args.profile) std::printf("%s", dev.profile_report().c_str());
-  save_trained_model(args, source, model);
-  if (args.sample_tokens > 0) s.sample = sample_text(args, tokenizer, model);
-  return s;
+  finish_run(r);
+  return r.summary;
 }
 
 }  // namespace ct
