@@ -21,8 +21,12 @@ inline bool teardown_traced() {
 }
 
 // "crosstrain teardown: <what>" on stderr when traced.
+// stdout is flushed first: where both go to one pipe, a trace line then starts a line of its own
+// instead of landing inside a half-written block of stdout.
 inline void trace_teardown(const std::string& what) {
-  if (teardown_traced()) std::fprintf(stderr, "crosstrain teardown: %s\n", what.c_str());
+  if (!teardown_traced()) return;
+  std::fflush(stdout);
+  std::fprintf(stderr, "crosstrain teardown: %s\n", what.c_str());
 }
 
 }  // namespace ct
