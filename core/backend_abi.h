@@ -41,6 +41,10 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {8, "d88fa140f64641cdb8d132fdc1590d3920c7057b69b2a7c67b2dd31d2c4aada2",
      "DeviceInfo::settled_on_open (a description settled only by opening the device: the "
      "Vulkan coopmat self-test without a cached verdict)"},
+    {9, "373b1c19fce593d8acc2f8ff21bfd43b76acb7afcbed3693ac4cbcdffd22ddad",
+     "capabilities instead of backend names: DeviceInfo::native_stack, test_only, "
+     "preferred_attention (AttentionPath), tf32; Device::set_allow_tf32 (--tf32 as a device "
+     "option, not an environment variable)"},
 };
 
 // device.h's text without // and /* */ comments, every run of whitespace one space, trimmed.

@@ -102,6 +102,9 @@ class MemoryTracker {
 
 enum class DeviceType { kCpu, kIntegratedGpu, kDiscreteGpu, kVirtualGpu, kOther };
 const char* device_type_name(DeviceType t);
+// The two attention implementations: fused (flash-style, the probabilities never stored) and
+// unfused (GEMMs and a stored softmax).
+enum class AttentionPath { kFused, kUnfused };
 
 struct DeviceInfo {
   std::string backend;  // "cpu", "vulkan", "cuda", "hip"
@@ -117,6 +120,19 @@ struct DeviceInfo {
   bool cooperative_matrix = false;
   bool fp16_arithmetic = false;
   bool bf16_arithmetic = false;
+  // What the host code decides by. Nothing outside a backend compares backend names: a device
+  // says what it is good at, the backend that made it knows why.
+  //   native_stack:  the vendor's own compute stack drives this device (CUDA, HIP, the CPU
+  //                  backend's own kernels), not a portable API over it (Vulkan). --backend auto
+  //                  takes GPUs first (discrete, then integrated), and among devices of one type
+  //                  a native stack first; a CPU only through its native stack.
+  //   test_only:     exists to test kernel sources (the SIMT runtime): never chosen by auto.
+  //   preferred_attention: what --attention auto picks, the path measured faster here.
+  //   tf32:          fp32 matmuls can run with TF32 inputs (Device::set_allow_tf32).
+  bool native_stack = false;
+  bool test_only = false;
+  AttentionPath preferred_attention = AttentionPath::kFused;
+  bool tf32 = false;
   // Further capabilities to show in `crosstrain devices`: ordered name -> value pairs.
   std::vector<std::pair<std::string, std::string>> extra;
   // Part of this description is settled only when the device is opened (Vulkan: the coopmat
@@ -345,6 +361,9 @@ class Device {
   // backend can; profile_report() is a printable table of them ("" where not supported).
   virtual void set_profiling(bool on) { (void)on; }
   virtual std::string profile_report() { return ""; }
+  // fp32 matmuls may take TF32 inputs from now on (crosstrain train --tf32, PyTorch's
+  // allow_tf32), where info().tf32 says the device can; a no-op elsewhere. Off when opened.
+  virtual void set_allow_tf32(bool on) { (void)on; }
 
   // -- elementwise ---------------------------------------------------------------------------
   // t (=) value, any dtype (integers take the value truncated).
@@ -630,7 +649,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 8;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 9;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

@@ -138,11 +138,6 @@ void shutdown_backends() {
   }
 }
 
-// Backends that exist to test the GPU kernel sources on the CPU: never chosen by `auto`.
-static bool test_only(const std::string& name) {
-  return name == "simt" || name == "simt64";
-}
-
 std::string available_devices() {
   std::string list;
   for (const auto& e : backends()) {
@@ -153,28 +148,40 @@ std::string available_devices() {
   return list.empty() ? "none" : list;
 }
 
+// --backend auto's order of a device (lower first; -1: never), from what the device says of
+// itself (DeviceInfo): discrete GPUs, then integrated ones, then the CPU; within a type the
+// vendor's native stack before a portable API on the same hardware (CUDA or HIP before Vulkan);
+// a CPU only through its native stack (the cpu backend, not lavapipe); never a test-only device
+// (the SIMT runtime) or a virtual one. Ties go to the first listed (cpu:0 before cpu:1).
+int auto_rank(const DeviceInfo& d) {
+  if (d.test_only) return -1;
+  const int portable = d.native_stack ? 0 : 1;
+  switch (d.type) {
+    case DeviceType::kDiscreteGpu:
+      return 0 + portable;
+    case DeviceType::kIntegratedGpu:
+      return 2 + portable;
+    case DeviceType::kCpu:
+      return d.native_stack ? 4 : -1;
+    default:
+      return -1;
+  }
+}
+
 std::string choose_auto_device(std::string* why) {
-  // cuda > hip > discrete Vulkan > integrated Vulkan > cpu
   struct Pick {
     int rank = 99;
     std::string spec, name;
   } best;
   std::string passed;
   for (const auto& e : backends()) {
-    if (test_only(e.name)) continue;
     if (!e.backend || !e.error.empty()) {
-      if (e.name == "cuda" || e.name == "hip" || e.name == "vulkan")
-        passed += "; " + e.name + ": " + e.error;
+      passed += "; " + e.name + ": " + e.error;
       continue;
     }
     for (const auto& d : e.backend->devices()) {
-      int rank = 99;
-      if (e.name == "cuda") rank = 0;
-      if (e.name == "hip") rank = 1;
-      if (e.name == "vulkan" && d.type == DeviceType::kDiscreteGpu) rank = 2;
-      if (e.name == "vulkan" && d.type == DeviceType::kIntegratedGpu) rank = 3;
-      if (e.name == "cpu" && d.index == 0) rank = 4;
-      if (rank < best.rank) best = {rank, d.id(), d.name};
+      const int rank = auto_rank(d);
+      if (rank >= 0 && rank < best.rank) best = {rank, d.id(), d.name};
     }
   }
   if (best.spec.empty()) fail(ErrorKind::kInvalidArgument, "--backend auto: no usable device");

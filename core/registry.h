@@ -53,14 +53,18 @@ struct ShutdownBackendsOnReturn {
   }
 };
 
-// Opens "cpu", "vulkan", "vulkan:1", ..., or "auto": the first usable of cuda > hip > discrete
-// Vulkan > integrated Vulkan > cpu:0 (the test-only simt backends never), the choice printed to
-// stderr. Throws Error(kInvalidArgument) naming the known
-// backends and devices when the spec does not match one, with the reason when it is unavailable.
+// Opens "cpu", "vulkan", "vulkan:1", ..., or "auto": the usable device of lowest auto_rank (a
+// discrete GPU through CUDA or HIP, else through Vulkan, then an integrated GPU, then cpu:0; the
+// test-only simt backends never), the choice printed to stderr. Throws Error(kInvalidArgument)
+// naming the known backends and devices when the spec does not match one, with the reason when it
+// is unavailable.
 std::unique_ptr<Device> open_device(const std::string& spec);
 
 // "cuda:0 (NVIDIA ...), vulkan:0 (...), ..." -- every usable device, or "none".
 std::string available_devices();
+// --backend auto's order of a device by what it reports (DeviceInfo: type, native_stack,
+// test_only): lower is preferred, -1 never.
+int auto_rank(const DeviceInfo& d);
 // The device `auto` picks (see open_device); *why, if given, says what it chose and why the
 // backends it passed over are unavailable.
 std::string choose_auto_device(std::string* why);

@@ -62,6 +62,7 @@ DeviceInfo make_info(bool reference) {
   i.backend = "cpu";
   i.index = reference ? 1 : 0;
   i.type = DeviceType::kCpu;
+  i.native_stack = true;  // the CPU's own kernels (OpenBLAS, oneDNN, the fast/ kernels)
   i.name =
       reference ? "CPU reference (single-threaded, fp64 accumulation)" : "CPU (OpenBLAS + OpenMP)";
   i.driver = reference ? "built in" : std::string(openblas_get_config());

@@ -63,7 +63,7 @@ cudaDataType_t data_type(gpu::Elem e) {
 
 }  // namespace
 
-Cublaslt::Cublaslt(bool tf32) : lib_(std::make_unique<Lib>()), tf32_(tf32) {
+Cublaslt::Cublaslt() : lib_(std::make_unique<Lib>()) {
   Lib& l = *lib_;
   // The dynamic linker's search first, then CUDA's own folders: a bundle (scripts/bundle.sh)
   // finds the toolkit's cuBLASLt without LD_LIBRARY_PATH.
@@ -135,7 +135,8 @@ std::string Cublaslt::describe() const {
          "; own kernel where it has no algorithm";
 }
 
-bool Cublaslt::gemm(const gpu::GemmArgs& g, cudaStream_t stream) {
+bool Cublaslt::gemm(const gpu::GemmArgs& g, void* stream_ptr) {
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
   Lib& l = *lib_;
   if (!why_.empty() || !l.lt) return false;
   if (g.M > INT32_MAX || g.N > INT32_MAX || g.K > INT32_MAX || g.K == 0) return false;
@@ -206,3 +207,9 @@ bool Cublaslt::gemm(const gpu::GemmArgs& g, cudaStream_t stream) {
 }
 
 }  // namespace ct::cuda
+
+namespace ct::gpu {
+std::unique_ptr<GemmLibrary> make_gemm_library() {
+  return std::make_unique<cuda::Cublaslt>();
+}
+}  // namespace ct::gpu

@@ -1,7 +1,7 @@
 // cuBLASLt, loaded at run time: GEMMs with fp16/bf16 inputs on tensor cores (fp32 accumulation),
-// fp32 ones in fp32 or, with CT_TF32=1 (crosstrain train --tf32), TF32; the bias epilogue;
-// batches with strides. The plugin loads without it: describe() then says why the project's own
-// kernel runs instead.
+// fp32 ones in fp32 or, after set_tf32(true) (crosstrain train --tf32), TF32; the bias epilogue;
+// batches with strides. The CUDA plugin's gpu::GemmLibrary (backends/gpu/gemm_library.h). The
+// plugin loads without it: describe() then says why the project's own kernel runs instead.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,27 +9,27 @@
 #include <memory>
 #include <string>
 
-#include "backends/gpu/kernels.h"
+#include "backends/gpu/gemm_library.h"
 
 namespace ct::cuda {
 
-class Cublaslt {
+class Cublaslt final : public gpu::GemmLibrary {
  public:
-  explicit Cublaslt(bool tf32);
-  ~Cublaslt();
+  Cublaslt();
+  ~Cublaslt() override;
   Cublaslt(const Cublaslt&) = delete;
   Cublaslt& operator=(const Cublaslt&) = delete;
 
   // Enqueues the product on `stream` and returns true, or returns false (nothing enqueued) where
   // cuBLASLt is missing or has no algorithm for these arguments.
-  bool gemm(const gpu::GemmArgs& g, cudaStream_t stream);
-  bool tf32() const { return tf32_; }
-  std::string describe() const;
+  bool gemm(const gpu::GemmArgs& g, void* stream) override;
+  void set_tf32(bool on) override { tf32_ = on; }
+  std::string describe() const override;
 
  private:
   struct Lib;
   std::unique_ptr<Lib> lib_;
-  bool tf32_;
+  bool tf32_ = false;
   std::string why_;  // why cuBLASLt is not used ("" when it is)
 };
 

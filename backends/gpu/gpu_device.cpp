@@ -169,6 +169,7 @@ class GpuDevice final : public Device {
   }
 
   void flush() override {}
+  void set_allow_tf32(bool on) override { rt_->set_allow_tf32(on); }
   void synchronize() override { rt_->synchronize(); }
   Event record_event() override { return Event(this, rt_->record_event()); }
   bool event_done(const Event& e) override { return rt_->event_done(e.serial()); }

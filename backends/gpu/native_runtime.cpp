@@ -7,13 +7,9 @@
 // names the call.
 #if defined(CT_NATIVE_CUDA)
 #include <cuda_runtime_api.h>
-
-#include "backends/cuda/cublaslt.h"
 #define CT_API(name) cuda##name
 #elif defined(CT_NATIVE_HIP)
 #include <hip/hip_runtime_api.h>
-
-#include "backends/hip/rocblas.h"
 #define CT_API(name) hip##name
 #else
 #error "define CT_NATIVE_CUDA or CT_NATIVE_HIP"
@@ -26,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/gpu/gemm_library.h"
 #include "backends/gpu/runtime.h"
 #include "core/error.h"
 #include "core/teardown_trace.h"
@@ -38,7 +35,6 @@ using ApiError = cudaError_t;
 using ApiStream = cudaStream_t;
 using ApiEvent = cudaEvent_t;
 using ApiProp = cudaDeviceProp;
-using Blas = cuda::Cublaslt;
 constexpr ApiError kApiOutOfMemory = cudaErrorMemoryAllocation;
 constexpr cudaDeviceAttr kApiMultiprocessors = cudaDevAttrMultiProcessorCount;
 constexpr const char* kTarget = "cuda";
@@ -48,7 +44,6 @@ using ApiError = hipError_t;
 using ApiStream = hipStream_t;
 using ApiEvent = hipEvent_t;
 using ApiProp = hipDeviceProp_t;
-using Blas = hip::Rocblas;
 constexpr ApiError kApiOutOfMemory = hipErrorOutOfMemory;
 constexpr hipDeviceAttribute_t kApiMultiprocessors = hipDeviceAttributeMultiprocessorCount;
 constexpr const char* kTarget = "hip";
@@ -114,6 +109,7 @@ DeviceInfo make_info(int index) {
   i.index = index;
   i.name = p.name;
   i.type = p.integrated ? DeviceType::kIntegratedGpu : DeviceType::kDiscreteGpu;
+  i.native_stack = true;
   i.memory_bytes = static_cast<int64_t>(p.totalGlobalMem);
   i.max_allocation_bytes = i.memory_bytes;
   i.max_buffer_range_bytes = i.memory_bytes;
@@ -124,6 +120,7 @@ DeviceInfo make_info(int index) {
              "." + std::to_string(runtime % 1000 / 10);
   i.fp16_arithmetic = p.major >= 6;
   i.bf16_arithmetic = p.major >= 8;
+  i.tf32 = p.major >= 8;  // TF32 tensor cores (Ampere and later), through cuBLASLt
   i.extra = {{"compute capability", std::to_string(p.major) + "." + std::to_string(p.minor)}};
 #else
   i.driver = "HIP driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);
@@ -143,19 +140,6 @@ int warp_size(int index) {
   return p.warpSize;
 }
 
-// The vendor GEMM library (cuBLASLt with TF32 under CT_TF32=1; rocBLAS), described in info.
-std::unique_ptr<Blas> make_blas(DeviceInfo* info) {
-#if defined(CT_NATIVE_CUDA)
-  const char* tf32 = std::getenv("CT_TF32");
-  auto blas = std::make_unique<Blas>(tf32 && tf32[0] == '1');
-  info->extra.push_back({"tf32", blas->tf32() ? "on (CT_TF32=1)" : "off"});
-  return blas;
-#else
-  (void)info;
-  return std::make_unique<Blas>();
-#endif
-}
-
 class NativeRuntime final : public gpu::Runtime {
  public:
   explicit NativeRuntime(int index) : index_(index), info_(make_info(index)) {
@@ -168,7 +152,7 @@ class NativeRuntime final : public gpu::Runtime {
     CT_API_CHECK(CT_API(MemGetInfo)(&free_b, &total));
     info_.memory_budget_bytes = static_cast<int64_t>(free_b);
     warp_ = warp_size(index_);
-    blas_ = make_blas(&info_);
+    blas_ = make_gemm_library();
     // Matrix cores for the own GEMM's 16-bit path: mma.sync on sm_80+, MFMA on gfx90a (the
     // architectures the plugin is built for that have them).
     ApiProp p{};
@@ -275,6 +259,9 @@ class NativeRuntime final : public gpu::Runtime {
     // CT_GPU_GEMM=own: always the project's kernel (benchmarks compare the two).
     if (own_gemm_ || !blas_->gemm(g, stream_)) gpu::gemm(ctx(), g);
   }
+  void set_allow_tf32(bool on) override {
+    blas_->set_tf32(on && info_.tf32);
+  }
   std::string gemm_library() const override {
     return own_gemm_ ? "own tiled kernel (CT_GPU_GEMM=own)" : blas_->describe();
   }
@@ -302,7 +289,7 @@ class NativeRuntime final : public gpu::Runtime {
   std::uint64_t serial_ = 0;
   std::deque<std::pair<std::uint64_t, ApiEvent>> events_;
   std::vector<ApiEvent> spare_;
-  std::unique_ptr<Blas> blas_;
+  std::unique_ptr<GemmLibrary> blas_;
 };
 
 class NativeBackend final : public Backend {

@@ -55,6 +55,8 @@ class Runtime {
   // c = alpha op(a) op(b) + beta c (+ bias) through the target's GEMM library where it has one
   // for these arguments; the default (and the fallback) is the project's own kernel.
   virtual void gemm(const GemmArgs& g) { ::ct::gpu::gemm(ctx(), g); }
+  // Device::set_allow_tf32: fp32 GEMMs with TF32 inputs where the target's library has them.
+  virtual void set_allow_tf32(bool on) { (void)on; }
   // Lines for `crosstrain devices` describing which GEMM runs ("cuBLASLt 13.0", "own tiled").
   virtual std::string gemm_library() const { return "own tiled kernel (backends/gpu/kernels)"; }
 };

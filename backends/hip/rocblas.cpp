@@ -94,7 +94,8 @@ std::string Rocblas::describe() const {
   return "rocBLAS " + lib_->version + " (own kernel for products with a bias)";
 }
 
-bool Rocblas::gemm(const gpu::GemmArgs& g, hipStream_t stream) {
+bool Rocblas::gemm(const gpu::GemmArgs& g, void* stream_ptr) {
+  const auto stream = static_cast<hipStream_t>(stream_ptr);
   Lib& l = *lib_;
   if (!why_.empty() || !l.handle || g.bias || g.K == 0) return false;
   if (g.M > INT32_MAX || g.N > INT32_MAX || g.K > INT32_MAX || g.batch > INT32_MAX) return false;
@@ -118,3 +119,9 @@ bool Rocblas::gemm(const gpu::GemmArgs& g, hipStream_t stream) {
 }
 
 }  // namespace ct::hip
+
+namespace ct::gpu {
+std::unique_ptr<GemmLibrary> make_gemm_library() {
+  return std::make_unique<hip::Rocblas>();
+}
+}  // namespace ct::gpu

@@ -1,6 +1,7 @@
 // rocBLAS, loaded at run time where it is installed (Debian 12 has none; ROCm installs do):
 // strided-batched GEMMs with f16/bf16/f32 inputs and fp32 accumulation. The plugin loads
-// without it: describe() says why the project's own kernel runs instead.
+// without it: describe() says why the project's own kernel runs instead. The HIP plugin's
+// gpu::GemmLibrary (backends/gpu/gemm_library.h).
 #pragma once
 
 #include <hip/hip_runtime_api.h>
@@ -8,21 +9,21 @@
 #include <memory>
 #include <string>
 
-#include "backends/gpu/kernels.h"
+#include "backends/gpu/gemm_library.h"
 
 namespace ct::hip {
 
-class Rocblas {
+class Rocblas final : public gpu::GemmLibrary {
  public:
   Rocblas();
-  ~Rocblas();
+  ~Rocblas() override;
   Rocblas(const Rocblas&) = delete;
   Rocblas& operator=(const Rocblas&) = delete;
 
   // Enqueues the product on `stream` and returns true, or returns false (nothing enqueued) where
   // rocBLAS is missing or cannot do it (a bias: rocBLAS has no epilogue; the own kernel fuses it).
-  bool gemm(const gpu::GemmArgs& g, hipStream_t stream);
-  std::string describe() const;
+  bool gemm(const gpu::GemmArgs& g, void* stream) override;
+  std::string describe() const override;
 
  private:
   struct Lib;

@@ -38,6 +38,7 @@ DeviceInfo make_info() {
   i.name =
       "CPU SIMT runtime (CUDA/HIP kernels on host threads, warp " + std::to_string(kWarp) + ")";
   i.type = DeviceType::kVirtualGpu;
+  i.test_only = true;  // never --backend auto's choice
   i.driver = "backends/simt (Boost.Context fibers)";
   i.memory_bytes = host_memory_bytes(_SC_PHYS_PAGES);
   i.memory_budget_bytes = host_memory_bytes(_SC_AVPHYS_PAGES);

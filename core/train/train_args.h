@@ -57,7 +57,7 @@ struct TrainArgs {
   double fp16_init_scale =
       65536.0;        // the loss scaler's first scale (PyTorch GradScaler's init_scale)
   bool bf16 = false;  // bf16 mixed precision
-  bool tf32 = false;  // TF32 tensor-core matmuls (CUDA only; a notice elsewhere)
+  bool tf32 = false;  // TF32 matmuls where DeviceInfo::tf32 (CUDA sm_80+; a notice elsewhere)
   bool gradient_checkpointing = false;
   // "fused": flash attention (only the rows' log-sum-exp saved); "unfused": the probabilities
   // stored; "auto": fused, except where unfused was measured faster (a Vulkan device that is a

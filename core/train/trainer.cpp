@@ -206,14 +206,6 @@ std::vector<int32_t> load_tokens(const std::string& path, const TextTokenizer& t
   return tok.encode_parallel(load_text(path, 1), 2);
 }
 
-// --attention auto: where the unfused attention was measured faster than the fused one. On
-// lavapipe (a Vulkan device that is the CPU) the GEMM-based unfused path trained tiny at 4 x 256
-// 3x faster (570 vs 187 tokens/s, Mesa 25.0, 2 cores); the fused shaders' per-row loops do not
-// vectorise there. Everywhere else fused: it saves the attention matrices.
-bool unfused_attention_is_faster(const DeviceInfo& d) {
-  return d.backend == "vulkan" && d.type == DeviceType::kCpu;
-}
-
 int64_t process_rss_bytes() {
   std::ifstream f("/proc/self/statm");
   int64_t pages = 0, resident = 0;
@@ -321,8 +313,9 @@ void clean_stale_checkpoint_temps(const std::string& output_dir) {
 ModelOptions model_options(const TrainArgs& args, const DeviceInfo& device) {
   ModelOptions mopts;
   mopts.gradient_checkpointing = args.gradient_checkpointing;
-  mopts.fused_attention = args.attention == "fused" ||
-                          (args.attention == "auto" && !unfused_attention_is_faster(device));
+  mopts.fused_attention =
+      args.attention == "fused" ||
+      (args.attention == "auto" && device.preferred_attention == AttentionPath::kFused);
   if (args.lora_r > 0) {
     mopts.lora.r = args.lora_r;
     mopts.lora.alpha = static_cast<float>(args.lora_alpha);
@@ -524,14 +517,12 @@ void prepare_run(Run& r) {
 // optimizer and the tensors every step uses.
 void open_model(Run& r) {
   const TrainArgs& args = r.args;
-  // --tf32 reaches the CUDA device through its environment switch (backends/cuda/cublaslt.h),
-  // read when the device opens.
-  if (args.tf32) setenv("CT_TF32", "1", 1);
   r.device = open_device(args.backend);
   Device& dev = *r.device;
   if (args.profile) dev.set_profiling(true);
-  if (args.tf32 && dev.info().backend != "cuda")
-    std::printf("--tf32: takes effect on CUDA only; %s computes fp32 matmuls in full fp32\n",
+  if (args.tf32 && dev.info().tf32) dev.set_allow_tf32(true);
+  if (args.tf32 && !dev.info().tf32)
+    std::printf("--tf32: %s has no TF32 matmuls; it computes fp32 matmuls in full fp32\n",
                 dev.info().id().c_str());
   r.mopts = model_options(args, dev.info());
   r.model = make_model(dev, r.source.config, /*with_grads=*/true, r.mopts);

@@ -14,19 +14,24 @@ static nlohmann::json device_json(const DeviceInfo& d) {
   for (DType t : d.dtypes) dtypes.push_back(dtype_name(t));
   nlohmann::json extra = nlohmann::json::object();
   for (const auto& [k, v] : d.extra) extra[k] = v;
-  return {{"id", d.id()},
-          {"name", d.name},
-          {"type", device_type_name(d.type)},
-          {"driver", d.driver},
-          {"memory_bytes", d.memory_bytes},
-          {"memory_budget_bytes", d.memory_budget_bytes},
-          {"max_allocation_bytes", d.max_allocation_bytes},
-          {"max_buffer_range_bytes", d.max_buffer_range_bytes},
-          {"dtypes", dtypes},
-          {"cooperative_matrix", d.cooperative_matrix},
-          {"fp16_arithmetic", d.fp16_arithmetic},
-          {"bf16_arithmetic", d.bf16_arithmetic},
-          {"extra", extra}};
+  return {
+      {"id", d.id()},
+      {"name", d.name},
+      {"type", device_type_name(d.type)},
+      {"driver", d.driver},
+      {"memory_bytes", d.memory_bytes},
+      {"memory_budget_bytes", d.memory_budget_bytes},
+      {"max_allocation_bytes", d.max_allocation_bytes},
+      {"max_buffer_range_bytes", d.max_buffer_range_bytes},
+      {"dtypes", dtypes},
+      {"cooperative_matrix", d.cooperative_matrix},
+      {"fp16_arithmetic", d.fp16_arithmetic},
+      {"bf16_arithmetic", d.bf16_arithmetic},
+      {"tf32", d.tf32},
+      {"native_stack", d.native_stack},
+      {"test_only", d.test_only},
+      {"preferred_attention", d.preferred_attention == AttentionPath::kFused ? "fused" : "unfused"},
+      {"extra", extra}};
 }
 
 // A device whose description is settled only when it is opened (Vulkan: the coopmat self-test
@@ -80,6 +85,10 @@ Run add_devices(CLI::App& app) {
             "%s\n",
             dt.c_str(), d.fp16_arithmetic ? "yes" : "no", d.bf16_arithmetic ? "yes" : "no",
             d.cooperative_matrix ? "yes" : "no");
+        std::printf("            attention (auto): %s; tf32: %s%s%s\n",
+                    d.preferred_attention == AttentionPath::kFused ? "fused" : "unfused",
+                    d.tf32 ? "yes (--tf32)" : "no", d.native_stack ? "; native stack" : "",
+                    d.test_only ? "; for tests (never --backend auto)" : "");
         for (const auto& [k, v] : d.extra)
           std::printf("            %s: %s\n", k.c_str(), v.c_str());
       }
