@@ -21,11 +21,9 @@
 // In the PTX tables groupID = lane / 4 and threadID_in_group = lane % 4 (g and q below).
 #pragma once
 
-#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
+#include "backends/gpu/portability.h"  // __host__ __device__ on every target
+
 #define CT_MATRIX_HD __host__ __device__ __forceinline__
-#else
-#define CT_MATRIX_HD inline
-#endif
 
 namespace ct::gpu::layout {
 
