@@ -7,15 +7,18 @@
 //   WARP 32: PTX mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16} (sm_80 and later; NVIDIA
 //            PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"),
 //   WARP 64: CDNA v_mfma_f32_32x32x8{f16,bf16_1k} (gfx90a; AMD's matrix instruction tables).
-// Everywhere else -- the CPU SIMT runtime, RDNA, CUDA devices before sm_80 -- the *scalar form*
-// computes the same tile from the same fragments: each lane gathers the rows of A and columns
-// of B it needs from the lanes holding them (warp shuffles, decoded by the same layout
-// functions) and adds the products for k = 0 .. TK-1 in order, one rounding per product-add.
-// That order is the scalar GEMM kernel's, so on the SIMT runtime the tile path reproduces the
-// scalar kernel bit for bit: the tests use that to check the tile kernel's staging, fragment
-// indexing and edge handling at both warp sizes. (What the SIMT runtime cannot check is that
-// the layout functions agree with the hardware: scripts/gpu-check.sh does, through the op
-// harness on a real GPU.)
+// On the CPU SIMT runtime the tile is one call of the runtime's warp collective for that
+// instruction (backends/gpu/matrix_ops.h, backends/simt/matrix.cpp): all lanes' fragments at
+// once, the same layouts, k summed in order from c. Everywhere else -- RDNA, HIP without MFMA,
+// CUDA devices before sm_80 -- the *scalar form* computes the same tile from the same fragments:
+// each lane gathers the rows of A and columns of B it needs from the lanes holding them (warp
+// shuffles, decoded by the same layout functions) and adds the products for k = 0 .. TK-1 in
+// order, one rounding per product-add. That order is the scalar GEMM kernel's, so on the SIMT
+// runtime the tile path reproduces the scalar kernel bit for bit: the tests use that to check
+// the tile kernel's staging, fragment indexing and edge handling at both warp sizes.
+// tests/simt/matrix_collectives_test.cpp holds the layouts (these and matrix_layouts.h) to the
+// PTX ISA and CDNA2 tables lane by lane; that the hardware agrees with its documents only
+// scripts/gpu-check.sh can show, through the op harness on a real GPU.
 #pragma once
 
 #include <cstdint>
