@@ -18,7 +18,8 @@
 // products are exact in f32). Tensor cores and MFMA units sum in their own order: on hardware
 // only the products' rounding is the same. TF32 operands are f32 bits whose low 13 mantissa bits
 // are ignored (truncated; a NaN stays NaN); ct_f32_to_tf32 rounds instead (cvt.rna.tf32.f32:
-// to nearest, ties away from zero), for kernels that want rounded inputs.
+// to nearest, ties away from zero; past the largest tf32 to infinity; NaN to the canonical NaN
+// 0x7fffffff in the software form), for kernels that want rounded inputs.
 #pragma once
 
 #include <cstdint>
@@ -102,6 +103,7 @@ __device__ __forceinline__ float ct_f32_to_tf32(float x) {
   return ::ct::gpu::bits_f32(r);
 #else
   std::uint32_t u = ::ct::gpu::f32_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return ::ct::gpu::bits_f32(0x7fffffffu);  // NaN: canonical
   if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u;  // finite: half an ulp of tf32, up in size
   return ::ct::gpu::bits_f32(u & 0xffffe000u);
 #endif

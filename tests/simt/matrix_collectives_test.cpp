@@ -443,6 +443,27 @@ TEST(SimtMatrixCollectives, Mfma16x16x16BF16LaneByLane) {
   random_products<kMfma16BF16>(amd_mfma(16), 7);
 }
 
+// ct_f32_to_tf32: to nearest, ties away from zero, at the 13th mantissa bit.
+TEST(SimtMatrixCollectives, F32ToTf32RoundsToNearestTiesAway) {
+  const std::pair<std::uint32_t, std::uint32_t> cases[] = {
+      {0x3f800000u, 0x3f800000u},  // 1 stays
+      {0x3f800fffu, 0x3f800000u},  // below half an ulp: down
+      {0x3f801000u, 0x3f802000u},  // the tie: away from zero
+      {0xbf801000u, 0xbf802000u},  // also when negative
+      {0x3f802fffu, 0x3f802000u},  // odd tf32 below the tie: down
+      {0x3f803000u, 0x3f804000u},  // odd tie: away, not to even
+      {0x3fffffffu, 0x40000000u},  // carries into the exponent
+      {0x7f7fffffu, 0x7f800000u},  // past the largest tf32: infinity
+      {0x7f800000u, 0x7f800000u},  // infinity stays
+      {0x00000fffu, 0x00000000u},  // subnormals round as the rest
+      {0x00001000u, 0x00002000u},
+  };
+  for (auto [in, want] : cases)
+    EXPECT_EQ(ct::gpu::f32_bits(ct_f32_to_tf32(ct::gpu::bits_f32(in))), want) << std::hex << in;
+  for (std::uint32_t nan : {0x7f800001u, 0x7fc00000u, 0xff801000u})
+    EXPECT_TRUE(std::isnan(ct_f32_to_tf32(ct::gpu::bits_f32(nan)))) << std::hex << nan;
+}
+
 // --- ldmatrix ------------------------------------------------------------------------------
 
 // m: 4 matrices of 8 x 8 halves (m[j][row][col]); slot[l]: where in shared memory (16-byte rows)
