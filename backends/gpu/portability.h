@@ -12,6 +12,8 @@
 //   atomicAdd (int, unsigned, float), atomicMax/atomicMin/atomicOr (int, unsigned), atomicCAS,
 //   atomicExch, and ct::gpu::launch<WARP>(CT_KERNEL(kernel<...>), grid, block, shared_bytes,
 //   stream, args...).
+// The matrix instructions (mma.sync, ldmatrix, MFMA; ct_mma_*, ct_ldmatrix_*, ct_mfma_*) are in
+// backends/gpu/matrix_ops.h, on the same three targets.
 #pragma once
 
 #include <cstdint>

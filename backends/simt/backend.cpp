@@ -100,10 +100,11 @@ class SimtRuntime final : public gpu::Runtime {
   void* native_stream() override { return nullptr; }
 
  private:
-  // The 16-bit GEMM through the matrix tile's scalar form (it gives the scalar kernel's bits, so
-  // only speed depends on it) with CT_GPU_TILES=1. Off by default: every tile gathers its
-  // operands by warp shuffles, each a round of fiber switches here, which makes bf16 training
-  // several times slower (tests/simt/mma_test.cpp runs the tile path at both warp sizes).
+  // The 16-bit GEMM through the matrix tile with CT_GPU_TILES=1: one call of the runtime's
+  // matrix collective per tile (it gives the scalar kernel's bits, so only speed depends on it).
+  // Off by default: a round of fiber switches per tile still makes it slower here than the
+  // scalar kernel (backends/gpu/README.md has the figures; tests/simt/mma_test.cpp runs the tile
+  // path at both warp sizes).
   bool tiles_ = gpu::matrix_tiles_setting(false);
   DeviceInfo info_;
 };

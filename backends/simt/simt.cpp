@@ -135,10 +135,16 @@ struct Warp {
   int members = 0, arrived = 0, done = 0;
   Shuffle op = Shuffle::kBallot;
   int width = 0;
+  int matrix = -1;  // the MatrixOp the warp waits at, -1 at a shuffle or vote
   std::source_location at;
   std::uint64_t in[64], out[64];
   int arg[64];
+  const MatrixArgs* margs[64];
 };
+// What a warp waits at, for messages.
+const char* waits_at(const Warp& w) {
+  return w.matrix >= 0 ? matrix_op_name(static_cast<MatrixOp>(w.matrix)) : op_name(w.op);
+}
 
 // One block in flight on a host thread; reused for every block that thread runs.
 struct Block {
@@ -287,7 +293,7 @@ void Block::check_finished(const Fiber& f) {
          " threads wait at __syncthreads (" + where_str(barrier_at) + ")");
   if (w.arrived > 0)
     fail(thread_str(f) + " returned while " + std::to_string(w.arrived) +
-         " lanes of its warp wait at " + op_name(w.op) + " (" + where_str(w.at) + ")");
+         " lanes of its warp wait at " + waits_at(w) + " (" + where_str(w.at) + ")");
 }
 
 void Block::deadlock() const {
@@ -305,7 +311,7 @@ void Block::deadlock() const {
           .append(" lanes of warp ")
           .append(std::to_string(k))
           .append(" wait at ")
-          .append(op_name(warps[k].op))
+          .append(waits_at(warps[k]))
           .append(" (")
           .append(where_str(warps[k].at))
           .append(");");
@@ -390,7 +396,11 @@ std::uint64_t warp_collective(Shuffle op, std::uint64_t bits, int arg, int width
   if (w.arrived == 0) {
     w.op = op;
     w.width = width;
+    w.matrix = -1;
     w.at = where;
+  } else if (w.matrix >= 0) {
+    b.fail(b.thread_str(f) + " calls " + op_name(op) + " (" + where_str(where) +
+           ") while its warp waits at " + waits_at(w) + " (" + where_str(w.at) + ")");
   } else if (w.op != op || w.width != width) {
     b.fail(b.thread_str(f) + " calls " + op_name(op) + " width " + std::to_string(width) + " (" +
            where_str(where) + ") while its warp waits at " + op_name(w.op) + " width " +
@@ -409,6 +419,46 @@ std::uint64_t warp_collective(Shuffle op, std::uint64_t bits, int arg, int width
   f.state = State::kWarp;
   yield(f);
   return w.out[lane];
+}
+
+// As warp_collective, for the matrix instructions: the whole warp (which must be full and of the
+// instruction's width) arrives at the same call; the last lane computes for all.
+void matrix_collective(MatrixOp op, const MatrixArgs& args, const std::source_location& where) {
+  Fiber& f = current();
+  Block& b = *f.block;
+  const int lane = f.linear % b.warp_size;
+  Warp& w = b.warps[f.linear / b.warp_size];
+  const char* name = matrix_op_name(op);
+  if (b.warp_size != matrix_op_warp(op))
+    b.fail(b.thread_str(f) + ": " + name + " (" + where_str(where) + ") is a " +
+           std::to_string(matrix_op_warp(op)) + "-lane instruction; this launch runs warps of " +
+           std::to_string(b.warp_size));
+  if (w.members != b.warp_size)
+    b.fail(b.thread_str(f) + ": " + name + " (" + where_str(where) +
+           ") needs a full warp; this one has " + std::to_string(w.members) + " lanes");
+  if (w.done > 0)
+    b.fail(b.thread_str(f) + " calls " + name + " (" + where_str(where) + ") but " +
+           std::to_string(w.done) + " lanes of its warp have returned");
+  if (w.arrived == 0) {
+    w.matrix = static_cast<int>(op);
+    w.at = where;
+  } else if (w.matrix != static_cast<int>(op) || !same_place(where, w.at)) {
+    b.fail(b.thread_str(f) + " calls " + name + " (" + where_str(where) +
+           ") while its warp waits at " + waits_at(w) + " (" + where_str(w.at) + ")");
+  }
+  w.margs[lane] = &args;
+  if (++w.arrived == w.members) {
+    w.arrived = 0;
+    const std::string error =
+        compute_matrix(op, w.margs, b.arena.data(), b.arena.data() + b.arena.size());
+    if (!error.empty()) b.fail(std::string(name) + " (" + where_str(where) + "): " + error);
+    const int base = f.linear - lane;
+    for (int l = 0; l < w.members; ++l)
+      if (b.fibers[base + l].state == State::kWarp) b.fibers[base + l].state = State::kReady;
+    return;
+  }
+  f.state = State::kWarp;
+  yield(f);
 }
 
 void* static_shared(const void* key, std::size_t bytes, std::size_t align) {

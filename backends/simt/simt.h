@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <source_location>
+#include <string>
 #include <tuple>
 #include <type_traits>
 
@@ -107,6 +108,55 @@ T shuffle(Shuffle op, T v, int arg, int width,
 inline std::uint64_t ballot(bool p,
                             const std::source_location& where = std::source_location::current()) {
   return detail::warp_collective(Shuffle::kBallot, p, 0, 0, where);
+}
+
+// Warp-collective matrix instructions (backends/simt/matrix.cpp): every lane of a full warp
+// arrives with pointers to its registers, the last one to arrive computes the instruction over
+// all lanes' fragments (layouts: backends/gpu/matrix_layouts.h) and each lane leaves with its
+// result. Checked like the shuffles: all lanes must call the same instruction at the same place,
+// the warp must be whole and of the instruction's width (mma and ldmatrix 32, MFMA 64).
+// Arithmetic: D = C + A B with, for every element, acc = c, then acc += a_k * b_k for
+// k = 0 .. K-1 in order in f32 (the product is exact, one rounding per add). TF32 inputs are
+// f32 bits taken as given with their low 13 mantissa bits cleared (truncated, not rounded).
+enum class MatrixOp : unsigned char {
+  kMmaF16,      // mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 (warp 32)
+  kMmaBF16,     // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+  kMmaTf32,     // mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
+  kLdmatrixX1,  // ldmatrix.sync.aligned.m8n8.x1.shared.b16 (warp 32)
+  kLdmatrixX2,
+  kLdmatrixX4,
+  kLdmatrixX1Trans,  // ... .x1.trans ...
+  kLdmatrixX2Trans,
+  kLdmatrixX4Trans,
+  kMfma32x32x8F16,    // v_mfma_f32_32x32x8f16 (warp 64)
+  kMfma32x32x8BF16,   // v_mfma_f32_32x32x8bf16_1k
+  kMfma16x16x16F16,   // v_mfma_f32_16x16x16f16
+  kMfma16x16x16BF16,  // v_mfma_f32_16x16x16bf16_1k
+};
+const char* matrix_op_name(MatrixOp op);
+int matrix_op_warp(MatrixOp op);  // the warp size the instruction is defined for
+// One lane's operands. mma / MFMA: a, b (32-bit registers), c (f32) in, d (f32) out (d may be
+// c). ldmatrix: row = this lane's row address (read from the lanes the instruction names; the
+// others may pass anything), r = the 1, 2 or 4 registers it receives.
+struct MatrixArgs {
+  const std::uint32_t* a = nullptr;
+  const std::uint32_t* b = nullptr;
+  const float* c = nullptr;
+  float* d = nullptr;
+  const void* row = nullptr;
+  std::uint32_t* r = nullptr;
+};
+namespace detail {
+void matrix_collective(MatrixOp op, const MatrixArgs& args, const std::source_location& where);
+// The arithmetic of a matrix instruction over a whole warp's operands (lanes[l] is lane l's);
+// shared = the block's shared memory, which ldmatrix rows must lie in. Returns "" or what is
+// wrong.
+std::string compute_matrix(MatrixOp op, const MatrixArgs* const* lanes, const std::byte* shared_lo,
+                           const std::byte* shared_hi);
+}  // namespace detail
+inline void matrix(MatrixOp op, const MatrixArgs& args,
+                   const std::source_location& where = std::source_location::current()) {
+  detail::matrix_collective(op, args, where);
 }
 
 template <typename T>

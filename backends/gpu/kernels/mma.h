@@ -7,20 +7,24 @@
 //   WARP 32: PTX mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16} (sm_80 and later; NVIDIA
 //            PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"),
 //   WARP 64: CDNA v_mfma_f32_32x32x8{f16,bf16_1k} (gfx90a; AMD's matrix instruction tables).
-// Everywhere else -- the CPU SIMT runtime, RDNA, CUDA devices before sm_80 -- the *scalar form*
-// computes the same tile from the same fragments: each lane gathers the rows of A and columns
-// of B it needs from the lanes holding them (warp shuffles, decoded by the same layout
-// functions) and adds the products for k = 0 .. TK-1 in order, one rounding per product-add.
-// That order is the scalar GEMM kernel's, so on the SIMT runtime the tile path reproduces the
-// scalar kernel bit for bit: the tests use that to check the tile kernel's staging, fragment
-// indexing and edge handling at both warp sizes. (What the SIMT runtime cannot check is that
-// the layout functions agree with the hardware: scripts/gpu-check.sh does, through the op
-// harness on a real GPU.)
+// On the CPU SIMT runtime the tile is one call of the runtime's warp collective for that
+// instruction (backends/gpu/matrix_ops.h, backends/simt/matrix.cpp): all lanes' fragments at
+// once, the same layouts, k summed in order from c. Everywhere else -- RDNA, HIP without MFMA,
+// CUDA devices before sm_80 -- the *scalar form* computes the same tile from the same fragments:
+// each lane gathers the rows of A and columns of B it needs from the lanes holding them (warp
+// shuffles, decoded by the same layout functions) and adds the products for k = 0 .. TK-1 in
+// order, one rounding per product-add. That order is the scalar GEMM kernel's, so on the SIMT
+// runtime the tile path reproduces the scalar kernel bit for bit: the tests use that to check
+// the tile kernel's staging, fragment indexing and edge handling at both warp sizes.
+// tests/simt/matrix_collectives_test.cpp holds the layouts (these and matrix_layouts.h) to the
+// PTX ISA and CDNA2 tables lane by lane; that the hardware agrees with its documents only
+// scripts/gpu-check.sh can show, through the op harness on a real GPU.
 #pragma once
 
 #include <cstdint>
 
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/matrix_ops.h"
 
 namespace ct::gpu {
 
@@ -137,50 +141,44 @@ __device__ __forceinline__ void mma_scalar(float (&c)[MmaLayout<WARP>::NC],
   }
 }
 
-// c += a b on the warp: the matrix instruction where the target has it, else the scalar form.
+// The targets where mma() runs one matrix instruction per tile (backends/gpu/matrix_ops.h): the
+// hardware's, or on the SIMT runtime its warp collective, which sums in the scalar form's order.
+#if defined(CT_GPU_SIMT) || (defined(CT_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
+#define CT_MMA_TILE_32 1
+#endif
+#if defined(CT_GPU_SIMT) || (defined(CT_GPU_HIP) && defined(__gfx90a__))
+#define CT_MMA_TILE_64 1
+#endif
+
+// c += a b on the warp: the matrix instruction where the target has one (on SIMT: the runtime's
+// collective, one call per tile), else the scalar form.
 template <int WARP, typename AB>
 __device__ __forceinline__ void mma(float (&c)[MmaLayout<WARP>::NC],
                                     const std::uint16_t (&a)[MmaLayout<WARP>::NA],
                                     const std::uint16_t (&b)[MmaLayout<WARP>::NB]) {
-#if defined(CT_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using L = MmaLayout<WARP>;
+  // Elements 2r and 2r + 1 go to the low and high half of register r, as the instructions take
+  // them (matrix_layouts.h numbers them so; MmaLayout's a_row/a_k agree, see the tests).
+  [[maybe_unused]] std::uint32_t ra[L::NA / 2], rb[L::NB / 2];
+  for (int r = 0; r < L::NA / 2; ++r)
+    ra[r] = a[2 * r] | static_cast<std::uint32_t>(a[2 * r + 1]) << 16;
+  for (int r = 0; r < L::NB / 2; ++r)
+    rb[r] = b[2 * r] | static_cast<std::uint32_t>(b[2 * r + 1]) << 16;
+#if defined(CT_MMA_TILE_32)
   if constexpr (WARP == 32) {
-    std::uint32_t ra[4], rb[2];
-    for (int r = 0; r < 4; ++r) ra[r] = a[2 * r] | static_cast<std::uint32_t>(a[2 * r + 1]) << 16;
-    for (int r = 0; r < 2; ++r) rb[r] = b[2 * r] | static_cast<std::uint32_t>(b[2 * r + 1]) << 16;
-    if constexpr (std::is_same_v<AB, BF16>) {
-      asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-          "{%8,%9}, {%0,%1,%2,%3};\n"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-          : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
-    } else {
-      asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-          "{%8,%9}, {%0,%1,%2,%3};\n"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-          : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
-    }
+    if constexpr (std::is_same_v<AB, BF16>)
+      ct_mma_m16n8k16_bf16(c, ra, rb, c);
+    else
+      ct_mma_m16n8k16_f16(c, ra, rb, c);
     return;
   }
-#elif defined(CT_GPU_HIP) && defined(__gfx90a__)
+#endif
+#if defined(CT_MMA_TILE_64)
   if constexpr (WARP == 64) {
-    typedef float f32x16 __attribute__((ext_vector_type(16)));
-    f32x16 acc;
-    for (int i = 0; i < 16; ++i) acc[i] = c[i];
-    if constexpr (std::is_same_v<AB, BF16>) {
-      typedef short i16x4 __attribute__((ext_vector_type(4)));
-      i16x4 va, vb;
-      for (int i = 0; i < 4; ++i)
-        va[i] = static_cast<short>(a[i]), vb[i] = static_cast<short>(b[i]);
-      acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(va, vb, acc, 0, 0, 0);
-    } else {
-      typedef _Float16 f16x4 __attribute__((ext_vector_type(4)));
-      f16x4 va, vb;
-      for (int i = 0; i < 4; ++i)
-        va[i] = __builtin_bit_cast(_Float16, a[i]), vb[i] = __builtin_bit_cast(_Float16, b[i]);
-      acc = __builtin_amdgcn_mfma_f32_32x32x8f16(va, vb, acc, 0, 0, 0);
-    }
-    for (int i = 0; i < 16; ++i) c[i] = acc[i];
+    if constexpr (std::is_same_v<AB, BF16>)
+      ct_mfma_32x32x8_bf16(c, ra, rb, c);
+    else
+      ct_mfma_32x32x8_f16(c, ra, rb, c);
     return;
   }
 #endif
