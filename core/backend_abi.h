@@ -1,11 +1,12 @@
 // The plugin ABI's version history. A plugin (core/device.h: libcrosstrain_backend_<name>.so)
-// is built against one core/device.h; the registry loads it only when its version is
-// kBackendAbiVersion. Each version records the fingerprint of the device.h it stands for: the
-// SHA-256 of the file with comments removed and whitespace collapsed (abi_normalise()), so a
-// change to a comment or the layout keeps it, any change to a declaration does not.
-// tests/core/backend_abi_test.cpp fails when device.h's fingerprint is not the one recorded for
+// is built against one core/device.h and the op list it expands, core/ops.def; the registry
+// loads it only when its version is kBackendAbiVersion. Each version records the fingerprint of
+// the interface it stands for: the SHA-256 of the files of kBackendAbiFiles with comments
+// removed and whitespace collapsed (abi_normalise()), each followed by a newline, so a change to
+// a comment or the layout keeps it, any change to a declaration or to a line of ops.def does
+// not. tests/core/backend_abi_test.cpp fails when the fingerprint is not the one recorded for
 // kBackendAbiVersion: then bump kBackendAbiVersion in core/device.h and add a row here with the
-// fingerprint the test prints.
+// fingerprint the test prints. (Versions up to 8 fingerprinted core/device.h alone.)
 #pragma once
 
 #include <string>
@@ -13,9 +14,12 @@
 
 namespace ct {
 
+// The files that declare the plugin interface, in the order they are fingerprinted.
+inline constexpr const char* kBackendAbiFiles[] = {"core/device.h", "core/ops.def"};
+
 struct BackendAbiRevision {
   int version;
-  const char* device_h_sha256;  // of abi_normalise(core/device.h); "" where not recorded
+  const char* device_h_sha256;  // the fingerprint (see above); "" where not recorded
   const char* what;
 };
 
@@ -41,9 +45,12 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {8, "d88fa140f64641cdb8d132fdc1590d3920c7057b69b2a7c67b2dd31d2c4aada2",
      "DeviceInfo::settled_on_open (a description settled only by opening the device: the "
      "Vulkan coopmat self-test without a cached verdict)"},
+    {9, "414eabd9251d875f6be31249de715386cb041ba5640f0c405c37508da61a5383",
+     "the op set declared once in core/ops.def (OpKind, the *_kernel virtuals) and fingerprinted "
+     "with device.h; the same kernels, in the same order, and the same OpKind values"},
 };
 
-// device.h's text without // and /* */ comments, every run of whitespace one space, trimmed.
+// A source's text without // and /* */ comments, every run of whitespace one space, trimmed.
 // String and character literals are kept as they are.
 inline std::string abi_normalise(std::string_view src) {
   std::string out;
