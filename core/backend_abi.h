@@ -1,11 +1,12 @@
 // The plugin ABI's version history. A plugin (core/device.h: libcrosstrain_backend_<name>.so)
-// is built against one core/device.h; the registry loads it only when its version is
-// kBackendAbiVersion. Each version records the fingerprint of the device.h it stands for: the
-// SHA-256 of the file with comments removed and whitespace collapsed (abi_normalise()), so a
-// change to a comment or the layout keeps it, any change to a declaration does not.
-// tests/core/backend_abi_test.cpp fails when device.h's fingerprint is not the one recorded for
+// is built against one core/device.h and the op list it expands, core/ops.def; the registry
+// loads it only when its version is kBackendAbiVersion. Each version records the fingerprint of
+// the interface it stands for: the SHA-256 of the files of kBackendAbiFiles with comments
+// removed and whitespace collapsed (abi_normalise()), each followed by a newline, so a change to
+// a comment or the layout keeps it, any change to a declaration or to a line of ops.def does
+// not. tests/core/backend_abi_test.cpp fails when the fingerprint is not the one recorded for
 // kBackendAbiVersion: then bump kBackendAbiVersion in core/device.h and add a row here with the
-// fingerprint the test prints.
+// fingerprint the test prints. (Versions up to 8 fingerprinted core/device.h alone.)
 #pragma once
 
 #include <string>
@@ -13,9 +14,12 @@
 
 namespace ct {
 
+// The files that declare the plugin interface, in the order they are fingerprinted.
+inline constexpr const char* kBackendAbiFiles[] = {"core/device.h", "core/ops.def"};
+
 struct BackendAbiRevision {
   int version;
-  const char* device_h_sha256;  // of abi_normalise(core/device.h); "" where not recorded
+  const char* device_h_sha256;  // the fingerprint (see above); "" where not recorded
   const char* what;
 };
 
@@ -41,13 +45,15 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {8, "d88fa140f64641cdb8d132fdc1590d3920c7057b69b2a7c67b2dd31d2c4aada2",
      "DeviceInfo::settled_on_open (a description settled only by opening the device: the "
      "Vulkan coopmat self-test without a cached verdict)"},
-    {9, "373b1c19fce593d8acc2f8ff21bfd43b76acb7afcbed3693ac4cbcdffd22ddad",
-     "capabilities instead of backend names: DeviceInfo::native_stack, test_only, "
+    {9, "3fb9bea1c702261f1b5c86caac022dfd642fcebc2924ac2124da366de201fbe3",
+     "the op set declared once in core/ops.def (OpKind, the *_kernel virtuals) and fingerprinted "
+     "with device.h; the same kernels, in the same order, and the same OpKind values. "
+     "Capabilities instead of backend names: DeviceInfo::native_stack, test_only, "
      "preferred_attention (AttentionPath), tf32; Device::set_allow_tf32 (--tf32 as a device "
      "option, not an environment variable)"},
 };
 
-// device.h's text without // and /* */ comments, every run of whitespace one space, trimmed.
+// A source's text without // and /* */ comments, every run of whitespace one space, trimmed.
 // String and character literals are kept as they are.
 inline std::string abi_normalise(std::string_view src) {
   std::string out;

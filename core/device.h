@@ -256,33 +256,11 @@ struct DropoutMask {
   float scale = 1.0f;      // 1 / (1 - p), rounded to float
 };
 
+// What supports() answers for: one kind per op family, each declared in core/ops.def with its
+// number (part of the plugin ABI) and the dtypes the mixed-precision table allows it.
 enum class OpKind {
-  kFill,
-  kCopy,
-  kAdd,
-  kAccumulate,
-  kScale,
-  kEmbedding,
-  kLayerNorm,
-  kMatmul,
-  kBiasGrad,
-  kAttention,
-  kGelu,
-  kDropout,
-  kCrossEntropy,
-  kSum,
-  kNorm,
-  kAdamW,
-  kCheckFinite,
-  kUnscaleCheck,
-  // optimizers
-  kSgd,
-  kLion,
-  kAdamW8bit,
-  kAdafactor,
-  kRMSNorm,  // (appended: the values are part of the plugin ABI)
-  kSwiGLU,
-  kRope,
+#define CT_OP_KIND(kind, value, label, dtypes) kind = value,
+#include "core/ops.def"
 };
 
 class Device {
@@ -561,74 +539,14 @@ class Device {
   // their own beyond their limits and data they read anyway.
   virtual void upload_kernel(const Tensor& dst, const void* host, size_t bytes) = 0;
   virtual void download_kernel(void* host, const Tensor& src, size_t bytes) = 0;
-  virtual void fill_kernel(const Tensor& t, float value) = 0;
-  virtual void copy_kernel(const Tensor& dst, const Tensor& src) = 0;
-  virtual void add_kernel(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
-  virtual void accumulate_kernel(const Tensor& dst, const Tensor& src) = 0;
-  virtual void scale_kernel(const Tensor& t, float s) = 0;
-  virtual void embedding_forward_kernel(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                        const Tensor& wpe) = 0;
-  virtual void embedding_backward_kernel(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                         const Tensor& tokens) = 0;
-  virtual void layernorm_forward_kernel(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                        const Tensor& x, const Tensor& w, const Tensor& b,
-                                        float eps) = 0;
-  virtual void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
-                                         const Tensor& dout, const Tensor& x, const Tensor& w,
-                                         const Tensor& mean, const Tensor& rstd) = 0;
-  virtual void rmsnorm_forward_kernel(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                                      const Tensor& w, float eps) = 0;
-  virtual void rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& dout,
-                                       const Tensor& x, const Tensor& w, const Tensor& rstd) = 0;
-  // `d` holds the dimensions matmul() resolved: c is [batch..., M, N], op(a) [M, K] per batch
-  // element, and a_batched / b_batched say whether a / b carry c's batch dims (false: one 2-D
-  // matrix broadcast over the batch).
-  virtual void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
-                             bool trans_a, bool trans_b, float alpha, float beta,
-                             const Tensor* bias) = 0;
-  virtual void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) = 0;
-  // Attention kernels get n_kv_head resolved (>= 1, dividing n_head).
-  virtual void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                                        int n_head, int n_kv_head) = 0;
-  virtual void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                         const Tensor& att, int n_head, int n_kv_head) = 0;
-  virtual void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse,
-                                              const Tensor& qkv, int n_head, int n_kv_head) = 0;
-  virtual void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout,
-                                               const Tensor& qkv, const Tensor& out,
-                                               const Tensor& lse, int n_head, int n_kv_head) = 0;
-  virtual void gelu_forward_kernel(const Tensor& out, const Tensor& x) = 0;
-  virtual void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) = 0;
-  virtual void swiglu_forward_kernel(const Tensor& out, const Tensor& gu) = 0;
-  virtual void swiglu_backward_kernel(const Tensor& dgu, const Tensor& gu, const Tensor& dout) = 0;
-  // inverse: rotate by -angle (rope_backward).
-  virtual void rope_kernel(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
-                           int64_t head_dim, int64_t rot_heads, bool inverse) = 0;
-  virtual void dropout_kernel(const Tensor& out, const Tensor& x, const DropoutMask& mask) = 0;
-  // logits may be 1-D ([V], one row): a kernel takes N = numel / V rows of V = shape[-1].
-  virtual void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
-                                           const Tensor& targets) = 0;
-  virtual void crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
-                                            const Tensor& targets, float dloss) = 0;
-  virtual void sum_kernel(const Tensor& out, const Tensor& x, float scale) = 0;
-  virtual void norm_kernel(const Tensor& out, const Tensor& x) = 0;
-  virtual void check_finite_kernel(const Tensor& flag, const Tensor& x) = 0;
-  // The default runs scale_kernel() then check_finite_kernel().
-  virtual void unscale_check_kernel(const Tensor& x, const Tensor& flag, float inv_scale);
-  virtual void adamw_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
-                            const Tensor& v, const Tensor& grad_norm, const AdamWHyper& hp) = 0;
-  // The optimizer kernels' defaults throw Error(kUnsupported) naming the op and the device.
-  virtual void sgd_kernel(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
-                          const Tensor& grad_norm, const SgdHyper& hp);
-  virtual void lion_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
-                           const Tensor& grad_norm, const LionHyper& hp);
-  virtual void adamw_8bit_kernel(const Tensor& param, const Tensor& grad, const Tensor& m_q,
-                                 const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
-                                 const Tensor& qmap_signed, const Tensor& qmap_unsigned,
-                                 const Tensor& grad_norm, const AdamWHyper& hp);
-  virtual void adafactor_kernel(const Tensor& param, const Tensor& grad, const Tensor& row,
-                                const Tensor& col, const Tensor& v, const Tensor& exp_avg,
-                                const Tensor& grad_norm, const AdafactorHyper& hp);
+  // The op kernels, one per CT_OP_KERNEL line of core/ops.def, in its order: `void
+  // <op>_kernel(parameters)`, pure virtual, or with a default in core (CT_OP_KERNEL_DEFAULT:
+  // unscale_check runs scale_kernel() then check_finite_kernel(); the optimizers' throw
+  // Error(kUnsupported) naming the op and the device). ops.def's comments say what a kernel is
+  // handed beyond its public op's arguments.
+#define CT_OP_KERNEL(op, params) virtual void op##_kernel params = 0;
+#define CT_OP_KERNEL_DEFAULT(op, params) virtual void op##_kernel params;
+#include "core/ops.def"
 
   MemoryTracker tracker_;
 };

@@ -43,145 +43,20 @@ struct MatmulBf16Args {
   float alpha = 1.0f, beta = 0.0f;
 };
 
+// One table of function pointers per family: a slot per line of kernels.def, by name.
 struct Kernels {
-  void (*fill)(void* p, DType dt, int64_t n, float value);
-  void (*copy)(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);
-  void (*add)(float* out, const float* a, const float* b, int64_t n);
-  void (*accumulate)(float* dst, const float* src, int64_t n);
-  void (*scale)(float* t, float s, int64_t n);
-
-  void (*embedding_forward)(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                            int64_t B, int64_t T, int64_t C);
-  void (*embedding_backward)(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                             int64_t B, int64_t T, int64_t C);
-
-  void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* x, const float* w,
-                            const float* b, int64_t N, int64_t C, float eps);
-  void (*layernorm_backward)(Workspace& ws, float* dx, float* dw, float* db, const float* dout,
-                             const float* x, const float* w, const float* mean, const float* rstd,
-                             int64_t N, int64_t C);
-
-  void (*rmsnorm_forward)(float* out, float* rstd, const float* x, const float* w, int64_t N,
-                          int64_t C, float eps);
-  void (*rmsnorm_backward)(Workspace& ws, float* dx, float* dw, const float* dout, const float* x,
-                           const float* w, const float* rstd, int64_t N, int64_t C);
-
-  void (*matmul)(Workspace& ws, const MatmulArgs& m);
-  void (*bias_backward)(float* dbias, const float* dout, int64_t M, int64_t N);
-
-  // Attention: qkv rows [C + 2 NKV hs] (q | k | v), hs = C / NH; query head h reads key/value
-  // head h / (NH / NKV) (grouped-query attention; NKV = NH is multi-head attention).
-  void (*attention_forward)(Workspace& ws, float* out, float* att, const float* qkv, int64_t B,
-                            int64_t T, int64_t C, int64_t NH, int64_t NKV);
-  void (*attention_backward)(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
-                             const float* att, int64_t B, int64_t T, int64_t C, int64_t NH,
-                             int64_t NKV);
-  void (*flash_attention_forward)(Workspace& ws, float* out, float* lse, const float* qkv,
-                                  int64_t B, int64_t T, int64_t C, int64_t NH, int64_t NKV);
-  void (*flash_attention_backward)(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
-                                   const float* out, const float* lse, int64_t B, int64_t T,
-                                   int64_t C, int64_t NH, int64_t NKV);
-
-  void (*gelu_forward)(float* out, const float* x, int64_t n);
-  void (*gelu_backward)(float* dx, const float* x, const float* dout, int64_t n);
-  void (*swiglu_forward)(float* out, const float* gu, int64_t N, int64_t F);
-  void (*swiglu_backward)(float* dgu, const float* gu, const float* dout, int64_t N, int64_t F);
-  void (*rope)(float* out, const float* x, const float* cos, const float* sin, int64_t B, int64_t T,
-               int64_t W, int64_t D, int64_t rot_heads, bool inverse);
-  void (*dropout)(float* out, const float* x, int64_t n, const DropoutMask& mask);
-
-  void (*crossentropy_forward)(float* losses, const float* logits, const int32_t* targets,
-                               int64_t N, int64_t V);
-  void (*crossentropy_backward)(float* dlogits, const float* logits, const int32_t* targets,
-                                int64_t N, int64_t V, float dloss);
-
-  void (*sum)(float* out, const float* x, int64_t n, float scale);
-  void (*norm)(float* out, const float* x, int64_t n);
-  void (*check_finite)(int32_t* flag, const float* x, int64_t n);
-  void (*unscale_check)(float* x, int32_t* flag, float inv_scale, int64_t n);
-  void (*adamw)(float* param, const float* grad, float* m, float* v, const float* grad_norm,
-                int64_t n, const AdamWHyper& hp);
-  // Optimizers (core/device.h's contracts; backends/cpu/*/optimizers.cpp). grad_norm is null
-  // when not clipping; buf is null without momentum; row/col null for an unfactored Adafactor
-  // tensor (then v, n = R * C), v null for a factored one; exp_avg null without beta1.
-  void (*sgd)(float* param, const float* grad, float* buf, const float* grad_norm, int64_t n,
-              const SgdHyper& hp);
-  void (*lion)(float* param, const float* grad, float* m, const float* grad_norm, int64_t n,
-               const LionHyper& hp);
-  void (*adamw_8bit)(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, float* m_absmax,
-                     float* v_absmax, const float* qmap_signed, const float* qmap_unsigned,
-                     const float* grad_norm, int64_t n, const AdamWHyper& hp);
-  void (*adafactor)(float* param, const float* grad, float* row, float* col, float* v,
-                    float* exp_avg, const float* grad_norm, int64_t R, int64_t C,
-                    const AdafactorHyper& hp);
+#define CT_CPU_KERNEL(name, params) void(*name) params;
+#include "backends/cpu/kernels.def"
   // Optional (null in the reference): a native bf16 matmul. Returns false when it cannot take
   // the call (library missing, CPU without bf16 instructions, unsupported case); the device
   // then widens to f32 and uses matmul().
   bool (*matmul_bf16)(const MatmulBf16Args& m);
 };
 
-// Declares one family's functions in a namespace (ref or fast), so both sides keep one list.
-#define CT_CPU_DECLARE_KERNELS                                                                     \
-  void fill(void* p, DType dt, int64_t n, float value);                                            \
-  void copy(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n);                    \
-  void add(float* out, const float* a, const float* b, int64_t n);                                 \
-  void accumulate(float* dst, const float* src, int64_t n);                                        \
-  void scale(float* t, float s, int64_t n);                                                        \
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,    \
-                         int64_t B, int64_t T, int64_t C);                                         \
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,      \
-                          int64_t B, int64_t T, int64_t C);                                        \
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,     \
-                         const float* b, int64_t N, int64_t C, float eps);                         \
-  void layernorm_backward(Workspace& ws, float* dx, float* dw, float* db, const float* dout,       \
-                          const float* x, const float* w, const float* mean, const float* rstd,    \
-                          int64_t N, int64_t C);                                                   \
-  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N,         \
-                       int64_t C, float eps);                                                      \
-  void rmsnorm_backward(Workspace& ws, float* dx, float* dw, const float* dout, const float* x,    \
-                        const float* w, const float* rstd, int64_t N, int64_t C);                  \
-  void matmul(Workspace& ws, const MatmulArgs& m);                                                 \
-  void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N);                       \
-  void attention_forward(Workspace& ws, float* out, float* att, const float* qkv, int64_t B,       \
-                         int64_t T, int64_t C, int64_t NH, int64_t NKV);                           \
-  void attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,         \
-                          const float* att, int64_t B, int64_t T, int64_t C, int64_t NH,           \
-                          int64_t NKV);                                                            \
-  void flash_attention_forward(Workspace& ws, float* out, float* lse, const float* qkv, int64_t B, \
-                               int64_t T, int64_t C, int64_t NH, int64_t NKV);                     \
-  void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,   \
-                                const float* out, const float* lse, int64_t B, int64_t T,          \
-                                int64_t C, int64_t NH, int64_t NKV);                               \
-  void gelu_forward(float* out, const float* x, int64_t n);                                        \
-  void gelu_backward(float* dx, const float* x, const float* dout, int64_t n);                     \
-  void swiglu_forward(float* out, const float* gu, int64_t N, int64_t F);                          \
-  void swiglu_backward(float* dgu, const float* gu, const float* dout, int64_t N, int64_t F);      \
-  void rope(float* out, const float* x, const float* cos, const float* sin, int64_t B, int64_t T,  \
-            int64_t W, int64_t D, int64_t rot_heads, bool inverse);                                \
-  void dropout(float* out, const float* x, int64_t n, const DropoutMask& mask);                    \
-  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N, \
-                            int64_t V);                                                            \
-  void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets,          \
-                             int64_t N, int64_t V, float dloss);                                   \
-  void sum(float* out, const float* x, int64_t n, float scale);                                    \
-  void norm(float* out, const float* x, int64_t n);                                                \
-  void check_finite(int32_t* flag, const float* x, int64_t n);                                     \
-  void unscale_check(float* x, int32_t* flag, float inv_scale, int64_t n);                         \
-  void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm,          \
-             int64_t n, const AdamWHyper& hp);                                                     \
-  void sgd(float* param, const float* grad, float* buf, const float* grad_norm, int64_t n,         \
-           const SgdHyper& hp);                                                                    \
-  void lion(float* param, const float* grad, float* m, const float* grad_norm, int64_t n,          \
-            const LionHyper& hp);                                                                  \
-  void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, float* m_absmax,    \
-                  float* v_absmax, const float* qmap_signed, const float* qmap_unsigned,           \
-                  const float* grad_norm, int64_t n, const AdamWHyper& hp);                        \
-  void adafactor(float* param, const float* grad, float* row, float* col, float* v,                \
-                 float* exp_avg, const float* grad_norm, int64_t R, int64_t C,                     \
-                 const AdafactorHyper& hp);
-
+// Each family's functions, declared from kernels.def in its namespace (ref, or fast::<level>).
 namespace ref {
-CT_CPU_DECLARE_KERNELS
+#define CT_CPU_KERNEL(name, params) void name params;
+#include "backends/cpu/kernels.def"
 }  // namespace ref
 namespace fast {
 // The fast kernels (backends/cpu/fast/*.cpp) are compiled once per instruction-set level
@@ -191,13 +66,16 @@ namespace fast {
 // table at run time (backends/cpu/isa.h). Inline functions of fast/*.h live in the same
 // namespaces, so no level calls another level's copy.
 namespace x86_64_v2 {
-CT_CPU_DECLARE_KERNELS
+#define CT_CPU_KERNEL(name, params) void name params;
+#include "backends/cpu/kernels.def"
 }  // namespace x86_64_v2
 namespace avx2 {
-CT_CPU_DECLARE_KERNELS
+#define CT_CPU_KERNEL(name, params) void name params;
+#include "backends/cpu/kernels.def"
 }  // namespace avx2
 namespace avx512_bf16 {
-CT_CPU_DECLARE_KERNELS
+#define CT_CPU_KERNEL(name, params) void name params;
+#include "backends/cpu/kernels.def"
 }  // namespace avx512_bf16
 
 // Shared by the levels, compiled once (onednn_matmul.cpp): oneDNN picks its own kernels.
@@ -212,7 +90,7 @@ const char*
 f32_matmul_library();  // the f32 GEMM libraries and which products take which, for `devices`
 }  // namespace fast
 
-// The tables, in declaration order of Kernels. fast_kernels() is the level chosen at run time
+// The tables (kernel_tables.cpp). fast_kernels() is the level chosen at run time
 // (isa.h: the best the CPU supports, or CT_CPU_ISA's), fast_kernels(level) a given one.
 const Kernels& reference_kernels();
 const Kernels& fast_kernels();

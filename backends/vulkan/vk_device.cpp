@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/op_support.h"
 #include "core/teardown_trace.h"
 
 namespace ct::vk {
@@ -165,40 +166,21 @@ VulkanDevice::~VulkanDevice() {
   trace_teardown(info_.id() + " closed");
 }
 
+// The precision table (core/op_support.h: 16-bit storage through the H_F16 / H_BF16 shader
+// variants, fp32 arithmetic) within the dtypes this device has, less what needs a feature it
+// lacks.
 bool VulkanDevice::supports(OpKind op, DType dtype) const {
   bool have = std::find(info_.dtypes.begin(), info_.dtypes.end(), dtype) != info_.dtypes.end();
-  if (!have) return false;
+  if (!have || !precision_table_allows(op, dtype)) return false;
   switch (op) {
-    case OpKind::kFill:
-      return true;
-    case OpKind::kCopy:
-      return true;  // same dtype: any; conversions: between f32/f16/bf16
-    // 16-bit storage (the H_F16 / H_BF16 shader variants), fp32 arithmetic, for the tensors
-    // core/device.h's mixed-precision table allows in 16 bits.
-    case OpKind::kAdd:
-    case OpKind::kEmbedding:  // forward tables
-    case OpKind::kGelu:
-    case OpKind::kDropout:
-    case OpKind::kLayerNorm:
-    case OpKind::kRMSNorm:
-    case OpKind::kSwiGLU:
-    case OpKind::kRope:
-    case OpKind::kBiasGrad:
-    case OpKind::kCrossEntropy:
-    case OpKind::kMatmul:
-      return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
     // the 16-bit attention runs the GEMM path, which reads through device addresses
     case OpKind::kAttention:
-      return dtype == DType::f32 || ((dtype == DType::f16 || dtype == DType::bf16) && pd_.bda);
+      return dtype == DType::f32 || pd_.bda;
     // ops/optimizers.cpp; 8-bit AdamW stores its indices as uint8_t (8-bit storage)
-    case OpKind::kSgd:
-    case OpKind::kLion:
-    case OpKind::kAdafactor:
-      return dtype == DType::f32;
     case OpKind::kAdamW8bit:
       return dtype == DType::f32 && pd_.storage8;
     default:
-      return dtype == DType::f32;
+      return true;
   }
 }
 

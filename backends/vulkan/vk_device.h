@@ -142,67 +142,10 @@ class VulkanDevice final : public Device {
   // ops/; upload and download in vk_device.cpp.
   void upload_kernel(const Tensor& dst, const void* host, size_t bytes) override;
   void download_kernel(void* host, const Tensor& src, size_t bytes) override;
-  void fill_kernel(const Tensor& t, float value) override;
-  void copy_kernel(const Tensor& dst, const Tensor& src) override;
-  void add_kernel(const Tensor& out, const Tensor& a, const Tensor& b) override;
-  void accumulate_kernel(const Tensor& dst, const Tensor& src) override;
-  void scale_kernel(const Tensor& t, float s) override;
-  void embedding_forward_kernel(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                const Tensor& wpe) override;
-  void embedding_backward_kernel(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                 const Tensor& tokens) override;
-  void layernorm_forward_kernel(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                const Tensor& x, const Tensor& w, const Tensor& b,
-                                float eps) override;
-  void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
-                                 const Tensor& dout, const Tensor& x, const Tensor& w,
-                                 const Tensor& mean, const Tensor& rstd) override;
-  void rmsnorm_forward_kernel(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                              const Tensor& w, float eps) override;
-  void rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& dout,
-                               const Tensor& x, const Tensor& w, const Tensor& rstd) override;
-  void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
-                     bool trans_a, bool trans_b, float alpha, float beta,
-                     const Tensor* bias) override;
-  void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) override;
-  void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv, int n_head,
-                                int n_kv_head) override;
-  void attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                 const Tensor& att, int n_head, int n_kv_head) override;
-  void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                      int n_head, int n_kv_head) override;
-  void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                       const Tensor& out, const Tensor& lse, int n_head,
-                                       int n_kv_head) override;
-  void gelu_forward_kernel(const Tensor& out, const Tensor& x) override;
-  void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) override;
-  void swiglu_forward_kernel(const Tensor& out, const Tensor& gu) override;
-  void swiglu_backward_kernel(const Tensor& dgu, const Tensor& gu, const Tensor& dout) override;
-  void rope_kernel(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
-                   int64_t head_dim, int64_t rot_heads, bool inverse) override;
-  void dropout_kernel(const Tensor& out, const Tensor& x, const DropoutMask& mask) override;
-  void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
-                                   const Tensor& targets) override;
-  void crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
-                                    const Tensor& targets, float dloss) override;
-  void sum_kernel(const Tensor& out, const Tensor& x, float scale) override;
-  void norm_kernel(const Tensor& out, const Tensor& x) override;
-  void check_finite_kernel(const Tensor& flag, const Tensor& x) override;
-  void unscale_check_kernel(const Tensor& x, const Tensor& flag, float inv_scale) override;
-  void adamw_kernel(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                    const Tensor& grad_norm, const AdamWHyper& hp) override;
-  // ops/optimizers.cpp
-  void sgd_kernel(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
-                  const Tensor& grad_norm, const SgdHyper& hp) override;
-  void lion_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
-                   const Tensor& grad_norm, const LionHyper& hp) override;
-  void adamw_8bit_kernel(const Tensor& param, const Tensor& grad, const Tensor& m_q,
-                         const Tensor& v_q, const Tensor& m_absmax, const Tensor& v_absmax,
-                         const Tensor& qmap_signed, const Tensor& qmap_unsigned,
-                         const Tensor& grad_norm, const AdamWHyper& hp) override;
-  void adafactor_kernel(const Tensor& param, const Tensor& grad, const Tensor& row,
-                        const Tensor& col, const Tensor& v, const Tensor& exp_avg,
-                        const Tensor& grad_norm, const AdafactorHyper& hp) override;
+  // One per line of core/ops.def, defined one family per file under ops/ (optimizers:
+  // ops/optimizers.cpp).
+#define CT_OP_KERNEL(op, params) void op##_kernel params override;
+#include "core/ops.def"
 
  private:
   struct Batch {

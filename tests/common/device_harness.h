@@ -45,6 +45,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/op_support.h"
 #include "core/philox.h"
 #include "core/registry.h"
 #include "tests/common/test_data.h"
@@ -379,8 +380,7 @@ class DeviceTest : public ::testing::TestWithParam<DeviceCase> {
   // Why the device cannot run (op, dtype), or "" if it can.
   std::string unsupported(OpKind op, DType dt) const {
     if (dev().supports(op, dt)) return "";
-    return id() + " does not support op " + std::to_string(static_cast<int>(op)) + " on " +
-           dtype_name(dt);
+    return id() + " does not support op " + op_kind_name(op) + " on " + dtype_name(dt);
   }
 
   // Why a tensor of `bytes` (and its copies: the reference's and the host's) cannot be made

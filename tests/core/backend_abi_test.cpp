@@ -1,5 +1,6 @@
-// The plugin ABI: core/device.h's fingerprint must be the one recorded for kBackendAbiVersion in
-// core/backend_abi.h, and a plugin built for another version is listed as unavailable.
+// The plugin ABI: the fingerprint of core/device.h and core/ops.def must be the one recorded for
+// kBackendAbiVersion in core/backend_abi.h, and a plugin built for another version is listed as
+// unavailable.
 #include "core/backend_abi.h"
 
 #include <gtest/gtest.h>
@@ -30,9 +31,13 @@ TEST(BackendAbi, NormaliseDropsCommentsAndLayoutOnly) {
 }
 
 TEST(BackendAbi, DeviceHeaderMatchesTheRecordedVersion) {
-  std::string src = read_file(std::string(CT_SOURCE_DIR) + "/core/device.h");
-  ASSERT_FALSE(src.empty()) << "cannot read core/device.h";
-  std::string got = sha256_hex(abi_normalise(src));
+  std::string normalised;
+  for (const char* file : kBackendAbiFiles) {
+    std::string src = read_file(std::string(CT_SOURCE_DIR) + "/" + file);
+    ASSERT_FALSE(src.empty()) << "cannot read " << file;
+    normalised += abi_normalise(src) + "\n";
+  }
+  std::string got = sha256_hex(normalised);
   const BackendAbiRevision* rev = nullptr;
   for (const auto& r : kBackendAbiHistory)
     if (r.version == kBackendAbiVersion) rev = &r;
@@ -40,7 +45,8 @@ TEST(BackendAbi, DeviceHeaderMatchesTheRecordedVersion) {
                           << kBackendAbiVersion << ": add {" << kBackendAbiVersion << ", \"" << got
                           << "\", \"what changed\"}";
   EXPECT_EQ(got, rev->device_h_sha256)
-      << "core/device.h declares another interface than backend ABI " << kBackendAbiVersion
+      << "core/device.h and core/ops.def declare another interface than backend ABI "
+      << kBackendAbiVersion
       << " was recorded with. A plugin built against the old header would load and call the "
          "wrong slots: bump kBackendAbiVersion in core/device.h to "
       << kBackendAbiVersion + 1 << " and add {" << kBackendAbiVersion + 1 << ", \"" << got
