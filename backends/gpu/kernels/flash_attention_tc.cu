@@ -35,6 +35,13 @@
 #include "backends/gpu/kernels/mma.h"
 #include "backends/gpu/kernels/safe_math.h"
 
+// Loops over fragments and tiles run unrolled on GPUs (their arrays must stay in registers).
+#if defined(CT_GPU_CUDA) || defined(CT_GPU_HIP)
+#define CT_TC_UNROLL _Pragma("unroll")
+#else
+#define CT_TC_UNROLL
+#endif
+
 namespace ct::gpu {
 namespace {
 
@@ -63,14 +70,10 @@ struct alignas(16) Vec8 {
 // log2(kRowLanes) bits of the lane (m16n8k16: lanes 4g .. 4g+3 hold row g; 32x32x8: lanes
 // 0-31 and 32-63 each hold a whole row).
 template <int WARP>
-struct CRows;
-template <>
-struct CRows<32> {
-  static constexpr int kSlots = 2, kPer = 2, kRowLanes = 4;
-};
-template <>
-struct CRows<64> {
-  static constexpr int kSlots = 16, kPer = 1, kRowLanes = 32;
+struct CRows {
+  static constexpr int kPer = WARP == 32 ? 2 : 1;
+  static constexpr int kSlots = MmaLayout<WARP>::NC / kPer;
+  static constexpr int kRowLanes = MmaLayout<WARP>::TN / kPer;
 };
 template <int WARP>
 __device__ __forceinline__ int c_slot_row(int lane, int slot) {
@@ -81,11 +84,13 @@ __device__ __forceinline__ int c_slot_row(int lane, int slot) {
 // each level adds the same two values in either order).
 template <int WARP>
 __device__ __forceinline__ float row_max(float v) {
+  CT_TC_UNROLL
   for (int m = 1; m < CRows<WARP>::kRowLanes; m *= 2) v = fmaxf(v, ct_shfl_xor(v, m, WARP));
   return v;
 }
 template <int WARP>
 __device__ __forceinline__ float row_sum(float v) {
+  CT_TC_UNROLL
   for (int m = 1; m < CRows<WARP>::kRowLanes; m *= 2) v += ct_shfl_xor(v, m, WARP);
   return v;
 }
@@ -122,11 +127,12 @@ __device__ __forceinline__ void load_a(
     std::int64_t at, std::int64_t stride, std::int64_t r0, std::int64_t T, int lane) {
   using L = MmaLayout<WARP>;
   const auto* s = static_cast<const std::uint16_t*>(src) + at;
-  for (int kk = 0; kk < HS / L::TK; ++kk)
-    for (int e = 0; e < L::NA; ++e) {
-      const std::int64_t r = r0 + L::a_row(lane, e);
-      a[kk][e] = r < T ? s[r * stride + kk * L::TK + L::a_k(lane, e)] : std::uint16_t{0};
-    }
+  CT_TC_UNROLL
+  for (int kk = 0; kk < HS / L::TK; ++kk) CT_TC_UNROLL
+  for (int e = 0; e < L::NA; ++e) {
+    const std::int64_t r = r0 + L::a_row(lane, e);
+    a[kk][e] = r < T ? s[r * stride + kk * L::TK + L::a_k(lane, e)] : std::uint16_t{0};
+  }
 }
 
 // c[NT] += a b^T over the head dimension: a the warp's A fragments (rows x HS), b the staged
@@ -138,13 +144,15 @@ __device__ __forceinline__ void mma_abt(
     const std::uint16_t* tile, int lane) {
   using L = MmaLayout<WARP>;
   constexpr int kLd = HS + kPad;
-  for (int nt = 0; nt < NT; ++nt)
-    for (int kk = 0; kk < HS / L::TK; ++kk) {
-      std::uint16_t b[L::NB];
-      for (int e = 0; e < L::NB; ++e)
-        b[e] = tile[(nt * L::TN + L::b_col(lane, e)) * kLd + kk * L::TK + L::b_k(lane, e)];
-      mma<WARP, E>(c[nt], a[kk], b);
-    }
+  CT_TC_UNROLL
+  for (int nt = 0; nt < NT; ++nt) CT_TC_UNROLL
+  for (int kk = 0; kk < HS / L::TK; ++kk) {
+    std::uint16_t b[L::NB];
+    CT_TC_UNROLL
+    for (int e = 0; e < L::NB; ++e)
+      b[e] = tile[(nt * L::TN + L::b_col(lane, e)) * kLd + kk * L::TK + L::b_k(lane, e)];
+    mma<WARP, E>(c[nt], a[kk], b);
+  }
 }
 
 // c[HS / TN] += a b: a the A fragments of KT k-steps over the staged tile's rows, b the staged
@@ -155,13 +163,15 @@ __device__ __forceinline__ void mma_ab(float (&c)[HS / MmaLayout<WARP>::TN][MmaL
                                        const std::uint16_t* tile, int lane) {
   using L = MmaLayout<WARP>;
   constexpr int kLd = HS + kPad;
-  for (int dt = 0; dt < HS / L::TN; ++dt)
-    for (int kk = 0; kk < KT; ++kk) {
-      std::uint16_t b[L::NB];
-      for (int e = 0; e < L::NB; ++e)
-        b[e] = tile[(kk * L::TK + L::b_k(lane, e)) * kLd + dt * L::TN + L::b_col(lane, e)];
-      mma<WARP, E>(c[dt], a[kk], b);
-    }
+  CT_TC_UNROLL
+  for (int dt = 0; dt < HS / L::TN; ++dt) CT_TC_UNROLL
+  for (int kk = 0; kk < KT; ++kk) {
+    std::uint16_t b[L::NB];
+    CT_TC_UNROLL
+    for (int e = 0; e < L::NB; ++e)
+      b[e] = tile[(kk * L::TK + L::b_k(lane, e)) * kLd + dt * L::TN + L::b_col(lane, e)];
+    mma<WARP, E>(c[dt], a[kk], b);
+  }
 }
 
 // The C fragments c[NT] (the warp's TM rows x NT TN columns), rounded to E, as the A fragments
@@ -176,17 +186,20 @@ __device__ __forceinline__ void c_to_a(
     // A element e of k-step j: row g + 8 (e / 2 % 2), column 2q + e % 2 + 8 (e / 4), which is
     // C element e % 4 of n-tile 2j + e / 4 (c_row, c_col) -- the same lane.
     (void)scratch;
-    for (int j = 0; j < NT / 2; ++j)
-      for (int e = 0; e < L::NA; ++e) a[j][e] = bits_of<E>(c[2 * j + e / 4][e % 4]);
+    CT_TC_UNROLL
+    for (int j = 0; j < NT / 2; ++j) CT_TC_UNROLL
+    for (int e = 0; e < L::NA; ++e) a[j][e] = bits_of<E>(c[2 * j + e / 4][e % 4]);
   } else {
     constexpr int kLd = NT * L::TN + kPad;
-    for (int nt = 0; nt < NT; ++nt)
-      for (int e = 0; e < L::NC; ++e)
-        scratch[L::c_row(lane, e) * kLd + nt * L::TN + L::c_col(lane, e)] = bits_of<E>(c[nt][e]);
+    CT_TC_UNROLL
+    for (int nt = 0; nt < NT; ++nt) CT_TC_UNROLL
+    for (int e = 0; e < L::NC; ++e)
+      scratch[L::c_row(lane, e) * kLd + nt * L::TN + L::c_col(lane, e)] = bits_of<E>(c[nt][e]);
     ct_syncwarp();
-    for (int kk = 0; kk < NT * L::TN / L::TK; ++kk)
-      for (int e = 0; e < L::NA; ++e)
-        a[kk][e] = scratch[L::a_row(lane, e) * kLd + kk * L::TK + L::a_k(lane, e)];
+    CT_TC_UNROLL
+    for (int kk = 0; kk < NT * L::TN / L::TK; ++kk) CT_TC_UNROLL
+    for (int e = 0; e < L::NA; ++e)
+      a[kk][e] = scratch[L::a_row(lane, e) * kLd + kk * L::TK + L::a_k(lane, e)];
     ct_syncwarp();  // before the scratch is written again
   }
 }
@@ -224,9 +237,11 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   std::uint16_t qa[HS / L::TK][L::NA];
   load_a<WARP, HS>(qa, qkv, row0 + h * d.hs, d.C3, w0, d.T, lane);
   float o[DT][L::NC];
-  for (int t = 0; t < DT; ++t)
-    for (int e = 0; e < L::NC; ++e) o[t][e] = 0.0f;
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) o[t][e] = 0.0f;
   float m[R::kSlots], l[R::kSlots];
+  CT_TC_UNROLL
   for (int s = 0; s < R::kSlots; ++s) m[s] = -kFltMax, l[s] = 0.0f;
 
   const std::int64_t last = q0 + kRows - 1 < d.T - 1 ? q0 + kRows - 1 : d.T - 1;
@@ -236,36 +251,42 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     __syncthreads();
     if (u0 <= w0 + L::TM - 1) {  // some row of the warp sees a key of the tile (warp-uniform)
       float s[NT][L::NC];
-      for (int t = 0; t < NT; ++t)
-        for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f;
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f;
       mma_abt<WARP, E, HS, NT>(s, qa, ks, lane);
       float mx[R::kSlots];
+      CT_TC_UNROLL
       for (int r = 0; r < R::kSlots; ++r) mx[r] = -kFltMax;
-      for (int t = 0; t < NT; ++t)
-        for (int e = 0; e < L::NC; ++e) {
-          const std::int64_t key = u0 + t * L::TN + L::c_col(lane, e);
-          const std::int64_t row = w0 + L::c_row(lane, e);
-          s[t][e] = key <= row && key < d.T ? s[t][e] * d.scale : -kFltMax;
-          mx[e / R::kPer] = fmaxf(mx[e / R::kPer], s[t][e]);
-        }
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) {
+        const std::int64_t key = u0 + t * L::TN + L::c_col(lane, e);
+        const std::int64_t row = w0 + L::c_row(lane, e);
+        s[t][e] = key <= row && key < d.T ? s[t][e] * d.scale : -kFltMax;
+        mx[e / R::kPer] = fmaxf(mx[e / R::kPer], s[t][e]);
+      }
       // Masked scores are -kFltMax (finite: fast-math builds may assume no infinities), so a row
       // without a key so far has m = -kFltMax; its exponentials use 0 instead, and give 0.
       float mu[R::kSlots];
+      CT_TC_UNROLL
       for (int r = 0; r < R::kSlots; ++r) {
         const float mnew = fmaxf(m[r], row_max<WARP>(mx[r]));
         mu[r] = mnew == -kFltMax ? 0.0f : mnew;
         const float corr = ct_exp_le0(m[r] - mu[r]);  // 0 while m is -kFltMax
         l[r] *= corr;
-        for (int t = 0; t < DT; ++t)
-          for (int e = 0; e < R::kPer; ++e) o[t][r * R::kPer + e] *= corr;
+        CT_TC_UNROLL
+        for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+        for (int e = 0; e < R::kPer; ++e) o[t][r * R::kPer + e] *= corr;
         m[r] = mnew;
       }
-      for (int t = 0; t < NT; ++t)
-        for (int e = 0; e < L::NC; ++e) {
-          const float p = ct_exp_le0(s[t][e] - mu[e / R::kPer]);
-          s[t][e] = p;
-          l[e / R::kPer] += p;
-        }
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) {
+        const float p = ct_exp_le0(s[t][e] - mu[e / R::kPer]);
+        s[t][e] = p;
+        l[e / R::kPer] += p;
+      }
       std::uint16_t pa[KT][L::NA];
       c_to_a<WARP, E, NT>(pa, s, ps, lane);
       mma_ab<WARP, E, HS, KT>(o, pa, vs, lane);
@@ -274,19 +295,21 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   }
 
   float inv[R::kSlots];
+  CT_TC_UNROLL
   for (int r = 0; r < R::kSlots; ++r) {
     l[r] = row_sum<WARP>(l[r]);
     inv[r] = 1.0f / l[r];
     const std::int64_t row = w0 + c_slot_row<WARP>(lane, r);
     if (row < d.T && lane % R::kRowLanes == 0) lse[(b * d.NH + h) * d.T + row] = m[r] + logf(l[r]);
   }
-  for (int t = 0; t < DT; ++t)
-    for (int e = 0; e < L::NC; ++e) {
-      const std::int64_t row = w0 + L::c_row(lane, e);
-      if (row < d.T)
-        E::store(out, (b * d.T + row) * d.C + h * d.hs + t * L::TN + L::c_col(lane, e),
-                 o[t][e] * inv[e / R::kPer]);
-    }
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) {
+    const std::int64_t row = w0 + L::c_row(lane, e);
+    if (row < d.T)
+      E::store(out, (b * d.T + row) * d.C + h * d.hs + t * L::TN + L::c_col(lane, e),
+               o[t][e] * inv[e / R::kPer]);
+  }
 }
 
 // Per query row: D (B, NH, T) f32 into the workspace, and dq into the q columns of dqkv
@@ -316,6 +339,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   load_a<WARP, HS>(qa, qkv, row0 + h * d.hs, d.C3, w0, d.T, lane);
   load_a<WARP, HS>(ga, dout, orow0 + h * d.hs, d.C, w0, d.T, lane);
   float D[R::kSlots], ls[R::kSlots];
+  CT_TC_UNROLL
   for (int r = 0; r < R::kSlots; ++r) {
     const std::int64_t row = w0 + c_slot_row<WARP>(lane, r);
     D[r] = 0.0f, ls[r] = 0.0f;
@@ -326,8 +350,9 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     if (lane % R::kRowLanes == 0) Dsave[(b * d.NH + h) * d.T + row] = D[r];
   }
   float dq[DT][L::NC];
-  for (int t = 0; t < DT; ++t)
-    for (int e = 0; e < L::NC; ++e) dq[t][e] = 0.0f;
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) dq[t][e] = 0.0f;
 
   const std::int64_t last = q0 + kRows - 1 < d.T - 1 ? q0 + kRows - 1 : d.T - 1;
   for (std::int64_t u0 = 0; u0 <= last; u0 += kKeys) {
@@ -336,18 +361,20 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     __syncthreads();
     if (u0 <= w0 + L::TM - 1) {
       float s[NT][L::NC], dp[NT][L::NC];
-      for (int t = 0; t < NT; ++t)
-        for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
       mma_abt<WARP, E, HS, NT>(s, qa, ks, lane);
       mma_abt<WARP, E, HS, NT>(dp, ga, vs, lane);
-      for (int t = 0; t < NT; ++t)
-        for (int e = 0; e < L::NC; ++e) {
-          const std::int64_t key = u0 + t * L::TN + L::c_col(lane, e);
-          const std::int64_t row = w0 + L::c_row(lane, e);
-          const int r = e / R::kPer;
-          const float p = key <= row && key < d.T ? ct_exp_le0(s[t][e] * d.scale - ls[r]) : 0.0f;
-          s[t][e] = p * (dp[t][e] - D[r]) * d.scale;  // dS
-        }
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) {
+        const std::int64_t key = u0 + t * L::TN + L::c_col(lane, e);
+        const std::int64_t row = w0 + L::c_row(lane, e);
+        const int r = e / R::kPer;
+        const float p = key <= row && key < d.T ? ct_exp_le0(s[t][e] * d.scale - ls[r]) : 0.0f;
+        s[t][e] = p * (dp[t][e] - D[r]) * d.scale;  // dS
+      }
       std::uint16_t da[KT][L::NA];
       c_to_a<WARP, E, NT>(da, s, ps, lane);
       mma_ab<WARP, E, HS, KT>(dq, da, ks, lane);
@@ -355,12 +382,13 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     __syncthreads();
   }
 
-  for (int t = 0; t < DT; ++t)
-    for (int e = 0; e < L::NC; ++e) {
-      const std::int64_t row = w0 + L::c_row(lane, e);
-      if (row < d.T)
-        E::store(dqkv, row0 + row * d.C3 + h * d.hs + t * L::TN + L::c_col(lane, e), dq[t][e]);
-    }
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) {
+    const std::int64_t row = w0 + L::c_row(lane, e);
+    if (row < d.T)
+      E::store(dqkv, row0 + row * d.C3 + h * d.hs + t * L::TN + L::c_col(lane, e), dq[t][e]);
+  }
 }
 
 // Per key row u of key/value head j: dk, dv into the k and v columns of dqkv (B, T, C3), from
@@ -394,8 +422,9 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   load_a<WARP, HS>(ka, qkv, row0 + k_col(d, j), d.C3, w0, d.T, lane);
   load_a<WARP, HS>(va, qkv, row0 + v_col(d, j), d.C3, w0, d.T, lane);
   float dk[DT][L::NC], dv[DT][L::NC];
-  for (int t = 0; t < DT; ++t)
-    for (int e = 0; e < L::NC; ++e) dk[t][e] = 0.0f, dv[t][e] = 0.0f;
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) dk[t][e] = 0.0f, dv[t][e] = 0.0f;
 
   for (std::int64_t h = j * d.G; h < (j + 1) * d.G; ++h) {
     const std::int64_t hrow = (b * d.NH + h) * d.T;
@@ -410,19 +439,21 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
       __syncthreads();
       if (t0 + kQ - 1 >= w0) {  // some query of the tile sees a key of the warp (warp-uniform)
         float s[NT][L::NC], dp[NT][L::NC];
-        for (int t = 0; t < NT; ++t)
-          for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
+        CT_TC_UNROLL
+        for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+        for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
         mma_abt<WARP, E, HS, NT>(s, ka, qs, lane);   // S^T: keys x queries
         mma_abt<WARP, E, HS, NT>(dp, va, gs, lane);  // dP^T
-        for (int t = 0; t < NT; ++t)
-          for (int e = 0; e < L::NC; ++e) {
-            const int qq = t * L::TN + L::c_col(lane, e);
-            const std::int64_t query = t0 + qq, key = w0 + L::c_row(lane, e);
-            const float p =
-                query >= key && query < d.T ? ct_exp_le0(s[t][e] * d.scale - lq[qq]) : 0.0f;
-            s[t][e] = p;
-            dp[t][e] = p * (dp[t][e] - Dq[qq]) * d.scale;  // dS^T
-          }
+        CT_TC_UNROLL
+        for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+        for (int e = 0; e < L::NC; ++e) {
+          const int qq = t * L::TN + L::c_col(lane, e);
+          const std::int64_t query = t0 + qq, key = w0 + L::c_row(lane, e);
+          const float p =
+              query >= key && query < d.T ? ct_exp_le0(s[t][e] * d.scale - lq[qq]) : 0.0f;
+          s[t][e] = p;
+          dp[t][e] = p * (dp[t][e] - Dq[qq]) * d.scale;  // dS^T
+        }
         std::uint16_t pa[KT][L::NA];
         c_to_a<WARP, E, NT>(pa, s, ps, lane);
         mma_ab<WARP, E, HS, KT>(dv, pa, gs, lane);
@@ -433,14 +464,15 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     }
   }
 
-  for (int t = 0; t < DT; ++t)
-    for (int e = 0; e < L::NC; ++e) {
-      const std::int64_t key = w0 + L::c_row(lane, e);
-      if (key >= d.T) continue;
-      const std::int64_t col = t * L::TN + L::c_col(lane, e);
-      E::store(dqkv, row0 + key * d.C3 + k_col(d, j) + col, dk[t][e]);
-      E::store(dqkv, row0 + key * d.C3 + v_col(d, j) + col, dv[t][e]);
-    }
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) {
+    const std::int64_t key = w0 + L::c_row(lane, e);
+    if (key >= d.T) continue;
+    const std::int64_t col = t * L::TN + L::c_col(lane, e);
+    E::store(dqkv, row0 + key * d.C3 + k_col(d, j) + col, dk[t][e]);
+    E::store(dqkv, row0 + key * d.C3 + v_col(d, j) + col, dv[t][e]);
+  }
 }
 
 TcDims tc_dims_of(std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV) {
