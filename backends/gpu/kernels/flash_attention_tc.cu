@@ -35,8 +35,12 @@
 #include "backends/gpu/kernels/mma.h"
 #include "backends/gpu/kernels/safe_math.h"
 
-// Loops over fragments and tiles run unrolled on GPUs (their arrays must stay in registers).
-#if defined(CT_GPU_CUDA) || defined(CT_GPU_HIP)
+// Loops over fragments and tiles run unrolled under nvcc (their arrays must stay in registers;
+// without the pragma nvcc keeps some in local memory). Not under hipcc: there the WARP 32
+// instantiations on gfx90a and all of gfx1030 run the tile's scalar form, whose full unrolling
+// makes a single file take many minutes to compile; AMDGPU's own heuristics unroll loops over
+// private arrays. TODO: check the gfx90a ISA for scratch use.
+#if defined(CT_GPU_CUDA)
 #define CT_TC_UNROLL _Pragma("unroll")
 #else
 #define CT_TC_UNROLL
