@@ -105,11 +105,13 @@ TcOut run(Device& d, const TcCase& c, bool misalign = false) {
 }
 
 // Head sizes 64 and 128; plain, grouped (2 query heads a kv head) and multi-query attention;
-// T past one tile and mid-tile (40), past a block and mid-tile (77); f16 and bf16.
+// T past one tile and mid-tile (40), past a block and mid-tile (77), a single row (1); f16 and
+// bf16.
 const TcCase kTcCases[] = {
     {2, 40, 2, 2, 64, DType::bf16, 41},  {2, 77, 4, 2, 64, DType::f16, 42},
     {2, 77, 4, 1, 64, DType::bf16, 43},  {2, 40, 2, 2, 128, DType::f16, 44},
     {2, 77, 4, 2, 128, DType::bf16, 45}, {2, 40, 4, 1, 128, DType::f16, 46},
+    {2, 1, 4, 2, 64, DType::bf16, 47},
 };
 
 class FlashAttentionTiles : public DeviceTest {
