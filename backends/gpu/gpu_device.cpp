@@ -176,6 +176,18 @@ class GpuDevice final : public Device {
   void wait_event(const Event& e) override { rt_->wait_event(e.serial()); }
   void* native_stream() override { return rt_->native_stream(); }
 
+  // --profile: which kernels ran for the ops that have more than one path (flash attention),
+  // with call counts. No device times here (Nsight Compute / rocprof have them).
+  void set_profiling(bool on) override {
+    if (on && !profiling_) paths_.clear();
+    profiling_ = on;
+  }
+  std::string profile_report() override {
+    std::string r = info_.id() + " profile: kernel path per op (calls)\n";
+    for (const auto& [path, calls] : paths_) r += "  " + path + "  " + std::to_string(calls) + "\n";
+    return r;
+  }
+
  protected:
   Event download_async_kernel(void* host, const Tensor& src, std::size_t bytes) override {
     rt_->download_async(host, ptr(src), bytes);
@@ -322,8 +334,12 @@ class GpuDevice final : public Device {
                                       int n_head, int n_kv_head) override {
     const std::int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
     check_head_size("flash_attention_forward", C / n_head);
-    gpu::flash_attention_forward(cx(), ptr(out), f(lse), ptr(qkv), elem_of(qkv.dtype), B, T, C,
-                                 n_head, n_kv_head);
+    const Elem e = elem_of(qkv.dtype);
+    if (flash_path("flash_attention_forward", e, C / n_head, {ptr(qkv)}))
+      gpu::flash_attention_tc_forward(cx(), ptr(out), f(lse), ptr(qkv), e, B, T, C, n_head,
+                                      n_kv_head);
+    else
+      gpu::flash_attention_forward(cx(), ptr(out), f(lse), ptr(qkv), e, B, T, C, n_head, n_kv_head);
   }
   void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                        const Tensor& out, const Tensor& lse, int n_head,
@@ -331,8 +347,24 @@ class GpuDevice final : public Device {
     const std::int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
     check_head_size("flash_attention_backward", C / n_head);
     void* ws = scratch(flash_attention_backward_workspace(B, T, n_head));
-    gpu::flash_attention_backward(cx(), ptr(dqkv), ptr(dout), ptr(qkv), ptr(out), f(lse),
-                                  elem_of(qkv.dtype), B, T, C, n_head, n_kv_head, ws);
+    const Elem e = elem_of(qkv.dtype);
+    if (flash_path("flash_attention_backward", e, C / n_head, {ptr(qkv), ptr(dout)}))
+      gpu::flash_attention_tc_backward(cx(), ptr(dqkv), ptr(dout), ptr(qkv), ptr(out), f(lse), e, B,
+                                       T, C, n_head, n_kv_head, ws);
+    else
+      gpu::flash_attention_backward(cx(), ptr(dqkv), ptr(dout), ptr(qkv), ptr(out), f(lse), e, B, T,
+                                    C, n_head, n_kv_head, ws);
+  }
+  // Whether the matrix-tile kernels take this call (else the general ones); with --profile,
+  // counts the path by name.
+  bool flash_path(const char* op, Elem e, std::int64_t hs,
+                  std::initializer_list<const void*> staged) {
+    const std::string no = gpu::flash_attention_tc_refusal(cx(), e, hs, staged);
+    if (profiling_)
+      ++paths_[std::string(op) + ": " +
+               (no.empty() ? "matrix tiles (flash_attention_tc.cu)"
+                           : "general kernels (flash_attention.cu): " + no)];
+    return no.empty();
   }
   static void check_head_size(const char* op, std::int64_t hs) {
     if (hs > gpu::kFlashMaxHeadSize)
@@ -465,6 +497,8 @@ class GpuDevice final : public Device {
   std::shared_ptr<BlockCache> cache_;
   DeviceInfo info_;
   std::shared_ptr<Buffer> workspace_;
+  bool profiling_ = false;
+  std::map<std::string, std::int64_t> paths_;  // --profile: kernel path -> calls
 };
 
 }  // namespace

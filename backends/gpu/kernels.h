@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 namespace ct::gpu {
 
@@ -165,6 +167,23 @@ void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const
                               const void* out, const float* lse, Elem e, std::int64_t B,
                               std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV,
                               void* workspace);
+
+// --- flash_attention_tc.cu ------------------------------------------------------------------
+// The same ops through the matrix tile (FlashAttention-2 on mma.sync / MFMA, the scalar form on
+// other targets), for what the tile takes: a device with matrix tiles (cx.matrix_tiles), q, k, v
+// of F16 or BF16, head size 64 or 128, and 16-byte aligned tensors among `staged` (qkv in the
+// forward, qkv and dout in the backward). flash_attention_tc_refusal says why not ("" when it
+// takes them); the callers run the general kernels above then. Same contract, workspace and
+// determinism (not the same bits: P and dS go through the tile in the element type).
+std::string flash_attention_tc_refusal(const Ctx& cx, Elem e, std::int64_t hs,
+                                       std::initializer_list<const void*> staged);
+void flash_attention_tc_forward(const Ctx& cx, void* out, float* lse, const void* qkv, Elem e,
+                                std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
+                                std::int64_t NKV);
+void flash_attention_tc_backward(const Ctx& cx, void* dqkv, const void* dout, const void* qkv,
+                                 const void* out, const float* lse, Elem e, std::int64_t B,
+                                 std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV,
+                                 void* workspace);
 
 // --- crossentropy.cu -----------------------------------------------------------------------
 // losses [N] (=) -log softmax(logits[n])[targets[n]]; logits [N,V] (Elem e), targets [N] i32.

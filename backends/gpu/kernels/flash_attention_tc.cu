@@ -1,0 +1,552 @@
+// Fused causal attention (core/device.h flash_attention_*) on the matrix tile of
+// backends/gpu/kernels/mma.h: FlashAttention-2's work split for 16-bit q, k, v (F16, BF16), f32
+// accumulation, head sizes 64 and 128, grouped-query attention. The same contract as
+// flash_attention.cu (lse saved, D = dout . out in the workspace, dqkv (=)); the general kernels
+// there take every other case (gpu_device.cpp asks flash_attention_tc_refusal which runs).
+//
+// A block is kThreads threads, kRows (64) query (or key) rows of one head; each warp owns TM
+// rows of them (16 at warp 32: mma.sync m16n8k16; 32 at warp 64: v_mfma_f32_32x32x8), and every
+// matrix product is a sequence of tiles c += a b on that warp:
+//   forward (per query block, key tiles of kKeys in order, the causal ones only):
+//     S = Q K^T, online softmax on S's C fragments per row (running max m and per-lane partial
+//     sums l, rescaled when m grows), O += P V with P rounded to the element type; at the end
+//     out = O / l, lse = m + log l (l summed over the lanes of a row in a fixed butterfly).
+//   backward, query kernel (per query block, key tiles in order): D = dout . out per row (saved
+//     to the workspace), S = Q K^T, P = exp(scale S - lse), dP = dO V^T, dS = P (dP - D) scale,
+//     dQ += dS K.
+//   backward, key kernel (per key block of a key/value head; after the query kernel): for the
+//     G query heads of the group in order, query tiles of kQueries(HS) in order:
+//     S^T = K Q^T, P^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
+// Every output has one owner (a warp) that sums in an order fixed by the shapes: no atomics,
+// the same bits run after run. (The bits differ from the general kernels': P and dS go through
+// the tile in the element type, and the tile's k order is the hardware's.)
+//
+// Operands: k, v (forward, query kernel) and q, dout (key kernel) tiles are staged in shared
+// memory as stored bits, 16 bytes a copy (hence the 16-byte alignment the refusal checks), rows
+// padded by 8 elements; each lane reads its fragment elements through MmaLayout's layout
+// functions. The block's own rows (q, dout in the forward and query kernels, k, v in the key
+// kernel) go straight from global memory into A fragments, once. P and dS change from the C
+// layout to the A layout: at warp 32 in registers (m16n8k16's C fragments of n-tiles 2j, 2j+1
+// are the A fragment of k-step j), at warp 64 through a per-warp shared scratch.
+// TODO: cp.async double buffering of the staged tiles, ldmatrix fragment loads.
+#include <string>
+
+#include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/mma.h"
+#include "backends/gpu/kernels/safe_math.h"
+
+// Loops over fragments and tiles run unrolled under nvcc (their arrays must stay in registers;
+// without the pragma nvcc keeps some in local memory). Not under hipcc: there the WARP 32
+// instantiations on gfx90a and all of gfx1030 run the tile's scalar form, whose full unrolling
+// makes a single file take many minutes to compile; AMDGPU's own heuristics unroll loops over
+// private arrays. TODO: check the gfx90a ISA for scratch use.
+#if defined(CT_GPU_CUDA)
+#define CT_TC_UNROLL _Pragma("unroll")
+#else
+#define CT_TC_UNROLL
+#endif
+
+namespace ct::gpu {
+namespace {
+
+constexpr int kRows = 64;  // query (key) rows a block
+constexpr int kKeys = 64;  // key rows a staged tile (forward, query kernel)
+constexpr int kPad = 8;    // elements after each staged row (bank spread; keeps 16-byte rows)
+template <int HS>
+constexpr int kQueries = HS == 128 ? 32 : 64;  // query rows a staged tile (key kernel)
+template <int WARP>
+constexpr int kThreads = kRows / MmaLayout<WARP>::TM* WARP;  // 128 at warp 32 and 64
+
+struct TcDims {
+  std::int64_t T, C, NH, NKV, hs;
+  std::int64_t C3;  // C + 2 NKV hs, the row of qkv
+  std::int64_t G;   // NH / NKV query heads a key/value head
+  float scale;
+};
+
+// 8 elements, 16 bytes: the unit of the staging copies.
+struct alignas(16) Vec8 {
+  std::uint16_t h[8];
+};
+
+// The rows of C fragments (MmaLayout<WARP>::c_row): lane l's NC values lie on kSlots rows, kPer
+// consecutive values a row; the kRowLanes lanes of a row are those that differ in the low
+// log2(kRowLanes) bits of the lane (m16n8k16: lanes 4g .. 4g+3 hold row g; 32x32x8: lanes
+// 0-31 and 32-63 each hold a whole row).
+template <int WARP>
+struct CRows {
+  static constexpr int kPer = WARP == 32 ? 2 : 1;
+  static constexpr int kSlots = MmaLayout<WARP>::NC / kPer;
+  static constexpr int kRowLanes = MmaLayout<WARP>::TN / kPer;
+};
+template <int WARP>
+__device__ __forceinline__ int c_slot_row(int lane, int slot) {
+  return MmaLayout<WARP>::c_row(lane, slot * CRows<WARP>::kPer);
+}
+
+// Max and sum over the lanes of a row (a butterfly: every lane ends with the same bits, since
+// each level adds the same two values in either order).
+template <int WARP>
+__device__ __forceinline__ float row_max(float v) {
+  CT_TC_UNROLL
+  for (int m = 1; m < CRows<WARP>::kRowLanes; m *= 2) v = fmaxf(v, ct_shfl_xor(v, m, WARP));
+  return v;
+}
+template <int WARP>
+__device__ __forceinline__ float row_sum(float v) {
+  CT_TC_UNROLL
+  for (int m = 1; m < CRows<WARP>::kRowLanes; m *= 2) v += ct_shfl_xor(v, m, WARP);
+  return v;
+}
+
+template <typename E>
+__device__ __forceinline__ std::uint16_t bits_of(float v) {
+  std::uint16_t b;
+  E::store(&b, 0, v);
+  return b;
+}
+
+// Rows r0 .. r0 + N of a tensor with rows of `stride` elements, HS elements from element `at`
+// of row 0, into dst[N][HS + kPad] as stored bits; rows at or past T are zeros.
+template <int N, int HS, int THREADS>
+__device__ __forceinline__ void stage(std::uint16_t* dst, const void* src, std::int64_t at,
+                                      std::int64_t stride, std::int64_t r0, std::int64_t T) {
+  constexpr int kChunks = HS / 8, kLd = HS + kPad;
+  const auto* s = static_cast<const std::uint16_t*>(src) + at;
+  for (int idx = threadIdx.x; idx < N * kChunks; idx += THREADS) {
+    const int rr = idx / kChunks, c = idx % kChunks;
+    const std::int64_t r = r0 + rr;
+    Vec8 v{};
+    if (r < T) v = *reinterpret_cast<const Vec8*>(s + r * stride + 8 * c);
+    *reinterpret_cast<Vec8*>(dst + rr * kLd + 8 * c) = v;
+  }
+}
+
+// The A fragments (rows r0 .. r0 + TM of a tensor with rows of `stride` elements, HS columns
+// from element `at` of row 0) of the HS / TK k-steps, straight from global memory; rows at or
+// past T are zeros.
+template <int WARP, int HS>
+__device__ __forceinline__ void load_a(
+    std::uint16_t (&a)[HS / MmaLayout<WARP>::TK][MmaLayout<WARP>::NA], const void* src,
+    std::int64_t at, std::int64_t stride, std::int64_t r0, std::int64_t T, int lane) {
+  using L = MmaLayout<WARP>;
+  const auto* s = static_cast<const std::uint16_t*>(src) + at;
+  CT_TC_UNROLL
+  for (int kk = 0; kk < HS / L::TK; ++kk) CT_TC_UNROLL
+  for (int e = 0; e < L::NA; ++e) {
+    const std::int64_t r = r0 + L::a_row(lane, e);
+    a[kk][e] = r < T ? s[r * stride + kk * L::TK + L::a_k(lane, e)] : std::uint16_t{0};
+  }
+}
+
+// c[NT] += a b^T over the head dimension: a the warp's A fragments (rows x HS), b the staged
+// rows n0 .. n0 + NT TN of a tile [.][HS + kPad] (B[k][n] = tile[n][k]).
+template <int WARP, typename E, int HS, int NT>
+__device__ __forceinline__ void mma_abt(
+    float (&c)[NT][MmaLayout<WARP>::NC],
+    const std::uint16_t (&a)[HS / MmaLayout<WARP>::TK][MmaLayout<WARP>::NA],
+    const std::uint16_t* tile, int lane) {
+  using L = MmaLayout<WARP>;
+  constexpr int kLd = HS + kPad;
+  CT_TC_UNROLL
+  for (int nt = 0; nt < NT; ++nt) CT_TC_UNROLL
+  for (int kk = 0; kk < HS / L::TK; ++kk) {
+    std::uint16_t b[L::NB];
+    CT_TC_UNROLL
+    for (int e = 0; e < L::NB; ++e)
+      b[e] = tile[(nt * L::TN + L::b_col(lane, e)) * kLd + kk * L::TK + L::b_k(lane, e)];
+    mma<WARP, E>(c[nt], a[kk], b);
+  }
+}
+
+// c[HS / TN] += a b: a the A fragments of KT k-steps over the staged tile's rows, b the staged
+// tile [KT TK][HS + kPad] (B[k][n] = tile[k][n]).
+template <int WARP, typename E, int HS, int KT>
+__device__ __forceinline__ void mma_ab(float (&c)[HS / MmaLayout<WARP>::TN][MmaLayout<WARP>::NC],
+                                       const std::uint16_t (&a)[KT][MmaLayout<WARP>::NA],
+                                       const std::uint16_t* tile, int lane) {
+  using L = MmaLayout<WARP>;
+  constexpr int kLd = HS + kPad;
+  CT_TC_UNROLL
+  for (int dt = 0; dt < HS / L::TN; ++dt) CT_TC_UNROLL
+  for (int kk = 0; kk < KT; ++kk) {
+    std::uint16_t b[L::NB];
+    CT_TC_UNROLL
+    for (int e = 0; e < L::NB; ++e)
+      b[e] = tile[(kk * L::TK + L::b_k(lane, e)) * kLd + dt * L::TN + L::b_col(lane, e)];
+    mma<WARP, E>(c[dt], a[kk], b);
+  }
+}
+
+// The C fragments c[NT] (the warp's TM rows x NT TN columns), rounded to E, as the A fragments
+// of NT TN / TK k-steps over those columns. scratch: the warp's TM x (NT TN + kPad) elements of
+// shared memory (used at warp 64 only). Called by the whole warp.
+template <int WARP, typename E, int NT>
+__device__ __forceinline__ void c_to_a(
+    std::uint16_t (&a)[NT * MmaLayout<WARP>::TN / MmaLayout<WARP>::TK][MmaLayout<WARP>::NA],
+    const float (&c)[NT][MmaLayout<WARP>::NC], std::uint16_t* scratch, int lane) {
+  using L = MmaLayout<WARP>;
+  if constexpr (WARP == 32) {
+    // A element e of k-step j: row g + 8 (e / 2 % 2), column 2q + e % 2 + 8 (e / 4), which is
+    // C element e % 4 of n-tile 2j + e / 4 (c_row, c_col) -- the same lane.
+    (void)scratch;
+    CT_TC_UNROLL
+    for (int j = 0; j < NT / 2; ++j) CT_TC_UNROLL
+    for (int e = 0; e < L::NA; ++e) a[j][e] = bits_of<E>(c[2 * j + e / 4][e % 4]);
+  } else {
+    constexpr int kLd = NT * L::TN + kPad;
+    CT_TC_UNROLL
+    for (int nt = 0; nt < NT; ++nt) CT_TC_UNROLL
+    for (int e = 0; e < L::NC; ++e)
+      scratch[L::c_row(lane, e) * kLd + nt * L::TN + L::c_col(lane, e)] = bits_of<E>(c[nt][e]);
+    ct_syncwarp();
+    CT_TC_UNROLL
+    for (int kk = 0; kk < NT * L::TN / L::TK; ++kk) CT_TC_UNROLL
+    for (int e = 0; e < L::NA; ++e)
+      a[kk][e] = scratch[L::a_row(lane, e) * kLd + kk * L::TK + L::a_k(lane, e)];
+    ct_syncwarp();  // before the scratch is written again
+  }
+}
+
+// Where key / value head j starts in a row of qkv.
+__device__ __forceinline__ std::int64_t k_col(const TcDims& d, std::int64_t j) {
+  return d.C + j * d.hs;
+}
+__device__ __forceinline__ std::int64_t v_col(const TcDims& d, std::int64_t j) {
+  return d.C + (d.NKV + j) * d.hs;
+}
+
+// out (B, T, C), lse (B, NH, T) f32, qkv (B, T, C3). Block (x, y): query rows kRows x' .. of
+// head y = b NH + h, x' = gridDim.x - 1 - x (the longest causal rows start first).
+template <int WARP, typename E, int HS>
+__global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
+    flash_tc_forward_kernel(void* out, float* lse, const void* qkv, TcDims d) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads<WARP>);
+  using L = MmaLayout<WARP>;
+  using R = CRows<WARP>;
+  constexpr int kLd = HS + kPad, NT = kKeys / L::TN, KT = kKeys / L::TK, DT = HS / L::TN;
+  constexpr int kScratch = WARP == 32 ? 8 : kRows * (kKeys + kPad);
+  CT_SHARED(Vec8, ks8, kKeys * kLd / 8);
+  CT_SHARED(Vec8, vs8, kKeys * kLd / 8);
+  CT_SHARED(Vec8, ps8, kScratch / 8);
+  auto* ks = reinterpret_cast<std::uint16_t*>(ks8);
+  auto* vs = reinterpret_cast<std::uint16_t*>(vs8);
+  const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+  std::uint16_t* ps = reinterpret_cast<std::uint16_t*>(ps8) + warp * L::TM * (kKeys + kPad);
+  const std::int64_t b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, j = h / d.G;
+  const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
+  const std::int64_t w0 = q0 + warp * L::TM;  // the warp's first row
+  const std::int64_t row0 = b * d.T * d.C3;   // qkv's row 0 of batch b
+
+  std::uint16_t qa[HS / L::TK][L::NA];
+  load_a<WARP, HS>(qa, qkv, row0 + h * d.hs, d.C3, w0, d.T, lane);
+  float o[DT][L::NC];
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) o[t][e] = 0.0f;
+  float m[R::kSlots], l[R::kSlots];
+  CT_TC_UNROLL
+  for (int s = 0; s < R::kSlots; ++s) m[s] = -kFltMax, l[s] = 0.0f;
+
+  const std::int64_t last = q0 + kRows - 1 < d.T - 1 ? q0 + kRows - 1 : d.T - 1;
+  for (std::int64_t u0 = 0; u0 <= last; u0 += kKeys) {
+    stage<kKeys, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, u0, d.T);
+    stage<kKeys, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, u0, d.T);
+    __syncthreads();
+    if (u0 <= w0 + L::TM - 1) {  // some row of the warp sees a key of the tile (warp-uniform)
+      float s[NT][L::NC];
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f;
+      mma_abt<WARP, E, HS, NT>(s, qa, ks, lane);
+      float mx[R::kSlots];
+      CT_TC_UNROLL
+      for (int r = 0; r < R::kSlots; ++r) mx[r] = -kFltMax;
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) {
+        const std::int64_t key = u0 + t * L::TN + L::c_col(lane, e);
+        const std::int64_t row = w0 + L::c_row(lane, e);
+        s[t][e] = key <= row && key < d.T ? s[t][e] * d.scale : -kFltMax;
+        mx[e / R::kPer] = fmaxf(mx[e / R::kPer], s[t][e]);
+      }
+      // Masked scores are -kFltMax (finite: fast-math builds may assume no infinities), so a row
+      // without a key so far has m = -kFltMax; its exponentials use 0 instead, and give 0.
+      float mu[R::kSlots];
+      CT_TC_UNROLL
+      for (int r = 0; r < R::kSlots; ++r) {
+        const float mnew = fmaxf(m[r], row_max<WARP>(mx[r]));
+        mu[r] = mnew == -kFltMax ? 0.0f : mnew;
+        const float corr = ct_exp_le0(m[r] - mu[r]);  // 0 while m is -kFltMax
+        l[r] *= corr;
+        CT_TC_UNROLL
+        for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+        for (int e = 0; e < R::kPer; ++e) o[t][r * R::kPer + e] *= corr;
+        m[r] = mnew;
+      }
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) {
+        const float p = ct_exp_le0(s[t][e] - mu[e / R::kPer]);
+        s[t][e] = p;
+        l[e / R::kPer] += p;
+      }
+      std::uint16_t pa[KT][L::NA];
+      c_to_a<WARP, E, NT>(pa, s, ps, lane);
+      mma_ab<WARP, E, HS, KT>(o, pa, vs, lane);
+    }
+    __syncthreads();
+  }
+
+  float inv[R::kSlots];
+  CT_TC_UNROLL
+  for (int r = 0; r < R::kSlots; ++r) {
+    l[r] = row_sum<WARP>(l[r]);
+    inv[r] = 1.0f / l[r];
+    const std::int64_t row = w0 + c_slot_row<WARP>(lane, r);
+    if (row < d.T && lane % R::kRowLanes == 0) lse[(b * d.NH + h) * d.T + row] = m[r] + logf(l[r]);
+  }
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) {
+    const std::int64_t row = w0 + L::c_row(lane, e);
+    if (row < d.T)
+      E::store(out, (b * d.T + row) * d.C + h * d.hs + t * L::TN + L::c_col(lane, e),
+               o[t][e] * inv[e / R::kPer]);
+  }
+}
+
+// Per query row: D (B, NH, T) f32 into the workspace, and dq into the q columns of dqkv
+// (B, T, C3). Blocks as the forward's.
+template <int WARP, typename E, int HS>
+__global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
+    flash_tc_backward_query_kernel(void* dqkv, float* Dsave, const void* dout, const void* out,
+                                   const void* qkv, const float* lse, TcDims d) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads<WARP>);
+  using L = MmaLayout<WARP>;
+  using R = CRows<WARP>;
+  constexpr int kLd = HS + kPad, NT = kKeys / L::TN, KT = kKeys / L::TK, DT = HS / L::TN;
+  constexpr int kScratch = WARP == 32 ? 8 : kRows * (kKeys + kPad);
+  CT_SHARED(Vec8, ks8, kKeys * kLd / 8);
+  CT_SHARED(Vec8, vs8, kKeys * kLd / 8);
+  CT_SHARED(Vec8, ps8, kScratch / 8);
+  auto* ks = reinterpret_cast<std::uint16_t*>(ks8);
+  auto* vs = reinterpret_cast<std::uint16_t*>(vs8);
+  const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+  std::uint16_t* ps = reinterpret_cast<std::uint16_t*>(ps8) + warp * L::TM * (kKeys + kPad);
+  const std::int64_t b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, j = h / d.G;
+  const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
+  const std::int64_t w0 = q0 + warp * L::TM;
+  const std::int64_t row0 = b * d.T * d.C3, orow0 = b * d.T * d.C;
+
+  std::uint16_t qa[HS / L::TK][L::NA], ga[HS / L::TK][L::NA];
+  load_a<WARP, HS>(qa, qkv, row0 + h * d.hs, d.C3, w0, d.T, lane);
+  load_a<WARP, HS>(ga, dout, orow0 + h * d.hs, d.C, w0, d.T, lane);
+  float D[R::kSlots], ls[R::kSlots];
+  CT_TC_UNROLL
+  for (int r = 0; r < R::kSlots; ++r) {
+    const std::int64_t row = w0 + c_slot_row<WARP>(lane, r);
+    D[r] = 0.0f, ls[r] = 0.0f;
+    if (row >= d.T) continue;
+    const std::int64_t o0 = orow0 + row * d.C + h * d.hs;
+    for (int i = 0; i < HS; ++i) D[r] += E::load(dout, o0 + i) * E::load(out, o0 + i);
+    ls[r] = lse[(b * d.NH + h) * d.T + row];
+    if (lane % R::kRowLanes == 0) Dsave[(b * d.NH + h) * d.T + row] = D[r];
+  }
+  float dq[DT][L::NC];
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) dq[t][e] = 0.0f;
+
+  const std::int64_t last = q0 + kRows - 1 < d.T - 1 ? q0 + kRows - 1 : d.T - 1;
+  for (std::int64_t u0 = 0; u0 <= last; u0 += kKeys) {
+    stage<kKeys, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, u0, d.T);
+    stage<kKeys, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, u0, d.T);
+    __syncthreads();
+    if (u0 <= w0 + L::TM - 1) {
+      float s[NT][L::NC], dp[NT][L::NC];
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
+      mma_abt<WARP, E, HS, NT>(s, qa, ks, lane);
+      mma_abt<WARP, E, HS, NT>(dp, ga, vs, lane);
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) {
+        const std::int64_t key = u0 + t * L::TN + L::c_col(lane, e);
+        const std::int64_t row = w0 + L::c_row(lane, e);
+        const int r = e / R::kPer;
+        const float p = key <= row && key < d.T ? ct_exp_le0(s[t][e] * d.scale - ls[r]) : 0.0f;
+        s[t][e] = p * (dp[t][e] - D[r]) * d.scale;  // dS
+      }
+      std::uint16_t da[KT][L::NA];
+      c_to_a<WARP, E, NT>(da, s, ps, lane);
+      mma_ab<WARP, E, HS, KT>(dq, da, ks, lane);
+    }
+    __syncthreads();
+  }
+
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) {
+    const std::int64_t row = w0 + L::c_row(lane, e);
+    if (row < d.T)
+      E::store(dqkv, row0 + row * d.C3 + h * d.hs + t * L::TN + L::c_col(lane, e), dq[t][e]);
+  }
+}
+
+// Per key row u of key/value head j: dk, dv into the k and v columns of dqkv (B, T, C3), from
+// the query heads h = j G .. j G + G - 1 in order and, for each, the query tiles from u's in
+// order, into one accumulator. Blocks over (b, j) key/value heads, kRows keys a block. Reads
+// the D that flash_tc_backward_query_kernel saved.
+template <int WARP, typename E, int HS>
+__global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
+    flash_tc_backward_key_kernel(void* dqkv, const float* Dsave, const void* dout, const void* qkv,
+                                 const float* lse, TcDims d) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads<WARP>);
+  using L = MmaLayout<WARP>;
+  constexpr int kQ = kQueries<HS>;
+  constexpr int kLd = HS + kPad, NT = kQ / L::TN, KT = kQ / L::TK, DT = HS / L::TN;
+  constexpr int kScratch = WARP == 32 ? 8 : kRows * (kQ + kPad);
+  CT_SHARED(Vec8, qs8, kQ * kLd / 8);
+  CT_SHARED(Vec8, gs8, kQ * kLd / 8);
+  CT_SHARED(Vec8, ps8, kScratch / 8);
+  CT_SHARED(float, lq, kQ);
+  CT_SHARED(float, Dq, kQ);
+  auto* qs = reinterpret_cast<std::uint16_t*>(qs8);
+  auto* gs = reinterpret_cast<std::uint16_t*>(gs8);
+  const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+  std::uint16_t* ps = reinterpret_cast<std::uint16_t*>(ps8) + warp * L::TM * (kQ + kPad);
+  const std::int64_t b = blockIdx.y / d.NKV, j = blockIdx.y % d.NKV;
+  const std::int64_t k0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
+  const std::int64_t w0 = k0 + warp * L::TM;  // the warp's first key
+  const std::int64_t row0 = b * d.T * d.C3, orow0 = b * d.T * d.C;
+
+  std::uint16_t ka[HS / L::TK][L::NA], va[HS / L::TK][L::NA];
+  load_a<WARP, HS>(ka, qkv, row0 + k_col(d, j), d.C3, w0, d.T, lane);
+  load_a<WARP, HS>(va, qkv, row0 + v_col(d, j), d.C3, w0, d.T, lane);
+  float dk[DT][L::NC], dv[DT][L::NC];
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) dk[t][e] = 0.0f, dv[t][e] = 0.0f;
+
+  for (std::int64_t h = j * d.G; h < (j + 1) * d.G; ++h) {
+    const std::int64_t hrow = (b * d.NH + h) * d.T;
+    for (std::int64_t t0 = k0; t0 < d.T; t0 += kQ) {  // kQ divides kRows: t0 = k0 starts a tile
+      stage<kQ, HS, kThreads<WARP>>(qs, qkv, row0 + h * d.hs, d.C3, t0, d.T);
+      stage<kQ, HS, kThreads<WARP>>(gs, dout, orow0 + h * d.hs, d.C, t0, d.T);
+      for (int i = threadIdx.x; i < kQ; i += kThreads<WARP>) {
+        const std::int64_t t = t0 + i;
+        lq[i] = t < d.T ? lse[hrow + t] : 0.0f;
+        Dq[i] = t < d.T ? Dsave[hrow + t] : 0.0f;
+      }
+      __syncthreads();
+      if (t0 + kQ - 1 >= w0) {  // some query of the tile sees a key of the warp (warp-uniform)
+        float s[NT][L::NC], dp[NT][L::NC];
+        CT_TC_UNROLL
+        for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+        for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
+        mma_abt<WARP, E, HS, NT>(s, ka, qs, lane);   // S^T: keys x queries
+        mma_abt<WARP, E, HS, NT>(dp, va, gs, lane);  // dP^T
+        CT_TC_UNROLL
+        for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+        for (int e = 0; e < L::NC; ++e) {
+          const int qq = t * L::TN + L::c_col(lane, e);
+          const std::int64_t query = t0 + qq, key = w0 + L::c_row(lane, e);
+          const float p =
+              query >= key && query < d.T ? ct_exp_le0(s[t][e] * d.scale - lq[qq]) : 0.0f;
+          s[t][e] = p;
+          dp[t][e] = p * (dp[t][e] - Dq[qq]) * d.scale;  // dS^T
+        }
+        std::uint16_t pa[KT][L::NA];
+        c_to_a<WARP, E, NT>(pa, s, ps, lane);
+        mma_ab<WARP, E, HS, KT>(dv, pa, gs, lane);
+        c_to_a<WARP, E, NT>(pa, dp, ps, lane);
+        mma_ab<WARP, E, HS, KT>(dk, pa, qs, lane);
+      }
+      __syncthreads();
+    }
+  }
+
+  CT_TC_UNROLL
+  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) {
+    const std::int64_t key = w0 + L::c_row(lane, e);
+    if (key >= d.T) continue;
+    const std::int64_t col = t * L::TN + L::c_col(lane, e);
+    E::store(dqkv, row0 + key * d.C3 + k_col(d, j) + col, dk[t][e]);
+    E::store(dqkv, row0 + key * d.C3 + v_col(d, j) + col, dv[t][e]);
+  }
+}
+
+TcDims tc_dims_of(std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV) {
+  const std::int64_t hs = C / NH;
+  return TcDims{
+      T, C, NH, NKV, hs, C + 2 * NKV * hs, NH / NKV, 1.0f / sqrtf(static_cast<float>(hs))};
+}
+
+// Calls fn(warp, element type, head size) as compile-time constants (the refusal passed).
+template <typename Fn>
+void with_tc(const Ctx& cx, Elem e, std::int64_t hs, Fn&& fn) {
+  with_warp(cx.warp, [&](auto w) {
+    auto by_hs = [&](auto el) {
+      if (hs == 64)
+        fn(w, el, std::integral_constant<int, 64>{});
+      else
+        fn(w, el, std::integral_constant<int, 128>{});
+    };
+    if (e == Elem::kBF16)
+      by_hs(BF16{});
+    else
+      by_hs(F16{});
+  });
+}
+
+dim3 tc_grid(std::int64_t B, std::int64_t T, std::int64_t heads) {
+  return dim3(static_cast<unsigned>((T + kRows - 1) / kRows), static_cast<unsigned>(B * heads));
+}
+
+}  // namespace
+
+std::string flash_attention_tc_refusal(const Ctx& cx, Elem e, std::int64_t hs,
+                                       std::initializer_list<const void*> staged) {
+  if (!cx.matrix_tiles) return "the device runs no matrix tiles";
+  if (e == Elem::kF32) return "f32 (the tile takes f16 and bf16)";
+  if (hs != 64 && hs != 128) return "head size " + std::to_string(hs) + " (the tile takes 64, 128)";
+  for (const void* p : staged)
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return "an operand not 16-byte aligned";
+  return "";
+}
+
+void flash_attention_tc_forward(const Ctx& cx, void* out, float* lse, const void* qkv, Elem e,
+                                std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
+                                std::int64_t NKV) {
+  if (B * T * C <= 0) return;
+  const TcDims d = tc_dims_of(T, C, NH, NKV);
+  with_tc(cx, e, d.hs, [&](auto w, auto el, auto hsz) {
+    constexpr int W = decltype(w)::value, HS = decltype(hsz)::value;
+    using E = decltype(el);
+    launch<W>(CT_KERNEL(flash_tc_forward_kernel<W, E, HS>), tc_grid(B, T, NH), dim3(kThreads<W>), 0,
+              stream_of(cx), out, lse, qkv, d);
+  });
+}
+
+void flash_attention_tc_backward(const Ctx& cx, void* dqkv, const void* dout, const void* qkv,
+                                 const void* out, const float* lse, Elem e, std::int64_t B,
+                                 std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV,
+                                 void* workspace) {
+  if (B * T * C <= 0) return;
+  const TcDims d = tc_dims_of(T, C, NH, NKV);
+  auto* D = static_cast<float*>(workspace);
+  with_tc(cx, e, d.hs, [&](auto w, auto el, auto hsz) {
+    constexpr int W = decltype(w)::value, HS = decltype(hsz)::value;
+    using E = decltype(el);
+    launch<W>(CT_KERNEL(flash_tc_backward_query_kernel<W, E, HS>), tc_grid(B, T, NH),
+              dim3(kThreads<W>), 0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
+    launch<W>(CT_KERNEL(flash_tc_backward_key_kernel<W, E, HS>), tc_grid(B, T, NKV),
+              dim3(kThreads<W>), 0, stream_of(cx), dqkv, static_cast<const float*>(D), dout, qkv,
+              lse, d);
+  });
+}
+
+}  // namespace ct::gpu

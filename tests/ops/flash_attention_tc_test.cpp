@@ -1,0 +1,183 @@
+// flash_attention_forward / flash_attention_backward through the matrix-tile kernels
+// (backends/gpu/kernels/flash_attention_tc.cu) on the GPU devices (simt, simt64, cuda, hip):
+// against the reference for head sizes 64 and 128, GQA, T not a multiple of the tiles, f16 and
+// bf16; the same bits run after run; and the calls the tile kernels do not take (head size,
+// f32, alignment) on the general kernels, with the right results. --profile's report names the
+// path every case took.
+//
+// The tile path needs Ctx::matrix_tiles, which the SIMT backends leave off by default (the
+// scalar form of the tile is slow on the CPU). CT_GPU_TILES=1 turns it on; the runtime reads it
+// when a device opens, so these cases open a device of their own with the variable set (and
+// restore it afterwards) instead of the harness's shared one.
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include "tests/common/device_harness.h"
+
+namespace ct::test {
+namespace {
+
+bool gpu_device_backend(const std::string& b) {
+  return b == "simt" || b == "simt64" || b == "cuda" || b == "hip";
+}
+
+// Opens `spec` with CT_GPU_TILES=1 (matrix tiles on, as on a GPU with matrix cores).
+std::unique_ptr<Device> open_with_tiles(const std::string& spec) {
+  const char* old = std::getenv("CT_GPU_TILES");
+  const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
+  setenv("CT_GPU_TILES", "1", 1);
+  std::unique_ptr<Device> d = open_device(spec);
+  if (saved)
+    setenv("CT_GPU_TILES", saved->c_str(), 1);
+  else
+    unsetenv("CT_GPU_TILES");
+  return d;
+}
+
+uint16_t to_h(float v, DType h) {
+  return h == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+float from_h(uint16_t v, DType h) {
+  return h == DType::bf16 ? bf16_to_f32(v) : f16_to_f32(v);
+}
+// v as `dt` into t (16-bit: rounded to nearest even).
+void upload_into(Device& d, const Tensor& t, const Vec& v) {
+  if (t.dtype == DType::f32) {
+    d.upload(t, v.data(), v.size() * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) bits[i] = to_h(v[i], t.dtype);
+  d.upload(t, bits.data(), bits.size() * 2);
+}
+Vec download_any(Device& d, const Tensor& t) {
+  if (t.dtype == DType::f32) return download(d, t);
+  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
+  d.download(bits.data(), t, bits.size() * 2);
+  Vec v(bits.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = from_h(bits[i], t.dtype);
+  return v;
+}
+
+struct TcCase {
+  int64_t B, T, NH, NKV, hs;
+  DType dt;
+  uint64_t seed;
+  int64_t C() const { return NH * hs; }
+  int64_t W() const { return C() + 2 * NKV * hs; }  // qkv's row
+  std::string name() const {
+    std::ostringstream os;
+    os << dtype_name(dt) << " B" << B << " T" << T << " NH" << NH << " NKV" << NKV << " hs" << hs;
+    return os.str();
+  }
+};
+
+struct TcOut {
+  Vec out, lse, dqkv;
+  std::vector<uint8_t> raw;  // the bytes of out, lse and dqkv
+};
+
+// Forward and backward of c on d; `misalign` places qkv one element past an aligned start.
+TcOut run(Device& d, const TcCase& c, bool misalign = false) {
+  const Vec qkv = randn(c.B * c.T * c.W(), c.seed), dout = randn(c.B * c.T * c.C(), c.seed + 1);
+  const Shape sq{c.B, c.T, c.W()}, so{c.B, c.T, c.C()};
+  Tensor tq = d.empty(sq, c.dt, MemCategory::kActivations);
+  if (misalign)
+    tq = d.empty(Shape{sq.numel() + 8}, c.dt, MemCategory::kActivations).slice_flat(1, sq);
+  upload_into(d, tq, qkv);
+  Tensor td = d.empty(so, c.dt, MemCategory::kActivations);
+  upload_into(d, td, dout);
+  Tensor to = d.empty(so, c.dt, MemCategory::kActivations);
+  Tensor tl = d.empty({c.B, c.NH, c.T}, DType::f32, MemCategory::kActivations);
+  Tensor tdq = d.empty(sq, c.dt, MemCategory::kActivations);
+  d.fill(tdq, NAN);  // (=): what was there must not matter
+  const int nh = static_cast<int>(c.NH), nkv = static_cast<int>(c.NKV);
+  d.flash_attention_forward(to, tl, tq, nh, nkv);
+  d.flash_attention_backward(tdq, td, tq, to, tl, nh, nkv);
+  TcOut r{download_any(d, to), download(d, tl), download_any(d, tdq), {}};
+  for (const Tensor* t : {&to, &tl, &tdq}) {
+    std::vector<uint8_t> b = raw_download(d, *t);
+    r.raw.insert(r.raw.end(), b.begin(), b.end());
+  }
+  return r;
+}
+
+// Head sizes 64 and 128; plain, grouped (2 query heads a kv head) and multi-query attention;
+// T past one tile and mid-tile (40), past a block and mid-tile (77), a single row (1); f16 and
+// bf16.
+const TcCase kTcCases[] = {
+    {2, 40, 2, 2, 64, DType::bf16, 41},  {2, 77, 4, 2, 64, DType::f16, 42},
+    {2, 77, 4, 1, 64, DType::bf16, 43},  {2, 40, 2, 2, 128, DType::f16, 44},
+    {2, 77, 4, 2, 128, DType::bf16, 45}, {2, 40, 4, 1, 128, DType::f16, 46},
+    {2, 1, 4, 2, 64, DType::bf16, 47},
+};
+
+class FlashAttentionTiles : public DeviceTest {
+ protected:
+  void SetUp() override {
+    DeviceTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    if (!gpu_device_backend(GetParam().backend))
+      GTEST_SKIP() << "the matrix-tile flash attention kernels are a GPU-device path; " << id()
+                   << " has its own kernels";
+    tiled_ = open_with_tiles(id());
+    tiled_->set_profiling(true);
+  }
+  void TearDown() override {
+    if (tiled_) {
+      EXPECT_NO_THROW(tiled_->synchronize());
+    }
+    tiled_.reset();
+    DeviceTest::TearDown();
+  }
+  // Runs c on the reference and the tiled device; checks the results and that `path` ran.
+  TcOut check(const TcCase& c, const std::string& path, bool misalign = false) {
+    tiled_->set_profiling(false);
+    tiled_->set_profiling(true);  // a fresh report
+    TcOut r = run(ref(), c), f = run(*tiled_, c, misalign);
+    const std::string nm = c.name() + " on " + id() + " with tiles";
+    const double t = tol(Tol::kGemm);
+    EXPECT_TRUE(close_nmse(f.out, r.out, t, "out vs ref " + nm));
+    EXPECT_TRUE(close_nmse(f.lse, r.lse, t, "lse vs ref " + nm));
+    EXPECT_TRUE(close_nmse(f.dqkv, r.dqkv, t, "dqkv vs ref " + nm));
+    const std::string report = tiled_->profile_report();
+    for (const char* op : {"flash_attention_forward: ", "flash_attention_backward: "})
+      EXPECT_NE(report.find(op + path), std::string::npos)
+          << nm << ": expected \"" << op << path << "\" in the profile:\n"
+          << report;
+    return f;
+  }
+  std::unique_ptr<Device> tiled_;
+};
+
+TEST_P(FlashAttentionTiles, MatchesReference) {
+  for (const TcCase& c : kTcCases) check(c, "matrix tiles");
+}
+
+// Two runs, the same bits (out, lse, dqkv): every output has one owner summing in a fixed order.
+// (MatchesReference checks these cases' values.)
+TEST_P(FlashAttentionTiles, Deterministic) {
+  for (TcCase c : {kTcCases[2], kTcCases[5]}) {
+    c.B = 1;  // the bits of one batch element show it as well as two's
+    TcOut a = run(*tiled_, c), b = run(*tiled_, c);
+    EXPECT_TRUE(a.raw == b.raw) << c.name() << " on " << id() << ": two runs differ";
+  }
+  EXPECT_NE(tiled_->profile_report().find("flash_attention_backward: matrix tiles"),
+            std::string::npos)
+      << tiled_->profile_report();
+}
+
+// What the tile kernels do not take runs on the general kernels, named in the profile.
+TEST_P(FlashAttentionTiles, OtherCallsTakeTheGeneralPath) {
+  check({2, 40, 4, 2, 32, DType::bf16, 51}, "general kernels (flash_attention.cu): head size 32");
+  check({1, 40, 2, 2, 64, DType::f32, 52}, "general kernels (flash_attention.cu): f32");
+  check({1, 40, 2, 1, 64, DType::f16, 53},
+        "general kernels (flash_attention.cu): an operand not 16-byte aligned", true);
+}
+
+CT_INSTANTIATE_DEVICE_SUITE(FlashAttentionTiles);
+
+}  // namespace
+}  // namespace ct::test
