@@ -185,6 +185,10 @@ class GpuDevice final : public Device {
   std::string profile_report() override {
     std::string r = info_.id() + " profile: kernel path per op (calls)\n";
     for (const auto& [path, calls] : paths_) r += "  " + path + "  " + std::to_string(calls) + "\n";
+    const auto fallbacks = rt_->gemm_fallbacks();
+    if (!fallbacks.empty()) r += "  GEMMs the library refused, run by the own kernel (calls):\n";
+    for (const auto& [shape, calls] : fallbacks)
+      r += "    " + shape + "  " + std::to_string(calls) + "\n";
     return r;
   }
 

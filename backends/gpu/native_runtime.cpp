@@ -15,8 +15,10 @@
 #error "define CT_NATIVE_CUDA or CT_NATIVE_HIP"
 #endif
 
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -140,6 +142,18 @@ int warp_size(int index) {
   return p.warpSize;
 }
 
+// A GEMM's shape as the fallback notice and --profile name it.
+std::string gemm_key(const gpu::GemmArgs& g) {
+  auto name = [](gpu::Elem e) {
+    return e == gpu::Elem::kF32 ? "f32" : e == gpu::Elem::kF16 ? "f16" : "bf16";
+  };
+  return std::string(name(g.ab_elem)) + " x " + name(g.ab_elem) + " -> " + name(g.c_elem) + ", " +
+         std::to_string(g.M) + "x" + std::to_string(g.N) + "x" + std::to_string(g.K) + " " +
+         (g.trans_a ? "t" : "n") + (g.trans_b ? "t" : "n") + (g.bias ? ", bias" : "") + ", batch " +
+         std::to_string(g.batch) + (g.beta != 0.0f ? ", beta " : "") +
+         (g.beta != 0.0f ? std::to_string(g.beta) : "");
+}
+
 class NativeRuntime final : public gpu::Runtime {
  public:
   explicit NativeRuntime(int index) : index_(index), info_(make_info(index)) {
@@ -257,7 +271,18 @@ class NativeRuntime final : public gpu::Runtime {
   }
   void gemm(const gpu::GemmArgs& g) override {
     // CT_GPU_GEMM=own: always the project's kernel (benchmarks compare the two).
-    if (own_gemm_ || !blas_->gemm(g, stream_)) gpu::gemm(ctx(), g);
+    if (own_gemm_) return gpu::gemm(ctx(), g);
+    if (blas_->gemm(g, stream_)) return;
+    // Not silently: each shape the library refuses is said once on stderr, and counted for
+    // --profile (gemm_fallbacks).
+    const std::string key = gemm_key(g);
+    if (fallbacks_[key]++ == 0)
+      std::fprintf(stderr, "%s: %s has no algorithm for %s; the own kernel runs it (slower)\n",
+                   info_.id().c_str(), blas_->describe().c_str(), key.c_str());
+    gpu::gemm(ctx(), g);
+  }
+  std::map<std::string, std::int64_t> gemm_fallbacks() const override {
+    return fallbacks_;
   }
   void set_allow_tf32(bool on) override {
     blas_->set_tf32(on && info_.tf32);
@@ -290,6 +315,7 @@ class NativeRuntime final : public gpu::Runtime {
   std::deque<std::pair<std::uint64_t, ApiEvent>> events_;
   std::vector<ApiEvent> spare_;
   std::unique_ptr<GemmLibrary> blas_;
+  std::map<std::string, std::int64_t> fallbacks_;  // refused GEMM shape -> calls
 };
 
 class NativeBackend final : public Backend {

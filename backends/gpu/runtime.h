@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,10 @@ class Runtime {
   // c = alpha op(a) op(b) + beta c (+ bias) through the target's GEMM library where it has one
   // for these arguments; the default (and the fallback) is the project's own kernel.
   virtual void gemm(const GemmArgs& g) { ::ct::gpu::gemm(ctx(), g); }
+  // The GEMMs the target's library refused and the own kernel ran instead, by shape ("bf16 x
+  // bf16 -> f32, 768x3072x8192 tn, bias, batch 1" -> calls). Empty where the target has no
+  // library (there the own kernel is the GEMM by design, not a fallback).
+  virtual std::map<std::string, std::int64_t> gemm_fallbacks() const { return {}; }
   // Device::set_allow_tf32: fp32 GEMMs with TF32 inputs where the target's library has them.
   virtual void set_allow_tf32(bool on) { (void)on; }
   // Lines for `crosstrain devices` describing which GEMM runs ("cuBLASLt 13.0", "own tiled").
