@@ -31,6 +31,15 @@ inline Tensor up_as(Device& d, const Shape& s, const Vec& v, DType dt) {
   d.upload(t, bits.data(), bits.size() * 2);
   return t;
 }
+// t as floats: f32 as it is, 16-bit widened.
+inline Vec download_h(Device& d, const Tensor& t) {
+  if (t.dtype == DType::f32) return download(d, t);
+  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
+  d.download(bits.data(), t, bits.size() * 2);
+  Vec v(bits.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = from_h(bits[i], t.dtype);
+  return v;
+}
 inline Pair both_as(const Shape& s, const Vec& v, DType dt) {
   return {up_as(dut(), s, v, dt), up_as(ref(), s, v, dt)};
 }

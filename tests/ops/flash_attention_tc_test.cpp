@@ -14,7 +14,7 @@
 #include <optional>
 #include <sstream>
 
-#include "tests/common/device_harness.h"
+#include "tests/common/half_compare.h"
 
 namespace ct::test {
 namespace {
@@ -36,12 +36,6 @@ std::unique_ptr<Device> open_with_tiles(const std::string& spec) {
   return d;
 }
 
-uint16_t to_h(float v, DType h) {
-  return h == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
-}
-float from_h(uint16_t v, DType h) {
-  return h == DType::bf16 ? bf16_to_f32(v) : f16_to_f32(v);
-}
 // v as `dt` into t (16-bit: rounded to nearest even).
 void upload_into(Device& d, const Tensor& t, const Vec& v) {
   if (t.dtype == DType::f32) {
@@ -51,14 +45,6 @@ void upload_into(Device& d, const Tensor& t, const Vec& v) {
   std::vector<uint16_t> bits(v.size());
   for (size_t i = 0; i < v.size(); ++i) bits[i] = to_h(v[i], t.dtype);
   d.upload(t, bits.data(), bits.size() * 2);
-}
-Vec download_any(Device& d, const Tensor& t) {
-  if (t.dtype == DType::f32) return download(d, t);
-  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
-  d.download(bits.data(), t, bits.size() * 2);
-  Vec v(bits.size());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = from_h(bits[i], t.dtype);
-  return v;
 }
 
 struct TcCase {
@@ -96,7 +82,7 @@ TcOut run(Device& d, const TcCase& c, bool misalign = false) {
   const int nh = static_cast<int>(c.NH), nkv = static_cast<int>(c.NKV);
   d.flash_attention_forward(to, tl, tq, nh, nkv);
   d.flash_attention_backward(tdq, td, tq, to, tl, nh, nkv);
-  TcOut r{download_any(d, to), download(d, tl), download_any(d, tdq), {}};
+  TcOut r{download_h(d, to), download(d, tl), download_h(d, tdq), {}};
   for (const Tensor* t : {&to, &tl, &tdq}) {
     std::vector<uint8_t> b = raw_download(d, *t);
     r.raw.insert(r.raw.end(), b.begin(), b.end());

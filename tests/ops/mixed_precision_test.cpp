@@ -9,38 +9,16 @@
 
 #include "tests/common/device_harness.h"
 #include "tests/common/fp64_ops.h"
+#include "tests/common/half_compare.h"
 
 namespace ct::test {
 namespace {
-
-uint16_t to_h(float v, DType h) {
-  return h == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
-}
-float from_h(uint16_t v, DType h) {
-  return h == DType::bf16 ? bf16_to_f32(v) : f16_to_f32(v);
-}
 
 // v rounded to h, as floats (what a 16-bit tensor holds).
 Vec round_h(const Vec& v, DType h) {
   Vec r(v.size());
   for (size_t i = 0; i < v.size(); ++i) r[i] = from_h(to_h(v[i], h), h);
   return r;
-}
-Tensor upload_as(Device& d, const Shape& s, const Vec& v, DType dt) {
-  if (dt == DType::f32) return upload(d, s, v);
-  Tensor t = d.empty(s, dt, MemCategory::kActivations);
-  std::vector<uint16_t> bits(v.size());
-  for (size_t i = 0; i < v.size(); ++i) bits[i] = to_h(v[i], dt);
-  d.upload(t, bits.data(), bits.size() * 2);
-  return t;
-}
-Vec download_h(Device& d, const Tensor& t) {
-  if (t.dtype == DType::f32) return download(d, t);
-  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
-  d.download(bits.data(), t, bits.size() * 2);
-  Vec v(bits.size());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = from_h(bits[i], t.dtype);
-  return v;
 }
 // nMSE of a value stored in h: half an ulp of relative error at most, squared.
 double tol_h(DType h) {
@@ -79,8 +57,8 @@ TEST_P(MixedPrecision, MatmulInputsAndOutputIn16Bits) {
     int k = 0;
     for (Device* d : {&ref(), &dev()}) {
       for (DType cdt : {h, DType::f32}) {
-        Tensor ta = upload_as(*d, {M, K}, a, h), tb = upload_as(*d, {N, K}, b, h);
-        Tensor tc = upload_as(*d, {M, N}, c0, cdt), tbias = upload(*d, {N}, bias);
+        Tensor ta = up_as(*d, {M, K}, a, h), tb = up_as(*d, {N, K}, b, h);
+        Tensor tc = up_as(*d, {M, N}, c0, cdt), tbias = upload(*d, {N}, bias);
         d->matmul(tc, ta, tb, false, true, 0.5f, 0.25f, &tbias);
         Vec got = download_h(*d, tc);
         EXPECT_TRUE(close_nmse(got, want,
@@ -95,7 +73,7 @@ TEST_P(MixedPrecision, MatmulInputsAndOutputIn16Bits) {
       EXPECT_TRUE(close_nmse(out[1], out[0], 1e-9, "fast vs reference"));
     }
     // a and b must share the dtype.
-    Tensor ta = upload_as(dev(), {M, K}, a, h), tb = upload(dev(), {N, K}, b);
+    Tensor ta = up_as(dev(), {M, K}, a, h), tb = upload(dev(), {N, K}, b);
     Tensor tc = upload(dev(), {M, N}, c0);
     EXPECT_THROW(dev().matmul(tc, ta, tb, false, true), Error);
   });
@@ -110,10 +88,10 @@ TEST_P(MixedPrecision, AttentionAndGeluAllIn16Bits) {
     Vec res[2][3];
     int k = 0;
     for (Device* d : {&ref(), &dev()}) {
-      Tensor tq = upload_as(*d, {B, T, 3 * C}, qkv, h);
+      Tensor tq = up_as(*d, {B, T, 3 * C}, qkv, h);
       Tensor to = d->empty({B, T, C}, h, MemCategory::kActivations);
       Tensor ta = d->empty({B, NH, T, T}, h, MemCategory::kActivations);
-      Tensor td = upload_as(*d, {B, T, C}, dout, h);
+      Tensor td = up_as(*d, {B, T, C}, dout, h);
       Tensor tdq = d->empty({B, T, 3 * C}, h, MemCategory::kGrads);
       d->attention_forward(to, ta, tq, NH);
       d->attention_backward(tdq, td, tq, ta, NH);
@@ -160,10 +138,10 @@ TEST_P(MixedPrecision, FlashAttentionAllIn16Bits) {
     Vec res[2][2];
     int k = 0;
     for (Device* d : {&ref(), &dev()}) {
-      Tensor tq = upload_as(*d, {B, T, 3 * C}, qkv, h);
+      Tensor tq = up_as(*d, {B, T, 3 * C}, qkv, h);
       Tensor to = d->empty({B, T, C}, h, MemCategory::kActivations);
       Tensor tl = d->empty({B, NH, T}, DType::f32, MemCategory::kActivations);
-      Tensor td = upload_as(*d, {B, T, C}, dout, h);
+      Tensor td = up_as(*d, {B, T, C}, dout, h);
       Tensor tdq = d->empty({B, T, 3 * C}, h, MemCategory::kGrads);
       d->flash_attention_forward(to, tl, tq, NH);
       d->flash_attention_backward(tdq, td, tq, to, tl, NH);
@@ -199,7 +177,7 @@ TEST_P(MixedPrecision, LayerNormCrossEntropyBiasGradAdd) {
                                  f64::layernorm(to_d(x), to_d(w), to_d(b), N, C, 1e-5), tol_h(h),
                                  "layernorm out " + nm));
           // Backward with a 16-bit dout equals the f32 backward of the rounded dout.
-          Tensor tdh = upload_as(*d, {N, C}, dout, h), tdf = upload(*d, {N, C}, dout);
+          Tensor tdh = up_as(*d, {N, C}, dout, h), tdf = upload(*d, {N, C}, dout);
           Tensor dx1 = upload(*d, {N, C}, Vec(N * C, 0.f)),
                  dx2 = upload(*d, {N, C}, Vec(N * C, 0.f));
           Tensor dw1 = upload(*d, {C}, Vec(C, 0.f)), dw2 = upload(*d, {C}, Vec(C, 0.f));
@@ -218,7 +196,7 @@ TEST_P(MixedPrecision, LayerNormCrossEntropyBiasGradAdd) {
           Vec s = download(*d, sum);
           for (int64_t i = 0; i < N * C; ++i) ASSERT_EQ(s[i], 2.0f * dout[i]);
           // Cross-entropy on 16-bit logits, then the backward in place.
-          Tensor tl = upload_as(*d, {N, V}, logits, h), tt = upload_i32(*d, {N}, targets);
+          Tensor tl = up_as(*d, {N, V}, logits, h), tt = upload_i32(*d, {N}, targets);
           Tensor loss = upload(*d, {N}, Vec(N));
           d->crossentropy_forward(loss, tl, tt);
           EXPECT_TRUE(close_nmse(download(*d, loss), f64::crossentropy(to_d(logits), targets, N, V),
@@ -240,7 +218,7 @@ TEST_P(MixedPrecision, CrossEntropyStagedInPiecesEqualsF32) {
     Vec logits = round_h(randn(N * V, 21, 2.0f), h);
     auto targets = randint(N, 22, V);
     Device& d = dev();
-    Tensor tl = upload_as(d, {N, V}, logits, h), tlf = upload(d, {N, V}, logits);
+    Tensor tl = up_as(d, {N, V}, logits, h), tlf = upload(d, {N, V}, logits);
     Tensor tt = upload_i32(d, {N}, targets);
     Tensor l16 = upload(d, {N}, Vec(N)), l32 = upload(d, {N}, Vec(N));
     d.crossentropy_forward(l16, tl, tt);
@@ -259,7 +237,7 @@ TEST_P(MixedPrecision, AttentionStagedPerBatchElementEqualsSlices) {
     const int64_t B = 3, T = 9, C = 16, NH = 2;
     Vec qkv = round_h(randn(B * T * 3 * C, 23), h), dout = round_h(randn(B * T * C, 24), h);
     Device& d = dev();
-    Tensor tq = upload_as(d, {B, T, 3 * C}, qkv, h), td = upload_as(d, {B, T, C}, dout, h);
+    Tensor tq = up_as(d, {B, T, 3 * C}, qkv, h), td = up_as(d, {B, T, C}, dout, h);
     Tensor to = d.empty({B, T, C}, h, MemCategory::kActivations);
     Tensor ta = d.empty({B, NH, T, T}, h, MemCategory::kActivations);
     Tensor tdq = d.empty({B, T, 3 * C}, h, MemCategory::kGrads);
@@ -270,8 +248,8 @@ TEST_P(MixedPrecision, AttentionStagedPerBatchElementEqualsSlices) {
       auto slice = [&](const Vec& v, int64_t n) {
         return Vec(v.begin() + b * n, v.begin() + (b + 1) * n);
       };
-      Tensor q1 = upload_as(d, {1, T, 3 * C}, slice(qkv, T * 3 * C), h);
-      Tensor d1 = upload_as(d, {1, T, C}, slice(dout, T * C), h);
+      Tensor q1 = up_as(d, {1, T, 3 * C}, slice(qkv, T * 3 * C), h);
+      Tensor d1 = up_as(d, {1, T, C}, slice(dout, T * C), h);
       Tensor o1 = d.empty({1, T, C}, h, MemCategory::kActivations);
       Tensor a1 = d.empty({1, NH, T, T}, h, MemCategory::kActivations);
       Tensor dq1 = d.empty({1, T, 3 * C}, h, MemCategory::kGrads);
@@ -330,9 +308,9 @@ TEST_P(MixedPrecisionBf16, MatmulEveryLayoutAgainstFp64) {
             Vec got[2];
             int j = 0;
             for (Device* d : {&ref(), &dev()}) {
-              Tensor tA = upload_as(*d, ta ? Shape{K, M} : Shape{M, K}, a, h);
-              Tensor tB = upload_as(*d, tb ? Shape{N, K} : Shape{K, N}, b, h);
-              Tensor tC = upload_as(*d, {M, N}, c0, cdt), tb2 = upload(*d, {N}, bias);
+              Tensor tA = up_as(*d, ta ? Shape{K, M} : Shape{M, K}, a, h);
+              Tensor tB = up_as(*d, tb ? Shape{N, K} : Shape{K, N}, b, h);
+              Tensor tC = up_as(*d, {M, N}, c0, cdt), tb2 = upload(*d, {N}, bias);
               d->matmul(tC, tA, tB, ta, tb, 1.0f, beta, with_bias ? &tb2 : nullptr);
               got[j++] = download_h(*d, tC);
             }
@@ -346,7 +324,7 @@ TEST_P(MixedPrecisionBf16, MatmulEveryLayoutAgainstFp64) {
           }
   // A batch of row-major a against one shared b (flattened into one product).
   Vec a = round_h(randn(3 * M * K, 1), h), b = round_h(randn(K * N, 2), h);
-  Tensor tA = upload_as(dev(), {3, M, K}, a, h), tB = upload_as(dev(), {K, N}, b, h);
+  Tensor tA = up_as(dev(), {3, M, K}, a, h), tB = up_as(dev(), {K, N}, b, h);
   Tensor tC = dev().empty({3, M, N}, DType::f32, MemCategory::kActivations);
   dev().matmul(tC, tA, tB, false, false);
   VecD want;
