@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/teardown_trace.h"
@@ -69,7 +70,23 @@ static std::vector<BackendEntry> load_backends() {
     }
   }
   std::sort(found.begin(), found.end());
+  // CROSSTRAIN_BACKENDS=cpu,simt: load only the plugins named (a driver that misbehaves when
+  // merely probed stays out of the process); the others are listed, unavailable, with the reason.
+  std::vector<std::string> only;
+  if (const char* list = std::getenv("CROSSTRAIN_BACKENDS"); list && *list) {
+    std::stringstream ss(list);
+    for (std::string n; std::getline(ss, n, ',');)
+      if (!n.empty()) only.push_back(n);
+  }
   for (const auto& p : found) {
+    const std::string name = p.stem().string().substr(std::string("libcrosstrain_backend_").size());
+    if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) {
+      if (std::none_of(v.begin(), v.end(), [&](const BackendEntry& x) { return x.name == name; }))
+        v.push_back({name, p.string(), nullptr,
+                     "not loaded: CROSSTRAIN_BACKENDS=" +
+                         std::string(std::getenv("CROSSTRAIN_BACKENDS")) + " does not name it"});
+      continue;
+    }
     BackendEntry e = load_plugin(p);
     bool dup =
         std::any_of(v.begin(), v.end(), [&](const BackendEntry& x) { return x.name == e.name; });

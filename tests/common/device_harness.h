@@ -30,6 +30,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -110,8 +111,51 @@ inline bool backend_expected(const std::string& name) {
   return name == "cpu";
 }
 
+// The backends whose devices this process can run, read from --gtest_filter; empty: all of them.
+// ctest runs every case in a process of its own (--gtest_filter=On/Gelu.MatchesReference/cpu_0),
+// and loading the backends the filter rules out costs that process most of its start-up (lavapipe
+// and LLVM loaded and a Vulkan instance created under the validation layer, ~0.1 s; several times
+// that under ASan; once per case). A pattern whose last part is <backend>_<index>,
+// <backend>_unavailable or <backend>_* names that backend; when every positive pattern does, the
+// process needs those backends and cpu (the reference) only. Anything else keeps all of them.
+inline std::vector<std::string> backends_named_by_filter() {
+  std::string f = GTEST_FLAG_GET(filter);
+  f = f.substr(0, f.find('-'));  // the positive patterns
+  std::vector<std::string> names;
+  std::stringstream ss(f);
+  for (std::string p; std::getline(ss, p, ':');) {
+    if (p.empty()) continue;
+    const size_t slash = p.rfind('/');
+    if (slash == std::string::npos) return {};
+    const std::string param = p.substr(slash + 1);
+    const size_t us = param.rfind('_');
+    if (us == std::string::npos || us == 0) return {};
+    const std::string backend = param.substr(0, us), rest = param.substr(us + 1);
+    const bool index = !rest.empty() && rest.find_first_not_of("0123456789") == std::string::npos;
+    if (backend.find_first_of("*?") != std::string::npos ||
+        !(index || rest == "*" || rest == "unavailable"))
+      return {};
+    names.push_back(backend);
+  }
+  if (!names.empty()) names.push_back("cpu");
+  return names;
+}
+
+// The registry, loading only the backends the filter leaves (CROSSTRAIN_BACKENDS, set for the
+// loading alone so that processes a test starts see the environment they were given). gtest
+// evaluates the suites' device lists after parsing its flags, so the filter is known here.
 inline const std::vector<BackendEntry>& registry() {
   prepare_environment();
+  static const bool loaded = [] {
+    std::string only;
+    for (const auto& n : backends_named_by_filter()) only += (only.empty() ? "" : ",") + n;
+    const bool set_here = !only.empty() && !std::getenv("CROSSTRAIN_BACKENDS");
+    if (set_here) setenv("CROSSTRAIN_BACKENDS", only.c_str(), 1);
+    (void)backends();
+    if (set_here) unsetenv("CROSSTRAIN_BACKENDS");
+    return true;
+  }();
+  (void)loaded;
   return backends();
 }
 
@@ -121,9 +165,13 @@ inline const BackendEntry* backend_entry(const std::string& name) {
   return nullptr;
 }
 
-// Every device under test, computed once per process.
+// Every device under test, computed once per process (of the backends the filter leaves).
 inline const std::vector<DeviceCase>& devices_under_test() {
   static const std::vector<DeviceCase> list = [] {
+    const std::vector<std::string> only = backends_named_by_filter();
+    auto wanted = [&](const std::string& backend) {
+      return only.empty() || std::find(only.begin(), only.end(), backend) != only.end();
+    };
     std::vector<DeviceCase> v;
     const std::string hint =
         " -- on a machine without a GPU install lavapipe (Debian: mesa-vulkan-drivers) and the "
@@ -132,6 +180,7 @@ inline const std::vector<DeviceCase>& devices_under_test() {
       return backend == "vulkan" ? hint : std::string();
     };
     for (const auto& e : registry()) {
+      if (!wanted(e.name)) continue;
       DeviceCase c;
       c.backend = e.name;
       c.expected = backend_expected(e.name);
@@ -154,7 +203,7 @@ inline const std::vector<DeviceCase>& devices_under_test() {
 #ifdef CT_EXPECTED_BACKENDS
     std::stringstream ss(CT_EXPECTED_BACKENDS);
     for (std::string n; std::getline(ss, n, ',');) {
-      if (n.empty() || backend_entry(n)) continue;
+      if (n.empty() || !wanted(n) || backend_entry(n)) continue;
       DeviceCase c;
       c.backend = n;
       c.expected = true;
