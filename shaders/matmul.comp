@@ -8,10 +8,11 @@
 //             shared memory, bounds handled by clamping loads and masking stores.
 //   MM_TILED  GPUs without (or before) cooperative matrices: a TBM x TBN tile of c per workgroup,
 //             TBK-deep k slices of a and b staged in shared memory, a TRM x TRN register block
-//             per invocation, operands read as vec4s where aligned -- all specialization
-//             constants, so the host sizes the tile per device class (backends/vulkan/
-//             matmul_kind.h tiled_config(): 128x128 with 8x8 blocks on discrete GPUs, 64x64
-//             with 4x4 on integrated ones).
+//             per invocation (runs of 4 contiguous rows and columns, read from shared memory as
+//             vec4s), operands read as vec4s where aligned -- all specialization constants, so
+//             the host sizes the tile per device class (backends/vulkan/matmul_kind.h
+//             tiled_config(): 128x128 with 8x8 blocks on discrete GPUs, 64x64 with 4x4 on
+//             integrated ones; TRM, TRN multiples of 4).
 // 16-bit operands (core/device.h: a, b f32 | h, the same; c f32 | a's dtype; the attention's
 // GEMMs also need a f32 with b, c h): A_H, B_H, C_H store that operand as 16 bits of the H_F16 or
 // H_BF16 format (common/h16.glsl: exact widening on load, the CPU's round-to-nearest-even on
@@ -154,8 +155,10 @@ layout(push_constant) uniform Push {
 #if defined(MM_TILED)
 // As [TBK][TBM], Bs [TBK][TBN], row strides padded by 4 (rows stay 16-byte aligned).
 const uint LDA = TBM + 4, LDB = TBN + 4;
-shared float As[TBK * LDA];
-shared float Bs[TBK * LDB];
+shared vec4 As[TBK * LDA / 4];
+shared vec4 Bs[TBK * LDB / 4];
+#define AS(k, m) As[((k) * LDA + (m)) / 4u][(m) % 4u]  // op(a)[m0 + m, k0 + k]
+#define BS(k, n) Bs[((k) * LDB + (n)) / 4u][(n) % 4u]  // op(b)[k0 + k, n0 + n]
 #endif
 
 layout(std430, binding = 0) buffer Cm { C_T c[]; };
@@ -209,6 +212,7 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer CPtr { vec4
 #define C_GET(p, i) p.v[i]
 #define C_PUT(p, i, x) p.v[i] = x
 #endif
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer F1CPtr { float v[]; };
 #if defined(A_H) || defined(B_H)
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer U2Ptr { uvec2 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer U1Ptr { uint v[]; };
@@ -222,13 +226,28 @@ float h1(U1Ptr p, uint i) { return h_load((p.v[i >> 1] >> ((i & 1u) << 4)) & 0xf
 #endif
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 
-void store(uint m, uint n, uint cbase, float acc) {
+// c[m][n] = alpha * acc (+ beta * c[m][n]) (+ bn, the bias at column n, where pc.has_bias)
+void store_b(uint m, uint n, uint cbase, float acc, float bn) {
   if (m >= pc.M || n >= pc.N) return;
   uint ci = cbase + m * pc.scm + n;
   float v = pc.alpha * acc;
   if (pc.beta != 0.0) v += pc.beta * C_LD(c[ci]);  // beta == 0: c may hold NaN garbage
-  if (pc.has_bias != 0u) v += bias[pc.obias + n];
+  if (pc.has_bias != 0u) v += bn;
   c[ci] = C_ST(v);
+}
+
+// The bias at column n (0 past N or without bias): loaded once per column of a register block
+// rather than once per element (on lavapipe every load from a bound buffer is a bounds-checked
+// branch per lane, and the epilogue's loads were most of a GEMM's compile time).
+float bias_at(uint n) {
+  float b = 0.0;
+  if (pc.has_bias != 0u && n < pc.N) b = bias[pc.obias + n];
+  return b;
+}
+
+void store(uint m, uint n, uint cbase, float acc) {
+  if (m >= pc.M || n >= pc.N) return;
+  store_b(m, n, cbase, acc, pc.has_bias != 0u ? bias[pc.obias + n] : 0.0);
 }
 
 void main() {
@@ -409,13 +428,13 @@ void main() {
       [[unroll]] for (int j = 0; j < VRN; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
   }
 #endif
+  float bs[VRN];
+  [[unroll]] for (int j = 0; j < VRN; ++j) bs[j] = bias_at(nb + uint(j));
 #if !defined(C_H)
   // A block wholly inside c writes its rows as vec4s through c's address: lavapipe stores to a
   // descriptor-bound buffer one bounds-checked lane and component at a time (about 15% of the
-  // time of a K = 384 product went to the scalar stores). Same arithmetic as store().
+  // time of a K = 384 product went to the scalar stores). Same arithmetic as store_b().
   if (pc.c_vec != 0u && mb + uint(VRM) <= pc.M && nb + uint(VRN) <= pc.N) {
-    float bs[VRN];
-    [[unroll]] for (int j = 0; j < VRN; ++j) bs[j] = pc.has_bias != 0u ? bias[pc.obias + nb + uint(j)] : 0.0;
     CPtr pc4 = CPtr(uvec2(pc.c_lo, pc.c_hi));
     [[unroll]] for (int i = 0; i < VRM; ++i) {
       uint ci = (cbase + (mb + uint(i)) * pc.scm + nb) >> 2;  // vec4 index
@@ -428,9 +447,25 @@ void main() {
     }
     return;
   }
-#endif
+  // The other blocks element by element, also through c's address: lavapipe turns each access
+  // to a bound buffer into a branch per lane, and these 3 x 64 of them took most of the
+  // shader's compile time (a cold cache compiles it at the first dispatch of every test process).
+  F1CPtr pc1 = F1CPtr(uvec2(pc.c_lo, pc.c_hi));
   [[unroll]] for (int i = 0; i < VRM; ++i)
-    [[unroll]] for (int j = 0; j < VRN; ++j) store(mb + uint(i), nb + uint(j), cbase, acc[i][j]);
+    [[unroll]] for (int j = 0; j < VRN; ++j) {
+      const uint m = mb + uint(i), n = nb + uint(j);
+      if (m < pc.M && n < pc.N) {
+        const uint ci = cbase + m * pc.scm + n;
+        float v = pc.alpha * acc[i][j];
+        if (pc.beta != 0.0) v += pc.beta * pc1.v[ci];
+        if (pc.has_bias != 0u) v += bs[j];
+        pc1.v[ci] = v;
+      }
+    }
+#else
+  [[unroll]] for (int i = 0; i < VRM; ++i)
+    [[unroll]] for (int j = 0; j < VRN; ++j) store_b(mb + uint(i), nb + uint(j), cbase, acc[i][j], bs[j]);
+#endif
 #undef a
 #undef b
 #undef a4
@@ -462,6 +497,13 @@ void main() {
   [[unroll]] for (uint i = 0; i < TRM * TRN; ++i) acc[i] = 0.0;
   const uint tid = gl_LocalInvocationIndex, nt = TTM * TTN;
   const uint tm = tid / TTN, tn = tid % TTN;
+  // Row i of the register block: runs of 4 contiguous rows, 4 * TTM apart (likewise columns),
+  // so each run is one vec4 load from shared memory, and neighbouring invocations read
+  // neighbouring vec4s. On lavapipe every shared-memory load is a branch per lane: vec4s instead
+  // of scalars took a third off the compile time of the 128 x 128 shape (LLVM's coroutine
+  // lowering of the barriers grows with the branches).
+#define TROW(i) ((i) / 4u * 4u * TTM + 4u * tm + (i) % 4u)
+#define TCOL(j) ((j) / 4u * 4u * TTN + 4u * tn + (j) % 4u)
   for (uint k0 = kbeg; k0 < kend; k0 += TBK) {
     // Stage op(a)[m0 .., k0 ..] into As[k][m] and op(b)[k0 .., n0 ..] into Bs[k][n], zeros past
     // the edges. With vec4s every one lies wholly inside or outside (aligned, extent % 4 == 0,
@@ -470,54 +512,58 @@ void main() {
       for (uint i = tid; i < TBM * TBK / 4; i += nt) {
         uint r = i / (TBK / 4), q = (i % (TBK / 4)) * 4, gm = m0 + r, gk = k0 + q;
         vec4 v = (gm < pc.M && gk < kend) ? A_LD4((abase + gm * pc.sam + gk) / 4) : vec4(0.0);
-        As[q * LDA + r] = v.x, As[(q + 1) * LDA + r] = v.y;
-        As[(q + 2) * LDA + r] = v.z, As[(q + 3) * LDA + r] = v.w;
+        AS(q, r) = v.x, AS(q + 1, r) = v.y, AS(q + 2, r) = v.z, AS(q + 3, r) = v.w;
       }
     } else if (VA == 2) {
       for (uint i = tid; i < TBM * TBK / 4; i += nt) {
         uint k = i / (TBM / 4), r = (i % (TBM / 4)) * 4, gm = m0 + r, gk = k0 + k;
         vec4 v = (gm < pc.M && gk < kend) ? A_LD4((abase + gk * pc.sak + gm) / 4) : vec4(0.0);
-        As[k * LDA + r] = v.x, As[k * LDA + r + 1] = v.y;
-        As[k * LDA + r + 2] = v.z, As[k * LDA + r + 3] = v.w;
+        As[(k * LDA + r) / 4u] = v;
       }
     } else {
       for (uint i = tid; i < TBM * TBK; i += nt) {
         uint k = i / TBM, r = i % TBM, gm = m0 + r, gk = k0 + k;
-        As[k * LDA + r] = (gm < pc.M && gk < kend) ? A_LD(a[abase + gm * pc.sam + gk * pc.sak]) : 0.0;
+        AS(k, r) = (gm < pc.M && gk < kend) ? A_LD(a[abase + gm * pc.sam + gk * pc.sak]) : 0.0;
       }
     }
     if (VB == 1) {
       for (uint i = tid; i < TBN * TBK / 4; i += nt) {
         uint k = i / (TBN / 4), col = (i % (TBN / 4)) * 4, gn = n0 + col, gk = k0 + k;
         vec4 v = (gn < pc.N && gk < kend) ? B_LD4((bbase + gk * pc.sbk + gn) / 4) : vec4(0.0);
-        Bs[k * LDB + col] = v.x, Bs[k * LDB + col + 1] = v.y;
-        Bs[k * LDB + col + 2] = v.z, Bs[k * LDB + col + 3] = v.w;
+        Bs[(k * LDB + col) / 4u] = v;
       }
     } else if (VB == 2) {
       for (uint i = tid; i < TBN * TBK / 4; i += nt) {
         uint col = i / (TBK / 4), q = (i % (TBK / 4)) * 4, gn = n0 + col, gk = k0 + q;
         vec4 v = (gn < pc.N && gk < kend) ? B_LD4((bbase + gn * pc.sbn + gk) / 4) : vec4(0.0);
-        Bs[q * LDB + col] = v.x, Bs[(q + 1) * LDB + col] = v.y;
-        Bs[(q + 2) * LDB + col] = v.z, Bs[(q + 3) * LDB + col] = v.w;
+        BS(q, col) = v.x, BS(q + 1, col) = v.y, BS(q + 2, col) = v.z, BS(q + 3, col) = v.w;
       }
     } else {
       for (uint i = tid; i < TBN * TBK; i += nt) {
         uint k = i / TBN, col = i % TBN, gn = n0 + col, gk = k0 + k;
-        Bs[k * LDB + col] = (gn < pc.N && gk < kend) ? B_LD(b[bbase + gk * pc.sbk + gn * pc.sbn]) : 0.0;
+        BS(k, col) = (gn < pc.N && gk < kend) ? B_LD(b[bbase + gk * pc.sbk + gn * pc.sbn]) : 0.0;
       }
     }
     barrier();
     [[unroll]] for (uint kk = 0; kk < TBK; ++kk) {
       float av[TRM], bv[TRN];
-      [[unroll]] for (uint i = 0; i < TRM; ++i) av[i] = As[kk * LDA + tm + TTM * i];
-      [[unroll]] for (uint j = 0; j < TRN; ++j) bv[j] = Bs[kk * LDB + tn + TTN * j];
+      [[unroll]] for (uint i4 = 0; i4 < TRM / 4; ++i4) {
+        vec4 v = As[(kk * LDA) / 4u + i4 * TTM + tm];
+        av[4 * i4] = v.x, av[4 * i4 + 1] = v.y, av[4 * i4 + 2] = v.z, av[4 * i4 + 3] = v.w;
+      }
+      [[unroll]] for (uint j4 = 0; j4 < TRN / 4; ++j4) {
+        vec4 v = Bs[(kk * LDB) / 4u + j4 * TTN + tn];
+        bv[4 * j4] = v.x, bv[4 * j4 + 1] = v.y, bv[4 * j4 + 2] = v.z, bv[4 * j4 + 3] = v.w;
+      }
       [[unroll]] for (uint i = 0; i < TRM; ++i)
         [[unroll]] for (uint j = 0; j < TRN; ++j) acc[i * TRN + j] = fma(av[i], bv[j], acc[i * TRN + j]);
     }
     barrier();
   }
+  float bs[TRN];
+  [[unroll]] for (uint j = 0; j < TRN; ++j) bs[j] = bias_at(n0 + TCOL(j));
   [[unroll]] for (uint i = 0; i < TRM; ++i)
     [[unroll]] for (uint j = 0; j < TRN; ++j)
-      store(m0 + tm + TTM * i, n0 + tn + TTN * j, cbase, acc[i * TRN + j]);
+      store_b(m0 + TROW(i), n0 + TCOL(j), cbase, acc[i * TRN + j], bs[j]);
 #endif
 }

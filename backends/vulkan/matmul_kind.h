@@ -77,7 +77,7 @@ inline SplitK plan_splitk(bool cpu_like, int forced, int64_t groups, int64_t K, 
 // choice. `forced_sg` (CROSSTRAIN_VK_TILED_SG) requires that size instead where allowed.
 inline constexpr int64_t kBigTiledGroups = 256;
 struct TiledConfig {
-  uint32_t tbm = 64, tbn = 64, tbk = 16, trm = 4, trn = 4;
+  uint32_t tbm = 64, tbn = 64, tbk = 16, trm = 4, trn = 4;  // trm, trn multiples of 4
   uint32_t subgroup = 0;
   uint32_t invocations() const { return (tbm / trm) * (tbn / trn); }
 };

@@ -1,8 +1,11 @@
 #include "backends/vulkan/vk_device.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -662,7 +665,18 @@ VkDescriptorSet VulkanDevice::descriptor_set(VkDescriptorSetLayout dsl) {
 // ---------------------------------------------------------------------------------------------
 // Pipelines
 
-const VulkanDevice::Pipeline& VulkanDevice::pipeline(ShaderId id, const PipelineSpec* spec) {
+// CROSSTRAIN_VK_PIPELINE_TIMES=1: the time of each pipeline's first dispatch (submitted and
+// waited for alone), on stderr. A driver with a cold shader cache compiles there: lavapipe takes
+// seconds for the big GEMMs. For finding what a cold CI run spends its time on.
+bool VulkanDevice::pipeline_times() {
+  static const bool on = [] {
+    const char* v = std::getenv("CROSSTRAIN_VK_PIPELINE_TIMES");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+VulkanDevice::Pipeline& VulkanDevice::pipeline(ShaderId id, const PipelineSpec* spec) {
   if (!spec) {
     Pipeline& p = pipelines_[static_cast<uint32_t>(id)];
     if (!p.pipeline) p = create_pipeline(id, nullptr);
@@ -730,6 +744,13 @@ VulkanDevice::Pipeline VulkanDevice::create_pipeline(ShaderId id, const Pipeline
     }
   }
   VkResult r = f_.vkCreateComputePipelines(device_, cache_, 1, &ci, nullptr, &p.pipeline);
+  if (pipeline_times()) {
+    // lavapipe compiles at the first dispatch, not here: dispatch_raw times that one
+    p.what = sb.name;
+    for (uint32_t i = 0; spec && i < spec->n; ++i)
+      p.what += (i ? "," : " [") + std::to_string(spec->v[i]) + (i + 1 == spec->n ? "]" : "");
+    if (spec && spec->required_subgroup) p.what += " sg" + std::to_string(spec->required_subgroup);
+  }
   f_.vkDestroyShaderModule(device_, mod, nullptr);
   if (r != VK_SUCCESS)
     fail(ErrorKind::kDevice,
@@ -834,7 +855,12 @@ void VulkanDevice::dispatch_raw(ShaderId id, const PipelineSpec* spec, const Bou
            std::string("push constants for ") + sb.name + ": " + std::to_string(push_size) +
                " bytes given, the shader's block has " + std::to_string(sb.info.push_size));
   CT_CHECK(nb == sb.info.num_bindings, std::string("binding count for ") + sb.name);
-  const Pipeline& p = pipeline(id, spec);
+  Pipeline& p = pipeline(id, spec);
+  const bool timed = !p.what.empty();
+  if (timed) synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  timespec c0{};
+  if (timed) clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
   VkCommandBuffer cb = cmd();
   std::array<Access, 16> acc{};
   CT_CHECK(nb <= acc.size(), "too many bindings");
@@ -875,6 +901,17 @@ void VulkanDevice::dispatch_raw(ShaderId id, const PipelineSpec* spec, const Bou
   f_.vkCmdDispatch(cb, gx, gy, gz);
   stamp_end(cb);
   ++n_dispatches_;
+  if (timed) {
+    synchronize();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    timespec c1{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    const double cpu = (c1.tv_sec - c0.tv_sec) * 1e3 + (c1.tv_nsec - c0.tv_nsec) * 1e-6;
+    std::fprintf(stderr, "vk pipeline %s: first dispatch %.0f ms (cpu %.0f ms)\n", p.what.c_str(),
+                 ms, cpu);
+    p.what.clear();
+  }
 }
 
 }  // namespace ct::vk

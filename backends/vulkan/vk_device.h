@@ -171,7 +171,9 @@ class VulkanDevice final : public Device {
     VkDescriptorSetLayout dsl = VK_NULL_HANDLE;
     VkPipelineLayout layout = VK_NULL_HANDLE;
     VkPipeline pipeline = VK_NULL_HANDLE;
+    std::string what;  // CROSSTRAIN_VK_PIPELINE_TIMES: its name until its first dispatch
   };
+  static bool pipeline_times();
   struct Retired {
     uint64_t serial;
     VkBuffer buffer;
@@ -193,7 +195,7 @@ class VulkanDevice final : public Device {
   void check(VkResult r, const char* call);
   void ensure_alive() const;
   VkDescriptorSet descriptor_set(VkDescriptorSetLayout dsl);
-  const Pipeline& pipeline(ShaderId id, const PipelineSpec* spec = nullptr);
+  Pipeline& pipeline(ShaderId id, const PipelineSpec* spec = nullptr);
   Pipeline create_pipeline(ShaderId id, const PipelineSpec* spec);
   std::shared_ptr<VkBufferObj> make_buffer(size_t bytes, MemCategory category, bool staging);
   void recycle(bool wait_all);

@@ -2,10 +2,11 @@
 //
 // gemm: c_z = alpha op(a_z) op(b_z) + beta c_z (+ bias), batched by blockIdx.z with element
 // strides (0 = one matrix for the whole batch). A block computes a kBM x kBN tile of c from
-// kBK-deep slices of a and b staged in shared memory as fp32; each of its 256 threads owns a
-// 4 x 4 set of outputs (rows ty + 16 i, columns tx + 16 j) and accumulates over k in order
-// 0 .. K-1, one rounding per product-add (the build has FMA contraction off), so every output's
-// bits depend on the inputs only -- not on the tile shape, the warp size or the target.
+// kBK-deep slices of a and b staged in shared memory as fp32; each thread owns a kMi x kNj set
+// of outputs (on GPUs 256 threads of 4 x 4 at stride 16, on the SIMT runtime 64 threads of 8 x 8
+// adjacent ones) and accumulates over k in order 0 .. K-1, one rounding per product and per add
+// (the build has FMA contraction off), so every output's bits depend on the inputs only -- not on
+// the tile shape, the thread layout, the warp size or the target.
 //
 // gemm_tile_kernel: the same GEMM for 16-bit a and b through the matrix tile of
 // backends/gpu/kernels/mma.h (tensor cores on sm_80+, MFMA on gfx90a, the scalar form elsewhere).
@@ -16,71 +17,111 @@
 namespace ct::gpu {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kBM = 64, kBN = 64, kBK = 32;
-constexpr int kMicro = 4;            // outputs per thread along m and along n
+constexpr int kThreads = 256;  // the bias gradient's blocks
+constexpr int kBM = 64, kBN = 64;
 constexpr std::int64_t kChunk = 64;  // rows per partial of the bias gradient
+
+// gemm_kernel's thread layout. Thread t = ty * kTX + tx owns kMi x kNj outputs, rows
+// ty * kRowA + i * kRowB and columns tx * kColA + j * kColB of the block's tile.
+#if defined(CT_GPU_SIMT)
+// The SIMT runtime: every thread is a fiber, and every __syncthreads a round of fiber switches;
+// nothing vectorises across threads. So few threads, each with a large micro-tile of adjacent
+// columns (the inner product vectorises within the thread), and a deeper k slice per barrier.
+constexpr int kBK = 64, kMi = 8, kNj = 8;
+constexpr int kTX = kBN / kNj, kTY = kBM / kMi;
+constexpr int kRowA = kMi, kRowB = 1, kColA = kNj, kColB = 1;
+#else
+// GPUs: 256 threads of 4 x 4 outputs at stride 16 (conflict-free shared memory reads).
+constexpr int kBK = 32, kMi = 4, kNj = 4;
+constexpr int kTX = kBN / kNj, kTY = kBM / kMi;
+constexpr int kRowA = 1, kRowB = kTY, kColA = 1, kColB = kTX;
+#endif
+constexpr int kGemmThreads = kTX * kTY;
+static_assert(kBK * kBM % kGemmThreads == 0 && kBK * kBN % kGemmThreads == 0,
+              "gemm_kernel: the staging loops need whole rounds");
 
 // c (batch, M, N) of element Cel; a (M, K) or (K, M) with TA, b (K, N) or (N, K) with TB, both
 // of element AB; bias (N) f32 or nullptr. Block (x, y, z) computes rows m_base + kBM y ..,
 // columns kBN x .. of batch element z_base + z.
 template <int WARP, typename AB, typename Cel, bool TA, bool TB>
-__global__ void CT_LAUNCH_BOUNDS(kThreads)
+__global__ void CT_LAUNCH_BOUNDS(kGemmThreads)
     gemm_kernel(void* c, const void* a, const void* b, const float* bias, std::int64_t M,
                 std::int64_t N, std::int64_t K, std::int64_t stride_a, std::int64_t stride_b,
                 std::int64_t stride_c, float alpha, float beta, std::int64_t m_base,
                 std::int64_t z_base) {
-  CT_CHECK_LAUNCH_BOUNDS(kThreads);
+  CT_CHECK_LAUNCH_BOUNDS(kGemmThreads);
   CT_SHARED(float, as, kBK* kBM);  // as[k * kBM + m]
   CT_SHARED(float, bs, kBK* kBN);  // bs[k * kBN + n]
-  const int t = threadIdx.x, tx = t % 16, ty = t / 16;
+  const int t = threadIdx.x, tx = t % kTX, ty = t / kTX;
+  const int row0 = ty * kRowA, col0 = tx * kColA;
   const std::int64_t z = z_base + blockIdx.z;
   const std::int64_t m0 = m_base + static_cast<std::int64_t>(blockIdx.y) * kBM;
   const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kBN;
   const std::int64_t a_off = z * stride_a, b_off = z * stride_b, c_off = z * stride_c;
 
-  float acc[kMicro][kMicro];
-  for (int i = 0; i < kMicro; ++i)
-    for (int j = 0; j < kMicro; ++j) acc[i][j] = 0.0f;
+  float acc[kMi][kNj];
+  for (int i = 0; i < kMi; ++i)
+    for (int j = 0; j < kNj; ++j) acc[i][j] = 0.0f;
 
   for (std::int64_t k0 = 0; k0 < K; k0 += kBK) {
     // Stage a[m0 .. +kBM, k0 .. +kBK] and b[k0 .. +kBK, n0 .. +kBN]; consecutive threads read
-    // consecutive addresses of the stored layout. Outside the matrices: zeros.
-    for (int r = 0; r < kBK * kBM / kThreads; ++r) {
-      const int idx = t + r * kThreads;
-      const int mm = TA ? idx % kBM : idx / kBK;
-      const int kk = TA ? idx / kBM : idx % kBK;
-      const std::int64_t m = m0 + mm, k = k0 + kk;
-      float v = 0.0f;
-      if (m < M && k < K) v = AB::load(a, a_off + (TA ? k * M + m : m * K + k));
-      as[kk * kBM + mm] = v;
+    // consecutive addresses of the stored layout. Outside the matrices: zeros. A slice wholly
+    // inside its matrix (the same branch for every thread) skips the per-element bounds checks.
+    if (m0 + kBM <= M && k0 + kBK <= K) {
+      const std::int64_t base = a_off + (TA ? k0 * M + m0 : m0 * K + k0);
+      for (int r = 0; r < kBK * kBM / kGemmThreads; ++r) {
+        const int idx = t + r * kGemmThreads;
+        const int mm = TA ? idx % kBM : idx / kBK;
+        const int kk = TA ? idx / kBM : idx % kBK;
+        as[kk * kBM + mm] = AB::load(a, base + (TA ? kk * M + mm : mm * K + kk));
+      }
+    } else {
+      for (int r = 0; r < kBK * kBM / kGemmThreads; ++r) {
+        const int idx = t + r * kGemmThreads;
+        const int mm = TA ? idx % kBM : idx / kBK;
+        const int kk = TA ? idx / kBM : idx % kBK;
+        const std::int64_t m = m0 + mm, k = k0 + kk;
+        float v = 0.0f;
+        if (m < M && k < K) v = AB::load(a, a_off + (TA ? k * M + m : m * K + k));
+        as[kk * kBM + mm] = v;
+      }
     }
-    for (int r = 0; r < kBK * kBN / kThreads; ++r) {
-      const int idx = t + r * kThreads;
-      const int nn = TB ? idx / kBK : idx % kBN;
-      const int kk = TB ? idx % kBK : idx / kBN;
-      const std::int64_t n = n0 + nn, k = k0 + kk;
-      float v = 0.0f;
-      if (n < N && k < K) v = AB::load(b, b_off + (TB ? n * K + k : k * N + n));
-      bs[kk * kBN + nn] = v;
+    if (n0 + kBN <= N && k0 + kBK <= K) {
+      const std::int64_t base = b_off + (TB ? n0 * K + k0 : k0 * N + n0);
+      for (int r = 0; r < kBK * kBN / kGemmThreads; ++r) {
+        const int idx = t + r * kGemmThreads;
+        const int nn = TB ? idx / kBK : idx % kBN;
+        const int kk = TB ? idx % kBK : idx / kBN;
+        bs[kk * kBN + nn] = AB::load(b, base + (TB ? nn * K + kk : kk * N + nn));
+      }
+    } else {
+      for (int r = 0; r < kBK * kBN / kGemmThreads; ++r) {
+        const int idx = t + r * kGemmThreads;
+        const int nn = TB ? idx / kBK : idx % kBN;
+        const int kk = TB ? idx % kBK : idx / kBN;
+        const std::int64_t n = n0 + nn, k = k0 + kk;
+        float v = 0.0f;
+        if (n < N && k < K) v = AB::load(b, b_off + (TB ? n * K + k : k * N + n));
+        bs[kk * kBN + nn] = v;
+      }
     }
     __syncthreads();
     const int kend = K - k0 < kBK ? static_cast<int>(K - k0) : kBK;
     for (int kk = 0; kk < kend; ++kk) {
-      float av[kMicro], bv[kMicro];
-      for (int i = 0; i < kMicro; ++i) av[i] = as[kk * kBM + ty + 16 * i];
-      for (int j = 0; j < kMicro; ++j) bv[j] = bs[kk * kBN + tx + 16 * j];
-      for (int i = 0; i < kMicro; ++i)
-        for (int j = 0; j < kMicro; ++j) acc[i][j] += av[i] * bv[j];
+      float av[kMi], bv[kNj];
+      for (int i = 0; i < kMi; ++i) av[i] = as[kk * kBM + row0 + i * kRowB];
+      for (int j = 0; j < kNj; ++j) bv[j] = bs[kk * kBN + col0 + j * kColB];
+      for (int i = 0; i < kMi; ++i)
+        for (int j = 0; j < kNj; ++j) acc[i][j] += av[i] * bv[j];
     }
     __syncthreads();
   }
 
-  for (int i = 0; i < kMicro; ++i) {
-    const std::int64_t m = m0 + ty + 16 * i;
+  for (int i = 0; i < kMi; ++i) {
+    const std::int64_t m = m0 + row0 + i * kRowB;
     if (m >= M) continue;
-    for (int j = 0; j < kMicro; ++j) {
-      const std::int64_t n = n0 + tx + 16 * j;
+    for (int j = 0; j < kNj; ++j) {
+      const std::int64_t n = n0 + col0 + j * kColB;
       if (n >= N) continue;
       const std::int64_t at = c_off + m * N + n;
       float r = alpha * acc[i][j];
@@ -216,9 +257,9 @@ void gemm_launch(const Ctx& cx, const GemmArgs& g) {
           continue;
         }
       }
-      launch<W>(CT_KERNEL(gemm_kernel<W, AB, Cel, TA, TB>), grid, dim3(kThreads), 0, stream_of(cx),
-                g.c, g.a, g.b, g.bias, g.M, g.N, g.K, g.stride_a, g.stride_b, g.stride_c, g.alpha,
-                g.beta, y0 * kBM, z0);
+      launch<W>(CT_KERNEL(gemm_kernel<W, AB, Cel, TA, TB>), grid, dim3(kGemmThreads), 0,
+                stream_of(cx), g.c, g.a, g.b, g.bias, g.M, g.N, g.K, g.stride_a, g.stride_b,
+                g.stride_c, g.alpha, g.beta, y0 * kBM, z0);
     }
   }
 }
