@@ -4,7 +4,8 @@
 # kernel, Vulkan), training tokens/s of tiny, gpt2 (batch 16) and smollm-135m in fp32, tf32 and
 # bf16, PyTorch on the same GPU when it is importable (eager with SDPA and fused AdamW, and
 # torch.compile), llm.c when given; a report written as it goes (a run cut short still reports):
-#   <out>/report.md, report.json, steps.tsv, and every step's log.
+#   <out>/report.md, report.json, steps.tsv, and every step's log; and <out>/bench-report/, the
+#   versioned report of `crosstrain bench --report` (the one `crosstrain bench --merge` joins).
 #
 #   bash scripts/gpu-check.sh --bundle FILE [--llmc PATH] [--out DIR] [--budget S] [--quick]
 #       runs everything from a bundle (scripts/bundle.sh: a .tar.xz, or its unpacked folder) with
@@ -38,7 +39,7 @@ while (($#)); do
     --quick) quick=1; shift ;;
     --check-only) check_only=1; shift ;;
     --unpack-dir) unpack="${2:?gpu-check: --unpack-dir needs a folder}"; shift 2 ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -221,6 +222,18 @@ for prec in fp32 tf32 bf16; do
   train "$backend:0" gpt2 16 "$s_gpt2" "$prec" 60
   train "$backend:0" smollm-135m 4 "$s_smol" "$prec" 60
 done
+
+# The versioned report (`crosstrain bench --report`, tools/crosstrain/report_format.h) of the GPU:
+# GEMMs (the library and the own kernel), ops, tiny and gpt2 in every precision with the loss
+# against the CPU's fp32 run, memory, PyTorch beside it where importable; the file that
+# `crosstrain bench --merge` joins with other machines' reports. The steps above and below still
+# write this script's own report (the test suites, smollm-135m, llm.c, Vulkan) until they move
+# into it.
+peers=()
+python3 -c 'import torch' >/dev/null 2>&1 && peers=(--peers pytorch,pytorch-compile)
+step "crosstrain bench --report" 240 bench-report.log "${ct_env[@]}" "$bin/crosstrain" bench \
+  --report "$out/bench-report" --devices "$backend:0" --models tiny,gpt2 --batch 8 \
+  --steps "$s_smol" --iters "$iters" "${data_flag[@]}" "${peers[@]}"
 
 step "GEMM library on $backend:0" 60 gemm_library.log "${ct_env[@]}" "$bin/device_gemm_bench" \
   --device "$backend:0" --iters "$iters" --json "$out/gemm_library.json"

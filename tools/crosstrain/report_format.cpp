@@ -422,6 +422,12 @@ json merge_reports(const std::vector<std::pair<std::string, json>>& reports) {
   for (json& d : out["devices"])
     if (count[d["label"].get<std::string>()] > 1)
       d["label"] = str(d, "id") + "@" + str(d["origin"].value("host", json::object()), "name");
+  // Still clashing (one host measured twice): the date of each, then a number.
+  count.clear();
+  for (const json& d : out["devices"]) ++count[d["label"].get<std::string>()];
+  for (json& d : out["devices"])
+    if (count[d["label"].get<std::string>()] > 1)
+      d["label"] = d["label"].get<std::string>() + " " + str(d["origin"], "date");
   std::set<std::string> seen;
   for (json& d : out["devices"]) {
     const std::string base = d["label"].get<std::string>();
