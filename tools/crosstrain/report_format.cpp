@@ -502,12 +502,14 @@ std::string report_markdown(const json& r, const fs::path& dir) {
        << gemm;
 
   const std::string ops = pivot(
-      devices, "ops", {"model", "op", "direction", "dtype"},
+      devices, "ops", {"model", "op", "direction", "dtype", "shape"},
       [](const json& o) {
         return std::vector<std::string>{str(o, "model"), str(o, "op"), str(o, "direction"),
-                                        str(o, "dtype")};
+                                        str(o, "dtype"), str(o, "shape")};
       },
-      [](const json& o, const json&) { return fmt("%.3f", o.value("ms", 0.0)); });
+      [](const json& o, const json&) {
+        return o.contains("ms") ? fmt("%.3f", o["ms"].get<double>()) : "unsupported";
+      });
   if (!ops.empty()) md << "\n## Ops, ms per call (the model's shapes)\n\n" << ops;
 
   const std::string mem = memory_md(devices);

@@ -13,7 +13,7 @@ struct ReportOptions {
   std::vector<std::string> models;      // presets; empty: tiny
   std::vector<std::string> devices;     // specs ("cpu:0"); empty: every device not test-only or
                                         // virtual; "all": every device
-  int steps = 6;                        // training steps per run (the loss compared after them)
+  int steps = 4;                        // training steps per run (the loss compared after them)
   int batch = 1;                        // sequences per step (and the GEMMs' rows: batch x block)
   int iters = 5;                        // timed calls per GEMM / op (fewer past ~0.25 s)
   std::vector<std::string> precisions;  // train only these of the device's (empty: all it has)
