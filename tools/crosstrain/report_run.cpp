@@ -453,7 +453,7 @@ std::pair<json, json> train_run(const ReportOptions& o, const std::string& spec,
                                    "--per-device-train-batch-size",
                                    std::to_string(o.batch)};
   if (!o.data.empty()) argv.insert(argv.end(), {"--data", o.data});
-  if (precision != "fp32") argv.push_back("--" + precision);
+  if (precision != "fp32") argv.push_back(std::string("--").append(precision));
   {
     std::ofstream(log, std::ios::app)
         << "\n== " << spec << " " << model << " " << precision << " ==\n";
@@ -521,68 +521,95 @@ void measure_train(DeviceRun& r, const ReportOptions& o, Progress& bar) {
 
 // PyTorch (scripts/torch_train.py) on the same models, batch, data and steps: eager with SDPA
 // and fused AdamW, and torch.compile; on CUDA where torch sees it, else the CPU.
-json measure_peers(const ReportOptions& o, Progress& bar) {
+std::string peer_python() {
+  const char* py_env = std::getenv("CROSSTRAIN_PYTHON");
+  return py_env && *py_env ? py_env : "python3";
+}
+
+// Whether torch sees a GPU (CUDA, or ROCm through the same API): torch_train.py's device.
+bool torch_sees_gpu() {
+  std::string cmd = "'";
+  cmd.append(peer_python())
+      .append("' -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' ")
+      .append(">/dev/null 2>&1");
+  return std::system(cmd.c_str()) == 0;
+}
+
+// The precisions a peer runs in: bf16, tf32 and fp32 on a GPU, fp32 on the CPU (of --precisions
+// where given); torch.compile only in the first (its compilation takes a minute a run).
+std::vector<std::string> peer_precisions(const ReportOptions& o, bool gpu, bool compile) {
+  std::vector<std::string> p;
+  for (const std::string& x : gpu ? std::vector<std::string>{"bf16", "tf32", "fp32"}
+                                  : std::vector<std::string>{"fp32", "bf16"})
+    if (o.precisions.empty()
+            ? gpu || x == "fp32"
+            : std::find(o.precisions.begin(), o.precisions.end(), x) != o.precisions.end())
+      p.push_back(x);
+  if (compile && p.size() > 1) p.resize(1);
+  return p;
+}
+
+// PyTorch (scripts/torch_train.py) on the same models, batch, data and steps: eager with SDPA
+// and fused AdamW, and torch.compile; on the GPU where torch sees one, else the CPU.
+json measure_peers(const ReportOptions& o, bool gpu, Progress& bar) {
   json rows = json::array();
   const std::string script = find_script("torch_train.py");
-  const char* py_env = std::getenv("CROSSTRAIN_PYTHON");
-  const std::string py = py_env && *py_env ? py_env : "python3";
-  // torch_train.py's device: CUDA (ROCm too) where torch sees one, else the CPU.
-  const bool cuda = std::system(("'" + py +
-                                 "' -c 'import sys, torch; sys.exit(0 if "
-                                 "torch.cuda.is_available() else 1)' >/dev/null 2>&1")
-                                    .c_str()) == 0;
+  const std::string py = peer_python();
   for (const std::string& peer : o.peers) {
     const bool compile = peer == "pytorch-compile";
-    for (const std::string& model : o.models) {
-      bar.step("peers", peer + " " + model);
-      json row = {{"peer", compile ? "pytorch compile" : "pytorch eager"},
-                  {"model", model},
-                  {"precision", "fp32"}};
-      const fs::path out =
-          fs::path(o.dir) / "runs" / file_safe("peer-" + peer + "-" + model + ".json");
-      std::vector<std::string> argv = {"/usr/bin/env",
-                                       py,
-                                       script,
-                                       "--model",
-                                       model,
-                                       "--batch",
-                                       std::to_string(o.batch),
-                                       "--steps",
-                                       std::to_string(compile ? o.steps + 8 : std::max(o.steps, 3)),
-                                       "--sdpa",
-                                       "--fused-adamw",
-                                       "--json",
-                                       out.string(),
-                                       "--device",
-                                       cuda ? "cuda" : "cpu",
-                                       "--threads",
-                                       std::to_string(std::thread::hardware_concurrency())};
-      if (!o.data.empty()) argv.insert(argv.end(), {"--data", o.data});
-      if (compile) argv.push_back("--compile");
-      const auto [status, rss] = script.empty()
-                                     ? std::pair<int, long long>{127, 0}
-                                     : run_child(argv, (fs::path(o.dir) / "runs.log").string());
-      (void)rss;
-      std::ifstream f(out);
-      if (status != 0 || !f) {
-        row["error"] = script.empty() ? "scripts/torch_train.py not found"
-                                      : "exit status " + std::to_string(status) + " (runs.log)";
+    for (const std::string& model : o.models)
+      for (const std::string& prec : peer_precisions(o, gpu, compile)) {
+        bar.step("peers", peer + " " + model + " " + prec);
+        json row = {{"peer", compile ? "pytorch compile" : "pytorch eager"},
+                    {"model", model},
+                    {"precision", prec}};
+        const fs::path out = fs::path(o.dir) / "runs" /
+                             file_safe("peer-" + peer + "-" + model + "-" + prec + ".json");
+        std::vector<std::string> argv = {
+            "/usr/bin/env",
+            py,
+            script,
+            "--model",
+            model,
+            "--batch",
+            std::to_string(o.batch),
+            "--steps",
+            std::to_string(compile ? o.steps + 8 : std::max(o.steps, 3)),
+            "--sdpa",
+            "--fused-adamw",
+            "--json",
+            out.string(),
+            "--device",
+            gpu ? "cuda" : "cpu",
+            "--threads",
+            std::to_string(std::thread::hardware_concurrency())};
+        if (prec != "fp32") argv.push_back(std::string("--").append(prec));
+        if (!o.data.empty()) argv.insert(argv.end(), {"--data", o.data});
+        if (compile) argv.push_back("--compile");
+        const auto [status, rss] = script.empty()
+                                       ? std::pair<int, long long>{127, 0}
+                                       : run_child(argv, (fs::path(o.dir) / "runs.log").string());
+        (void)rss;
+        std::ifstream f(out);
+        if (status != 0 || !f) {
+          row["error"] = script.empty() ? "scripts/torch_train.py not found"
+                                        : "exit status " + std::to_string(status) + " (runs.log)";
+          rows.push_back(row);
+          continue;
+        }
+        const json j = json::parse(f);
+        std::vector<double> tps;  // torch.compile compiles in its first steps: 8 more, left out
+        const json& steps = j.value("steps", json::array());
+        const size_t skip = compile ? std::min<size_t>(8, steps.size() - 1) : 1;
+        for (size_t i = steps.size() > skip ? skip : 0; i < steps.size(); ++i)
+          tps.push_back(steps[i]["tokens_per_s"].get<double>());
+        std::sort(tps.begin(), tps.end());
+        if (!tps.empty()) row["tokens_per_s"] = tps[tps.size() / 2];
+        if (!steps.empty()) row["loss"] = steps.back()["loss"];
+        row["device"] = j.value("device", std::string());
+        row["version"] = j.value("torch", std::string());
         rows.push_back(row);
-        continue;
       }
-      const json j = json::parse(f);
-      std::vector<double> tps;  // torch.compile compiles in its first steps: 8 more, left out
-      const json& steps = j.value("steps", json::array());
-      const size_t skip = compile ? std::min<size_t>(8, steps.size() - 1) : 1;
-      for (size_t i = steps.size() > skip ? skip : 0; i < steps.size(); ++i)
-        tps.push_back(steps[i]["tokens_per_s"].get<double>());
-      std::sort(tps.begin(), tps.end());
-      if (!tps.empty()) row["tokens_per_s"] = tps[tps.size() / 2];
-      if (!steps.empty()) row["loss"] = steps.back()["loss"];
-      row["device"] = j.value("device", std::string());
-      row["version"] = j.value("torch", std::string());
-      rows.push_back(row);
-    }
   }
   return rows;
 }
@@ -705,7 +732,10 @@ int run_report(const ReportOptions& opts) {
     return r.dev && r.spec == kReferenceDevice;
   });
   if (!have_reference) total += static_cast<int>(o.models.size());
-  total += static_cast<int>(o.peers.size() * o.models.size());
+  const bool peer_gpu = !o.peers.empty() && torch_sees_gpu();
+  for (const std::string& peer : o.peers)
+    total += static_cast<int>(o.models.size() *
+                              peer_precisions(o, peer_gpu, peer == "pytorch-compile").size());
   Progress bar(total);
 
   for (DeviceRun& r : runs) {
@@ -770,7 +800,7 @@ int run_report(const ReportOptions& opts) {
         if (t["model"] == model && t.contains("loss") && t["steps"] == ref["steps"])
           t["loss_diff_vs_cpu"] = t["loss"].get<double>() - ref_loss;
   }
-  report["peers"] = o.peers.empty() ? json::array() : measure_peers(o, bar);
+  report["peers"] = o.peers.empty() ? json::array() : measure_peers(o, peer_gpu, bar);
   for (json& p : report["peers"]) p["origin"] = origin;
   bar.finish();
 
