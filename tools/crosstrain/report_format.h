@@ -68,7 +68,9 @@ std::string find_script(const std::string& name);
 // The Markdown rendering (charts linked when their PNG is in `dir`).
 std::string report_markdown(const nlohmann::json& report, const std::filesystem::path& dir);
 // Writes dir/report.json, the charts (scripts/report_charts.py when python3 has matplotlib) and
-// dir/report.md; says on stdout what it wrote, and why charts were skipped.
-void write_report(const nlohmann::json& report, const std::filesystem::path& dir);
+// dir/report.md; says on stdout what it wrote, and why charts were skipped. Not `final` (a
+// report still being measured): the JSON and Markdown only, silently.
+void write_report(const nlohmann::json& report, const std::filesystem::path& dir,
+                  bool final = true);
 
 }  // namespace ct::cli

@@ -738,6 +738,18 @@ int run_report(const ReportOptions& opts) {
                               peer_precisions(o, peer_gpu, peer == "pytorch-compile").size());
   Progress bar(total);
 
+  // The report as measured so far, written after every device: a run cut short (a timeout, a
+  // crash) still leaves one.
+  auto assemble = [&] {
+    json j = report;
+    j["devices"] = json::array();
+    for (const DeviceRun& r : runs) {
+      json d = r.out;
+      if (d["errors"].empty()) d.erase("errors");
+      j["devices"].push_back(d);
+    }
+    return j;
+  };
   for (DeviceRun& r : runs) {
     if (!r.dev) {
       bar.note("report: " + r.spec + " failed: " + r.out["error"].get<std::string>());
@@ -775,6 +787,7 @@ int run_report(const ReportOptions& opts) {
     measure_train(r, o, bar);
     if (r.out["status"] == "failed")
       bar.note("report: " + r.spec + " failed: " + r.out["error"].get<std::string>());
+    write_report(assemble(), o.dir, /*final=*/false);
   }
 
   // The CPU's fp32 loss after the same steps: every train row's difference from it.
@@ -804,15 +817,12 @@ int run_report(const ReportOptions& opts) {
   for (json& p : report["peers"]) p["origin"] = origin;
   bar.finish();
 
-  report["devices"] = json::array();
   int failed = 0;
   for (DeviceRun& r : runs) {
     failed += r.out["status"] == "failed";
-    if (r.out["errors"].empty()) r.out.erase("errors");
-    report["devices"].push_back(r.out);
     r.dev.reset();
   }
-  write_report(report, o.dir);
+  write_report(assemble(), o.dir);
   if (failed)
     std::fprintf(stderr, "report: %d of %zu devices failed (their errors are in the report)\n",
                  failed, runs.size());
