@@ -367,16 +367,18 @@ Run add_bench(CLI::App& app) {
   app.add_flag("--techniques", o->techniques, "the training-techniques table");
   flag(&app, "--report", o->report.dir,
        "measure every device into DIR/report.json, report.md and charts: GEMM GFLOP/s, ops "
-       "forward/backward, training tokens/s per precision, loss vs the CPU, memory");
+       "forward/backward, training tokens/s per precision, loss vs the CPU, memory")
+      ->type_name("DIR");
   app.add_option(names("--merge"), o->merge,
                  "--merge OUT a.json b.json ...: join reports of several machines into "
                  "OUT/report.json and report.md")
-      ->expected(2, 1 << 20);
+      ->expected(2, 1 << 20)
+      ->type_name("OUT FILE...");
   flag(&app, "--models", o->models, "--report: comma-separated presets (tiny, gpt2, smollm-135m)")
       ->default_str("tiny");
   flag(&app, "--devices", o->devices,
-       "--report: comma-separated devices (cpu:0,vulkan:0), or all; default: every device "
-       "that is neither test-only nor virtual");
+       "--report: comma-separated devices (cpu:0,vulkan:0), or all; default: the first device "
+       "of each type per backend, test-only and virtual ones (simt) left out");
   flag(&app, "--steps", o->report.steps,
        "--report: training steps per run (the loss is compared after them)");
   flag(&app, "--batch", o->report.batch, "--report: sequences per training step and GEMM rows");
