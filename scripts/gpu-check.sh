@@ -4,7 +4,8 @@
 # kernel, Vulkan), training tokens/s of tiny, gpt2 (batch 16) and smollm-135m in fp32, tf32 and
 # bf16, PyTorch on the same GPU when it is importable (eager with SDPA and fused AdamW, and
 # torch.compile), llm.c when given; a report written as it goes (a run cut short still reports):
-#   <out>/report.md, report.json, steps.tsv, and every step's log.
+#   <out>/report.md, report.json, steps.tsv, and every step's log; and <out>/bench-report/, the
+#   versioned report of `crosstrain bench --report` (the one `crosstrain bench --merge` joins).
 #
 #   bash scripts/gpu-check.sh --bundle FILE [--llmc PATH] [--out DIR] [--budget S] [--quick]
 #       runs everything from a bundle (scripts/bundle.sh: a .tar.xz, or its unpacked folder) with
@@ -38,7 +39,7 @@ while (($#)); do
     --quick) quick=1; shift ;;
     --check-only) check_only=1; shift ;;
     --unpack-dir) unpack="${2:?gpu-check: --unpack-dir needs a folder}"; shift 2 ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -290,6 +291,19 @@ if [ -n "$vk" ]; then
       --gtest_output="json:$out/test_vulkan.json"
   fi
 fi
+
+# The versioned report (`crosstrain bench --report`, tools/crosstrain/report_format.h) of the GPU:
+# GEMMs (the library and the own kernel), ops, tiny and gpt2 in every precision with the loss
+# against the CPU's fp32 run, memory, PyTorch eager beside it where importable: the file that
+# `crosstrain bench --merge` joins with other machines' reports. Last, so that the steps above
+# keep their share of the budget (give --budget 700 to be sure it runs); they still write this
+# script's own report (the suites, smollm-135m, torch.compile, llm.c, Vulkan) until they move
+# into the versioned one.
+peers=()
+python3 -c 'import torch' >/dev/null 2>&1 && peers=(--peers "pytorch")
+step "crosstrain bench --report" 240 bench-report.log "${ct_env[@]}" "$bin/crosstrain" bench \
+  --report "$out/bench-report" --devices "$backend:0" --models tiny,gpt2 --batch 8 \
+  --steps "$s_smol" --iters "$iters" "${data_flag[@]}" "${peers[@]}"
 
 report
 log "report: $out/report.md ($(($(date +%s) - start))s)"

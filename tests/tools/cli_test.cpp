@@ -1,9 +1,7 @@
 // The crosstrain binary as a user meets it: bad input exits 2 with a message naming the flag or
 // file and writes nothing; eval prints JSON; devices lists the CPU, and the coopmat verdict.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -13,26 +11,14 @@
 #include <vector>
 
 #include "tests/common/test_data_dir.h"
+#include "tests/tools/cli_run.h"
 
 namespace {
 namespace fs = std::filesystem;
 
-struct ProcResult {
-  int status = -1;
-  std::string output;  // stdout and stderr together
-};
-
+using ct::test::ProcResult;
 ProcResult run(const std::string& args) {
-  std::string cmd = std::string(CT_CROSSTRAIN_BIN) + " " + args + " 2>&1";
-  ProcResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return ct::test::run_crosstrain(args);
 }
 
 class Cli : public ::testing::Test {

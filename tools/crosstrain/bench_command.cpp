@@ -1,10 +1,6 @@
 // `crosstrain bench --techniques`: the single-GPU training guides' table, measured. Each row is a
 // separate `crosstrain train` process (so its peak RSS is its own) on the same model, data and
 // effective batch; results go to Markdown, JSON and (with gnuplot) a PNG chart.
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -26,6 +22,7 @@
 #include "core/train/progress.h"
 #include "tools/crosstrain/cli_util.h"
 #include "tools/crosstrain/commands.h"
+#include "tools/crosstrain/report_run.h"
 
 namespace ct::cli {
 namespace {
@@ -123,25 +120,6 @@ struct Row {
   std::string error;
 };
 
-// Runs argv as a child process, its output appended to `log`; returns (exit status, peak RSS).
-std::pair<int, int64_t> run_child(const std::vector<std::string>& argv, const std::string& log) {
-  pid_t pid = fork();
-  if (pid < 0) fail(ErrorKind::kIo, "fork failed");
-  if (pid == 0) {
-    FILE* f = std::freopen(log.c_str(), "a", stdout);
-    if (f) dup2(fileno(stdout), fileno(stderr));
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  int status = 0;
-  struct rusage ru {};
-  wait4(pid, &status, 0, &ru);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<int64_t>(ru.ru_maxrss) * 1024};
-}
-
 Row read_row(const fs::path& dir, int64_t batch_tokens, int T) {
   std::ifstream f(dir / "metrics.jsonl");
   std::vector<nlohmann::json> recs;
@@ -172,6 +150,9 @@ Row read_row(const fs::path& dir, int64_t batch_tokens, int T) {
 
 struct BenchOpts {
   bool techniques = false;
+  ReportOptions report;
+  std::string models, devices, peers, precisions;
+  std::vector<std::string> merge;  // OUT, then the reports
   std::string model = "tiny", backends, output_dir = "bench-out", data;
   int batch = 8, accumulation = 4, steps = 12, logging = 3, block_size = 0;
 };
@@ -383,7 +364,31 @@ bool write_chart(const std::vector<Row>& rows, const fs::path& base, const std::
 
 Run add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOpts>();
-  app.add_flag("--techniques", o->techniques, "the techniques table (the only benchmark so far)");
+  app.add_flag("--techniques", o->techniques, "the training-techniques table");
+  flag(&app, "--report", o->report.dir,
+       "measure every device into DIR/report.json, report.md and charts: GEMM GFLOP/s, ops "
+       "forward/backward, training tokens/s per precision, loss vs the CPU, memory")
+      ->type_name("DIR");
+  app.add_option(names("--merge"), o->merge,
+                 "--merge OUT a.json b.json ...: join reports of several machines into "
+                 "OUT/report.json and report.md")
+      ->expected(2, 1 << 20)
+      ->type_name("OUT FILE...");
+  flag(&app, "--models", o->models, "--report: comma-separated presets (tiny, gpt2, smollm-135m)")
+      ->default_str("tiny");
+  flag(&app, "--devices", o->devices,
+       "--report: comma-separated devices (cpu:0,vulkan:0), or all; default: the first device "
+       "of each type per backend, test-only and virtual ones (simt) left out");
+  flag(&app, "--steps", o->report.steps,
+       "--report: training steps per run (the loss is compared after them)");
+  flag(&app, "--batch", o->report.batch, "--report: sequences per training step and GEMM rows");
+  flag(&app, "--iters", o->report.iters, "--report: timed calls per GEMM and op (at most)");
+  flag(&app, "--precisions", o->precisions,
+       "--report: train, and time GEMMs and ops, only in these (fp32, tf32, bf16, fp16; "
+       "default: every one the device has)");
+  flag(&app, "--peers", o->peers,
+       "--report: comma-separated peers measured beside: pytorch, pytorch-compile "
+       "(scripts/torch_train.py)");
   flag(&app, "--model", o->model, "model preset");
   flag(&app, "--block-size", o->block_size, "override the preset's context length (0 = keep)");
   flag(&app, "--backends", o->backends, "comma-separated backends (default: every available one)");
@@ -396,8 +401,27 @@ Run add_bench(CLI::App& app) {
   flag(&app, "--data", o->data, "text file or folder (default: the built-in data)");
   flag(&app, "--output-dir", o->output_dir, "where techniques.md/.json/.png and the runs go");
   return [o] {
-    if (!o->techniques)
-      fail(ErrorKind::kInvalidArgument, "bench: say which benchmark (--techniques)");
+    const int chosen = o->techniques + !o->report.dir.empty() + !o->merge.empty();
+    if (chosen != 1)
+      fail(ErrorKind::kInvalidArgument,
+           "bench: say which one benchmark (--techniques, --report DIR or --merge OUT FILE...)");
+    auto split = [](const std::string& csv) {
+      std::vector<std::string> v;
+      std::stringstream ss(csv);
+      for (std::string x; std::getline(ss, x, ',');)
+        if (!x.empty()) v.push_back(x);
+      return v;
+    };
+    if (!o->merge.empty())
+      return run_merge(o->merge[0], std::vector<std::string>(o->merge.begin() + 1, o->merge.end()));
+    if (!o->report.dir.empty()) {
+      o->report.models = split(o->models);
+      o->report.devices = split(o->devices);
+      o->report.peers = split(o->peers);
+      o->report.precisions = split(o->precisions);
+      o->report.data = o->data;
+      return run_report(o->report);
+    }
     if (o->batch <= 0 || o->accumulation <= 0 || o->batch % o->accumulation != 0)
       fail(ErrorKind::kInvalidArgument,
            "--per-device-train-batch-size " + std::to_string(o->batch) +

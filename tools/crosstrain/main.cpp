@@ -24,7 +24,9 @@ int main(int argc, char** argv) {
   add("merge-lora", "merge LoRA adapters into their base model (a full model folder)",
       ct::cli::add_merge_lora);
   add("generate", "sample text from a saved model", ct::cli::add_generate);
-  add("bench", "benchmarks: --techniques (the training-techniques table)", ct::cli::add_bench);
+  add("bench",
+      "benchmarks: --report DIR (every device, one report), --merge OUT FILE..., --techniques",
+      ct::cli::add_bench);
   add("devices", "list every backend and device, or why it is unavailable", ct::cli::add_devices);
   try {
     app.parse(argc, argv);

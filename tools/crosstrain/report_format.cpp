@@ -1,0 +1,546 @@
+// The report format (report_format.h): its head, the known peaks, checking, merging, Markdown.
+#include "tools/crosstrain/report_format.h"
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "core/model/model_config.h"
+#include "core/registry.h"
+#include "core/train/progress.h"
+#if __has_include("ct_build_info.h")
+#include "ct_build_info.h"  // CT_GIT_COMMIT, CT_BUILD_TYPE: written at build time (cmake/)
+#endif
+#ifndef CT_GIT_COMMIT
+#define CT_GIT_COMMIT "unknown"
+#endif
+#ifndef CT_BUILD_TYPE
+#define CT_BUILD_TYPE "unknown"
+#endif
+
+namespace ct::cli {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string compiler() {
+#if defined(__clang__)
+  return std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  return std::string("gcc ") + __VERSION__;
+#else
+  return "unknown";
+#endif
+}
+
+std::string utc_now() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+  }
+  struct utsname u {};
+  return uname(&u) == 0 ? u.machine : "unknown";
+}
+
+json host() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) std::snprintf(name, sizeof name, "unknown");
+  struct utsname u {};
+  const std::string os = uname(&u) == 0 ? std::string(u.sysname) + " " + u.release : "unknown";
+  return {{"name", name},
+          {"cpu", cpu_model()},
+          {"cores", static_cast<int>(std::thread::hardware_concurrency())},
+          {"os", os}};
+}
+
+// Dense (not sparse) peaks from the vendors' data sheets, TFLOP/s; the first name that the
+// device's name contains wins, so the more specific names come first.
+struct Peak {
+  const char* name;
+  double fp32, tf32, bf16, fp16;
+};
+constexpr Peak kPeaks[] = {
+    {"H100 PCIe", 51.2, 378.0, 756.0, 756.0}, {"H100 NVL", 60.0, 418.0, 835.0, 835.0},
+    {"H100", 66.9, 494.7, 989.4, 989.4},      {"H200", 66.9, 494.7, 989.4, 989.4},
+    {"GH200", 66.9, 494.7, 989.4, 989.4},     {"A100", 19.5, 156.0, 312.0, 312.0},
+    {"L40S", 91.6, 183.0, 362.0, 362.0},      {"L4", 30.3, 60.0, 121.0, 121.0},
+    {"RTX 4090", 82.6, 82.6, 165.2, 165.2},   {"MI300X", 163.4, 653.7, 1307.4, 1307.4},
+    {"MI250X", 95.7, 0.0, 383.0, 383.0},      {"MI210", 45.3, 0.0, 181.0, 181.0},
+};
+
+const Peak* find_peak(const std::string& name) {
+  for (const Peak& p : kPeaks)
+    if (name.find(p.name) != std::string::npos) return &p;
+  return nullptr;
+}
+
+// ---- Markdown helpers ------------------------------------------------------------------------
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string num(const json& v) {  // a figure for a table cell: thousands separators when big
+  if (!v.is_number()) return "";
+  const double x = v.get<double>();
+  if (std::fabs(x) >= 1000) return format_count(x);
+  if (std::fabs(x) >= 100) return fmt("%.0f", x);
+  if (std::fabs(x) >= 10) return fmt("%.1f", x);
+  return fmt("%.3g", x);
+}
+
+std::string str(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) return "";
+  const json& v = j[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_null()) return "";
+  return v.dump();
+}
+
+std::string cell(const std::string& s) {  // no line breaks or bars inside a table cell
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    if (c == '|') out.push_back('\\');
+    out.push_back(c == '\n' || c == '\r' ? ' ' : c);
+  }
+  return out;
+}
+
+std::string percent(const json& v) {
+  return v.is_number() ? fmt("%.1f %%", 100.0 * v.get<double>()) : "";
+}
+
+std::string row(const std::vector<std::string>& cells) {
+  std::string r = "|";
+  for (const auto& c : cells) {
+    r.push_back(' ');
+    r.append(cell(c));
+    r.append(" |");
+  }
+  r.push_back('\n');
+  return r;
+}
+
+std::string header(const std::vector<std::string>& cells, size_t left) {
+  std::string r = row(cells) + "|";
+  for (size_t i = 0; i < cells.size(); ++i) r += i < left ? "---|" : "---:|";
+  return r + "\n";
+}
+
+std::string build_line(const json& build) {
+  return str(build, "commit") + " (" + str(build, "compiler") + ", " + str(build, "build_type") +
+         ", backend ABI " + str(build, "backend_abi") + ")";
+}
+
+std::string host_line(const json& h) {
+  return str(h, "name") + ": " + str(h, "cpu") + ", " + str(h, "cores") + " cores, " + str(h, "os");
+}
+
+// A table with one row per key (in first-seen order) and one column per device: `key` names a
+// row of a device's `section`, `value` renders its cell.
+template <typename Key, typename Value>
+std::string pivot(const json& devices, const char* section, const std::vector<std::string>& heads,
+                  Key key, Value value) {
+  std::vector<std::vector<std::string>> keys;
+  std::map<std::vector<std::string>, std::map<std::string, std::string>> cells;
+  std::vector<std::string> labels;
+  for (const json& d : devices) {
+    if (!d.contains(section) || d[section].empty()) continue;
+    const std::string label = str(d, "label");
+    labels.push_back(label);
+    for (const json& r : d[section]) {
+      const std::vector<std::string> k = key(r);
+      if (!cells.count(k)) keys.push_back(k);
+      cells[k][label] = value(r, d);
+    }
+  }
+  if (keys.empty()) return "";
+  std::vector<std::string> h = heads;
+  h.insert(h.end(), labels.begin(), labels.end());
+  std::string md = header(h, heads.size());
+  for (const auto& k : keys) {
+    std::vector<std::string> r = k;
+    for (const auto& l : labels) r.push_back(cells[k].count(l) ? cells[k][l] : "");
+    md += row(r);
+  }
+  return md;
+}
+
+std::string devices_md(const json& devices) {
+  std::string md = header(
+      {"device", "name", "kind", "backend", "precisions", "status", "build", "date", "host"}, 9);
+  for (const json& d : devices) {
+    std::string prec;
+    for (const json& p : d.value("precisions", json::array()))
+      prec += (prec.empty() ? "" : ", ") + p.get<std::string>();
+    const json& o = d.value("origin", json::object());
+    md += row({str(d, "label"), str(d, "name"), str(d, "kind"), str(d, "backend"), prec,
+               str(d, "status"), str(o.value("build", json::object()), "commit"), str(o, "date"),
+               str(o.value("host", json::object()), "name")});
+  }
+  return md;
+}
+
+std::string train_detail_md(const json& devices) {
+  std::string md;
+  for (const json& d : devices)
+    for (const json& t : d.value("train", json::array())) {
+      if (md.empty())
+        md = header({"device", "model", "precision", "tokens/s", "model TFLOP/s", "MFU",
+                     "of best GEMM", "steps", "loss", "loss - cpu fp32"},
+                    3);
+      if (!str(t, "error").empty()) {
+        md += row({str(d, "label"), str(t, "model"), str(t, "precision"),
+                   "failed: " + str(t, "error"), "", "", "", "", "", ""});
+        continue;
+      }
+      const double tflops = t.value("tokens_per_s", 0.0) * t.value("flops_per_token", 0.0) / 1e12;
+      const json diff = t.value("loss_diff_vs_cpu", json());
+      md += row({str(d, "label"), str(t, "model"), str(t, "precision"),
+                 num(t.value("tokens_per_s", json())), fmt("%.3g", tflops),
+                 percent(t.value("mfu", json())), percent(t.value("of_best_gemm", json())),
+                 str(t, "steps"), t.contains("loss") ? fmt("%.4f", t["loss"].get<double>()) : "",
+                 diff.is_number() ? fmt("%+.2e", diff.get<double>()) : ""});
+    }
+  return md;
+}
+
+std::string memory_md(const json& devices) {
+  std::string md;
+  for (const json& d : devices)
+    for (const json& m : d.value("memory", json::array())) {
+      if (md.empty())
+        md = header({"device", "model", "technique", "peak", "weights (at the end)", "grads",
+                     "optimizer", "activations", "workspace"},
+                    3);
+      auto b = [&](const char* k) { return format_bytes(m.value(k, int64_t{0})); };
+      md += row({str(d, "label"), str(m, "model"), str(m, "technique"), b("bytes"), b("weights"),
+                 b("grads"), b("optimizer"), b("activations"), b("workspace")});
+    }
+  return md;
+}
+
+std::string peers_md(const json& peers) {
+  if (!peers.is_array() || peers.empty()) return "";
+  std::string md =
+      header({"peer", "version", "device", "model", "precision", "tokens/s", "loss", "date"}, 5);
+  for (const json& p : peers)
+    md += row(
+        {str(p, "peer"), str(p, "version"), str(p, "device"), str(p, "model"), str(p, "precision"),
+         num(p.value("tokens_per_s", json())),
+         p.contains("loss") && p["loss"].is_number() ? fmt("%.4f", p["loss"].get<double>()) : "",
+         str(p.value("origin", json::object()), "date")});
+  return md;
+}
+
+std::string failures_md(const json& devices) {
+  std::string md;
+  for (const json& d : devices)
+    for (const json& e : d.value("errors", json::array())) {
+      if (md.empty()) md = header({"device", "error"}, 2);
+      md += row({str(d, "label"), e.get<std::string>()});
+    }
+  return md;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs the chart script on dir/report.json; "" when it drew, else why the charts were skipped.
+std::string draw_charts(const fs::path& dir) {
+  const std::string script = find_script("report_charts.py");
+  if (script.empty()) return "scripts/report_charts.py not found beside the binary";
+  const char* py_env = std::getenv("CROSSTRAIN_PYTHON");
+  const std::string py = py_env && *py_env ? py_env : "python3";
+  if (std::system((shell_quote(py) + " -c 'import matplotlib' >/dev/null 2>&1").c_str()) != 0)
+    return py + " with matplotlib not found (pip install matplotlib, or CROSSTRAIN_PYTHON)";
+  const std::string log = (dir / "charts.log").string();
+  const std::string cmd = shell_quote(py) + " " + shell_quote(script) + " " +
+                          shell_quote((dir / "report.json").string()) + " " +
+                          shell_quote(dir.string()) + " >" + shell_quote(log) + " 2>&1";
+  if (std::system(cmd.c_str()) != 0) return script + " failed (see " + log + ")";
+  return "";
+}
+
+}  // namespace
+
+std::string find_script(const std::string& name) {
+  const fs::path exe = executable_dir();
+  for (const fs::path& p : {exe / ".." / "scripts" / name,  // a bundle: bin/ beside scripts/
+#ifdef CT_SOURCE_DIR
+                            fs::path(CT_SOURCE_DIR) / "scripts" / name,  // the build's tree
+#endif
+                            exe / name})
+    if (fs::is_regular_file(p)) return p.lexically_normal().string();
+  return "";
+}
+
+json report_head() {
+  return {{"format", kReportFormat},
+          {"version", kReportVersion},
+          {"build",
+           {{"commit", CT_GIT_COMMIT},
+            {"compiler", compiler()},
+            {"build_type", CT_BUILD_TYPE},
+            {"backend_abi", kBackendAbiVersion}}},
+          {"date", utc_now()},
+          {"host", host()}};
+}
+
+json report_origin(const json& report) {
+  return {{"build", report.value("build", json::object())},
+          {"date", report.value("date", std::string())},
+          {"host", report.value("host", json::object())}};
+}
+
+double known_peak_tflops(const std::string& device_name, const std::string& precision) {
+  const Peak* p = find_peak(device_name);
+  if (!p) return 0;
+  if (precision == "fp32") return p->fp32;
+  if (precision == "tf32") return p->tf32;
+  if (precision == "bf16") return p->bf16;
+  if (precision == "fp16") return p->fp16;
+  return 0;
+}
+
+json known_peaks(const std::string& device_name) {
+  json j = json::object();
+  for (const char* prec : {"fp32", "tf32", "bf16", "fp16"})
+    if (const double v = known_peak_tflops(device_name, prec); v > 0) j[prec] = v;
+  return j;
+}
+
+double model_flops_per_token(const std::string& model) {
+  const ModelConfig cfg = ModelConfig::preset(model);
+  double n = static_cast<double>(cfg.num_parameters());
+  int L = 0, C = 0;
+  if (cfg.is_llama()) {
+    L = cfg.llama().n_layer;
+    C = cfg.llama().n_embd;
+  } else {
+    L = cfg.gpt2().n_layer;
+    C = cfg.gpt2().n_embd;
+    n -= static_cast<double>(cfg.gpt2().block_size) * C;  // wpe is a lookup, not a matmul
+  }
+  return 6.0 * n + 12.0 * L * cfg.block_size() * static_cast<double>(C);
+}
+
+void check_report(const json& j, const std::string& file) {
+  auto refuse = [&](const std::string& why) {
+    fail(ErrorKind::kInvalidArgument, file + ": " + why);
+  };
+  if (!j.is_object() || !j.contains("format"))
+    refuse(std::string("not a crosstrain report (no \"format\": \"") + kReportFormat + "\")");
+  if (j["format"] != kReportFormat)
+    refuse("not a crosstrain report (format " + j["format"].dump() + ", expected \"" +
+           kReportFormat + "\")");
+  if (!j.contains("version") || !j["version"].is_number_integer())
+    refuse("a crosstrain report without an integer \"version\"");
+  const int v = j["version"].get<int>();
+  if (v != kReportVersion)
+    refuse("report format version " + std::to_string(v) + ", this crosstrain reads version " +
+           std::to_string(kReportVersion) +
+           (v > kReportVersion ? " (written by a newer crosstrain)" : ""));
+  if (!j.contains("devices") || !j["devices"].is_array())
+    refuse("a crosstrain report without a \"devices\" list");
+  for (const json& d : j["devices"])
+    if (!d.is_object() || !d.contains("label") || !d["label"].is_string())
+      refuse("a device without a \"label\"");
+}
+
+json read_report(const std::string& file) {
+  std::ifstream f(file);
+  if (!f) fail(ErrorKind::kIo, file + ": cannot open it");
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::exception& e) {
+    fail(ErrorKind::kInvalidArgument,
+         file + ": not a crosstrain report (not JSON: " + std::string(e.what()) + ")");
+  }
+  check_report(j, file);
+  return j;
+}
+
+json merge_reports(const std::vector<std::pair<std::string, json>>& reports) {
+  json out = report_head();
+  out["merged_from"] = json::array();
+  out["devices"] = json::array();
+  out["peers"] = json::array();
+  out["cpu_reference"] = json::array();
+  for (const auto& [file, r] : reports) {
+    const json origin = report_origin(r);
+    json from = origin;
+    from["file"] = file;
+    out["merged_from"].push_back(from);
+    for (json d : r["devices"]) {
+      if (!d.contains("origin")) d["origin"] = origin;
+      out["devices"].push_back(d);
+    }
+    for (json p : r.value("peers", json::array())) {
+      if (!p.contains("origin")) p["origin"] = origin;
+      out["peers"].push_back(p);
+    }
+    for (json c : r.value("cpu_reference", json::array())) {
+      if (!c.contains("origin")) c["origin"] = origin;
+      out["cpu_reference"].push_back(c);
+    }
+  }
+  // Labels unique: a clashing one names its host, and a number where that still clashes.
+  std::map<std::string, int> count;
+  for (const json& d : out["devices"]) ++count[d["label"].get<std::string>()];
+  for (json& d : out["devices"])
+    if (count[d["label"].get<std::string>()] > 1)
+      d["label"] = str(d, "id") + "@" + str(d["origin"].value("host", json::object()), "name");
+  // Still clashing (one host measured twice): the date of each, then a number.
+  count.clear();
+  for (const json& d : out["devices"]) ++count[d["label"].get<std::string>()];
+  for (json& d : out["devices"])
+    if (count[d["label"].get<std::string>()] > 1)
+      d["label"] = d["label"].get<std::string>() + " " + str(d["origin"], "date");
+  std::set<std::string> seen;
+  for (json& d : out["devices"]) {
+    const std::string base = d["label"].get<std::string>();
+    std::string label = base;
+    for (int k = 2; seen.count(label); ++k) label = base + " #" + std::to_string(k);
+    seen.insert(label);
+    d["label"] = label;
+  }
+  return out;
+}
+
+std::string report_markdown(const json& r, const fs::path& dir) {
+  std::ostringstream md;
+  const json& devices = r["devices"];
+  md << "# crosstrain report\n\n"
+     << kReportFormat << " v" << r.value("version", 0) << ", written " << str(r, "date")
+     << " by crosstrain " << build_line(r.value("build", json::object())) << " on "
+     << host_line(r.value("host", json::object())) << ".\n";
+  if (r.contains("settings")) {
+    const json& s = r["settings"];
+    std::string models;
+    for (const json& m : s.value("models", json::array()))
+      models += (models.empty() ? "" : ", ") + m.get<std::string>();
+    md << "Models: " << models << "; training: " << str(s, "steps") << " steps of batch "
+       << str(s, "batch") << "; GEMM and op times: the median of up to " << str(s, "iters")
+       << " timed calls after a warm-up.\n";
+  }
+  if (r.contains("merged_from")) {
+    md << "\nMerged from " << r["merged_from"].size() << " reports:\n\n";
+    for (const json& f : r["merged_from"])
+      md << "- `" << str(f, "file") << "`: " << str(f, "date") << ", crosstrain "
+         << build_line(f.value("build", json::object())) << ", "
+         << host_line(f.value("host", json::object())) << "\n";
+  }
+  md << "\n## Devices\n\n" << devices_md(devices);
+
+  const std::string tps = pivot(
+      devices, "train", {"model", "precision"},
+      [](const json& t) {
+        return std::vector<std::string>{str(t, "model"), str(t, "precision")};
+      },
+      [](const json& t, const json&) {
+        return str(t, "error").empty() ? num(t.value("tokens_per_s", json())) : "failed";
+      });
+  if (!tps.empty())
+    md << "\n## Training throughput, tokens/s\n\n"
+       << tps << "\n### Training detail\n\n"
+       << "Model FLOPs per token: 6 N + 12 L T C (PaLM / nanoGPT); MFU against the device's "
+          "dense peak where it is known; \"of best GEMM\": against the fastest GEMM measured "
+          "here in the same dtype. Loss after the same steps, seed and data; the difference from "
+          "the CPU's fp32 run.\n\n"
+       << train_detail_md(devices);
+
+  const std::string gemm = pivot(
+      devices, "gemm", {"model", "shape", "layout", "M x N x K", "dtype"},
+      [](const json& g) {
+        return std::vector<std::string>{
+            str(g, "model"),
+            str(g, "shape") + (str(g, "variant").empty() ? "" : ", " + str(g, "variant")),
+            str(g, "layout"), str(g, "M") + " x " + str(g, "N") + " x " + str(g, "K"),
+            str(g, "dtype")};
+      },
+      [](const json& g, const json&) {
+        std::string c = num(g.value("gflops", json()));
+        c.append(" (").append(str(g, "path")).append(")");
+        if (g.contains("efficiency")) c.append(" ").append(percent(g["efficiency"]));
+        return c;
+      });
+  if (!gemm.empty())
+    md << "\n## GEMM, GFLOP/s (Device::matmul; library or own kernel; % of the dense peak where "
+          "known)\n\n"
+       << gemm;
+
+  const std::string ops = pivot(
+      devices, "ops", {"model", "op", "direction", "dtype", "shape"},
+      [](const json& o) {
+        return std::vector<std::string>{str(o, "model"), str(o, "op"), str(o, "direction"),
+                                        str(o, "dtype"), str(o, "shape")};
+      },
+      [](const json& o, const json&) {
+        return o.contains("ms") ? fmt("%.3f", o["ms"].get<double>()) : "unsupported";
+      });
+  if (!ops.empty()) md << "\n## Ops, ms per call (the model's shapes)\n\n" << ops;
+
+  const std::string mem = memory_md(devices);
+  if (!mem.empty())
+    md << "\n## Memory per technique (device accounting, peak of the training run)\n\n" << mem;
+  const std::string peers = peers_md(r.value("peers", json::array()));
+  if (!peers.empty()) md << "\n## Peers\n\n" << peers;
+  const std::string failures = failures_md(devices);
+  if (!failures.empty()) md << "\n## Failures\n\n" << failures;
+  std::string charts;
+  for (const char* png : {"tokens_per_s.png", "gemm.png", "memory.png"})
+    if (fs::exists(dir / png)) charts += std::string("![") + png + "](" + png + ")\n";
+  if (!charts.empty()) md << "\n## Charts\n\n" << charts;
+  return md.str();
+}
+
+void write_report(const json& report, const fs::path& dir, bool final) {
+  fs::create_directories(dir);
+  for (const char* png : {"tokens_per_s.png", "gemm.png", "memory.png"}) fs::remove(dir / png);
+  std::ofstream(dir / "report.json") << report.dump(2) << "\n";
+  if (!final) {
+    std::ofstream(dir / "report.md") << report_markdown(report, dir);
+    return;
+  }
+  const std::string skipped = draw_charts(dir);
+  std::ofstream(dir / "report.md") << report_markdown(report, dir);
+  std::printf("wrote %s and report.md\n", (dir / "report.json").string().c_str());
+  if (skipped.empty())
+    std::printf("charts: %s/*.png\n", dir.string().c_str());
+  else
+    std::printf("charts skipped: %s\n", skipped.c_str());
+}
+
+}  // namespace ct::cli

@@ -1,0 +1,76 @@
+// The vendor-comparison report: one versioned JSON format written by `crosstrain bench --report`
+// on any machine, joined across machines by `crosstrain bench --merge`, and rendered to Markdown.
+//
+// report.json, format "crosstrain-report" version 1 (kReportVersion; a reader refuses any other):
+//   format, version           "crosstrain-report", 1
+//   build {commit, compiler, build_type, backend_abi}    the crosstrain that wrote the file
+//   date                      UTC, ISO 8601 ("2026-11-27T08:12:03Z")
+//   host {name, cpu, cores, os}
+//   settings {models[], steps, batch, iters}             what --report measured with
+//   merged_from [{file, build, date, host}]              only in a --merge result
+//   devices [ one per device:
+//     label                   unique within the report ("cpu:0"; "cpu:0@host" where merged ids
+//     clash) id, backend, name, kind ("cpu", "discrete-gpu", ...), precisions ["fp32", "bf16", ...]
+//     status "ok" | "failed", error (the first), errors [every one, "section: message"]
+//     origin {build, date, host}                         where and by what it was measured
+//     peak_tflops {fp32, tf32, bf16, fp16}               dense peak where the device is known
+//     gemm   [{model, shape, layout "NT"|"NN"|"TN", M, N, K, dtype, gflops, ms, path
+//              "library"|"own", implementation, efficiency (of peak; absent when unknown)}]
+//     ops    [{model, op, direction "forward"|"backward"|"update", dtype, ms, shape}]
+//     train  [{model, precision, batch, block_size, steps, tokens_per_s, flops_per_token,
+//              mfu (absent when the peak is unknown), of_best_gemm, loss, loss_diff_vs_cpu
+//              (absent without a CPU fp32 run of the model), error}]
+//     memory [{model, technique, bytes, weights, grads, optimizer, activations, workspace}] ]
+//   peers [{peer "pytorch eager" | "pytorch compile" | "llm.c", version, device, model,
+//           precision, tokens_per_s, loss, origin}]      optional rows
+//   cpu_reference [{model, steps, loss, device}]         the loss the train rows differ from
+//
+// Everything here is host code over nlohmann::json; measuring is report_run.cpp's.
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ct::cli {
+
+inline constexpr const char* kReportFormat = "crosstrain-report";
+inline constexpr int kReportVersion = 1;
+
+// {format, version, build, date, host}: the head of a report written now by this binary.
+nlohmann::json report_head();
+// {build, date, host} of `report` (a device's origin).
+nlohmann::json report_origin(const nlohmann::json& report);
+
+// Dense peak TFLOP/s of a known device (by its name) in `precision` ("fp32", "tf32", "bf16",
+// "fp16"); 0 when unknown. {precision: TFLOP/s} for all of them in known_peaks().
+double known_peak_tflops(const std::string& device_name, const std::string& precision);
+nlohmann::json known_peaks(const std::string& device_name);
+
+// Model FLOPs per trained token (forward + backward): 6 * N_matmul + 12 * n_layer * T * C
+// (PaLM / nanoGPT's estimate, full T x T attention).
+double model_flops_per_token(const std::string& model);
+
+// Throws Error(kInvalidArgument) naming `file` unless `j` is a report this version reads.
+void check_report(const nlohmann::json& j, const std::string& file);
+// The report in `file`, checked.
+nlohmann::json read_report(const std::string& file);
+// One report of every device, peer and reference of `reports` (file name, report), devices side
+// by side, each keeping its origin; labels made unique.
+nlohmann::json merge_reports(const std::vector<std::pair<std::string, nlohmann::json>>& reports);
+
+// scripts/<name> beside the binary's bundle (bin/../scripts) or in the tree it was built from;
+// "" when neither has it.
+std::string find_script(const std::string& name);
+
+// The Markdown rendering (charts linked when their PNG is in `dir`).
+std::string report_markdown(const nlohmann::json& report, const std::filesystem::path& dir);
+// Writes dir/report.json, the charts (scripts/report_charts.py when python3 has matplotlib) and
+// dir/report.md; says on stdout what it wrote, and why charts were skipped. Not `final` (a
+// report still being measured): the JSON and Markdown only, silently.
+void write_report(const nlohmann::json& report, const std::filesystem::path& dir,
+                  bool final = true);
+
+}  // namespace ct::cli

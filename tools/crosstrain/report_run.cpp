@@ -1,0 +1,842 @@
+// `crosstrain bench --report`: on every device, GEMM GFLOP/s on the models' shapes, a per-op
+// table (forward, backward), training tokens/s in each precision the device has (a `crosstrain
+// train` child process per run, so a crash is that run's), the loss after a fixed number of
+// steps against the CPU's fp32 run, memory per technique; `--merge` joins reports.
+#include "tools/crosstrain/report_run.h"
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "core/model/model_config.h"
+#include "core/registry.h"
+#include "tools/crosstrain/report_format.h"
+
+namespace ct::cli {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// The reference every train row's loss is compared with.
+constexpr const char* kReferenceDevice = "cpu:0";
+constexpr double kTimeBudgetS = 0.25;  // timed calls of one GEMM / op stop past this
+
+// ---- progress on stderr ------------------------------------------------------------------------
+// A bar redrawn in place on a terminal; elsewhere one line per section (a log stays short).
+class Progress {
+ public:
+  explicit Progress(int total) : total_(std::max(total, 1)), tty_(isatty(fileno(stderr))) {}
+  ~Progress() { finish(); }
+  void step(const std::string& section, const std::string& detail) {
+    ++done_;
+    if (tty_) {
+      const int width = 30, filled = width * std::min(done_, total_) / total_;
+      std::fprintf(stderr, "\r\033[K[%s%s] %d/%d %s %s", std::string(filled, '#').c_str(),
+                   std::string(width - filled, '.').c_str(), done_, total_, section.c_str(),
+                   detail.c_str());
+      std::fflush(stderr);
+    } else if (section != last_) {
+      std::fprintf(stderr, "report [%d/%d] %s\n", done_, total_, section.c_str());
+    }
+    last_ = section;
+  }
+  void note(const std::string& line) {
+    if (tty_) std::fprintf(stderr, "\r\033[K");
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  void finish() {
+    if (tty_ && !finished_) std::fprintf(stderr, "\r\033[K");
+    finished_ = true;
+  }
+
+ private:
+  int total_, done_ = 0;
+  bool tty_, finished_ = false;
+  std::string last_;
+};
+
+// Median seconds of `call` (each followed by a synchronize) after one warm-up call; at most
+// `iters` timed calls, fewer once they took kTimeBudgetS together.
+double median_seconds(Device& dev, int iters, const std::function<void()>& call) {
+  call();
+  dev.synchronize();
+  std::vector<double> t;
+  double total = 0;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = Clock::now();
+    call();
+    dev.synchronize();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    total += t.back();
+    if (total > kTimeBudgetS) break;
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::string precision_dtype(const std::string& p) {
+  return p == "fp16" ? "f16" : p == "bf16" ? "bf16" : "f32";
+}
+
+// The precisions a device trains in: fp32, tf32 where it has it, fp16 / bf16 where its matmul
+// takes them.
+std::vector<std::string> precisions(const Device& dev) {
+  std::vector<std::string> p = {"fp32"};
+  if (dev.info().tf32) p.push_back("tf32");
+  if (dev.supports(OpKind::kMatmul, DType::bf16)) p.push_back("bf16");
+  if (dev.supports(OpKind::kMatmul, DType::f16)) p.push_back("fp16");
+  return p;
+}
+
+// The dtypes `kind` is measured in: f32, and the 16-bit ones the device supports for it, of the
+// --precisions asked (all when none were).
+std::vector<DType> float_dtypes(const Device& dev, OpKind kind,
+                                const std::vector<std::string>& asked) {
+  auto wanted = [&](DType t) {
+    if (asked.empty()) return true;
+    for (const std::string& p : asked)
+      if (precision_dtype(p) == dtype_name(t)) return true;
+    return false;
+  };
+  std::vector<DType> d;
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
+    if ((t == DType::f32 || dev.supports(kind, t)) && wanted(t)) d.push_back(t);
+  return d;
+}
+
+std::string extra(const DeviceInfo& info, const std::string& key) {
+  for (const auto& [k, v] : info.extra)
+    if (k == key) return v;
+  return "";
+}
+
+// Which GEMM runs a `dtype` product here, as the device describes it: (path, implementation).
+std::pair<std::string, std::string> gemm_path(const DeviceInfo& info, DType dtype) {
+  std::string impl = extra(info, "gemm");  // a native GPU runtime: its library or own kernel
+  if (impl.empty()) impl = extra(info, dtype == DType::f32 ? "blas" : "bf16 matmul");
+  if (impl.empty()) return {"own", extra(info, "matmul variant")};
+  const bool own = impl.rfind("none", 0) == 0 || impl.rfind("widened", 0) == 0 ||
+                   impl.find("own") != std::string::npos;
+  return {own ? "own" : "library", impl};
+}
+
+// ---- the plan
+// ------------------------------------------------------------------------------------
+
+struct GemmShape {
+  std::string model, name, layout;
+  int64_t M, N, K;
+};
+
+// The models' GEMMs: the forward projections (activations x weight^T, "NT"), and the MLP's
+// input-gradient ("NN") and weight-gradient ("TN") products. A test-only device (the SIMT
+// runtime) gets every dimension capped at 256.
+std::vector<GemmShape> gemm_shapes(const std::string& model, int batch, bool small) {
+  const ModelConfig cfg = ModelConfig::preset(model);
+  const int64_t BT = static_cast<int64_t>(batch) * cfg.block_size(), V = cfg.vocab_size();
+  std::vector<GemmShape> s;
+  if (cfg.is_llama()) {
+    const LlamaConfig& c = cfg.llama();
+    const int64_t C = c.n_embd, I = c.intermediate_size, hs = C / c.n_head;
+    s = {{model, "qkv", "NT", BT, C + 2 * c.n_kv_head * hs, C},
+         {model, "o proj", "NT", BT, C, C},
+         {model, "gate+up", "NT", BT, 2 * I, C},
+         {model, "down", "NT", BT, C, I},
+         {model, "lm head", "NT", BT, V, C},
+         {model, "gate+up dx", "NN", BT, C, 2 * I},
+         {model, "gate+up dw", "TN", 2 * I, C, BT}};
+  } else {
+    const int64_t C = cfg.gpt2().n_embd;
+    s = {{model, "qkv", "NT", BT, 3 * C, C},  {model, "attn proj", "NT", BT, C, C},
+         {model, "fc", "NT", BT, 4 * C, C},   {model, "fc proj", "NT", BT, C, 4 * C},
+         {model, "lm head", "NT", BT, V, C},  {model, "fc dx", "NN", BT, C, 4 * C},
+         {model, "fc dw", "TN", 4 * C, C, BT}};
+  }
+  if (small)
+    for (GemmShape& g : s)
+      g.M = std::min<int64_t>(g.M, 256), g.N = std::min<int64_t>(g.N, 256),
+      g.K = std::min<int64_t>(g.K, 256);
+  return s;
+}
+
+// One op of the per-op table: prepare(dtype) allocates its tensors and returns the timed call.
+struct OpCase {
+  std::string model, op, direction, shape;
+  OpKind kind;
+  bool half;  // the 16-bit dtypes apply (else f32 only)
+  std::function<std::function<void()>(Device&, DType)> prepare;
+};
+
+Tensor filled(Device& d, const Shape& s, DType t, float v) {
+  Tensor x = d.empty(s, t, MemCategory::kActivations);
+  d.fill(x, v);
+  return x;
+}
+
+// The main ops of `model` at batch x block (test-only devices: batch 1, 64 positions).
+std::vector<OpCase> op_cases(const std::string& model, int batch, bool small) {
+  const ModelConfig cfg = ModelConfig::preset(model);
+  const int64_t B = small ? 1 : batch,
+                T = small ? std::min(64, cfg.block_size()) : cfg.block_size();
+  const int64_t V = cfg.vocab_size(), BT = B * T;
+  const bool llama = cfg.is_llama();
+  const int64_t C = llama ? cfg.llama().n_embd : cfg.gpt2().n_embd;
+  const int NH = llama ? cfg.llama().n_head : cfg.gpt2().n_head;
+  const int KV = llama ? cfg.llama().n_kv_head : NH;
+  const int64_t hs = C / NH, QKV = C + 2 * KV * hs;
+  const int64_t P = small ? std::min<int64_t>(cfg.num_parameters(), 1 << 20) : cfg.num_parameters();
+  const std::string bt = std::to_string(B) + "x" + std::to_string(T);
+  const std::string btc = bt + "x" + std::to_string(C);
+  constexpr DType f32 = DType::f32, i32 = DType::i32;
+  std::vector<OpCase> ops;
+  auto add = [&](const std::string& op, const std::string& dir, const std::string& shape,
+                 OpKind kind, bool half, auto prepare) {
+    ops.push_back({model, op, dir, shape, kind, half, prepare});
+  };
+  add("embedding", "forward", btc, OpKind::kEmbedding, true, [=](Device& d, DType t) {
+    Tensor out = filled(d, {B, T, C}, f32, 0), tok = filled(d, {B, T}, i32, 1);
+    Tensor wte = filled(d, {V, C}, t, 0.01f);
+    Tensor wpe = llama ? Tensor() : filled(d, {T, C}, t, 0.01f);
+    return std::function<void()>([=, &d] { d.embedding_forward(out, tok, wte, wpe); });
+  });
+  add("embedding", "backward", btc, OpKind::kEmbedding, false, [=](Device& d, DType) {
+    Tensor dwte = filled(d, {V, C}, f32, 0), dout = filled(d, {B, T, C}, f32, 0.01f);
+    Tensor tok = filled(d, {B, T}, i32, 1);
+    Tensor dwpe = llama ? Tensor() : filled(d, {T, C}, f32, 0);
+    return std::function<void()>([=, &d] { d.embedding_backward(dwte, dwpe, dout, tok); });
+  });
+  if (llama) {
+    add("rmsnorm", "forward", btc, OpKind::kRMSNorm, true, [=](Device& d, DType t) {
+      Tensor out = filled(d, {BT, C}, t, 0), rstd = filled(d, {BT}, f32, 0);
+      Tensor x = filled(d, {BT, C}, f32, 0.5f), w = filled(d, {C}, f32, 1);
+      return std::function<void()>([=, &d] { d.rmsnorm_forward(out, rstd, x, w, 1e-5f); });
+    });
+    add("rmsnorm", "backward", btc, OpKind::kRMSNorm, true, [=](Device& d, DType t) {
+      Tensor dx = filled(d, {BT, C}, f32, 0), dw = filled(d, {C}, f32, 0);
+      Tensor dout = filled(d, {BT, C}, t, 0.01f), x = filled(d, {BT, C}, f32, 0.5f);
+      Tensor w = filled(d, {C}, f32, 1), rstd = filled(d, {BT}, f32, 1);
+      return std::function<void()>([=, &d] { d.rmsnorm_backward(dx, dw, dout, x, w, rstd); });
+    });
+    const int64_t I = cfg.llama().intermediate_size;
+    const std::string sh = bt + "x" + std::to_string(I);
+    add("swiglu", "forward", sh, OpKind::kSwiGLU, true, [=](Device& d, DType t) {
+      Tensor out = filled(d, {BT, I}, t, 0), gu = filled(d, {BT, 2 * I}, t, 0.5f);
+      return std::function<void()>([=, &d] { d.swiglu_forward(out, gu); });
+    });
+    add("swiglu", "backward", sh, OpKind::kSwiGLU, true, [=](Device& d, DType t) {
+      Tensor dgu = filled(d, {BT, 2 * I}, t, 0), gu = filled(d, {BT, 2 * I}, t, 0.5f);
+      Tensor dout = filled(d, {BT, I}, t, 0.01f);
+      return std::function<void()>([=, &d] { d.swiglu_backward(dgu, gu, dout); });
+    });
+    const std::string rs = bt + "x" + std::to_string(QKV);
+    add("rope", "forward", rs, OpKind::kRope, true, [=](Device& d, DType t) {
+      Tensor x = filled(d, {B, T, QKV}, t, 0.5f), out = filled(d, {B, T, QKV}, t, 0);
+      Tensor cs = filled(d, {T, hs / 2}, f32, 1), sn = filled(d, {T, hs / 2}, f32, 0);
+      return std::function<void()>([=, &d] { d.rope_forward(out, x, cs, sn, hs, NH + KV); });
+    });
+    add("rope", "backward", rs, OpKind::kRope, true, [=](Device& d, DType t) {
+      Tensor dout = filled(d, {B, T, QKV}, t, 0.5f), dx = filled(d, {B, T, QKV}, t, 0);
+      Tensor cs = filled(d, {T, hs / 2}, f32, 1), sn = filled(d, {T, hs / 2}, f32, 0);
+      return std::function<void()>([=, &d] { d.rope_backward(dx, dout, cs, sn, hs, NH + KV); });
+    });
+  } else {
+    add("layernorm", "forward", btc, OpKind::kLayerNorm, true, [=](Device& d, DType t) {
+      Tensor out = filled(d, {BT, C}, t, 0), mean = filled(d, {BT}, f32, 0);
+      Tensor rstd = filled(d, {BT}, f32, 0), x = filled(d, {BT, C}, f32, 0.5f);
+      Tensor w = filled(d, {C}, f32, 1), b = filled(d, {C}, f32, 0);
+      return std::function<void()>(
+          [=, &d] { d.layernorm_forward(out, mean, rstd, x, w, b, 1e-5f); });
+    });
+    add("layernorm", "backward", btc, OpKind::kLayerNorm, true, [=](Device& d, DType t) {
+      Tensor dx = filled(d, {BT, C}, f32, 0), dw = filled(d, {C}, f32, 0);
+      Tensor db = filled(d, {C}, f32, 0), dout = filled(d, {BT, C}, t, 0.01f);
+      Tensor x = filled(d, {BT, C}, f32, 0.5f), w = filled(d, {C}, f32, 1);
+      Tensor mean = filled(d, {BT}, f32, 0), rstd = filled(d, {BT}, f32, 1);
+      return std::function<void()>(
+          [=, &d] { d.layernorm_backward(dx, dw, db, dout, x, w, mean, rstd); });
+    });
+    const std::string gs = bt + "x" + std::to_string(4 * C);
+    add("gelu", "forward", gs, OpKind::kGelu, true, [=](Device& d, DType t) {
+      Tensor out = filled(d, {BT * 4 * C}, t, 0), x = filled(d, {BT * 4 * C}, t, 0.5f);
+      return std::function<void()>([=, &d] { d.gelu_forward(out, x); });
+    });
+    add("gelu", "backward", gs, OpKind::kGelu, true, [=](Device& d, DType t) {
+      Tensor dx = filled(d, {BT * 4 * C}, t, 0), x = filled(d, {BT * 4 * C}, t, 0.5f);
+      Tensor dout = filled(d, {BT * 4 * C}, t, 0.01f);
+      return std::function<void()>([=, &d] { d.gelu_backward(dx, x, dout); });
+    });
+    add("attention (unfused)", "forward", btc, OpKind::kAttention, true, [=](Device& d, DType t) {
+      Tensor out = filled(d, {B, T, C}, t, 0), att = filled(d, {B, NH, T, T}, t, 0);
+      Tensor qkv = filled(d, {B, T, QKV}, t, 0.1f);
+      return std::function<void()>([=, &d] { d.attention_forward(out, att, qkv, NH); });
+    });
+    add("attention (unfused)", "backward", btc, OpKind::kAttention, true, [=](Device& d, DType t) {
+      Tensor dqkv = filled(d, {B, T, QKV}, t, 0), dout = filled(d, {B, T, C}, t, 0.01f);
+      Tensor qkv = filled(d, {B, T, QKV}, t, 0.1f), att = filled(d, {B, NH, T, T}, t, 0);
+      d.attention_forward(filled(d, {B, T, C}, t, 0), att, qkv, NH);
+      return std::function<void()>([=, &d] { d.attention_backward(dqkv, dout, qkv, att, NH); });
+    });
+  }
+  add("attention (fused)", "forward", btc, OpKind::kAttention, true, [=](Device& d, DType t) {
+    Tensor out = filled(d, {B, T, C}, t, 0), lse = filled(d, {B, NH, T}, f32, 0);
+    Tensor qkv = filled(d, {B, T, QKV}, t, 0.1f);
+    return std::function<void()>([=, &d] { d.flash_attention_forward(out, lse, qkv, NH, KV); });
+  });
+  add("attention (fused)", "backward", btc, OpKind::kAttention, true, [=](Device& d, DType t) {
+    Tensor dqkv = filled(d, {B, T, QKV}, t, 0), dout = filled(d, {B, T, C}, t, 0.01f);
+    Tensor qkv = filled(d, {B, T, QKV}, t, 0.1f), out = filled(d, {B, T, C}, t, 0);
+    Tensor lse = filled(d, {B, NH, T}, f32, 0);
+    d.flash_attention_forward(out, lse, qkv, NH, KV);
+    return std::function<void()>(
+        [=, &d] { d.flash_attention_backward(dqkv, dout, qkv, out, lse, NH, KV); });
+  });
+  const std::string cs = std::to_string(BT) + "x" + std::to_string(V);
+  add("crossentropy", "forward", cs, OpKind::kCrossEntropy, true, [=](Device& d, DType t) {
+    Tensor losses = filled(d, {BT}, f32, 0), logits = filled(d, {BT, V}, t, 0.1f);
+    Tensor tg = filled(d, {BT}, i32, 1);
+    return std::function<void()>([=, &d] { d.crossentropy_forward(losses, logits, tg); });
+  });
+  add("crossentropy", "backward", cs, OpKind::kCrossEntropy, true, [=](Device& d, DType t) {
+    Tensor dlogits = filled(d, {BT, V}, t, 0), logits = filled(d, {BT, V}, t, 0.1f);
+    Tensor tg = filled(d, {BT}, i32, 1);
+    return std::function<void()>(
+        [=, &d] { d.crossentropy_backward(dlogits, logits, tg, 1.0f / BT); });
+  });
+  add("adamw", "update", std::to_string(P) + " parameters", OpKind::kAdamW, false,
+      [=](Device& d, DType) {
+        Tensor p = filled(d, {P}, f32, 0.1f), g = filled(d, {P}, f32, 0.01f);
+        Tensor m = filled(d, {P}, f32, 0), v = filled(d, {P}, f32, 0);
+        return std::function<void()>([=, &d] { d.adamw(p, g, m, v, Tensor(), AdamWHyper{}); });
+      });
+  return ops;
+}
+
+// ---- one device
+// ----------------------------------------------------------------------------------
+
+struct DeviceRun {
+  std::string spec;
+  std::unique_ptr<Device> dev;
+  json out;  // the report's entry
+  std::vector<std::string> precisions;
+};
+
+void record_error(json& d, const std::string& section, const std::string& what) {
+  d["status"] = "failed";
+  const std::string e = section + ": " + what;
+  if (!d.contains("error")) d["error"] = e;
+  d["errors"].push_back(e);
+}
+
+void measure_gemm(DeviceRun& r, const ReportOptions& o, Progress& bar, const std::string& variant) {
+  Device& dev = *r.dev;
+  const bool small = dev.info().test_only;
+  for (const std::string& model : o.models)
+    for (DType dt : float_dtypes(dev, OpKind::kMatmul, o.precisions))
+      for (const GemmShape& s : gemm_shapes(model, o.batch, small)) {
+        const bool ta = s.layout[0] == 'T', tb = s.layout[1] == 'T';
+        bar.step(r.spec + " gemm" + (variant.empty() ? "" : " (" + variant + ")"),
+                 std::string(dtype_name(dt)) + " " + model + " " + s.name);
+        Tensor a = filled(dev, ta ? Shape{s.K, s.M} : Shape{s.M, s.K}, dt, 0.01f);
+        Tensor b = filled(dev, tb ? Shape{s.N, s.K} : Shape{s.K, s.N}, dt, 0.02f);
+        Tensor c = filled(dev, {s.M, s.N}, DType::f32, 0);
+        const double sec = median_seconds(dev, o.iters, [&] { dev.matmul(c, a, b, ta, tb); });
+        const double gflops = 2.0 * s.M * s.N * s.K / sec / 1e9;
+        const auto [path, impl] = gemm_path(dev.info(), dt);
+        json row = {
+            {"model", model},  {"shape", s.name}, {"layout", s.layout},      {"M", s.M},
+            {"N", s.N},        {"K", s.K},        {"dtype", dtype_name(dt)}, {"gflops", gflops},
+            {"ms", sec * 1e3}, {"path", path},    {"implementation", impl}};
+        if (!variant.empty()) row["variant"] = variant;
+        const std::string prec = dt == DType::f32 ? "fp32" : dt == DType::bf16 ? "bf16" : "fp16";
+        if (const double peak = known_peak_tflops(dev.info().name, prec); peak > 0)
+          row["efficiency"] = gflops / (peak * 1e3);
+        r.out["gemm"].push_back(row);
+      }
+}
+
+void measure_ops(DeviceRun& r, const ReportOptions& o, Progress& bar) {
+  Device& dev = *r.dev;
+  for (const std::string& model : o.models)
+    for (const OpCase& c : op_cases(model, o.batch, dev.info().test_only))
+      for (DType dt :
+           c.half ? float_dtypes(dev, c.kind, o.precisions) : std::vector<DType>{DType::f32}) {
+        bar.step(r.spec + " ops", std::string(dtype_name(dt)) + " " + c.op + " " + c.direction);
+        try {
+          const std::function<void()> call = c.prepare(dev, dt);
+          const double sec = median_seconds(dev, o.iters, call);
+          r.out["ops"].push_back({{"model", c.model},
+                                  {"op", c.op},
+                                  {"direction", c.direction},
+                                  {"dtype", dtype_name(dt)},
+                                  {"shape", c.shape},
+                                  {"ms", sec * 1e3}});
+        } catch (const Error& e) {
+          if (e.kind() != ErrorKind::kUnsupported) throw;
+          // A backend's own limit (Vulkan's buffer range): said in the report, not a failure.
+          r.out["ops"].push_back({{"model", c.model},
+                                  {"op", c.op},
+                                  {"direction", c.direction},
+                                  {"dtype", dtype_name(dt)},
+                                  {"shape", c.shape},
+                                  {"error", e.what()}});
+        }
+      }
+}
+
+// The number of GEMM and op measurements measure_gemm / measure_ops will make.
+int planned_kernels(const Device& dev, const ReportOptions& o) {
+  int n = 0;
+  for (const std::string& model : o.models) {
+    n += static_cast<int>(float_dtypes(dev, OpKind::kMatmul, o.precisions).size() *
+                          gemm_shapes(model, o.batch, false).size());
+    for (const OpCase& c : op_cases(model, o.batch, dev.info().test_only))
+      n += c.half ? static_cast<int>(float_dtypes(dev, c.kind, o.precisions).size()) : 1;
+  }
+  return n;
+}
+
+// ---- training runs
+// ---------------------------------------------------------------------------------
+
+std::string file_safe(std::string s) {
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '.') c = '_';
+  return s;
+}
+
+// One `crosstrain train` run; its row of the train section (error set when it failed) and its
+// memory row.
+std::pair<json, json> train_run(const ReportOptions& o, const std::string& spec,
+                                const std::string& model, const std::string& precision) {
+  const fs::path dir = fs::path(o.dir) / "runs" / file_safe(spec + "-" + model + "-" + precision);
+  fs::remove_all(dir);
+  const std::string log = (fs::path(o.dir) / "runs.log").string();
+  std::vector<std::string> argv = {(fs::path(executable_dir()) / "crosstrain").string(),
+                                   "train",
+                                   "--no-progress",
+                                   "--model",
+                                   model,
+                                   "--backend",
+                                   spec,
+                                   "--output-dir",
+                                   dir.string(),
+                                   "--max-steps",
+                                   std::to_string(o.steps),
+                                   "--logging-steps",
+                                   "1",
+                                   "--eval-steps",
+                                   "0",
+                                   "--max-eval-batches",
+                                   "1",
+                                   "--sample-tokens",
+                                   "0",
+                                   "--warmup-steps",
+                                   "2",
+                                   "--per-device-train-batch-size",
+                                   std::to_string(o.batch)};
+  if (!o.data.empty()) argv.insert(argv.end(), {"--data", o.data});
+  if (precision != "fp32") argv.push_back(std::string("--").append(precision));
+  {
+    std::ofstream(log, std::ios::app)
+        << "\n== " << spec << " " << model << " " << precision << " ==\n";
+  }
+  const ModelConfig cfg = ModelConfig::preset(model);
+  json row = {{"model", model},   {"precision", precision},
+              {"batch", o.batch}, {"block_size", cfg.block_size()},
+              {"steps", o.steps}, {"flops_per_token", model_flops_per_token(model)}};
+  const auto [status, rss] = run_child(argv, log);
+  std::vector<json> recs;
+  std::ifstream f(dir / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) recs.push_back(json::parse(line));
+  std::error_code ec;  // only the numbers are kept: the run's weights go
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec))
+    if (it->path().extension() == ".safetensors") fs::remove(it->path(), ec);
+  if (status != 0 || recs.empty()) {
+    row["error"] = status != 0 ? "crosstrain train exited with status " + std::to_string(status) +
+                                     " (see " + log + ")"
+                               : "no metrics in " + (dir / "metrics.jsonl").string();
+    return {row, json()};
+  }
+  std::vector<double> tps;  // the first step includes the warm-up: left out when there are more
+  for (size_t i = recs.size() > 1 ? 1 : 0; i < recs.size(); ++i)
+    tps.push_back(recs[i]["tokens_per_s"].get<double>());
+  std::sort(tps.begin(), tps.end());
+  row["tokens_per_s"] = tps[tps.size() / 2];
+  row["loss"] = recs.back()["loss"];
+  row["steps"] = recs.back()["step"];
+  const json& m = recs.back()["memory"];
+  json mem = {{"model", model},
+              {"technique", precision == "fp32" ? "fp32" : precision + " mixed precision"},
+              {"bytes", m.value("peak", int64_t{0})},
+              {"process_rss", rss}};
+  for (const char* k : {"weights", "grads", "optimizer", "activations", "workspace"})
+    mem[k] = m.value(k, int64_t{0});
+  return {row, mem};
+}
+
+void measure_train(DeviceRun& r, const ReportOptions& o, Progress& bar) {
+  for (const std::string& model : o.models)
+    for (const std::string& p : r.precisions) {
+      bar.step(r.spec + " train", model + " " + p + " (" + std::to_string(o.steps) + " steps)");
+      auto [row, mem] = train_run(o, r.spec, model, p);
+      if (row.contains("error"))
+        record_error(r.out, "train " + model + " " + p, row["error"].get<std::string>());
+      const double peak = known_peak_tflops(r.out["name"].get<std::string>(), p);
+      if (row.contains("tokens_per_s")) {
+        const double flops =
+            row["tokens_per_s"].get<double>() * row["flops_per_token"].get<double>();
+        if (peak > 0) row["mfu"] = flops / (peak * 1e12);
+        double best = 0;  // the fastest GEMM of the run's dtype on this device
+        for (const json& g : r.out["gemm"])
+          if (g["dtype"] == precision_dtype(p) && g["model"] == model)
+            best = std::max(best, g["gflops"].get<double>());
+        if (best > 0) row["of_best_gemm"] = flops / (best * 1e9);
+      }
+      r.out["train"].push_back(row);
+      if (!mem.is_null()) r.out["memory"].push_back(mem);
+    }
+}
+
+// ---- peers -------------------------------------------------------------------------------------
+
+// PyTorch (scripts/torch_train.py) on the same models, batch, data and steps: eager with SDPA
+// and fused AdamW, and torch.compile; on CUDA where torch sees it, else the CPU.
+std::string peer_python() {
+  const char* py_env = std::getenv("CROSSTRAIN_PYTHON");
+  return py_env && *py_env ? py_env : "python3";
+}
+
+// Whether torch sees a GPU (CUDA, or ROCm through the same API): torch_train.py's device.
+bool torch_sees_gpu() {
+  std::string cmd = "'";
+  cmd.append(peer_python())
+      .append("' -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' ")
+      .append(">/dev/null 2>&1");
+  return std::system(cmd.c_str()) == 0;
+}
+
+// The precisions a peer runs in: bf16, tf32 and fp32 on a GPU, fp32 on the CPU (of --precisions
+// where given); torch.compile only in the first (its compilation takes a minute a run).
+std::vector<std::string> peer_precisions(const ReportOptions& o, bool gpu, bool compile) {
+  std::vector<std::string> p;
+  for (const std::string& x : gpu ? std::vector<std::string>{"bf16", "tf32", "fp32"}
+                                  : std::vector<std::string>{"fp32", "bf16"})
+    if (o.precisions.empty()
+            ? gpu || x == "fp32"
+            : std::find(o.precisions.begin(), o.precisions.end(), x) != o.precisions.end())
+      p.push_back(x);
+  if (compile && p.size() > 1) p.resize(1);
+  return p;
+}
+
+// PyTorch (scripts/torch_train.py) on the same models, batch, data and steps: eager with SDPA
+// and fused AdamW, and torch.compile; on the GPU where torch sees one, else the CPU.
+json measure_peers(const ReportOptions& o, bool gpu, Progress& bar) {
+  json rows = json::array();
+  const std::string script = find_script("torch_train.py");
+  const std::string py = peer_python();
+  for (const std::string& peer : o.peers) {
+    const bool compile = peer == "pytorch-compile";
+    for (const std::string& model : o.models)
+      for (const std::string& prec : peer_precisions(o, gpu, compile)) {
+        bar.step("peers", peer + " " + model + " " + prec);
+        json row = {{"peer", compile ? "pytorch compile" : "pytorch eager"},
+                    {"model", model},
+                    {"precision", prec}};
+        const fs::path out = fs::path(o.dir) / "runs" /
+                             file_safe("peer-" + peer + "-" + model + "-" + prec + ".json");
+        std::vector<std::string> argv = {
+            "/usr/bin/env",
+            py,
+            script,
+            "--model",
+            model,
+            "--batch",
+            std::to_string(o.batch),
+            "--steps",
+            std::to_string(compile ? o.steps + 8 : std::max(o.steps, 3)),
+            "--sdpa",
+            "--fused-adamw",
+            "--json",
+            out.string(),
+            "--device",
+            gpu ? "cuda" : "cpu",
+            "--threads",
+            std::to_string(std::thread::hardware_concurrency())};
+        if (prec != "fp32") argv.push_back(std::string("--").append(prec));
+        if (!o.data.empty()) argv.insert(argv.end(), {"--data", o.data});
+        if (compile) argv.push_back("--compile");
+        const auto [status, rss] = script.empty()
+                                       ? std::pair<int, long long>{127, 0}
+                                       : run_child(argv, (fs::path(o.dir) / "runs.log").string());
+        (void)rss;
+        std::ifstream f(out);
+        if (status != 0 || !f) {
+          row["error"] = script.empty() ? "scripts/torch_train.py not found"
+                                        : "exit status " + std::to_string(status) + " (runs.log)";
+          rows.push_back(row);
+          continue;
+        }
+        const json j = json::parse(f);
+        std::vector<double> tps;  // torch.compile compiles in its first steps: 8 more, left out
+        const json& steps = j.value("steps", json::array());
+        const size_t skip = compile ? std::min<size_t>(8, steps.size() - 1) : 1;
+        for (size_t i = steps.size() > skip ? skip : 0; i < steps.size(); ++i)
+          tps.push_back(steps[i]["tokens_per_s"].get<double>());
+        std::sort(tps.begin(), tps.end());
+        if (!tps.empty()) row["tokens_per_s"] = tps[tps.size() / 2];
+        if (!steps.empty()) row["loss"] = steps.back()["loss"];
+        row["device"] = j.value("device", std::string());
+        row["version"] = j.value("torch", std::string());
+        rows.push_back(row);
+      }
+  }
+  return rows;
+}
+
+// ---- the device list ---------------------------------------------------------------------------
+
+// The specs to measure: --devices as given ("all": every listed device), or the first device of
+// each type per backend (cpu:0 but not the reference cpu:1, one of eight equal GPUs), leaving
+// out test-only and virtual ones (the SIMT runtime).
+std::vector<std::string> device_specs(const std::vector<std::string>& asked) {
+  const bool all = asked.size() == 1 && asked[0] == "all";
+  if (!asked.empty() && !all) return asked;
+  std::vector<std::string> specs;
+  for (const BackendEntry& e : backends()) {
+    if (!e.backend || !e.error.empty()) continue;
+    std::vector<DeviceType> seen;
+    for (const DeviceInfo& d : e.backend->devices()) {
+      const bool first = std::find(seen.begin(), seen.end(), d.type) == seen.end();
+      seen.push_back(d.type);
+      if (all || (first && !d.test_only && d.type != DeviceType::kVirtualGpu))
+        specs.push_back(d.id());
+    }
+  }
+  return specs;
+}
+
+json device_entry(const std::string& spec, const json& origin) {
+  return {{"label", spec},          {"id", spec},
+          {"status", "ok"},         {"errors", json::array()},
+          {"origin", origin},       {"gemm", json::array()},
+          {"ops", json::array()},   {"train", json::array()},
+          {"memory", json::array()}};
+}
+
+}  // namespace
+
+std::pair<int, long long> run_child(const std::vector<std::string>& argv, const std::string& log) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) fail(ErrorKind::kIo, "fork failed");
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "a", stdout);
+    if (f) dup2(fileno(stdout), fileno(stderr));
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  wait4(pid, &status, 0, &ru);
+  return {
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0),
+      static_cast<long long>(ru.ru_maxrss) * 1024};
+}
+
+int run_report(const ReportOptions& opts) {
+  ReportOptions o = opts;
+  if (o.models.empty()) o.models = {"tiny"};
+  for (const std::string& m : o.models) ModelConfig::preset(m);  // names the presets otherwise
+  if (o.steps < 1 || o.batch < 1 || o.iters < 1)
+    fail(ErrorKind::kInvalidArgument, "--steps, --batch and --iters must be at least 1");
+  for (const std::string& p : o.precisions)
+    if (p != "fp32" && p != "tf32" && p != "bf16" && p != "fp16")
+      fail(ErrorKind::kInvalidArgument,
+           "--precisions: unknown precision '" + p + "' (fp32, tf32, bf16, fp16)");
+  for (const std::string& p : o.peers)
+    if (p != "pytorch" && p != "pytorch-compile")
+      fail(ErrorKind::kInvalidArgument,
+           "--peers: unknown peer '" + p + "' (pytorch, pytorch-compile)");
+  fs::create_directories(fs::path(o.dir) / "runs");
+  json report = report_head();
+  report["settings"] = {
+      {"models", o.models}, {"steps", o.steps}, {"batch", o.batch}, {"iters", o.iters}};
+  const json origin = report_origin(report);
+
+  // Open every device first: the plan (and the bar's length) follows from what each supports.
+  std::vector<DeviceRun> runs;
+  for (const std::string& spec : device_specs(o.devices)) {
+    DeviceRun r{spec, nullptr, device_entry(spec, origin), {}};
+    try {
+      r.dev = open_device(spec);
+      const DeviceInfo& info = r.dev->info();
+      r.out["id"] = r.out["label"] = r.spec = info.id();
+      r.out["backend"] = info.backend;
+      r.out["name"] = info.name;
+      r.out["kind"] = device_type_name(info.type);
+      // A test-only device (the SIMT runtime: kernel sources run on host threads, ~20 tokens/s
+      // of tiny here) trains in fp32 only, unless --precisions asks for more.
+      for (const std::string& p : precisions(*r.dev))
+        if (o.precisions.empty()
+                ? !info.test_only || p == "fp32"
+                : std::find(o.precisions.begin(), o.precisions.end(), p) != o.precisions.end())
+          r.precisions.push_back(p);
+      r.out["precisions"] = r.precisions;
+      r.out["peak_tflops"] = known_peaks(info.name);
+    } catch (const std::exception& e) {
+      record_error(r.out, "open", e.what());
+    }
+    runs.push_back(std::move(r));
+  }
+  // A device whose GEMM library has an own kernel beside it (CUDA/HIP: the "gemm" entry) is
+  // measured a second time with CT_GPU_GEMM=own, the switch the backend reads when opened.
+  auto has_own_variant = [](const DeviceRun& r) {
+    return r.dev && !extra(r.dev->info(), "gemm").empty() &&
+           gemm_path(r.dev->info(), DType::f32).first == "library";
+  };
+  int total = 0;
+  for (const DeviceRun& r : runs) {
+    if (!r.dev) continue;
+    total += planned_kernels(*r.dev, o) + static_cast<int>(o.models.size() * r.precisions.size());
+    if (has_own_variant(r))
+      for (const std::string& model : o.models)
+        total += static_cast<int>(float_dtypes(*r.dev, OpKind::kMatmul, o.precisions).size() *
+                                  gemm_shapes(model, o.batch, false).size());
+  }
+  const bool have_reference = std::any_of(runs.begin(), runs.end(), [](const DeviceRun& r) {
+    return r.dev && r.spec == kReferenceDevice;
+  });
+  if (!have_reference) total += static_cast<int>(o.models.size());
+  const bool peer_gpu = !o.peers.empty() && torch_sees_gpu();
+  for (const std::string& peer : o.peers)
+    total += static_cast<int>(o.models.size() *
+                              peer_precisions(o, peer_gpu, peer == "pytorch-compile").size());
+  Progress bar(total);
+
+  // The report as measured so far, written after every device: a run cut short (a timeout, a
+  // crash) still leaves one.
+  auto assemble = [&] {
+    json j = report;
+    j["devices"] = json::array();
+    for (const DeviceRun& r : runs) {
+      json d = r.out;
+      if (d["errors"].empty()) d.erase("errors");
+      j["devices"].push_back(d);
+    }
+    return j;
+  };
+  for (DeviceRun& r : runs) {
+    if (!r.dev) {
+      bar.note("report: " + r.spec + " failed: " + r.out["error"].get<std::string>());
+      continue;
+    }
+    // Each section on its own: one that fails is recorded, and the next still runs.
+    try {
+      measure_gemm(r, o, bar, "");
+    } catch (const std::exception& e) {
+      record_error(r.out, "gemm", e.what());
+    }
+    if (has_own_variant(r)) {
+      try {
+        setenv("CT_GPU_GEMM", "own", 1);
+        DeviceRun own{r.spec, open_device(r.spec), r.out, {}};
+        unsetenv("CT_GPU_GEMM");
+        own.out["gemm"] = json::array();
+        measure_gemm(own, o, bar, "own kernel (CT_GPU_GEMM=own)");
+        for (const json& g : own.out["gemm"]) r.out["gemm"].push_back(g);
+      } catch (const std::exception& e) {
+        unsetenv("CT_GPU_GEMM");
+        record_error(r.out, "gemm (own kernel)", e.what());
+      }
+    }
+    try {
+      measure_ops(r, o, bar);
+    } catch (const std::exception& e) {
+      record_error(r.out, "ops", e.what());
+    }
+    try {
+      r.dev->synchronize();
+    } catch (const std::exception& e) {
+      record_error(r.out, "synchronize", e.what());
+    }
+    measure_train(r, o, bar);
+    if (r.out["status"] == "failed")
+      bar.note("report: " + r.spec + " failed: " + r.out["error"].get<std::string>());
+    write_report(assemble(), o.dir, /*final=*/false);
+  }
+
+  // The CPU's fp32 loss after the same steps: every train row's difference from it.
+  report["cpu_reference"] = json::array();
+  for (const std::string& model : o.models) {
+    json ref;
+    for (const DeviceRun& r : runs)
+      if (r.spec == kReferenceDevice)
+        for (const json& t : r.out["train"])
+          if (t["model"] == model && t["precision"] == "fp32" && t.contains("loss")) ref = t;
+    if (ref.is_null() && !have_reference) {
+      bar.step("cpu reference", model + " fp32");
+      ref = train_run(o, kReferenceDevice, model, "fp32").first;
+    }
+    if (ref.is_null() || !ref.contains("loss")) continue;
+    const double ref_loss = ref["loss"].get<double>();
+    report["cpu_reference"].push_back({{"model", model},
+                                       {"device", kReferenceDevice},
+                                       {"steps", ref["steps"]},
+                                       {"loss", ref_loss}});
+    for (DeviceRun& r : runs)
+      for (json& t : r.out["train"])
+        if (t["model"] == model && t.contains("loss") && t["steps"] == ref["steps"])
+          t["loss_diff_vs_cpu"] = t["loss"].get<double>() - ref_loss;
+  }
+  report["peers"] = o.peers.empty() ? json::array() : measure_peers(o, peer_gpu, bar);
+  for (json& p : report["peers"]) p["origin"] = origin;
+  bar.finish();
+
+  int failed = 0;
+  for (DeviceRun& r : runs) {
+    failed += r.out["status"] == "failed";
+    r.dev.reset();
+  }
+  write_report(assemble(), o.dir);
+  if (failed)
+    std::fprintf(stderr, "report: %d of %zu devices failed (their errors are in the report)\n",
+                 failed, runs.size());
+  return failed ? 1 : 0;
+}
+
+int run_merge(const std::string& out, const std::vector<std::string>& inputs) {
+  if (inputs.empty())
+    fail(ErrorKind::kInvalidArgument, "--merge OUT FILE...: name at least one report to merge");
+  std::vector<std::pair<std::string, json>> reports;
+  for (const std::string& f : inputs) reports.emplace_back(f, read_report(f));  // checked first
+  const json merged = merge_reports(reports);
+  write_report(merged, out);
+  return 0;
+}
+
+}  // namespace ct::cli

@@ -1,0 +1,35 @@
+// `crosstrain bench --report DIR` and `--merge OUT FILE...`: measure every device present into
+// one report (report_format.h), or join reports of several machines into one.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ct::cli {
+
+struct ReportOptions {
+  std::string dir;                      // where report.json, report.md, charts and runs/ go
+  std::vector<std::string> models;      // presets; empty: tiny
+  std::vector<std::string> devices;     // specs ("cpu:0"); empty: every device not test-only or
+                                        // virtual; "all": every device
+  int steps = 4;                        // training steps per run (the loss compared after them)
+  int batch = 1;                        // sequences per step (and the GEMMs' rows: batch x block)
+  int iters = 5;                        // timed calls per GEMM / op (fewer past ~0.25 s)
+  std::vector<std::string> precisions;  // train only these of the device's (empty: all it has)
+  std::string data;                     // text for the training runs (default: the built-in)
+  std::vector<std::string> peers;       // "pytorch", "pytorch-compile" (scripts/torch_train.py)
+};
+
+// Measures, writes the report; 0 when every device succeeded, 1 when one failed (its error is
+// in the report, and the others were still measured).
+int run_report(const ReportOptions& o);
+
+// Joins `inputs` (report.json files) into out/report.json + report.md; refuses (an Error
+// naming the file) one that is not a report or of another format version.
+int run_merge(const std::string& out, const std::vector<std::string>& inputs);
+
+// Runs argv as a child process, its output appended to `log`; returns (exit status, peak RSS).
+std::pair<int, long long> run_child(const std::vector<std::string>& argv, const std::string& log);
+
+}  // namespace ct::cli
