@@ -212,7 +212,11 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer CPtr { vec4
 #define C_GET(p, i) p.v[i]
 #define C_PUT(p, i, x) p.v[i] = x
 #endif
-layout(buffer_reference, std430, buffer_reference_align = 4) buffer F1CPtr { float v[]; };
+#if defined(C_H)
+layout(buffer_reference, std430, buffer_reference_align = 2) buffer C1Ptr { C_T v[]; };  // c
+#else
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer C1Ptr { C_T v[]; };
+#endif
 #if defined(A_H) || defined(B_H)
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer U2Ptr { uvec2 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer U1Ptr { uint v[]; };
@@ -447,25 +451,23 @@ void main() {
     }
     return;
   }
-  // The other blocks element by element, also through c's address: lavapipe turns each access
-  // to a bound buffer into a branch per lane, and these 3 x 64 of them took most of the
-  // shader's compile time (a cold cache compiles it at the first dispatch of every test process).
-  F1CPtr pc1 = F1CPtr(uvec2(pc.c_lo, pc.c_hi));
+#endif
+  // The other blocks (16-bit c: all) element by element, also through c's address: lavapipe
+  // turns each access to a bound buffer into a branch per lane, and these 3 x 64 of them took
+  // most of the shader's compile time (a cold cache compiles it at the first dispatch of every
+  // test process).
+  C1Ptr pc1 = C1Ptr(uvec2(pc.c_lo, pc.c_hi));
   [[unroll]] for (int i = 0; i < VRM; ++i)
     [[unroll]] for (int j = 0; j < VRN; ++j) {
       const uint m = mb + uint(i), n = nb + uint(j);
       if (m < pc.M && n < pc.N) {
         const uint ci = cbase + m * pc.scm + n;
         float v = pc.alpha * acc[i][j];
-        if (pc.beta != 0.0) v += pc.beta * pc1.v[ci];
+        if (pc.beta != 0.0) v += pc.beta * C_LD(pc1.v[ci]);
         if (pc.has_bias != 0u) v += bs[j];
-        pc1.v[ci] = v;
+        pc1.v[ci] = C_ST(v);
       }
     }
-#else
-  [[unroll]] for (int i = 0; i < VRM; ++i)
-    [[unroll]] for (int j = 0; j < VRN; ++j) store_b(mb + uint(i), nb + uint(j), cbase, acc[i][j], bs[j]);
-#endif
 #undef a
 #undef b
 #undef a4
