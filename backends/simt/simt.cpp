@@ -1,6 +1,8 @@
 // The CPU SIMT runtime's scheduler: a pool of host threads takes blocks; on its host thread a
 // block's threads are fibers resumed in order until each waits (barrier, warp collective) or
-// returns. Semantics and checks are described in simt.h.
+// returns. A waiting fiber switches straight to the next ready one, and a fiber whose thread
+// returns runs the next thread not yet started itself (yield, Block::start). Semantics and checks
+// are described in simt.h.
 #include "backends/simt/simt.h"
 
 #include <sys/mman.h>
@@ -125,8 +127,8 @@ struct Fiber : Lane {
   std::size_t stack_size = 0;
   void* fake_stack = nullptr;  // AddressSanitizer's, while suspended
   ctx::fiber self;             // this fiber while it is suspended
-  ctx::fiber sched;            // the scheduler while this fiber runs
   State state = State::kDone;
+  bool started = false;  // has (or had) an execution context: see Block::start
   int linear = 0;
   std::source_location at;  // where it waits
 };
@@ -162,6 +164,8 @@ struct Block {
   std::exception_ptr error;
   bool aborting = false;
   StackCache stacks;
+  ctx::fiber sched;                    // the scheduler while one of the block's fibers runs
+  int last = 0;                        // the fiber that switched back to the scheduler
   const void* sched_bottom = nullptr;  // the scheduler's stack, for AddressSanitizer
   std::size_t sched_size = 0;
   void* sched_fake = nullptr;
@@ -178,6 +182,7 @@ struct Block {
   }
   std::size_t dynamic_region() const { return (cfg->shared_bytes + 63) & ~std::size_t{63}; }
   void run(std::size_t index);
+  void start(Fiber& f);
   void resume(Fiber& f);
   void abort_suspended();
   void check_finished(const Fiber& f);
@@ -202,20 +207,89 @@ struct StackRef {
   void deallocate(ctx::stack_context& sc) { cache->deallocate(sc); }
 };
 
+// A waiting fiber hands the host thread straight to the next ready fiber after it, the one the
+// scheduler would resume next (one switch instead of two through the scheduler); the last one
+// goes back to the scheduler. Under AddressSanitizer every switch goes through the scheduler, whose
+// stack the fibers record when it resumes them.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kHandoff = false;
+#else
+constexpr bool kHandoff = true;
+#endif
+
 void yield(Fiber& f) {
   Block& b = *f.block;
+  auto park = [&f](ctx::fiber&& from) {
+    f.self = std::move(from);
+    return ctx::fiber{};
+  };
+  if constexpr (kHandoff) {
+    for (int j = f.linear + 1; j < b.threads; ++j) {
+      Fiber& g = b.fibers[j];
+      if (g.state != State::kReady) continue;
+      if (!g.started) b.start(g);
+      current_lane = &g;
+      std::move(g.self).resume_with(park);
+      if (b.aborting) throw Abort{};
+      return;
+    }
+  }
+  b.last = f.linear;
   switch_begin(&f.fake_stack, b.sched_bottom, b.sched_size);
-  f.sched = std::move(f.sched).resume();
+  std::move(b.sched).resume_with(park);
   switch_end(f.fake_stack, &b.sched_bottom, &b.sched_size);
   if (b.aborting) throw Abort{};
 }
 
+// Runs f (and the fibers it hands over to) until one switches back; last names that one.
 void Block::resume(Fiber& f) {
+  if (!f.started) start(f);
   current_lane = &f;
   switch_begin(&sched_fake, f.stack_bottom, f.stack_size);
-  f.self = std::move(f.self).resume();
+  std::move(f.self).resume_with([this](ctx::fiber&& from) {
+    sched = std::move(from);
+    return ctx::fiber{};
+  });
   switch_end(sched_fake, nullptr, nullptr);
   current_lane = nullptr;
+}
+
+// Gives thread `first` an execution context (a fiber on a cached stack), when it is first resumed.
+// When its thread returns and the next thread has not started yet, the context runs that one too,
+// with no switch and no new fiber (the scheduler would resume it next anyway): a block that never
+// waits runs all its threads on one fiber. Not under AddressSanitizer (each thread its own stack).
+void Block::start(Fiber& first) {
+  first.started = true;
+  first.self =
+      ctx::fiber(std::allocator_arg, StackRef{&stacks, &first}, [this, &first](ctx::fiber&&) {
+        switch_end(nullptr, &sched_bottom, &sched_size);
+        Fiber* f = &first;
+        for (;;) {
+          try {
+            if (!aborting) entry(call);
+          } catch (const ctx::detail::forced_unwind&) {
+            throw;
+          } catch (const Abort&) {
+          } catch (...) {
+            if (!error) error = std::current_exception();
+          }
+          f->state = State::kDone;
+          if (!kHandoff || error || aborting || f->linear + 1 >= threads) break;
+          Fiber& g = fibers[f->linear + 1];
+          if (g.started || g.state != State::kReady) break;
+          try {
+            check_finished(*f);
+          } catch (...) {
+            error = std::current_exception();
+            break;
+          }
+          g.started = true;
+          current_lane = f = &g;
+        }
+        last = f->linear;
+        switch_begin(nullptr, sched_bottom, sched_size);
+        return std::move(sched);
+      });
 }
 
 // After an error: every fiber not yet returned is resumed once more and unwinds (Abort).
@@ -245,21 +319,7 @@ void Block::run(std::size_t index) {
     f.block = this;
     f.linear = i;
     f.state = State::kReady;
-    f.self = ctx::fiber(std::allocator_arg, StackRef{&stacks, &f}, [this, &f](ctx::fiber&& s) {
-      switch_end(nullptr, &sched_bottom, &sched_size);
-      f.sched = std::move(s);
-      try {
-        if (!aborting) entry(call);
-      } catch (const ctx::detail::forced_unwind&) {
-        throw;
-      } catch (const Abort&) {
-      } catch (...) {
-        if (!error) error = std::current_exception();
-      }
-      f.state = State::kDone;
-      switch_begin(nullptr, sched_bottom, sched_size);
-      return std::move(f.sched);
-    });
+    f.started = false;
   }
   // On any exit, suspended fibers are unwound and their stacks go back to the cache.
   struct Cleanup {
@@ -278,7 +338,8 @@ void Block::run(std::size_t index) {
       progressed = true;
       resume(f);
       if (error) std::rethrow_exception(error);
-      if (f.state == State::kDone) check_finished(f);
+      i = last;  // f may have handed over to later fibers
+      if (fibers[i].state == State::kDone) check_finished(fibers[i]);
     }
     if (!progressed) deadlock();
   }
