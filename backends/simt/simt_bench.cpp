@@ -27,9 +27,9 @@ __global__ void barrier_loop(int rounds, int* sink) {
 }
 
 __global__ void shuffle_loop(int rounds, int* sink) {
-  int v = threadIdx.x;
+  unsigned v = threadIdx.x;  // wraps: unsigned
   for (int r = 0; r < rounds; ++r) v += ct_shfl_xor(v, 1, 32);
-  if (threadIdx.x == 0) sink[blockIdx.x] = v;
+  if (threadIdx.x == 0) sink[blockIdx.x] = static_cast<int>(v);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
