@@ -23,6 +23,9 @@
 #   - the end-to-end model runs on simt/simt64/vulkan (TrainParity, GPT2Golden, LlamaGolden,
 #     LoraTraining, FusedAttentionTraining) and TrainChain: minutes of fiber switching or JIT
 #     code under ASan repeating host paths the cpu_0 model cases and the simt op suites cover;
+#   - ReferenceGPT2Golden / ReferenceLlamaGolden: the reference device's kernels at model size
+#     (169 s and 151 s at -O1 under ASan, nearly all in its matmul); the same kernels are the
+#     oracle of every op case here, and the models' host code runs in the cpu_0 golden cases;
 #   - the cuda_unavailable / hip_unavailable cases (they only report the skip) and the nvcc /
 #     hipcc compile checks and the CUDA/HIP plugins (built and compiled by the release build);
 #   - the benchmarks (CT_BUILD_BENCH=OFF: the release run checks vulkan_gemm_bench's products).
