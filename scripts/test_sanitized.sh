@@ -33,7 +33,15 @@
 # faster than -g.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-cmake --preset debug-asan >/dev/null
+# The SPIR-V is compiled once per run: the release build's shaders (brought up to date first) are
+# what this build embeds too (CT_VK_SHADERS_FROM; same sources, same tools, same modules). Without
+# a release build this one compiles its own.
+shaders_from=
+if [ -f build/build.ninja ] && grep -q '^CT_BACKEND_VULKAN:BOOL=ON' build/CMakeCache.txt; then
+  cmake --build build --target crosstrain_backend_vulkan >/dev/null
+  shaders_from=$PWD/build/generated/vulkan
+fi
+cmake --preset debug-asan -DCT_VK_SHADERS_FROM="$shaders_from" >/dev/null
 # The build runs the test executables to list their cases (gtest_discover_tests); the device
 # suites open every registered backend while listing, so the same sanitizer options as the test
 # preset apply there too (LeakSanitizer off, for the reasons above).
