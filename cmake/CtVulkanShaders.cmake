@@ -85,40 +85,60 @@ function(ct_vk_find_coopmat_tools)
   message(STATUS "Vulkan: cooperative-matrix shaders built: ${build}${why}")
 endfunction()
 
-function(ct_vk_shader variant source)
-  cmake_parse_arguments(ARG "" "" "DEFINES" ${ARGN})
+# The compile step both kinds of module share: <source> with DEFINES -> spv/<variant>.spv through
+# GLSLANG for ENV (vulkan1.2 or 1.3), validated by VAL, and its words as spv/<variant>_spv.inc.
+# Records the variant; returns nothing to compile when CT_VK_SHADERS_FROM names another build's.
+function(_ct_vk_module variant source)
+  cmake_parse_arguments(ARG "" "ENV;LABEL" "GLSLANG;VAL;DEFINES" ${ARGN})
+  set_property(GLOBAL APPEND PROPERTY CT_VK_VARIANTS ${variant})
   if(CT_VK_SHADERS_FROM)
-    set_property(GLOBAL APPEND PROPERTY CT_VK_VARIANTS ${variant})
     return()
   endif()
   set(spv ${CT_VK_GEN_DIR}/spv/${variant}.spv)
-  set(json ${CT_VK_GEN_DIR}/spv/${variant}.json)
   set(arr ${CT_VK_GEN_DIR}/spv/${variant}_spv.inc)
-  set(refl ${CT_VK_GEN_DIR}/reflect/${variant}.h)
   set(defs)
   foreach(d ${ARG_DEFINES})
     list(APPEND defs -D${d})
   endforeach()
   file(GLOB common_glsl CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/shaders/common/*.glsl)
-  set(glslang_args -V --target-env vulkan1.2 -I${CMAKE_SOURCE_DIR}/shaders ${defs})
+  set(glslang_args -V --target-env ${ARG_ENV} -I${CMAKE_SOURCE_DIR}/shaders ${defs})
   add_custom_command(
     OUTPUT ${spv} ${arr}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${CT_VK_GEN_DIR}/spv
-    COMMAND ${CT_GLSLANG} ${glslang_args} --quiet -o ${spv} ${source}
-    COMMAND ${CT_SPIRV_VAL} --target-env vulkan1.2 ${spv}
+    COMMAND ${ARG_GLSLANG} ${glslang_args} --quiet -o ${spv} ${source}
+    COMMAND ${ARG_VAL} --target-env ${ARG_ENV} ${spv}
     COMMAND ${CMAKE_COMMAND} -DSPV=${spv} -DVAR=ct_spv_${variant} -DOUT=${arr} -P ${_CT_VK_EMBED_SCRIPT}
     DEPENDS ${source} ${common_glsl} ${_CT_VK_EMBED_SCRIPT}
-    COMMENT "glslang ${variant} (${source})"
+    COMMENT "glslang${ARG_LABEL} ${variant} (${source})"
     VERBATIM)
+endfunction()
+
+# The reflected tables of <variant> from a SPIRV-Cross --reflect JSON (reflect/<variant>.h).
+function(_ct_vk_reflect variant json)
   add_custom_command(
-    OUTPUT ${json} ${refl}
-    COMMAND ${CT_SPIRV_CROSS} ${spv} --reflect --output ${json}
-    COMMAND ${CMAKE_COMMAND} -DJSON=${json} -DVARIANT=${variant} -DOUT=${refl}
-            -P ${_CT_VK_REFLECT_SCRIPT}
-    DEPENDS ${spv} ${_CT_VK_REFLECT_SCRIPT}
+    OUTPUT ${CT_VK_GEN_DIR}/reflect/${variant}.h
+    COMMAND ${CMAKE_COMMAND} -DJSON=${json} -DVARIANT=${variant}
+            -DOUT=${CT_VK_GEN_DIR}/reflect/${variant}.h -P ${_CT_VK_REFLECT_SCRIPT}
+    DEPENDS ${json} ${_CT_VK_REFLECT_SCRIPT}
     COMMENT "reflect ${variant}"
     VERBATIM)
-  set_property(GLOBAL APPEND PROPERTY CT_VK_VARIANTS ${variant})
+endfunction()
+
+function(ct_vk_shader variant source)
+  cmake_parse_arguments(ARG "" "" "DEFINES" ${ARGN})
+  _ct_vk_module(${variant} ${source} ENV vulkan1.2 GLSLANG ${CT_GLSLANG} VAL ${CT_SPIRV_VAL}
+                DEFINES ${ARG_DEFINES})
+  if(CT_VK_SHADERS_FROM)
+    return()
+  endif()
+  set(json ${CT_VK_GEN_DIR}/spv/${variant}.json)
+  add_custom_command(
+    OUTPUT ${json}
+    COMMAND ${CT_SPIRV_CROSS} ${CT_VK_GEN_DIR}/spv/${variant}.spv --reflect --output ${json}
+    DEPENDS ${CT_VK_GEN_DIR}/spv/${variant}.spv
+    COMMENT "spirv-cross --reflect ${variant}"
+    VERBATIM)
+  _ct_vk_reflect(${variant} ${json})
 endfunction()
 
 # A VK_KHR_cooperative_matrix module: compiled with CT_GLSLANG_CM for Vulkan 1.3 and validated
@@ -127,37 +147,11 @@ endfunction()
 # bindings and push constants by construction), under this variant's name.
 function(ct_vk_shader_coopmat variant source)
   cmake_parse_arguments(ARG "" "TWIN" "DEFINES" ${ARGN})
-  if(CT_VK_SHADERS_FROM)
-    set_property(GLOBAL APPEND PROPERTY CT_VK_VARIANTS ${variant})
-    return()
+  _ct_vk_module(${variant} ${source} ENV vulkan1.3 LABEL " (coopmat)" GLSLANG ${CT_GLSLANG_CM}
+                VAL ${CT_SPIRV_VAL_CM} DEFINES ${ARG_DEFINES})
+  if(NOT CT_VK_SHADERS_FROM)
+    _ct_vk_reflect(${variant} ${CT_VK_GEN_DIR}/spv/${ARG_TWIN}.json)
   endif()
-  set(spv ${CT_VK_GEN_DIR}/spv/${variant}.spv)
-  set(arr ${CT_VK_GEN_DIR}/spv/${variant}_spv.inc)
-  set(refl ${CT_VK_GEN_DIR}/reflect/${variant}.h)
-  set(twin_json ${CT_VK_GEN_DIR}/spv/${ARG_TWIN}.json)
-  set(defs)
-  foreach(d ${ARG_DEFINES})
-    list(APPEND defs -D${d})
-  endforeach()
-  file(GLOB common_glsl CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/shaders/common/*.glsl)
-  set(glslang_args -V --target-env vulkan1.3 -I${CMAKE_SOURCE_DIR}/shaders ${defs})
-  add_custom_command(
-    OUTPUT ${spv} ${arr}
-    COMMAND ${CMAKE_COMMAND} -E make_directory ${CT_VK_GEN_DIR}/spv
-    COMMAND ${CT_GLSLANG_CM} ${glslang_args} --quiet -o ${spv} ${source}
-    COMMAND ${CT_SPIRV_VAL_CM} --target-env vulkan1.3 ${spv}
-    COMMAND ${CMAKE_COMMAND} -DSPV=${spv} -DVAR=ct_spv_${variant} -DOUT=${arr} -P ${_CT_VK_EMBED_SCRIPT}
-    DEPENDS ${source} ${common_glsl} ${_CT_VK_EMBED_SCRIPT}
-    COMMENT "glslang (coopmat) ${variant} (${source})"
-    VERBATIM)
-  add_custom_command(
-    OUTPUT ${refl}
-    COMMAND ${CMAKE_COMMAND} -DJSON=${twin_json} -DVARIANT=${variant} -DOUT=${refl}
-            -P ${_CT_VK_REFLECT_SCRIPT}
-    DEPENDS ${twin_json} ${_CT_VK_REFLECT_SCRIPT}
-    COMMENT "reflect ${variant} (from ${ARG_TWIN})"
-    VERBATIM)
-  set_property(GLOBAL APPEND PROPERTY CT_VK_VARIANTS ${variant})
 endfunction()
 
 function(ct_vk_shader_h variant source)
