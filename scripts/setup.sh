@@ -2,7 +2,7 @@
 # Installs what crosstrain needs from Debian's packages (only what is missing), then configures
 # and builds it into build/. Idempotent: a second run installs nothing and rebuilds only changes.
 #   bash scripts/setup.sh            # build, tests included
-#   bash scripts/setup.sh --app      # build the crosstrain command and its backend plugins only
+#   bash scripts/setup.sh --app      # build the crosstrain command and the plugins this machine runs
 #   bash scripts/setup.sh --torch    # also install PyTorch (golden-file script, benchmarks)
 #   bash scripts/setup.sh --packages-only   # install, do not build
 set -euo pipefail
