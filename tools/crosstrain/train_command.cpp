@@ -105,8 +105,10 @@ Run add_train(CLI::App& app) {
       "plain log lines even on a terminal");
   return [a] {
     TrainSummary s = train(*a);
+    if (s.rank != 0) return 0;  // data parallel: rank 0 reports the run
     std::printf("\n== summary ==\n");
     std::printf("device           %s\n", s.device.c_str());
+    if (s.world_size > 1) std::printf("ranks            %d (data parallel)\n", s.world_size);
     std::printf("parameters       %s\n",
                 format_count(static_cast<double>(s.num_parameters)).c_str());
     std::printf("steps            %lld (%s tokens) in %s\n", static_cast<long long>(s.steps),
