@@ -39,6 +39,10 @@ class Communicator {
   virtual std::vector<std::string> all_gather(const std::string& mine) = 0;
   // Returns once every rank has called it.
   virtual void barrier() = 0;
+  // How long one collective waits for the other ranks, in seconds, before it throws
+  // Error(kDevice) saying so (a rank that hangs, or died where the launcher did not notice);
+  // <= 0: forever. Default 1800 (Hugging Face's ddp_timeout).
+  virtual void set_timeout(double seconds) = 0;
   // Ends every process of the run with exit status `code` (MPI_Abort); for an error that only
   // some ranks have, where the others would wait forever in their next collective. Returns
   // (does nothing) in a single process.

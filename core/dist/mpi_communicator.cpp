@@ -2,7 +2,10 @@
 
 #include <mpi.h>
 
+#include <chrono>
+#include <cstdio>
 #include <limits>
+#include <thread>
 
 #include "core/error.h"
 
@@ -18,6 +21,12 @@ void mpi_check(int rc, const char* call) {
   fail(ErrorKind::kDevice, std::string(call) + " failed: " + std::string(text, len));
 }
 #define CT_MPI(call) mpi_check(call, #call)
+
+std::string seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s", s);
+  return text;
+}
 
 // Element counts above INT_MAX go in several calls (MPI counts are int).
 constexpr size_t kMaxCount = static_cast<size_t>(std::numeric_limits<int>::max() / 2);
@@ -79,7 +88,9 @@ class MpiCommunicator final : public Communicator {
     auto* p = static_cast<char*>(data);
     for (size_t done = 0; done < bytes;) {
       const size_t n = std::min(bytes - done, kMaxCount);
-      CT_MPI(MPI_Bcast(p + done, static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD));
+      MPI_Request req;
+      CT_MPI(MPI_Ibcast(p + done, static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD, &req));
+      wait(req, "a broadcast");
       done += n;
     }
   }
@@ -87,7 +98,9 @@ class MpiCommunicator final : public Communicator {
     CT_CHECK(mine.size() < kMaxCount, "all_gather of " + std::to_string(mine.size()) + " bytes");
     int len = static_cast<int>(mine.size());
     std::vector<int> lens(size_), offsets(size_);
-    CT_MPI(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD));
+    MPI_Request req;
+    CT_MPI(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD, &req));
+    wait(req, "an all-gather");
     size_t total = 0;
     for (int r = 0; r < size_; ++r) {
       offsets[r] = static_cast<int>(total);
@@ -95,30 +108,60 @@ class MpiCommunicator final : public Communicator {
     }
     CT_CHECK(total < kMaxCount, "all_gather of " + std::to_string(total) + " bytes in all");
     std::string all(total, '\0');
-    CT_MPI(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(),
-                          MPI_CHAR, MPI_COMM_WORLD));
+    CT_MPI(MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(),
+                           MPI_CHAR, MPI_COMM_WORLD, &req));
+    wait(req, "an all-gather");
     std::vector<std::string> out(size_);
     for (int r = 0; r < size_; ++r) out[r] = all.substr(offsets[r], lens[r]);
     return out;
   }
-  void barrier() override { CT_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
+  void barrier() override {
+    MPI_Request req;
+    CT_MPI(MPI_Ibarrier(MPI_COMM_WORLD, &req));
+    wait(req, "a barrier");
+  }
+  void set_timeout(double seconds) override { timeout_s_ = seconds; }
   void abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
 
  private:
+  // Completes a non-blocking collective, or throws once it has waited timeout_s_ (a blocking
+  // MPI call would wait forever for a rank that hangs). Polls: spinning for the first
+  // millisecond (a step's all-reduces are short), then sleeping between polls.
+  void wait(MPI_Request& req, const char* what) {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      CT_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      if (timeout_s_ > 0 && waited > timeout_s_)
+        fail(ErrorKind::kDevice, "rank " + std::to_string(rank_) + " waited " + seconds(waited) +
+                                     " in " + what + " for the other " + std::to_string(size_ - 1) +
+                                     " rank(s): one of them hangs or has died (--ddp-timeout " +
+                                     seconds(timeout_s_) + "); stopping every rank");
+      if (waited > 1e-3)
+        std::this_thread::sleep_for(std::chrono::microseconds(polls < 1000 ? 50 : 1000));
+    }
+  }
+
   void reduce(void* data, size_t count, MPI_Datatype type) {
     int elem = 0;
     CT_MPI(MPI_Type_size(type, &elem));
     auto* p = static_cast<char*>(data);
     for (size_t done = 0; done < count;) {
       const size_t n = std::min(count - done, kMaxCount);
-      CT_MPI(MPI_Allreduce(MPI_IN_PLACE, p + done * static_cast<size_t>(elem), static_cast<int>(n),
-                           type, MPI_SUM, MPI_COMM_WORLD));
+      MPI_Request req;
+      CT_MPI(MPI_Iallreduce(MPI_IN_PLACE, p + done * static_cast<size_t>(elem), static_cast<int>(n),
+                            type, MPI_SUM, MPI_COMM_WORLD, &req));
+      wait(req, "an all-reduce");
       done += n;
     }
   }
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   bool owns_init_ = false;
+  double timeout_s_ = 1800;
   MPI_Comm local_ = MPI_COMM_NULL;
   std::string host_, library_;
 };

@@ -99,6 +99,7 @@ void validate_args(const TrainArgs& a) {
          "offloaded (host) copy of the optimizer");
   require_flag(a.sample_tokens >= 0, "--sample-tokens", std::to_string(a.sample_tokens),
                "must be >= 0");
+  require_flag(a.ddp_timeout > 0, "--ddp-timeout", std::to_string(a.ddp_timeout), "must be > 0");
 }
 
 // The model a run trains, the sequence length it trains at, and the tokenizer of its text.
@@ -541,6 +542,7 @@ struct Run {
 void prepare_run(Run& r) {
   const TrainArgs& args = r.args;
   validate_args(args);
+  r.comm.set_timeout(static_cast<double>(args.ddp_timeout));
   dist::check_same_settings(r.comm, shared_settings(args));
   r.schedule = parse_lr_schedule(args.lr_scheduler_type);
   r.source = resolve_model(args);

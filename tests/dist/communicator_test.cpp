@@ -33,6 +33,7 @@ class TwoRanks final : public Communicator {
     return {mine, echo ? mine : peer};
   }
   void barrier() override {}
+  void set_timeout(double) override {}
   void abort(int) override {}
 };
 

@@ -3,6 +3,7 @@
 // (plain, with accumulation, with bf16; a checkpoint, resumed), on lavapipe and on simt; ranks
 // given different settings refuse to start.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -251,6 +252,45 @@ TEST_F(DataParallel, KilledRankEndsTheRunAndKeepsTheCheckpoint) {
       "--n-layer 1 --save-steps 10 --resume-from-checkpoint " + ckpt + " --logging-steps 11", 22);
   EXPECT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from " + ckpt), std::string::npos) << resumed.output;
+}
+
+// A rank that hangs (SIGSTOP once the checkpoint of step 10 is there): rank 0 waits
+// --ddp-timeout 2 s in its all-reduce, then stops every rank saying so (MPI_Abort); the newest
+// checkpoint stays complete.
+TEST_F(DataParallel, HungRankStopsTheRunAfterTheTimeout) {
+  const fs::path out = dir_ / "out", pid_file = dir_ / "rank1.pid";
+  const std::string run = std::string(CT_CROSSTRAIN_BIN) +
+                          " train --model tiny --n-layer 1 --n-head 2 --n-embd 32 --block-size 32"
+                          " --max-steps 100000 --save-steps 10 --save-total-limit 1"
+                          " --logging-steps 10 --eval-steps 0 --sample-tokens 0 --no-progress"
+                          " --per-device-train-batch-size 2 --output-dir " +
+                          out.string() + " --data " + test::data_dir() + "/text/harbour.txt";
+  const std::string marker = (out / "checkpoint-10" / "COMPLETE").string();
+  // Rank 1 stops its crosstrain and waits; ended by the launcher, it takes the stopped one along.
+  const std::string hanger = "sh -c '" + run + " & p=$!; echo $p > " + pid_file.string() +
+                             "; trap \"kill -9 $p; exit 1\" TERM INT; i=0; while [ ! -e " + marker +
+                             " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done;" +
+                             " kill -STOP $p; wait $p'";
+  const auto t0 = std::chrono::steady_clock::now();
+  const Proc p = shell(mpirun(1) + " " + run + " --ddp-timeout 2 : -np 1 " + hanger);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Whatever the launcher left of rank 1 (by the id it wrote).
+  std::ifstream pid_in(pid_file);
+  long pid = 0;
+  if (pid_in >> pid && pid > 0) kill(static_cast<pid_t>(pid), SIGKILL);
+  EXPECT_NE(p.status, 0) << p.output;
+  EXPECT_LT(seconds, 60.0) << p.output;
+  for (const char* part : {"rank 0: error: rank 0 waited",
+                           "for the other 1 rank(s): one of them "
+                           "hangs or has died (--ddp-timeout 2.0 s)"})
+    EXPECT_NE(p.output.find(part), std::string::npos) << "lacks '" << part << "':\n" << p.output;
+  // The newest checkpoint (rank 0 went on for a few steps before rank 1 stopped) is complete.
+  int complete = 0;
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0)
+      complete += fs::exists(e.path() / "COMPLETE") ? 1 : -100;
+  EXPECT_EQ(complete, 1) << p.output;
 }
 
 }  // namespace

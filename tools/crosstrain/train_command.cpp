@@ -98,6 +98,9 @@ Run add_train(CLI::App& app) {
                  "fused (flash: probabilities recomputed in the backward, not stored), unfused, "
                  "or auto (fused except on lavapipe, where unfused is 3x faster)")
       ->check(CLI::IsMember({"auto", "fused", "unfused"}));
+  flag(&app, "--ddp-timeout", a->ddp_timeout,
+       "data parallel (mpirun): seconds a rank waits for the others in one all-reduce before "
+       "the run stops (a rank hangs or died)");
   app.add_flag("--profile", a->profile,
                "print a per-op device time table (GPU timestamps on Vulkan) at the end");
   app.add_flag(
