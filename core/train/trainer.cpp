@@ -644,9 +644,8 @@ void restore_run(Run& r) {
       fail(ErrorKind::kInvalidArgument,
            r.resume_dir + " was written by " + std::to_string(saved_world) + " rank(s) reading " +
                std::to_string(saved_rows) + " rows per batch; this run has world size " +
-               std::to_string(r.world) + " x " + std::to_string(r.B) +
-               " rows: its data position would name other data. Resume "
-               "with world size " +
+               std::to_string(r.world) + " x " + std::to_string(r.B) + " rows: its data " +
+               "position would name other data. Resume with world size " +
                std::to_string(saved_world) +
                ", or a --per-device-train-batch-size that keeps the global batch");
     r.start_step = st["step"].get<int64_t>();

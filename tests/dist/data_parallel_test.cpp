@@ -120,6 +120,15 @@ class DataParallel : public ::testing::Test {
     }
   }
 
+  // The lavapipe and simt runs are left to the release build, as the sanitizer run leaves the
+  // other end-to-end runs on those devices (scripts/test_sanitized.sh): their time goes to JIT
+  // code or fiber switching, and the host code of data parallelism is the cpu cases'.
+  void skip_in_sanitizer_build() {
+#if defined(__SANITIZE_ADDRESS__)
+    GTEST_SKIP() << "left to the release run in an AddressSanitizer build";
+#endif
+  }
+
   fs::path dir_;
 };
 
@@ -175,6 +184,7 @@ TEST_F(DataParallel, CpuWithBf16) {
 
 // Each rank opens its own lavapipe device, under the validation layer (a message fails the run).
 TEST_F(DataParallel, VulkanOnLavapipe) {
+  skip_in_sanitizer_build();
   if (std::string(CT_EXPECTED_BACKENDS).find("vulkan") == std::string::npos)
     GTEST_SKIP() << "this build has no Vulkan backend";
   std::string env = "CROSSTRAIN_VK_VALIDATION=1 ";
@@ -192,6 +202,7 @@ TEST_F(DataParallel, VulkanOnLavapipe) {
 
 // The CUDA/HIP kernel sources on the CPU SIMT runtime, the host's threads divided between ranks.
 TEST_F(DataParallel, SimtKernels) {
+  skip_in_sanitizer_build();
   ASSERT_EQ(train(0, 4, "one", "--backend simt", 4).status, 0);
   const Proc two = train(2, 2, "two", "--backend simt", 4);
   expect_two_rank_run(two, "two");
@@ -220,57 +231,79 @@ TEST_F(DataParallel, RanksWithDifferentSettingsRefuse) {
   EXPECT_FALSE(fs::exists(dir_ / "out" / "metrics.jsonl"));
 }
 
-// A rank killed mid-run (SIGKILL, after the checkpoint of step 20): the launcher ends the other
-// rank, which waits in its all-reduce, and exits non-zero naming the dead rank; the checkpoints
-// written stay complete, and the run resumes from the last one. Rank 1 is a shell that starts
-// crosstrain (which inherits its rank from the environment), waits for the checkpoint's
+// For rank 1's shell: waits (at most 60 s) until a checkpoint in `out` is complete. Any, not one
+// named: the tiny model runs ~1 ms steps, several checkpoints may land between two polls.
+std::string wait_for_a_checkpoint(const fs::path& out) {
+  return "i=0; while ! ls " + out.string() +
+         "/checkpoint-*/COMPLETE >/dev/null 2>&1 && [ $i -lt 1200 ]; do sleep 0.05; "
+         "i=$((i+1)); done;";
+}
+
+// The step of the newest checkpoint-<step> folder in `out`, all of which must be complete; -1
+// when there is none (or one is incomplete).
+int64_t newest_complete_checkpoint(const fs::path& out) {
+  int64_t newest = -1;
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("checkpoint-", 0) != 0 ||
+        name.find_first_not_of("0123456789", 11) != std::string::npos)
+      continue;  // not a checkpoint, or the temporary folder of one being written
+    if (!fs::exists(e.path() / "COMPLETE")) return -1;
+    newest = std::max(newest, static_cast<int64_t>(std::stoll(name.substr(11))));
+  }
+  return newest;
+}
+
+// The command of rank 0 (and of rank 1 inside its shell) in the fault cases: the tiny model for
+// as long as it takes, a checkpoint every 10 steps, all kept (a process killed while rotating
+// would leave an old one half removed).
+std::string endless_run(const fs::path& out) {
+  return std::string(CT_CROSSTRAIN_BIN) +
+         " train --model tiny --n-layer 1 --n-head 2 --n-embd 32 --block-size 32"
+         " --max-steps 100000 --save-steps 10"
+         " --logging-steps 10 --eval-steps 0 --sample-tokens 0 --no-progress"
+         " --per-device-train-batch-size 2 --output-dir " +
+         out.string() + " --data " + test::data_dir() + "/text/harbour.txt";
+}
+
+// A rank killed mid-run (SIGKILL, once a checkpoint is complete): the launcher ends the other
+// rank, which waits in its all-reduce, and exits non-zero naming the dead process; the
+// checkpoints written stay complete, and the run resumes from the newest. Rank 1 is a shell that
+// starts crosstrain (which inherits its rank from the environment), waits for a checkpoint's
 // COMPLETE marker and kills it.
 TEST_F(DataParallel, KilledRankEndsTheRunAndKeepsTheCheckpoint) {
   const fs::path out = dir_ / "out";
-  const std::string run = std::string(CT_CROSSTRAIN_BIN) +
-                          " train --model tiny --n-layer 1 --n-head 2 --n-embd 32 --block-size 32"
-                          " --max-steps 100000 --save-steps 10 --save-total-limit 2"
-                          " --logging-steps 10 --eval-steps 0 --sample-tokens 0 --no-progress"
-                          " --per-device-train-batch-size 2 --output-dir " +
-                          out.string() + " --data " + test::data_dir() + "/text/harbour.txt";
-  const std::string marker = (out / "checkpoint-20" / "COMPLETE").string();
-  const std::string killer = "sh -c '" + run + " & p=$!; i=0; while [ ! -e " + marker +
-                             " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done;"
-                             " kill -9 $p; wait $p; exit $?'";
+  const std::string run = endless_run(out);
+  const std::string killer =
+      "sh -c '" + run + " & p=$!; " + wait_for_a_checkpoint(out) + " kill -9 $p; wait $p'";
   const auto t0 = std::chrono::steady_clock::now();
   const Proc p = shell(mpirun(1) + " " + run + " : -np 1 " + killer);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(p.status, 0) << p.output;
-  EXPECT_LT(seconds, 60.0) << p.output;
+  EXPECT_LT(seconds, 30.0) << p.output;
   EXPECT_NE(p.output.find("Exit code:    137"), std::string::npos) << p.output;
   EXPECT_NE(p.output.find("Process name: [["), std::string::npos) << p.output;
-  ASSERT_TRUE(fs::exists(marker)) << p.output;
-  const std::string ckpt = (out / "checkpoint-20").string();
-  const Proc resumed = train(
-      2, 2, "resumed",
-      "--n-layer 1 --save-steps 10 --resume-from-checkpoint " + ckpt + " --logging-steps 11", 22);
+  const int64_t step = newest_complete_checkpoint(out);
+  ASSERT_GE(step, 10) << p.output;
+  const std::string ckpt = (out / ("checkpoint-" + std::to_string(step))).string();
+  const Proc resumed =
+      train(2, 2, "resumed",
+            "--n-layer 1 --save-steps 10 --resume-from-checkpoint " + ckpt + " --logging-steps 11",
+            static_cast<int>(step) + 2);
   EXPECT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from " + ckpt), std::string::npos) << resumed.output;
 }
 
-// A rank that hangs (SIGSTOP once the checkpoint of step 10 is there): rank 0 waits
-// --ddp-timeout 2 s in its all-reduce, then stops every rank saying so (MPI_Abort); the newest
-// checkpoint stays complete.
+// A rank that hangs (SIGSTOP once a checkpoint is complete): rank 0 waits --ddp-timeout 2 s in
+// its all-reduce, then stops every rank saying so (MPI_Abort); the checkpoint stays complete.
 TEST_F(DataParallel, HungRankStopsTheRunAfterTheTimeout) {
   const fs::path out = dir_ / "out", pid_file = dir_ / "rank1.pid";
-  const std::string run = std::string(CT_CROSSTRAIN_BIN) +
-                          " train --model tiny --n-layer 1 --n-head 2 --n-embd 32 --block-size 32"
-                          " --max-steps 100000 --save-steps 10 --save-total-limit 1"
-                          " --logging-steps 10 --eval-steps 0 --sample-tokens 0 --no-progress"
-                          " --per-device-train-batch-size 2 --output-dir " +
-                          out.string() + " --data " + test::data_dir() + "/text/harbour.txt";
-  const std::string marker = (out / "checkpoint-10" / "COMPLETE").string();
+  const std::string run = endless_run(out);
   // Rank 1 stops its crosstrain and waits; ended by the launcher, it takes the stopped one along.
   const std::string hanger = "sh -c '" + run + " & p=$!; echo $p > " + pid_file.string() +
-                             "; trap \"kill -9 $p; exit 1\" TERM INT; i=0; while [ ! -e " + marker +
-                             " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done;" +
-                             " kill -STOP $p; wait $p'";
+                             "; trap \"kill -9 $p; exit 1\" TERM INT; " +
+                             wait_for_a_checkpoint(out) + " kill -STOP $p; wait $p'";
   const auto t0 = std::chrono::steady_clock::now();
   const Proc p = shell(mpirun(1) + " " + run + " --ddp-timeout 2 : -np 1 " + hanger);
   const double seconds =
@@ -280,17 +313,12 @@ TEST_F(DataParallel, HungRankStopsTheRunAfterTheTimeout) {
   long pid = 0;
   if (pid_in >> pid && pid > 0) kill(static_cast<pid_t>(pid), SIGKILL);
   EXPECT_NE(p.status, 0) << p.output;
-  EXPECT_LT(seconds, 60.0) << p.output;
+  EXPECT_LT(seconds, 30.0) << p.output;
   for (const char* part : {"rank 0: error: rank 0 waited",
                            "for the other 1 rank(s): one of them "
                            "hangs or has died (--ddp-timeout 2.0 s)"})
     EXPECT_NE(p.output.find(part), std::string::npos) << "lacks '" << part << "':\n" << p.output;
-  // The newest checkpoint (rank 0 went on for a few steps before rank 1 stopped) is complete.
-  int complete = 0;
-  for (const auto& e : fs::directory_iterator(out))
-    if (e.path().filename().string().rfind("checkpoint-", 0) == 0)
-      complete += fs::exists(e.path() / "COMPLETE") ? 1 : -100;
-  EXPECT_EQ(complete, 1) << p.output;
+  EXPECT_GE(newest_complete_checkpoint(out), 10) << p.output;
 }
 
 }  // namespace
