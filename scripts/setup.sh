@@ -19,6 +19,7 @@ packages=(
   gnuplot-nox                                # charts of the benchmarks
   libvulkan-dev mesa-vulkan-drivers vulkan-validationlayers glslang-tools spirv-cross spirv-tools
   patchelf                                   # $ORIGIN RUNPATHs of the GPU-check bundle (scripts/bundle.sh)
+  libopenmpi-dev openmpi-bin                 # data parallel across processes: mpirun -np N crosstrain train
 )
 packages_only=0
 app_only=0

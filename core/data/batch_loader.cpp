@@ -9,10 +9,12 @@
 namespace ct {
 
 BatchLoader::BatchLoader(std::vector<int32_t> tokens, int64_t B, int64_t T, uint64_t seed,
-                         int prefetch)
+                         int prefetch, RowShard shard)
     : tokens_(std::move(tokens)),
       B_(B),
       T_(T),
+      first_row_(shard.first),
+      rows_(shard.rows > 0 ? shard.rows : B),
       seed_(seed),
       depth_(static_cast<size_t>(std::max(prefetch, 1))) {
   CT_REQUIRE(B > 0 && T > 0, "batch loader: B and T must be positive, got B=" + std::to_string(B) +
@@ -22,6 +24,11 @@ BatchLoader::BatchLoader(std::vector<int32_t> tokens, int64_t B, int64_t T, uint
                  " tokens are fewer than one window needs (T + 1 = " + std::to_string(T + 1) + ")");
   CT_REQUIRE(prefetch >= 1 && prefetch <= 16,
              "batch loader: prefetch depth must be in [1, 16], got " + std::to_string(prefetch));
+  CT_REQUIRE(shard.first >= 0 && shard.rows >= 0 && (shard.rows > 0 || shard.first == 0) &&
+                 first_row_ + rows_ <= B,
+             "batch loader: shard rows [" + std::to_string(shard.first) + ", " +
+                 std::to_string(shard.first + shard.rows) + ") are not within a batch of " +
+                 std::to_string(B) + " rows");
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -38,15 +45,15 @@ Batch BatchLoader::make_batch(int64_t k) const {
   CT_REQUIRE(k >= 0, "batch loader: batch number must be >= 0, got " + std::to_string(k));
   Batch b;
   b.index = k;
-  b.B = B_;
+  b.B = rows_;
   b.T = T_;
-  b.inputs.resize(static_cast<size_t>(B_ * T_));
-  b.targets.resize(static_cast<size_t>(B_ * T_));
+  b.inputs.resize(static_cast<size_t>(rows_ * T_));
+  b.targets.resize(static_cast<size_t>(rows_ * T_));
   const Philox rng(seed_, kBatchLoaderStream);
   const uint64_t starts = tokens_.size() - static_cast<uint64_t>(T_);
-  for (int64_t row = 0; row < B_; ++row) {
+  for (int64_t row = 0; row < rows_; ++row) {
     PhiloxBlock w = rng.block(static_cast<uint64_t>(k) * static_cast<uint64_t>(B_) +
-                              static_cast<uint64_t>(row));
+                              static_cast<uint64_t>(first_row_ + row));
     uint64_t x = static_cast<uint64_t>(w[0]) | static_cast<uint64_t>(w[1]) << 32;
     // Multiply-high maps x uniformly onto [0, starts) without the bias of a modulo.
     auto start = static_cast<size_t>((static_cast<unsigned __int128>(x) * starts) >> 64);

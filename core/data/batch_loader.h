@@ -27,13 +27,24 @@ struct Batch {
 // uniform over the n - T starts whose T + 1 tokens fit. A background thread prepares the next
 // `prefetch` batches; next() hands them out in order, and seek(k) makes batch k the next one, so
 // a resumed run continues the exact sequence.
+//
+// Data parallel: rank r of N with B rows each reads rows [r B, r B + B) of the batches of a
+// loader of N B rows (a RowShard), so the N ranks together read what one process with N B rows
+// reads, in the same order, and batch numbers (positions) mean the same on every rank.
+struct RowShard {
+  int64_t first = 0;  // the first row of each batch this loader returns
+  int64_t rows = 0;   // how many (0: every row, from `first` = 0)
+};
+
 class BatchLoader {
  public:
   static constexpr uint64_t kBatchLoaderStream = 0x44415441'00000001ull;  // "DATA", 1
 
-  // Requires B, T > 0, tokens.size() >= T + 1 and prefetch in [1, 16]; Error(kInvalidArgument)
-  // otherwise. Starts the prefetch thread at batch 0.
-  BatchLoader(std::vector<int32_t> tokens, int64_t B, int64_t T, uint64_t seed, int prefetch = 3);
+  // B: the rows of a whole batch. Requires B, T > 0, tokens.size() >= T + 1, prefetch in
+  // [1, 16] and a shard within [0, B); Error(kInvalidArgument) otherwise. Starts the prefetch
+  // thread at batch 0. Returned batches have shard.rows rows (B without a shard).
+  BatchLoader(std::vector<int32_t> tokens, int64_t B, int64_t T, uint64_t seed, int prefetch = 3,
+              RowShard shard = {});
   // Stops and joins the prefetch thread.
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
@@ -48,7 +59,8 @@ class BatchLoader {
   // Batch k, computed on the calling thread (what next() returns for position k).
   Batch make_batch(int64_t k) const;
 
-  int64_t batch_size() const { return B_; }
+  int64_t batch_size() const { return B_; }  // rows of a whole batch, every shard's together
+  RowShard shard() const { return {first_row_, rows_}; }
   int64_t seq_len() const { return T_; }
   uint64_t seed() const { return seed_; }
   size_t num_tokens() const { return tokens_.size(); }
@@ -58,6 +70,7 @@ class BatchLoader {
 
   const std::vector<int32_t> tokens_;
   const int64_t B_, T_;
+  const int64_t first_row_, rows_;  // the shard (rows_ = B_ without one)
   const uint64_t seed_;
   const size_t depth_;
 

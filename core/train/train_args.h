@@ -82,6 +82,10 @@ struct TrainArgs {
   std::string sample_prompt = "The ";
   int sample_tokens = 200;
 
+  // data parallel: seconds a rank waits in one all-reduce (or other collective) for the others
+  // before the run stops, saying so (Hugging Face's ddp_timeout)
+  int64_t ddp_timeout = 1800;
+
   bool progress_bar = true;  // only drawn when stderr is a terminal
   bool profile = false;      // print the device's per-op time table at the end (--profile)
 };

@@ -16,6 +16,8 @@
 #include "core/data/text_dataset.h"
 #include "core/data/text_tokenizer.h"
 #include "core/data/token_file.h"
+#include "core/dist/communicator.h"
+#include "core/dist/data_parallel.h"
 #include "core/error.h"
 #include "core/model/gpt2.h"
 #include "core/model/model_config.h"
@@ -97,6 +99,7 @@ void validate_args(const TrainArgs& a) {
          "offloaded (host) copy of the optimizer");
   require_flag(a.sample_tokens >= 0, "--sample-tokens", std::to_string(a.sample_tokens),
                "must be >= 0");
+  require_flag(a.ddp_timeout > 0, "--ddp-timeout", std::to_string(a.ddp_timeout), "must be > 0");
 }
 
 // The model a run trains, the sequence length it trains at, and the tokenizer of its text.
@@ -258,6 +261,38 @@ nlohmann::json args_json(const TrainArgs& a) {
           {"lora_target_modules", a.lora_target_modules}};
 }
 
+// The settings every rank of a data-parallel run must share, as (--flag, value): args_json's
+// and the rest that change what is computed or when the ranks exchange data. Not compared:
+// --backend (ranks may open different devices), --output-dir, the sample and the display.
+std::vector<std::pair<std::string, std::string>> shared_settings(const TrainArgs& a) {
+  nlohmann::json j = args_json(a);
+  j.erase("backend");
+  for (auto [key, v] : {std::pair{"n_layer", a.n_layer},
+                        {"n_head", a.n_head},
+                        {"n_embd", a.n_embd},
+                        {"block_size", a.block_size},
+                        {"vocab_size", a.vocab_size}})
+    j[key] = v;
+  j["max_eval_batches"] = a.max_eval_batches;
+  j["save_total_limit"] = a.save_total_limit;
+  j["resume_from_checkpoint"] = a.resume_from_checkpoint;
+  j["fp16_init_scale"] = a.fp16_init_scale;
+  j["sgd_dampening"] = a.sgd_dampening;
+  j["sgd_momentum"] = a.sgd_momentum;
+  j["sgd_nesterov"] = a.sgd_nesterov;
+  j["adafactor"] = {a.adafactor_relative_step, a.adafactor_scale_parameter,
+                    a.adafactor_warmup_init,   a.adafactor_clip_threshold,
+                    a.adafactor_decay_rate,    a.adafactor_beta1};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [key, value] : j.items()) {
+    std::string flag = "--" + key;
+    for (char& c : flag) c = c == '_' ? '-' : c;
+    if (key == "adafactor") flag = "--adafactor-*";
+    out.emplace_back(flag, value.is_string() ? value.get<std::string>() : value.dump());
+  }
+  return out;
+}
+
 // Keeps the records of steps <= `step` (a resumed run continues the file from there).
 void truncate_metrics(const std::string& path, int64_t step) {
   std::ifstream in(path);
@@ -333,7 +368,7 @@ ModelOptions model_options(const TrainArgs& args, const DeviceInfo& device) {
 void print_run_header(const TrainArgs& args, const ModelSource& source, const Model& model,
                       const ModelOptions& mopts, const std::string& device,
                       const std::string& data_path, const TokenSplit& split, int64_t start_step,
-                      const std::string& resume_dir) {
+                      const std::string& resume_dir, const dist::Communicator& comm) {
   const ModelConfig& config = source.config;
   const int B = args.per_device_train_batch_size, T = source.seq_len;
   const int accum = args.gradient_accumulation_steps;
@@ -360,6 +395,9 @@ void print_run_header(const TrainArgs& args, const ModelSource& source, const Mo
               format_count(static_cast<double>(split.train.size())).c_str(),
               format_count(static_cast<double>(split.val.size())).c_str(), B, T);
   if (accum > 1) std::printf(" x %d accumulation steps", accum);
+  if (comm.size() > 1)
+    std::printf(" x %d ranks (global batch %d sequences, gradients averaged over %s)", comm.size(),
+                B * accum * comm.size(), comm.transport().c_str());
   if (mopts.policy.mixed()) std::printf("; %s mixed precision", mopts.policy.name().c_str());
   if (args.gradient_checkpointing) std::printf("; gradient checkpointing");
   if (!mopts.fused_attention)
@@ -460,9 +498,17 @@ std::string sample_text(const TrainArgs& args, const TextTokenizer& tokenizer, M
 // A training run between its steps. train() below is the sequence of the named steps that fill
 // and use it: prepare_run, open_model, restore_run, then per step optimizer_step, log_window and
 // save_step_checkpoint, and finish_run.
+//
+// Data parallel (`comm` spans several processes): every rank runs these steps on its own device
+// and its rows of each batch; the gradients are averaged after the backward pass, so every rank
+// makes the same update; rank 0 alone prints, evaluates and writes files.
 struct Run {
-  explicit Run(const TrainArgs& a) : args(a) {}
+  Run(const TrainArgs& a, dist::Communicator& c)
+      : args(a), comm(c), world(c.size()), main_rank(c.rank() == 0) {}
   const TrainArgs& args;
+  dist::Communicator& comm;
+  const int world;
+  const bool main_rank;
   // prepare_run: the checked arguments, the model source and the data.
   LrSchedule schedule{};
   ModelSource source;
@@ -477,6 +523,7 @@ struct Run {
   std::unique_ptr<Optimizer> optimizer;
   double optimizer_bytes_per_param = 0;
   Tensor inputs, targets, loss_sum, grad_norm;
+  std::unique_ptr<dist::GradientAverager> averager;
   // restore_run: where the run starts in the data and the steps.
   std::unique_ptr<BatchLoader> loader;
   int64_t start_step = 0;
@@ -486,6 +533,7 @@ struct Run {
   double eval_seconds = 0;
   bool have_first = false;
   OffloadStats offload_logged;  // offload_stats() at the last logging step
+  double comm_logged = 0;       // averager->seconds() at the last logging step
   TrainSummary summary;
 };
 
@@ -494,6 +542,8 @@ struct Run {
 void prepare_run(Run& r) {
   const TrainArgs& args = r.args;
   validate_args(args);
+  r.comm.set_timeout(static_cast<double>(args.ddp_timeout));
+  dist::check_same_settings(r.comm, shared_settings(args));
   r.schedule = parse_lr_schedule(args.lr_scheduler_type);
   r.source = resolve_model(args);
   r.B = args.per_device_train_batch_size;
@@ -508,20 +558,48 @@ void prepare_run(Run& r) {
     fail(ErrorKind::kInvalidArgument,
          "--output-dir '" + args.output_dir + "' exists and is not a folder");
   // Leftovers of runs killed while writing a checkpoint, before `latest` is looked for.
-  clean_stale_checkpoint_temps(args.output_dir);
+  if (r.main_rank) clean_stale_checkpoint_temps(args.output_dir);
+  r.comm.barrier();
   if (!args.resume_from_checkpoint.empty())
     r.resume_dir = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir);
+}
+
+// Data parallel: this rank's device (dist::device_for_rank) with its share of the host's
+// threads, and a line saying which.
+std::unique_ptr<Device> open_rank_device(Run& r) {
+  dist::Communicator& comm = r.comm;
+  std::string threads_why, device_why;
+  const int threads = dist::host_threads_for_rank(comm.local_size(), &threads_why);
+  dist::apply_host_threads(threads);  // before the backends start their threads
+  const std::string spec = dist::device_for_rank(r.args.backend, comm.local_rank(), &device_why);
+  std::unique_ptr<Device> dev = open_device(spec);
+  std::printf("rank %d/%d (local %d/%d on %s, %s): %s (%s; %s), %s host threads (%s)\n",
+              comm.rank(), comm.size(), comm.local_rank(), comm.local_size(), comm.host().c_str(),
+              comm.transport().c_str(), dev->info().id().c_str(), dev->info().name.c_str(),
+              device_why.c_str(), threads > 0 ? std::to_string(threads).c_str() : "default",
+              threads_why.c_str());
+  std::fflush(stdout);
+  return dev;
+}
+
+// Data parallel: every rank's trainable weights hash the same `when` (collective).
+void check_replicas(Run& r, const std::string& when) {
+  if (r.world == 1) return;
+  const Tensor flat = r.model->trainable_flat();
+  std::vector<char> bytes(flat.nbytes());
+  r.device->download(bytes.data(), flat, bytes.size());
+  dist::check_same_weights(r.comm, dist::hash_bytes(bytes.data(), bytes.size()), when);
 }
 
 // The device, the model on it (pretrained weights loaded), the loss scaler, the activations, the
 // optimizer and the tensors every step uses.
 void open_model(Run& r) {
   const TrainArgs& args = r.args;
-  r.device = open_device(args.backend);
+  r.device = r.world > 1 ? open_rank_device(r) : open_device(args.backend);
   Device& dev = *r.device;
   if (args.profile) dev.set_profiling(true);
   if (args.tf32 && dev.info().tf32) dev.set_allow_tf32(true);
-  if (args.tf32 && !dev.info().tf32)
+  if (args.tf32 && !dev.info().tf32 && r.main_rank)
     std::printf("--tf32: %s has no TF32 matmuls; it computes fp32 matmuls in full fp32\n",
                 dev.info().id().c_str());
   r.mopts = model_options(args, dev.info());
@@ -544,15 +622,32 @@ void open_model(Run& r) {
   r.loss_sum = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
   r.grad_norm = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
   dev.fill(r.loss_sum, 0.0f);
+  r.averager = std::make_unique<dist::GradientAverager>(r.comm, dev);
 }
 
 // Resume: weights, optimizer state, step, data position and the open logging window of the
 // checkpoint, if there is one.
 void restore_run(Run& r) {
   const TrainArgs& args = r.args;
-  r.loader = std::make_unique<BatchLoader>(r.split.train, r.B, r.T, args.seed);
+  // Rank k reads rows [k B, k B + B) of each batch of world x B rows.
+  r.loader = std::make_unique<BatchLoader>(r.split.train, int64_t{r.B} * r.world, r.T, args.seed, 3,
+                                           RowShard{int64_t{r.comm.rank()} * r.B, int64_t{r.B}});
   if (!r.resume_dir.empty()) {
     nlohmann::json st = load_checkpoint(r.resume_dir, *r.model, *r.optimizer);
+    // The data position counts batches of world x B rows: the same rows per batch continue
+    // the same data, whatever the world size (the state is the same on every rank).
+    const int64_t saved_world = st.value("world_size", int64_t{1});
+    const int64_t saved_rows =
+        saved_world * st.value("args", nlohmann::json::object())
+                          .value("per_device_train_batch_size", int64_t{r.B});
+    if (saved_world != r.world && saved_rows != int64_t{r.B} * r.world)
+      fail(ErrorKind::kInvalidArgument,
+           r.resume_dir + " was written by " + std::to_string(saved_world) + " rank(s) reading " +
+               std::to_string(saved_rows) + " rows per batch; this run has world size " +
+               std::to_string(r.world) + " x " + std::to_string(r.B) + " rows: its data " +
+               "position would name other data. Resume with world size " +
+               std::to_string(saved_world) +
+               ", or a --per-device-train-batch-size that keeps the global batch");
     r.start_step = st["step"].get<int64_t>();
     r.loader->seek(st["data_position"].get<int64_t>());
     float partial = st.value("logging_window_loss_sum", 0.0f);
@@ -560,6 +655,8 @@ void restore_run(Run& r) {
     if (st.contains("loss_scaler")) r.scaler->load_state(st["loss_scaler"]);
     r.device->upload(r.loss_sum, &partial, sizeof partial);
   }
+  check_replicas(r,
+                 r.resume_dir.empty() ? "after initialisation" : "after loading " + r.resume_dir);
 }
 
 // One optimizer step (0-based `step`): `accum` micro-batches whose gradients add up to the
@@ -575,13 +672,17 @@ double optimizer_step(Run& r, int64_t step) {
     Batch batch = r.loader->next();
     dev.upload(r.inputs, batch.inputs.data(), batch.inputs.size() * sizeof(int32_t));
     dev.upload(r.targets, batch.targets.data(), batch.targets.size() * sizeof(int32_t));
-    // LoRA dropout masks are numbered by micro-batch: the same on resume, off for evaluation.
-    model.set_lora_dropout_draw(args.seed, step * r.accum + micro);
+    // LoRA dropout masks are numbered by micro-batch (and rank): the same on resume, off for
+    // evaluation.
+    model.set_lora_dropout_draw(args.seed, (step * r.accum + micro) * r.world + r.comm.rank());
     Tensor loss = model.forward(r.inputs, &r.targets, r.B, r.T);
     model.backward(scaler.scale() / static_cast<float>(r.accum));
     model.set_lora_dropout_draw(args.seed, -1);
     dev.accumulate(r.loss_sum, loss);
   }
+  // Data parallel: each rank's gradient is of its rows' mean loss; their mean is the gradient of
+  // the whole batch's. Before the fp16 check, so an inf on one rank skips the step on all.
+  r.averager->average(model.trainable_grads());
   // fp16: unscale the gradients and skip the step if any is inf/NaN (GradScaler semantics).
   const bool found_inf = scaler.unscale_and_check(dev, model.trainable_grads());
   const double lr = lr_at(r.schedule, args.learning_rate, step, args.warmup_steps, args.max_steps);
@@ -593,7 +694,7 @@ double optimizer_step(Run& r, int64_t step) {
   scaler.update(found_inf, step + 1);
   dev.flush();
   ++r.window_steps;
-  r.window_tokens += static_cast<int64_t>(r.B) * r.T * r.accum;
+  r.window_tokens += static_cast<int64_t>(r.B) * r.T * r.accum * r.world;
   return lr;
 }
 
@@ -608,6 +709,7 @@ void log_window(Run& r, int64_t done, double lr, bool do_eval, std::ofstream& me
   dev.download(&host_loss_sum, r.loss_sum, sizeof(float));
   dev.download(&host_norm, r.grad_norm, sizeof(float));
   dev.fill(r.loss_sum, 0.0f);
+  r.comm.all_reduce(&host_loss_sum, 1, dist::ReduceOp::kAverage);  // the whole batch's mean
   double window_s = std::chrono::duration<double>(Clock::now() - r.t_window).count();
   double tps = static_cast<double>(r.window_tokens) / std::max(window_s, 1e-9);
   double mean_loss = host_loss_sum / static_cast<double>(r.window_steps * r.accum);
@@ -622,12 +724,16 @@ void log_window(Run& r, int64_t done, double lr, bool do_eval, std::ofstream& me
   nlohmann::json rec =
       log_record(done, mean_loss, lr, host_norm, tps, dev, r.optimizer_bytes_per_param,
                  *r.optimizer, r.offload_logged, *r.scaler);
+  // Data parallel: ranks, and the gradient all-reduce's seconds per step in this window.
+  rec["world_size"] = r.world;
+  rec["comm_s"] = (r.averager->seconds() - r.comm_logged) / static_cast<double>(r.window_steps);
+  r.comm_logged = r.averager->seconds();
   char line[256];
   std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
                 static_cast<long long>(done), static_cast<long long>(args.max_steps), mean_loss, lr,
                 host_norm, format_count(tps).c_str());
   std::string text = line;
-  if (do_eval) {
+  if (do_eval && r.main_rank) {  // the weights are the same on every rank: rank 0 evaluates
     auto e0 = Clock::now();
     EvalResult ev = evaluate(*r.model, r.split.val, r.T, r.B, args.max_eval_batches);
     r.eval_seconds += std::chrono::duration<double>(Clock::now() - e0).count();
@@ -637,8 +743,10 @@ void log_window(Run& r, int64_t done, double lr, bool do_eval, std::ofstream& me
     std::snprintf(line, sizeof line, "  eval_loss %.4f", ev.loss);
     text += line;
   }
-  metrics << rec.dump() << '\n' << std::flush;
-  bar.println(text);
+  if (r.main_rank) {
+    metrics << rec.dump() << '\n' << std::flush;
+    bar.println(text);
+  }
   r.window_steps = 0;
   r.window_tokens = 0;
   r.t_window = Clock::now();  // evaluation time is not training throughput
@@ -650,9 +758,15 @@ void save_step_checkpoint(Run& r, int64_t done, double lr, ProgressBar& bar) {
   const TrainArgs& args = r.args;
   float partial = 0;
   r.device->download(&partial, r.loss_sum, sizeof partial);
-  const nlohmann::json st =
+  // The whole batch's loss: a rank's own loss_sum continues from it on resume, and the average
+  // at the next log line is then the whole batch's again.
+  r.comm.all_reduce(&partial, 1, dist::ReduceOp::kAverage);
+  check_replicas(r, "at the checkpoint of step " + std::to_string(done));
+  if (!r.main_rank) return;  // the state is the same on every rank: rank 0 writes it
+  nlohmann::json st =
       checkpoint_state(args, done, r.loader->position(), partial, r.window_steps, r.schedule, lr,
                        *r.optimizer, *r.scaler, r.mopts.policy, r.source.config);
+  st["world_size"] = r.world;
   std::string path = save_checkpoint(
       args.output_dir, done, *r.model, *r.optimizer, st, args.save_total_limit,
       r.source.tokenizer->folder(), r.source.pretrained.empty() ? args.model : r.source.pretrained);
@@ -667,11 +781,15 @@ void finish_run(Run& r) {
   TrainSummary& s = r.summary;
   dev.synchronize();
   s.steps = args.max_steps - r.start_step;
-  s.tokens = s.steps * r.B * r.T * r.accum;
+  s.tokens = s.steps * r.B * r.T * r.accum * r.world;
   s.seconds = std::chrono::duration<double>(Clock::now() - r.t_start).count();
   s.tokens_per_s = static_cast<double>(s.tokens) / std::max(s.seconds - r.eval_seconds, 1e-9);
   s.peak_memory = dev.memory().total_peak;
+  s.rank = r.comm.rank();
+  s.world_size = r.world;
 
+  check_replicas(r, "at the end of training");
+  if (!r.main_rank) return;
   if (args.profile) std::printf("%s", dev.profile_report().c_str());
   save_trained_model(args, r.source, *r.model);
   if (args.sample_tokens > 0) s.sample = sample_text(args, *r.source.tokenizer, *r.model);
@@ -702,16 +820,18 @@ OptimizerSettings optimizer_settings(const TrainArgs& a) {
 }
 
 TrainSummary train(const TrainArgs& args) {
-  Run r(args);
+  Run r(args, dist::world());
   prepare_run(r);
   open_model(r);
   restore_run(r);
-  std::ofstream metrics = open_metrics(args.output_dir, r.start_step);
+  std::ofstream metrics;
+  if (r.main_rank) metrics = open_metrics(args.output_dir, r.start_step);
   r.summary.device = r.device->info().id() + " (" + r.device->info().name + ")";
   r.summary.num_parameters = r.model->num_parameters();
-  print_run_header(args, r.source, *r.model, r.mopts, r.summary.device, r.data_path, r.split,
-                   r.start_step, r.resume_dir);
-  ProgressBar bar(r.start_step, args.max_steps, args.progress_bar);
+  if (r.main_rank)
+    print_run_header(args, r.source, *r.model, r.mopts, r.summary.device, r.data_path, r.split,
+                     r.start_step, r.resume_dir, r.comm);
+  ProgressBar bar(r.start_step, args.max_steps, args.progress_bar && r.main_rank);
   r.t_start = r.t_window = Clock::now();
   for (int64_t step = r.start_step; step < args.max_steps; ++step) {
     const double lr = optimizer_step(r, step);

@@ -23,12 +23,17 @@ struct TrainSummary {
   int64_t num_parameters = 0;
   std::string device;
   std::string sample;  // generated at the end (may be empty)
+  int rank = 0;        // data parallel: this process's rank (only rank 0 writes and prints)
+  int world_size = 1;
 };
 
 // Checks every setting and input (flags, model shape, backend, data) before anything is written;
 // throws Error(kInvalidArgument) naming the flag or file. Then trains, writing into
 // args.output_dir: metrics.jsonl (one JSON record per logged step), model.safetensors and
 // config.json. Human-readable progress goes to stderr, the summary to stdout.
+// Started by an MPI launcher as several processes (dist::world()), each trains on its own device
+// and rows of every batch, with the gradients averaged: the run of one process with the global
+// batch (per-device x accumulation x world size). Only rank 0 prints progress and writes files.
 TrainSummary train(const TrainArgs& args);
 
 // The optimizer the flags describe (--optim, its hyper-parameters, --offload-optimizer,

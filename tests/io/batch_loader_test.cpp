@@ -92,6 +92,41 @@ TEST(BatchLoader, StartsCoverTheRange) {
   EXPECT_EQ(*starts.rbegin(), 16);
 }
 
+// Data parallel: rank r's shard of rows [r B, r B + B) of each batch of N B rows; the shards of
+// the N ranks, in rank order, are the whole batch, batch after batch (and after a seek).
+TEST(BatchLoader, ShardsTogetherAreTheWholeBatch) {
+  const int64_t B = 3, N = 2, T = 8;
+  BatchLoader whole(iota_tokens(4000), N * B, T, 5);
+  BatchLoader rank0(iota_tokens(4000), N * B, T, 5, 2, RowShard{0, B});
+  BatchLoader rank1(iota_tokens(4000), N * B, T, 5, 2, RowShard{B, B});
+  for (int k = 0; k < 6; ++k) {
+    if (k == 3) {  // a resumed rank continues the same shards
+      rank1.seek(3);
+      ASSERT_EQ(rank1.position(), 3);
+    }
+    const Batch w = whole.next(), a = rank0.next(), b = rank1.next();
+    ASSERT_EQ(a.B, B);
+    ASSERT_EQ(b.B, B);
+    EXPECT_EQ(a.index, w.index);
+    EXPECT_EQ(b.index, w.index);
+    std::vector<int32_t> inputs = a.inputs, targets = a.targets;
+    inputs.insert(inputs.end(), b.inputs.begin(), b.inputs.end());
+    targets.insert(targets.end(), b.targets.begin(), b.targets.end());
+    EXPECT_EQ(inputs, w.inputs) << "batch " << k;
+    EXPECT_EQ(targets, w.targets) << "batch " << k;
+  }
+  expect_error(
+      [] {
+        BatchLoader l(iota_tokens(40), 4, 4, 1, 1, RowShard{2, 3});
+      },
+      ErrorKind::kInvalidArgument, {"shard rows [2, 5) are not within a batch of 4 rows"});
+  expect_error(
+      [] {
+        BatchLoader l(iota_tokens(40), 4, 4, 1, 1, RowShard{1, 0});
+      },
+      ErrorKind::kInvalidArgument, {"shard rows"});
+}
+
 TEST(BatchLoader, MinimalDataAndErrors) {
   BatchLoader exact(iota_tokens(5), 2, 4, 1);  // exactly one window
   Batch b = exact.next();

@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 
+#include "core/dist/communicator.h"
 #include "core/error.h"
 #include "core/registry.h"
 #include "tools/crosstrain/commands.h"
@@ -40,14 +41,26 @@ int main(int argc, char** argv) {
   }
   for (auto& [sub, run] : runs) {
     if (!sub->parsed()) continue;
+    // Data parallel: an error names its rank, and ends every rank (the others would wait for
+    // this one in their next all-reduce).
+    auto report = [&](const char* what, int code) {
+      std::string rank;
+      if (ct::dist::world_is_distributed())
+        rank = "rank " + std::to_string(ct::dist::world().rank()) + ": ";
+      std::fprintf(stderr, "crosstrain %s: %serror: %s\n", sub->get_name().c_str(), rank.c_str(),
+                   what);
+      std::fflush(stderr);
+      ct::dist::abort_world(code);
+      return code;
+    };
     try {
-      return run();
+      int rc = run();
+      ct::dist::finalize_world();
+      return rc;
     } catch (const ct::Error& e) {
-      std::fprintf(stderr, "crosstrain %s: error: %s\n", sub->get_name().c_str(), e.what());
-      return e.kind() == ct::ErrorKind::kInvalidArgument ? 2 : 1;
+      return report(e.what(), e.kind() == ct::ErrorKind::kInvalidArgument ? 2 : 1);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "crosstrain %s: error: %s\n", sub->get_name().c_str(), e.what());
-      return 1;
+      return report(e.what(), 1);
     }
   }
   return 2;

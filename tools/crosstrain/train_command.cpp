@@ -98,6 +98,9 @@ Run add_train(CLI::App& app) {
                  "fused (flash: probabilities recomputed in the backward, not stored), unfused, "
                  "or auto (fused except on lavapipe, where unfused is 3x faster)")
       ->check(CLI::IsMember({"auto", "fused", "unfused"}));
+  flag(&app, "--ddp-timeout", a->ddp_timeout,
+       "data parallel (mpirun): seconds a rank waits for the others in one all-reduce before "
+       "the run stops (a rank hangs or died)");
   app.add_flag("--profile", a->profile,
                "print a per-op device time table (GPU timestamps on Vulkan) at the end");
   app.add_flag(
@@ -105,8 +108,10 @@ Run add_train(CLI::App& app) {
       "plain log lines even on a terminal");
   return [a] {
     TrainSummary s = train(*a);
+    if (s.rank != 0) return 0;  // data parallel: rank 0 reports the run
     std::printf("\n== summary ==\n");
     std::printf("device           %s\n", s.device.c_str());
+    if (s.world_size > 1) std::printf("ranks            %d (data parallel)\n", s.world_size);
     std::printf("parameters       %s\n",
                 format_count(static_cast<double>(s.num_parameters)).c_str());
     std::printf("steps            %lld (%s tokens) in %s\n", static_cast<long long>(s.steps),

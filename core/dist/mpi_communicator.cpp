@@ -1,0 +1,175 @@
+#include "core/dist/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <thread>
+
+#include "core/error.h"
+
+namespace ct::dist {
+namespace {
+
+// MPI calls return an error code (MPI_COMM_WORLD's handler is set to return, not abort).
+void mpi_check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  fail(ErrorKind::kDevice, std::string(call) + " failed: " + std::string(text, len));
+}
+#define CT_MPI(call) mpi_check(call, #call)
+
+std::string seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s", s);
+  return text;
+}
+
+// Element counts above INT_MAX go in several calls (MPI counts are int).
+constexpr size_t kMaxCount = static_cast<size_t>(std::numeric_limits<int>::max() / 2);
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator() {
+    int inited = 0;
+    CT_MPI(MPI_Initialized(&inited));
+    if (!inited) {
+      int provided = 0;
+      CT_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+      owns_init_ = true;
+    }
+    CT_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    CT_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    CT_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+    CT_MPI(
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local_));
+    CT_MPI(MPI_Comm_rank(local_, &local_rank_));
+    CT_MPI(MPI_Comm_size(local_, &local_size_));
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    CT_MPI(MPI_Get_processor_name(name, &len));
+    host_.assign(name, len);
+    char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+    CT_MPI(MPI_Get_library_version(version, &len));
+    library_.assign(version, len);
+    if (auto cut = library_.find_first_of(",\n"); cut != std::string::npos) library_.resize(cut);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    MPI_Comm_free(&local_);
+    if (owns_init_) MPI_Finalize();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  std::string host() const override { return host_; }
+  std::string transport() const override { return "MPI (" + library_ + ")"; }
+
+  void all_reduce(float* data, size_t count, ReduceOp op) override {
+    reduce(data, count, MPI_FLOAT);
+    if (op == ReduceOp::kAverage) {
+      const float inv = 1.0f / static_cast<float>(size_);
+      for (size_t i = 0; i < count; ++i) data[i] *= inv;
+    }
+  }
+  void all_reduce(double* data, size_t count, ReduceOp op) override {
+    reduce(data, count, MPI_DOUBLE);
+    if (op == ReduceOp::kAverage)
+      for (size_t i = 0; i < count; ++i) data[i] /= size_;
+  }
+  void broadcast(void* data, size_t bytes, int root) override {
+    auto* p = static_cast<char*>(data);
+    for (size_t done = 0; done < bytes;) {
+      const size_t n = std::min(bytes - done, kMaxCount);
+      MPI_Request req;
+      CT_MPI(MPI_Ibcast(p + done, static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD, &req));
+      wait(req, "a broadcast");
+      done += n;
+    }
+  }
+  std::vector<std::string> all_gather(const std::string& mine) override {
+    CT_CHECK(mine.size() < kMaxCount, "all_gather of " + std::to_string(mine.size()) + " bytes");
+    int len = static_cast<int>(mine.size());
+    std::vector<int> lens(size_), offsets(size_);
+    MPI_Request req;
+    CT_MPI(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD, &req));
+    wait(req, "an all-gather");
+    size_t total = 0;
+    for (int r = 0; r < size_; ++r) {
+      offsets[r] = static_cast<int>(total);
+      total += static_cast<size_t>(lens[r]);
+    }
+    CT_CHECK(total < kMaxCount, "all_gather of " + std::to_string(total) + " bytes in all");
+    std::string all(total, '\0');
+    CT_MPI(MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(),
+                           MPI_CHAR, MPI_COMM_WORLD, &req));
+    wait(req, "an all-gather");
+    std::vector<std::string> out(size_);
+    for (int r = 0; r < size_; ++r) out[r] = all.substr(offsets[r], lens[r]);
+    return out;
+  }
+  void barrier() override {
+    MPI_Request req;
+    CT_MPI(MPI_Ibarrier(MPI_COMM_WORLD, &req));
+    wait(req, "a barrier");
+  }
+  void set_timeout(double seconds) override { timeout_s_ = seconds; }
+  void abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
+
+ private:
+  // Completes a non-blocking collective, or throws once it has waited timeout_s_ (a blocking
+  // MPI call would wait forever for a rank that hangs). Polls: spinning for the first
+  // millisecond (a step's all-reduces are short), then sleeping between polls.
+  void wait(MPI_Request& req, const char* what) {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      CT_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      if (timeout_s_ > 0 && waited > timeout_s_)
+        fail(ErrorKind::kDevice, "rank " + std::to_string(rank_) + " waited " + seconds(waited) +
+                                     " in " + what + " for the other " + std::to_string(size_ - 1) +
+                                     " rank(s): one of them hangs or has died (--ddp-timeout " +
+                                     seconds(timeout_s_) + "); stopping every rank");
+      if (waited > 1e-3)
+        std::this_thread::sleep_for(std::chrono::microseconds(polls < 1000 ? 50 : 1000));
+    }
+  }
+
+  void reduce(void* data, size_t count, MPI_Datatype type) {
+    int elem = 0;
+    CT_MPI(MPI_Type_size(type, &elem));
+    auto* p = static_cast<char*>(data);
+    for (size_t done = 0; done < count;) {
+      const size_t n = std::min(count - done, kMaxCount);
+      MPI_Request req;
+      CT_MPI(MPI_Iallreduce(MPI_IN_PLACE, p + done * static_cast<size_t>(elem), static_cast<int>(n),
+                            type, MPI_SUM, MPI_COMM_WORLD, &req));
+      wait(req, "an all-reduce");
+      done += n;
+    }
+  }
+
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  bool owns_init_ = false;
+  double timeout_s_ = 1800;
+  MPI_Comm local_ = MPI_COMM_NULL;
+  std::string host_, library_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator() {
+  return std::make_unique<MpiCommunicator>();
+}
+
+}  // namespace ct::dist
