@@ -270,6 +270,7 @@ void gemm(const Ctx& cx, const GemmArgs& g) {
   if (g.batch <= 0 || g.M <= 0 || g.N <= 0) return;
   if (g.c_elem != Elem::kF32 && g.c_elem != g.ab_elem)
     throw std::invalid_argument("gemm: c must be f32 or of a's and b's element type");
+  if (!gemm_tc_refusal(cx, g)) return gemm_tc(cx, g);
   with_warp(cx.warp, [&](auto w) {
     constexpr int W = decltype(w)::value;
     with_elem(g.ab_elem, [&](auto abt) {
@@ -287,6 +288,14 @@ void gemm(const Ctx& cx, const GemmArgs& g) {
         by_c(AB{});
     });
   });
+}
+
+std::string gemm_path(const Ctx& cx, const GemmArgs& g) {
+  const char* no = gemm_tc_refusal(cx, g);
+  if (!no) return "gemm_tc_kernel (gemm_tc.cu, 128x128 tiles)";
+  if (g.ab_elem != Elem::kF32 && cx.matrix_tiles)
+    return std::string("gemm_tile_kernel (matmul.cu, 64x64 tiles): ") + no;
+  return std::string("gemm_kernel (matmul.cu, scalar): ") + no;
 }
 
 std::size_t bias_backward_workspace(std::int64_t M, std::int64_t N) {
