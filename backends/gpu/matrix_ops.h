@@ -12,6 +12,8 @@
 //   ct_ldmatrix_x1 / _x2 / _x4 (r, row), and _trans        row: this lane's row address (shared)
 //   ct_mfma_32x32x8_f16 / _bf16(d[16], a[2], b[2], c[16]) wave64 (4 halves in 2 regs)
 //   ct_mfma_16x16x16_f16 / _bf16(d[4], a[2], b[2], c[4])  wave64
+//   ct_cp_async_16(dst, src, bytes), ct_cp_async_commit(), ct_cp_async_wait<N>()
+//                                                        16-byte global -> shared copies (below)
 //
 // Arithmetic where this layer computes (SIMT and the portable forms): every element of D is
 // c, then + a_k b_k for k = 0 .. K-1 in order, in f32, one rounding per add (16-bit and tf32

@@ -181,9 +181,11 @@ class NativeRuntime final : public gpu::Runtime {
     const char* unit = "MFMA 32x32x8";
 #endif
     tiles_ = gpu::matrix_tiles_setting(hw);
-    info_.extra.push_back({"own GEMM, 16-bit", tiles_ ? std::string("matrix tiles (") +
-                                                            (hw ? unit : "scalar form") + ")"
-                                                      : std::string("scalar tiled kernel")});
+    info_.extra.push_back(
+        {"own GEMM, 16-bit", tiles_ ? std::string("128x128 tensor-core kernel on matrix tiles (") +
+                                          (hw ? unit : "scalar form") +
+                                          "; rows not 16-byte aligned: 64x64 tiles)"
+                                    : std::string("scalar tiled kernel")});
   }
   ~NativeRuntime() override {
     (void)CT_API(SetDevice)(index_);
@@ -272,9 +274,9 @@ class NativeRuntime final : public gpu::Runtime {
     return stream_;
   }
   void gemm(const gpu::GemmArgs& g, std::string* path) override {
-    const gpu::Ctx cx = ctx();
     // CT_GPU_GEMM=own: always the project's kernel (benchmarks compare the two).
     if (own_gemm_) {
+      const gpu::Ctx cx = ctx();
       gpu::gemm(cx, g);
       if (path) *path = "own (CT_GPU_GEMM=own) " + gpu::gemm_path(cx, g);
       return;
@@ -285,6 +287,7 @@ class NativeRuntime final : public gpu::Runtime {
     }
     // Not silently: each shape the library refuses is said once on stderr, and counted for
     // --profile (gemm_fallbacks).
+    const gpu::Ctx cx = ctx();
     const std::string key = gemm_key(g);
     if (fallbacks_[key]++ == 0)
       std::fprintf(stderr, "%s: %s has no algorithm for %s; the own kernel runs it: %s\n",

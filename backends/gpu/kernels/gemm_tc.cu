@@ -43,6 +43,13 @@
 #else
 #define CT_GEMM_UNROLL
 #endif
+// The accumulators' loops (zeroing, epilogue) unrolled on both GPU compilers: indexed by a loop
+// counter, AMDGPU keeps the accumulator array in scratch memory.
+#if defined(CT_GPU_CUDA) || defined(CT_GPU_HIP)
+#define CT_GEMM_UNROLL_ACC _Pragma("unroll")
+#else
+#define CT_GEMM_UNROLL_ACC
+#endif
 
 namespace ct::gpu {
 namespace {
@@ -210,9 +217,9 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   const auto* gb = static_cast<const std::uint16_t*>(b) + z * stride_b;
 
   float acc[TI][TJ][L::NC];
-  CT_GEMM_UNROLL
-  for (int i = 0; i < TI; ++i) CT_GEMM_UNROLL
-  for (int j = 0; j < TJ; ++j) CT_GEMM_UNROLL
+  CT_GEMM_UNROLL_ACC
+  for (int i = 0; i < TI; ++i) CT_GEMM_UNROLL_ACC
+  for (int j = 0; j < TJ; ++j) CT_GEMM_UNROLL_ACC
   for (int e = 0; e < L::NC; ++e) acc[i][j][e] = 0.0f;
 
   // Double buffering: slice s + 1 is copied into the other buffer while slice s is multiplied.
@@ -233,11 +240,12 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
       slice_w64<AB, TA, TB, TI, TJ>(acc, as + cur, bs + cur, wm, wn, lane);
     __syncthreads();
   }
+  ct_cp_async_wait<0>();  // K = 0: slice 0's copies (zeros) were issued but never waited for
 
   const std::int64_t c_off = z * stride_c;
-  CT_GEMM_UNROLL
-  for (int i = 0; i < TI; ++i) CT_GEMM_UNROLL
-  for (int j = 0; j < TJ; ++j) CT_GEMM_UNROLL
+  CT_GEMM_UNROLL_ACC
+  for (int i = 0; i < TI; ++i) CT_GEMM_UNROLL_ACC
+  for (int j = 0; j < TJ; ++j) CT_GEMM_UNROLL_ACC
   for (int e = 0; e < L::NC; ++e) {
     const std::int64_t m = m0 + wm + i * L::TM + L::c_row(lane, e);
     const std::int64_t n = n0 + wn + j * L::TN + L::c_col(lane, e);

@@ -10,7 +10,9 @@
 //
 // gemm_tile_kernel: the same GEMM for 16-bit a and b through the matrix tile of
 // backends/gpu/kernels/mma.h (tensor cores on sm_80+, MFMA on gfx90a, the scalar form elsewhere).
-// Four warps a block, each owning a 32 x 32 part of the block's 64 x 64 tile of c.
+// Four warps a block, each owning a 32 x 32 part of the block's 64 x 64 tile of c. It runs what
+// the 128 x 128 tensor-core kernel of gemm_tc.cu does not take (gemm() asks gemm_tc_refusal
+// first): 16-bit operands whose rows are not 16-byte aligned.
 #include "backends/gpu/kernels/common.h"
 #include "backends/gpu/kernels/mma.h"
 
