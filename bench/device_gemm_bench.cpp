@@ -1,95 +1,206 @@
 // device_gemm_bench: GFLOP/s of Device::matmul on any device of the registry, on GPT-2's GEMM
-// shapes, in f32, f16 and bf16 (median of --iters timed runs after a warm-up, the device
-// synchronized around each). On CUDA/HIP, CT_GPU_GEMM=own makes the device run the project's own
-// tiled kernel instead of cuBLASLt / rocBLAS, so two runs compare them (scripts/gpu-check.sh does;
-// it also runs it on the GPU's Vulkan device, whose f16 products take the cooperative-matrix GEMM
-// where its self-test passed, and with CROSSTRAIN_VK_COOPMAT=0 the tiled one).
-//   device_gemm_bench --device cuda:0 [--iters 20] [--json out.json]
+// shapes (B*T = 8192) in f32, f16 and bf16 (median of --iters timed runs after a warm-up, the
+// device synchronized around each). Each row names the kernel path that ran, as --profile does
+// ("cuBLASLt", "own gemm_tc_kernel (...)", "own, cuBLASLt refused: ..."). The 16-bit rows add
+// the rest of a layer's products as the trainer issues them: the input gradients (nn, c in the
+// input type) and the weight gradients (tn, accumulated into f32 c with beta 1).
+// On CUDA/HIP, CT_GPU_GEMM=own makes the device run the project's own kernels instead of
+// cuBLASLt / rocBLAS, so two runs compare them (scripts/gpu-check.sh does; it also runs it on the
+// GPU's Vulkan device, whose f16 products take the cooperative-matrix GEMM where its self-test
+// passed, and with CROSSTRAIN_VK_COOPMAT=0 the tiled one). --compare does it in one run: every
+// row also on a second device opened with CT_GPU_GEMM=own and CT_GPU_TILES=1 (the own tensor-core
+// GEMM for 16-bit inputs; on simt/simt64 against the default scalar kernel), and the ratio.
+//   device_gemm_bench --device cuda:0 [--iters 20] [--compare] [--json out.json]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/device.h"
 #include "core/registry.h"
 
+namespace {
+
+struct Shape {
+  int64_t M, N, K;
+  bool ta, tb;
+  const char* what;
+  bool wgrad = false;      // a weight gradient: c f32, beta 1 (16-bit rows only)
+  bool half_only = false;  // a row of the 16-bit dtypes only
+  bool c_half = false;     // c in the input type (16-bit rows)
+};
+
+// Opens spec with CT_GPU_GEMM=own and CT_GPU_TILES=1 (the old values restored).
+std::unique_ptr<ct::Device> open_own(const std::string& spec) {
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved;
+  for (const char* name : {"CT_GPU_GEMM", "CT_GPU_TILES"}) {
+    const char* old = std::getenv(name);
+    saved.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+  }
+  setenv("CT_GPU_GEMM", "own", 1);
+  setenv("CT_GPU_TILES", "1", 1);
+  auto d = ct::open_device(spec);
+  for (const auto& [name, old] : saved) {
+    if (old)
+      setenv(name, old->c_str(), 1);
+    else
+      unsetenv(name);
+  }
+  return d;
+}
+
+struct Timing {
+  double median_s = 0, gflops = 0;
+  std::string path;  // the profile's matmul line, "" where the device has no profile
+};
+
+// One row on dev: a warm-up call (profiled, for the path), then `iters` timed calls.
+Timing time_row(ct::Device& dev, const Shape& s, ct::DType dt, int iters) {
+  const bool half = dt != ct::DType::f32;
+  const ct::DType cdt = half && s.c_half ? dt : ct::DType::f32;
+  const float beta = half && s.wgrad ? 1.0f : 0.0f;
+  ct::Tensor a = dev.empty(s.ta ? ct::Shape{s.K, s.M} : ct::Shape{s.M, s.K}, dt,
+                           ct::MemCategory::kActivations);
+  ct::Tensor b = dev.empty(s.tb ? ct::Shape{s.N, s.K} : ct::Shape{s.K, s.N}, dt,
+                           ct::MemCategory::kActivations);
+  ct::Tensor c = dev.empty({s.M, s.N}, cdt, ct::MemCategory::kActivations);
+  dev.fill(a, 0.01f);
+  dev.fill(b, 0.02f);
+  dev.fill(c, 0.0f);
+  Timing r;
+  dev.set_profiling(true);
+  dev.matmul(c, a, b, s.ta, s.tb, 1.0f, beta);
+  dev.synchronize();
+  const std::string report = dev.profile_report();
+  dev.set_profiling(false);
+  const std::size_t at = report.find("matmul: ");
+  if (at != std::string::npos) {
+    const std::size_t end = report.find('\n', at);
+    r.path = report.substr(at + 8, end == std::string::npos ? std::string::npos : end - at - 8);
+    const std::size_t calls = r.path.find_last_not_of("0123456789");  // the trailing call count
+    if (calls != std::string::npos) r.path = r.path.substr(0, calls + 1);
+    while (!r.path.empty() && r.path.back() == ' ') r.path.pop_back();
+  }
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    dev.matmul(c, a, b, s.ta, s.tb, 1.0f, beta);
+    dev.synchronize();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  r.median_s = t[t.size() / 2];
+  r.gflops = 2.0 * s.M * s.N * s.K / r.median_s / 1e9;
+  return r;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   ct::ShutdownBackendsOnReturn shutdown;  // first: the backends close after everything else
   std::string spec = "simt:0", json_path;
   int iters = 10;
+  bool compare = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--device" && i + 1 < argc)
       spec = argv[++i];
     else if (a == "--iters" && i + 1 < argc)
       iters = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--compare")
+      compare = true;
     else if (a == "--json" && i + 1 < argc)
       json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: device_gemm_bench [--device SPEC] [--iters N] [--json FILE]\n");
+      std::fprintf(stderr,
+                   "usage: device_gemm_bench [--device SPEC] [--iters N] [--compare] [--json "
+                   "FILE]\n");
       return 2;
     }
   }
   try {
     auto dev = ct::open_device(spec);
+    std::unique_ptr<ct::Device> own = compare ? open_own(spec) : nullptr;
     const bool small = dev->info().test_only;  // the CPU SIMT runtime: tiny only
-    struct Shape {
-      int64_t M, N, K;
-      bool ta, tb;
-      const char* what;
+    // The first five rows as before (c f32, beta 0, every dtype): the forward products and one
+    // weight gradient. Then, 16-bit only, the layer's products as bf16 training issues them.
+    std::vector<Shape> shapes = {
+        {8192, 2304, 768, false, true, "qkv (B*T=8192)"},
+        {8192, 3072, 768, false, true, "fc"},
+        {8192, 768, 3072, false, true, "fc proj"},
+        {768, 3072, 8192, true, false, "fc weight grad"},
+        {8192, 50304, 768, false, true, "lm head"},
+        {8192, 2304, 768, false, true, "qkv fwd", false, true, true},
+        {8192, 768, 768, false, true, "attn proj fwd", false, true, true},
+        {8192, 3072, 768, false, true, "fc fwd", false, true, true},
+        {8192, 768, 3072, false, true, "fc proj fwd", false, true, true},
+        {8192, 768, 2304, false, false, "qkv dx", false, true, true},
+        {8192, 768, 3072, false, false, "fc dx", false, true, true},
+        {8192, 3072, 768, false, false, "fc proj dx", false, true, true},
+        {2304, 768, 8192, true, false, "qkv dw", true, true},
+        {768, 768, 8192, true, false, "attn proj dw", true, true},
+        {3072, 768, 8192, true, false, "fc dw", true, true},
+        {768, 3072, 8192, true, false, "fc proj dw", true, true},
+        {8192, 50304, 768, false, true, "lm head fwd", false, true, true},
+        {8192, 768, 50304, false, false, "lm head dx", false, true, true},
+        {50304, 768, 8192, true, false, "lm head dw", true, true},
     };
-    std::vector<Shape> shapes = {{8192, 2304, 768, false, true, "qkv (B*T=8192)"},
-                                 {8192, 3072, 768, false, true, "fc"},
-                                 {8192, 768, 3072, false, true, "fc proj"},
-                                 {768, 3072, 8192, true, false, "fc weight grad"},
-                                 {8192, 50304, 768, false, true, "lm head"}};
-    if (small) shapes = {{256, 256, 256, false, true, "256^3"}};
+    if (small)
+      shapes = {{256, 256, 256, false, true, "256^3"},
+                {256, 256, 256, true, false, "256^3 dw", true, true}};
     nlohmann::json rows = nlohmann::json::array();
-    const char* own = std::getenv("CT_GPU_GEMM");
-    std::printf("%s  %s  gemm: %s\n", dev->info().id().c_str(), dev->info().name.c_str(),
-                own && std::string(own) == "own" ? "own (CT_GPU_GEMM=own)" : "default");
+    const char* own_env = std::getenv("CT_GPU_GEMM");
+    std::printf("%s  %s  gemm: %s%s\n", dev->info().id().c_str(), dev->info().name.c_str(),
+                own_env && std::string(own_env) == "own" ? "own (CT_GPU_GEMM=own)" : "default",
+                compare ? "; --compare: own = CT_GPU_GEMM=own CT_GPU_TILES=1" : "");
     for (ct::DType dt : {ct::DType::f32, ct::DType::f16, ct::DType::bf16}) {
+      const bool half = dt != ct::DType::f32;
       for (const Shape& s : shapes) {
-        ct::Tensor a = dev->empty(s.ta ? ct::Shape{s.K, s.M} : ct::Shape{s.M, s.K}, dt,
-                                  ct::MemCategory::kActivations);
-        ct::Tensor b = dev->empty(s.tb ? ct::Shape{s.N, s.K} : ct::Shape{s.K, s.N}, dt,
-                                  ct::MemCategory::kActivations);
-        ct::Tensor c = dev->empty({s.M, s.N}, ct::DType::f32, ct::MemCategory::kActivations);
-        dev->fill(a, 0.01f);
-        dev->fill(b, 0.02f);
-        dev->matmul(c, a, b, s.ta, s.tb);
-        dev->synchronize();
-        std::vector<double> t;
-        for (int i = 0; i < iters; ++i) {
-          auto t0 = std::chrono::steady_clock::now();
-          dev->matmul(c, a, b, s.ta, s.tb);
-          dev->synchronize();
-          t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        }
-        std::sort(t.begin(), t.end());
-        const double med = t[t.size() / 2];
-        const double gflops = 2.0 * s.M * s.N * s.K / med / 1e9;
-        std::printf("  %-5s %-16s %6lld x %6lld x %6lld  %9.1f GFLOP/s  (%.3f ms)\n",
+        if (s.half_only && !half) continue;
+        const Timing t = time_row(*dev, s, dt, iters);
+        const std::string layout = std::string(s.ta ? "t" : "n") + (s.tb ? "t" : "n");
+        const char* cname = half && s.c_half ? ct::dtype_name(dt) : "f32";
+        std::printf("  %-5s %-16s %6lld x %6lld x %6lld %s -> %-4s%s %9.1f GFLOP/s (%.3f ms)",
                     ct::dtype_name(dt), s.what, static_cast<long long>(s.M),
-                    static_cast<long long>(s.N), static_cast<long long>(s.K), gflops, med * 1e3);
-        rows.push_back({{"dtype", ct::dtype_name(dt)},
-                        {"shape", s.what},
-                        {"M", s.M},
-                        {"N", s.N},
-                        {"K", s.K},
-                        {"median_s", med},
-                        {"gflops", gflops}});
+                    static_cast<long long>(s.N), static_cast<long long>(s.K), layout.c_str(), cname,
+                    half && s.wgrad ? " +=" : "   ", t.gflops, t.median_s * 1e3);
+        nlohmann::json row = {{"dtype", ct::dtype_name(dt)},
+                              {"shape", s.what},
+                              {"M", s.M},
+                              {"N", s.N},
+                              {"K", s.K},
+                              {"layout", layout},
+                              {"c", cname},
+                              {"beta", half && s.wgrad ? 1.0 : 0.0},
+                              {"median_s", t.median_s},
+                              {"gflops", t.gflops},
+                              {"path", t.path}};
+        if (own) {
+          const Timing o = time_row(*own, s, dt, iters);
+          std::printf("  own %9.1f GFLOP/s (%.2fx)", o.gflops, o.gflops / t.gflops);
+          row["own_gflops"] = o.gflops;
+          row["own_median_s"] = o.median_s;
+          row["own_path"] = o.path;
+          row["own_over_default"] = o.gflops / t.gflops;
+        }
+        std::printf("\n        path: %s\n", t.path.c_str());
+        if (own) std::printf("        own:  %s\n", row["own_path"].get<std::string>().c_str());
+        rows.push_back(row);
       }
     }
     if (!json_path.empty()) {
       std::ofstream out(json_path);
       out << nlohmann::json{{"device", dev->info().id()},
                             {"name", dev->info().name},
-                            {"gemm", own ? own : "default"},
+                            {"gemm", own_env ? own_env : "default"},
+                            {"compare", compare},
                             {"rows", rows}}
                  .dump(2)
           << "\n";

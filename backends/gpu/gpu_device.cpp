@@ -176,8 +176,9 @@ class GpuDevice final : public Device {
   void wait_event(const Event& e) override { rt_->wait_event(e.serial()); }
   void* native_stream() override { return rt_->native_stream(); }
 
-  // --profile: which kernels ran for the ops that have more than one path (flash attention),
-  // with call counts. No device times here (Nsight Compute / rocprof have them).
+  // --profile: which kernels ran for the ops that have more than one path (flash attention,
+  // matmul: the library or which own kernel), with call counts. No device times here (Nsight
+  // Compute / rocprof have them).
   void set_profiling(bool on) override {
     if (on && !profiling_) paths_.clear();
     profiling_ = on;
@@ -308,7 +309,10 @@ class GpuDevice final : public Device {
     g.trans_b = trans_b;
     g.alpha = alpha;
     g.beta = beta;
-    rt_->gemm(g);
+    if (!profiling_) return rt_->gemm(g);
+    std::string path;
+    rt_->gemm(g, &path);
+    ++paths_["matmul: " + path];
   }
   void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) override {
     const std::int64_t N = dbias.numel();

@@ -131,8 +131,21 @@ struct GemmArgs {
   bool trans_a = false, trans_b = false;
   float alpha = 1.0f, beta = 0.0f;
 };
-// The project's own tiled GEMM (tensor cores via the tile abstraction where the target has them).
+// The project's own GEMM: gemm_tc below where it takes g, else matmul.cu's tiled kernels (16-bit
+// inputs through the 64 x 64 matrix-tile kernel where the device runs tiles, else the scalar one).
 void gemm(const Ctx& cx, const GemmArgs& g);
+// Which of the own kernels gemm() runs for g and, for the general ones, why not gemm_tc: the path
+// --profile names ("gemm_tc_kernel (gemm_tc.cu, 128x128 tiles)", "gemm_tile_kernel (...): a's rows
+// are not 16-byte aligned ...", "gemm_kernel (...)").
+std::string gemm_path(const Ctx& cx, const GemmArgs& g);
+// --- gemm_tc.cu ----------------------------------------------------------------------------
+// The same GEMM on the matrix tile in 128 x 128 block tiles (mma.sync + ldmatrix on sm_80+, MFMA
+// on gfx90a, the runtime's collectives on SIMT, the tile's scalar form elsewhere), for what it
+// takes: a device with matrix tiles, a and b of F16 or BF16 whose rows are 16-byte aligned (each
+// pointer, leading dimension and batch stride). gemm_tc_refusal: nullptr when it takes g, else
+// why not (a static string); gemm_tc throws std::invalid_argument with that reason.
+const char* gemm_tc_refusal(const Ctx& cx, const GemmArgs& g);
+void gemm_tc(const Ctx& cx, const GemmArgs& g);
 // dbias [N] (+=) column sums of dout [M,N] (dout_elem), by a fixed tree over rows (workspace).
 std::size_t bias_backward_workspace(std::int64_t M, std::int64_t N);
 void bias_backward(const Ctx& cx, float* dbias, const void* dout, Elem dout_elem, std::int64_t M,

@@ -12,6 +12,8 @@
 //   ct_ldmatrix_x1 / _x2 / _x4 (r, row), and _trans        row: this lane's row address (shared)
 //   ct_mfma_32x32x8_f16 / _bf16(d[16], a[2], b[2], c[16]) wave64 (4 halves in 2 regs)
 //   ct_mfma_16x16x16_f16 / _bf16(d[4], a[2], b[2], c[4])  wave64
+//   ct_cp_async_16(dst, src, bytes), ct_cp_async_commit(), ct_cp_async_wait<N>()
+//                                                        16-byte global -> shared copies (below)
 //
 // Arithmetic where this layer computes (SIMT and the portable forms): every element of D is
 // c, then + a_k b_k for k = 0 .. K-1 in order, in f32, one rounding per add (16-bit and tf32
@@ -234,4 +236,43 @@ CT_MFMA(ct_mfma_16x16x16_bf16, 4, __builtin_amdgcn_mfma_f32_16x16x16bf16_1k, sho
         ::ct::gpu::matrix_detail::kBF16, Mfma16x16x16)
 #undef CT_MFMA
 
+#endif
+
+// Asynchronous copies global -> shared, 16 bytes (PTX cp.async.cg.shared.global, sm_80+):
+//   ct_cp_async_16(dst, src, bytes)  dst in shared memory, both 16-byte aligned; bytes 16 copies,
+//                                     0 writes zeros (src is not read, but must be an address of
+//                                     the operand, as the hardware may form it)
+//   ct_cp_async_commit()             closes this thread's group of copies issued so far
+//   ct_cp_async_wait<N>()            waits until at most N of this thread's groups are pending
+// The copies are visible to other threads after the wait and a __syncthreads, as on hardware.
+// Everywhere else (the SIMT runtime, HIP, CUDA before sm_80) the copy is a plain 16-byte load and
+// store at the call, and commit and wait do nothing: a kernel written for the asynchronous form
+// computes the same there, since every copy is complete before any wait could return.
+namespace ct::gpu::matrix_detail {
+struct alignas(16) Bytes16 {
+  std::uint32_t w[4];
+};
+}  // namespace ct::gpu::matrix_detail
+
+#if defined(CT_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void ct_cp_async_16(void* dst, const void* src, int bytes) {
+  const auto s = static_cast<std::uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void ct_cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void ct_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+#else
+__device__ __forceinline__ void ct_cp_async_16(void* dst, const void* src, int bytes) {
+  using ::ct::gpu::matrix_detail::Bytes16;
+  *static_cast<Bytes16*>(dst) = bytes ? *static_cast<const Bytes16*>(src) : Bytes16{};
+}
+__device__ __forceinline__ void ct_cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void ct_cp_async_wait() {}
 #endif

@@ -41,6 +41,7 @@ constexpr ApiError kApiOutOfMemory = cudaErrorMemoryAllocation;
 constexpr cudaDeviceAttr kApiMultiprocessors = cudaDevAttrMultiProcessorCount;
 constexpr const char* kTarget = "cuda";
 constexpr const char* kTargetUpper = "CUDA";
+constexpr const char* kLibrary = "cuBLASLt";  // the GEMM library, as --profile names it
 #else
 using ApiError = hipError_t;
 using ApiStream = hipStream_t;
@@ -50,6 +51,7 @@ constexpr ApiError kApiOutOfMemory = hipErrorOutOfMemory;
 constexpr hipDeviceAttribute_t kApiMultiprocessors = hipDeviceAttributeMultiprocessorCount;
 constexpr const char* kTarget = "hip";
 constexpr const char* kTargetUpper = "HIP";
+constexpr const char* kLibrary = "rocBLAS";
 #endif
 
 // "CT_API(Malloc)(&p, n)" as the call reads in the vendor's API: "cudaMalloc(&p, n)".
@@ -179,9 +181,11 @@ class NativeRuntime final : public gpu::Runtime {
     const char* unit = "MFMA 32x32x8";
 #endif
     tiles_ = gpu::matrix_tiles_setting(hw);
-    info_.extra.push_back({"own GEMM, 16-bit", tiles_ ? std::string("matrix tiles (") +
-                                                            (hw ? unit : "scalar form") + ")"
-                                                      : std::string("scalar tiled kernel")});
+    info_.extra.push_back(
+        {"own GEMM, 16-bit", tiles_ ? std::string("128x128 tensor-core kernel on matrix tiles (") +
+                                          (hw ? unit : "scalar form") +
+                                          "; rows not 16-byte aligned: 64x64 tiles)"
+                                    : std::string("scalar tiled kernel")});
   }
   ~NativeRuntime() override {
     (void)CT_API(SetDevice)(index_);
@@ -269,17 +273,28 @@ class NativeRuntime final : public gpu::Runtime {
   void* native_stream() override {
     return stream_;
   }
-  void gemm(const gpu::GemmArgs& g) override {
+  void gemm(const gpu::GemmArgs& g, std::string* path) override {
     // CT_GPU_GEMM=own: always the project's kernel (benchmarks compare the two).
-    if (own_gemm_) return gpu::gemm(ctx(), g);
-    if (blas_->gemm(g, stream_)) return;
+    if (own_gemm_) {
+      const gpu::Ctx cx = ctx();
+      gpu::gemm(cx, g);
+      if (path) *path = "own (CT_GPU_GEMM=own) " + gpu::gemm_path(cx, g);
+      return;
+    }
+    if (blas_->gemm(g, stream_)) {
+      if (path) *path = kLibrary;
+      return;
+    }
     // Not silently: each shape the library refuses is said once on stderr, and counted for
     // --profile (gemm_fallbacks).
+    const gpu::Ctx cx = ctx();
     const std::string key = gemm_key(g);
     if (fallbacks_[key]++ == 0)
-      std::fprintf(stderr, "%s: %s has no algorithm for %s; the own kernel runs it (slower)\n",
-                   info_.id().c_str(), blas_->describe().c_str(), key.c_str());
-    gpu::gemm(ctx(), g);
+      std::fprintf(stderr, "%s: %s has no algorithm for %s; the own kernel runs it: %s\n",
+                   info_.id().c_str(), blas_->describe().c_str(), key.c_str(),
+                   gpu::gemm_path(cx, g).c_str());
+    gpu::gemm(cx, g);
+    if (path) *path = std::string("own, ") + kLibrary + " refused: " + gpu::gemm_path(cx, g);
   }
   std::map<std::string, std::int64_t> gemm_fallbacks() const override {
     return fallbacks_;

@@ -54,8 +54,13 @@ class Runtime {
   virtual void* native_stream() = 0;
 
   // c = alpha op(a) op(b) + beta c (+ bias) through the target's GEMM library where it has one
-  // for these arguments; the default (and the fallback) is the project's own kernel.
-  virtual void gemm(const GemmArgs& g) { ::ct::gpu::gemm(ctx(), g); }
+  // for these arguments; the default (and the fallback) is the project's own kernel. With `path`,
+  // also says which ran, as --profile names it (the library, or gemm_path's own kernel).
+  virtual void gemm(const GemmArgs& g, std::string* path = nullptr) {
+    const Ctx cx = ctx();
+    ::ct::gpu::gemm(cx, g);
+    if (path) *path = "own " + ::ct::gpu::gemm_path(cx, g);
+  }
   // The GEMMs the target's library refused and the own kernel ran instead, by shape ("bf16 x
   // bf16 -> f32, 768x3072x8192 tn, bias, batch 1" -> calls). Empty where the target has no
   // library (there the own kernel is the GEMM by design, not a fallback).

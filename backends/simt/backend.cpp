@@ -55,7 +55,9 @@ class SimtRuntime final : public gpu::Runtime {
  public:
   SimtRuntime() : info_(make_info()) {
     info_.extra.push_back(
-        {"own GEMM, 16-bit", tiles_ ? "matrix tiles (scalar form)" : "scalar tiled kernel"});
+        {"own GEMM, 16-bit", tiles_ ? "128x128 tensor-core kernel on matrix tiles (the runtime's "
+                                      "collectives; rows not 16-byte aligned: 64x64 tiles)"
+                                    : "scalar tiled kernel"});
   }
   const DeviceInfo& info() const override { return info_; }
   gpu::Ctx ctx() override {
@@ -100,11 +102,12 @@ class SimtRuntime final : public gpu::Runtime {
   void* native_stream() override { return nullptr; }
 
  private:
-  // The 16-bit GEMM through the matrix tile with CT_GPU_TILES=1: one call of the runtime's
-  // matrix collective per tile (it gives the scalar kernel's bits, so only speed depends on it).
-  // Off by default: a round of fiber switches per tile still makes it slower here than the
-  // scalar kernel (backends/gpu/README.md has the figures; tests/simt/mma_test.cpp runs the tile
-  // path at both warp sizes).
+  // The 16-bit GEMM through the matrix tile with CT_GPU_TILES=1 (gemm_tc.cu, or matmul.cu's tile
+  // kernel for unaligned rows): one call of the runtime's matrix collective per tile (it gives the
+  // scalar kernel's bits, so only speed depends on it). Off by default: a round of fiber switches
+  // per tile makes it ~6x slower here than the scalar kernel (backends/gpu/README.md has the
+  // figures; tests/simt/mma_test.cpp and tests/ops/gemm_tc_test.cpp run the tile paths at both
+  // warp sizes).
   bool tiles_ = gpu::matrix_tiles_setting(false);
   DeviceInfo info_;
 };

@@ -10,6 +10,11 @@ __global__ void CT_LAUNCH_BOUNDS(WARP) matrix_ops_all(float* out, const std::uin
   const int lane = threadIdx.x;
   for (int i = lane; i < 4 * 8 * 8; i += WARP) tile[i] = static_cast<std::uint16_t>(in[i]);
   __syncthreads();
+  // cp.async: the second half of the tile again from `in`, 16 bytes a lane (zeros from lane 8).
+  if (lane < 16) ct_cp_async_16(tile + 128 + 8 * lane, in + 4 * lane, lane < 8 ? 16 : 0);
+  ct_cp_async_commit();
+  ct_cp_async_wait<0>();
+  __syncthreads();
   const void* row = tile + 8 * (lane % 32);
   std::uint32_t r1[1], r2[2], r4[4], s1[1], s2[2], s4[4];
   ct_ldmatrix_x1(r1, row);

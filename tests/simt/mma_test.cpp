@@ -1,7 +1,9 @@
-// The own GEMM's matrix-tile path (backends/gpu/kernels/mma.h) on the SIMT runtime, where the
-// tile runs its scalar form: at warp 32 (mma.sync m16n8k16 fragments) and 64 (MFMA 32x32x8
-// fragments) it must give the scalar GEMM kernel's bits exactly -- every layout, odd shapes,
-// batches, alpha/beta/bias, f32 and 16-bit c -- and both must agree with a double reference.
+// The own GEMM's matrix-tile paths (backends/gpu/kernels/mma.h: gemm_tile_kernel of matmul.cu and
+// gemm_tc_kernel of gemm_tc.cu) on the SIMT runtime, where each tile is one call of the runtime's
+// matrix collective (or ldmatrix's): at warp 32 (mma.sync m16n8k16 fragments) and 64 (MFMA
+// 32x32x8 fragments) they must give the scalar GEMM kernel's bits exactly -- every layout, odd
+// shapes, batches, alpha/beta/bias, f32 and 16-bit c -- and both must agree with a double
+// reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -41,84 +43,120 @@ std::string name(const Case& c, Elem e, int warp) {
          std::to_string(c.beta) + (c.bias ? " bias" : "") + (c.c16 ? " c16" : "");
 }
 
+// Runs c through the scalar kernel and through the matrix-tile path (gemm() with matrix tiles:
+// gemm_tc_kernel where gemm_tc_refusal takes the call, else gemm_tile_kernel), asserts equal bits
+// and both against a double reference. `path` is the start gemm_path must name for the tile run.
+void run_case(ct::simt::Runtime& rt, std::mt19937& rng, const Case& c, Elem e, int warp,
+              const std::string& path) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  const std::int64_t sa = c.M * c.K, sb = c.K * c.N, sc = c.M * c.N;
+  std::vector<std::uint16_t> a(c.batch * sa), b(c.batch * sb);
+  for (auto& v : a) v = to16(e, u(rng));
+  for (auto& v : b) v = to16(e, u(rng));
+  std::vector<float> bias(c.N), c0(c.batch * sc);
+  for (auto& v : bias) v = u(rng);
+  for (auto& v : c0) v = u(rng);
+  const Elem ce = c.c16 ? e : Elem::kF32;
+  const std::size_t cbytes = c0.size() * ct::gpu::elem_size(ce);
+  std::vector<unsigned char> init(cbytes);
+  for (std::size_t i = 0; i < c0.size(); ++i) {
+    if (c.c16) {
+      const std::uint16_t h = to16(e, c0[i]);
+      std::memcpy(&init[2 * i], &h, 2);
+      c0[i] = from16(e, h);
+    } else {
+      std::memcpy(&init[4 * i], &c0[i], 4);
+    }
+  }
+  std::vector<unsigned char> scalar = init, tiled = init;
+  ct::gpu::GemmArgs g;
+  g.a = a.data(), g.b = b.data(), g.bias = c.bias ? bias.data() : nullptr;
+  g.ab_elem = e, g.c_elem = ce;
+  g.batch = c.batch, g.M = c.M, g.N = c.N, g.K = c.K;
+  g.stride_a = sa, g.stride_b = sb, g.stride_c = sc;
+  g.trans_a = c.ta, g.trans_b = c.tb, g.alpha = c.alpha, g.beta = c.beta;
+  ct::gpu::Ctx cx;
+  cx.warp = warp, cx.stream = &rt;
+  g.c = scalar.data();
+  ct::gpu::gemm(cx, g);
+  cx.matrix_tiles = true;
+  g.c = tiled.data();
+  const std::string what = name(c, e, warp);
+  ASSERT_EQ(ct::gpu::gemm_path(cx, g).rfind(path, 0), 0u)
+      << what << ": " << ct::gpu::gemm_path(cx, g);
+  ct::gpu::gemm(cx, g);
+  ASSERT_EQ(0, std::memcmp(scalar.data(), tiled.data(), cbytes)) << what;
+
+  // And both are the product: a double reference within fp32-accumulation rounding (plus one
+  // 16-bit rounding of c).
+  for (std::int64_t z = 0; z < c.batch; ++z)
+    for (std::int64_t m = 0; m < c.M; ++m)
+      for (std::int64_t n = 0; n < c.N; ++n) {
+        double ref = 0, mag = 0;
+        for (std::int64_t k = 0; k < c.K; ++k) {
+          const float av = from16(e, a[z * sa + (c.ta ? k * c.M + m : m * c.K + k)]);
+          const float bv = from16(e, b[z * sb + (c.tb ? n * c.K + k : k * c.N + n)]);
+          ref += static_cast<double>(av) * bv;
+          mag += std::fabs(static_cast<double>(av) * bv);
+        }
+        const std::int64_t at = z * sc + m * c.N + n;
+        ref = c.alpha * ref + c.beta * c0[at] + (c.bias ? bias[n] : 0.0f);
+        float got;
+        if (c.c16) {
+          std::uint16_t h;
+          std::memcpy(&h, &tiled[2 * at], 2);
+          got = from16(e, h);
+        } else {
+          std::memcpy(&got, &tiled[4 * at], 4);
+        }
+        const double tol = (c.c16 ? (e == Elem::kF16 ? 1e-3 : 8e-3) * std::fabs(ref) : 0) +
+                           1e-6 * (std::fabs(c.alpha) * mag + 2) + 1e-6;
+        ASSERT_NEAR(got, ref, tol) << what << " at " << z << "," << m << "," << n;
+      }
+}
+
+// Shapes whose rows are not all 16-byte aligned: the 64 x 64 tile kernel (gemm_tile_kernel).
 TEST(SimtMatrixTile, GemmThroughTheTileEqualsTheScalarKernelBitForBit) {
   ct::simt::Runtime rt(2);
   std::mt19937 rng(5);
-  std::uniform_real_distribution<float> u(-1, 1);
   const Case cases[] = {
       {1, 1, 1, 1, false, false, 1, 0, false, false},
       {1, 17, 9, 16, false, false, 1, 0, false, false},
-      {1, 64, 64, 32, false, true, 1, 0, true, false},
+      {1, 64, 63, 32, false, false, 1, 0, true, false},
       {1, 70, 33, 19, true, false, 0.5f, 1, false, false},
       {1, 65, 130, 47, true, true, 1, 0, true, true},
       {2, 37, 50, 29, false, true, 1, 0.25f, false, false},
-      {3, 8, 96, 100, true, false, 2, 0, true, true},
+      {3, 9, 96, 100, true, false, 2, 0, true, true},
   };
   for (Elem e : {Elem::kF16, Elem::kBF16})
     for (const Case& c : cases)
       for (int warp : {32, 64}) {
-        const std::int64_t sa = c.M * c.K, sb = c.K * c.N, sc = c.M * c.N;
-        std::vector<std::uint16_t> a(c.batch * sa), b(c.batch * sb);
-        for (auto& v : a) v = to16(e, u(rng));
-        for (auto& v : b) v = to16(e, u(rng));
-        std::vector<float> bias(c.N), c0(c.batch * sc);
-        for (auto& v : bias) v = u(rng);
-        for (auto& v : c0) v = u(rng);
-        const Elem ce = c.c16 ? e : Elem::kF32;
-        const std::size_t cbytes = c0.size() * ct::gpu::elem_size(ce);
-        std::vector<unsigned char> init(cbytes);
-        for (std::size_t i = 0; i < c0.size(); ++i) {
-          if (c.c16) {
-            const std::uint16_t h = to16(e, c0[i]);
-            std::memcpy(&init[2 * i], &h, 2);
-            c0[i] = from16(e, h);
-          } else {
-            std::memcpy(&init[4 * i], &c0[i], 4);
-          }
-        }
-        std::vector<unsigned char> scalar = init, tiled = init;
-        ct::gpu::GemmArgs g;
-        g.a = a.data(), g.b = b.data(), g.bias = c.bias ? bias.data() : nullptr;
-        g.ab_elem = e, g.c_elem = ce;
-        g.batch = c.batch, g.M = c.M, g.N = c.N, g.K = c.K;
-        g.stride_a = sa, g.stride_b = sb, g.stride_c = sc;
-        g.trans_a = c.ta, g.trans_b = c.tb, g.alpha = c.alpha, g.beta = c.beta;
-        ct::gpu::Ctx cx;
-        cx.warp = warp, cx.stream = &rt;
-        g.c = scalar.data();
-        ct::gpu::gemm(cx, g);
-        cx.matrix_tiles = true;
-        g.c = tiled.data();
-        ct::gpu::gemm(cx, g);
-        const std::string what = name(c, e, warp);
-        ASSERT_EQ(0, std::memcmp(scalar.data(), tiled.data(), cbytes)) << what;
+        run_case(rt, rng, c, e, warp, "gemm_tile_kernel");
+        if (HasFatalFailure()) return;
+      }
+}
 
-        // And both are the product: a double reference within fp32-accumulation rounding
-        // (plus one 16-bit rounding of c).
-        for (std::int64_t z = 0; z < c.batch; ++z)
-          for (std::int64_t m = 0; m < c.M; ++m)
-            for (std::int64_t n = 0; n < c.N; ++n) {
-              double ref = 0, mag = 0;
-              for (std::int64_t k = 0; k < c.K; ++k) {
-                const float av = from16(e, a[z * sa + (c.ta ? k * c.M + m : m * c.K + k)]);
-                const float bv = from16(e, b[z * sb + (c.tb ? n * c.K + k : k * c.N + n)]);
-                ref += static_cast<double>(av) * bv;
-                mag += std::fabs(static_cast<double>(av) * bv);
-              }
-              const std::int64_t at = z * sc + m * c.N + n;
-              ref = c.alpha * ref + c.beta * c0[at] + (c.bias ? bias[n] : 0.0f);
-              float got;
-              if (c.c16) {
-                std::uint16_t h;
-                std::memcpy(&h, &tiled[2 * at], 2);
-                got = from16(e, h);
-              } else {
-                std::memcpy(&got, &tiled[4 * at], 4);
-              }
-              const double tol = (c.c16 ? (e == Elem::kF16 ? 1e-3 : 8e-3) * std::fabs(ref) : 0) +
-                                 1e-6 * (std::fabs(c.alpha) * mag + 2) + 1e-6;
-              ASSERT_NEAR(got, ref, tol) << what << " at " << z << "," << m << "," << n;
-            }
+// Aligned rows: the 128 x 128 tensor-core kernel (gemm_tc_kernel), whose fragments come by
+// ldmatrix (warp 32) or 8-byte reads (warp 64) and whose slices are double buffered. Every layout;
+// M, N not multiples of the tile, K of the 32-deep slice; one slice, two (both buffers), three;
+// more block rows than a group (kGroupM = 8); batches; alpha, beta, bias; f32 and 16-bit c.
+TEST(SimtMatrixTile, TensorCoreGemmEqualsTheScalarKernelBitForBit) {
+  ct::simt::Runtime rt(2);
+  std::mt19937 rng(6);
+  const Case cases[] = {
+      {1, 8, 8, 8, false, false, 1, 0, false, false},
+      {1, 24, 40, 72, false, true, 1, 0, true, false},
+      {1, 136, 16, 40, true, false, 0.5f, 1, false, false},
+      {1, 16, 136, 16, true, true, 1, 0, true, true},
+      {2, 40, 24, 48, false, false, 1, 0.25f, false, true},
+      {1, 1160, 8, 8, false, true, 1, 0, true, false},
+      {3, 8, 48, 96, true, false, 2, 0, true, true},
+  };
+  for (Elem e : {Elem::kF16, Elem::kBF16})
+    for (const Case& c : cases)
+      for (int warp : {32, 64}) {
+        run_case(rt, rng, c, e, warp, "gemm_tc_kernel");
+        if (HasFatalFailure()) return;
       }
 }
 

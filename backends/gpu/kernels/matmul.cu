@@ -10,7 +10,9 @@
 //
 // gemm_tile_kernel: the same GEMM for 16-bit a and b through the matrix tile of
 // backends/gpu/kernels/mma.h (tensor cores on sm_80+, MFMA on gfx90a, the scalar form elsewhere).
-// Four warps a block, each owning a 32 x 32 part of the block's 64 x 64 tile of c.
+// Four warps a block, each owning a 32 x 32 part of the block's 64 x 64 tile of c. It runs what
+// the 128 x 128 tensor-core kernel of gemm_tc.cu does not take (gemm() asks gemm_tc_refusal
+// first): 16-bit operands whose rows are not 16-byte aligned.
 #include "backends/gpu/kernels/common.h"
 #include "backends/gpu/kernels/mma.h"
 
@@ -270,6 +272,7 @@ void gemm(const Ctx& cx, const GemmArgs& g) {
   if (g.batch <= 0 || g.M <= 0 || g.N <= 0) return;
   if (g.c_elem != Elem::kF32 && g.c_elem != g.ab_elem)
     throw std::invalid_argument("gemm: c must be f32 or of a's and b's element type");
+  if (!gemm_tc_refusal(cx, g)) return gemm_tc(cx, g);
   with_warp(cx.warp, [&](auto w) {
     constexpr int W = decltype(w)::value;
     with_elem(g.ab_elem, [&](auto abt) {
@@ -287,6 +290,14 @@ void gemm(const Ctx& cx, const GemmArgs& g) {
         by_c(AB{});
     });
   });
+}
+
+std::string gemm_path(const Ctx& cx, const GemmArgs& g) {
+  const char* no = gemm_tc_refusal(cx, g);
+  if (!no) return "gemm_tc_kernel (gemm_tc.cu, 128x128 tiles)";
+  if (g.ab_elem != Elem::kF32 && cx.matrix_tiles)
+    return std::string("gemm_tile_kernel (matmul.cu, 64x64 tiles): ") + no;
+  return std::string("gemm_kernel (matmul.cu, scalar): ") + no;
 }
 
 std::size_t bias_backward_workspace(std::int64_t M, std::int64_t N) {

@@ -144,14 +144,45 @@ __device__ __forceinline__ void mma_scalar(float (&c)[MmaLayout<WARP>::NC],
 // The targets where mma() runs one matrix instruction per tile (backends/gpu/matrix_ops.h): the
 // hardware's, or on the SIMT runtime its warp collective, which sums in the scalar form's order.
 #if defined(CT_GPU_SIMT) || (defined(CT_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
-#define CT_MMA_TILE_32 1
+inline constexpr bool kMmaTile32 = true;
+#else
+inline constexpr bool kMmaTile32 = false;
 #endif
 #if defined(CT_GPU_SIMT) || (defined(CT_GPU_HIP) && defined(__gfx90a__))
-#define CT_MMA_TILE_64 1
+inline constexpr bool kMmaTile64 = true;
+#else
+inline constexpr bool kMmaTile64 = false;
 #endif
 
-// c += a b on the warp: the matrix instruction where the target has one (on SIMT: the runtime's
-// collective, one call per tile), else the scalar form.
+// c += a b on the warp from the instruction's operand registers (16-bit elements two to a 32-bit
+// register, element 2r in the low half of register r, as ldmatrix delivers them): the matrix
+// instruction where the target has one (on SIMT: the runtime's collective, one call per tile),
+// else the scalar form.
+template <int WARP, typename AB>
+__device__ __forceinline__ void mma_regs(float (&c)[MmaLayout<WARP>::NC],
+                                         const std::uint32_t (&a)[MmaLayout<WARP>::NA / 2],
+                                         const std::uint32_t (&b)[MmaLayout<WARP>::NB / 2]) {
+  using L = MmaLayout<WARP>;
+  constexpr bool kBf = std::is_same_v<AB, BF16>;
+  if constexpr (WARP == 32 && kMmaTile32) {
+    if constexpr (kBf)
+      ct_mma_m16n8k16_bf16(c, a, b, c);
+    else
+      ct_mma_m16n8k16_f16(c, a, b, c);
+  } else if constexpr (WARP == 64 && kMmaTile64) {
+    if constexpr (kBf)
+      ct_mfma_32x32x8_bf16(c, a, b, c);
+    else
+      ct_mfma_32x32x8_f16(c, a, b, c);
+  } else {
+    std::uint16_t ua[L::NA], ub[L::NB];
+    for (int e = 0; e < L::NA; ++e) ua[e] = static_cast<std::uint16_t>(a[e / 2] >> (16 * (e % 2)));
+    for (int e = 0; e < L::NB; ++e) ub[e] = static_cast<std::uint16_t>(b[e / 2] >> (16 * (e % 2)));
+    mma_scalar<WARP, AB>(c, ua, ub);
+  }
+}
+
+// c += a b on the warp from the fragments' elements (MmaLayout's numbering): mma_regs.
 template <int WARP, typename AB>
 __device__ __forceinline__ void mma(float (&c)[MmaLayout<WARP>::NC],
                                     const std::uint16_t (&a)[MmaLayout<WARP>::NA],
@@ -159,30 +190,12 @@ __device__ __forceinline__ void mma(float (&c)[MmaLayout<WARP>::NC],
   using L = MmaLayout<WARP>;
   // Elements 2r and 2r + 1 go to the low and high half of register r, as the instructions take
   // them (matrix_layouts.h numbers them so; MmaLayout's a_row/a_k agree, see the tests).
-  [[maybe_unused]] std::uint32_t ra[L::NA / 2], rb[L::NB / 2];
+  std::uint32_t ra[L::NA / 2], rb[L::NB / 2];
   for (int r = 0; r < L::NA / 2; ++r)
     ra[r] = a[2 * r] | static_cast<std::uint32_t>(a[2 * r + 1]) << 16;
   for (int r = 0; r < L::NB / 2; ++r)
     rb[r] = b[2 * r] | static_cast<std::uint32_t>(b[2 * r + 1]) << 16;
-#if defined(CT_MMA_TILE_32)
-  if constexpr (WARP == 32) {
-    if constexpr (std::is_same_v<AB, BF16>)
-      ct_mma_m16n8k16_bf16(c, ra, rb, c);
-    else
-      ct_mma_m16n8k16_f16(c, ra, rb, c);
-    return;
-  }
-#endif
-#if defined(CT_MMA_TILE_64)
-  if constexpr (WARP == 64) {
-    if constexpr (std::is_same_v<AB, BF16>)
-      ct_mfma_32x32x8_bf16(c, ra, rb, c);
-    else
-      ct_mfma_32x32x8_f16(c, ra, rb, c);
-    return;
-  }
-#endif
-  mma_scalar<WARP, AB>(c, a, b);
+  mma_regs<WARP, AB>(c, ra, rb);
 }
 
 }  // namespace ct::gpu
