@@ -9,20 +9,23 @@
 # libdnnl, libvulkan or JIT code), and LeakSanitizer's tracer crashes (SIGSEGV) on this VM for
 # processes that ran lavapipe's threads.
 #
-# What runs here is what sanitizers can find: memory and UB errors in host code. The release
-# run (ctest in build/) runs every case; this one (test preset debug-asan, CMakePresets.json)
-# runs all of test_core, test_io, test_train, test_tools, test_simt, the fuzz corpus, the op
-# suites on cpu_0, simt_0 and simt64_0 (the CPU kernels at each ISA level, the SIMT runtime and
-# every GPU kernel source executed by it), the models on cpu_0, and the Vulkan host code
-# (device, memory, streams, range splitting, the GEMM planner, the coopmat gate, pipeline cache)
-# through a small shader set. Left to the release run, with the reason:
+# What runs here is what sanitizers can find: memory and UB errors in host code. The release run
+# (ctest in build/) runs every case; this one (test preset debug-asan, CMakePresets.json) runs all
+# of test_core, test_io, test_train, test_tools, test_simt, test_dist (but the two device runs
+# named below), the fuzz corpus, the op suites on cpu_0, simt_0 and simt64_0 (the CPU kernels at
+# each ISA level, the SIMT runtime and every GPU kernel source executed by it), the models on
+# cpu_0, and the Vulkan host code (device, memory, streams, range splitting, the GEMM planner, the
+# coopmat gate, pipeline cache) through a small shader set. Left to the release run, with the
+# reason:
 #   - the op cases of the other Vulkan shaders (attention, flash attention, norms, optimizers,
 #     the mixed-precision and ULP sweeps, ...) and test_vulkan's shader-variant sweeps and
 #     training runs: their work is in lavapipe's JIT-compiled shaders, which ASan does not
 #     instrument, and their host code is the same dispatch path the small set covers;
 #   - the end-to-end model runs on simt/simt64/vulkan (TrainParity, GPT2Golden, LlamaGolden,
-#     LoraTraining, FusedAttentionTraining) and TrainChain: minutes of fiber switching or JIT
-#     code under ASan repeating host paths the cpu_0 model cases and the simt op suites cover;
+#     LoraTraining, FusedAttentionTraining), TrainChain and the data-parallel runs on lavapipe
+#     and simt (DataParallel.VulkanOnLavapipe/SimtKernels): minutes of fiber switching or JIT
+#     code under ASan repeating host paths the cpu_0 model cases, the cpu data-parallel cases
+#     and the simt op suites cover;
 #   - ReferenceGPT2Golden / ReferenceLlamaGolden: the reference device's kernels at model size
 #     (169 s and 151 s at -O1 under ASan, nearly all in its matmul); the same kernels are the
 #     oracle of every op case here, and the models' host code runs in the cpu_0 golden cases;

@@ -120,15 +120,6 @@ class DataParallel : public ::testing::Test {
     }
   }
 
-  // The lavapipe and simt runs are left to the release build, as the sanitizer run leaves the
-  // other end-to-end runs on those devices (scripts/test_sanitized.sh): their time goes to JIT
-  // code or fiber switching, and the host code of data parallelism is the cpu cases'.
-  void skip_in_sanitizer_build() {
-#if defined(__SANITIZE_ADDRESS__)
-    GTEST_SKIP() << "left to the release run in an AddressSanitizer build";
-#endif
-  }
-
   fs::path dir_;
 };
 
@@ -184,7 +175,6 @@ TEST_F(DataParallel, CpuWithBf16) {
 
 // Each rank opens its own lavapipe device, under the validation layer (a message fails the run).
 TEST_F(DataParallel, VulkanOnLavapipe) {
-  skip_in_sanitizer_build();
   if (std::string(CT_EXPECTED_BACKENDS).find("vulkan") == std::string::npos)
     GTEST_SKIP() << "this build has no Vulkan backend";
   std::string env = "CROSSTRAIN_VK_VALIDATION=1 ";
@@ -202,7 +192,6 @@ TEST_F(DataParallel, VulkanOnLavapipe) {
 
 // The CUDA/HIP kernel sources on the CPU SIMT runtime, the host's threads divided between ranks.
 TEST_F(DataParallel, SimtKernels) {
-  skip_in_sanitizer_build();
   ASSERT_EQ(train(0, 4, "one", "--backend simt", 4).status, 0);
   const Proc two = train(2, 2, "two", "--backend simt", 4);
   expect_two_rank_run(two, "two");
