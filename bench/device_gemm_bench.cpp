@@ -19,7 +19,6 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,25 +35,6 @@ struct Shape {
   bool half_only = false;  // a row of the 16-bit dtypes only
   bool c_half = false;     // c in the input type (16-bit rows)
 };
-
-// Opens spec with CT_GPU_GEMM=own and CT_GPU_TILES=1 (the old values restored).
-std::unique_ptr<ct::Device> open_own(const std::string& spec) {
-  std::vector<std::pair<const char*, std::optional<std::string>>> saved;
-  for (const char* name : {"CT_GPU_GEMM", "CT_GPU_TILES"}) {
-    const char* old = std::getenv(name);
-    saved.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-  }
-  setenv("CT_GPU_GEMM", "own", 1);
-  setenv("CT_GPU_TILES", "1", 1);
-  auto d = ct::open_device(spec);
-  for (const auto& [name, old] : saved) {
-    if (old)
-      setenv(name, old->c_str(), 1);
-    else
-      unsetenv(name);
-  }
-  return d;
-}
 
 struct Timing {
   double median_s = 0, gflops = 0;
@@ -127,7 +107,9 @@ int main(int argc, char** argv) {
   }
   try {
     auto dev = ct::open_device(spec);
-    std::unique_ptr<ct::Device> own = compare ? open_own(spec) : nullptr;
+    std::unique_ptr<ct::Device> own =
+        compare ? ct::open_device_with_env(spec, {{"CT_GPU_GEMM", "own"}, {"CT_GPU_TILES", "1"}})
+                : nullptr;
     const bool small = dev->info().test_only;  // the CPU SIMT runtime: tiny only
     // The first five rows as before (c f32, beta 0, every dtype): the forward products and one
     // weight gradient. Then, 16-bit only, the layer's products as bf16 training issues them.

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -214,6 +215,32 @@ std::unique_ptr<Device> open_device(const std::string& spec) {
   std::string chosen = choose_auto_device(&why);
   std::fprintf(stderr, "%s\n", why.c_str());
   return open_device_spec(chosen);
+}
+
+std::unique_ptr<Device> open_device_with_env(
+    const std::string& spec, std::initializer_list<std::pair<const char*, const char*>> env) {
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved;
+  for (const auto& [name, value] : env) {
+    const char* old = std::getenv(name);
+    saved.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+    setenv(name, value, 1);
+  }
+  auto restore = [&saved] {
+    for (const auto& [name, old] : saved) {
+      if (old)
+        setenv(name, old->c_str(), 1);
+      else
+        unsetenv(name);
+    }
+  };
+  try {
+    std::unique_ptr<Device> d = open_device(spec);
+    restore();
+    return d;
+  } catch (...) {
+    restore();
+    throw;
+  }
 }
 
 static std::unique_ptr<Device> open_device_spec(const std::string& spec) {

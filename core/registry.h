@@ -2,8 +2,10 @@
 #pragma once
 
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -59,6 +61,11 @@ struct ShutdownBackendsOnReturn {
 // naming the known backends and devices when the spec does not match one, with the reason when it
 // is unavailable.
 std::unique_ptr<Device> open_device(const std::string& spec);
+// open_device(spec) with each `name`=`value` set in the environment while the device opens, the
+// old values (or their absence) restored afterwards: for the settings a device reads when it
+// opens (the GPU device's CT_GPU_TILES and CT_GPU_GEMM), as the tests and benchmarks use them.
+std::unique_ptr<Device> open_device_with_env(
+    const std::string& spec, std::initializer_list<std::pair<const char*, const char*>> env);
 
 // "cuda:0 (NVIDIA ...), vulkan:0 (...), ..." -- every usable device, or "none".
 std::string available_devices();

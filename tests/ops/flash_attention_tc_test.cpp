@@ -11,7 +11,6 @@
 // restore it afterwards) instead of the harness's shared one.
 #include <cstdlib>
 #include <memory>
-#include <optional>
 #include <sstream>
 
 #include "tests/common/half_compare.h"
@@ -21,19 +20,6 @@ namespace {
 
 bool gpu_device_backend(const std::string& b) {
   return b == "simt" || b == "simt64" || b == "cuda" || b == "hip";
-}
-
-// Opens `spec` with CT_GPU_TILES=1 (matrix tiles on, as on a GPU with matrix cores).
-std::unique_ptr<Device> open_with_tiles(const std::string& spec) {
-  const char* old = std::getenv("CT_GPU_TILES");
-  const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
-  setenv("CT_GPU_TILES", "1", 1);
-  std::unique_ptr<Device> d = open_device(spec);
-  if (saved)
-    setenv("CT_GPU_TILES", saved->c_str(), 1);
-  else
-    unsetenv("CT_GPU_TILES");
-  return d;
 }
 
 // v as `dt` into t (16-bit: rounded to nearest even).
@@ -108,7 +94,7 @@ class FlashAttentionTiles : public DeviceTest {
     if (!gpu_device_backend(GetParam().backend))
       GTEST_SKIP() << "the matrix-tile flash attention kernels are a GPU-device path; " << id()
                    << " has its own kernels";
-    tiled_ = open_with_tiles(id());
+    tiled_ = open_device_with_env(id(), {{"CT_GPU_TILES", "1"}});  // matrix tiles on
     tiled_->set_profiling(true);
   }
   void TearDown() override {

@@ -12,7 +12,6 @@
 // runtime every matrix instruction is a round of fiber switches.
 #include <cstdlib>
 #include <memory>
-#include <optional>
 #include <sstream>
 
 #include "tests/common/half_compare.h"
@@ -22,25 +21,6 @@ namespace {
 
 bool gpu_device_backend(const std::string& b) {
   return b == "simt" || b == "simt64" || b == "cuda" || b == "hip";
-}
-
-// Opens `spec` with `name`=`value` for each pair (the old values restored afterwards).
-std::unique_ptr<Device> open_with(const std::string& spec,
-                                  std::initializer_list<std::pair<const char*, const char*>> env) {
-  std::vector<std::pair<const char*, std::optional<std::string>>> saved;
-  for (const auto& [name, value] : env) {
-    const char* old = std::getenv(name);
-    saved.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-    setenv(name, value, 1);
-  }
-  std::unique_ptr<Device> d = open_device(spec);
-  for (const auto& [name, old] : saved) {
-    if (old)
-      setenv(name, old->c_str(), 1);
-    else
-      unsetenv(name);
-  }
-  return d;
 }
 
 struct TcGemmCase {
@@ -110,7 +90,7 @@ class GemmTensorCores : public DeviceTest {
     if (!gpu_device_backend(GetParam().backend))
       GTEST_SKIP() << "the own tensor-core GEMM is a GPU-device kernel; " << id()
                    << " has its own GEMMs";
-    tiled_ = open_with(id(), {{"CT_GPU_TILES", "1"}, {"CT_GPU_GEMM", "own"}});
+    tiled_ = open_device_with_env(id(), {{"CT_GPU_TILES", "1"}, {"CT_GPU_GEMM", "own"}});
     tiled_->set_profiling(true);
   }
   void TearDown() override {
