@@ -249,11 +249,11 @@ int main(int argc, char** argv) {
     prof.time("layernorm fwd",
               [&] { d.layernorm_forward(lnf, lnfm, lnfr, res[L], lnfw, lnfb, eps); });
     prof.time(mm_label("lmhead", "fwd NT"), [&] { d.matmul(logits, lnf, wte, false, true); });
-    prof.time("crossentropy fwd", [&] { d.crossentropy_forward(losses, logits, targets); });
+    prof.time("crossentropy fwd", [&] { d.crossentropy_forward(losses, logits, targets, V); });
     prof.time("sum", [&] { d.sum(loss, losses, 1.0f / static_cast<float>(BT)); });
     // ---- backward
     prof.time("crossentropy bwd", [&] {
-      d.crossentropy_backward(logits, logits, targets, 1.0f / static_cast<float>(BT));
+      d.crossentropy_backward(logits, logits, targets, V, 1.0f / static_cast<float>(BT));
     });
     prof.time(mm_label("lmhead", "dx NN"), [&] { d.matmul(dln, logits, wte, false, false); });
     prof.time(mm_label("lmhead", "dw TN+="),

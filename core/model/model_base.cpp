@@ -177,7 +177,7 @@ Tensor ModelBase::losses() const {
 
 Tensor ModelBase::loss_forward(const Tensor& logits, int64_t BT) {
   Tensor losses = losses_.slice_flat(0, {BT});
-  device_.crossentropy_forward(losses, logits, batch_.targets());
+  device_.crossentropy_forward(losses, logits, batch_.targets(), logits.shape[-1]);
   device_.sum(loss_, losses, 1.0f / static_cast<float>(BT));
   return loss_;
 }
@@ -187,7 +187,7 @@ Tensor ModelBase::loss_backward(float dloss_scale, int64_t V) {
   batch_.require_targets("backward()");
   const int64_t BT = batch_.BT();
   Tensor logits = logits_.slice_flat(0, {BT, V});
-  device_.crossentropy_backward(logits, logits, batch_.targets(),
+  device_.crossentropy_backward(logits, logits, batch_.targets(), V,
                                 dloss_scale / static_cast<float>(BT));
   return logits;
 }

@@ -311,13 +311,13 @@ std::vector<OpCase> op_cases(const std::string& model, int batch, bool small) {
   add("crossentropy", "forward", cs, OpKind::kCrossEntropy, true, [=](Device& d, DType t) {
     Tensor losses = filled(d, {BT}, f32, 0), logits = filled(d, {BT, V}, t, 0.1f);
     Tensor tg = filled(d, {BT}, i32, 1);
-    return std::function<void()>([=, &d] { d.crossentropy_forward(losses, logits, tg); });
+    return std::function<void()>([=, &d] { d.crossentropy_forward(losses, logits, tg, V); });
   });
   add("crossentropy", "backward", cs, OpKind::kCrossEntropy, true, [=](Device& d, DType t) {
     Tensor dlogits = filled(d, {BT, V}, t, 0), logits = filled(d, {BT, V}, t, 0.1f);
     Tensor tg = filled(d, {BT}, i32, 1);
     return std::function<void()>(
-        [=, &d] { d.crossentropy_backward(dlogits, logits, tg, 1.0f / BT); });
+        [=, &d] { d.crossentropy_backward(dlogits, logits, tg, V, 1.0f / BT); });
   });
   add("adamw", "update", std::to_string(P) + " parameters", OpKind::kAdamW, false,
       [=](Device& d, DType) {
