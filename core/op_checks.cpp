@@ -124,8 +124,7 @@ void attention_dims(const Check& k, const Tensor& out, const Tensor& stats, cons
 }
 
 // logits [N,V] or [V] (one row), targets [N].
-void crossentropy_dims(const Check& k, const Tensor& logits, const Tensor& targets,
-                       int64_t valid) {
+void crossentropy_dims(const Check& k, const Tensor& logits, const Tensor& targets, int64_t valid) {
   CT_REQUIRE(logits.ndim() >= 1, k.op() + ": logits must be [N,V]");
   int64_t V = logits.shape[-1], N = V ? logits.numel() / V : 0;
   CT_REQUIRE(targets.numel() == N,
@@ -537,8 +536,8 @@ void Device::dropout(const Tensor& out, const Tensor& x, float p, uint64_t seed,
   dropout_kernel(out, x, mask);
 }
 
-void Device::crossentropy_forward(const Tensor& losses, const Tensor& logits,
-                                  const Tensor& targets, int64_t valid) {
+void Device::crossentropy_forward(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                                  int64_t valid) {
   Check k(*this, "crossentropy_forward");
   k.f32("losses", losses);
   k.flt("logits", logits, OpKind::kCrossEntropy);

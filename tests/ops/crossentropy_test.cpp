@@ -119,8 +119,8 @@ TEST_P(CrossEntropy, PaddingColumnsAreNotClassesAndGetZeroGradients) {
       continue;
     for (const PadCase& c : kPadCases) {
       if (c.V <= 13 && !same_backend_as_ref()) continue;  // as MatchesReferenceAlsoInPlace
-      const std::string nm = std::string(" ") + dtype_name(dt) + " N" + std::to_string(c.N) +
-                             " V" + std::to_string(c.V) + " Vp" + std::to_string(c.Vp);
+      const std::string nm = std::string(" ") + dtype_name(dt) + " N" + std::to_string(c.N) + " V" +
+                             std::to_string(c.V) + " Vp" + std::to_string(c.Vp);
       Vec compact = randn(c.N * c.V, 70 + c.V, 3.0f);
       if (dt != DType::f32) compact = download_h(ref(), up_as(ref(), {c.N * c.V}, compact, dt));
       const auto targets = randint(c.N, 71 + c.V, static_cast<int32_t>(c.V));
@@ -150,8 +150,8 @@ TEST_P(CrossEntropy, PaddingColumnsAreNotClassesAndGetZeroGradients) {
         got[k++] = std::move(p);
       }
       EXPECT_TRUE(close_nmse(got[1].loss, got[0].loss, tol(), "loss vs ref" + nm));
-      EXPECT_TRUE(close_nmse(got[1].dlogits, got[0].dlogits,
-                             dt == DType::f32 ? tol() : 1e-4, "dlogits vs ref" + nm));
+      EXPECT_TRUE(close_nmse(got[1].dlogits, got[0].dlogits, dt == DType::f32 ? tol() : 1e-4,
+                             "dlogits vs ref" + nm));
     }
   }
 }

@@ -49,8 +49,7 @@ void VulkanDevice::crossentropy_forward_kernel(const Tensor& losses, const Tenso
 }
 
 void VulkanDevice::crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
-                                                const Tensor& targets, int64_t valid,
-                                                float dloss) {
+                                                const Tensor& targets, int64_t valid, float dloss) {
   auto [N, V] = rows_of(logits);
   int64_t rows = std::max<int64_t>(1, max_elems(4) / V);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
