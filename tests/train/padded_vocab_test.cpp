@@ -3,7 +3,7 @@
 // lm_head), the loss and logits() see the real vocabulary only, the zero rows get zero gradients
 // and stay exactly zero under every optimizer; the files keep the real vocabulary (model weights,
 // the checkpoint's weights and optimizer state), and a run resumed from such a checkpoint is
-// bit-exact with the straight run.
+// bit-exact with the straight run (also with the optimizer offloaded to the host).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -152,7 +152,9 @@ class PaddedVocabRuns : public ::testing::TestWithParam<std::string> {
   TrainArgs args(const std::string& out) const {
     TrainArgs a = testing::small_model_args(root_ / out);
     a.vocab_size = 300;  // bytes as tokens, 300 classes: padded to 384 on the device
-    a.optim = GetParam();
+    const std::string spec = GetParam();  // "adamw+offload": --optim adamw --offload-optimizer
+    a.optim = spec.substr(0, spec.find('+'));
+    a.offload_optimizer = spec.find("+offload") != std::string::npos;
     a.max_steps = 4;
     a.per_device_train_batch_size = 2;
     a.learning_rate = 3e-3;
@@ -193,7 +195,13 @@ TEST_P(PaddedVocabRuns, FilesKeepTheRealVocabularyAndResumeIsBitExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, PaddedVocabRuns,
-                         ::testing::Values("adamw", "adamw_8bit", "adafactor"));
+                         ::testing::Values("adamw", "adamw_8bit", "adafactor", "adamw+offload"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           for (char& ch : n)
+                             if (ch == '+') ch = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace ct
