@@ -29,6 +29,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/device.h"
+#include "core/model/model.h"
 
 using namespace ct;
 
@@ -119,6 +120,9 @@ int main(int argc, char** argv) {
   if (T < 0) T = static_cast<int>(maxT);
   if (layers > 0) L = layers;
   const int64_t BT = int64_t{B} * T;
+  // The LM head as the model holds it (core/model/model_base.h): padded to a multiple of 128
+  // rows, the logits [BT, Vp] of which the loss takes the first V columns.
+  const int64_t Vp = padded_vocab_size(V);
 
   std::unique_ptr<Device> dev_owner = make_cpu_device(false);
   Device& d = *dev_owner;
@@ -157,9 +161,9 @@ int main(int argc, char** argv) {
   };
   std::vector<Layer> p, g;
   for (int64_t l = 0; l < L; ++l) p.push_back(make_layer(cP)), g.push_back(make_layer(cG));
-  Tensor wte = rnd({V, C}, 0.02f, cP), wpe = rnd({maxT, C}, 0.01f, cP);
+  Tensor wte = rnd({Vp, C}, 0.02f, cP), wpe = rnd({maxT, C}, 0.01f, cP);
   Tensor lnfw = rnd({C}, 1, cP), lnfb = rnd({C}, 0.1f, cP);
-  Tensor dwte = rnd({V, C}, 0.0f, cG), dwpe = rnd({maxT, C}, 0.0f, cG);
+  Tensor dwte = rnd({Vp, C}, 0.0f, cG), dwpe = rnd({maxT, C}, 0.0f, cG);
   Tensor dlnfw = rnd({C}, 0, cG), dlnfb = rnd({C}, 0, cG);
   int64_t nparams = V * C + maxT * C + 2 * C + L * (12 * C * C + 13 * C);
   Tensor flat_p = rnd({nparams}, 0.02f, cP), flat_g = rnd({nparams}, 1e-3f, cG);
@@ -186,7 +190,7 @@ int main(int argc, char** argv) {
   std::vector<Tensor> res;
   for (int64_t l = 0; l <= L; ++l) res.push_back(d.empty({BT, C}, DType::f32, cA));
   Tensor lnf = d.empty({BT, C}, DType::f32, cA), lnfm = d.empty({BT}, DType::f32, cA),
-         lnfr = d.empty({BT}, DType::f32, cA), logits = d.empty({BT, V}, DType::f32, cA),
+         lnfr = d.empty({BT}, DType::f32, cA), logits = d.empty({BT, Vp}, DType::f32, cA),
          losses = d.empty({BT}, DType::f32, cA), loss = d.empty({1}, DType::f32, cA),
          gnorm = d.empty({1}, DType::f32, cA);
   Tensor dres = d.empty({BT, C}, DType::f32, cA), dln = d.empty({BT, C}, DType::f32, cA),
@@ -220,7 +224,7 @@ int main(int argc, char** argv) {
     prof.begin();
     // ---- forward
     prof.time("embedding fwd", [&] {
-      d.embedding_forward(res[0].reshape({B, T, C}), tokens, wte, wpe);
+      d.embedding_forward(res[0].reshape({B, T, C}), tokens, wte.slice_flat(0, {V, C}), wpe);
     });
     for (int64_t l = 0; l < L; ++l) {
       Layer& w = p[static_cast<size_t>(l)];
@@ -249,11 +253,11 @@ int main(int argc, char** argv) {
     prof.time("layernorm fwd",
               [&] { d.layernorm_forward(lnf, lnfm, lnfr, res[L], lnfw, lnfb, eps); });
     prof.time(mm_label("lmhead", "fwd NT"), [&] { d.matmul(logits, lnf, wte, false, true); });
-    prof.time("crossentropy fwd", [&] { d.crossentropy_forward(losses, logits, targets); });
+    prof.time("crossentropy fwd", [&] { d.crossentropy_forward(losses, logits, targets, V); });
     prof.time("sum", [&] { d.sum(loss, losses, 1.0f / static_cast<float>(BT)); });
     // ---- backward
     prof.time("crossentropy bwd", [&] {
-      d.crossentropy_backward(logits, logits, targets, 1.0f / static_cast<float>(BT));
+      d.crossentropy_backward(logits, logits, targets, V, 1.0f / static_cast<float>(BT));
     });
     prof.time(mm_label("lmhead", "dx NN"), [&] { d.matmul(dln, logits, wte, false, false); });
     prof.time(mm_label("lmhead", "dw TN+="),
@@ -287,7 +291,7 @@ int main(int argc, char** argv) {
       });
     }
     prof.time("embedding bwd", [&] {
-      d.embedding_backward(dwte, dwpe, dres.reshape({B, T, C}), tokens);
+      d.embedding_backward(dwte.slice_flat(0, {V, C}), dwpe, dres.reshape({B, T, C}), tokens);
     });
     // ---- optimizer: global norm, then one AdamW over all parameters (the trainer runs it per
     // group; the bytes touched are the same)

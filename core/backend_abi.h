@@ -51,6 +51,10 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
      "Capabilities instead of backend names: DeviceInfo::native_stack, test_only, "
      "preferred_attention (AttentionPath), tf32; Device::set_allow_tf32 (--tf32 as a device "
      "option, not an environment variable)"},
+    {10, "e9cc6c3d89573a44f3da0b5c57da5dc6b6a75f79f1b4f7a0520bf69d3fbb6c05",
+     "crossentropy_forward/backward take the number of classes (valid): rows of Vp >= valid "
+     "columns, the padding excluded from the softmax and given zero gradients (a vocabulary "
+     "padded to a multiple of 128)"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.

@@ -46,7 +46,7 @@
 //     exactly (in place) but not partially.
 //   - matmul: a batched a or b has c's batch dims, compared one by one ([2,3,M,K] does not match
 //     c [3,2,M,N]); a 2-D a or b is broadcast over the batch.
-//   - crossentropy: logits [V] (1-D) is one row, N = 1.
+//   - crossentropy: logits [Vp] (1-D) is one row, N = 1; 1 <= valid <= Vp.
 //   - copy converts only between f32, f16 and bf16; other dtypes copy to their own dtype.
 // Left to kernels: checks of data the device holds (the CPU reads token and target indices,
 // host memory to it, and rejects one out of range; a GPU would need a read-back and does not)
@@ -448,12 +448,17 @@ class Device {
   // backward is this op applied to dout with the same seed and stream. x, out [N]; out may be x.
   void dropout(const Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t stream);
 
-  // Fused log-softmax + negative log-likelihood, fp32.
-  // losses [N] (=) -log softmax(logits[n,:])[targets[n]]; logits [N,V]; targets [N] i32.
-  void crossentropy_forward(const Tensor& losses, const Tensor& logits, const Tensor& targets);
-  // dlogits (=) dloss * (softmax(logits) - onehot(targets)); dlogits may alias logits (in-place).
+  // Fused log-softmax + negative log-likelihood, fp32, over the first `valid` columns of each
+  // row: logits [N,Vp] with 1 <= valid <= Vp hold `valid` classes and Vp - valid columns of
+  // padding (a vocabulary padded to an aligned width, core/model/model_base.h), which the
+  // softmax never sees. targets [N] i32, each < valid. valid == Vp: every column is a class.
+  // losses [N] (=) -log softmax(logits[n, :valid])[targets[n]].
+  void crossentropy_forward(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                            int64_t valid);
+  // dlogits[:, :valid] (=) dloss * (softmax(logits[:, :valid]) - onehot(targets)) and
+  // dlogits[:, valid:] (=) exactly 0; dlogits may alias logits (in-place).
   void crossentropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
-                             float dloss);
+                             int64_t valid, float dloss);
 
   // -- reductions and optimizer ------------------------------------------------------------------
   // out[0] (=) scale * sum(x). out [1], x [N]. Deterministic order.
@@ -567,7 +572,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 9;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 10;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

@@ -124,11 +124,15 @@ void attention_dims(const Check& k, const Tensor& out, const Tensor& stats, cons
 }
 
 // logits [N,V] or [V] (one row), targets [N].
-void crossentropy_dims(const Check& k, const Tensor& logits, const Tensor& targets) {
+void crossentropy_dims(const Check& k, const Tensor& logits, const Tensor& targets, int64_t valid) {
   CT_REQUIRE(logits.ndim() >= 1, k.op() + ": logits must be [N,V]");
   int64_t V = logits.shape[-1], N = V ? logits.numel() / V : 0;
   CT_REQUIRE(targets.numel() == N,
              k.op() + ": expected logits [N,V], targets [N]" + shapes({&logits, &targets}));
+  CT_REQUIRE(valid >= 1 && valid <= V, k.op() + ": valid = " + std::to_string(valid) +
+                                           " classes must be in [1, " + std::to_string(V) +
+                                           "] (the logits' last dimension)" +
+                                           shapes({&logits, &targets}));
 }
 
 // Whether x ([..., r, c]) carries c's batch dims (true) or is one matrix broadcast (false).
@@ -532,32 +536,32 @@ void Device::dropout(const Tensor& out, const Tensor& x, float p, uint64_t seed,
   dropout_kernel(out, x, mask);
 }
 
-void Device::crossentropy_forward(const Tensor& losses, const Tensor& logits,
-                                  const Tensor& targets) {
+void Device::crossentropy_forward(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                                  int64_t valid) {
   Check k(*this, "crossentropy_forward");
   k.f32("losses", losses);
   k.flt("logits", logits, OpKind::kCrossEntropy);
   k.is("targets", targets, DType::i32);
-  crossentropy_dims(k, logits, targets);
+  crossentropy_dims(k, logits, targets, valid);
   CT_REQUIRE(losses.numel() == targets.numel(),
              k.op() + ": losses must be [N]" + shapes({&losses, &logits, &targets}));
-  crossentropy_forward_kernel(losses, logits, targets);
+  crossentropy_forward_kernel(losses, logits, targets, valid);
 }
 
 void Device::crossentropy_backward(const Tensor& dlogits, const Tensor& logits,
-                                   const Tensor& targets, float dloss) {
+                                   const Tensor& targets, int64_t valid, float dloss) {
   Check k(*this, "crossentropy_backward");
   k.flt("dlogits", dlogits, OpKind::kCrossEntropy);
   k.flt("logits", logits, OpKind::kCrossEntropy);
   k.is("targets", targets, DType::i32);
   k.same_dtype({&dlogits, &logits});
-  crossentropy_dims(k, logits, targets);
+  crossentropy_dims(k, logits, targets, valid);
   CT_REQUIRE(dlogits.shape == logits.shape,
              k.op() + ": dlogits must match logits" + shapes({&dlogits, &logits}));
   CT_REQUIRE(dlogits.offset == logits.offset || !overlaps(dlogits, logits),
              k.op() + ": dlogits may alias logits exactly but not partially" +
                  shapes({&dlogits, &logits}));
-  crossentropy_backward_kernel(dlogits, logits, targets, dloss);
+  crossentropy_backward_kernel(dlogits, logits, targets, valid, dloss);
 }
 
 // -- reductions and optimizer ---------------------------------------------------------------------

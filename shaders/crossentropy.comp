@@ -2,8 +2,9 @@
 // Fused log-softmax + NLL, one workgroup per row, fixed-tree (deterministic) reductions.
 //   CE_FWD  losses[n] = log(sum exp(x - max)) + max - x[target]
 //   CE_BWD  dx[n, v] = dloss * (softmax(x)[v] - (v == target)); dx may be x itself
-// logits, dlogits [N, V] f32 or 16-bit (H_F16 / H_BF16, common/h16.glsl, both the same);
-// targets [N] i32; losses [N] f32.
+// over the V classes of a row; logits, dlogits [N, Vp] f32 or 16-bit (H_F16 / H_BF16,
+// common/h16.glsl, both the same), columns [V, Vp) padding: not read, and dx = 0 there;
+// targets [N] i32 (< V); losses [N] f32.
 #extension GL_GOOGLE_include_directive : require
 #include "common/h16.glsl"
 #include "common/index.glsl"
@@ -15,7 +16,8 @@ layout(local_size_x = CT_WG) in;
 
 layout(push_constant) uniform Push {
   uint N;
-  uint V;
+  uint V;   // classes
+  uint Vp;  // row length
   float dloss;
   uint oo;  // losses (FWD) or dlogits (BWD)
   uint ox;
@@ -33,7 +35,7 @@ void main() {
   uint row = ct_group_index();
   if (row >= pc.N) return;  // uniform per workgroup
   uint tid = gl_LocalInvocationID.x;
-  uint xr = pc.ox + row * pc.V;
+  uint xr = pc.ox + row * pc.Vp;
   float mx = -CT_FLT_MAX;  // finite start: -inf logits give exp(-inf) = 0 from ct_exp_le0
   for (uint v = tid; v < pc.V; v += CT_WG) mx = max(mx, h_load(x[xr + v]));
   mx = ct_wg_max(mx);
@@ -48,7 +50,8 @@ void main() {
   float rz = 1.0 / z;
   for (uint v = tid; v < pc.V; v += CT_WG) {
     float p = ct_exp_le0(h_load(x[xr + v]) - mx) * rz;
-    o[pc.oo + row * pc.V + v] = h_store(pc.dloss * (p - (int(v) == tgt ? 1.0 : 0.0)));
+    o[pc.oo + row * pc.Vp + v] = h_store(pc.dloss * (p - (int(v) == tgt ? 1.0 : 0.0)));
   }
+  for (uint v = pc.V + tid; v < pc.Vp; v += CT_WG) o[pc.oo + row * pc.Vp + v] = h_store(0.0);
 #endif
 }

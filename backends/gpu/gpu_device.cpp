@@ -407,16 +407,17 @@ class GpuDevice final : public Device {
                  gpu::DropoutBits{mask.seed, mask.stream, mask.threshold, mask.scale});
   }
   void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
-                                   const Tensor& targets) override {
+                                   const Tensor& targets, std::int64_t valid) override {
     const std::int64_t V = logits.shape[-1];
     gpu::crossentropy_forward(cx(), f(losses), ptr(logits), elem_of(logits.dtype), i32(targets),
-                              logits.numel() / V, V);
+                              logits.numel() / V, valid, V);
   }
   void crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
-                                    const Tensor& targets, float dloss) override {
+                                    const Tensor& targets, std::int64_t valid,
+                                    float dloss) override {
     const std::int64_t V = logits.shape[-1];
     gpu::crossentropy_backward(cx(), ptr(dlogits), ptr(logits), elem_of(logits.dtype), i32(targets),
-                               logits.numel() / V, V, dloss);
+                               logits.numel() / V, valid, V, dloss);
   }
 
   // -- reductions and optimizers ---------------------------------------------------------------

@@ -199,13 +199,16 @@ void flash_attention_tc_backward(const Ctx& cx, void* dqkv, const void* dout, co
                                  void* workspace);
 
 // --- crossentropy.cu -----------------------------------------------------------------------
-// losses [N] (=) -log softmax(logits[n])[targets[n]]; logits [N,V] (Elem e), targets [N] i32.
+// Rows of Vp elements: V classes, then Vp - V columns of padding (core/device.h).
+// losses [N] (=) -log softmax(logits[n, :V])[targets[n]]; logits [N,Vp] (Elem e), targets [N] i32.
 void crossentropy_forward(const Ctx& cx, float* losses, const void* logits, Elem e,
-                          const std::int32_t* targets, std::int64_t N, std::int64_t V);
-// dlogits (=) dloss * (softmax(logits) - onehot(targets)), Elem e; dlogits may be logits.
+                          const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                          std::int64_t Vp);
+// dlogits[:, :V] (=) dloss * (softmax(logits[:, :V]) - onehot(targets)), dlogits[:, V:] (=) 0,
+// Elem e; dlogits may be logits.
 void crossentropy_backward(const Ctx& cx, void* dlogits, const void* logits, Elem e,
                            const std::int32_t* targets, std::int64_t N, std::int64_t V,
-                           float dloss);
+                           std::int64_t Vp, float dloss);
 
 // --- reduce.cu -----------------------------------------------------------------------------
 // out[0] = sum of x[0..n); deterministic: the reduction tree depends on n only, not on the warp

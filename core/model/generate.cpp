@@ -70,7 +70,7 @@ std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int n,
     Tensor tok = tokens.slice_flat(0, {1, T});
     dev.upload(tok, context.data() + (context.size() - T), sizeof(int32_t) * T);
     forward(tok, nullptr, 1, T);
-    Tensor last = logits().slice_flat(int64_t{T - 1} * V, {V});
+    Tensor last = logits_at(0, T - 1);
     if (last.dtype != DType::f32) {
       if (!row32.defined()) row32 = dev.empty({V}, DType::f32, MemCategory::kActivations);
       dev.copy(row32, last);

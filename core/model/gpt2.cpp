@@ -65,7 +65,7 @@ GPT2::GPT2(Device& device, const GPT2Config& config, bool with_grads, const Mode
   options_.lora = resolved_lora(options_.lora);
   check_policy();
   build_param_store(gpt2_param_table(config_), config_.num_parameters(), lora_sites(config_),
-                    config_.n_layer, config_.n_embd, with_grads);
+                    config_.n_layer, config_.n_embd, with_grads, "wte.weight");
 }
 
 std::string GPT2::config_mismatch(const nlohmann::json& saved_json) const {
@@ -97,7 +97,8 @@ void GPT2::check_policy() const {
 }
 
 int64_t GPT2::base_weight_bytes(const GPT2Config& config, const ModelOptions& options) {
-  return param_store_bytes(gpt2_param_table(config), options);
+  return param_store_bytes(gpt2_param_table(config), options,
+                           head_padding(config.vocab_size, config.n_embd));
 }
 
 GPT2::LayerParams GPT2::layer_params(const Tensor& flat, int l) const {

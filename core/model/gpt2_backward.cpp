@@ -10,8 +10,9 @@ namespace ct {
 using gpt2_detail::view;
 
 void GPT2::backward(float dloss_scale) {
-  // dlogits (B,T,V) h = dloss * (softmax(logits) - onehot(targets)), in place over the logits
-  const Tensor dlogits = loss_backward(dloss_scale, config_.vocab_size);
+  // dlogits (B,T,Vp) h = dloss * (softmax(logits) - onehot(targets)), in place over the logits;
+  // 0 in the padding columns
+  const Tensor dlogits = loss_backward(dloss_scale);
   const int B = batch_.B(), T = batch_.T();
   const int64_t C = config_.n_embd, NH = config_.n_head;
   const int64_t BT = int64_t{B} * T;
@@ -32,11 +33,10 @@ void GPT2::backward(float dloss_scale) {
   Tensor dln = view(dbt_c_, {BT, C});  // (B,T,C) f32: the gradient of a LayerNorm output
 
   // ---- LM head ---------------------------------------------------------------------------------
-  // dlnf (B,T,C) f32 = dlogits @ wte;  dwte += dlogits^T @ lnf
-  device_.matmul(dln, dlogits, table_view(compute_, "wte.weight"), false, false);
-  if (!frozen)
-    device_.matmul(table_view(g, "wte.weight"), dlogits, view(lnf_, {BT, C}), true, false, 1.0f,
-                   1.0f);
+  // dlnf (B,T,C) f32 = dlogits @ wte;  dwte += dlogits^T @ lnf   (wte with its zero rows, whose
+  // gradient rows get 0 from the padding columns)
+  device_.matmul(dln, dlogits, head_view(compute_), false, false);
+  if (!frozen) device_.matmul(head_view(g), dlogits, view(lnf_, {BT, C}), true, false, 1.0f, 1.0f);
 
   // ---- final layernorm -------------------------------------------------------------------------
   // dresidual (B,T,C) = d LayerNorm_f / d x  (the residual stream gradient starts here)

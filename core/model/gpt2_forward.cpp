@@ -83,7 +83,7 @@ Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) 
   model_util::ForwardBatch::check(tokens, targets, B, T, config_.block_size, "block_size");
   if (B > max_b_ || T > max_t_) allocate_activations(std::max(B, max_b_), std::max(T, max_t_));
   batch_.begin(tokens, targets, B, T);
-  const int64_t C = config_.n_embd, V = config_.vocab_size;
+  const int64_t C = config_.n_embd, Vp = padded_vocab();
   const int64_t BT = int64_t{B} * T;
 
   // ---- encoder ---------------------------------------------------------------------------------
@@ -94,18 +94,19 @@ Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) 
   for (int l = 0; l < config_.n_layer; ++l) block_forward(l, B, T, /*recompute=*/false);
 
   // ---- final layernorm and tied LM head --------------------------------------------------------
-  // lnf (B,T,C) h = LayerNorm(x);  logits (B,T,V) h = lnf @ wte^T   (compute copy of wte)
+  // lnf (B,T,C) h = LayerNorm(x);  logits (B,T,Vp) h = lnf @ wte^T   (compute copy of wte, with
+  // its zero rows to the padded vocabulary Vp: the padding columns of the logits are 0)
   Tensor x = view(residuals_.back(), {BT, C});
   Tensor lnf = view(lnf_, {BT, C});
   device_.layernorm_forward(lnf, view(lnf_mean_, {BT}), view(lnf_rstd_, {BT}), x,
                             param("ln_f.weight"), param("ln_f.bias"), config_.layer_norm_epsilon);
-  Tensor logits = view(logits_, {BT, V});
-  device_.matmul(logits, lnf, table_view(compute_, "wte.weight"), false, true);
+  Tensor logits = view(logits_, {BT, Vp});
+  device_.matmul(logits, lnf, head_view(compute_), false, true);
 
   if (!targets) return Tensor();
 
   // ---- loss ------------------------------------------------------------------------------------
-  // losses (B,T) f32 = -log softmax(logits)[targets];  loss [1] f32 = mean(losses)
+  // losses (B,T) f32 = -log softmax(logits[:, :V])[targets];  loss [1] f32 = mean(losses)
   return loss_forward(logits, BT);
 }
 

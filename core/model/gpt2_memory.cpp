@@ -12,14 +12,16 @@ namespace ct {
 //                     fch, fch_gelu  2 x BT*4C*h;  residual2 BT*C*4;
 //                     ln1/ln2 mean and rstd  4 x BT*4
 //                     sets: L, or 1 with gradient checkpointing
-//   head              lnf BT*C*h, its mean/rstd 2 x BT*4, logits BT*V*h, losses BT*4, loss 4
+//   head              lnf BT*C*h, its mean/rstd 2 x BT*4, logits BT*Vp*h (the padded vocabulary),
+//                     losses BT*4, loss 4
 //   backward scratch  dresidual and dln 2 x BT*C*4, two BT*4C*h, and under a 16-bit policy the
 //                     copy of dresidual BT*C*h
 //   LoRA              LoraAdapters::activation_bytes (u, du, the dropped-out input); with
 //                     gradients the frozen LayerNorms' gradient sink 2 x C*4
 int64_t GPT2::activation_bytes(const GPT2Config& config, const ModelOptions& options, int B, int T,
                                bool with_grads) {
-  const int64_t L = config.n_layer, C = config.n_embd, V = config.vocab_size, NH = config.n_head;
+  const int64_t L = config.n_layer, C = config.n_embd, NH = config.n_head;
+  const int64_t V = padded_vocab_size(config.vocab_size);
   const int64_t BT = int64_t{B} * T, f = 4;
   const int64_t h = static_cast<int64_t>(dtype_size(options.policy.activations));
   const int64_t residual_stream = (L + 1) * BT * C * f;
@@ -45,7 +47,7 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
   CT_REQUIRE(max_seq >= 1 && max_seq <= config_.block_size,
              "sequence length " + std::to_string(max_seq) + " outside [1, block_size " +
                  std::to_string(config_.block_size) + "]");
-  const int64_t BT = int64_t{max_batch} * max_seq, C = config_.n_embd, V = config_.vocab_size;
+  const int64_t BT = int64_t{max_batch} * max_seq, C = config_.n_embd;
   const int64_t NH = config_.n_head;
   const DType f32 = DType::f32, h = options_.policy.activations;
   // Drop the old buffers first so the peak holds one set, not two.
@@ -80,7 +82,7 @@ void GPT2::allocate_activations(int max_batch, int max_seq) {
   lnf_ = act(BT * C, h);
   lnf_mean_ = act(BT, f32);
   lnf_rstd_ = act(BT, f32);
-  allocate_head(BT, V);
+  allocate_head(BT);
   if (lora()) {
     lora_->allocate(BT, h, trains());
     if (trains()) {

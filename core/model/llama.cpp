@@ -61,7 +61,8 @@ Llama::Llama(Device& device, const LlamaConfig& config, bool with_grads,
   options_.lora = resolved_lora(options_.lora);
   check_policy();
   build_param_store(llama_param_table(config_), config_.num_parameters(), lora_sites(config_),
-                    config_.n_layer, config_.n_embd, with_grads);
+                    config_.n_layer, config_.n_embd, with_grads,
+                    config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   // The rotary tables for every position of the block, computed as transformers computes them.
   std::vector<float> cs, sn;
   config_.rope_tables(config_.block_size, cs, sn);
@@ -103,7 +104,9 @@ void Llama::check_policy() const {
 
 int64_t Llama::base_weight_bytes(const LlamaConfig& config, const ModelOptions& options) {
   const int64_t rope = 2 * int64_t{config.block_size} * (config.head_dim() / 2) * 4;
-  return param_store_bytes(llama_param_table(config), options) + rope;
+  return param_store_bytes(llama_param_table(config), options,
+                           head_padding(config.vocab_size, config.n_embd)) +
+         rope;
 }
 
 int64_t Llama::lora_parameter_count(const LlamaConfig& config, const LoraOptions& lora) {
@@ -133,8 +136,7 @@ LoraOptions Llama::resolved_lora(LoraOptions lora) {
 }
 
 Tensor Llama::head_weight(const Tensor& flat) const {
-  return table_view(flat,
-                    config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  return head_view(flat);
 }
 
 // The fused projections are views spanning adjacent table rows: q|k|v weights (and biases) and
@@ -191,7 +193,7 @@ void Llama::allocate_activations(int max_batch, int max_seq) {
   const int64_t B = max_batch, T = max_seq, BT = B * T;
   release_activations();  // the old buffers go first: the peak holds one set
   layers_.clear();
-  const int64_t C = config_.n_embd, V = config_.vocab_size, F = config_.intermediate_size;
+  const int64_t C = config_.n_embd, F = config_.intermediate_size;
   const int64_t W = config_.qkv_width(), NH = config_.n_head;
   const DType h = options_.policy.activations;
   auto act = [&](Shape s, DType dt) { return device_.empty(s, dt, MemCategory::kActivations); };
@@ -217,7 +219,7 @@ void Llama::allocate_activations(int max_batch, int max_seq) {
   proj_ = act({BT * C}, h);
   lnf_ = act({BT * C}, h);
   lnf_rstd_ = act({BT}, DType::f32);
-  allocate_head(BT, V);
+  allocate_head(BT);
   if (lora()) {
     lora_->allocate(BT, h, trains());
     if (trains()) frozen_norm_dw_ = act({C}, DType::f32);
@@ -232,7 +234,7 @@ void Llama::allocate_activations(int max_batch, int max_seq) {
 
 int64_t Llama::activation_bytes(const LlamaConfig& config, const ModelOptions& options, int B,
                                 int T, bool with_grads) {
-  const int64_t BT = int64_t{B} * T, C = config.n_embd, V = config.vocab_size;
+  const int64_t BT = int64_t{B} * T, C = config.n_embd, V = padded_vocab_size(config.vocab_size);
   const int64_t F = config.intermediate_size, W = config.qkv_width(), NH = config.n_head;
   const int64_t h = static_cast<int64_t>(dtype_size(options.policy.activations)), f = 4;
   const int64_t per_layer = BT * C * h + BT * f  // ln1, its rstd

@@ -122,8 +122,9 @@ class Llama final : public ModelBase {
   };
 
   LayerParams layer_params(const Tensor& flat, int l) const;
-  LayerParams forward_params(int l) const;       // matrices from the compute copy, vectors master
-  Tensor head_weight(const Tensor& flat) const;  // lm_head.weight, or embed_tokens when tied
+  LayerParams forward_params(int l) const;  // matrices from the compute copy, vectors master
+  // lm_head.weight, or embed_tokens when tied: [padded_vocab, C] with the zero rows
+  Tensor head_weight(const Tensor& flat) const;
   const LayerActs& acts(int l) const {
     return layers_[options_.gradient_checkpointing ? 0 : static_cast<size_t>(l)];
   }

@@ -19,8 +19,9 @@ void Llama::linear_bwd(int l, int site, const Tensor& dinp, const Tensor& dw, co
 }
 
 void Llama::backward(float dloss_scale) {
-  // dlogits (B,T,V) h = dloss * (softmax(logits) - onehot(targets)), in place over the logits
-  const Tensor dlogits = loss_backward(dloss_scale, config_.vocab_size);
+  // dlogits (B,T,Vp) h = dloss * (softmax(logits) - onehot(targets)), in place over the logits;
+  // 0 in the padding columns
+  const Tensor dlogits = loss_backward(dloss_scale);
   const int B = batch_.B(), T = batch_.T();
   const int64_t C = config_.n_embd, NH = config_.n_head;
   const int64_t NKV = config_.n_kv_head, W = config_.qkv_width(), F = config_.intermediate_size;

@@ -83,7 +83,7 @@ Tensor Llama::forward(const Tensor& tokens, const Tensor* targets, int B, int T)
                                   "max_position_embeddings");
   if (B > max_b_ || T > max_t_) allocate_activations(std::max(B, max_b_), std::max(T, max_t_));
   batch_.begin(tokens, targets, B, T);
-  const int64_t C = config_.n_embd, V = config_.vocab_size;
+  const int64_t C = config_.n_embd, Vp = padded_vocab();
   const int64_t BT = int64_t{B} * T;
 
   // ---- embedding -------------------------------------------------------------------------------
@@ -94,13 +94,13 @@ Tensor Llama::forward(const Tensor& tokens, const Tensor* targets, int B, int T)
   for (int l = 0; l < config_.n_layer; ++l) block_forward(l, B, T, /*recompute=*/false);
 
   // ---- final RMSNorm and LM head ---------------------------------------------------------------
-  // lnf (B,T,C) h = RMSNorm(x) * model.norm.w;  logits (B,T,V) h = lnf @ lm_head^T (compute copy;
-  // embed_tokens when tied)
+  // lnf (B,T,C) h = RMSNorm(x) * model.norm.w;  logits (B,T,Vp) h = lnf @ lm_head^T (compute copy;
+  // embed_tokens when tied; with its zero rows to the padded vocabulary Vp)
   Tensor x = view(residuals_.back(), {BT, C});
   Tensor lnf = view(lnf_, {BT, C});
   device_.rmsnorm_forward(lnf, view(lnf_rstd_, {BT}), x, param("model.norm.weight"),
                           config_.rms_norm_eps);
-  Tensor logits = view(logits_, {BT, V});
+  Tensor logits = view(logits_, {BT, Vp});
   device_.matmul(logits, lnf, head_weight(compute_), false, true);
 
   if (!targets) return Tensor();

@@ -25,6 +25,13 @@ struct ParamInfo {
 
 class LoraAdapters;  // core/model/lora.h
 
+// The LM head's rows on a device: the vocabulary rounded up to a multiple of kVocabAlign, so its
+// matmuls run at an aligned width (core/model/model_base.h); files keep the real vocabulary.
+inline constexpr int64_t kVocabAlign = 128;
+inline int64_t padded_vocab_size(int64_t V) {
+  return (V + kVocabAlign - 1) / kVocabAlign * kVocabAlign;
+}
+
 struct SampleOptions {
   float temperature = 1.0f;  // <= 0: greedy (argmax)
   int top_k = 0;             // > 0: sample among the k most likely tokens only
@@ -62,10 +69,11 @@ class Model {
   virtual Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T) = 0;
   virtual void backward(float dloss_scale = 1.0f) = 0;
   virtual void zero_grad() = 0;
-  virtual Tensor logits() const = 0;  // [B,T,V] of the last forward
-  virtual Tensor losses() const = 0;  // [B,T] f32
+  virtual Tensor logits() const = 0;                 // [B,T,V] of the last forward
+  virtual Tensor logits_at(int b, int t) const = 0;  // [V] of position (b, t), a view
+  virtual Tensor losses() const = 0;                 // [B,T] f32
 
-  // Every parameter, in the flat-buffer order.
+  // Every parameter, in the flat order of download_params() (host vectors, files).
   virtual const std::vector<ParamInfo>& params() const = 0;
   virtual int64_t num_parameters() const = 0;
   // compute copy (=) master after the optimizer changed the master weights (no-op in fp32).
@@ -74,12 +82,14 @@ class Model {
   virtual std::map<std::string, std::vector<float>> download_param_map() const = 0;
   virtual void upload_params(const std::map<std::string, std::vector<float>>& named) = 0;
 
-  // What the optimizer updates: every parameter, or with LoRA the adapters only.
+  // What the optimizer updates: every parameter, or with LoRA the adapters only. The table's
+  // offsets are into trainable_flat() / trainable_grads(), which may hold elements no row covers
+  // (the padding rows of the LM head): an optimizer updates the rows, and leaves those alone.
+  // num_trainable() counts the rows' elements.
   virtual const std::vector<ParamInfo>& trainable_params() const = 0;
   virtual Tensor trainable_flat() const = 0;
   virtual Tensor trainable_grads() const = 0;
   virtual int64_t num_trainable() const = 0;
-  virtual int64_t trainable_decay_count() const = 0;
   // Low-rank adapters (core/model/lora.h): null when every parameter trains. With them the
   // base is frozen and trainable_*() are the adapters'.
   virtual LoraAdapters* adapters() const { return nullptr; }

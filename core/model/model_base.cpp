@@ -18,7 +18,7 @@ ModelBase::ModelBase(Device& device, const ModelOptions& options, const char* fa
 
 void ModelBase::build_param_store(std::vector<ParamInfo> table, int64_t expected_count,
                                   std::vector<LoraSite> sites, int layers, int64_t width,
-                                  bool with_grads) {
+                                  bool with_grads, const std::string& head) {
   table_ = std::move(table);
   for (size_t i = 0; i < table_.size(); ++i) {
     index_[table_[i].name] = i;
@@ -26,17 +26,35 @@ void ModelBase::build_param_store(std::vector<ParamInfo> table, int64_t expected
     if (table_[i].decay) decay_count_ += table_[i].numel;
   }
   CT_CHECK(num_params_ == expected_count, "parameter table disagrees with config");
-  if (!base16()) params_ = device_.empty({num_params_}, DType::f32, MemCategory::kWeights);
+  // The head's zero rows: inserted after its V rows in the device buffers.
+  head_ = index_.at(head);
+  const ParamInfo& h = table_[head_];
+  CT_CHECK(h.shape.ndim == 2 && h.shape[1] == width && h.decay, "the LM head must be [V, width]");
+  vocab_ = h.shape[0];
+  padded_vocab_ = padded_vocab_size(vocab_);
+  pad_ = head_padding(vocab_, width);
+  pad_at_ = h.offset + h.numel;
+  flat_size_ = num_params_ + pad_;
+  dev_decay_count_ = decay_count_ + pad_;
+  dev_table_ = table_;
+  for (ParamInfo& p : dev_table_)
+    if (p.offset >= pad_at_) p.offset += pad_;
+  if (!base16()) params_ = device_.empty({flat_size_}, DType::f32, MemCategory::kWeights);
   compute_ = options_.policy.mixed()
-                 ? device_.empty({num_params_}, options_.policy.compute, MemCategory::kWeights)
+                 ? device_.empty({flat_size_}, options_.policy.compute, MemCategory::kWeights)
                  : params_;
   if (base16())
-    small_ = device_.empty({num_params_ - decay_count_}, DType::f32, MemCategory::kWeights);
+    small_ = device_.empty({flat_size_ - dev_decay_count_}, DType::f32, MemCategory::kWeights);
   if (options_.lora.enabled())  // the base frozen: gradients (and optimizer state) for adapters
     lora_ = std::make_unique<LoraAdapters>(device_, options_.lora, std::move(sites), layers, width,
                                            options_.policy.compute, with_grads, family_);
   else if (with_grads)
-    grads_ = device_.empty({num_params_}, DType::f32, MemCategory::kGrads);
+    grads_ = device_.empty({flat_size_}, DType::f32, MemCategory::kGrads);
+  // The zero rows are zero from here on: upload_params() writes zeros there, gradients there
+  // are 0 (the loss's dlogits of the padding columns), and no optimizer updates them.
+  if (params_.defined()) device_.fill(params_, 0.0f);
+  if (compute_.defined() && compute_.buffer != params_.buffer) device_.fill(compute_, 0.0f);
+  if (grads_.defined()) device_.fill(grads_, 0.0f);
 }
 
 void ModelBase::check_policy(std::span<const std::pair<OpKind, const char*>> needed) const {
@@ -49,8 +67,8 @@ void ModelBase::check_policy(std::span<const std::pair<OpKind, const char*>> nee
 }
 
 int64_t ModelBase::param_store_bytes(const std::vector<ParamInfo>& table,
-                                     const ModelOptions& options) {
-  int64_t n = 0, no_decay = 0;
+                                     const ModelOptions& options, int64_t padding) {
+  int64_t n = padding, no_decay = 0;
   for (const ParamInfo& p : table) {
     n += p.numel;
     if (!p.decay) no_decay += p.numel;
@@ -73,7 +91,7 @@ const ParamInfo& ModelBase::param_info(const std::string& name) const {
   if (it == index_.end())
     fail(ErrorKind::kInvalidArgument,
          std::string(family_) + " has no parameter named '" + name + "'");
-  return table_[it->second];
+  return dev_table_[it->second];
 }
 
 Tensor ModelBase::table_view(const Tensor& flat, const std::string& name) const {
@@ -81,8 +99,26 @@ Tensor ModelBase::table_view(const Tensor& flat, const std::string& name) const 
   return flat.slice_flat(p.offset, p.shape);
 }
 
+Tensor ModelBase::head_view(const Tensor& flat) const {
+  const ParamInfo& p = dev_table_[head_];
+  return flat.slice_flat(p.offset, {padded_vocab_, p.shape[1]});
+}
+
+std::vector<float> ModelBase::to_device_layout(const std::vector<float>& host) const {
+  if (pad_ == 0) return host;
+  std::vector<float> dev(static_cast<size_t>(flat_size_), 0.0f);
+  std::copy(host.begin(), host.begin() + pad_at_, dev.begin());
+  std::copy(host.begin() + pad_at_, host.end(), dev.begin() + pad_at_ + pad_);
+  return dev;
+}
+
+std::vector<float> ModelBase::to_host_layout(std::vector<float> dev) const {
+  if (pad_ != 0) dev.erase(dev.begin() + pad_at_, dev.begin() + pad_at_ + pad_);
+  return dev;
+}
+
 Tensor ModelBase::vector_view(int64_t offset, const Shape& shape) const {
-  return base16() ? small_.slice_flat(offset - decay_count_, shape)
+  return base16() ? small_.slice_flat(offset - dev_decay_count_, shape)
                   : params_.slice_flat(offset, shape);
 }
 
@@ -96,26 +132,26 @@ Tensor ModelBase::param(const std::string& name) const {
   if (!base16()) return table_view(params_, name);
   const ParamInfo& p = param_info(name);
   if (p.decay) return compute_.slice_flat(p.offset, p.shape);
-  return small_.slice_flat(p.offset - decay_count_, p.shape);
+  return small_.slice_flat(p.offset - dev_decay_count_, p.shape);
 }
 Tensor ModelBase::grad(const std::string& name) const {
   return table_view(grads_flat(), name);
 }
 Tensor ModelBase::params_decay() const {
-  return params_.slice_flat(0, {decay_count_});
+  return params_.slice_flat(0, {dev_decay_count_});
 }
 Tensor ModelBase::params_no_decay() const {
-  return params_.slice_flat(decay_count_, {num_params_ - decay_count_});
+  return params_.slice_flat(dev_decay_count_, {flat_size_ - dev_decay_count_});
 }
 Tensor ModelBase::grads_decay() const {
-  return grads_flat().slice_flat(0, {decay_count_});
+  return grads_flat().slice_flat(0, {dev_decay_count_});
 }
 Tensor ModelBase::grads_no_decay() const {
-  return grads_flat().slice_flat(decay_count_, {num_params_ - decay_count_});
+  return grads_flat().slice_flat(dev_decay_count_, {flat_size_ - dev_decay_count_});
 }
 
 void ModelBase::zero_grad() {
-  device_.fill(trainable_grads(), 0.0f);
+  device_.fill(trainable_grads(), 0.0f);  // the padding rows' too: they stay 0
 }
 
 // =============================================================================================
@@ -144,7 +180,7 @@ void ModelBase::init(uint64_t seed) {
 
 void ModelBase::release_activations() {
   residuals_.clear();
-  logits_ = losses_ = loss_ = Tensor();
+  logits_ = logits_compact_ = losses_ = loss_ = Tensor();
   dresidual_ = dresidual_h_ = Tensor();
   if (lora()) lora_->release();
   batch_.reset();
@@ -155,8 +191,9 @@ void ModelBase::allocate_residuals(int layers, int64_t BT, int64_t C) {
   for (Tensor& r : residuals_) r = device_.empty({BT * C}, DType::f32, MemCategory::kActivations);
 }
 
-void ModelBase::allocate_head(int64_t BT, int64_t V) {
-  logits_ = device_.empty({BT * V}, options_.policy.activations, MemCategory::kActivations);
+void ModelBase::allocate_head(int64_t BT) {
+  logits_ =
+      device_.empty({BT * padded_vocab_}, options_.policy.activations, MemCategory::kActivations);
   losses_ = device_.empty({BT}, DType::f32, MemCategory::kActivations);
   loss_ = device_.empty({1}, DType::f32, MemCategory::kActivations);
 }
@@ -168,7 +205,22 @@ void ModelBase::allocate_dresidual(int64_t BT, int64_t C) {
 }
 
 Tensor ModelBase::logits() const {
-  return batch_.logits(logits_, vocab_size());
+  if (padded_vocab_ == vocab_) return batch_.logits(logits_, vocab_);
+  const Tensor all = batch_.logits(logits_, padded_vocab_);  // [B,T,Vp]
+  const int64_t B = all.shape[0], T = all.shape[1], V = vocab_;
+  if (!logits_compact_.defined() || logits_compact_.numel() < B * T * V)
+    logits_compact_ = device_.empty({B * T * V}, all.dtype, MemCategory::kWorkspace);
+  for (int64_t r = 0; r < B * T; ++r)
+    device_.copy(logits_compact_.slice_flat(r * V, {V}), all.slice_flat(r * padded_vocab_, {V}));
+  return logits_compact_.slice_flat(0, {B, T, V});
+}
+
+Tensor ModelBase::logits_at(int b, int t) const {
+  const Tensor all = batch_.logits(logits_, padded_vocab_);  // [B,T,Vp]
+  CT_REQUIRE(b >= 0 && b < all.shape[0] && t >= 0 && t < all.shape[1],
+             "logits_at(" + std::to_string(b) + ", " + std::to_string(t) +
+                 "): outside the last forward's " + all.shape.str());
+  return all.slice_flat((int64_t{b} * all.shape[1] + t) * padded_vocab_, {vocab_});
 }
 
 Tensor ModelBase::losses() const {
@@ -177,17 +229,17 @@ Tensor ModelBase::losses() const {
 
 Tensor ModelBase::loss_forward(const Tensor& logits, int64_t BT) {
   Tensor losses = losses_.slice_flat(0, {BT});
-  device_.crossentropy_forward(losses, logits, batch_.targets());
+  device_.crossentropy_forward(losses, logits, batch_.targets(), vocab_);
   device_.sum(loss_, losses, 1.0f / static_cast<float>(BT));
   return loss_;
 }
 
-Tensor ModelBase::loss_backward(float dloss_scale, int64_t V) {
+Tensor ModelBase::loss_backward(float dloss_scale) {
   CT_REQUIRE(trains(), "backward() on a " + std::string(family_) + " created without gradients");
   batch_.require_targets("backward()");
   const int64_t BT = batch_.BT();
-  Tensor logits = logits_.slice_flat(0, {BT, V});
-  device_.crossentropy_backward(logits, logits, batch_.targets(),
+  Tensor logits = logits_.slice_flat(0, {BT, padded_vocab_});
+  device_.crossentropy_backward(logits, logits, batch_.targets(), vocab_,
                                 dloss_scale / static_cast<float>(BT));
   return logits;
 }
@@ -216,16 +268,17 @@ void ModelBase::linear_backward_input(int l, int m, const Tensor& dinp, const Te
 // Host helpers: checkpoints
 
 std::vector<float> ModelBase::download_params() const {
-  if (base16()) return model_util::download_widened(device_, compute_);  // the 16-bit base
-  std::vector<float> host(static_cast<size_t>(num_params_));
-  device_.download(host.data(), params_, host.size() * sizeof(float));
-  return host;
+  if (base16())  // the 16-bit base
+    return to_host_layout(model_util::download_widened(device_, compute_));
+  std::vector<float> dev(static_cast<size_t>(flat_size_));
+  device_.download(dev.data(), params_, dev.size() * sizeof(float));
+  return to_host_layout(std::move(dev));
 }
 
 std::vector<float> ModelBase::download_grads() const {
-  std::vector<float> host(static_cast<size_t>(num_params_));
-  device_.download(host.data(), grads_flat(), host.size() * sizeof(float));
-  return host;
+  std::vector<float> dev(static_cast<size_t>(flat_size_));
+  device_.download(dev.data(), grads_flat(), dev.size() * sizeof(float));
+  return to_host_layout(std::move(dev));
 }
 
 std::map<std::string, std::vector<float>> ModelBase::download_param_map() const {
@@ -236,12 +289,13 @@ void ModelBase::upload_params(const std::vector<float>& flat) {
   CT_REQUIRE(static_cast<int64_t>(flat.size()) == num_params_,
              "upload_params: got " + std::to_string(flat.size()) + " values, the model has " +
                  std::to_string(num_params_));
+  const std::vector<float> dev = to_device_layout(flat);  // the padding rows zero
   if (base16()) {  // rounded to nearest even on the host: no f32 copy on the device
-    model_util::upload_rounded(device_, compute_, flat);
-    device_.copy(small_, compute_.slice_flat(decay_count_, {num_params_ - decay_count_}));
+    model_util::upload_rounded(device_, compute_, dev);
+    device_.copy(small_, compute_.slice_flat(dev_decay_count_, {flat_size_ - dev_decay_count_}));
     return;
   }
-  device_.upload(params_, flat.data(), flat.size() * sizeof(float));
+  device_.upload(params_, dev.data(), dev.size() * sizeof(float));
   if (options_.policy.mixed()) device_.copy(compute_, params_);
 }
 

@@ -12,6 +12,17 @@
 // refresh_compute_weights(); gradients are always f32. With LoRA under a mixed policy the frozen
 // base is held in 16 bits only (base16()): no f32 master, the compute copy is the model, and the
 // no-decay region is widened once into an f32 buffer for the ops that take vectors in f32.
+//
+// The padded vocabulary: on the device the LM head weight (the tied embedding, or an untied
+// head) has padded_vocab() = round_up(V, kVocabAlign) rows, the rows past V zero, so the head's
+// matmuls run at an aligned width (GPT-2: 50304 instead of 50257 rows, as llm.c) and produce
+// [BT, padded_vocab()] logits, whose padding columns the loss excludes (Device::crossentropy_*
+// with valid = V) and whose gradient there is 0, so the zero rows get zero gradients. The zero
+// rows sit right after the head's V rows in the flat buffers (the device layout: dev_table(), its
+// offsets shifted past the gap); no optimizer touches them (the optimizer walks the table's
+// contiguous runs). Everything on the host keeps the real vocabulary: params() and its offsets,
+// num_parameters(), download_*/upload_params, and so files, checkpoints and optimizer state by
+// name. The embedding lookup reads the first V rows only; logits() shows the first V columns.
 #pragma once
 
 #include <cstdint>
@@ -65,34 +76,47 @@ class ModelBase : public Model {
   void init(uint64_t seed) override;
 
   // Views valid after forward: logits [B,T,V] (of dtype policy.activations) and per-position
-  // losses [B,T] (f32) of the last call.
+  // losses [B,T] (f32) of the last call. With a padded vocabulary logits() copies the first V
+  // columns of each row into a buffer of its own (kWorkspace, row by row: for tests and tools);
+  // logits_at() is a view of one position's V logits, no copy.
   Tensor logits() const override;
+  Tensor logits_at(int b, int t) const override;
   Tensor losses() const override;
   // trainable grads (=) 0.
   void zero_grad() override;
 
-  // Parameters and gradients.
+  // Parameters and gradients. params(): offsets into the host vectors (download_params());
+  // dev_table(): the same rows at their offsets in the device buffers (params_flat(),
+  // grads_flat(), compute_params_flat()), which hold the padding rows of the head after it.
   const std::vector<ParamInfo>& params() const override { return table_; }
-  const ParamInfo& param_info(const std::string& name) const;  // kInvalidArgument if unknown
-  // [num_parameters] f32 master; undefined when base16() (the base exists in 16 bits only).
+  const std::vector<ParamInfo>& dev_table() const { return dev_table_; }
+  const ParamInfo& param_info(const std::string& name) const;  // dev_table()'s; kInvalidArgument
+  // The real and the padded vocabulary (rows of the LM head on the device).
+  int64_t vocab() const { return vocab_; }
+  int64_t padded_vocab() const { return padded_vocab_; }
+  // Elements of the device flat buffers: num_parameters() plus the head's padding rows.
+  int64_t flat_size() const { return flat_size_; }
+  // [flat_size] f32 master; undefined when base16() (the base exists in 16 bits only).
   Tensor params_flat() const { return params_; }
   // LoRA under a 16-bit policy: the frozen base is held in policy.compute only.
   bool base16() const { return options_.lora.enabled() && options_.policy.mixed(); }
-  // The copy matmuls read, [num_parameters] of policy.compute (params_flat() itself for fp32).
+  // The copy matmuls read, [flat_size] of policy.compute (params_flat() itself for fp32).
   Tensor compute_params_flat() const { return compute_; }
   // compute copy (=) master, rounded to nearest even (with LoRA: the adapters' compute copy; the
   // frozen base does not change). Call after every change of the master weights made outside
   // this class (the optimizer step); init() and upload_params() call it. A no-op for fp32.
   void refresh_compute_weights() override;
-  Tensor grads_flat() const;  // [num_parameters]; kInvalidArgument without gradients
+  Tensor grads_flat() const;  // [flat_size]; kInvalidArgument without gradients
   // View with the table shape of what the ops read as the parameter: the f32 master, or when
   // base16() the 16-bit copy (matrices, embeddings) / the widened f32 vectors (no-decay region).
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
   int64_t num_parameters() const override { return num_params_; }
-  int64_t decay_count() const { return decay_count_; }
-  // The two optimizer groups of the full model: [0, decay_count) and [decay_count,
-  // num_parameters).
+  // Elements of the weight-decayed region [0, decay_count) of the device flat buffers (the head's
+  // padding rows included).
+  int64_t decay_count() const { return dev_decay_count_; }
+  // The two optimizer groups of the full model: [0, decay_count) and [decay_count, flat_size)
+  // of the device flat buffers.
   Tensor params_decay() const;
   Tensor params_no_decay() const;
   Tensor grads_decay() const;
@@ -101,14 +125,14 @@ class ModelBase : public Model {
   // What the optimizer updates: every parameter, or with LoRA the adapters only.
   LoraAdapters* adapters() const override { return lora_.get(); }
   const std::vector<ParamInfo>& trainable_params() const override {
-    return lora() ? lora_->table() : table_;
+    return lora() ? lora_->table() : dev_table_;
   }
   Tensor trainable_flat() const override { return lora() ? lora_->params() : params_; }
   Tensor trainable_grads() const override { return lora() ? lora_->grads() : grads_flat(); }
   int64_t num_trainable() const override { return lora() ? lora_->count() : num_params_; }
-  int64_t trainable_decay_count() const override { return lora() ? lora_->count() : decay_count_; }
 
-  // Host copies for checkpoints and tests (these wait for the device).
+  // Host copies for checkpoints and tests (these wait for the device), [num_parameters] in the
+  // order of params(): the head's padding rows are not part of them.
   std::vector<float> download_params() const override;
   std::vector<float> download_grads() const;
   std::map<std::string, std::vector<float>> download_param_map() const override;
@@ -117,9 +141,14 @@ class ModelBase : public Model {
   void upload_params(const std::map<std::string, std::vector<float>>& named) override;
 
   // Bytes of kWeights the parameter store of `table` takes under `options` (f32 master, 16-bit
-  // copy, or the 16-bit base plus its widened no-decay region), adapters not included.
-  static int64_t param_store_bytes(const std::vector<ParamInfo>& table,
-                                   const ModelOptions& options);
+  // copy, or the 16-bit base plus its widened no-decay region), adapters not included;
+  // `padding` elements of the head's zero rows (in the decay region) included.
+  static int64_t param_store_bytes(const std::vector<ParamInfo>& table, const ModelOptions& options,
+                                   int64_t padding = 0);
+  // Elements of the zero rows that pad a head of V rows of `width` to padded_vocab_size(V).
+  static int64_t head_padding(int64_t V, int64_t width) {
+    return (padded_vocab_size(V) - V) * width;
+  }
 
  protected:
   // `family` names the model in errors ("GPT-2", "Llama"); a family has `sites_per_layer` LoRA
@@ -128,9 +157,12 @@ class ModelBase : public Model {
 
   // Construction, after the family has validated its config and resolved options_.lora: the
   // table (checked against the config's count), the parameter buffers and, with LoRA, the
-  // adapters on `sites` (the base frozen: gradients for the adapters only).
+  // adapters on `sites` (the base frozen: gradients for the adapters only). `head` names the
+  // table row of the LM head ([V, width], weight-decayed), which gets padded_vocab_size(V) rows
+  // on the device.
   void build_param_store(std::vector<ParamInfo> table, int64_t expected_count,
-                         std::vector<LoraSite> sites, int layers, int64_t width, bool with_grads);
+                         std::vector<LoraSite> sites, int layers, int64_t width, bool with_grads,
+                         const std::string& head);
   // Error(kUnsupported) naming the op when the device lacks one of `needed` in the policy's
   // dtype, or (base16()) the embedding op with 16-bit tables.
   void check_policy(std::span<const std::pair<OpKind, const char*>> needed) const;
@@ -140,27 +172,33 @@ class ModelBase : public Model {
   virtual float init_fill(const ParamInfo& p) const = 0;
 
   Tensor table_view(const Tensor& flat, const std::string& name) const;
+  // The LM head [padded_vocab, width] of a device flat buffer: its V rows and the zero rows.
+  Tensor head_view(const Tensor& flat) const;
   // The f32 vector at `offset` (a no-decay row or adjacent rows): master, or the widened copy.
   Tensor vector_view(int64_t offset, const Shape& shape) const;
   // Whether backward has anything to compute: the full gradients or trainable adapters.
   bool trains() const { return grads_.defined() || (lora() && lora_->trains()); }
 
   // The network's two ends, for allocate_activations: drops the old buffers (so the peak holds
-  // one set), then allocates the residual stream (layers + 1 of (B,T,C) f32), logits (BT,V) h,
+  // one set), then allocates the residual stream (layers + 1 of (B,T,C) f32), logits (BT,Vp) h,
   // losses (BT) f32, loss [1]; with `trains` the backward's dresidual (BT,C) f32 and, under a
   // 16-bit policy, its h copy.
   void release_activations();
   void allocate_residuals(int layers, int64_t BT, int64_t C);
-  void allocate_head(int64_t BT, int64_t V);
+  void allocate_head(int64_t BT);
   void allocate_dresidual(int64_t BT, int64_t C);
 
-  // The loss of forward: losses (BT) f32 = -log softmax(logits)[targets]; loss [1] f32 = their
-  // mean. Returns loss_.
+  // The loss of forward: losses (BT) f32 = -log softmax(logits[:, :V])[targets]; loss [1] f32 =
+  // their mean. logits (BT,Vp). Returns loss_.
   Tensor loss_forward(const Tensor& logits, int64_t BT);
   // The start of backward: checks that there is something to train and a forward with targets,
-  // then dlogits (BT,V) h = dloss_scale * (softmax(logits) - onehot(targets)) / BT, in place over
-  // the logits, which it returns.
-  Tensor loss_backward(float dloss_scale, int64_t V);
+  // then dlogits (BT,Vp) h = dloss_scale * (softmax(logits[:, :V]) - onehot(targets)) / BT (0 in
+  // the padding columns), in place over the logits, which it returns.
+  Tensor loss_backward(float dloss_scale);
+  // Host vectors between the layout of params() and that of the device buffers (the head's
+  // padding rows inserted as zeros, or dropped).
+  std::vector<float> to_device_layout(const std::vector<float>& host) const;
+  std::vector<float> to_host_layout(std::vector<float> dev) const;
 
   // LoRA glue of linear layers: out (+=) the adapters' updates of sites [first, first + n) of
   // block l (no-op without LoRA).
@@ -175,10 +213,17 @@ class ModelBase : public Model {
   ModelOptions options_;
   const char* family_;
   int sites_per_layer_;
-  std::vector<ParamInfo> table_;
+  std::vector<ParamInfo> table_;         // host layout (params())
+  std::vector<ParamInfo> dev_table_;     // device layout: offsets past the head shifted by pad_
   std::map<std::string, size_t> index_;  // name -> row of table_
   int64_t num_params_ = 0;
-  int64_t decay_count_ = 0;
+  int64_t decay_count_ = 0;  // host layout
+  int64_t vocab_ = 0, padded_vocab_ = 0;
+  size_t head_ = 0;              // row of the LM head in table_
+  int64_t pad_ = 0;              // elements of the head's zero rows
+  int64_t pad_at_ = 0;           // host offset where they are inserted: the end of the head
+  int64_t flat_size_ = 0;        // num_params_ + pad_
+  int64_t dev_decay_count_ = 0;  // decay_count_ + pad_
   Tensor params_, grads_;
   Tensor small_;    // base16(): f32 [num_params - decay_count], the no-decay region widened
   Tensor compute_;  // policy.compute copy of params_ (params_ itself for fp32)
@@ -188,9 +233,10 @@ class ModelBase : public Model {
   int max_b_ = 0, max_t_ = 0;
   // The residual stream, f32 (B,T,C): [0] the embedding output, [l + 1] block l's output.
   std::vector<Tensor> residuals_;
-  Tensor logits_;  // (B,T,V) h
-  Tensor losses_;  // (B,T)
-  Tensor loss_;    // [1]
+  Tensor logits_;                  // (B,T,Vp) h
+  mutable Tensor logits_compact_;  // logits() with a padded vocabulary: (B,T,V) h
+  Tensor losses_;                  // (B,T)
+  Tensor loss_;                    // [1]
   // Backward scratch: the gradient flowing along the residual stream (B,T,C) f32, and its copy
   // as a matmul input (B,T,C) h (16-bit policies only).
   Tensor dresidual_, dresidual_h_;

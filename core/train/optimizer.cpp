@@ -51,18 +51,37 @@ const char* optim_name(OptimKind k) {
 
 namespace {
 
-// What an optimizer updates: flat parameters and gradients on one device, the first
-// `decay_count` elements weight-decayed, described by the model's trainable table (every
-// parameter, or with LoRA the adapters).
+// What an optimizer updates: flat parameters and gradients on one device, described by the
+// model's trainable table (every parameter, or with LoRA the adapters). The table's rows need not
+// cover the flat buffers: the elements between them (the LM head's padding rows, Model) are
+// never updated, and stay as they are (zero).
 struct ParamSet {
   Device* dev = nullptr;
   Tensor params, grads;  // [n] f32
-  int64_t n = 0, decay_count = 0;
+  int64_t n = 0;
   const std::vector<ParamInfo>* table = nullptr;
 
+  // A run of adjacent table rows of one group (weight-decayed or not): one dispatch.
+  struct Range {
+    int64_t off, len;
+    bool decay;
+  };
   static ParamSet of(Model& m) {
-    return {&m.device(),       m.trainable_flat(),        m.trainable_grads(),
-            m.num_trainable(), m.trainable_decay_count(), &m.trainable_params()};
+    return {&m.device(), m.trainable_flat(), m.trainable_grads(), m.trainable_flat().numel(),
+            &m.trainable_params()};
+  }
+  // The table's rows merged into runs of adjacent rows of one group, in table order (for a model
+  // without padding: [0, decay_count) and [decay_count, n), two dispatches as before).
+  std::vector<Range> ranges() const {
+    std::vector<Range> out;
+    for (const ParamInfo& p : *table) {
+      if (!out.empty() && out.back().decay == p.decay &&
+          out.back().off + out.back().len == p.offset)
+        out.back().len += p.numel;
+      else
+        out.push_back({p.offset, p.numel, p.decay});
+    }
+    return out;
   }
   Tensor param(const ParamInfo& p) const { return params.slice_flat(p.offset, p.shape); }
   Tensor grad(const ParamInfo& p) const { return grads.slice_flat(p.offset, p.shape); }
@@ -112,13 +131,12 @@ class AdamW final : public FusedOptimizer {
   }
   void update(const ParamSet& ps, const Tensor& grad_norm, double lr, int64_t step) override {
     AdamWHyper hp = adam_hyper(s_, lr, step);
-    const int64_t nd = ps.decay_count, n = ps.n;
-    ps.dev->adamw(ps.param_range(0, nd), ps.grad_range(0, nd), m_.slice_flat(0, {nd}),
-                  v_.slice_flat(0, {nd}), grad_norm, hp);
-    hp.weight_decay = 0.0f;
-    if (n > nd)  // empty with LoRA: every adapter is decayed
-      ps.dev->adamw(ps.param_range(nd, n - nd), ps.grad_range(nd, n - nd),
-                    m_.slice_flat(nd, {n - nd}), v_.slice_flat(nd, {n - nd}), grad_norm, hp);
+    const float wd = hp.weight_decay;
+    for (const ParamSet::Range& r : ps.ranges()) {
+      hp.weight_decay = r.decay ? wd : 0.0f;
+      ps.dev->adamw(ps.param_range(r.off, r.len), ps.grad_range(r.off, r.len),
+                    m_.slice_flat(r.off, {r.len}), v_.slice_flat(r.off, {r.len}), grad_norm, hp);
+    }
   }
   static AdamWHyper adam_hyper(const OptimizerSettings& s, double lr, int64_t step) {
     AdamWHyper hp;
@@ -148,10 +166,9 @@ class SgdLion final : public FusedOptimizer {
                  buf_.slice_flat(p.offset, p.shape));
   }
   void update(const ParamSet& ps, const Tensor& grad_norm, double lr, int64_t step) override {
-    const int64_t nd = ps.decay_count, n = ps.n;
-    for (int group = 0; group < 2; ++group) {
-      const int64_t off = group ? nd : 0, len = group ? n - nd : nd;
-      const float wd = group ? 0.0f : static_cast<float>(s_.weight_decay);
+    for (const ParamSet::Range& r : ps.ranges()) {
+      const int64_t off = r.off, len = r.len;
+      const float wd = r.decay ? static_cast<float>(s_.weight_decay) : 0.0f;
       if (len == 0) continue;
       Tensor buf = buf_.defined() ? buf_.slice_flat(off, {len}) : Tensor{};
       if (lion_) {
@@ -450,13 +467,12 @@ class UpdateWorker {
 class Offloaded final : public Optimizer {
  public:
   Offloaded(Model& model, const OptimizerSettings& s) : host_(open_device("cpu")) {
-    const int64_t n = model.num_trainable();
+    const int64_t n = model.trainable_flat().numel();  // the device layout, padding included
     ParamSet ps;
     ps.dev = host_.get();
     ps.params = host_->empty({n}, DType::f32, MemCategory::kWeights);
     ps.grads = host_->empty({n}, DType::f32, MemCategory::kGrads);
     ps.n = n;
-    ps.decay_count = model.trainable_decay_count();
     ps.table = &model.trainable_params();
     host_ps_ = ps;
     norm_ = host_->empty({1}, DType::f32, MemCategory::kWorkspace);

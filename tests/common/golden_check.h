@@ -140,7 +140,7 @@ void check_golden(Device& d, Model& model, const std::string& path, const std::s
 
   // ---- 5 AdamW steps, as a trainer records them
   // ----------------------------------------------------
-  const int64_t N = model.num_parameters(), D = model.decay_count();
+  const int64_t N = model.flat_size(), D = model.decay_count();  // the device layout
   Tensor m = dev->empty({N}, DType::f32, MemCategory::kOptimizer);
   Tensor v = dev->empty({N}, DType::f32, MemCategory::kOptimizer);
   Tensor grad_norm = dev->empty({1}, DType::f32, MemCategory::kOptimizer);

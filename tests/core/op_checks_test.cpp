@@ -224,10 +224,10 @@ TEST(OpChecks, OneDimensionalLogitsAreOneRow) {
   for (Device* d : devices()) {
     SCOPED_TRACE(d->info().id());
     Tensor l = up(*d, {5}, logits), t = up_i32(*d, {1}, {2}), loss = up(*d, {1}, {0.0f});
-    d->crossentropy_forward(loss, l, t);
+    d->crossentropy_forward(loss, l, t, 5);
     EXPECT_NEAR(down(*d, loss)[0], want, 1e-5);
     Tensor dl = up(*d, {5}, Vec(5, 0.0f));
-    d->crossentropy_backward(dl, l, t, 1.0f);
+    d->crossentropy_backward(dl, l, t, 5, 1.0f);
     Vec g = down(*d, dl);
     for (int i = 0; i < 5; ++i) {
       double p = std::exp(static_cast<double>(logits[i])) / lse - (i == 2 ? 1.0 : 0.0);
@@ -237,9 +237,18 @@ TEST(OpChecks, OneDimensionalLogitsAreOneRow) {
   expect_rule(
       [](Device& d) {
         d.crossentropy_forward(up(d, {2}, Vec(2, 0.0f)), up(d, {5}, Vec(5, 0.0f)),
-                               up_i32(d, {2}, {0, 1}));
+                               up_i32(d, {2}, {0, 1}), 5);
       },
       ErrorKind::kInvalidArgument, "crossentropy_forward: expected logits [N,V], targets [N]");
+  for (int64_t valid : {0, 6})
+    expect_rule(
+        [valid](Device& d) {
+          d.crossentropy_backward(up(d, {2, 5}, Vec(10, 0.0f)), up(d, {2, 5}, Vec(10, 0.0f)),
+                                  up_i32(d, {2}, {0, 1}), valid, 1.0f);
+        },
+        ErrorKind::kInvalidArgument,
+        "crossentropy_backward: valid = " + std::to_string(valid) +
+            " classes must be in [1, 5] (the logits' last dimension)");
 }
 
 TEST(OpChecks, CrossEntropyGradientMayAliasLogitsOnlyExactly) {
@@ -247,14 +256,14 @@ TEST(OpChecks, CrossEntropyGradientMayAliasLogitsOnlyExactly) {
       [](Device& d) {
         Tensor buf = up(d, {12}, Vec(12, 0.0f));
         d.crossentropy_backward(buf.slice_flat(2, {2, 4}), buf.slice_flat(0, {2, 4}),
-                                up_i32(d, {2}, {0, 1}), 1.0f);
+                                up_i32(d, {2}, {0, 1}), 4, 1.0f);
       },
       ErrorKind::kInvalidArgument,
       "crossentropy_backward: dlogits may alias logits exactly but not partially");
   for (Device* d : devices()) {  // in place: allowed, and the uniform softmax is 1/4
     SCOPED_TRACE(d->info().id());
     Tensor l = up(*d, {2, 4}, Vec(8, 0.0f));
-    d->crossentropy_backward(l, l, up_i32(*d, {2}, {0, 1}), 1.0f);
+    d->crossentropy_backward(l, l, up_i32(*d, {2}, {0, 1}), 4, 1.0f);
     Vec g = down(*d, l);
     EXPECT_NEAR(g[0], -0.75f, 1e-6);
     EXPECT_NEAR(g[1], 0.25f, 1e-6);

@@ -1,7 +1,9 @@
 // crossentropy_forward / crossentropy_backward, including in place (dlogits aliasing logits):
-// every device against the reference; the reference against fp64 and central differences.
+// every device against the reference; the reference against fp64 and central differences; rows
+// with padding columns (valid < Vp: a vocabulary padded to an aligned width), f32 and 16-bit.
 #include "tests/common/device_harness.h"
 #include "tests/common/fp64_ops.h"
+#include "tests/common/half_compare.h"
 
 namespace ct::test {
 namespace {
@@ -10,9 +12,9 @@ std::pair<Vec, Vec> run(Device& d, int64_t N, int64_t V, const Vec& logits,
                         const std::vector<int32_t>& targets, float dloss, bool in_place) {
   Tensor tl = upload(d, {N, V}, logits), tt = upload_i32(d, {N}, targets);
   Tensor loss = upload(d, {N}, Vec(N, NAN));
-  d.crossentropy_forward(loss, tl, tt);
+  d.crossentropy_forward(loss, tl, tt, V);
   Tensor dl = in_place ? tl : upload(d, {N, V}, Vec(N * V, NAN));
-  d.crossentropy_backward(dl, tl, tt, dloss);
+  d.crossentropy_backward(dl, tl, tt, V, dloss);
   return {download(d, loss), download(d, dl)};
 }
 
@@ -75,6 +77,85 @@ TEST_P(CrossEntropy, LargeLogitsStayFinite) {
   EXPECT_NEAR(rl[0], 0.0f, 1e-6);
 }
 
+// Padded rows: logits [N, Vp] of which the first V columns are the classes. The padding holds
+// garbage (huge values, NaN, inf) that the forward must not read; the backward writes it as
+// exactly 0. Each device: the padded rows give the bits of the same rows without padding
+// (valid == Vp), in f32 and 16 bits, also in place; and they match the reference's.
+struct PadCase {
+  int64_t N, V, Vp;
+};
+const PadCase kPadCases[] = {
+    {7, 13, 128}, {3, 1, 128}, {5, 1001, 1024}, {9, 200, 256}, {2, 50257, 50304},
+};
+
+Vec padded(const Vec& compact, int64_t N, int64_t V, int64_t Vp) {
+  const float junk[] = {1e30f, NAN, INFINITY, -INFINITY, 88.0f, -1e30f};
+  Vec out(static_cast<size_t>(N * Vp));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < Vp; ++i)
+      out[n * Vp + i] = i < V ? compact[n * V + i] : junk[(n + i) % 6];
+  return out;
+}
+
+struct PadResult {
+  Vec loss, dlogits, dlogits_in_place;  // dlogits [N, Vp] as floats (16-bit widened)
+};
+PadResult run_padded(Device& d, DType dt, int64_t N, int64_t V, int64_t Vp, const Vec& logits,
+                     const std::vector<int32_t>& targets, float dloss) {
+  Tensor tl = up_as(d, {N, Vp}, logits, dt), tt = upload_i32(d, {N}, targets);
+  Tensor loss = upload(d, {N}, Vec(N, NAN));
+  d.crossentropy_forward(loss, tl, tt, V);
+  Tensor dl = up_as(d, {N, Vp}, Vec(N * Vp, NAN), dt);
+  d.crossentropy_backward(dl, tl, tt, V, dloss);
+  PadResult r{download(d, loss), download_h(d, dl), {}};
+  d.crossentropy_backward(tl, tl, tt, V, dloss);
+  r.dlogits_in_place = download_h(d, tl);
+  return r;
+}
+
+TEST_P(CrossEntropy, PaddingColumnsAreNotClassesAndGetZeroGradients) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    if (!dev().supports(OpKind::kCrossEntropy, dt) || !ref().supports(OpKind::kCrossEntropy, dt))
+      continue;
+    for (const PadCase& c : kPadCases) {
+      if (c.V <= 13 && !same_backend_as_ref()) continue;  // as MatchesReferenceAlsoInPlace
+      const std::string nm = std::string(" ") + dtype_name(dt) + " N" + std::to_string(c.N) + " V" +
+                             std::to_string(c.V) + " Vp" + std::to_string(c.Vp);
+      Vec compact = randn(c.N * c.V, 70 + c.V, 3.0f);
+      if (dt != DType::f32) compact = download_h(ref(), up_as(ref(), {c.N * c.V}, compact, dt));
+      const auto targets = randint(c.N, 71 + c.V, static_cast<int32_t>(c.V));
+      const float dloss = 1.0f / static_cast<float>(c.N);
+      const Vec logits = padded(compact, c.N, c.V, c.Vp);
+      PadResult got[2];
+      int k = 0;
+      for (Device* d : {&ref(), &dev()}) {
+        const std::string on = nm + " on " + d->info().id();
+        PadResult p = run_padded(*d, dt, c.N, c.V, c.Vp, logits, targets, dloss);
+        // the same rows without padding, valid == Vp
+        PadResult u = run_padded(*d, dt, c.N, c.V, c.V, compact, targets, dloss);
+        EXPECT_EQ(p.loss, u.loss) << "loss" << on;
+        bool zeros = true, same = true;
+        for (int64_t n = 0; n < c.N; ++n)
+          for (int64_t i = 0; i < c.Vp; ++i) {
+            const float a = p.dlogits[n * c.Vp + i], b = p.dlogits_in_place[n * c.Vp + i];
+            if (i >= c.V) {
+              zeros = zeros && a == 0.0f && !std::signbit(a) && b == 0.0f && !std::signbit(b);
+            } else {
+              const float w = u.dlogits[n * c.V + i];
+              same = same && (a == w || (std::isnan(a) && std::isnan(w))) && a == b;
+            }
+          }
+        EXPECT_TRUE(zeros) << "dlogits of the padding columns are not all +0" << on;
+        EXPECT_TRUE(same) << "dlogits of the classes differ from the unpadded rows'" << on;
+        got[k++] = std::move(p);
+      }
+      EXPECT_TRUE(close_nmse(got[1].loss, got[0].loss, tol(), "loss vs ref" + nm));
+      EXPECT_TRUE(close_nmse(got[1].dlogits, got[0].dlogits, dt == DType::f32 ? tol() : 1e-4,
+                             "dlogits vs ref" + nm));
+    }
+  }
+}
+
 CT_INSTANTIATE_DEVICE_SUITE(CrossEntropy);
 
 TEST(ReferenceCrossEntropy, MatchesFp64AndFiniteDifferences) {
@@ -94,15 +175,23 @@ TEST(ReferenceCrossEntropy, MatchesFp64AndFiniteDifferences) {
 }
 
 TEST(CpuCrossEntropy, RejectsOutOfRangeTargets) {
+  // The limit is the number of classes, not the row length: a target in the padding is an error.
   for (const char* spec : {"cpu:1", "cpu:0"}) {
     Device& d = open_cached(spec);
-    Tensor tl = upload(d, {2, 5}, Vec(10, 0.0f)), tt = upload_i32(d, {2}, {1, 5});
+    Tensor tl = upload(d, {2, 8}, Vec(16, 0.0f)), tt = upload_i32(d, {2}, {1, 5});
     Tensor loss = upload(d, {2}, Vec(2, 0.0f));
-    try {
-      d.crossentropy_forward(loss, tl, tt);
-      ADD_FAILURE() << "no error";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("targets[1] = 5"), std::string::npos) << e.what();
+    for (bool backward : {false, true}) {
+      try {
+        if (backward)
+          d.crossentropy_backward(tl, tl, tt, 5, 1.0f);
+        else
+          d.crossentropy_forward(loss, tl, tt, 5);
+        ADD_FAILURE() << "no error";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("targets[1] = 5 is out of range [0, 5)"),
+                  std::string::npos)
+            << e.what();
+      }
     }
   }
 }

@@ -198,12 +198,12 @@ TEST_P(MixedPrecision, LayerNormCrossEntropyBiasGradAdd) {
           // Cross-entropy on 16-bit logits, then the backward in place.
           Tensor tl = up_as(*d, {N, V}, logits, h), tt = upload_i32(*d, {N}, targets);
           Tensor loss = upload(*d, {N}, Vec(N));
-          d->crossentropy_forward(loss, tl, tt);
+          d->crossentropy_forward(loss, tl, tt, V);
           EXPECT_TRUE(close_nmse(download(*d, loss), f64::crossentropy(to_d(logits), targets, N, V),
                                  kTolF64 * 10, "losses " + nm));
-          d->crossentropy_backward(tl, tl, tt, 0.5f);
+          d->crossentropy_backward(tl, tl, tt, V, 0.5f);
           Tensor tlf = upload(*d, {N, V}, logits);
-          d->crossentropy_backward(tlf, tlf, tt, 0.5f);
+          d->crossentropy_backward(tlf, tlf, tt, V, 0.5f);
           EXPECT_TRUE(close_nmse(download_h(*d, tl), download(*d, tlf), tol_h(h), "dlogits " + nm));
         }
       });
@@ -221,11 +221,11 @@ TEST_P(MixedPrecision, CrossEntropyStagedInPiecesEqualsF32) {
     Tensor tl = up_as(d, {N, V}, logits, h), tlf = upload(d, {N, V}, logits);
     Tensor tt = upload_i32(d, {N}, targets);
     Tensor l16 = upload(d, {N}, Vec(N)), l32 = upload(d, {N}, Vec(N));
-    d.crossentropy_forward(l16, tl, tt);
-    d.crossentropy_forward(l32, tlf, tt);
+    d.crossentropy_forward(l16, tl, tt, V);
+    d.crossentropy_forward(l32, tlf, tt, V);
     EXPECT_EQ(download(d, l16), download(d, l32));
-    d.crossentropy_backward(tl, tl, tt, 0.25f);  // in place, piece by piece
-    d.crossentropy_backward(tlf, tlf, tt, 0.25f);
+    d.crossentropy_backward(tl, tl, tt, V, 0.25f);  // in place, piece by piece
+    d.crossentropy_backward(tlf, tlf, tt, V, 0.25f);
     EXPECT_EQ(download_h(d, tl), round_h(download(d, tlf), h));
   });
 }

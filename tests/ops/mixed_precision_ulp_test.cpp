@@ -235,16 +235,16 @@ TEST_P(MixedPrecisionUlp, CrossEntropyLogitsH) {
     std::vector<int32_t> ts = randint(N, 28, static_cast<int32_t>(V));
     ts[6] = 40;  // row 6: the target is the -inf logit: loss inf
     Pair logits = both_as({N, V}, ls, h), tgt = both_i32({N}, ts), losses = both_empty({N});
-    dut().crossentropy_forward(losses.d, logits.d, tgt.d);
-    ref().crossentropy_forward(losses.r, logits.r, tgt.r);
+    dut().crossentropy_forward(losses.d, logits.d, tgt.d, V);
+    ref().crossentropy_forward(losses.r, logits.r, tgt.r, V);
     EXPECT_TRUE(same(losses, tol(), tag("crossentropy_forward")));
     Pair dl = both_empty({N, V}, h);
-    dut().crossentropy_backward(dl.d, logits.d, tgt.d, 1.0f / N);
-    ref().crossentropy_backward(dl.r, logits.r, tgt.r, 1.0f / N);
+    dut().crossentropy_backward(dl.d, logits.d, tgt.d, V, 1.0f / N);
+    ref().crossentropy_backward(dl.r, logits.r, tgt.r, V, 1.0f / N);
     EXPECT_TRUE(same_h(dl, tag("crossentropy_backward")));
     // in place: dlogits is logits
-    dut().crossentropy_backward(logits.d, logits.d, tgt.d, 1.0f / N);
-    ref().crossentropy_backward(logits.r, logits.r, tgt.r, 1.0f / N);
+    dut().crossentropy_backward(logits.d, logits.d, tgt.d, V, 1.0f / N);
+    ref().crossentropy_backward(logits.r, logits.r, tgt.r, V, 1.0f / N);
     EXPECT_TRUE(same_h(logits, tag("crossentropy_backward in place")));
   });
 }

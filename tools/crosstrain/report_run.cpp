@@ -24,6 +24,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/model/model.h"
 #include "core/model/model_config.h"
 #include "core/registry.h"
 #include "tools/crosstrain/report_format.h"
@@ -150,7 +151,9 @@ struct GemmShape {
 // runtime) gets every dimension capped at 256.
 std::vector<GemmShape> gemm_shapes(const std::string& model, int batch, bool small) {
   const ModelConfig cfg = ModelConfig::preset(model);
-  const int64_t BT = static_cast<int64_t>(batch) * cfg.block_size(), V = cfg.vocab_size();
+  // The LM head at the padded vocabulary, as the models run it (core/model/model_base.h).
+  const int64_t BT = static_cast<int64_t>(batch) * cfg.block_size(),
+                V = padded_vocab_size(cfg.vocab_size());
   std::vector<GemmShape> s;
   if (cfg.is_llama()) {
     const LlamaConfig& c = cfg.llama();
@@ -307,17 +310,19 @@ std::vector<OpCase> op_cases(const std::string& model, int batch, bool small) {
     return std::function<void()>(
         [=, &d] { d.flash_attention_backward(dqkv, dout, qkv, out, lse, NH, KV); });
   });
-  const std::string cs = std::to_string(BT) + "x" + std::to_string(V);
+  // Rows of the padded vocabulary Vp, of which V are classes (core/model/model_base.h).
+  const int64_t Vp = padded_vocab_size(V);
+  const std::string cs = std::to_string(BT) + "x" + std::to_string(Vp);
   add("crossentropy", "forward", cs, OpKind::kCrossEntropy, true, [=](Device& d, DType t) {
-    Tensor losses = filled(d, {BT}, f32, 0), logits = filled(d, {BT, V}, t, 0.1f);
+    Tensor losses = filled(d, {BT}, f32, 0), logits = filled(d, {BT, Vp}, t, 0.1f);
     Tensor tg = filled(d, {BT}, i32, 1);
-    return std::function<void()>([=, &d] { d.crossentropy_forward(losses, logits, tg); });
+    return std::function<void()>([=, &d] { d.crossentropy_forward(losses, logits, tg, V); });
   });
   add("crossentropy", "backward", cs, OpKind::kCrossEntropy, true, [=](Device& d, DType t) {
-    Tensor dlogits = filled(d, {BT, V}, t, 0), logits = filled(d, {BT, V}, t, 0.1f);
+    Tensor dlogits = filled(d, {BT, Vp}, t, 0), logits = filled(d, {BT, Vp}, t, 0.1f);
     Tensor tg = filled(d, {BT}, i32, 1);
     return std::function<void()>(
-        [=, &d] { d.crossentropy_backward(dlogits, logits, tg, 1.0f / BT); });
+        [=, &d] { d.crossentropy_backward(dlogits, logits, tg, V, 1.0f / BT); });
   });
   add("adamw", "update", std::to_string(P) + " parameters", OpKind::kAdamW, false,
       [=](Device& d, DType) {

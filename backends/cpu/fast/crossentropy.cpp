@@ -28,27 +28,28 @@ inline double row_sumexp(const float* x, int64_t V, float m) {
 }
 }  // namespace
 
-// losses is (N), logits is (N,V), targets is (N)
+// losses is (N), logits is (N,Vp) of V classes and Vp - V padding columns, targets is (N)
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N,
-                          int64_t V) {
+                          int64_t V, int64_t Vp) {
 #pragma omp parallel for schedule(static) if (N * V > (1 << 15))
   for (int64_t n = 0; n < N; ++n) {
-    const float* x = logits + n * V;
+    const float* x = logits + n * Vp;
     float m = row_max(x, V);
     double s = row_sumexp(x, V, m);
     losses[n] = static_cast<float>(std::log(s) + (static_cast<double>(m) - x[targets[n]]));
   }
 }
 
-// dlogits, logits are (N,V), possibly the same memory; targets is (N)
+// dlogits, logits are (N,Vp), possibly the same memory; targets is (N)
 // One exp per element: dx holds exp(x - max) from the summing pass, then is scaled by
-// dloss / sum; element i of x is read before element i of dx is written.
+// dloss / sum; element i of x is read before element i of dx is written. The padding columns
+// [V, Vp) of dx are written as 0.
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets, int64_t N,
-                           int64_t V, float dloss) {
+                           int64_t V, int64_t Vp, float dloss) {
 #pragma omp parallel for schedule(static) if (N * V > (1 << 15))
   for (int64_t n = 0; n < N; ++n) {
-    const float* x = logits + n * V;
-    float* dx = dlogits + n * V;
+    const float* x = logits + n * Vp;
+    float* dx = dlogits + n * Vp;
     int32_t t = targets[n];
     float m = row_max(x, V);
     double et = fast_exp(x[t] - m);
@@ -64,6 +65,7 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
     for (int64_t i = 0; i < V; ++i) dx[i] *= f;
     // p_t - 1 = -(s - e_t) / s: no cancellation when p_t is close to 1.
     dx[t] = static_cast<float>(-static_cast<double>(dloss) * ((s - et) / s));
+    for (int64_t i = V; i < Vp; ++i) dx[i] = 0.0f;
   }
 }
 

@@ -17,11 +17,12 @@ void row_stats(const float* x, int64_t V, double* maxval, double* logsum) {
 }
 }  // namespace
 
-// losses is (N), logits is (N,V), targets is (N)
+// losses is (N); logits is (N,Vp), each row V classes and Vp - V columns of padding, which are
+// never read; targets is (N), each < V
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N,
-                          int64_t V) {
+                          int64_t V, int64_t Vp) {
   for (int64_t n = 0; n < N; ++n) {
-    const float* x = logits + n * V;
+    const float* x = logits + n * Vp;
     double m, ls;
     row_stats(x, V, &m, &ls);
     // log z + (max - x[target]): log z is not absorbed by a huge max first (logits of -1e30
@@ -30,12 +31,13 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
   }
 }
 
-// dlogits, logits are (N,V) and may be the same memory; targets is (N)
+// dlogits, logits are (N,Vp) and may be the same memory; targets is (N). The padding columns
+// [V, Vp) of dlogits are written as exactly 0.
 void crossentropy_backward(float* dlogits, const float* logits, const int32_t* targets, int64_t N,
-                           int64_t V, float dloss) {
+                           int64_t V, int64_t Vp, float dloss) {
   for (int64_t n = 0; n < N; ++n) {
-    const float* x = logits + n * V;
-    float* dx = dlogits + n * V;
+    const float* x = logits + n * Vp;
+    float* dx = dlogits + n * Vp;
     double m, ls;
     row_stats(x, V, &m, &ls);
     for (int64_t i = 0; i < V; ++i) {
@@ -43,6 +45,7 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
       double ind = i == targets[n] ? 1.0 : 0.0;
       dx[i] = static_cast<float>(dloss * (p - ind));
     }
+    for (int64_t i = V; i < Vp; ++i) dx[i] = 0.0f;
   }
 }
 

@@ -1,6 +1,8 @@
 // Fused log-softmax + negative log-likelihood, forward and backward, one block per row; logits
 // f32 or 16-bit, statistics in fp32 by the fixed block trees of common.h (the same at every warp
 // size). The backward reads a row's statistics before it writes, so dlogits may be logits.
+// Rows are Vp wide: classes [0, V), then padding [V, Vp) that the forward never reads and the
+// backward writes as 0 (core/device.h).
 #include "backends/gpu/kernels/common.h"
 #include "backends/gpu/kernels/safe_math.h"
 
@@ -24,31 +26,31 @@ __device__ __forceinline__ void row_stats(const void* x, std::int64_t base, std:
   *logsum = logf(s);
 }
 
-// losses (N) f32; logits (N, V) of element E; targets (N) i32. Block n handles row n.
+// losses (N) f32; logits (N, Vp) of element E; targets (N) i32. Block n handles row n.
 template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     crossentropy_forward_kernel(float* losses, const void* logits, const std::int32_t* targets,
-                                std::int64_t V) {
+                                std::int64_t V, std::int64_t Vp) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, smem, kThreads);
   const std::int64_t n = blockIdx.x;
-  const std::int64_t base = n * V;
+  const std::int64_t base = n * Vp;
   float m, ls;
   row_stats<WARP, E>(logits, base, V, smem, &m, &ls);
   // log z + (max - x[target]): the small log z is not rounded against a large max first.
   if (threadIdx.x == 0) losses[n] = ls + (m - E::load(logits, base + targets[n]));
 }
 
-// dlogits, logits (N, V) of element E (may be the same memory); targets (N) i32.
-// dlogits = dloss * (softmax(logits) - onehot(target)).
+// dlogits, logits (N, Vp) of element E (may be the same memory); targets (N) i32.
+// dlogits = dloss * (softmax(logits) - onehot(target)) over [0, V), 0 over [V, Vp).
 template <int WARP, typename E>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     crossentropy_backward_kernel(void* dlogits, const void* logits, const std::int32_t* targets,
-                                 std::int64_t V, float dloss) {
+                                 std::int64_t V, std::int64_t Vp, float dloss) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, smem, kThreads);
   const std::int64_t n = blockIdx.x;
-  const std::int64_t base = n * V;
+  const std::int64_t base = n * Vp;
   float m, ls;
   row_stats<WARP, E>(logits, base, V, smem, &m, &ls);
   const std::int64_t target = targets[n];
@@ -56,12 +58,14 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     const float p = ct_exp_le0(E::load(logits, base + i) - m - ls);
     E::store(dlogits, base + i, dloss * (p - (i == target ? 1.0f : 0.0f)));
   }
+  for (std::int64_t i = V + threadIdx.x; i < Vp; i += kThreads) E::store(dlogits, base + i, 0.0f);
 }
 
 }  // namespace
 
 void crossentropy_forward(const Ctx& cx, float* losses, const void* logits, Elem e,
-                          const std::int32_t* targets, std::int64_t N, std::int64_t V) {
+                          const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                          std::int64_t Vp) {
   for (std::int64_t row = 0; row < N; row += 65535) {  // gridDim.x limit of some targets
     const std::int64_t rows = N - row < 65535 ? N - row : 65535;
     with_warp(cx.warp, [&](auto w) {
@@ -71,8 +75,8 @@ void crossentropy_forward(const Ctx& cx, float* losses, const void* logits, Elem
         launch<W>(
             CT_KERNEL(crossentropy_forward_kernel<W, E>), dim3(static_cast<unsigned>(rows)),
             dim3(kThreads), 0, stream_of(cx), losses + row,
-            static_cast<const char*>(logits) + row * V * static_cast<std::int64_t>(elem_size(e)),
-            targets + row, V);
+            static_cast<const char*>(logits) + row * Vp * static_cast<std::int64_t>(elem_size(e)),
+            targets + row, V, Vp);
       });
     });
   }
@@ -80,8 +84,8 @@ void crossentropy_forward(const Ctx& cx, float* losses, const void* logits, Elem
 
 void crossentropy_backward(const Ctx& cx, void* dlogits, const void* logits, Elem e,
                            const std::int32_t* targets, std::int64_t N, std::int64_t V,
-                           float dloss) {
-  const std::int64_t row_bytes = V * static_cast<std::int64_t>(elem_size(e));
+                           std::int64_t Vp, float dloss) {
+  const std::int64_t row_bytes = Vp * static_cast<std::int64_t>(elem_size(e));
   for (std::int64_t row = 0; row < N; row += 65535) {
     const std::int64_t rows = N - row < 65535 ? N - row : 65535;
     with_warp(cx.warp, [&](auto w) {
@@ -90,7 +94,7 @@ void crossentropy_backward(const Ctx& cx, void* dlogits, const void* logits, Ele
         using E = decltype(el);
         launch<W>(CT_KERNEL(crossentropy_backward_kernel<W, E>), dim3(static_cast<unsigned>(rows)),
                   dim3(kThreads), 0, stream_of(cx), static_cast<char*>(dlogits) + row * row_bytes,
-                  static_cast<const char*>(logits) + row * row_bytes, targets + row, V, dloss);
+                  static_cast<const char*>(logits) + row * row_bytes, targets + row, V, Vp, dloss);
       });
     });
   }

@@ -1,17 +1,19 @@
 // Fused log-softmax + NLL forward and backward, fp32 arithmetic; logits (and dlogits, the same
-// dtype) may be f16/bf16, losses are f32. Shader: crossentropy.comp.
+// dtype) may be f16/bf16, losses are f32; rows of Vp elements, V classes then padding (valid <
+// Vp: a push constant, the same pipelines). Shader: crossentropy.comp.
 #include "backends/vulkan/ops/op_util.h"
 
 namespace ct::vk {
 
 struct CrossEntropyPush {
-  uint32_t N, V;
+  uint32_t N, V, Vp;
   float dloss;
   uint32_t oo, ox, ot;
 };
 CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_fwd);
 CT_VK_PUSH_MEMBER(CrossEntropyPush, crossentropy_fwd, N);
 CT_VK_PUSH_MEMBER(CrossEntropyPush, crossentropy_fwd, V);
+CT_VK_PUSH_MEMBER(CrossEntropyPush, crossentropy_fwd, Vp);
 CT_VK_PUSH_MEMBER(CrossEntropyPush, crossentropy_fwd, dloss);
 CT_VK_PUSH_MEMBER(CrossEntropyPush, crossentropy_fwd, oo);
 CT_VK_PUSH_MEMBER(CrossEntropyPush, crossentropy_fwd, ox);
@@ -23,7 +25,7 @@ CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_bwd_f16);
 CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_bwd_bf16);
 
 namespace {
-// Rows N and row length V of logits [N,V], or of [V] as one row (core/device.h).
+// Rows N and row length Vp of logits [N,Vp], or of [Vp] as one row (core/device.h).
 std::pair<int64_t, int64_t> rows_of(const Tensor& logits) {
   int64_t V = logits.shape[-1];
   return {logits.numel() / std::max<int64_t>(V, 1), V};
@@ -31,7 +33,7 @@ std::pair<int64_t, int64_t> rows_of(const Tensor& logits) {
 }  // namespace
 
 void VulkanDevice::crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
-                                               const Tensor& targets) {
+                                               const Tensor& targets, int64_t valid) {
   auto [N, V] = rows_of(logits);
   int64_t rows = std::max<int64_t>(1, max_elems(4) / V);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
@@ -40,13 +42,14 @@ void VulkanDevice::crossentropy_forward_kernel(const Tensor& losses, const Tenso
     auto g = grid(nr, 1);
     dispatch(h_variant(logits.dtype, ShaderId::crossentropy_fwd, ShaderId::crossentropy_fwd_f16,
                        ShaderId::crossentropy_fwd_bf16),
-             {bl, bx, bt}, CrossEntropyPush{u32(nr), u32(V), 0.0f, bl.first, bx.first, bt.first},
+             {bl, bx, bt},
+             CrossEntropyPush{u32(nr), u32(valid), u32(V), 0.0f, bl.first, bx.first, bt.first},
              g[0], g[1]);
   }
 }
 
 void VulkanDevice::crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
-                                                const Tensor& targets, float dloss) {
+                                                const Tensor& targets, int64_t valid, float dloss) {
   auto [N, V] = rows_of(logits);
   int64_t rows = std::max<int64_t>(1, max_elems(4) / V);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
@@ -57,7 +60,8 @@ void VulkanDevice::crossentropy_backward_kernel(const Tensor& dlogits, const Ten
     auto g = grid(nr, 1);
     dispatch(h_variant(logits.dtype, ShaderId::crossentropy_bwd, ShaderId::crossentropy_bwd_f16,
                        ShaderId::crossentropy_bwd_bf16),
-             {bd, bx, bt}, CrossEntropyPush{u32(nr), u32(V), dloss, bd.first, bx.first, bt.first},
+             {bd, bx, bt},
+             CrossEntropyPush{u32(nr), u32(valid), u32(V), dloss, bd.first, bx.first, bt.first},
              g[0], g[1]);
   }
 }
