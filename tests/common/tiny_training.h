@@ -33,6 +33,18 @@ inline TrainArgs tiny_args(const std::string& backend, const std::string& dir, i
   return a;
 }
 
+// The tiny preset cut to 2 of its 6 layers: every layer the same shapes (384 wide, 6 heads of 64,
+// vocabulary 256), the same code between the layers (the residual stream, checkpointing's
+// per-layer recompute), a third of the work. For the suites that train one configuration many
+// times on the slow devices under test (each technique, the offload schedules, resume, fused
+// attention, the device chain); TinyFiftyStepsMatchCpu trains the whole preset on each device.
+inline TrainArgs shallow_tiny_args(const std::string& backend, const std::string& dir,
+                                   int64_t steps) {
+  TrainArgs a = tiny_args(backend, dir, steps);
+  a.n_layer = 2;
+  return a;
+}
+
 // An empty path under the temporary folder, unique to this process.
 inline std::string fresh_dir(const std::string& name) {
   namespace fs = std::filesystem;

@@ -1,11 +1,12 @@
 // End to end on every device under test (tests/common/device_harness.h): the tiny model (and
 // llama-tiny) trained from one seed on the device and on cpu:0 gives the same loss at every step
-// (1e-4 relative); a
-// checkpoint written on one resumes on the other like the uninterrupted run; the offloaded
-// optimizer, synchronous and delayed, follows the same trajectory. cpu:0 is the baseline of these
-// runs, so on a device of the cpu backend they are skipped (they would compare cpu:0 with
-// itself). A device that batches its queue submits (it prints "N queue submits over F flushes"
-// with --profile) keeps a step to at most 2 submits.
+// (1e-4 relative); a checkpoint written on one resumes on the other like the uninterrupted run;
+// the offloaded optimizer, synchronous and delayed, follows the same trajectory. The 50-step
+// run trains the whole tiny preset; the suites that train many times (each technique, resume,
+// offload, the device chain) its first 2 layers (shallow_tiny_args: the same shapes per layer).
+// cpu:0 is the baseline of these runs, so on a device of the cpu backend they are skipped (they
+// would compare cpu:0 with itself). A device that batches its queue submits (it prints "N queue
+// submits over F flushes" with --profile) keeps a step to at most 2 submits.
 #include <unistd.h>
 
 #include <cstdio>
@@ -139,12 +140,12 @@ TEST_P(TrainParity, ResumeAcrossBackends) {
                                       std::pair<std::string, std::string>{id(), kBaseline}}) {
     std::string tag = first == kBaseline ? "from_cpu" : "to_cpu";
     std::string straight = fresh_dir("x_straight_" + tag), split = fresh_dir("x_split_" + tag);
-    train(tiny_args(first, straight, 6));
-    TrainArgs a = tiny_args(first, split, 6);
+    train(shallow_tiny_args(first, straight, 6));
+    TrainArgs a = shallow_tiny_args(first, split, 6);
     a.save_steps = 3;
     train(a);
     fs::remove_all(fs::path(split) / "checkpoint-6");
-    TrainArgs b = tiny_args(second, split, 6);
+    TrainArgs b = shallow_tiny_args(second, split, 6);
     b.resume_from_checkpoint = (fs::path(split) / "checkpoint-3").string();
     train(b);
     std::vector<double> want = logged_losses(straight), got = logged_losses(split);
@@ -189,7 +190,7 @@ TEST_P(TrainParity, EveryTechniqueMatchesCpu) {
   for (const Variant& v : variants) {
     std::string dc = fresh_dir(std::string("tech_cpu_") + v.name);
     std::string dd = fresh_dir(std::string("tech_dut_") + v.name);
-    TrainArgs ac = tiny_args(kBaseline, dc, steps), ad = tiny_args(id(), dd, steps);
+    TrainArgs ac = shallow_tiny_args(kBaseline, dc, steps), ad = shallow_tiny_args(id(), dd, steps);
     v.set(ac);
     v.set(ad);
     train(ac);
@@ -219,7 +220,7 @@ TEST_P(TrainParity, OffloadedOptimizer) {
   const int64_t steps = 6;
   auto run = [&](const std::string& backend, const std::string& name, bool offload, bool delayed) {
     std::string dir = fresh_dir(name);
-    TrainArgs a = tiny_args(backend, dir, steps);
+    TrainArgs a = shallow_tiny_args(backend, dir, steps);
     a.offload_optimizer = offload;
     a.offload_delayed_update = delayed;
     train(a);
@@ -273,10 +274,10 @@ TEST(TrainChain, CpuThenSimtThenVulkanResumesLikeOneRun) {
     }
   }
   std::string straight = fresh_dir("chain_straight"), split = fresh_dir("chain_split");
-  train(tiny_args(kBaseline, straight, 9));
+  train(shallow_tiny_args(kBaseline, straight, 9));
   const char* legs[] = {kBaseline, "simt:0", "vulkan:0"};
   for (int leg = 0; leg < 3; ++leg) {
-    TrainArgs a = tiny_args(legs[leg], split, 3 * (leg + 1));
+    TrainArgs a = shallow_tiny_args(legs[leg], split, 3 * (leg + 1));
     a.save_steps = 3;
     if (leg > 0)
       a.resume_from_checkpoint =
