@@ -334,31 +334,31 @@ class CpuDevice final : public Device, private Workspace {
 
   void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
                                    const Tensor& targets, int64_t valid) override {
-    const int64_t V = logits.shape[-1], N = targets.numel();
+    const int64_t Vp = logits.shape[-1], N = targets.numel();
     check_indices("crossentropy_forward", "targets", targets, valid);
-    // 16-bit logits: widened stage_rows(V) rows at a time (GPT-2's [B*T, 50304] would need
+    // 16-bit logits: widened stage_rows(Vp) rows at a time (GPT-2's [B*T, 50304] would need
     // 0.8 GB of f32 staging at 4 x 1024 in one piece).
-    const int64_t rows = logits.dtype == DType::f32 ? N : stage_rows(V);
+    const int64_t rows = logits.dtype == DType::f32 ? N : stage_rows(Vp);
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       const int64_t nr = std::min(rows, N - r0);
-      k_.crossentropy_forward(f(losses) + r0, in_range(logits, 0, r0 * V, nr * V),
-                              idx(targets) + r0, nr, valid, V);
+      k_.crossentropy_forward(f(losses) + r0, in_range(logits, 0, r0 * Vp, nr * Vp),
+                              idx(targets) + r0, nr, valid, Vp);
     }
   }
   void crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
                                     const Tensor& targets, int64_t valid, float dloss) override {
-    const int64_t V = logits.shape[-1], N = targets.numel();
+    const int64_t Vp = logits.shape[-1], N = targets.numel();
     check_indices("crossentropy_backward", "targets", targets, valid);
     // In place with 16 bits: one staging copy serves as both (the kernel allows aliasing).
     // 16-bit: in row chunks, as in crossentropy_forward.
     const bool same = raw(dlogits) == raw(logits);
-    const int64_t rows = logits.dtype == DType::f32 ? N : stage_rows(V);
+    const int64_t rows = logits.dtype == DType::f32 ? N : stage_rows(Vp);
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
-      const int64_t nr = std::min(rows, N - r0), e0 = r0 * V;
-      const float* l = in_range(logits, 0, e0, nr * V);
-      float* d = same ? const_cast<float*>(l) : out_range(dlogits, 1, e0, nr * V);
-      k_.crossentropy_backward(d, l, idx(targets) + r0, nr, valid, V, dloss);
-      store_range(dlogits, d, e0, nr * V);
+      const int64_t nr = std::min(rows, N - r0), e0 = r0 * Vp;
+      const float* l = in_range(logits, 0, e0, nr * Vp);
+      float* d = same ? const_cast<float*>(l) : out_range(dlogits, 1, e0, nr * Vp);
+      k_.crossentropy_backward(d, l, idx(targets) + r0, nr, valid, Vp, dloss);
+      store_range(dlogits, d, e0, nr * Vp);
     }
   }
 

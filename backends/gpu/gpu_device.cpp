@@ -408,16 +408,16 @@ class GpuDevice final : public Device {
   }
   void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
                                    const Tensor& targets, std::int64_t valid) override {
-    const std::int64_t V = logits.shape[-1];
+    const std::int64_t Vp = logits.shape[-1];
     gpu::crossentropy_forward(cx(), f(losses), ptr(logits), elem_of(logits.dtype), i32(targets),
-                              logits.numel() / V, valid, V);
+                              logits.numel() / Vp, valid, Vp);
   }
   void crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
                                     const Tensor& targets, std::int64_t valid,
                                     float dloss) override {
-    const std::int64_t V = logits.shape[-1];
+    const std::int64_t Vp = logits.shape[-1];
     gpu::crossentropy_backward(cx(), ptr(dlogits), ptr(logits), elem_of(logits.dtype), i32(targets),
-                               logits.numel() / V, valid, V, dloss);
+                               logits.numel() / Vp, valid, Vp, dloss);
   }
 
   // -- reductions and optimizers ---------------------------------------------------------------

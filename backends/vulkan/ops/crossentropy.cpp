@@ -27,41 +27,42 @@ CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_bwd_bf16);
 namespace {
 // Rows N and row length Vp of logits [N,Vp], or of [Vp] as one row (core/device.h).
 std::pair<int64_t, int64_t> rows_of(const Tensor& logits) {
-  int64_t V = logits.shape[-1];
-  return {logits.numel() / std::max<int64_t>(V, 1), V};
+  int64_t Vp = logits.shape[-1];
+  return {logits.numel() / std::max<int64_t>(Vp, 1), Vp};
 }
 }  // namespace
 
 void VulkanDevice::crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
                                                const Tensor& targets, int64_t valid) {
-  auto [N, V] = rows_of(logits);
-  int64_t rows = std::max<int64_t>(1, max_elems(4) / V);
+  auto [N, Vp] = rows_of(logits);
+  int64_t rows = std::max<int64_t>(1, max_elems(4) / Vp);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     int64_t nr = std::min(rows, N - r0);
-    Bound bl = bind(losses, r0, nr), bx = bind(logits, r0 * V, nr * V), bt = bind(targets, r0, nr);
+    Bound bl = bind(losses, r0, nr), bx = bind(logits, r0 * Vp, nr * Vp),
+          bt = bind(targets, r0, nr);
     auto g = grid(nr, 1);
     dispatch(h_variant(logits.dtype, ShaderId::crossentropy_fwd, ShaderId::crossentropy_fwd_f16,
                        ShaderId::crossentropy_fwd_bf16),
              {bl, bx, bt},
-             CrossEntropyPush{u32(nr), u32(valid), u32(V), 0.0f, bl.first, bx.first, bt.first},
+             CrossEntropyPush{u32(nr), u32(valid), u32(Vp), 0.0f, bl.first, bx.first, bt.first},
              g[0], g[1]);
   }
 }
 
 void VulkanDevice::crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
                                                 const Tensor& targets, int64_t valid, float dloss) {
-  auto [N, V] = rows_of(logits);
-  int64_t rows = std::max<int64_t>(1, max_elems(4) / V);
+  auto [N, Vp] = rows_of(logits);
+  int64_t rows = std::max<int64_t>(1, max_elems(4) / Vp);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     int64_t nr = std::min(rows, N - r0);
     // dlogits may be logits itself: each element is read before its own invocation writes it.
-    Bound bd = bind(dlogits, r0 * V, nr * V), bx = bind(logits, r0 * V, nr * V),
+    Bound bd = bind(dlogits, r0 * Vp, nr * Vp), bx = bind(logits, r0 * Vp, nr * Vp),
           bt = bind(targets, r0, nr);
     auto g = grid(nr, 1);
     dispatch(h_variant(logits.dtype, ShaderId::crossentropy_bwd, ShaderId::crossentropy_bwd_f16,
                        ShaderId::crossentropy_bwd_bf16),
              {bd, bx, bt},
-             CrossEntropyPush{u32(nr), u32(valid), u32(V), dloss, bd.first, bx.first, bt.first},
+             CrossEntropyPush{u32(nr), u32(valid), u32(Vp), dloss, bd.first, bx.first, bt.first},
              g[0], g[1]);
   }
 }
