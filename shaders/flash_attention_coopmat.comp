@@ -1,0 +1,484 @@
+#version 450
+// Fused causal self-attention (core/device.h flash_attention_*) on cooperative matrices: the op
+// contract, bindings and push constants of flash_attention.comp (one batch element a dispatch;
+// qkv [T, C3] = q (NH heads) | k (NKV heads) | v (NKV heads), out/dout [T, C], lse and the D
+// workspace [NH, T] f32; grouped-query heads; lse saved; every output one owner summing in a
+// fixed order: no atomics on values, the same bits run after run), for 16-bit tensors
+// (H_F16, H_BF16) and head sizes HS that are multiples of 16 up to 128. Every matrix product is a
+// sequence of f16 x f16 -> f32 fragment multiply-adds of one subgroup.
+//
+// One source, two builds (as matmul_coopmat.comp):
+//   (default)  VK_KHR_cooperative_matrix: coopmat<> fragments of one subgroup.
+//   CM_EMU     the fragment operations done by the lanes through shared memory (lavapipe has no
+//              coopmat): a "subgroup" is 32 consecutive invocations, an accumulator fragment is
+//              spread over them (element e of lane l is element e*32 + l, row-major). Staging,
+//              the f16 rounding of the operands, the fragment offsets and strides, the masks,
+//              the softmax passes and the epilogues are the same code in both builds.
+//
+// Shared memory is one array of 32-bit words (sm): f16 tiles hold two elements a word (the
+// fragments load f16 from it, strides in words), f32 tiles one; regions are reused by type.
+//
+// A design without per-row access to accumulators (KHR coopmat gives none): the rows' softmax
+// statistics are computed by invocations from score tiles stored to shared memory as f32, and
+// accumulators are only ever scaled by a whole-tile factor.
+//   FA_FWD (a block: R = NW * FRM * FM query rows of head h; keys in tiles of KT):
+//     pass 1, per key tile: S = Q K^T (fragments, stored f32); invocation r keeps row r's online
+//       max m and sum l (scaled scores, keys u <= t only) -> lse = m + log l (saved).
+//     pass 2, per key tile: S again (the same fragments in the same order: the same bits),
+//       P = exp(scale S - lse) (already normalised, in [0, 1]) rounded to f16; O += P V.
+//     No rescaling of O; the price is Q K^T twice (3 products a key tile instead of 2).
+//   FA_BWD_Q (a block: R query rows of head h; key tiles in order): D = dout . out per row
+//     (saved), S = Q K^T, dP = dO V^T, P = exp(scale S - lse), dS = P (dP - D) scale, dQ += dS K.
+//   FA_BWD_KV (a block: R key rows of kv head j; for the G query heads of the group in order,
+//     query tiles of KT from the block's first row on): S^T = K Q^T, dP^T = V dO^T, P^T, dS^T,
+//     dV += P^T dO, dK += dS^T Q.
+// f16 rounding of the operands (ct_f32_to_f16: round to nearest even, the same on every device):
+//   - P in [0, 1] is rounded as it is (absolute error <= 2^-12, below 2^-14 subnormal, below
+//     2^-25 zero: a convex combination of values moves by at most 2^-11 of their largest).
+//   - dS is scaled by a power of two per tile, 2^k with its largest |dS| in [2^14, 2^15), then
+//     rounded (relative error 2^-11 for every element within 2^-28 of the tile's largest; no
+//     overflow whatever the loss scale); the product's accumulator is multiplied by 2^-k.
+//   - f16 tensors' q, k, v, dout are staged as they are (exact).
+//   - bf16 tensors' q, k, v, dout (8 exponent bits, f16 has 5) are staged by the same rule as
+//     dS: per staged tile a power of two puts its largest |x| in [2^14, 2^15), so every element
+//     within 2^-28 of it is exact in f16 (bf16 has 8 significant bits, f16 11), smaller ones
+//     rounded at 2^-24 of the scale -- below fp32 accumulation error for the dot products they
+//     join; scores and products are multiplied back exactly. bf16's range and precision go
+//     through f16 fragments unharmed (the precision table's fp32 accumulation, 16-bit storage).
+// Products accumulate in f32 (the accumulators); statistics, D, masks and exps are f32.
+//
+// Tiles (specialization constants, chosen by the host from the fragment shape and the device's
+// shared memory: backends/vulkan/ops/flash_attention.cpp): NW subgroups, each FRM x FM rows of the
+// block; KT rows of the streamed operand a step (a multiple of FN and FK); HS the head size.
+// Invocation r < R owns row r's statistics (lanes >= FRM * FM, the host checks).
+
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : require
+#include "common/h16.glsl"
+#include "common/math.glsl"
+#if !defined(CM_EMU)
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
+
+layout(constant_id = 1) const uint FM = 16;
+layout(constant_id = 2) const uint FN = 16;
+layout(constant_id = 3) const uint FK = 16;
+layout(constant_id = 4) const uint NW = 2;   // subgroups a workgroup
+layout(constant_id = 5) const uint FRM = 1;  // fragment rows a subgroup
+layout(constant_id = 6) const uint KT = 32;  // streamed rows a step
+layout(constant_id = 7) const uint HS = 64;  // head size
+const uint WR = FRM * FM;  // rows of a subgroup
+const uint R = NW * WR;    // rows of the block
+const uint LDH = HS + 8;   // f16 elements a row of a staged head slice (16-byte rows)
+const uint LDS = KT + 4;   // f32 a row of a score tile
+const uint LDP = KT + 8;   // f16 a row of a P / dS tile
+const uint NS = KT / FN;   // score fragments across
+const uint NO = HS / FN;   // output fragments across
+
+layout(local_size_x_id = 0) in;
+
+// Regions of sm, in words (unused ones empty). Tiles: A, A2 the block's own rows (R), B, B2 the
+// streamed ones (KT), S, S2 f32 scores, P, P2 f16 (R x LDP), L, D per streamed (or own) row.
+// The host's flash_cm_words() mirrors this layout.
+const uint H_A = R * LDH / 2, H_B = KT * LDH / 2, H_S = R * LDS, H_P = R * LDP / 2;
+#if defined(FA_FWD)
+const uint W_A = 0, W_B = W_A + H_A, W_S = W_B + H_B, W_P = W_S + H_S, W_L = W_P + H_P;
+const uint W_M = W_L + R;
+#elif defined(FA_BWD_Q)
+const uint W_A = 0, W_A2 = W_A + H_A, W_B = W_A2 + H_A, W_B2 = W_B + H_B, W_S = W_B2 + H_B;
+const uint W_S2 = W_S + H_S, W_P = W_S2 + H_S, W_L = W_P + H_P, W_D = W_L + R, W_M = W_D + R;
+#else
+const uint W_A = 0, W_A2 = W_A + H_A, W_B = W_A2 + H_A, W_B2 = W_B + H_B, W_S = W_B2 + H_B;
+const uint W_S2 = W_S + H_S, W_P = W_S2 + H_S, W_P2 = W_P + H_P, W_L = W_P2 + H_P;
+const uint W_D = W_L + KT, W_M = W_D + KT;
+#endif
+const uint WORDS = W_M + 4;  // W_M: four words for tile maxima
+shared uint sm[WORDS];
+
+layout(push_constant) uniform Push {
+  uint T;
+  uint C;
+  uint NH;
+  uint NKV;
+  float scale;
+  uint oo;    // out (FWD) or dqkv (BWD)
+  uint olse;
+  uint oqkv;
+  uint odo;   // dout (BWD)
+  uint oout;  // out (BWD_Q)
+  uint od;    // D (BWD)
+}
+pc;
+
+#if defined(FA_FWD)
+layout(std430, binding = 0) writeonly buffer Out { H_T o[]; };
+layout(std430, binding = 1) writeonly buffer Lse { float lse[]; };
+layout(std430, binding = 2) readonly buffer Qkv { H_T qkv[]; };
+#else
+layout(std430, binding = 0) buffer DQkv { H_T dqkv[]; };
+layout(std430, binding = 1) readonly buffer Lse { float lse[]; };
+layout(std430, binding = 2) readonly buffer Qkv { H_T qkv[]; };
+layout(std430, binding = 3) readonly buffer DOut { H_T dout[]; };
+layout(std430, binding = 4) readonly buffer Out { H_T o[]; };
+layout(std430, binding = 5) buffer Dsave { float dsave[]; };
+#endif
+
+uint tid, nt, warp, lane, lanes, wrow;
+
+// 2^k putting a largest |x| with these bits in [2^14, 2^15) (NaN, inf: tiny k, they stay so).
+float pow2_scale(uint maxbits) {
+  return ldexp(1.0, clamp(14 - (int(maxbits >> 23) - 127), -126, 126));
+}
+// f16 bits of x * s, rounded to nearest even (common/convert.glsl).
+uint f16_bits(float x) { return ct_f32_to_f16(x); }
+uint pack2(float a, float b) { return f16_bits(a) | (f16_bits(b) << 16); }
+// The f16 element e (in f16 units) of sm, widened.
+float h16at(uint e) {
+  uint w = sm[e >> 1];
+  return ct_f16_to_f32((e & 1u) != 0u ? w >> 16 : w & 0xffffu);
+}
+
+// Stages n rows from row r0 of a head slice of `buf` (row 0 at `base`, rows `stride` apart) into
+// the f16 region at word w, LDH elements a row; rows past T are zeros. f16: the bits as stored.
+// bf16: scaled by a power of two from the tile's largest |x| (slot: which W_M word), returned in
+// `sc` (1 for f16). bf16 staging has barriers: call it from uniform control flow.
+#if defined(H_BF16)
+#define STAGE(buf, base, stride, r0, n, w, slot, sc)                                  \
+  {                                                                                   \
+    uint mb_ = 0u;                                                                    \
+    for (uint i_ = tid; i_ < (n) * HS; i_ += nt) {                                    \
+      uint r_ = (r0) + i_ / HS;                                                       \
+      if (r_ < pc.T)                                                                  \
+        mb_ = max(mb_, floatBitsToUint(abs(h_load(buf[(base) + r_ * (stride) + i_ % HS])))); \
+    }                                                                                 \
+    barrier();                                                                        \
+    if (tid == 0u) sm[W_M + (slot)] = 0u;                                             \
+    barrier();                                                                        \
+    atomicMax(sm[W_M + (slot)], mb_);                                                 \
+    barrier();                                                                        \
+    const float s_ = pow2_scale(sm[W_M + (slot)]);                                    \
+    for (uint i_ = tid; i_ < (n) * HS / 2u; i_ += nt) {                               \
+      uint rr_ = i_ / (HS / 2u), c_ = 2u * (i_ % (HS / 2u)), r_ = (r0) + rr_;         \
+      uint g_ = (base) + r_ * (stride) + c_;                                          \
+      sm[(w) + rr_ * (LDH / 2u) + c_ / 2u] =                                          \
+          r_ < pc.T ? pack2(h_load(buf[g_]) * s_, h_load(buf[g_ + 1u]) * s_) : 0u;    \
+    }                                                                                 \
+    sc = s_;                                                                          \
+  }
+#else
+#define STAGE(buf, base, stride, r0, n, w, slot, sc)                                  \
+  {                                                                                   \
+    for (uint i_ = tid; i_ < (n) * HS / 2u; i_ += nt) {                               \
+      uint rr_ = i_ / (HS / 2u), c_ = 2u * (i_ % (HS / 2u)), r_ = (r0) + rr_;         \
+      uint g_ = (base) + r_ * (stride) + c_;                                          \
+      sm[(w) + rr_ * (LDH / 2u) + c_ / 2u] =                                          \
+          r_ < pc.T ? uint(buf[g_]) | (uint(buf[g_ + 1u]) << 16) : 0u;                \
+    }                                                                                 \
+    sc = 1.0;                                                                         \
+  }
+#endif
+
+// ---- fragment operations: coopmat, or their shared-memory emulation -------------------------
+// SCORES(dst, wa, wb): this subgroup's rows of the R x KT f32 tile at word dst (LDS a row) =
+//   A (rows of the f16 region at wa, R x HS) times B^T (the f16 region at wb, KT x HS: B(k, n)
+//   = wb's row n, element k; a column-major B).
+// ACCUM(acc, wa, wb, f): acc (this subgroup's FRM x NO fragments of an R x HS product) +=
+//   (A (the R x KT f16 tile at wa, LDP a row) times B (the KT x HS f16 tile at wb)) * f.
+// STORE_ACC(acc, i, j): fragment (i, j) of acc to the subgroup's rows of the f32 tile W_S.
+#if defined(CM_EMU)
+#define LANES 32u
+const uint EPL = FM * FN / 32u;  // accumulator elements per lane
+#define ACC_DECL(name, nfrag) float name[(nfrag) * EPL]
+#define ACC_ZERO(name, nfrag) \
+  for (uint e_ = 0u; e_ < (nfrag) * EPL; ++e_) name[e_] = 0.0
+#define SCORES(dst, wa, wb)                                                                  \
+  for (uint i_ = 0u; i_ < FRM; ++i_)                                                         \
+    for (uint j_ = 0u; j_ < NS; ++j_)                                                        \
+      for (uint e_ = 0u; e_ < EPL; ++e_) {                                                   \
+        uint x_ = e_ * LANES + lane, r_ = wrow + i_ * FM + x_ / FN, c_ = j_ * FN + x_ % FN;  \
+        float s_ = 0.0;                                                                      \
+        [[dont_unroll]] for (uint k_ = 0u; k_ < HS; ++k_)                                    \
+          s_ += h16at(2u * (wa) + r_ * LDH + k_) * h16at(2u * (wb) + c_ * LDH + k_);         \
+        sm[(dst) + r_ * LDS + c_] = floatBitsToUint(s_);                                     \
+      }
+#define ACCUM(acc, wa, wb, f)                                                                \
+  for (uint i_ = 0u; i_ < FRM; ++i_)                                                         \
+    for (uint j_ = 0u; j_ < NO; ++j_)                                                        \
+      for (uint e_ = 0u; e_ < EPL; ++e_) {                                                   \
+        uint x_ = e_ * LANES + lane, r_ = wrow + i_ * FM + x_ / FN, c_ = j_ * FN + x_ % FN;  \
+        float s_ = 0.0;                                                                      \
+        [[dont_unroll]] for (uint k_ = 0u; k_ < KT; ++k_)                                    \
+          s_ += h16at(2u * (wa) + r_ * LDP + k_) * h16at(2u * (wb) + k_ * LDH + c_);         \
+        acc[(i_ * NO + j_) * EPL + e_] += s_ * (f);                                          \
+      }
+#define STORE_ACC(acc, i, j)                                                      \
+  for (uint e_ = 0u; e_ < EPL; ++e_) {                                            \
+    uint x_ = e_ * LANES + lane;                                                  \
+    sm[W_S + (wrow + (i) * FM + x_ / FN) * LDS + x_ % FN] =                       \
+        floatBitsToUint(acc[((i) * NO + (j)) * EPL + e_]);                        \
+  }
+#else
+#define ACC_T coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>
+#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA>
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, FK, FN, gl_MatrixUseB>
+#define ACC_DECL(name, nfrag) ACC_T name[nfrag]
+#define ACC_ZERO(name, nfrag) \
+  [[unroll]] for (uint f_ = 0u; f_ < (nfrag); ++f_) name[f_] = ACC_T(0.0)
+#define SCORES(dst, wa, wb)                                                                   \
+  {                                                                                           \
+    ACC_T s_[FRM * NS];                                                                       \
+    [[unroll]] for (uint f_ = 0u; f_ < FRM * NS; ++f_) s_[f_] = ACC_T(0.0);                   \
+    [[unroll]] for (uint k_ = 0u; k_ < HS; k_ += FK) {                                        \
+      FRAG_A a_[FRM];                                                                         \
+      [[unroll]] for (uint i_ = 0u; i_ < FRM; ++i_)                                           \
+        coopMatLoad(a_[i_], sm, (wa) + ((wrow + i_ * FM) * LDH + k_) / 2u, LDH / 2u,          \
+                    gl_CooperativeMatrixLayoutRowMajor);                                      \
+      [[unroll]] for (uint j_ = 0u; j_ < NS; ++j_) {                                          \
+        FRAG_B b_;                                                                            \
+        coopMatLoad(b_, sm, (wb) + (j_ * FN * LDH + k_) / 2u, LDH / 2u,                       \
+                    gl_CooperativeMatrixLayoutColumnMajor);                                   \
+        [[unroll]] for (uint i_ = 0u; i_ < FRM; ++i_)                                         \
+          s_[i_ * NS + j_] = coopMatMulAdd(a_[i_], b_, s_[i_ * NS + j_]);                     \
+      }                                                                                       \
+    }                                                                                         \
+    [[unroll]] for (uint i_ = 0u; i_ < FRM; ++i_)                                             \
+      [[unroll]] for (uint j_ = 0u; j_ < NS; ++j_)                                            \
+        coopMatStore(s_[i_ * NS + j_], sm, (dst) + (wrow + i_ * FM) * LDS + j_ * FN, LDS,     \
+                     gl_CooperativeMatrixLayoutRowMajor);                                     \
+  }
+#define ACCUM(acc, wa, wb, f)                                                                 \
+  [[unroll]] for (uint j_ = 0u; j_ < NO; ++j_) {                                              \
+    ACC_T t_[FRM];                                                                            \
+    [[unroll]] for (uint i_ = 0u; i_ < FRM; ++i_) t_[i_] = ACC_T(0.0);                        \
+    [[unroll]] for (uint k_ = 0u; k_ < KT; k_ += FK) {                                        \
+      FRAG_B b_;                                                                              \
+      coopMatLoad(b_, sm, (wb) + (k_ * LDH + j_ * FN) / 2u, LDH / 2u,                         \
+                  gl_CooperativeMatrixLayoutRowMajor);                                        \
+      [[unroll]] for (uint i_ = 0u; i_ < FRM; ++i_) {                                         \
+        FRAG_A a_;                                                                            \
+        coopMatLoad(a_, sm, (wa) + ((wrow + i_ * FM) * LDP + k_) / 2u, LDP / 2u,              \
+                    gl_CooperativeMatrixLayoutRowMajor);                                      \
+        t_[i_] = coopMatMulAdd(a_, b_, t_[i_]);                                               \
+      }                                                                                       \
+    }                                                                                         \
+    [[unroll]] for (uint i_ = 0u; i_ < FRM; ++i_) acc[i_ * NO + j_] += t_[i_] * (f);          \
+  }
+#define STORE_ACC(acc, i, j)                                                                \
+  coopMatStore(acc[(i) * NO + (j)], sm, W_S + (wrow + (i) * FM) * LDS, LDS,                 \
+               gl_CooperativeMatrixLayoutRowMajor)
+#endif
+
+// The epilogue: acc's fragments through the subgroup's rows of W_S (f32) into `buf` rows
+// first + row (row < T), element `base + row * stride + column`, rounded to the 16-bit type.
+#define EPILOGUE(acc, buf, base, stride, first)                                        \
+  for (uint fi_ = 0u; fi_ < FRM; ++fi_)                                                \
+    for (uint fj_ = 0u; fj_ < NO; ++fj_) {                                             \
+      STORE_ACC(acc, fi_, fj_);                                                        \
+      barrier();                                                                       \
+      for (uint fe_ = lane; fe_ < FM * FN; fe_ += lanes) {                             \
+        uint rr_ = wrow + fi_ * FM + fe_ / FN, row_ = (first) + rr_;                   \
+        if (row_ < pc.T)                                                               \
+          buf[(base) + row_ * (stride) + fj_ * FN + fe_ % FN] =                        \
+              h_store(uintBitsToFloat(sm[W_S + rr_ * LDS + fe_ % FN]));                \
+      }                                                                                \
+      barrier();                                                                       \
+    }
+
+void main() {
+  const uint T = pc.T, C = pc.C, G = pc.NH / pc.NKV;
+  const uint C3 = C + 2u * pc.NKV * HS, VO = C + pc.NKV * HS;  // VO: where v starts in a row
+  const uint first = gl_WorkGroupID.x * R;  // the block's first row
+  const uint last = min(first + R, T) - 1u;
+  tid = gl_LocalInvocationIndex;
+  nt = gl_WorkGroupSize.x;
+#if defined(CM_EMU)
+  warp = tid / LANES;
+  lane = tid % LANES;
+  lanes = LANES;
+#else
+  warp = gl_SubgroupID;
+  lane = gl_SubgroupInvocationID;
+  lanes = gl_SubgroupSize;
+#endif
+  wrow = warp * WR;
+
+#if defined(FA_FWD)
+  const uint h = gl_WorkGroupID.y;
+  const uint qbase = pc.oqkv + h * HS, kbase = pc.oqkv + C + (h / G) * HS;
+  const uint vbase = pc.oqkv + VO + (h / G) * HS;
+  float sq, sk, sv;
+  STAGE(qkv, qbase, C3, first, R, W_A, 0u, sq)
+  // pass 1: the rows' statistics (invocation r < R: row first + r)
+  const uint t = first + tid;
+  float m = -CT_FLT_MAX, l = 0.0;  // finite start: the first key takes the s > m branch
+  for (uint u0 = 0u; u0 <= last; u0 += KT) {
+    STAGE(qkv, kbase, C3, u0, KT, W_B, 1u, sk)
+    barrier();
+    SCORES(W_S, W_A, W_B)
+    barrier();
+    if (tid < R && t < T) {
+      const float f = pc.scale / (sq * sk);
+      for (uint c = 0u; c < KT && u0 + c <= t; ++c) {
+        float s = uintBitsToFloat(sm[W_S + tid * LDS + c]) * f;
+        if (s > m) {
+          l = l * ct_exp_le0(m - s) + 1.0;
+          m = s;
+        } else {
+          l += ct_exp_le0(s - m);
+        }
+      }
+    }
+    barrier();
+  }
+  if (tid < R) {
+    float L = m + log(l);  // rows past T: never read
+    if (t < T) {
+      lse[pc.olse + h * T + t] = L;
+    }
+    sm[W_L + tid] = floatBitsToUint(t < T ? L : 0.0);
+  }
+  // pass 2: O += P V with P = exp(scale S - lse), normalised already
+  ACC_DECL(acc, FRM * NO);
+  ACC_ZERO(acc, FRM * NO);
+  for (uint u0 = 0u; u0 <= last; u0 += KT) {
+    STAGE(qkv, kbase, C3, u0, KT, W_B, 1u, sk)
+    barrier();
+    SCORES(W_S, W_A, W_B)
+    barrier();
+    const float f = pc.scale / (sq * sk);
+    for (uint i = tid; i < R * KT / 2u; i += nt) {
+      uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u)), tr = first + r, u = u0 + c;
+      float L = uintBitsToFloat(sm[W_L + r]);
+      float s0 = uintBitsToFloat(sm[W_S + r * LDS + c]) * f;
+      float s1 = uintBitsToFloat(sm[W_S + r * LDS + c + 1u]) * f;
+      float p0 = tr < T && u <= tr ? ct_exp_le0(s0 - L) : 0.0;
+      float p1 = tr < T && u + 1u <= tr ? ct_exp_le0(s1 - L) : 0.0;
+      sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(p0, p1);
+    }
+    barrier();  // K is no longer read: V takes its place
+    STAGE(qkv, vbase, C3, u0, KT, W_B, 2u, sv)
+    barrier();
+    ACCUM(acc, W_P, W_B, 1.0 / sv)
+    barrier();
+  }
+  EPILOGUE(acc, o, pc.oo + h * HS, C, first)
+
+#elif defined(FA_BWD_Q)
+  const uint h = gl_WorkGroupID.y;
+  const uint qbase = pc.oqkv + h * HS, kbase = pc.oqkv + C + (h / G) * HS;
+  const uint vbase = pc.oqkv + VO + (h / G) * HS;
+  float sq, sd, sk, sv;
+  STAGE(qkv, qbase, C3, first, R, W_A, 0u, sq)
+  STAGE(dout, pc.odo + h * HS, C, first, R, W_A2, 1u, sd)
+  if (tid < R) {
+    const uint t = first + tid;
+    float D = 0.0, L = 0.0;
+    if (t < T) {
+      for (uint i = 0u; i < HS; ++i)
+        D += h_load(dout[pc.odo + t * C + h * HS + i]) * h_load(o[pc.oout + t * C + h * HS + i]);
+      dsave[pc.od + h * T + t] = D;
+      L = lse[pc.olse + h * T + t];
+    }
+    sm[W_L + tid] = floatBitsToUint(L);
+    sm[W_D + tid] = floatBitsToUint(D);
+  }
+  ACC_DECL(acc, FRM * NO);
+  ACC_ZERO(acc, FRM * NO);
+  for (uint u0 = 0u; u0 <= last; u0 += KT) {
+    STAGE(qkv, kbase, C3, u0, KT, W_B, 2u, sk)
+    STAGE(qkv, vbase, C3, u0, KT, W_B2, 3u, sv)
+    if (tid == 0u) sm[W_M] = 0u;  // the dS tile's max (slot 0: Q's was read long ago)
+    barrier();
+    SCORES(W_S, W_A, W_B)     // S = Q K^T
+    SCORES(W_S2, W_A2, W_B2)  // dP = dO V^T
+    barrier();
+    const float fs = pc.scale / (sq * sk), fp = 1.0 / (sd * sv);
+    uint mb = 0u;
+    for (uint i = tid; i < R * KT; i += nt) {
+      uint r = i / KT, c = i % KT, tr = first + r, u = u0 + c;
+      float s = uintBitsToFloat(sm[W_S + r * LDS + c]) * fs;
+      float p = tr < T && u <= tr ? ct_exp_le0(s - uintBitsToFloat(sm[W_L + r])) : 0.0;
+      float dp = uintBitsToFloat(sm[W_S2 + r * LDS + c]) * fp;
+      float ds = p * (dp - uintBitsToFloat(sm[W_D + r])) * pc.scale;
+      sm[W_S + r * LDS + c] = floatBitsToUint(ds);
+      mb = max(mb, floatBitsToUint(abs(ds)));
+    }
+    atomicMax(sm[W_M], mb);
+    barrier();
+    const float sds = pow2_scale(sm[W_M]);
+    for (uint i = tid; i < R * KT / 2u; i += nt) {
+      uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u));
+      sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(uintBitsToFloat(sm[W_S + r * LDS + c]) * sds,
+                                                uintBitsToFloat(sm[W_S + r * LDS + c + 1u]) * sds);
+    }
+    barrier();
+    ACCUM(acc, W_P, W_B, 1.0 / (sds * sk))  // dQ += dS K
+    barrier();
+  }
+  EPILOGUE(acc, dqkv, pc.oo + h * HS, C3, first)
+
+#else  // FA_BWD_KV: the block's rows are keys u = first + r of kv head j
+  const uint j = gl_WorkGroupID.y;
+  float sk, sv, sq, sd;
+  STAGE(qkv, pc.oqkv + C + j * HS, C3, first, R, W_A, 0u, sk)
+  STAGE(qkv, pc.oqkv + VO + j * HS, C3, first, R, W_A2, 1u, sv)
+  ACC_DECL(dk, FRM * NO);
+  ACC_DECL(dv, FRM * NO);
+  ACC_ZERO(dk, FRM * NO);
+  ACC_ZERO(dv, FRM * NO);
+  for (uint g = 0u; g < G; ++g) {
+    const uint h = j * G + g;  // query head
+    for (uint t0 = first; t0 < T; t0 += KT) {
+      STAGE(qkv, pc.oqkv + h * HS, C3, t0, KT, W_B, 2u, sq)
+      STAGE(dout, pc.odo + h * HS, C, t0, KT, W_B2, 3u, sd)
+      for (uint c = tid; c < KT; c += nt) {
+        uint tq = t0 + c;
+        sm[W_L + c] = floatBitsToUint(tq < T ? lse[pc.olse + h * T + tq] : 0.0);
+        sm[W_D + c] = floatBitsToUint(tq < T ? dsave[pc.od + h * T + tq] : 0.0);
+      }
+      if (tid == 0u) sm[W_M] = 0u;
+      barrier();
+      SCORES(W_S, W_A, W_B)     // S^T = K Q^T
+      SCORES(W_S2, W_A2, W_B2)  // dP^T = V dO^T
+      barrier();
+      const float fs = pc.scale / (sk * sq), fp = 1.0 / (sv * sd);
+      uint mb = 0u;
+      for (uint i = tid; i < R * KT / 2u; i += nt) {
+        uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u)), u = first + r;
+        float p2[2];
+        for (uint x = 0u; x < 2u; ++x) {
+          uint cc = c + x, tq = t0 + cc;
+          float s = uintBitsToFloat(sm[W_S + r * LDS + cc]) * fs;
+          float p = u < T && tq < T && tq >= u
+                        ? ct_exp_le0(s - uintBitsToFloat(sm[W_L + cc]))
+                        : 0.0;
+          float dp = uintBitsToFloat(sm[W_S2 + r * LDS + cc]) * fp;
+          float ds = p * (dp - uintBitsToFloat(sm[W_D + cc])) * pc.scale;
+          sm[W_S + r * LDS + cc] = floatBitsToUint(ds);
+          mb = max(mb, floatBitsToUint(abs(ds)));
+          p2[x] = p;
+        }
+        sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(p2[0], p2[1]);
+      }
+      atomicMax(sm[W_M], mb);
+      barrier();
+      const float sds = pow2_scale(sm[W_M]);
+      for (uint i = tid; i < R * KT / 2u; i += nt) {
+        uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u));
+        sm[W_P2 + r * (LDP / 2u) + c / 2u] =
+            pack2(uintBitsToFloat(sm[W_S + r * LDS + c]) * sds,
+                  uintBitsToFloat(sm[W_S + r * LDS + c + 1u]) * sds);
+      }
+      barrier();
+      ACCUM(dv, W_P, W_B2, 1.0 / sd)          // dV += P^T dO
+      ACCUM(dk, W_P2, W_B, 1.0 / (sds * sq))  // dK += dS^T Q
+      barrier();
+    }
+  }
+  EPILOGUE(dk, dqkv, pc.oo + C + j * HS, C3, first)
+  EPILOGUE(dv, dqkv, pc.oo + VO + j * HS, C3, first)
+#endif
+}
