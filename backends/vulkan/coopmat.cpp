@@ -83,6 +83,57 @@ CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env) {
   return g;
 }
 
+uint64_t flash_cm_words(int kernel, uint64_t R, uint64_t KT, uint64_t HS) {
+  const uint64_t ha = R * (HS + 8) / 2, hb = KT * (HS + 8) / 2, s = R * (KT + 4);
+  const uint64_t p = R * (KT + 8) / 2;
+  if (kernel == kFlashCmFwd) return ha + hb + s + p + R + 4;
+  if (kernel == kFlashCmBwdQ) return 2 * ha + 2 * hb + 2 * s + p + 2 * R + 4;
+  return 2 * ha + 2 * hb + 2 * s + 2 * p + 2 * KT + 4;
+}
+
+FlashCmPlan plan_flash_cm(int kernel, const CmShape& frag, uint32_t lanes, uint32_t shared_bytes,
+                          int64_t hs, uint32_t force_nw, uint32_t force_kt) {
+  FlashCmPlan p;
+  auto side = [](uint32_t v) { return v == 8 || v == 16; };
+  if (hs % 16 != 0 || hs < 16 || hs > 128) {
+    p.why =
+        "head size " + std::to_string(hs) + " (the coopmat kernels take 16..128 in steps of 16)";
+    return p;
+  }
+  if (!side(frag.m) || !side(frag.n) || !side(frag.k)) {
+    p.why = "fragment shape " + frag.str() + " (the coopmat kernels take sides 8 and 16)";
+    return p;
+  }
+  const uint32_t frm = 16 / frag.m;  // 16 rows a subgroup
+  if (lanes < 16 || lanes > 64) {
+    p.why = "subgroup size " + std::to_string(lanes) + " (the coopmat kernels need 16..64)";
+    return p;
+  }
+  const uint32_t cand[][2] = {{4, 64}, {4, 32}, {2, 32}, {2, 16}, {1, 16}};
+  for (const auto& c : cand) {
+    const uint32_t nw = force_nw ? force_nw : c[0], kt = force_kt ? force_kt : c[1];
+    const uint64_t words = flash_cm_words(kernel, uint64_t(nw) * 16, kt, uint64_t(hs));
+    if (words * 4 <= shared_bytes) {
+      p.ok = true, p.nw = nw, p.frm = frm, p.kt = kt, p.rows = nw * 16;
+      return p;
+    }
+    if (force_nw || force_kt) break;
+  }
+  p.why = "its tiles exceed the device's " + std::to_string(shared_bytes) +
+          " bytes of shared memory (head size " + std::to_string(hs) + ")";
+  return p;
+}
+
+bool parse_cm_frag(const char* text, CmShape* out) {
+  *out = {16, 16, 16};
+  if (!text || !*text) return true;
+  unsigned m = 0, n = 0, k = 0;
+  char tail = 0;
+  const bool parsed = std::sscanf(text, "%ux%ux%u%c", &m, &n, &k, &tail) == 3;
+  *out = {m, n, k};
+  return parsed && pick_coopmat_shape({*out}) == *out && (m * n) % 32 == 0;
+}
+
 std::string cache_file_path(const std::string& prefix, const uint8_t* uuid,
                             const std::string& suffix) {
   std::string base;

@@ -105,6 +105,27 @@ struct CoopmatGate {
 // self-test; everything else is allowed and self-tested.
 CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env);
 
+// The cooperative-matrix flash attention kernels (shaders/flash_attention_coopmat.comp): which
+// kernel, the 32-bit words of shared memory it declares for R block rows, KT streamed rows a step
+// and head size HS (the shader's W_* layout), and the tile a device takes.
+enum FlashCmKernel { kFlashCmFwd = 0, kFlashCmBwdQ = 1, kFlashCmBwdKv = 2 };
+uint64_t flash_cm_words(int kernel, uint64_t R, uint64_t KT, uint64_t HS);
+struct FlashCmPlan {
+  bool ok = false;
+  uint32_t nw = 0, frm = 0, kt = 0;  // subgroups, fragment rows a subgroup, streamed rows a step
+  uint32_t rows = 0;                 // rows a block: nw * frm * fragment rows (16)
+  std::string why;                   // why not, when !ok
+};
+// The largest tile of {4, 2, 1} subgroups of 16 rows and 64, 32 or 16 streamed rows whose shared
+// memory fits `shared_bytes`, for head sizes 16..128 in steps of 16, fragment sides 8 or 16 and
+// 16..64 lanes a subgroup (`lanes`; 32 in the emulated build); force_nw / force_kt (non-zero)
+// pin the tile (tests). !ok with the reason otherwise.
+FlashCmPlan plan_flash_cm(int kernel, const CmShape& frag, uint32_t lanes, uint32_t shared_bytes,
+                          int64_t hs, uint32_t force_nw = 0, uint32_t force_kt = 0);
+// CROSSTRAIN_VK_CM_FRAG's MxNxK (sides 8, 16 or 32, M*N a multiple of 32: the emulated builds'
+// fragments); false if it is not one. Empty or null: 16x16x16.
+bool parse_cm_frag(const char* text, CmShape* out);
+
 }  // namespace ct::vk
 
 namespace ct::vk {

@@ -250,6 +250,10 @@ class VulkanDevice final : public Device {
   int cm_tile_force_ = 0, splitk_force_ = 0;
   void coopmat_start();                      // the gate, then the cached or a new verdict
   bool coopmat_self_test(std::string* why);  // ops/matmul.cpp
+  // The coopmat flash attention kernel for a call (ops/flash_attention.cpp), and its part of the
+  // self-test: the kernels against the scalar shaders on small ragged shapes.
+  bool flash_cm(int kernel, DType dt, int64_t hs, ShaderId* id, PipelineSpec* spec, uint32_t* rows);
+  bool coopmat_flash_self_test(std::string* why);
   // counters (profile_report)
   uint64_t n_dispatches_ = 0, n_copies_ = 0, n_barriers_ = 0, n_submits_ = 0, n_flushes_ = 0;
   bool profiling_ = false;

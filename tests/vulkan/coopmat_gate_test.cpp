@@ -9,6 +9,7 @@
 
 #include "backends/vulkan/coopmat.h"
 #include "core/registry.h"
+#include "tests/common/half_compare.h"
 #include "tests/vulkan/vulkan_fixture.h"
 
 namespace ct::vktest {
@@ -78,6 +79,48 @@ TEST(CoopmatGate, RulesOnDeviceDescriptions) {
   vk::CoopmatGate e = coopmat_gate(CoopmatCaps{}, false, "emulate");
   EXPECT_TRUE(e.emulate);
   EXPECT_FALSE(e.allowed);
+}
+
+// The coopmat flash attention's tiles (plan_flash_cm): the largest that fits the device's shared
+// memory, by the shader's own layout (flash_cm_words); the calls it refuses, with the reason.
+TEST(CoopmatGate, FlashAttentionTiles) {
+  using vk::plan_flash_cm;
+  const vk::CmShape sq{16, 16, 16};
+  // An H100 (48 KiB, subgroups of 32) at head size 128 and 64; lavapipe's 32 KiB.
+  vk::FlashCmPlan p = plan_flash_cm(vk::kFlashCmFwd, sq, 32, 49152, 128);
+  EXPECT_TRUE(p.ok && p.nw == 4 && p.kt == 32 && p.rows == 64 && p.frm == 1) << p.why;
+  p = plan_flash_cm(vk::kFlashCmBwdQ, sq, 32, 49152, 128);
+  EXPECT_TRUE(p.ok && p.nw == 2 && p.kt == 32 && p.rows == 32) << p.why;
+  p = plan_flash_cm(vk::kFlashCmBwdKv, sq, 32, 49152, 128);
+  EXPECT_TRUE(p.ok && p.nw == 2 && p.kt == 16) << p.why;
+  p = plan_flash_cm(vk::kFlashCmFwd, sq, 32, 49152, 64);
+  EXPECT_TRUE(p.ok && p.nw == 4 && p.kt == 64) << p.why;
+  p = plan_flash_cm(vk::kFlashCmBwdKv, sq, 32, 32768, 128);
+  EXPECT_TRUE(p.ok && p.nw == 1 && p.kt == 16) << p.why;
+  for (int k : {vk::kFlashCmFwd, vk::kFlashCmBwdQ, vk::kFlashCmBwdKv})
+    for (uint32_t shared : {32768u, 49152u, 65536u})
+      for (int64_t hs = 16; hs <= 128; hs += 16) {
+        p = plan_flash_cm(k, sq, 32, shared, hs);
+        ASSERT_TRUE(p.ok) << p.why;
+        EXPECT_LE(vk::flash_cm_words(k, p.rows, p.kt, hs) * 4, shared);
+      }
+  // Intel's 8x16x16: two fragment rows a subgroup, still 16 rows.
+  p = plan_flash_cm(vk::kFlashCmFwd, {8, 16, 16}, 16, 65536, 64);
+  EXPECT_TRUE(p.ok && p.frm == 2 && p.rows == 64) << p.why;
+  // A forced tile (CROSSTRAIN_VK_FLASH_TILE), and one that does not fit.
+  p = plan_flash_cm(vk::kFlashCmBwdQ, sq, 32, 32768, 64, 1, 16);
+  EXPECT_TRUE(p.ok && p.nw == 1 && p.kt == 16 && p.rows == 16) << p.why;
+  EXPECT_FALSE(plan_flash_cm(vk::kFlashCmBwdKv, sq, 32, 32768, 128, 4, 64).ok);
+  // Refused: the scalar shaders take these.
+  EXPECT_NE(plan_flash_cm(vk::kFlashCmFwd, sq, 32, 49152, 40).why.find("head size 40"),
+            std::string::npos);
+  EXPECT_FALSE(plan_flash_cm(vk::kFlashCmFwd, sq, 32, 49152, 256).ok);
+  EXPECT_NE(plan_flash_cm(vk::kFlashCmFwd, {32, 8, 16}, 32, 49152, 64).why.find("32x8x16"),
+            std::string::npos);
+  EXPECT_NE(plan_flash_cm(vk::kFlashCmFwd, sq, 8, 49152, 64).why.find("subgroup size 8"),
+            std::string::npos);
+  EXPECT_NE(plan_flash_cm(vk::kFlashCmBwdKv, sq, 32, 16384, 128).why.find("shared memory"),
+            std::string::npos);
 }
 
 // The coopmat line of a freshly opened vulkan:0, with `env` set while it opens.
@@ -178,6 +221,53 @@ TEST_F(CoopmatStartup, WrongProductsAreRejected) {
                                       {"CROSSTRAIN_VK_COOPMAT", "emulate"},
                                       {"CROSSTRAIN_VK_COOPMAT_INJECT", "wrong"}});
   EXPECT_EQ(v.rfind("not used: wrong products: ", 0), 0u) << v;
+}
+
+// With the speed comparison skipped (CROSSTRAIN_VK_COOPMAT_INJECT=fast) the emulated build passes
+// the self-test -- its GEMM products and its flash attention against the scalar shaders -- and is
+// in use: the device runs flash attention on it, as a GPU whose coopmat passed would on its own.
+TEST_F(CoopmatStartup, InUseVerdictRunsFlashAttentionOnCoopmat) {
+  for (const auto& [k, v] :
+       std::map<std::string, std::string>{{"XDG_CACHE_HOME", cache_},
+                                          {"CROSSTRAIN_VK_COOPMAT", "emulate"},
+                                          {"CROSSTRAIN_VK_COOPMAT_INJECT", "fast"}})
+    setenv(k.c_str(), v.c_str(), 1);
+  std::unique_ptr<Device> dev = open_device("vulkan:0");
+  for (const char* k : {"XDG_CACHE_HOME", "CROSSTRAIN_VK_COOPMAT", "CROSSTRAIN_VK_COOPMAT_INJECT"})
+    unsetenv(k);
+  std::string line;
+  for (const auto& [k, v] : dev->info().extra)
+    if (k == "coopmat GEMM") line = v;
+  EXPECT_EQ(line.rfind("in use: self-test passed, emulated coopmat, speed not compared", 0), 0u)
+      << line;
+  EXPECT_NE(line.find("flash attention on coopmat"), std::string::npos) << line;
+  // f16, T 20, 2 query heads on 1 kv head of 64 (the self-test's pipelines): the coopmat
+  // kernels, the reference's results.
+  const int64_t T = 20, C = 128, W = C + 2 * 64;
+  const Vec qkv = randn(T * W, 700), dout = randn(T * C, 701);
+  auto run = [&](Device& d) {
+    Tensor tq = up_as(d, {1, T, W}, qkv, DType::f16), td = up_as(d, {1, T, C}, dout, DType::f16);
+    Tensor to = d.empty({1, T, C}, DType::f16, MemCategory::kActivations);
+    Tensor tl = d.empty({1, 2, T}, DType::f32, MemCategory::kActivations);
+    Tensor tdq = d.empty({1, T, W}, DType::f16, MemCategory::kActivations);
+    d.flash_attention_forward(to, tl, tq, 2, 1);
+    d.flash_attention_backward(tdq, td, tq, to, tl, 2, 1);
+    return std::make_pair(download_h(d, to), download_h(d, tdq));
+  };
+  dev->set_profiling(true);
+  auto got = run(*dev), want = run(ref());
+  const std::string report = dev->profile_report();
+  for (const char* s : {"flash_cme_fwd_f16", "flash_cme_bwd_q_f16", "flash_cme_bwd_kv_f16"})
+    EXPECT_NE(report.find(s), std::string::npos) << s << "\n" << report;
+  EXPECT_TRUE(close_nmse(got.first, want.first, kTolGemm, "out"));
+  EXPECT_TRUE(close_nmse(got.second, want.second, kTolGemm, "dqkv"));
+}
+
+TEST_F(CoopmatStartup, WrongAttentionIsRejected) {
+  const std::string v = verdict_line({{"XDG_CACHE_HOME", cache_},
+                                      {"CROSSTRAIN_VK_COOPMAT", "emulate"},
+                                      {"CROSSTRAIN_VK_COOPMAT_INJECT", "fast,wrong_attention"}});
+  EXPECT_EQ(v.rfind("not used: wrong attention: out ", 0), 0u) << v;
 }
 
 }  // namespace

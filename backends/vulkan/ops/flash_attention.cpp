@@ -6,9 +6,27 @@
 // q (NH heads) | k (NKV heads) | v (NKV heads), C3 = C + 2 NKV hs, query head h reading kv head
 // h / (NH / NKV); the dk/dv kernel runs per kv head (workgroups of 64 key rows x NKV), each
 // invocation summing over the group's query heads in order (no atomics, deterministic).
+//
+// Cooperative-matrix kernels (flash_attention_coopmat.comp, same contract): 16-bit tensors with
+// head sizes 16..128 in steps of 16 take them where the coopmat GEMM is in use on the device
+// (its gate and start-up self-test, which checks these kernels too: ops/matmul.cpp), in the
+// VK_KHR_cooperative_matrix build, or in the emulated one where that stands in
+// (CROSSTRAIN_VK_COOPMAT=emulate). CROSSTRAIN_VK_FLASH=cme forces the emulated build (fragment
+// shape CROSSTRAIN_VK_CM_FRAG, 16x16x16 by default; tests), =scalar the scalar shaders;
+// CROSSTRAIN_VK_FLASH_TILE=NW,KT forces the tile (subgroups, streamed rows a step). Everything
+// else -- f32, other head sizes, a fragment shape or shared memory the tiles do not fit -- takes
+// the scalar shaders; `--profile` names the shaders that ran (flash_cm_* / flash_cme_* /
+// flash_*).
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "backends/vulkan/ops/op_util.h"
+#include "core/dtype.h"
+#include "core/philox.h"
 
 namespace ct::vk {
 
@@ -33,9 +51,26 @@ CT_VK_PUSH_SIZE(FlashPush, flash_bwd_kv);
 CT_VK_PUSH_SIZE(FlashPush, flash_bwd_kv_f16);
 CT_VK_PUSH_SIZE(FlashPush, flash_bwd_kv_bf16);
 
+CT_VK_PUSH_SIZE(FlashPush, flash_cme_fwd_f16);
+CT_VK_PUSH_SIZE(FlashPush, flash_cme_bwd_q_bf16);
+CT_VK_PUSH_SIZE(FlashPush, flash_cme_bwd_kv_f16);
+CT_VK_PUSH_MEMBER(FlashPush, flash_cme_bwd_kv_f16, od);
+
 namespace {
 constexpr int64_t kFlashMaxHeadSize = 128;  // MAX_HS in flash_attention.comp
 constexpr uint32_t kFlashRows = 64;         // ROWS
+
+// [kernel][f16, bf16]: the emulated build, and the VK_KHR_cooperative_matrix one.
+constexpr ShaderId kFlashCmeIds[3][2] = {
+    {ShaderId::flash_cme_fwd_f16, ShaderId::flash_cme_fwd_bf16},
+    {ShaderId::flash_cme_bwd_q_f16, ShaderId::flash_cme_bwd_q_bf16},
+    {ShaderId::flash_cme_bwd_kv_f16, ShaderId::flash_cme_bwd_kv_bf16}};
+#if defined(CT_VK_COOPMAT)
+constexpr ShaderId kFlashCmIds[3][2] = {
+    {ShaderId::flash_cm_fwd_f16, ShaderId::flash_cm_fwd_bf16},
+    {ShaderId::flash_cm_bwd_q_f16, ShaderId::flash_cm_bwd_q_bf16},
+    {ShaderId::flash_cm_bwd_kv_f16, ShaderId::flash_cm_bwd_kv_bf16}};
+#endif
 
 // out (or dout) [B,T,C]: hs = C / n_head.
 int64_t flash_head_size(const char* op, const Tensor& out, int n_head) {
@@ -47,20 +82,75 @@ int64_t flash_head_size(const char* op, const Tensor& out, int n_head) {
 }
 }  // namespace
 
+// The coopmat kernel for `kernel` on a 16-bit call with head size hs, or false (the scalar
+// shaders): the rule in this file's header. Fills the shader, its specialization and the rows a
+// workgroup takes.
+bool VulkanDevice::flash_cm(int kernel, DType dt, int64_t hs, ShaderId* id, PipelineSpec* spec,
+                            uint32_t* rows) {
+  if (!is_h(dt)) return false;
+  const char* env = std::getenv("CROSSTRAIN_VK_FLASH");
+  const std::string mode = env ? env : "";
+  bool emu = false;
+  CmShape frag;
+  if (mode == "cme") {
+    const char* e = std::getenv("CROSSTRAIN_VK_CM_FRAG");
+    CT_REQUIRE(parse_cm_frag(e, &frag),
+               std::string("CROSSTRAIN_VK_CM_FRAG=") + e +
+                   ": expected MxNxK with sides 8, 16 or 32 (e.g. 8x16x16)");
+    emu = true;
+  } else if (mode == "scalar" || cm_force_ < 0 || (cm_force_ == 0 && !cm_ok_)) {
+    return false;
+  } else {
+    emu = cm_emulated_;
+    frag = emu ? CmShape{16, 16, 16} : cm_gate_.shape;
+  }
+  uint32_t force_nw = 0, force_kt = 0;
+  if (const char* t = std::getenv("CROSSTRAIN_VK_FLASH_TILE"); t && *t) {
+    char tail = 0;
+    CT_REQUIRE(std::sscanf(t, "%u,%u%c", &force_nw, &force_kt, &tail) == 2 &&
+                   (force_nw == 1 || force_nw == 2 || force_nw == 4) &&
+                   (force_kt == 16 || force_kt == 32 || force_kt == 64),
+               std::string("CROSSTRAIN_VK_FLASH_TILE=") + t +
+                   ": expected NW,KT with NW 1, 2 or 4 and KT 16, 32 or 64");
+  }
+  const uint32_t lanes = emu ? 32 : pd_.subgroup_size;
+  const FlashCmPlan pl = plan_flash_cm(
+      kernel, frag, lanes, pd_.props.limits.maxComputeSharedMemorySize, hs, force_nw, force_kt);
+  if (!pl.ok) {
+    CT_REQUIRE(!force_nw, "CROSSTRAIN_VK_FLASH_TILE: " + pl.why);
+    return false;
+  }
+  const int hi = dt == DType::bf16 ? 1 : 0;
+#if defined(CT_VK_COOPMAT)
+  *id = emu ? kFlashCmeIds[kernel][hi] : kFlashCmIds[kernel][hi];
+#else
+  CT_CHECK(emu, "flash attention: no coopmat modules in this build");
+  *id = kFlashCmeIds[kernel][hi];
+#endif
+  spec->n = 8;
+  spec->v = {pl.nw * lanes, frag.m, frag.n, frag.k, pl.nw, pl.frm, pl.kt, u32(hs)};
+  if (!emu) spec->required_subgroup = lanes, spec->full_subgroups = true;
+  *rows = pl.rows;
+  return true;
+}
+
 void VulkanDevice::flash_attention_forward_kernel(const Tensor& out, const Tensor& lse,
                                                   const Tensor& qkv, int n_head, int n_kv_head) {
   const int64_t hs = flash_head_size("flash_attention_forward", out, n_head);
   const int64_t B = qkv.shape[0], T = qkv.shape[1], C = out.shape[2], C3 = qkv.shape[2];
   const int64_t NH = n_head, NKV = n_kv_head;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
-  const uint32_t gx = u32((T + kFlashRows - 1) / kFlashRows);
-  const ShaderId id =
+  PipelineSpec spec;
+  ShaderId id =
       h_variant(qkv.dtype, ShaderId::flash_fwd, ShaderId::flash_fwd_f16, ShaderId::flash_fwd_bf16);
+  uint32_t rows = kFlashRows;
+  const bool cm = flash_cm(kFlashCmFwd, qkv.dtype, hs, &id, &spec, &rows);
+  const uint32_t gx = u32((T + rows - 1) / rows);
   for (int64_t b = 0; b < B; ++b) {
     Bound bo = bind(out, b * T * C, T * C), bl = bind(lse, b * NH * T, NH * T);
     Bound bq = bind(qkv, b * T * C3, T * C3);
     dispatch(
-        id, {bo, bl, bq},
+        id, cm ? &spec : nullptr, {bo, bl, bq},
         FlashPush{u32(T), u32(C), u32(NH), u32(NKV), scale, bo.first, bl.first, bq.first, 0, 0, 0},
         gx, u32(NH));
   }
@@ -73,12 +163,21 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
   const int64_t B = qkv.shape[0], T = qkv.shape[1], C = dout.shape[2], C3 = qkv.shape[2];
   const int64_t NH = n_head, NKV = n_kv_head;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
-  const uint32_t gx = u32((T + kFlashRows - 1) / kFlashRows);
   const DType dt = qkv.dtype;
-  const ShaderId q_id =
+  ShaderId q_id =
       h_variant(dt, ShaderId::flash_bwd_q, ShaderId::flash_bwd_q_f16, ShaderId::flash_bwd_q_bf16);
-  const ShaderId kv_id = h_variant(dt, ShaderId::flash_bwd_kv, ShaderId::flash_bwd_kv_f16,
-                                   ShaderId::flash_bwd_kv_bf16);
+  ShaderId kv_id = h_variant(dt, ShaderId::flash_bwd_kv, ShaderId::flash_bwd_kv_f16,
+                             ShaderId::flash_bwd_kv_bf16);
+  PipelineSpec q_spec, kv_spec;
+  uint32_t q_rows = kFlashRows, kv_rows = kFlashRows;
+  // both kernels on one path (the D workspace is shared; either pair is consistent)
+  bool cm = flash_cm(kFlashCmBwdQ, dt, hs, &q_id, &q_spec, &q_rows);
+  if (cm && !flash_cm(kFlashCmBwdKv, dt, hs, &kv_id, &kv_spec, &kv_rows)) {
+    cm = false, q_rows = kFlashRows;
+    q_id =
+        h_variant(dt, ShaderId::flash_bwd_q, ShaderId::flash_bwd_q_f16, ShaderId::flash_bwd_q_bf16);
+  }
+  const uint32_t q_gx = u32((T + q_rows - 1) / q_rows), kv_gx = u32((T + kv_rows - 1) / kv_rows);
   Tensor dsave = workspace({NH * T}, DType::f32);  // D of one batch element
   Bound bD = bind(dsave);
   for (int64_t b = 0; b < B; ++b) {
@@ -87,9 +186,94 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
     Bound bo = bind(out, b * T * C, T * C);
     const FlashPush p{u32(T),   u32(C),   u32(NH),  u32(NKV), scale,   bdq.first,
                       bl.first, bq.first, bd.first, bo.first, bD.first};
-    dispatch(q_id, {bdq, bl, bq, bd, bo, bD}, p, gx, u32(NH));    // .y: query head
-    dispatch(kv_id, {bdq, bl, bq, bd, bo, bD}, p, gx, u32(NKV));  // .y: kv head
+    dispatch(q_id, cm ? &q_spec : nullptr, {bdq, bl, bq, bd, bo, bD}, p, q_gx,
+             u32(NH));  // .y: query head
+    dispatch(kv_id, cm ? &kv_spec : nullptr, {bdq, bl, bq, bd, bo, bD}, p, kv_gx,
+             u32(NKV));  // .y: kv head
   }
+}
+
+// Part of the coopmat self-test (ops/matmul.cpp, once the GEMM passed): the coopmat flash
+// attention kernels against the scalar shaders, forward and backward, on ragged shapes with
+// grouped-query heads -- f16 at head size 64, bf16 at 32 with values past f16's range (v x 2^20,
+// dout x 2^-20: the bf16 staging rule) -- within 1e-2 of the largest |out| or |dqkv| and 1e-3 of
+// the largest |lse| (f16 P and dS against the scalar shaders' f32). CROSSTRAIN_VK_COOPMAT_INJECT=
+// wrong_attention perturbs its outputs (the test of this test).
+bool VulkanDevice::coopmat_flash_self_test(std::string* why) {
+  struct Case {
+    int64_t T, NH, NKV, hs;
+    DType dt;
+    float vscale, dscale;
+  };
+  const Case cases[] = {{37, 4, 2, 64, DType::f16, 1.0f, 1.0f},
+                        {37, 2, 1, 32, DType::bf16, 1048576.0f, 1.0f / 1048576.0f}};
+  const char* inject = std::getenv("CROSSTRAIN_VK_COOPMAT_INJECT");
+  const bool wrong = inject && std::strstr(inject, "wrong_attention") != nullptr;
+  const int saved = cm_force_;
+  uint64_t seed = 100;
+  for (const Case& c : cases) {
+    const int64_t C = c.NH * c.hs, C3 = C + 2 * c.NKV * c.hs;
+    // n normal values as c.dt, those at (i % row) >= from times vs
+    auto host = [&](int64_t n, int64_t row, int64_t from, float vs) {
+      Philox rng(seed++, 7);
+      std::vector<uint16_t> bits(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = rng.normal(static_cast<uint64_t>(i)) * (i % row >= from ? vs : 1.0f);
+        bits[static_cast<size_t>(i)] = c.dt == DType::bf16 ? f32_to_bf16(x) : f32_to_f16(x);
+      }
+      return bits;
+    };
+    const std::vector<uint16_t> hq = host(c.T * C3, C3, C + c.NKV * c.hs, c.vscale);
+    const std::vector<uint16_t> hd = host(c.T * C, C, 0, c.dscale);
+    Tensor qkv = empty({1, c.T, C3}, c.dt, MemCategory::kWorkspace);
+    Tensor dout = empty({1, c.T, C}, c.dt, MemCategory::kWorkspace);
+    upload(qkv, hq.data(), hq.size() * 2);
+    upload(dout, hd.data(), hd.size() * 2);
+    std::vector<float> res[2][3];  // [scalar, coopmat][out, lse, dqkv]
+    for (int path = 0; path < 2; ++path) {
+      cm_force_ = path == 0 ? -1 : 1;
+      Tensor out = empty({1, c.T, C}, c.dt, MemCategory::kWorkspace);
+      Tensor lse = empty({1, c.NH, c.T}, DType::f32, MemCategory::kWorkspace);
+      Tensor dqkv = empty({1, c.T, C3}, c.dt, MemCategory::kWorkspace);
+      flash_attention_forward(out, lse, qkv, int(c.NH), int(c.NKV));
+      flash_attention_backward(dqkv, dout, qkv, out, lse, int(c.NH), int(c.NKV));
+      auto get16 = [&](const Tensor& t, std::vector<float>& v) {
+        std::vector<uint16_t> b(static_cast<size_t>(t.numel()));
+        download(b.data(), t, b.size() * 2);
+        v.resize(b.size());
+        for (size_t i = 0; i < b.size(); ++i)
+          v[i] = c.dt == DType::bf16 ? bf16_to_f32(b[i]) : f16_to_f32(b[i]);
+      };
+      get16(out, res[path][0]);
+      res[path][1].resize(static_cast<size_t>(lse.numel()));
+      download(res[path][1].data(), lse, res[path][1].size() * 4);
+      get16(dqkv, res[path][2]);
+    }
+    cm_force_ = saved;
+    if (wrong)
+      for (float& v : res[1][0]) v *= 1.05f;
+    const char* names[3] = {"out", "lse", "dqkv"};
+    const double tols[3] = {1e-2, 1e-3, 1e-2};
+    for (int k = 0; k < 3; ++k) {
+      double top = 0, err = 0;
+      for (size_t i = 0; i < res[0][k].size(); ++i) {
+        top = std::max(top, std::fabs(double(res[0][k][i])));
+        const double d = std::fabs(double(res[1][k][i]) - res[0][k][i]);
+        err = std::isnan(d) ? INFINITY : std::max(err, d);
+      }
+      if (!(err <= tols[k] * top) || top == 0) {
+        char line[200];
+        std::snprintf(line, sizeof line,
+                      "wrong attention: %s |diff| %.3g (max %.3g) at %s T %ld, %ld heads on %ld, "
+                      "head size %ld",
+                      names[k], err, top, dtype_name(c.dt), long(c.T), long(c.NH), long(c.NKV),
+                      long(c.hs));
+        *why = line;
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace ct::vk
