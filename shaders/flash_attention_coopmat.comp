@@ -128,6 +128,14 @@ layout(std430, binding = 5) buffer Dsave { float dsave[]; };
 
 uint tid, nt, warp, lane, lanes, wrow;
 
+// Loops the emulated build keeps rolled: lavapipe's LLVM compiles each pipeline cold in CI, and
+// unrolled copies of the staging and elementwise loops cost seconds there.
+#if defined(CM_EMU)
+#define EMU_ROLLED [[dont_unroll]]
+#else
+#define EMU_ROLLED
+#endif
+
 // 2^k putting a largest |x| with these bits in [2^14, 2^15) (NaN, inf: tiny k, they stay so).
 float pow2_scale(uint maxbits) {
   return ldexp(1.0, clamp(14 - (int(maxbits >> 23) - 127), -126, 126));
@@ -149,7 +157,7 @@ float h16at(uint e) {
 #define STAGE(buf, base, stride, r0, n, w, slot, sc)                                  \
   {                                                                                   \
     uint mb_ = 0u;                                                                    \
-    for (uint i_ = tid; i_ < (n) * HS; i_ += nt) {                                    \
+    EMU_ROLLED for (uint i_ = tid; i_ < (n) * HS; i_ += nt) {                                    \
       uint r_ = (r0) + i_ / HS;                                                       \
       if (r_ < pc.T)                                                                  \
         mb_ = max(mb_, floatBitsToUint(abs(h_load(buf[(base) + r_ * (stride) + i_ % HS])))); \
@@ -160,7 +168,7 @@ float h16at(uint e) {
     atomicMax(sm[W_M + (slot)], mb_);                                                 \
     barrier();                                                                        \
     const float s_ = pow2_scale(sm[W_M + (slot)]);                                    \
-    for (uint i_ = tid; i_ < (n) * HS / 2u; i_ += nt) {                               \
+    EMU_ROLLED for (uint i_ = tid; i_ < (n) * HS / 2u; i_ += nt) {                               \
       uint rr_ = i_ / (HS / 2u), c_ = 2u * (i_ % (HS / 2u)), r_ = (r0) + rr_;         \
       uint g_ = (base) + r_ * (stride) + c_;                                          \
       sm[(w) + rr_ * (LDH / 2u) + c_ / 2u] =                                          \
@@ -171,7 +179,7 @@ float h16at(uint e) {
 #else
 #define STAGE(buf, base, stride, r0, n, w, slot, sc)                                  \
   {                                                                                   \
-    for (uint i_ = tid; i_ < (n) * HS / 2u; i_ += nt) {                               \
+    EMU_ROLLED for (uint i_ = tid; i_ < (n) * HS / 2u; i_ += nt) {                               \
       uint rr_ = i_ / (HS / 2u), c_ = 2u * (i_ % (HS / 2u)), r_ = (r0) + rr_;         \
       uint g_ = (base) + r_ * (stride) + c_;                                          \
       sm[(w) + rr_ * (LDH / 2u) + c_ / 2u] =                                          \
@@ -193,11 +201,11 @@ float h16at(uint e) {
 const uint EPL = FM * FN / 32u;  // accumulator elements per lane
 #define ACC_DECL(name, nfrag) float name[(nfrag) * EPL]
 #define ACC_ZERO(name, nfrag) \
-  for (uint e_ = 0u; e_ < (nfrag) * EPL; ++e_) name[e_] = 0.0
+  [[dont_unroll]] for (uint e_ = 0u; e_ < (nfrag) * EPL; ++e_) name[e_] = 0.0
 #define SCORES(dst, wa, wb)                                                                  \
-  for (uint i_ = 0u; i_ < FRM; ++i_)                                                         \
-    for (uint j_ = 0u; j_ < NS; ++j_)                                                        \
-      for (uint e_ = 0u; e_ < EPL; ++e_) {                                                   \
+  [[dont_unroll]] for (uint i_ = 0u; i_ < FRM; ++i_)                                               \
+    [[dont_unroll]] for (uint j_ = 0u; j_ < NS; ++j_)                                              \
+      [[dont_unroll]] for (uint e_ = 0u; e_ < EPL; ++e_) {                                         \
         uint x_ = e_ * LANES + lane, r_ = wrow + i_ * FM + x_ / FN, c_ = j_ * FN + x_ % FN;  \
         float s_ = 0.0;                                                                      \
         [[dont_unroll]] for (uint k_ = 0u; k_ < HS; ++k_)                                    \
@@ -205,9 +213,9 @@ const uint EPL = FM * FN / 32u;  // accumulator elements per lane
         sm[(dst) + r_ * LDS + c_] = floatBitsToUint(s_);                                     \
       }
 #define ACCUM(acc, wa, wb, f)                                                                \
-  for (uint i_ = 0u; i_ < FRM; ++i_)                                                         \
-    for (uint j_ = 0u; j_ < NO; ++j_)                                                        \
-      for (uint e_ = 0u; e_ < EPL; ++e_) {                                                   \
+  [[dont_unroll]] for (uint i_ = 0u; i_ < FRM; ++i_)                                               \
+    [[dont_unroll]] for (uint j_ = 0u; j_ < NO; ++j_)                                              \
+      [[dont_unroll]] for (uint e_ = 0u; e_ < EPL; ++e_) {                                         \
         uint x_ = e_ * LANES + lane, r_ = wrow + i_ * FM + x_ / FN, c_ = j_ * FN + x_ % FN;  \
         float s_ = 0.0;                                                                      \
         [[dont_unroll]] for (uint k_ = 0u; k_ < KT; ++k_)                                    \
@@ -215,7 +223,7 @@ const uint EPL = FM * FN / 32u;  // accumulator elements per lane
         acc[(i_ * NO + j_) * EPL + e_] += s_ * (f);                                          \
       }
 #define STORE_ACC(acc, i, j)                                                      \
-  for (uint e_ = 0u; e_ < EPL; ++e_) {                                            \
+  [[dont_unroll]] for (uint e_ = 0u; e_ < EPL; ++e_) {                                            \
     uint x_ = e_ * LANES + lane;                                                  \
     sm[W_S + (wrow + (i) * FM + x_ / FN) * LDS + x_ % FN] =                       \
         floatBitsToUint(acc[((i) * NO + (j)) * EPL + e_]);                        \
@@ -274,11 +282,11 @@ const uint EPL = FM * FN / 32u;  // accumulator elements per lane
 // The epilogue: acc's fragments through the subgroup's rows of W_S (f32) into `buf` rows
 // first + row (row < T), element `base + row * stride + column`, rounded to the 16-bit type.
 #define EPILOGUE(acc, buf, base, stride, first)                                        \
-  for (uint fi_ = 0u; fi_ < FRM; ++fi_)                                                \
-    for (uint fj_ = 0u; fj_ < NO; ++fj_) {                                             \
+  EMU_ROLLED for (uint fi_ = 0u; fi_ < FRM; ++fi_)                                              \
+    EMU_ROLLED for (uint fj_ = 0u; fj_ < NO; ++fj_) {                                          \
       STORE_ACC(acc, fi_, fj_);                                                        \
       barrier();                                                                       \
-      for (uint fe_ = lane; fe_ < FM * FN; fe_ += lanes) {                             \
+      EMU_ROLLED for (uint fe_ = lane; fe_ < FM * FN; fe_ += lanes) {                          \
         uint rr_ = wrow + fi_ * FM + fe_ / FN, row_ = (first) + rr_;                   \
         if (row_ < pc.T)                                                               \
           buf[(base) + row_ * (stride) + fj_ * FN + fe_ % FN] =                        \
@@ -321,7 +329,7 @@ void main() {
     barrier();
     if (tid < R && t < T) {
       const float f = pc.scale / (sq * sk);
-      for (uint c = 0u; c < KT && u0 + c <= t; ++c) {
+      EMU_ROLLED for (uint c = 0u; c < KT && u0 + c <= t; ++c) {
         float s = uintBitsToFloat(sm[W_S + tid * LDS + c]) * f;
         if (s > m) {
           l = l * ct_exp_le0(m - s) + 1.0;
@@ -349,7 +357,7 @@ void main() {
     SCORES(W_S, W_A, W_B)
     barrier();
     const float f = pc.scale / (sq * sk);
-    for (uint i = tid; i < R * KT / 2u; i += nt) {
+    EMU_ROLLED for (uint i = tid; i < R * KT / 2u; i += nt) {
       uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u)), tr = first + r, u = u0 + c;
       float L = uintBitsToFloat(sm[W_L + r]);
       float s0 = uintBitsToFloat(sm[W_S + r * LDS + c]) * f;
@@ -377,7 +385,7 @@ void main() {
     const uint t = first + tid;
     float D = 0.0, L = 0.0;
     if (t < T) {
-      for (uint i = 0u; i < HS; ++i)
+      EMU_ROLLED for (uint i = 0u; i < HS; ++i)
         D += h_load(dout[pc.odo + t * C + h * HS + i]) * h_load(o[pc.oout + t * C + h * HS + i]);
       dsave[pc.od + h * T + t] = D;
       L = lse[pc.olse + h * T + t];
@@ -397,7 +405,7 @@ void main() {
     barrier();
     const float fs = pc.scale / (sq * sk), fp = 1.0 / (sd * sv);
     uint mb = 0u;
-    for (uint i = tid; i < R * KT; i += nt) {
+    EMU_ROLLED for (uint i = tid; i < R * KT; i += nt) {
       uint r = i / KT, c = i % KT, tr = first + r, u = u0 + c;
       float s = uintBitsToFloat(sm[W_S + r * LDS + c]) * fs;
       float p = tr < T && u <= tr ? ct_exp_le0(s - uintBitsToFloat(sm[W_L + r])) : 0.0;
@@ -409,7 +417,7 @@ void main() {
     atomicMax(sm[W_M], mb);
     barrier();
     const float sds = pow2_scale(sm[W_M]);
-    for (uint i = tid; i < R * KT / 2u; i += nt) {
+    EMU_ROLLED for (uint i = tid; i < R * KT / 2u; i += nt) {
       uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u));
       sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(uintBitsToFloat(sm[W_S + r * LDS + c]) * sds,
                                                 uintBitsToFloat(sm[W_S + r * LDS + c + 1u]) * sds);
@@ -446,7 +454,7 @@ void main() {
       barrier();
       const float fs = pc.scale / (sk * sq), fp = 1.0 / (sv * sd);
       uint mb = 0u;
-      for (uint i = tid; i < R * KT / 2u; i += nt) {
+      EMU_ROLLED for (uint i = tid; i < R * KT / 2u; i += nt) {
         uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u)), u = first + r;
         float p2[2];
         for (uint x = 0u; x < 2u; ++x) {
@@ -466,7 +474,7 @@ void main() {
       atomicMax(sm[W_M], mb);
       barrier();
       const float sds = pow2_scale(sm[W_M]);
-      for (uint i = tid; i < R * KT / 2u; i += nt) {
+      EMU_ROLLED for (uint i = tid; i < R * KT / 2u; i += nt) {
         uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u));
         sm[W_P2 + r * (LDP / 2u) + c / 2u] =
             pack2(uintBitsToFloat(sm[W_S + r * LDS + c]) * sds,
