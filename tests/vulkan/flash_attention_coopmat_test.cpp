@@ -1,0 +1,152 @@
+// The cooperative-matrix flash attention (shaders/flash_attention_coopmat.comp) through its
+// emulated build (CROSSTRAIN_VK_FLASH=cme: the fragments in shared memory), which runs on
+// lavapipe: the staging (f16 as stored, bf16 scaled by a power of two a tile), the fragment
+// offsets and strides, the two softmax passes, the causal and ragged masks, the dS scaling and
+// the epilogues are the code the VK_KHR_cooperative_matrix build runs. Against the CPU reference
+// (fp32, from the same 16-bit inputs): out, lse and the q, k and v parts of dqkv each within a
+// normalised MSE of 2e-5 (kTolCm; measured: at most 2.0e-6 (bf16 dq), f16 1.7e-7; the fused
+// attention's threshold on every other device is 5e-4, which a bf16 run without the staging's
+// scaling passes for dv at 3.2e-4) on ragged T,
+// grouped-query and multi-query heads, B = 2, head sizes 64 and 32, f16 and bf16 (with values
+// past f16's range), two fragment shapes and forced small tiles (several blocks and streamed
+// tiles a call); the same bits run after run; a call the kernels do not take (head size 40) runs
+// on the scalar shaders. --profile's report names the shaders that ran.
+#include <cmath>
+#include <sstream>
+
+#include "tests/common/half_compare.h"
+#include "tests/vulkan/vulkan_fixture.h"
+
+namespace ct::vktest {
+namespace {
+
+// P and dS go through f16 fragments (the CUDA tile kernels' through the element type), the rest
+// is f32: far below kTolGemm (5e-4), so the tighter bound catches lost precision too.
+constexpr double kTolCm = 2e-5;
+
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+};
+
+struct Case {
+  int64_t B, T, NH, NKV, hs;
+  DType dt;
+  uint64_t seed;
+  float vscale = 1.0f, dscale = 1.0f;  // v's and dout's values multiplied by these
+  int64_t C() const { return NH * hs; }
+  int64_t W() const { return C() + 2 * NKV * hs; }  // qkv's row
+  std::string name() const {
+    std::ostringstream os;
+    os << dtype_name(dt) << " B" << B << " T" << T << " NH" << NH << " NKV" << NKV << " hs" << hs;
+    if (vscale != 1.0f) os << " v x" << vscale << " dout x" << dscale;
+    return os.str();
+  }
+};
+
+struct Out {
+  Vec out, lse, dqkv;
+  std::vector<uint8_t> raw;  // the bytes of out, lse and dqkv
+};
+
+Out run(Device& d, const Case& c) {
+  Vec qkv = randn(c.B * c.T * c.W(), c.seed), dout = randn(c.B * c.T * c.C(), c.seed + 1);
+  for (size_t i = 0; i < qkv.size(); ++i)
+    if (int64_t(i) % c.W() >= c.C() + c.NKV * c.hs) qkv[i] *= c.vscale;
+  for (float& x : dout) x *= c.dscale;
+  Tensor tq = up_as(d, {c.B, c.T, c.W()}, qkv, c.dt), td = up_as(d, {c.B, c.T, c.C()}, dout, c.dt);
+  Tensor to = d.empty({c.B, c.T, c.C()}, c.dt, MemCategory::kActivations);
+  Tensor tl = d.empty({c.B, c.NH, c.T}, DType::f32, MemCategory::kActivations);
+  Tensor tdq = d.empty({c.B, c.T, c.W()}, c.dt, MemCategory::kActivations);
+  d.fill(to, NAN);  // every element written: no NaN may remain
+  d.fill(tl, NAN);
+  d.fill(tdq, NAN);
+  const int nh = static_cast<int>(c.NH), nkv = static_cast<int>(c.NKV);
+  d.flash_attention_forward(to, tl, tq, nh, nkv);
+  d.flash_attention_backward(tdq, td, tq, to, tl, nh, nkv);
+  Out r{download_h(d, to), download(d, tl), download_h(d, tdq), {}};
+  for (const Tensor* t : {&to, &tl, &tdq}) {
+    std::vector<uint8_t> b = raw_download(d, *t);
+    r.raw.insert(r.raw.end(), b.begin(), b.end());
+  }
+  return r;
+}
+
+// Columns [from, to) of each row of `row` elements.
+Vec columns(const Vec& v, int64_t row, int64_t from, int64_t to) {
+  Vec r;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (int64_t(i) % row >= from && int64_t(i) % row < to) r.push_back(v[i]);
+  return r;
+}
+
+class FlashCoopmat : public VulkanTest {
+ protected:
+  void SetUp() override {
+    VulkanTest::SetUp();
+    if (HasFatalFailure()) return;
+    setenv("CROSSTRAIN_VK_FLASH", "cme", 1);
+    vk().set_profiling(true);  // the profile names the shaders that ran
+  }
+  void TearDown() override {
+    unsetenv("CROSSTRAIN_VK_FLASH");
+    vk().set_profiling(false);
+    VulkanTest::TearDown();
+  }
+  // Runs c on the reference and vulkan:0; checks the results and that the shaders named
+  // `<family>fwd_<dtype>`, `<family>bwd_q_...` and `<family>bwd_kv_...` ran.
+  Out check(const Case& c, const std::string& family = "flash_cme_") {
+    vk().set_profiling(false);
+    vk().set_profiling(true);  // a fresh report
+    Out r = run(ref(), c), f = run(vk(), c);
+    const std::string nm = c.name() + " (" + family + "*)";
+    EXPECT_TRUE(close_nmse(f.out, r.out, kTolCm, "out vs ref " + nm));
+    EXPECT_TRUE(close_nmse(f.lse, r.lse, kTolCm, "lse vs ref " + nm));
+    const int64_t W = c.W(), kv = c.NKV * c.hs;
+    const char* part[3] = {"dq", "dk", "dv"};
+    const int64_t edge[4] = {0, c.C(), c.C() + kv, W};
+    for (int p = 0; p < 3; ++p)
+      EXPECT_TRUE(close_nmse(columns(f.dqkv, W, edge[p], edge[p + 1]),
+                             columns(r.dqkv, W, edge[p], edge[p + 1]), kTolCm,
+                             std::string(part[p]) + " vs ref " + nm));
+    const std::string report = vk().profile_report();
+    for (const char* k : {"fwd_", "bwd_q_", "bwd_kv_"}) {
+      const std::string shader = family + k + dtype_name(c.dt);
+      EXPECT_NE(report.find(shader), std::string::npos) << nm << ": " << shader << "\n" << report;
+    }
+    return f;
+  }
+};
+
+// f16 at gpt2's head size 64: 2 query heads a kv head, T = 37 ends mid-tile in every kernel.
+// A second run gives the same bits: every output has one owner summing in a fixed order (the dS
+// tile's maximum is an integer atomicMax, the same whatever the order).
+TEST_F(FlashCoopmat, F16HeadSize64GroupedRaggedMatchesReferenceAndRepeats) {
+  const Case c{2, 37, 4, 2, 64, DType::f16, 600};
+  const Out a = check(c), b = run(vk(), c);
+  EXPECT_TRUE(a.raw == b.raw) << c.name() << ": two runs differ";
+}
+
+// bf16 at head size 32, one kv head for three query heads, v x 2^20 and dout x 2^-20: outside
+// f16's range (65504, 2^-24) without the per-tile power-of-two scaling of the staged tiles.
+TEST_F(FlashCoopmat, Bf16HeadSize32MultiQueryPastF16Range) {
+  check({2, 37, 3, 1, 32, DType::bf16, 610, 1048576.0f, 1.0f / 1048576.0f});
+}
+
+// Intel's 8x16x16 fragments (two fragment rows a subgroup) and a forced tile of 2 subgroups and
+// 16 streamed rows: T = 45 is two query blocks of 32 and three key tiles, the last ragged.
+TEST_F(FlashCoopmat, OblongFragmentsAndSmallTiles) {
+  ScopedEnv frag("CROSSTRAIN_VK_CM_FRAG", "8x16x16");
+  ScopedEnv tile("CROSSTRAIN_VK_FLASH_TILE", "2,16");
+  check({1, 45, 2, 1, 64, DType::f16, 620});
+}
+
+// A head size that is no multiple of 16 takes the scalar shaders, with the same results.
+TEST_F(FlashCoopmat, OtherHeadSizesTakeTheScalarShaders) {
+  check({1, 21, 2, 1, 40, DType::f16, 640}, "flash_");
+  EXPECT_EQ(vk().profile_report().find("flash_cme_"), std::string::npos) << vk().profile_report();
+}
+
+}  // namespace
+}  // namespace ct::vktest
