@@ -105,6 +105,10 @@ struct CoopmatGate {
 // self-test; everything else is allowed and self-tested.
 CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env);
 
+// What the self-test's verdict line says when the coopmat flash attention kernels passed their
+// part (the line is cached: an opened device reads its attention verdict back from it).
+inline constexpr const char* kFlashCmInUse = "flash attention on coopmat";
+
 // The cooperative-matrix flash attention kernels (shaders/flash_attention_coopmat.comp): which
 // kernel, the 32-bit words of shared memory it declares for R block rows, KT streamed rows a step
 // and head size HS (the shader's W_* layout), and the tile a device takes.

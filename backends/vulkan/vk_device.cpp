@@ -127,6 +127,7 @@ void VulkanDevice::coopmat_start() {
     write_coopmat_verdict(path, ok, why);
   }
   cm_ok_ = ok;
+  cm_flash_ok_ = ok && why.find(kFlashCmInUse) != std::string::npos;
   show(coopmat_verdict_line(ok, why));
 }
 

@@ -244,6 +244,9 @@ class VulkanDevice final : public Device {
   // products while the self-test runs (0: the normal choice, -1: never coopmat, 1: coopmat).
   CoopmatGate cm_gate_;  // the gate for this device, CROSSTRAIN_VK_COOPMAT read when opened
   bool cm_ok_ = false, cm_emulated_ = false;
+  // The coopmat flash attention kernels passed their part of the self-test (the verdict line
+  // holds kFlashCmInUse).
+  bool cm_flash_ok_ = false;
   std::string cm_why_;
   int cm_force_ = 0;
   // The self-test's overrides of the coopmat tile (64, 128) and of split-k (S); 0: the rule.

@@ -223,51 +223,74 @@ TEST_F(CoopmatStartup, WrongProductsAreRejected) {
   EXPECT_EQ(v.rfind("not used: wrong products: ", 0), 0u) << v;
 }
 
+// vulkan:0 opened with `env` set while it opens; its coopmat line in *line.
+std::unique_ptr<Device> open_with(const std::map<std::string, std::string>& env,
+                                  std::string* line) {
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+  std::unique_ptr<Device> dev = open_device("vulkan:0");
+  for (const auto& [k, v] : env) unsetenv(k.c_str());
+  for (const auto& [k, v] : dev->info().extra)
+    if (k == "coopmat GEMM") *line = v;
+  return dev;
+}
+
+// f16 flash attention forward and backward on d, T 20, 2 query heads on 1 kv head of 64 (the
+// self-test's pipelines): (out, dqkv), and d's profile.
+struct SmallAttention {
+  Vec out, dqkv;
+  std::string profile;
+};
+SmallAttention small_attention(Device& d) {
+  const int64_t T = 20, C = 128, W = C + 2 * 64;
+  const Vec qkv = randn(T * W, 700), dout = randn(T * C, 701);
+  d.set_profiling(true);
+  Tensor tq = up_as(d, {1, T, W}, qkv, DType::f16), td = up_as(d, {1, T, C}, dout, DType::f16);
+  Tensor to = d.empty({1, T, C}, DType::f16, MemCategory::kActivations);
+  Tensor tl = d.empty({1, 2, T}, DType::f32, MemCategory::kActivations);
+  Tensor tdq = d.empty({1, T, W}, DType::f16, MemCategory::kActivations);
+  d.flash_attention_forward(to, tl, tq, 2, 1);
+  d.flash_attention_backward(tdq, td, tq, to, tl, 2, 1);
+  SmallAttention r{download_h(d, to), download_h(d, tdq), d.profile_report()};
+  d.set_profiling(false);
+  return r;
+}
+
 // With the speed comparison skipped (CROSSTRAIN_VK_COOPMAT_INJECT=fast) the emulated build passes
 // the self-test -- its GEMM products and its flash attention against the scalar shaders -- and is
 // in use: the device runs flash attention on it, as a GPU whose coopmat passed would on its own.
 TEST_F(CoopmatStartup, InUseVerdictRunsFlashAttentionOnCoopmat) {
-  for (const auto& [k, v] :
-       std::map<std::string, std::string>{{"XDG_CACHE_HOME", cache_},
-                                          {"CROSSTRAIN_VK_COOPMAT", "emulate"},
-                                          {"CROSSTRAIN_VK_COOPMAT_INJECT", "fast"}})
-    setenv(k.c_str(), v.c_str(), 1);
-  std::unique_ptr<Device> dev = open_device("vulkan:0");
-  for (const char* k : {"XDG_CACHE_HOME", "CROSSTRAIN_VK_COOPMAT", "CROSSTRAIN_VK_COOPMAT_INJECT"})
-    unsetenv(k);
   std::string line;
-  for (const auto& [k, v] : dev->info().extra)
-    if (k == "coopmat GEMM") line = v;
+  std::unique_ptr<Device> dev = open_with({{"XDG_CACHE_HOME", cache_},
+                                           {"CROSSTRAIN_VK_COOPMAT", "emulate"},
+                                           {"CROSSTRAIN_VK_COOPMAT_INJECT", "fast"}},
+                                          &line);
   EXPECT_EQ(line.rfind("in use: self-test passed, emulated coopmat, speed not compared", 0), 0u)
       << line;
-  EXPECT_NE(line.find("flash attention on coopmat"), std::string::npos) << line;
-  // f16, T 20, 2 query heads on 1 kv head of 64 (the self-test's pipelines): the coopmat
-  // kernels, the reference's results.
-  const int64_t T = 20, C = 128, W = C + 2 * 64;
-  const Vec qkv = randn(T * W, 700), dout = randn(T * C, 701);
-  auto run = [&](Device& d) {
-    Tensor tq = up_as(d, {1, T, W}, qkv, DType::f16), td = up_as(d, {1, T, C}, dout, DType::f16);
-    Tensor to = d.empty({1, T, C}, DType::f16, MemCategory::kActivations);
-    Tensor tl = d.empty({1, 2, T}, DType::f32, MemCategory::kActivations);
-    Tensor tdq = d.empty({1, T, W}, DType::f16, MemCategory::kActivations);
-    d.flash_attention_forward(to, tl, tq, 2, 1);
-    d.flash_attention_backward(tdq, td, tq, to, tl, 2, 1);
-    return std::make_pair(download_h(d, to), download_h(d, tdq));
-  };
-  dev->set_profiling(true);
-  auto got = run(*dev), want = run(ref());
-  const std::string report = dev->profile_report();
+  EXPECT_NE(line.find("; flash attention on coopmat for f16 and bf16"), std::string::npos) << line;
+  const SmallAttention got = small_attention(*dev), want = small_attention(ref());
   for (const char* s : {"flash_cme_fwd_f16", "flash_cme_bwd_q_f16", "flash_cme_bwd_kv_f16"})
-    EXPECT_NE(report.find(s), std::string::npos) << s << "\n" << report;
-  EXPECT_TRUE(close_nmse(got.first, want.first, kTolGemm, "out"));
-  EXPECT_TRUE(close_nmse(got.second, want.second, kTolGemm, "dqkv"));
+    EXPECT_NE(got.profile.find(s), std::string::npos) << s << "\n" << got.profile;
+  EXPECT_TRUE(close_nmse(got.out, want.out, kTolGemm, "out"));
+  EXPECT_TRUE(close_nmse(got.dqkv, want.dqkv, kTolGemm, "dqkv"));
 }
 
+// Attention outputs that disagree with the scalar shaders keep the attention on them (the GEMM
+// stays on coopmat), with the reason in the device's line.
 TEST_F(CoopmatStartup, WrongAttentionIsRejected) {
-  const std::string v = verdict_line({{"XDG_CACHE_HOME", cache_},
-                                      {"CROSSTRAIN_VK_COOPMAT", "emulate"},
-                                      {"CROSSTRAIN_VK_COOPMAT_INJECT", "fast,wrong_attention"}});
-  EXPECT_EQ(v.rfind("not used: wrong attention: out ", 0), 0u) << v;
+  std::string line;
+  std::unique_ptr<Device> dev =
+      open_with({{"XDG_CACHE_HOME", cache_},
+                 {"CROSSTRAIN_VK_COOPMAT", "emulate"},
+                 {"CROSSTRAIN_VK_COOPMAT_INJECT", "fast,wrong_attention"}},
+                &line);
+  EXPECT_EQ(line.rfind("in use: self-test passed, ", 0), 0u) << line;
+  EXPECT_NE(line.find("; flash attention on the scalar shaders: wrong attention: out "),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(line.find("flash attention on coopmat"), std::string::npos) << line;
+  const std::string profile = small_attention(*dev).profile;
+  EXPECT_NE(profile.find("flash_fwd_f16"), std::string::npos) << profile;
+  EXPECT_EQ(profile.find("flash_cme_"), std::string::npos) << profile;
 }
 
 }  // namespace

@@ -9,7 +9,9 @@
 //
 // Cooperative-matrix kernels (flash_attention_coopmat.comp, same contract): 16-bit tensors with
 // head sizes 16..128 in steps of 16 take them where the coopmat GEMM is in use on the device
-// (its gate and start-up self-test, which checks these kernels too: ops/matmul.cpp), in the
+// (its gate and start-up self-test) and these kernels passed their part of that self-test
+// (against the scalar shaders; the `coopmat GEMM` line says "flash attention on coopmat" or why
+// not: ops/matmul.cpp), in the
 // VK_KHR_cooperative_matrix build, or in the emulated one where that stands in
 // (CROSSTRAIN_VK_COOPMAT=emulate). CROSSTRAIN_VK_FLASH=cme forces the emulated build (fragment
 // shape CROSSTRAIN_VK_CM_FRAG, 16x16x16 by default; tests), =scalar the scalar shaders;
@@ -98,7 +100,7 @@ bool VulkanDevice::flash_cm(int kernel, DType dt, int64_t hs, ShaderId* id, Pipe
                std::string("CROSSTRAIN_VK_CM_FRAG=") + e +
                    ": expected MxNxK with sides 8, 16 or 32 (e.g. 8x16x16)");
     emu = true;
-  } else if (mode == "scalar" || cm_force_ < 0 || (cm_force_ == 0 && !cm_ok_)) {
+  } else if (mode == "scalar" || cm_force_ < 0 || (cm_force_ == 0 && !cm_flash_ok_)) {
     return false;
   } else {
     emu = cm_emulated_;
@@ -193,7 +195,8 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
   }
 }
 
-// Part of the coopmat self-test (ops/matmul.cpp, once the GEMM passed): the coopmat flash
+// Part of the coopmat self-test (ops/matmul.cpp, once the GEMM passed; a failure keeps the
+// attention on the scalar shaders and the GEMM on coopmat): the coopmat flash
 // attention kernels against the scalar shaders, forward and backward, on ragged shapes with
 // grouped-query heads -- f16 at head size 64, bf16 at 32 with values past f16's range (v x 2^20,
 // dout x 2^-20: the bf16 staging rule) -- within 1e-2 of the largest |out| or |dqkv| and 1e-3 of

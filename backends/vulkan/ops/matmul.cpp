@@ -616,16 +616,17 @@ bool VulkanDevice::coopmat_self_test(std::string* why) {
     *why = "slower: " + *why;
     return false;
   }
-  // The flash attention kernels ride on this verdict: they must agree with the scalar shaders.
-  std::string attention;
-  if (!coopmat_flash_self_test(&attention)) {
-    *why = attention;
-    return false;
-  }
   *why = "self-test passed, " + *why;
   // The real modules are f16 only (coopmat.h): bf16 products keep the default GEMM.
   if (!cm_emulated_) *why += "; f16 products (bf16 ones take the default GEMM)";
-  *why += "; flash attention on coopmat for f16 and bf16, head sizes 16..128 in steps of 16";
+  // The flash attention kernels: in use where they agree with the scalar shaders (the verdict
+  // line says which; coopmat_start reads it back from the cached line).
+  std::string attention;
+  if (coopmat_flash_self_test(&attention))
+    *why +=
+        std::string("; ") + kFlashCmInUse + " for f16 and bf16, head sizes 16..128 in steps of 16";
+  else
+    *why += "; flash attention on the scalar shaders: " + attention;
   return true;
 }
 
