@@ -6,8 +6,9 @@
 //
 // One source, two builds:
 //   (default)  VK_KHR_cooperative_matrix: fragments are coopmat<> values of one subgroup
-//              (needs a glslang that knows GL_KHR_cooperative_matrix; H_F16 only: bf16 fragments
-//              need VK_KHR_shader_bfloat16).
+//              (needs a glslang that knows GL_KHR_cooperative_matrix), f16 x f16 -> f32 for f16
+//              and bf16 tensors alike (bf16 fragments would need VK_KHR_shader_bfloat16; bf16
+//              tiles are staged as scaled f16 instead: below).
 //   CM_EMU     the coopmat operations replaced by shared-memory code, for devices without the
 //              extension (lavapipe): a "subgroup" is 32 consecutive invocations, a fragment of A
 //              or B is its offset in the shared tile, an accumulator fragment is spread over the
@@ -24,6 +25,27 @@
 // k in [s * kchunk, (s + 1) * kchunk) and stores its raw sums (alpha 1, beta 0, no bias, c the
 // f32 partials [batch * S][M][N]); matmul_splitk.comp adds the S partials in order and applies
 // the epilogue. S = 1: kchunk = K, the plain GEMM.
+// bf16 a and b (H_BF16; bf16 has f32's 8 exponent bits, f16 5): each staged tile, TBM x TBK of
+// op(a) and TBK x TBN of op(b), is multiplied by its own power of two 2^s, s = clamp(14 - e,
+// -126, 126) where 2^e <= the tile's largest |x| < 2^(e+1) (the workgroup's integer max of the
+// f32 bits of |x| in shared memory: no float atomics), and rounded to f16 by ct_f32_to_f16 (round
+// to nearest even, the same bits on every device and in both builds). The tile's largest |x|
+// lands in [2^14, 2^15); every element with |x| >= 2^-28 of it is >= 2^-14 after scaling, a
+// normal f16, and exact there (bf16's 8 significant bits fit f16's 11). Smaller elements are
+// rounded (or flushed, by a device that flushes f16 subnormals) with an absolute error below
+// 2^-28 of the tile's largest |x|. Each k-step's products go into a zeroed f32 temporary
+// accumulator, which is added to the running one multiplied by 2^-(sa+sb) (two scalar x
+// fragment multiplies by powers of two, 2^clamp(d, -126, 127) then the rest: exact unless the
+// product itself leaves f32's normal range). So for c[i][j] = sum_k a[i][k] b[k][j]:
+//   |error| <= (fp32 summation, as the f16 path) + 2^-28 (max_a sum_k |b[k][j]| +
+//              max_b sum_k |a[i][k]|) (+ the product of both, smaller)
+// with max_a, max_b the largest |x| of the tiles that element's k-steps staged: zero for
+// operands whose tiles span less than 2^28 in magnitude, which is every tile of a trained
+// network's activations, weights and gradients short of an inf/NaN (an inf or NaN in a tile
+// stays one; the tile's other elements are then scaled to nothing: that step is skipped by the
+// loss scaler anyway). So bf16 GEMMs keep the precision table's promise (16-bit storage, fp32
+// accumulation; the products of bf16 values exact) and bf16's range. f16 tensors are staged as
+// they are (exact, unscaled): the f16 build is unchanged by this.
 // Epilogue: each accumulator fragment is stored to its subgroup's FM x FN scratch in shared
 // memory, then every lane applies alpha, beta, bias and the bounds to its elements.
 
@@ -72,6 +94,13 @@ layout(local_size_x_id = 0) in;
 #define SH_T float16_t
 #define TO_SH(x) float16_t(x)
 #endif
+// The value staged for x: bf16 scaled by the tile's power of two s and rounded to f16 (held in an
+// f32 exactly, so both builds' TO_SH keep it); f16 as it is.
+#if defined(H_BF16)
+#define SCALED_F16(x, s) ct_f16_to_f32(ct_f32_to_f16((x) * (s)))
+#else
+#define SCALED_F16(x, s) (x)
+#endif
 
 layout(push_constant) uniform Push {
   uint M, N, K;
@@ -104,6 +133,11 @@ layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 shared SH_T As[TBM * LDA];
 shared SH_T Bs[TBK * LDB];
 shared float Cw[NWARPS * FM * FN];  // per-subgroup epilogue scratch
+#if defined(H_BF16)
+shared uint Mx[2];  // the staged tiles' largest |x| of a and b, as f32 bits
+// 2^s putting a largest |x| with these f32 bits in [2^14, 2^15), as s (inf/NaN: s = -114).
+int tile_shift(uint maxbits) { return clamp(14 - (int(maxbits >> 23) - 127), -126, 126); }
+#endif
 
 // ---- fragment operations: coopmat, or their shared-memory emulation -------------------------
 // The accumulators are one array, fragment f = i * FRN + j (arrays sized by specialization
@@ -145,22 +179,69 @@ void main() {
   ACC_T acc[FRM * FRN];
   [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) acc[f] = ACC_T(0.0);
 #endif
+#if defined(H_BF16)
+  // a k-step's products (the tiles' scaled units), added into acc multiplied back
+#if defined(CM_EMU)
+  float kacc[FRM * FRN * EPL];
+#else
+  ACC_T kacc[FRM * FRN];
+#endif
+#define KACC kacc
+  if (tid == 0u) Mx[0] = Mx[1] = 0u;
+  barrier();
+#else
+#define KACC acc
+#endif
 
   for (uint k0 = kbeg; k0 < kend; k0 += TBK) {
+#if defined(H_BF16)
+    // The tiles' largest |x| (f32 bits of non-negative values order as integers).
+    uint ma = 0u, mb = 0u;
+    for (uint i = tid; i < TBM * TBK; i += nt) {
+      uint m = m0 + i / TBK, kk = k0 + i % TBK;
+      if (m < pc.M && kk < kend)
+        ma = max(ma, floatBitsToUint(abs(h_load(a[abase + m * pc.sam + kk * pc.sak]))));
+    }
+    for (uint i = tid; i < TBK * TBN; i += nt) {
+      uint n = n0 + i % TBN, kk = k0 + i / TBN;
+      if (n < pc.N && kk < kend)
+        mb = max(mb, floatBitsToUint(abs(h_load(b[bbase + kk * pc.sbk + n * pc.sbn]))));
+    }
+    atomicMax(Mx[0], ma);
+    atomicMax(Mx[1], mb);
+    barrier();
+    const int sha = tile_shift(Mx[0]), shb = tile_shift(Mx[1]);
+    const float sa = ldexp(1.0, sha), sb = ldexp(1.0, shb);
+    // kacc * 2^d, d = -(sha + shb) in [-252, 252]: 2^d1 (a normal f32) then 2^(d - d1)
+    const int d = -(sha + shb), d1 = clamp(d, -126, 127);
+    const float back1 = ldexp(1.0, d1), back2 = ldexp(1.0, d - d1);
+#if defined(CM_EMU)
+    [[unroll]] for (uint e = 0; e < FRM * FRN * EPL; ++e) kacc[e] = 0.0;
+#else
+    [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) kacc[f] = ACC_T(0.0);
+#endif
+#else
+    const float sa = 1.0, sb = 1.0;
+#endif
     // Stage op(a)[m0 .. m0+TBM, k0 .. k0+TBK] and op(b)[k0 .., n0 ..]; zeros past the edges.
     for (uint i = tid; i < TBM * TBK; i += nt) {
       uint r = i / TBK, k = i % TBK, m = m0 + r, kk = k0 + k;
       float v = 0.0;
       if (m < pc.M && kk < kend) v = h_load(a[abase + m * pc.sam + kk * pc.sak]);
-      As[r * LDA + k] = TO_SH(v);
+      As[r * LDA + k] = TO_SH(SCALED_F16(v, sa));
     }
     for (uint i = tid; i < TBK * TBN; i += nt) {
       uint k = i / TBN, col = i % TBN, n = n0 + col, kk = k0 + k;
       float v = 0.0;
       if (n < pc.N && kk < kend) v = h_load(b[bbase + kk * pc.sbk + n * pc.sbn]);
-      Bs[k * LDB + col] = TO_SH(v);
+      Bs[k * LDB + col] = TO_SH(SCALED_F16(v, sb));
     }
     barrier();
+#if defined(H_BF16)
+    // every invocation read Mx before the barrier; the next k-step's maxima come after the
+    // barrier that ends this one
+    if (tid == 0u) Mx[0] = Mx[1] = 0u;
+#endif
     [[unroll]] for (uint kf = 0; kf < TBK; kf += FK) {
       FRAG_A fa[FRM];
       FRAG_B fb[FRN];
@@ -175,16 +256,23 @@ void main() {
           const uint f = i * FRN + j;
           [[unroll]] for (uint e = 0; e < EPL; ++e) {
             uint idx = e * LANES + lane, r = idx / FN, col = idx % FN;
-            float s = acc[f * EPL + e];
+            float s = KACC[f * EPL + e];
             [[dont_unroll]] for (uint k = 0; k < FK; ++k)
               s += float(As[fa[i] + r * LDA + k]) * float(Bs[fb[j] + k * LDB + col]);
-            acc[f * EPL + e] = s;
+            KACC[f * EPL + e] = s;
           }
 #else
-          acc[i * FRN + j] = coopMatMulAdd(fa[i], fb[j], acc[i * FRN + j]);
+          KACC[i * FRN + j] = coopMatMulAdd(fa[i], fb[j], KACC[i * FRN + j]);
 #endif
         }
     }
+#if defined(H_BF16)
+#if defined(CM_EMU)
+    [[unroll]] for (uint e = 0; e < FRM * FRN * EPL; ++e) acc[e] += kacc[e] * back1 * back2;
+#else
+    [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) acc[f] += kacc[f] * back1 * back2;
+#endif
+#endif
     barrier();
   }
 
