@@ -108,6 +108,9 @@ CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env);
 // What the self-test's verdict line says when the coopmat flash attention kernels passed their
 // part (the line is cached: an opened device reads its attention verdict back from it).
 inline constexpr const char* kFlashCmInUse = "flash attention on coopmat";
+// ... when bf16 GEMMs passed theirs (bf16 tiles staged as f16 scaled per tile: the shader's
+// header).
+inline constexpr const char* kGemmBf16CmInUse = "bf16 products on coopmat";
 
 // The cooperative-matrix flash attention kernels (shaders/flash_attention_coopmat.comp): which
 // kernel, the 32-bit words of shared memory it declares for R block rows, KT streamed rows a step

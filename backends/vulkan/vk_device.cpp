@@ -128,6 +128,7 @@ void VulkanDevice::coopmat_start() {
   }
   cm_ok_ = ok;
   cm_flash_ok_ = ok && why.find(kFlashCmInUse) != std::string::npos;
+  cm_bf16_ok_ = ok && why.find(kGemmBf16CmInUse) != std::string::npos;
   show(coopmat_verdict_line(ok, why));
 }
 

@@ -247,6 +247,8 @@ class VulkanDevice final : public Device {
   // The coopmat flash attention kernels passed their part of the self-test (the verdict line
   // holds kFlashCmInUse).
   bool cm_flash_ok_ = false;
+  // bf16 GEMMs passed their part (the verdict line holds kGemmBf16CmInUse); f16 ones need cm_ok_.
+  bool cm_bf16_ok_ = false;
   std::string cm_why_;
   int cm_force_ = 0;
   // The self-test's overrides of the coopmat tile (64, 128) and of split-k (S); 0: the rule.

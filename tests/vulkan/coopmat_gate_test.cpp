@@ -255,6 +255,17 @@ SmallAttention small_attention(Device& d) {
   return r;
 }
 
+// A 16-bit hhf GEMM of 20x24x16 on d: d's profile (which GEMM ran).
+std::string small_gemm(Device& d, DType h) {
+  d.set_profiling(true);
+  Tensor a = up_as(d, {20, 16}, randn(320, 710), h), b = up_as(d, {16, 24}, randn(384, 711), h);
+  Tensor c = d.empty({20, 24}, DType::f32, MemCategory::kActivations);
+  d.matmul(c, a, b, false, false);
+  const std::string r = d.profile_report();
+  d.set_profiling(false);
+  return r;
+}
+
 // With the speed comparison skipped (CROSSTRAIN_VK_COOPMAT_INJECT=fast) the emulated build passes
 // the self-test -- its GEMM products and its flash attention against the scalar shaders -- and is
 // in use: the device runs flash attention on it, as a GPU whose coopmat passed would on its own.
@@ -267,6 +278,8 @@ TEST_F(CoopmatStartup, InUseVerdictRunsFlashAttentionOnCoopmat) {
   EXPECT_EQ(line.rfind("in use: self-test passed, emulated coopmat, speed not compared", 0), 0u)
       << line;
   EXPECT_NE(line.find("; flash attention on coopmat for f16 and bf16"), std::string::npos) << line;
+  EXPECT_NE(line.find("; bf16 products on coopmat"), std::string::npos) << line;
+  EXPECT_NE(small_gemm(*dev, DType::bf16).find("matmul_cme_hhf_bf16"), std::string::npos);
   const SmallAttention got = small_attention(*dev), want = small_attention(ref());
   for (const char* s : {"flash_cme_fwd_f16", "flash_cme_bwd_q_f16", "flash_cme_bwd_kv_f16"})
     EXPECT_NE(got.profile.find(s), std::string::npos) << s << "\n" << got.profile;
@@ -274,15 +287,22 @@ TEST_F(CoopmatStartup, InUseVerdictRunsFlashAttentionOnCoopmat) {
   EXPECT_TRUE(close_nmse(got.dqkv, want.dqkv, kTolGemm, "dqkv"));
 }
 
-// Attention outputs that disagree with the scalar shaders keep the attention on them (the GEMM
-// stays on coopmat), with the reason in the device's line.
+// Attention outputs that disagree with the scalar shaders keep the attention on them, and bf16
+// products that disagree with the default GEMM (CROSSTRAIN_VK_COOPMAT_INJECT=bf16wrong) keep bf16
+// GEMMs on it; f16 GEMMs stay on coopmat; the reasons in the device's line. (One device open for
+// both: each open runs the whole self-test, cold pipelines on lavapipe.)
 TEST_F(CoopmatStartup, WrongAttentionIsRejected) {
   std::string line;
   std::unique_ptr<Device> dev =
       open_with({{"XDG_CACHE_HOME", cache_},
                  {"CROSSTRAIN_VK_COOPMAT", "emulate"},
-                 {"CROSSTRAIN_VK_COOPMAT_INJECT", "fast,wrong_attention"}},
+                 {"CROSSTRAIN_VK_COOPMAT_INJECT", "fast,wrong_attention,bf16wrong"}},
                 &line);
+  EXPECT_NE(line.find("; bf16 products on the default GEMM: wrong products: "), std::string::npos)
+      << line;
+  EXPECT_EQ(line.find("bf16 products on coopmat"), std::string::npos) << line;
+  EXPECT_NE(small_gemm(*dev, DType::f16).find("matmul_cme_hhf_f16"), std::string::npos);
+  EXPECT_EQ(small_gemm(*dev, DType::bf16).find("matmul_cme_"), std::string::npos);
   EXPECT_EQ(line.rfind("in use: self-test passed, ", 0), 0u) << line;
   EXPECT_NE(line.find("; flash attention on the scalar shaders: wrong attention: out "),
             std::string::npos)

@@ -51,16 +51,26 @@ struct Case {
   bool c16;
 };
 
-void run_case(const Case& k, DType h, uint64_t seed, const char* kind, bool split = false) {
+// a's and b's values: randn times sa (sb), and where spread > 0 element i also times
+// 2^(spread * (i % 7 - 3)) (magnitudes 2^(6 spread) apart within a tile).
+Vec values(size_t n, uint64_t seed, float scale, int spread) {
+  Vec v = randn(n, seed, scale);
+  if (spread > 0)
+    for (size_t i = 0; i < n; ++i) v[i] = std::ldexp(v[i], spread * (int(i % 7) - 3));
+  return v;
+}
+
+void run_case(const Case& k, DType h, uint64_t seed, const char* kind, bool split = false,
+              float sa = 1.0f, float sb = 1.0f, int spread = 0) {
   auto shp = [&](bool two_d, int64_t r, int64_t c) {
     return k.batch > 1 && !two_d ? Shape{k.batch, r, c} : Shape{r, c};
   };
-  Shape sa = k.ta ? shp(false, k.K, k.M) : shp(false, k.M, k.K);
-  Shape sb = k.tb ? shp(k.b2d, k.N, k.K) : shp(k.b2d, k.K, k.N);
+  Shape shape_a = k.ta ? shp(false, k.K, k.M) : shp(false, k.M, k.K);
+  Shape shape_b = k.tb ? shp(k.b2d, k.N, k.K) : shp(k.b2d, k.K, k.N);
   Shape sc = shp(false, k.M, k.N);
   const DType tc = k.c16 ? h : DType::f32;
-  Pair a = both_as(sa, randn(sa.numel(), seed), h);
-  Pair b = both_as(sb, randn(sb.numel(), seed + 1), h);
+  Pair a = both_as(shape_a, values(shape_a.numel(), seed, sa, spread), h);
+  Pair b = both_as(shape_b, values(shape_b.numel(), seed + 1, sb, spread), h);
   Pair c = both_as(sc, randn(sc.numel(), seed + 2), tc);
   Pair bs = both({k.N}, randn(k.N, seed + 3));
   vk().matmul(c.d, a.d, b.d, k.ta, k.tb, k.alpha, k.beta, k.bias ? &bs.d : nullptr);
@@ -69,6 +79,11 @@ void run_case(const Case& k, DType h, uint64_t seed, const char* kind, bool spli
                      " " + std::to_string(k.M) + "x" + std::to_string(k.N) + "x" +
                      std::to_string(k.K) + (k.ta ? " ta" : "") + (k.tb ? " tb" : "") +
                      (k.bias ? " bias" : "") + (k.b2d ? " b 2-D" : "") + " c " + dtype_name(tc);
+  if (sa != 1.0f || sb != 1.0f || spread) {
+    char buf[80];
+    std::snprintf(buf, sizeof buf, " a x %g b x %g spread %d", sa, sb, spread);
+    what += buf;
+  }
   // split-k: the partials come from the c f32 build, then matmul_splitk adds them
   const std::string shader =
       std::string("matmul_cme_") + (k.c16 && !split ? "hhh_" : "hhf_") + dtype_name(h);
@@ -151,6 +166,54 @@ INSTANTIATE_TEST_SUITE_P(
         if (ch == 'x') ch = '_';
       return n;
     });
+
+// bf16 tiles are staged as f16 scaled by a power of two per tile (the shader's header): values
+// far outside f16's range (2^20 overflows f16, 2^-20 is below its normal range; 2^-60 and 2^60
+// far past either) and tiles whose magnitudes span 2^24 (within the 2^28 the rule keeps exact)
+// must give the CPU reference's products -- exact products, fp32 sums -- in every transpose,
+// hhf and hhh, batches, the 128 x 128 tile and split-k. One fragment shape (8x8x8: the cheapest
+// cold compile on lavapipe); the other suites run bf16 on the rest.
+class CoopmatEmulatedBf16 : public VulkanTest {
+ protected:
+  void SetUp() override {
+    VulkanTest::SetUp();
+    if (HasFatalFailure()) return;
+    setenv("CROSSTRAIN_VK_MATMUL", "cme", 1);
+    setenv("CROSSTRAIN_VK_CM_FRAG", "8x8x8", 1);
+    vk().set_profiling(true);
+  }
+  void TearDown() override {
+    unsetenv("CROSSTRAIN_VK_MATMUL");
+    unsetenv("CROSSTRAIN_VK_CM_FRAG");
+    vk().set_profiling(false);
+    VulkanTest::TearDown();
+  }
+};
+
+TEST_F(CoopmatEmulatedBf16, ValuesPastF16sRange) {
+  const DType h = DType::bf16;
+  const char* kind = "8x8x8";
+  uint64_t seed = 340;
+  for (int tr = 0; tr < 4; ++tr) {
+    const bool ta = tr & 1, tb = tr & 2;
+    run_case({1, 37, 53, 29, ta, tb, tr == 1, false, 1.0f, tr == 2 ? 0.5f : 0.0f, tr & 1}, h,
+             seed++, kind, false, 0x1p20f, 0x1p-20f);
+  }
+  run_case({2, 19, 23, 41, true, false, true, false, 1.0f, 0.0f, true}, h, seed++, kind, false,
+           0x1p-60f, 0x1p60f);
+  run_case({1, 37, 53, 29, false, true, false, false, 0.5f, 0.0f, false}, h, seed++, kind, false,
+           0x1p10f, 0x1p-30f, 4);
+  {
+    ScopedEnv splitk("CROSSTRAIN_VK_SPLITK", "3");
+    run_case({2, 30, 20, 130, false, false, true, false, 1.0f, 0.75f, true}, h, seed++, kind, true,
+             0x1p-20f, 0x1p20f, 4);
+  }
+  {
+    ScopedEnv tile("CROSSTRAIN_VK_CM_TILE", "128");
+    run_case({1, 140, 130, 40, true, true, false, false, 1.0f, 0.0f, false}, h, seed++, kind, false,
+             0x1p20f, 0x1p20f);
+  }
+}
 
 }  // namespace
 }  // namespace ct::vktest

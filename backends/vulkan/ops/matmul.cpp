@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "backends/vulkan/matmul_kind.h"
@@ -146,6 +147,11 @@ int env_int(const char* name) {
 constexpr ShaderId kCmEmuIds[2][2] = {
     {ShaderId::matmul_cme_hhf_f16, ShaderId::matmul_cme_hhf_bf16},
     {ShaderId::matmul_cme_hhh_f16, ShaderId::matmul_cme_hhh_bf16}};
+#if defined(CT_VK_COOPMAT)
+// ... and the VK_KHR_cooperative_matrix build (f16 fragments; bf16 staged as scaled f16).
+constexpr ShaderId kCmIds[2][2] = {{ShaderId::matmul_cm_hhf_f16, ShaderId::matmul_cm_hhf_bf16},
+                                   {ShaderId::matmul_cm_hhh_f16, ShaderId::matmul_cm_hhh_bf16}};
+#endif
 
 // The coopmat GEMM's workgroup: 2 x 2 subgroups, each a wm x wn block of fragments, k staged
 // tbk deep. 128 x 128 tiles (64 x 64 a subgroup) where the product still has at least
@@ -344,8 +350,8 @@ void VulkanDevice::gemm(const GemmCall& g) {
   const int hi = h == DType::bf16 ? 1 : 0;
   // Cooperative-matrix GEMM for two 16-bit operands: the emulated build (CROSSTRAIN_VK_MATMUL=
   // cme|cm8e|cm16e, or CROSSTRAIN_VK_COOPMAT=emulate standing in for the real one), or the
-  // VK_KHR_cooperative_matrix build (f16) once the start-up self-test passed (cm_force_
-  // overrides while it runs).
+  // VK_KHR_cooperative_matrix build once the start-up self-test passed -- for bf16 products once
+  // its bf16 part did too (cm_force_ overrides while it runs).
   const CmEmulation emu = coopmat_emulation();
   bool cm = false, cm_emu = false;
   CmShape frag;
@@ -354,7 +360,7 @@ void VulkanDevice::gemm(const GemmCall& g) {
       cm = cm_emu = true, frag = emu.frag;
     } else if (cm_force_ > 0 || (cm_force_ == 0 && cm_ok_)) {
       cm_emu = cm_emulated_;
-      cm = cm_emu || hi == 0;
+      cm = hi == 0 || cm_force_ > 0 || cm_bf16_ok_;
       frag = cm_emu ? CmShape{16, 16, 16} : cm_gate_.shape;
     }
   }
@@ -410,9 +416,9 @@ void VulkanDevice::gemm(const GemmCall& g) {
     if (forced == 128 || (forced == 0 && groups128 >= kBigTileGroups)) pl.wm = pl.wn = 64;
     // the emulated build's f32 tiles: 128 x 128 with k 32 deep overflow 32 KiB of shared memory
     const uint32_t sg = cm_emu ? 32 : pd_.subgroup_size, esz = cm_emu ? 4 : 2;
-    auto shared_bytes = [&] {
+    auto shared_bytes = [&] {  // As, Bs, Cw and (bf16) the two tile maxima
       return (pl.tile_m() * (pl.tbk + 8) + pl.tbk * (pl.tile_n() + 8)) * esz +
-             int64_t(pl.warps_m) * pl.warps_n * frag.m * frag.n * 4;
+             int64_t(pl.warps_m) * pl.warps_n * frag.m * frag.n * 4 + 8;
     };
     if (shared_bytes() > pd_.props.limits.maxComputeSharedMemorySize && frag.k <= 16) pl.tbk = 16;
     CT_CHECK(shared_bytes() <= pd_.props.limits.maxComputeSharedMemorySize,
@@ -430,9 +436,8 @@ void VulkanDevice::gemm(const GemmCall& g) {
     if (!cm_emu) pspec.required_subgroup = sg, pspec.full_subgroups = true;
     spec = &pspec;
 #if defined(CT_VK_COOPMAT)
-    id = cm_emu ? kCmEmuIds[combo][hi]
-                : (combo == 0 ? ShaderId::matmul_cm_hhf_f16 : ShaderId::matmul_cm_hhh_f16);
-    part_id = cm_emu ? kCmEmuIds[0][hi] : ShaderId::matmul_cm_hhf_f16;
+    id = cm_emu ? kCmEmuIds[combo][hi] : kCmIds[combo][hi];
+    part_id = cm_emu ? kCmEmuIds[0][hi] : kCmIds[0][hi];
 #else
     CT_CHECK(cm_emu, "gemm: no coopmat modules in this build");
     id = kCmEmuIds[combo][hi];
@@ -501,8 +506,11 @@ void VulkanDevice::gemm(const GemmCall& g) {
 // both workgroup tiles and split-k, its products must equal the default GEMM's within 1e-3 of the
 // largest |c| (f16 products are exact in fp32; only the order of the sums differs); then on a
 // n^3 f16 product (median of 3; n = 2048 on a GPU, 256 on a CPU device) it must not be slower.
-// CROSSTRAIN_VK_COOPMAT_INJECT=wrong perturbs its results (the test of this test). Returns the
-// verdict with its reason.
+// Then bf16 products, whose tiles the shader stages as f16 scaled by a power of two per tile: a
+// scaled by 2^20 and b by 2^-20 and the reverse (past f16's range both ways), hhf and hhh, the
+// 128 x 128 tile and split-k, within the same 1e-3; else bf16 GEMMs keep the default GEMM (the
+// reason in the verdict line). CROSSTRAIN_VK_COOPMAT_INJECT=wrong perturbs its results, =bf16wrong
+// (in a list) only the bf16 ones (the tests of this test). Returns the verdict with its reason.
 bool VulkanDevice::coopmat_self_test(std::string* why) {
   struct Shape3 {
     int64_t M, N, K;
@@ -517,20 +525,20 @@ bool VulkanDevice::coopmat_self_test(std::string* why) {
                            {128, 128, 64, true, true, true, 0.25f, true, 0, 0},
                            {150, 140, 40, false, true, true, 0.5f, false, 128, 0},
                            {70, 60, 130, true, false, true, 0.75f, true, 0, 3}};
-  const DType h = DType::f16;
   const char* inject = std::getenv("CROSSTRAIN_VK_COOPMAT_INJECT");
   const bool wrong = inject && std::strcmp(inject, "wrong") == 0;
+  const bool bf16_wrong = inject && std::strstr(inject, "bf16wrong") != nullptr;
   struct Restore {
     VulkanDevice& d;
     ~Restore() { d.cm_force_ = d.cm_tile_force_ = d.splitk_force_ = 0; }
   } restore{*this};
-  auto host_tensor = [&](const ct::Shape& s, DType dt, uint64_t seed) {
+  auto host_tensor = [&](const ct::Shape& s, DType dt, uint64_t seed, float scale = 1.0f) {
     Philox rng(seed, 7);
     std::vector<uint16_t> bits(static_cast<size_t>(s.numel()));
     std::vector<float> f32(bits.size());
     for (size_t i = 0; i < bits.size(); ++i) {
-      const float v = rng.normal(i);
-      bits[i] = f32_to_f16(v);
+      const float v = rng.normal(i) * scale;
+      bits[i] = dt == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
       f32[i] = v;
     }
     Tensor t = empty(s, dt, MemCategory::kWorkspace);
@@ -540,47 +548,57 @@ bool VulkanDevice::coopmat_self_test(std::string* why) {
       upload(t, bits.data(), bits.size() * 2);
     return t;
   };
+  // Each shape's products through the coopmat GEMM (alpha 1.01 where perturb) and the default
+  // one, a and b of dtype h scaled by sa, sb; false and the reason in *out on the first that
+  // differ.
   uint64_t seed = 1;
-  for (const Shape3& s : shapes) {
-    Tensor a = host_tensor(s.ta ? ct::Shape{s.K, s.M} : ct::Shape{s.M, s.K}, h, seed++);
-    Tensor b = host_tensor(s.tb ? ct::Shape{s.N, s.K} : ct::Shape{s.K, s.N}, h, seed++);
-    Tensor bias = host_tensor({s.N}, DType::f32, seed++);
-    const DType tc = s.c16 ? h : DType::f32;
-    Tensor c0 = host_tensor({s.M, s.N}, tc, seed);
-    Tensor c1 = host_tensor({s.M, s.N}, tc, seed++);
-    cm_force_ = -1;
-    matmul(c0, a, b, s.ta, s.tb, 1.0f, s.beta, s.bias ? &bias : nullptr);
-    cm_force_ = 1, cm_tile_force_ = s.tile, splitk_force_ = s.splitk;
-    matmul(c1, a, b, s.ta, s.tb, wrong ? 1.01f : 1.0f, s.beta, s.bias ? &bias : nullptr);
-    const size_t n = static_cast<size_t>(s.M * s.N);
-    std::vector<float> r0(n), r1(n);
-    std::vector<uint16_t> bits(n);
-    auto get = [&](const Tensor& t, std::vector<float>& out) {
-      if (tc == DType::f32) {
-        download(out.data(), t, n * 4);
-        return;
+  auto agree = [&](std::span<const Shape3> list, DType h, float sa, float sb, bool perturb,
+                   std::string* out) {
+    for (const Shape3& s : list) {
+      Tensor a = host_tensor(s.ta ? ct::Shape{s.K, s.M} : ct::Shape{s.M, s.K}, h, seed++, sa);
+      Tensor b = host_tensor(s.tb ? ct::Shape{s.N, s.K} : ct::Shape{s.K, s.N}, h, seed++, sb);
+      Tensor bias = host_tensor({s.N}, DType::f32, seed++);
+      const DType tc = s.c16 ? h : DType::f32;
+      Tensor c0 = host_tensor({s.M, s.N}, tc, seed);
+      Tensor c1 = host_tensor({s.M, s.N}, tc, seed++);
+      cm_force_ = -1;
+      matmul(c0, a, b, s.ta, s.tb, 1.0f, s.beta, s.bias ? &bias : nullptr);
+      cm_force_ = 1, cm_tile_force_ = s.tile, splitk_force_ = s.splitk;
+      matmul(c1, a, b, s.ta, s.tb, perturb ? 1.01f : 1.0f, s.beta, s.bias ? &bias : nullptr);
+      const size_t n = static_cast<size_t>(s.M * s.N);
+      std::vector<float> r0(n), r1(n);
+      std::vector<uint16_t> bits(n);
+      auto get = [&](const Tensor& t, std::vector<float>& out) {
+        if (tc == DType::f32) {
+          download(out.data(), t, n * 4);
+          return;
+        }
+        download(bits.data(), t, n * 2);
+        for (size_t i = 0; i < n; ++i)
+          out[i] = h == DType::bf16 ? bf16_to_f32(bits[i]) : f16_to_f32(bits[i]);
+      };
+      get(c0, r0);
+      get(c1, r1);
+      double top = 0, err = 0;
+      for (size_t i = 0; i < n; ++i) {
+        top = std::max(top, std::fabs(double(r0[i])));
+        const double d = std::fabs(double(r1[i]) - r0[i]);
+        err = std::isnan(d) ? INFINITY : std::max(err, d);
       }
-      download(bits.data(), t, n * 2);
-      for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(bits[i]);
-    };
-    get(c0, r0);
-    get(c1, r1);
-    double top = 0, err = 0;
-    for (size_t i = 0; i < n; ++i) {
-      top = std::max(top, std::fabs(double(r0[i])));
-      const double d = std::fabs(double(r1[i]) - r0[i]);
-      err = std::isnan(d) ? INFINITY : std::max(err, d);
+      if (!(err <= 1e-3 * std::max(top, 1.0))) {
+        char line[200];
+        std::snprintf(line, sizeof line,
+                      "wrong products: |diff| %.3g (max |c| %.3g) at %ldx%ldx%ld %s (tile %d, "
+                      "split-k %d)",
+                      err, top, long(s.M), long(s.N), long(s.K), dtype_name(h), s.tile, s.splitk);
+        *out = line;
+        return false;
+      }
     }
-    if (!(err <= 1e-3 * std::max(top, 1.0))) {
-      char line[160];
-      std::snprintf(
-          line, sizeof line,
-          "wrong products: |diff| %.3g (max |c| %.3g) at %ldx%ldx%ld (tile %d, split-k %d)", err,
-          top, long(s.M), long(s.N), long(s.K), s.tile, s.splitk);
-      *why = line;
-      return false;
-    }
-  }
+    return true;
+  };
+  if (!agree(shapes, DType::f16, 1.0f, 1.0f, wrong, why)) return false;
+  const DType h = DType::f16;
   // Speed: an n^3 hhf product, median of 3, against the GEMM this device takes otherwise. On a
   // GPU n = 2048: at 512^3 a fast one finishes either GEMM in microseconds, so the times are
   // those of a submit and a fence, not of the GEMMs (and 512^3 is 16 workgroups of 128 x 128,
@@ -617,8 +635,17 @@ bool VulkanDevice::coopmat_self_test(std::string* why) {
     return false;
   }
   *why = "self-test passed, " + *why;
-  // The real modules are f16 only (coopmat.h): bf16 products keep the default GEMM.
-  if (!cm_emulated_) *why += "; f16 products (bf16 ones take the default GEMM)";
+  // bf16: values past f16's range both ways (2^20 x 2^-20 and the reverse), so a driver or a
+  // staging that loses the per-tile scale fails here, and bf16 GEMMs keep the default GEMM.
+  const Shape3 bf16_shapes[] = {{70, 60, 130, true, false, true, 0.75f, true, 0, 3},
+                                {150, 140, 40, false, true, true, 0.5f, false, 128, 0}};
+  std::string bf16_why;
+  const std::span<const Shape3> bf16_list(bf16_shapes);
+  if (agree(bf16_list.first(1), DType::bf16, 0x1p20f, 0x1p-20f, bf16_wrong, &bf16_why) &&
+      agree(bf16_list.last(1), DType::bf16, 0x1p-20f, 0x1p20f, bf16_wrong, &bf16_why))
+    *why += std::string("; ") + kGemmBf16CmInUse + " (f16 tiles scaled per tile)";
+  else
+    *why += "; bf16 products on the default GEMM: " + bf16_why;
   // The flash attention kernels: in use where they agree with the scalar shaders (the verdict
   // line says which; coopmat_start reads it back from the cached line).
   std::string attention;
