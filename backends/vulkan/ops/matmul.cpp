@@ -510,8 +510,9 @@ void VulkanDevice::gemm(const GemmCall& g) {
 // scaled by 2^20 and b by 2^-20 and the reverse (past f16's range both ways), split-k (through
 // the hhf partials) and hhh on the 128 x 128 tile, within the same 1e-3 of the host's products
 // (no reference pipelines to compile at start-up; a bf16 c may also differ by its rounding);
-// else bf16 GEMMs keep the default GEMM (the reason in the verdict line). CROSSTRAIN_VK_COOPMAT_INJECT=wrong perturbs its results, =bf16wrong (in a
-// list) only the bf16 ones (the tests of this test). Returns the verdict with its reason.
+// else bf16 GEMMs keep the default GEMM (the reason in the verdict line).
+// CROSSTRAIN_VK_COOPMAT_INJECT=wrong perturbs its results, =bf16wrong (in a list) only the bf16
+// ones (the tests of this test). Returns the verdict with its reason.
 bool VulkanDevice::coopmat_self_test(std::string* why) {
   struct Shape3 {
     int64_t M, N, K;
