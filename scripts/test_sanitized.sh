@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite's host-code part once more, built with AddressSanitizer + UndefinedBehaviorSanitizer
-# (CMake preset debug-asan: -O1 -g1, build-asan/). Run after scripts/setup.sh, which installs the
+# (CMake preset debug-asan: -O1 -g1, build-asan/; the host code without hot loops at -O0,
+# CT_SANITIZE_HOST_OPT in CMakeLists.txt). Run after scripts/setup.sh, which installs the
 # packages; CI runs it after the README's test command.
 #
 # Any ASan error or UBSan "runtime error" fails the test that hit it (halt_on_error/abort, see
