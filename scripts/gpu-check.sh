@@ -20,6 +20,8 @@
 #   --check-only  check (and unpack) the bundle, then stop: no GPU needed
 #   --unpack-dir DIR  where an archive is unpacked (DIR/crosstrain-bundle, kept); default: a
 #                 temporary folder, removed at the end (the report keeps a copy of bundle.json)
+# Steps run most telling first (the plan near the end: the native suite, gpt2 bf16 beside llm.c
+# and PyTorch, Vulkan, GEMMs, --profile, then the rest), so that --budget cuts only the tail.
 # Every step runs even when an earlier one failed; the exit status is 0 only when the GPU's
 # suites passed. Without a GPU: exit 77 (skipped), after the bundle was checked.
 set -euo pipefail
@@ -198,9 +200,6 @@ tests() {  # tests SUITE DEVICE MAX_SECONDS
   step "$1 on $2" "$3" "$tag.log" "${ct_env[@]}" "$bin/$1" --gtest_filter="*/${2/:/_}" \
     --gtest_output="json:$out/$tag.json"
 }
-tests test_ops "$backend:0" 120
-tests test_model "$backend:0" 150
-if [ -n "$vk" ]; then tests test_ops "$vk" 120; fi
 
 # Training tokens/s: the median of the steps after the first three (metrics.jsonl, one record a
 # step); the run's weights are deleted (only the numbers are kept).
@@ -215,51 +214,60 @@ train() {  # train DEVICE MODEL BATCH STEPS PRECISION MAX_SECONDS
     "${flags[@]}" "${data_flag[@]}" --output-dir "$out/$tag"
   find "$out/$tag" -name '*.safetensors' -delete 2>/dev/null || true
 }
+# --profile of a short gpt2 bf16 run: the kernel path of every op and the GEMMs the library
+# refused (in profile-*.log; not a tokens/s figure: the report reads train-* only).
+profile() {  # profile DEVICE MAX_SECONDS
+  local dev="$1" tag="profile-${1/:/_}-gpt2-bf16"
+  step "crosstrain gpt2 bf16 --profile on $dev" "$2" "$tag.log" "${ct_env[@]}" "$bin/crosstrain" \
+    train --backend "$dev" --model gpt2 --per-device-train-batch-size 16 --max-steps 4 \
+    --logging-steps 1 --eval-steps 0 --max-eval-batches 1 --sample-tokens 0 --no-progress --bf16 \
+    --profile "${data_flag[@]}" --output-dir "$out/$tag"
+  rm -rf "$out/$tag"
+}
 s_tiny=30 s_gpt2=12 s_smol=10 iters=10
-((quick)) && s_tiny=10 s_gpt2=6 s_smol=6 iters=3
-for prec in fp32 tf32 bf16; do
-  train "$backend:0" tiny 4 "$s_tiny" "$prec" 40
-  train "$backend:0" gpt2 16 "$s_gpt2" "$prec" 60
-  train "$backend:0" smollm-135m 4 "$s_smol" "$prec" 60
-done
+((quick)) && s_tiny=10 s_gpt2=8 s_smol=6 iters=3
 
-step "GEMM library on $backend:0" 60 gemm_library.log "${ct_env[@]}" "$bin/device_gemm_bench" \
-  --device "$backend:0" --iters "$iters" --json "$out/gemm_library.json"
-step "GEMM own kernel on $backend:0" 60 gemm_own.log "${ct_env[@]}" CT_GPU_GEMM=own \
-  "$bin/device_gemm_bench" --device "$backend:0" --iters "$iters" --json "$out/gemm_own.json"
-if [ -n "$vk" ]; then
-  step "GEMM on $vk" 60 gemm_vulkan.log "${ct_env[@]}" "$bin/device_gemm_bench" \
-    --device "$vk" --iters "$iters" --json "$out/gemm_vulkan.json"
-fi
+gemm() {  # gemm KIND: library | own | vulkan
+  case "$1" in
+    library) step "GEMM library on $backend:0" 60 gemm_library.log "${ct_env[@]}" \
+               "$bin/device_gemm_bench" --device "$backend:0" --iters "$iters" \
+               --json "$out/gemm_library.json" ;;
+    own) step "GEMM own kernel on $backend:0" 60 gemm_own.log "${ct_env[@]}" CT_GPU_GEMM=own \
+           "$bin/device_gemm_bench" --device "$backend:0" --iters "$iters" \
+           --json "$out/gemm_own.json" ;;
+    vulkan) [ -n "$vk" ] && step "GEMM on $vk" 60 gemm_vulkan.log "${ct_env[@]}" \
+              "$bin/device_gemm_bench" --device "$vk" --iters "$iters" --json "$out/gemm_vulkan.json" ;;
+  esac
+  return 0
+}
 
 # PyTorch on the same GPU, same models, batch and data (scripts/torch_train.py).
+have_torch=0
 if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+  have_torch=1
   python3 -c 'import torch; print("torch", torch.__version__)' >"$out/torch_version.txt" 2>&1
-  torch_run() {  # torch_run TAG MAX_SECONDS ARGS...
-    local tag="$1" max="$2"
-    shift 2
-    step "PyTorch $tag" "$max" "torch-$tag.log" python3 "$here/torch_train.py" --device cuda \
-      "${data_flag[@]}" --json "$out/torch-$tag.json" "$@"
-  }
-  torch_run gpt2-bf16 60 --model gpt2 --batch 16 --steps "$s_gpt2" --sdpa --fused-adamw --bf16
-  torch_run gpt2-tf32 60 --model gpt2 --batch 16 --steps "$s_gpt2" --sdpa --fused-adamw --tf32
-  torch_run gpt2-fp32 60 --model gpt2 --batch 16 --steps "$s_gpt2" --sdpa --fused-adamw
-  torch_run tiny-fp32 40 --model tiny --batch 4 --steps "$s_tiny" --sdpa --fused-adamw
-  if python3 -c 'import transformers' >/dev/null 2>&1; then
-    torch_run smollm-135m-bf16 60 --model smollm-135m --batch 4 --steps "$s_smol" --fused-adamw --bf16
-  fi
-  torch_run gpt2-bf16-compile 150 --model gpt2 --batch 16 --steps $((s_gpt2 + 8)) --sdpa \
-    --fused-adamw --bf16 --compile
 else
   echo "not importable, or it does not see the GPU" >"$out/torch_version.txt"
 fi
+torch_run() {  # torch_run TAG MAX_SECONDS ARGS...
+  ((have_torch)) || return 0
+  local tag="$1" max="$2"
+  shift 2
+  step "PyTorch $tag" "$max" "torch-$tag.log" python3 "$here/torch_train.py" --device cuda \
+    "${data_flag[@]}" --json "$out/torch-$tag.json" "$@"
+}
 
 # llm.c (train_gpt2cu, bf16, random d12 init) on the same text, byte-tokenised into its format.
-if [ -n "$llmc" ]; then
-  exe="$llmc"
+llmc_run() {
+  [ -n "$llmc" ] || return 0
+  local exe="$llmc"
   [ -d "$exe" ] && exe="$exe/train_gpt2cu"
-  if [ -x "$exe" ]; then
-    python3 - "${data:-/usr/share/games/fortunes}" "$out/llmc_tokens.bin" <<'PY'
+  if [ ! -x "$exe" ]; then
+    printf 'llm.c\tfailed\t-\t0\t-\n' >>"$steps"
+    log "--llmc $llmc: no executable train_gpt2cu there"
+    return 0
+  fi
+  python3 - "${data:-/usr/share/games/fortunes}" "$out/llmc_tokens.bin" <<'PY'
 import os, struct, sys
 src, dst = sys.argv[1:]
 if os.path.isdir(src):
@@ -275,22 +283,48 @@ with open(dst, "wb") as f:
     tokens[0::2] = text
     f.write(tokens)
 PY
-    step "llm.c gpt2 bf16" 90 llmc-gpt2-bf16.log "$exe" -i "$out/llmc_tokens.bin" \
-      -j "$out/llmc_tokens.bin" -e d12 -b 16 -t 1024 -x $((s_gpt2 + 8)) -v 0 -s 0 -n 0 -o "$out/llmc-out"
-  else
-    printf 'llm.c\tfailed\t-\t0\t-\n' >>"$steps"
-    log "--llmc $llmc: no executable train_gpt2cu there"
-  fi
-fi
+  step "llm.c gpt2 bf16" 90 llmc-gpt2-bf16.log "$exe" -i "$out/llmc_tokens.bin" \
+    -j "$out/llmc_tokens.bin" -e d12 -b 16 -t 1024 -x $((s_gpt2 + 8)) -v 0 -s 0 -n 0 -o "$out/llmc-out"
+}
 
-# The same GPU through Vulkan: the rest of its suites and one training run.
+# ---- the plan, most telling first: a run cut short by --budget keeps the headline -----------
+# 1. correctness of the native backend and the gpt2 bf16 comparison with its peers on this card;
+tests test_ops "$backend:0" 120
+train "$backend:0" gpt2 16 "$s_gpt2" bf16 60
+llmc_run
+torch_run gpt2-bf16 60 --model gpt2 --batch 16 --steps "$s_gpt2" --sdpa --fused-adamw --bf16
+tests test_model "$backend:0" 150
+# 2. the same GPU through Vulkan: training, its op suite and its own suite (coopmat self-test);
 if [ -n "$vk" ]; then
   train "$vk" gpt2 16 6 bf16 60
+  tests test_ops "$vk" 120
   if [ -x "$bin/test_vulkan" ]; then
     step "test_vulkan on $vk" 90 test_vulkan.log "${ct_env[@]}" "$bin/test_vulkan" \
       --gtest_output="json:$out/test_vulkan.json"
   fi
 fi
+# 3. GEMMs, and where a gpt2 step's GEMMs and attention run;
+gemm library
+gemm own
+gemm vulkan
+profile "$backend:0" 60
+[ -n "$vk" ] && profile "$vk" 60
+# 4. the other precisions and models, with their peers;
+train "$backend:0" gpt2 16 "$s_gpt2" tf32 60
+torch_run gpt2-tf32 60 --model gpt2 --batch 16 --steps "$s_gpt2" --sdpa --fused-adamw --tf32
+train "$backend:0" gpt2 16 "$s_gpt2" fp32 60
+torch_run gpt2-fp32 60 --model gpt2 --batch 16 --steps "$s_gpt2" --sdpa --fused-adamw
+[ -n "$vk" ] && train "$vk" gpt2 16 6 fp32 60
+train "$backend:0" smollm-135m 4 "$s_smol" bf16 60
+if python3 -c 'import transformers' >/dev/null 2>&1; then
+  torch_run smollm-135m-bf16 60 --model smollm-135m --batch 4 --steps "$s_smol" --fused-adamw --bf16
+fi
+for prec in fp32 tf32 bf16; do train "$backend:0" tiny 4 "$s_tiny" "$prec" 40; done
+torch_run tiny-fp32 40 --model tiny --batch 4 --steps "$s_tiny" --sdpa --fused-adamw
+# 5. what costs the most time last.
+torch_run gpt2-bf16-compile 150 --model gpt2 --batch 16 --steps $((s_gpt2 + 8)) --sdpa \
+  --fused-adamw --bf16 --compile
+for prec in fp32 tf32; do train "$backend:0" smollm-135m 4 "$s_smol" "$prec" 60; done
 
 # The versioned report (`crosstrain bench --report`, tools/crosstrain/report_format.h) of the GPU:
 # GEMMs (the library and the own kernel), ops, tiny and gpt2 in every precision with the loss
