@@ -137,7 +137,8 @@ ct_env+=(LD_LIBRARY_PATH="$libpath")
 icd=""
 icd_names=(nvidia_icd)
 [ "$backend" = hip ] && icd_names=(amd_icd radeon_icd)
-for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
+for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d \
+  /usr/local/nvidia/share/vulkan/icd.d; do
   for n in "${icd_names[@]}"; do
     for f in "$d/$n"*.json; do
       [ -f "$f" ] && [ -z "$icd" ] && icd="$f"
