@@ -127,25 +127,47 @@ data_flag=()
 # ---- the environment of every crosstrain process ---------------------------------------------
 # Only the bundle's own RUNPATHs, plus CUDA's cuBLASLt. Vulkan without the Khronos validation
 # layer (not installed on a bare GPU machine), on the GPU's own driver.
-ct_env=(env CROSSTRAIN_VK_VALIDATION=0 VK_INSTANCE_LAYERS= OMP_WAIT_POLICY=passive)
 libpath=""
 [ -d /usr/local/cuda/lib64 ] && libpath=/usr/local/cuda/lib64
 [ -d /opt/rocm/lib ] && libpath="${libpath:+$libpath:}/opt/rocm/lib"
 [ -z "$bundle" ] && [ -n "${LD_LIBRARY_PATH:-}" ] && libpath="${libpath:+$libpath:}$LD_LIBRARY_PATH"
-ct_env+=(LD_LIBRARY_PATH="$libpath")
-# The GPU vendor's Vulkan driver (its ICD manifest), so that the loader opens no other.
+# The GPU vendor's Vulkan driver (its ICD manifest), so that the loader opens no other. Images
+# differ in where they keep it and whether the library it names is on the loader's path: each
+# manifest found is tried (`crosstrain devices` must list a GPU through it), the first that works
+# is used; the driver's own folder (/usr/local/nvidia/lib64) is added to the library path.
 icd=""
 icd_names=(nvidia_icd)
 [ "$backend" = hip ] && icd_names=(amd_icd radeon_icd)
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
+  [ -d "$d" ] && libpath="${libpath:+$libpath:}$d"
+done
+ct_env=(env CROSSTRAIN_VK_VALIDATION=0 VK_INSTANCE_LAYERS= OMP_WAIT_POLICY=passive LD_LIBRARY_PATH="$libpath")
+icd_tried=()
 for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d \
-  /usr/local/nvidia/share/vulkan/icd.d; do
+  /usr/local/nvidia/share/vulkan/icd.d /usr/local/nvidia/etc/vulkan/icd.d; do
   for n in "${icd_names[@]}"; do
     for f in "$d/$n"*.json; do
-      [ -f "$f" ] && [ -z "$icd" ] && icd="$f"
+      [ -f "$f" ] && [ -z "$icd" ] || continue
+      icd_tried+=("$f")
+      if "${ct_env[@]}" VK_DRIVER_FILES="$f" VK_ICD_FILENAMES="$f" CROSSTRAIN_BACKENDS=vulkan \
+        timeout 30 "$bin/crosstrain" devices 2>/dev/null |
+        grep -qE '^ *vulkan:[0-9]+ .*\[(discrete|integrated)-gpu\]'; then
+        icd="$f"
+      fi
     done
   done
 done
-[ -n "$icd" ] && ct_env+=(VK_DRIVER_FILES="$icd" VK_ICD_FILENAMES="$icd")
+if [ -n "$icd" ]; then
+  ct_env+=(VK_DRIVER_FILES="$icd" VK_ICD_FILENAMES="$icd")
+  log "Vulkan driver: $icd"
+else
+  log "Vulkan: no manifest listed a GPU (tried: ${icd_tried[*]:-none found}; the loader's account: vulkan_loader.log)"
+  for f in "${icd_tried[@]}"; do
+    echo "== $f: $(tr -d '\n' <"$f" | head -c 300)"
+    "${ct_env[@]}" VK_DRIVER_FILES="$f" VK_LOADER_DEBUG=error,warn,driver CROSSTRAIN_BACKENDS=vulkan \
+      timeout 30 "$bin/crosstrain" devices 2>&1 | tail -25
+  done >"$out/vulkan_loader.log" 2>&1 || true
+fi
 # Line-buffered output: a process that crashes in exit() (the Vulkan plugin on the NVIDIA driver:
 # /work/shared/GPU.md) would otherwise lose what it printed into a log file.
 if command -v stdbuf >/dev/null 2>&1; then ct_env=(stdbuf -oL -eL "${ct_env[@]}"); fi
@@ -285,7 +307,8 @@ with open(dst, "wb") as f:
     f.write(tokens)
 PY
   step "llm.c gpt2 bf16" 90 llmc-gpt2-bf16.log "$exe" -i "$out/llmc_tokens.bin" \
-    -j "$out/llmc_tokens.bin" -e d12 -b 16 -t 1024 -x $((s_gpt2 + 8)) -v 0 -s 0 -n 0 -o "$out/llmc-out"
+    -j "$out/llmc_tokens.bin" -e d12 -b 16 -t 1024 -x $((s_gpt2 + 8)) -v 100000 -s 100000 -n 0 \
+    -o "$out/llmc-out"  # -v/-s 0 divide by zero in llm.c: a period past the run's steps instead
 }
 
 # ---- the plan, most telling first: a run cut short by --budget keeps the headline -----------

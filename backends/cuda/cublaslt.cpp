@@ -9,8 +9,10 @@
 #include <cublasLt.h>
 #include <dlfcn.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,7 +20,21 @@
 
 namespace ct::cuda {
 
+// One product's descriptors and the algorithm the heuristic chose for it, made on the first call
+// with its key and reused (no heuristic query per call; the same algorithm on every run, so
+// results repeat bit for bit on one GPU). ok == false: cuBLASLt has no algorithm for it.
+struct Plan {
+  bool ok = false;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+// What the plan depends on: types, compute type, transposes, sizes, batch strides, the bias's
+// type (-1: none), beta != 0, and the alignment of each operand (its address and batch stride).
+using PlanKey = std::array<int64_t, 18>;
+
 struct Cublaslt::Lib {
+  std::map<PlanKey, Plan> plans;
   void* handle = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
@@ -40,6 +56,13 @@ struct Cublaslt::Lib {
   CT_LT_FN(cublasLtMatmulAlgoGetHeuristic);
   CT_LT_FN(cublasLtMatmul);
 #undef CT_LT_FN
+  void destroy(Plan& p) {
+    if (p.lc) cublasLtMatrixLayoutDestroy(p.lc);
+    if (p.lb) cublasLtMatrixLayoutDestroy(p.lb);
+    if (p.la) cublasLtMatrixLayoutDestroy(p.la);
+    if (p.op) cublasLtMatmulDescDestroy(p.op);
+    p = Plan{};
+  }
 };
 
 namespace {
@@ -59,6 +82,18 @@ cudaDataType_t data_type(gpu::Elem e) {
     default:
       return CUDA_R_32F;
   }
+}
+
+std::int64_t elem_bytes(gpu::Elem e) {
+  return e == gpu::Elem::kF16 || e == gpu::Elem::kBF16 ? 2 : 4;
+}
+
+// The largest power of two up to 256 dividing the address and the batch stride in bytes: what
+// every matrix of the batch is aligned to (cuBLASLt's MIN_ALIGNMENT preferences).
+std::int64_t alignment(const void* p, std::int64_t stride_bytes) {
+  const auto bits = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)) |
+                    static_cast<std::uint64_t>(stride_bytes) | 256u;
+  return static_cast<std::int64_t>(bits & (~bits + 1));
 }
 
 }  // namespace
@@ -124,6 +159,7 @@ Cublaslt::Cublaslt() : lib_(std::make_unique<Lib>()) {
 
 Cublaslt::~Cublaslt() {
   Lib& l = *lib_;
+  for (auto& [key, plan] : l.plans) l.destroy(plan);
   if (l.workspace) cudaFree(l.workspace);
   if (l.lt) l.cublasLtDestroy(l.lt);
   // the library stays loaded: cuBLASLt keeps process-wide state until exit
@@ -135,6 +171,10 @@ std::string Cublaslt::describe() const {
          "; own kernel where it has no algorithm";
 }
 
+bool Cublaslt::bias_in_output_type(const gpu::GemmArgs& g) const {
+  return g.bias && g.c_elem != gpu::Elem::kF32;
+}
+
 bool Cublaslt::gemm(const gpu::GemmArgs& g, void* stream_ptr) {
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   Lib& l = *lib_;
@@ -143,67 +183,110 @@ bool Cublaslt::gemm(const gpu::GemmArgs& g, void* stream_ptr) {
   const cudaDataType_t ab = data_type(g.ab_elem), ct = data_type(g.c_elem);
   const cublasComputeType_t compute =
       g.ab_elem == gpu::Elem::kF32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  bool done = false;
-  do {
-    if (l.cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) break;
-    // cuBLASLt's A is our b, its B our a (see the top of the file).
-    const cublasOperation_t ta = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    l.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-    l.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-    if (g.bias) {
-      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-      const cudaDataType_t bias_type = CUDA_R_32F;
-      const void* bias = g.bias;
-      l.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-      l.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-      l.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                       sizeof bias_type);
-    }
-    // Column-major views: b stored [K, N] (or [N, K] transposed) is N x K (K x N) with ld N (K).
-    const uint64_t b_rows = g.trans_b ? g.K : g.N, b_cols = g.trans_b ? g.N : g.K;
-    const uint64_t a_rows = g.trans_a ? g.M : g.K, a_cols = g.trans_a ? g.K : g.M;
-    if (l.cublasLtMatrixLayoutCreate(&la, ab, b_rows, b_cols, static_cast<int64_t>(b_rows)) !=
-            CUBLAS_STATUS_SUCCESS ||
-        l.cublasLtMatrixLayoutCreate(&lb, ab, a_rows, a_cols, static_cast<int64_t>(a_rows)) !=
-            CUBLAS_STATUS_SUCCESS ||
-        l.cublasLtMatrixLayoutCreate(&lc, ct, g.N, g.M, g.N) != CUBLAS_STATUS_SUCCESS)
-      break;
-    if (g.batch > 1) {
-      const int32_t count = static_cast<int32_t>(g.batch);
-      const int64_t sa = g.stride_b, sb = g.stride_a, sc = g.stride_c;
-      for (auto [layout, stride] : {std::pair{la, sa}, std::pair{lb, sb}, std::pair{lc, sc}}) {
-        l.cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                           sizeof count);
-        l.cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                           &stride, sizeof stride);
+  // The bias: f32 with an f32 output; with a 16-bit one only in that type (bias_in_output_type).
+  const void* bias = g.bias;
+  cudaDataType_t bias_type = CUDA_R_32F;
+  if (g.bias && bias_in_output_type(g)) {
+    if (!g.bias_lowp) return false;
+    bias = g.bias_lowp;
+    bias_type = ct;
+  }
+  const std::int64_t batched = g.batch > 1 ? 1 : 0;
+  const PlanKey key = {static_cast<int64_t>(ab),
+                       static_cast<int64_t>(ct),
+                       static_cast<int64_t>(compute),
+                       g.trans_a ? 1 : 0,
+                       g.trans_b ? 1 : 0,
+                       g.M,
+                       g.N,
+                       g.K,
+                       g.batch,
+                       batched * g.stride_a,
+                       batched * g.stride_b,
+                       batched * g.stride_c,
+                       bias ? static_cast<int64_t>(bias_type) : -1,
+                       g.beta != 0.0f ? 1 : 0,
+                       alignment(g.a, batched * g.stride_a * elem_bytes(g.ab_elem)),
+                       alignment(g.b, batched * g.stride_b * elem_bytes(g.ab_elem)),
+                       alignment(g.c, batched * g.stride_c * elem_bytes(g.c_elem)),
+                       bias ? alignment(bias, 0) : 0};
+  auto [it, fresh] = l.plans.try_emplace(key);
+  Plan& p = it->second;
+  if (fresh) {
+    do {
+      if (l.cublasLtMatmulDescCreate(&p.op, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) break;
+      // cuBLASLt's A is our b, its B our a (see the top of the file).
+      const cublasOperation_t ta = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+      const cublasOperation_t tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+      l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+      l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+      if (bias) {
+        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+        l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                         sizeof bias);
+        l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                         sizeof bias_type);
       }
+      // Column-major views: b stored [K, N] (or [N, K] transposed) is N x K (K x N) with ld N (K).
+      const uint64_t b_rows = g.trans_b ? g.K : g.N, b_cols = g.trans_b ? g.N : g.K;
+      const uint64_t a_rows = g.trans_a ? g.M : g.K, a_cols = g.trans_a ? g.K : g.M;
+      if (l.cublasLtMatrixLayoutCreate(&p.la, ab, b_rows, b_cols, static_cast<int64_t>(b_rows)) !=
+              CUBLAS_STATUS_SUCCESS ||
+          l.cublasLtMatrixLayoutCreate(&p.lb, ab, a_rows, a_cols, static_cast<int64_t>(a_rows)) !=
+              CUBLAS_STATUS_SUCCESS ||
+          l.cublasLtMatrixLayoutCreate(&p.lc, ct, g.N, g.M, g.N) != CUBLAS_STATUS_SUCCESS)
+        break;
+      if (g.batch > 1) {
+        const int32_t count = static_cast<int32_t>(g.batch);
+        const int64_t sa = g.stride_b, sb = g.stride_a, sc = g.stride_c;
+        for (auto [layout, stride] :
+             {std::pair{p.la, sa}, std::pair{p.lb, sb}, std::pair{p.lc, sc}}) {
+          l.cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                             sizeof count);
+          l.cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                             &stride, sizeof stride);
+        }
+      }
+      cublasLtMatmulPreference_t pref = nullptr;
+      if (l.cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) break;
+      l.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &l.workspace_bytes, sizeof l.workspace_bytes);
+      // The operands' alignment (cuBLASLt otherwise assumes 256 bytes): A is our b, B our a.
+      const uint32_t al_a = static_cast<uint32_t>(key[15]), al_b = static_cast<uint32_t>(key[14]),
+                     al_c = static_cast<uint32_t>(key[16]);
+      l.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                             &al_a, sizeof al_a);
+      l.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                             &al_b, sizeof al_b);
+      l.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                             &al_c, sizeof al_c);
+      l.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                             &al_c, sizeof al_c);
+      cublasLtMatmulHeuristicResult_t heur{};
+      int found = 0;
+      const bool got = l.cublasLtMatmulAlgoGetHeuristic(l.lt, p.op, p.la, p.lb, p.lc, p.lc, pref, 1,
+                                                        &heur, &found) == CUBLAS_STATUS_SUCCESS &&
+                       found > 0;
+      l.cublasLtMatmulPreferenceDestroy(pref);
+      if (!got) break;
+      p.algo = heur.algo;
+      p.ok = true;
+    } while (false);
+    if (!p.ok) {
+      l.destroy(p);  // remembered as refused: no descriptors kept
+      p.ok = false;
     }
-    if (l.cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) break;
-    l.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &l.workspace_bytes, sizeof l.workspace_bytes);
-    cublasLtMatmulHeuristicResult_t heur{};
-    int found = 0;
-    if (l.cublasLtMatmulAlgoGetHeuristic(l.lt, op, la, lb, lc, lc, pref, 1, &heur, &found) !=
-            CUBLAS_STATUS_SUCCESS ||
-        found == 0)
-      break;
-    const float alpha = g.alpha, beta = g.beta;
-    if (l.cublasLtMatmul(l.lt, op, &alpha, g.b, la, g.a, lb, &beta, g.c, lc, g.c, lc, &heur.algo,
-                         l.workspace, l.workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS)
-      fail(ErrorKind::kDevice, "cublasLtMatmul failed for " + std::to_string(g.M) + "x" +
-                                   std::to_string(g.N) + "x" + std::to_string(g.K));
-    done = true;
-  } while (false);
-  if (pref) l.cublasLtMatmulPreferenceDestroy(pref);
-  if (lc) l.cublasLtMatrixLayoutDestroy(lc);
-  if (lb) l.cublasLtMatrixLayoutDestroy(lb);
-  if (la) l.cublasLtMatrixLayoutDestroy(la);
-  if (op) l.cublasLtMatmulDescDestroy(op);
-  return done;
+  }
+  if (!p.ok) return false;
+  if (bias)  // the plan outlives this call's bias buffer: its address is set each call
+    l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+  const float alpha = g.alpha, beta = g.beta;
+  if (l.cublasLtMatmul(l.lt, p.op, &alpha, g.b, p.la, g.a, p.lb, &beta, g.c, p.lc, g.c, p.lc,
+                       &p.algo, l.workspace, l.workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS)
+    fail(ErrorKind::kDevice, "cublasLtMatmul failed for " + std::to_string(g.M) + "x" +
+                                 std::to_string(g.N) + "x" + std::to_string(g.K));
+  return true;
 }
 
 }  // namespace ct::cuda

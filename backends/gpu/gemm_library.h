@@ -19,6 +19,13 @@ class GemmLibrary {
   // the library is missing or has no algorithm for these arguments: the caller then runs the
   // project's own kernel.
   virtual bool gemm(const GemmArgs& g, void* stream) = 0;
+  // True where the library adds g's bias only in the output's type (cuBLASLt has no kernels for
+  // an f32 bias with a 16-bit output; PyTorch's autocast and llm.c add a 16-bit bias there too):
+  // the caller then sets g.bias_lowp, the bias rounded to g.c_elem.
+  virtual bool bias_in_output_type(const GemmArgs& g) const {
+    (void)g;
+    return false;
+  }
   // fp32 products with TF32 inputs from now on, where the library has them (Device::
   // set_allow_tf32 on a device whose DeviceInfo::tf32 is set); a no-op elsewhere.
   virtual void set_tf32(bool on) { (void)on; }

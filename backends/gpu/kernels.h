@@ -130,6 +130,10 @@ struct GemmArgs {
   std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // in elements
   bool trans_a = false, trans_b = false;
   float alpha = 1.0f, beta = 0.0f;
+  // The bias rounded to c_elem (nearest even), set by the runtime only for a vendor library that
+  // adds nothing but a bias of the output's type (GemmLibrary::bias_in_output_type); the own
+  // kernels read `bias`.
+  const void* bias_lowp = nullptr;
 };
 // The project's own GEMM: gemm_tc below where it takes g, else matmul.cu's tiled kernels (16-bit
 // inputs through the 64 x 64 matrix-tile kernel where the device runs tiles, else the scalar one).

@@ -191,6 +191,7 @@ class NativeRuntime final : public gpu::Runtime {
     (void)CT_API(SetDevice)(index_);
     (void)CT_API(StreamSynchronize)(stream_);
     blas_.reset();
+    if (bias_scratch_) (void)CT_API(Free)(bias_scratch_);
     for (auto& [serial, ev] : events_) (void)CT_API(EventDestroy)(ev);
     for (ApiEvent ev : spare_) (void)CT_API(EventDestroy)(ev);
     (void)CT_API(StreamDestroy)(stream_);
@@ -281,7 +282,9 @@ class NativeRuntime final : public gpu::Runtime {
       if (path) *path = "own (CT_GPU_GEMM=own) " + gpu::gemm_path(cx, g);
       return;
     }
-    if (blas_->gemm(g, stream_)) {
+    gpu::GemmArgs lg = g;
+    if (blas_->bias_in_output_type(g)) lg.bias_lowp = bias_in(g.c_elem, g.bias, g.N);
+    if (blas_->gemm(lg, stream_)) {
       if (path) *path = kLibrary;
       return;
     }
@@ -298,6 +301,22 @@ class NativeRuntime final : public gpu::Runtime {
   }
   std::map<std::string, std::int64_t> gemm_fallbacks() const override {
     return fallbacks_;
+  }
+  // bias [n] (f32) rounded to `e` in a scratch buffer of the runtime (reused: the stream orders
+  // each conversion after the product that read the previous one); nullptr when it cannot be had.
+  const void* bias_in(gpu::Elem e, const float* bias, std::int64_t n) {
+    const std::size_t bytes = static_cast<std::size_t>(n) * 4;  // room for any element type
+    if (bytes > bias_scratch_bytes_) {
+      if (bias_scratch_) {
+        CT_API_CHECK(CT_API(StreamSynchronize)(stream_));
+        release(bias_scratch_);
+      }
+      bias_scratch_ = allocate(bytes);
+      bias_scratch_bytes_ = bias_scratch_ ? bytes : 0;
+      if (!bias_scratch_) return nullptr;
+    }
+    gpu::convert(ctx(), bias_scratch_, e, bias, gpu::Elem::kF32, n);
+    return bias_scratch_;
   }
   void set_allow_tf32(bool on) override {
     blas_->set_tf32(on && info_.tf32);
@@ -331,6 +350,8 @@ class NativeRuntime final : public gpu::Runtime {
   std::vector<ApiEvent> spare_;
   std::unique_ptr<GemmLibrary> blas_;
   std::map<std::string, std::int64_t> fallbacks_;  // refused GEMM shape -> calls
+  void* bias_scratch_ = nullptr;                   // bias_in's buffer
+  std::size_t bias_scratch_bytes_ = 0;
 };
 
 class NativeBackend final : public Backend {

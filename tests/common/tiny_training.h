@@ -10,14 +10,26 @@
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
 #include "core/train/train_args.h"
 
 namespace ct::test {
+
+// The built-in default text where Debian installed it, else a bundle's copy of it
+// (scripts/bundle.sh: data/fortunes beside bin/, on a GPU machine without Debian's packages).
+inline std::string default_text() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(kDefaultDataPath, ec)) return kDefaultDataPath;
+  const fs::path bundled = fs::path(executable_dir()) / ".." / "data" / "fortunes";
+  return fs::is_directory(bundled, ec) ? bundled.string() : kDefaultDataPath;
+}
 
 // The tiny preset at block size 64, batch 1 (keeps the tests fast), logging every step.
 inline TrainArgs tiny_args(const std::string& backend, const std::string& dir, int64_t steps) {
   TrainArgs a;
   a.model = "tiny";
+  a.data = default_text();
   a.block_size = 64;
   a.per_device_train_batch_size = 1;
   a.max_steps = steps;
