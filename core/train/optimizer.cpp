@@ -78,8 +78,12 @@ std::shared_ptr<const Rows> rows_of(const Model& m, const ParamShard& shard) {
     part.numel = to - from;
     if (part.numel != p.numel) {
       part.shape = Shape{part.numel};
-      part.name +=
-          "[" + std::to_string(from - p.offset) + ":" + std::to_string(to - p.offset) + "]";
+      // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on "[" + std::string here.
+      part.name += '[';
+      part.name += std::to_string(from - p.offset);
+      part.name += ':';
+      part.name += std::to_string(to - p.offset);
+      part.name += ']';
     }
     rows->table.push_back(std::move(part));
     rows->whole.push_back(p.numel);
