@@ -27,6 +27,14 @@ class SingleProcess final : public Communicator {
   std::string transport() const override { return "single process"; }
   void all_reduce(float*, size_t, ReduceOp) override {}
   void all_reduce(double*, size_t, ReduceOp) override {}
+  void reduce_scatter(float*, const std::vector<size_t>& counts, ReduceOp) override {
+    CT_CHECK(counts.size() == 1,
+             "reduce_scatter with " + std::to_string(counts.size()) + " counts in a world of 1");
+  }
+  void all_gather(float*, const std::vector<size_t>& counts) override {
+    CT_CHECK(counts.size() == 1,
+             "all_gather with " + std::to_string(counts.size()) + " counts in a world of 1");
+  }
   void broadcast(void*, size_t, int root) override {
     CT_CHECK(root == 0, "broadcast from rank " + std::to_string(root) + " of 1");
   }

@@ -1,7 +1,7 @@
-// The processes of one training run and what they exchange: ranks, all-reduce, broadcast and
-// all-gather. One interface, two implementations: MPI (core/dist/mpi_communicator.cpp, built
-// when CMake finds MPI) and a single process. No MPI type appears here, so everything that
-// includes this header builds without MPI.
+// The processes of one training run and what they exchange: ranks, all-reduce, reduce-scatter,
+// broadcast and all-gather. One interface, two implementations: MPI
+// (core/dist/mpi_communicator.cpp, built when CMake finds MPI) and a single process. No MPI type
+// appears here, so everything that includes this header builds without MPI.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +32,16 @@ class Communicator {
   virtual void all_reduce(float* data, size_t count, ReduceOp op) = 0;
   // As all_reduce, for doubles (loss sums, timings).
   virtual void all_reduce(double* data, size_t count, ReduceOp op) = 0;
+  // ZeRO stage 1's two halves of an all-reduce. `counts[r]` elements belong to rank r, in rank
+  // order: rank r's part of data is [offset(r), offset(r) + counts[r]) with offset(r) the sum of
+  // counts[0, r). Collective: every rank passes the same counts (size() of them).
+  // reduce_scatter: data[0, sum) on every rank; on return this rank's part holds the sum (or
+  // sum / size()) of every rank's values there (with 2 ranks bitwise all_reduce's: a + b is
+  // b + a); the rest of data is unspecified.
+  virtual void reduce_scatter(float* data, const std::vector<size_t>& counts, ReduceOp op) = 0;
+  // all_gather: on entry this rank's part of data holds its values; on return every part holds
+  // its owner's.
+  virtual void all_gather(float* data, const std::vector<size_t>& counts) = 0;
   // `bytes` bytes of data from rank `root` into data on every rank. Collective.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   // Every rank's `mine` (each any length), in rank order, on every rank. Collective; for small

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 
@@ -84,6 +85,29 @@ class MpiCommunicator final : public Communicator {
     if (op == ReduceOp::kAverage)
       for (size_t i = 0; i < count; ++i) data[i] /= size_;
   }
+  void reduce_scatter(float* data, const std::vector<size_t>& counts, ReduceOp op) override {
+    const std::vector<int> n = int_counts(counts, "reduce_scatter");
+    const size_t mine = counts[static_cast<size_t>(rank_)];
+    scratch_.resize(std::max<size_t>(mine, 1));
+    MPI_Request req;
+    // Not in place: MPI's in-place form leaves the result at the start of the buffer.
+    CT_MPI(MPI_Ireduce_scatter(data, scratch_.data(), n.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+                               &req));
+    wait(req, "a reduce-scatter");
+    float* out = data + offset_of(counts, rank_);
+    const float inv = 1.0f / static_cast<float>(size_);
+    for (size_t i = 0; i < mine; ++i)
+      out[i] = op == ReduceOp::kAverage ? scratch_[i] * inv : scratch_[i];
+  }
+  void all_gather(float* data, const std::vector<size_t>& counts) override {
+    const std::vector<int> n = int_counts(counts, "all_gather");
+    std::vector<int> displs(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) displs[r] = static_cast<int>(offset_of(counts, r));
+    MPI_Request req;
+    CT_MPI(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, n.data(), displs.data(),
+                           MPI_FLOAT, MPI_COMM_WORLD, &req));
+    wait(req, "an all-gather");
+  }
   void broadcast(void* data, size_t bytes, int root) override {
     auto* p = static_cast<char*>(data);
     for (size_t done = 0; done < bytes;) {
@@ -126,7 +150,12 @@ class MpiCommunicator final : public Communicator {
  private:
   // Completes a non-blocking collective, or throws once it has waited timeout_s_ (a blocking
   // MPI call would wait forever for a rank that hangs). Polls: spinning for the first
-  // millisecond (a step's all-reduces are short), then sleeping between polls.
+  // millisecond, then yielding the core between polls for a second, then sleeping 1 ms between
+  // them. Open MPI moves a non-blocking collective on only inside MPI calls (MPI_Test here), one
+  // fragment exchange at a time, so a sleep between polls stalls every fragment of a 16 MiB
+  // bucket: sleeping from the first millisecond on, GPT-2 124M's gradient all-reduce took 12 s
+  // per step between 2 ranks here, 0.5 s yielding. A rank that waits longer (the others
+  // evaluate, write a checkpoint, or hang) sleeps.
   void wait(MPI_Request& req, const char* what) {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
@@ -140,9 +169,26 @@ class MpiCommunicator final : public Communicator {
                                      " in " + what + " for the other " + std::to_string(size_ - 1) +
                                      " rank(s): one of them hangs or has died (--ddp-timeout " +
                                      seconds(timeout_s_) + "); stopping every rank");
-      if (waited > 1e-3)
-        std::this_thread::sleep_for(std::chrono::microseconds(polls < 1000 ? 50 : 1000));
+      if (waited > 1.0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      else if (waited > 1e-3)
+        std::this_thread::yield();
     }
+  }
+
+  // counts as MPI's ints, one per rank, their sum below kMaxCount (callers send buckets).
+  std::vector<int> int_counts(const std::vector<size_t>& counts, const char* what) const {
+    CT_CHECK(counts.size() == static_cast<size_t>(size_),
+             std::string(what) + " with " + std::to_string(counts.size()) + " counts for " +
+                 std::to_string(size_) + " ranks");
+    CT_CHECK(offset_of(counts, size_) < kMaxCount,
+             std::string(what) + " of " + std::to_string(offset_of(counts, size_)) + " elements");
+    return std::vector<int>(counts.begin(), counts.end());
+  }
+  static size_t offset_of(const std::vector<size_t>& counts, int rank) {
+    size_t off = 0;
+    for (int r = 0; r < rank; ++r) off += counts[static_cast<size_t>(r)];
+    return off;
   }
 
   void reduce(void* data, size_t count, MPI_Datatype type) {
@@ -164,6 +210,7 @@ class MpiCommunicator final : public Communicator {
   double timeout_s_ = 1800;
   MPI_Comm local_ = MPI_COMM_NULL;
   std::string host_, library_;
+  std::vector<float> scratch_;  // reduce_scatter's result before it moves into place
 };
 
 }  // namespace

@@ -29,12 +29,17 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kPrefix = "checkpoint-";
-// The files whose SHA-256 trainer_state.json records: the weights (the adapters with LoRA),
-// the optimizer state and the config.
-std::vector<std::string> hashed_files(const Model& model) {
-  if (model.lora())
-    return {kAdapterWeights, kAdapterConfig, "optimizer.safetensors", "config.json"};
-  return {"model.safetensors", "optimizer.safetensors", "config.json"};
+const char* kOptimizerFile = "optimizer.safetensors";
+
+// The files whose SHA-256 trainer_state.json's "files" records: the weights (the adapters with
+// LoRA), the optimizer state (unless sharded: "zero" records the shards) and the config.
+std::vector<std::string> hashed_files(const Model& model, bool sharded) {
+  std::vector<std::string> files = model.lora()
+                                       ? std::vector<std::string>{kAdapterWeights, kAdapterConfig}
+                                       : std::vector<std::string>{"model.safetensors"};
+  if (!sharded) files.push_back(kOptimizerFile);
+  files.push_back("config.json");
+  return files;
 }
 
 void fsync_path(const fs::path& p) {
@@ -53,7 +58,8 @@ int64_t checkpoint_step(const fs::path& p) {
   return std::stoll(digits);
 }
 
-void write_optimizer_state(const std::string& path, const Optimizer& opt, Device&) {
+void write_optimizer_state(const std::string& path, const Optimizer& opt,
+                           std::map<std::string, std::string> metadata = {}) {
   std::vector<NamedTensor> state = opt.state();
   std::vector<std::vector<std::byte>> host(state.size());
   std::vector<SafetensorsTensor> out;
@@ -68,7 +74,8 @@ void write_optimizer_state(const std::string& path, const Optimizer& opt, Device
     st.data = host[i];
     out.push_back(std::move(st));
   }
-  write_safetensors(path, out, {{"optimizer", opt.name()}});
+  metadata["optimizer"] = opt.name();
+  write_safetensors(path, out, metadata);
 }
 
 void read_optimizer_state(const std::string& path, Optimizer& opt, Device& dev) {
@@ -227,13 +234,16 @@ std::vector<std::string> list_checkpoints(const std::string& output_dir) {
   return out;
 }
 
-std::string save_checkpoint(const std::string& output_dir, int64_t step, const Model& model,
-                            const Optimizer& optimizer, nlohmann::json trainer_state,
-                            int save_total_limit, const std::string& tokenizer_dir,
-                            const std::string& base_model) {
-  const std::string name = kPrefix + std::to_string(step);
-  fs::path final_dir = fs::path(output_dir) / name;
-  fs::path tmp = make_checkpoint_temp(output_dir, step);
+namespace {
+
+// The rest of a checkpoint whose optimizer state is in `tmp` already (or is written here, when
+// `optimizer` is not null): the model, config and tokenizer, trainer_state.json with the files'
+// SHA-256, then the folder moved into place, COMPLETE, and the rotation.
+std::string complete_checkpoint(const fs::path& tmp, const std::string& output_dir, int64_t step,
+                                const Model& model, const Optimizer* optimizer,
+                                nlohmann::json trainer_state, int save_total_limit,
+                                const std::string& tokenizer_dir, const std::string& base_model) {
+  fs::path final_dir = fs::path(output_dir) / (kPrefix + std::to_string(step));
   std::error_code ec;
   try {
     if (model.lora()) {
@@ -243,9 +253,10 @@ std::string save_checkpoint(const std::string& output_dir, int64_t step, const M
     } else {
       save_model(tmp.string(), model, tokenizer_dir);  // model.safetensors, config.json, tokenizer
     }
-    write_optimizer_state((tmp / "optimizer.safetensors").string(), optimizer, model.device());
+    if (optimizer) write_optimizer_state((tmp / kOptimizerFile).string(), *optimizer);
     nlohmann::json files;
-    for (const auto& f : hashed_files(model)) files[f] = sha256_file((tmp / f).string());
+    for (const auto& f : hashed_files(model, optimizer == nullptr))
+      files[f] = sha256_file((tmp / f).string());
     trainer_state["files"] = files;
     write_json_file((tmp / "trainer_state.json").string(), trainer_state);
     fs::remove(tmp / kWriterRecord);  // not part of the checkpoint
@@ -272,6 +283,61 @@ std::string save_checkpoint(const std::string& output_dir, int64_t step, const M
   return final_dir.string();
 }
 
+}  // namespace
+
+std::string save_checkpoint(const std::string& output_dir, int64_t step, const Model& model,
+                            const Optimizer& optimizer, nlohmann::json trainer_state,
+                            int save_total_limit, const std::string& tokenizer_dir,
+                            const std::string& base_model) {
+  const fs::path tmp = make_checkpoint_temp(output_dir, step);
+  return complete_checkpoint(tmp, output_dir, step, model, &optimizer, std::move(trainer_state),
+                             save_total_limit, tokenizer_dir, base_model);
+}
+
+std::string optimizer_shard_file(int rank, int world_size) {
+  return "optimizer-rank" + std::to_string(rank) + "-of-" + std::to_string(world_size) +
+         ".safetensors";
+}
+
+std::string save_sharded_checkpoint(dist::Communicator& comm, const OptimizerShard& shard,
+                                    const std::string& output_dir, int64_t step, const Model& model,
+                                    const Optimizer& optimizer, nlohmann::json trainer_state,
+                                    int save_total_limit, const std::string& tokenizer_dir,
+                                    const std::string& base_model) {
+  CT_CHECK(shard.stage == 1 && shard.rank == comm.rank() && shard.world_size == comm.size(),
+           "save_sharded_checkpoint: shard of rank " + std::to_string(shard.rank) + " of " +
+               std::to_string(shard.world_size) + " on rank " + std::to_string(comm.rank()) +
+               " of " + std::to_string(comm.size()));
+  const bool main_rank = comm.rank() == 0;
+  // Rank 0's temporary folder (its WRITER record names rank 0's process) for every rank.
+  const fs::path tmp =
+      comm.all_gather(main_rank ? make_checkpoint_temp(output_dir, step) : std::string())[0];
+  const std::string file = optimizer_shard_file(shard.rank, shard.world_size);
+  const fs::path path = tmp / file;
+  // write_safetensors replaces atomically: the file and its folder are fsynced on return.
+  write_optimizer_state(path.string(), optimizer,
+                        {{"zero_stage", "1"},
+                         {"rank", std::to_string(shard.rank)},
+                         {"world_size", std::to_string(shard.world_size)},
+                         {"begin", std::to_string(shard.begin)},
+                         {"end", std::to_string(shard.end)}});
+  const nlohmann::json mine = {
+      {"file", file},     {"rank", shard.rank},           {"begin", shard.begin},
+      {"end", shard.end}, {"bytes", fs::file_size(path)}, {"sha256", sha256_file(path.string())}};
+  // Returns on rank 0 once every rank's shard is durable.
+  const std::vector<std::string> all = comm.all_gather(mine.dump());
+  std::string final_dir;
+  if (main_rank) {
+    nlohmann::json shards = nlohmann::json::array();
+    for (const std::string& s : all) shards.push_back(nlohmann::json::parse(s));
+    trainer_state["zero"] = {
+        {"stage", 1}, {"world_size", shard.world_size}, {"shards", std::move(shards)}};
+    final_dir = complete_checkpoint(tmp, output_dir, step, model, nullptr, std::move(trainer_state),
+                                    save_total_limit, tokenizer_dir, base_model);
+  }
+  return comm.all_gather(final_dir)[0];  // every rank returns once it is complete
+}
+
 std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir) {
   if (spec == "latest") {
     std::vector<std::string> all = list_checkpoints(output_dir);
@@ -289,7 +355,74 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
   return spec;
 }
 
-nlohmann::json load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer) {
+namespace {
+
+// The ZeRO layout of checkpoint `dir` (trainer_state `state`, at `state_path`) against this run's
+// `shard`: the same stage, and for stage 1 the same world size and every rank's file present at
+// its recorded size. Returns the file of this rank's optimizer state, its SHA-256 checked.
+std::string check_optimizer_layout(const fs::path& d, const nlohmann::json& state,
+                                   const std::string& state_path, const OptimizerShard& shard) {
+  const nlohmann::json zero = state.value("zero", nlohmann::json::object());
+  const int saved_stage = zero.value("stage", 0);
+  auto layout = [](int stage) {
+    return "--zero-stage " + std::to_string(stage) +
+           (stage == 0 ? std::string(" (the whole optimizer state in ") + kOptimizerFile + ")"
+                       : std::string(" (the optimizer state in one shard per rank)"));
+  };
+  if (saved_stage != shard.stage)
+    fail(ErrorKind::kInvalidArgument,
+         d.string() + " was saved with " + layout(saved_stage) + "; this run has " +
+             layout(shard.stage) + ". Resume with --zero-stage " + std::to_string(saved_stage) +
+             ": converting optimizer state between ZeRO stages is not supported");
+  if (saved_stage == 0) return (d / kOptimizerFile).string();
+  const int saved_world = zero.value("world_size", 0);
+  if (saved_world != shard.world_size)
+    fail(ErrorKind::kInvalidArgument,
+         d.string() + " holds ZeRO stage 1 optimizer state sharded over " +
+             std::to_string(saved_world) + " rank(s); this run has world size " +
+             std::to_string(shard.world_size) + ". Resume with " + std::to_string(saved_world) +
+             " rank(s): resharding the optimizer state to another world size is not supported");
+  const nlohmann::json shards = zero.value("shards", nlohmann::json::array());
+  if (!shards.is_array() || shards.size() != static_cast<size_t>(saved_world))
+    fail(ErrorKind::kInvalidArgument, state_path + ": 'zero' lists " +
+                                          std::to_string(shards.size()) + " shard(s) for " +
+                                          std::to_string(saved_world) + " rank(s)");
+  for (int r = 0; r < saved_world; ++r) {
+    const nlohmann::json& e = shards[static_cast<size_t>(r)];
+    const std::string name = optimizer_shard_file(r, saved_world);
+    const fs::path p = d / name;
+    if (e.value("file", std::string()) != name || e.value("rank", -1) != r)
+      fail(ErrorKind::kInvalidArgument, state_path + ": shard " + std::to_string(r) + " is not " +
+                                            name + " of rank " + std::to_string(r));
+    std::error_code ec;
+    const uintmax_t bytes = fs::file_size(p, ec);
+    if (ec)
+      fail(ErrorKind::kInvalidArgument,
+           p.string() + " (rank " + std::to_string(r) + "'s optimizer shard) is missing");
+    if (bytes != e.value("bytes", uintmax_t{0}))
+      fail(ErrorKind::kInvalidArgument, p.string() + ": " + std::to_string(bytes) +
+                                            " bytes, the checkpoint recorded " + e["bytes"].dump() +
+                                            " (truncated or modified)");
+  }
+  const nlohmann::json& mine = shards[static_cast<size_t>(shard.rank)];
+  const std::string path = (d / mine["file"].get<std::string>()).string();
+  if (mine.value("begin", int64_t{-1}) != shard.begin ||
+      mine.value("end", int64_t{-1}) != shard.end)
+    fail(ErrorKind::kInvalidArgument,
+         path + ": holds parameters [" + mine["begin"].dump() + ", " + mine["end"].dump() +
+             ") of rank " + std::to_string(shard.rank) + ", this run's shard is [" +
+             std::to_string(shard.begin) + ", " + std::to_string(shard.end) +
+             ") (another optimizer, model or partition rule)");
+  if (sha256_file(path) != mine.value("sha256", std::string()))
+    fail(ErrorKind::kInvalidArgument,
+         path + ": SHA-256 mismatch (the file is corrupt, truncated or was modified)");
+  return path;
+}
+
+}  // namespace
+
+nlohmann::json load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer,
+                               const OptimizerShard& shard) {
   fs::path d(dir);
   std::string state_path = (d / "trainer_state.json").string();
   if (!fs::exists(d / kCheckpointMarker))
@@ -307,7 +440,8 @@ nlohmann::json load_checkpoint(const std::string& dir, Model& model, Optimizer& 
                                           " marker (file modified or corrupt)");
   if (!state.contains("files") || !state["files"].is_object())
     fail(ErrorKind::kInvalidArgument, state_path + ": field 'files' is missing");
-  for (const auto& f : hashed_files(model)) {
+  const std::string optimizer_path = check_optimizer_layout(d, state, state_path, shard);
+  for (const auto& f : hashed_files(model, shard.stage == 1)) {
     std::string p = (d / f).string();
     if (!fs::exists(p)) fail(ErrorKind::kInvalidArgument, p + ": missing from the checkpoint");
     if (!state["files"].contains(f) || !state["files"][f].is_string())
@@ -333,7 +467,7 @@ nlohmann::json load_checkpoint(const std::string& dir, Model& model, Optimizer& 
   } else {
     load_weights((d / "model.safetensors").string(), model);
   }
-  read_optimizer_state((d / "optimizer.safetensors").string(), optimizer, model.device());
+  read_optimizer_state(optimizer_path, optimizer, model.device());
   for (const char* key : {"step", "data_position"})
     if (!state.contains(key) || !state[key].is_number_integer())
       fail(ErrorKind::kInvalidArgument,

@@ -51,30 +51,70 @@ const char* optim_name(OptimKind k) {
 
 namespace {
 
-// What an optimizer updates: flat parameters and gradients on one device, described by the
-// model's trainable table (every parameter, or with LoRA the adapters). The table's rows need not
-// cover the flat buffers: the elements between them (the LM head's padding rows, Model) are
-// never updated, and stay as they are (zero).
+// The rows one optimizer updates: the model's trainable table (every parameter, or with LoRA the
+// adapters), or with ZeRO stage 1 its rows clipped to the shard [begin, begin + n) of the flat
+// buffers, their offsets then relative to begin. A row cut by a shard bound is 1-D and named
+// "<name>[from:to]" (its elements in the whole tensor); `whole` keeps each row's tensor size.
+struct Rows {
+  int64_t begin = 0, n = 0;
+  std::vector<ParamInfo> table;
+  std::vector<int64_t> whole;
+};
+
+std::shared_ptr<const Rows> rows_of(const Model& m, const ParamShard& shard) {
+  auto rows = std::make_shared<Rows>();
+  const int64_t flat = m.trainable_flat().numel();
+  rows->begin = shard.begin;
+  rows->n = (shard.end < 0 ? flat : shard.end) - shard.begin;
+  CT_CHECK(rows->begin >= 0 && rows->n >= 0 && rows->begin + rows->n <= flat,
+           "optimizer shard [" + std::to_string(shard.begin) + ", " + std::to_string(shard.end) +
+               ") of " + std::to_string(flat) + " parameters");
+  const int64_t end = rows->begin + rows->n;
+  for (const ParamInfo& p : m.trainable_params()) {
+    const int64_t from = std::max(p.offset, rows->begin), to = std::min(p.offset + p.numel, end);
+    if (from >= to) continue;
+    ParamInfo part = p;
+    part.offset = from - rows->begin;
+    part.numel = to - from;
+    if (part.numel != p.numel) {
+      part.shape = Shape{part.numel};
+      // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on "[" + std::string here.
+      part.name += '[';
+      part.name += std::to_string(from - p.offset);
+      part.name += ':';
+      part.name += std::to_string(to - p.offset);
+      part.name += ']';
+    }
+    rows->table.push_back(std::move(part));
+    rows->whole.push_back(p.numel);
+  }
+  return rows;
+}
+
+// What an optimizer updates: flat parameters and gradients on one device, described by a table of
+// rows (Rows). The rows need not cover the flat buffers: the elements between them (the LM head's
+// padding rows, Model) are never updated, and stay as they are (zero).
 struct ParamSet {
   Device* dev = nullptr;
   Tensor params, grads;  // [n] f32
   int64_t n = 0;
-  const std::vector<ParamInfo>* table = nullptr;
+  std::shared_ptr<const Rows> rows;
 
   // A run of adjacent table rows of one group (weight-decayed or not): one dispatch.
   struct Range {
     int64_t off, len;
     bool decay;
   };
-  static ParamSet of(Model& m) {
-    return {&m.device(), m.trainable_flat(), m.trainable_grads(), m.trainable_flat().numel(),
-            &m.trainable_params()};
+  static ParamSet of(Model& m, const std::shared_ptr<const Rows>& rows) {
+    return {&m.device(), m.trainable_flat().slice_flat(rows->begin, {rows->n}),
+            m.trainable_grads().slice_flat(rows->begin, {rows->n}), rows->n, rows};
   }
+  const std::vector<ParamInfo>& table() const { return rows->table; }
   // The table's rows merged into runs of adjacent rows of one group, in table order (for a model
   // without padding: [0, decay_count) and [decay_count, n), two dispatches as before).
   std::vector<Range> ranges() const {
     std::vector<Range> out;
-    for (const ParamInfo& p : *table) {
+    for (const ParamInfo& p : table()) {
       if (!out.empty() && out.back().decay == p.decay &&
           out.back().off + out.back().len == p.offset)
         out.back().len += p.numel;
@@ -95,7 +135,7 @@ class FusedOptimizer : public Optimizer {
   FusedOptimizer(const ParamSet& ps, const OptimizerSettings& s) : ps_(ps), s_(s) {}
   std::string name() const override { return optim_name(s_.kind); }
   void step(Model& model, const Tensor& grad_norm, double lr, int64_t step) override {
-    update(ParamSet::of(model), grad_norm, lr, step);
+    update(ParamSet::of(model, ps_.rows), grad_norm, lr, step);
   }
   std::vector<NamedTensor> state() const override { return state_; }
   int64_t state_bytes() const override { return bytes_; }
@@ -124,7 +164,7 @@ class AdamW final : public FusedOptimizer {
   AdamW(const ParamSet& ps, const OptimizerSettings& s) : FusedOptimizer(ps, s) {
     m_ = alloc({ps.n});
     v_ = alloc({ps.n});
-    for (const ParamInfo& p : *ps.table) {
+    for (const ParamInfo& p : ps.table()) {
       name_state("exp_avg." + p.name, m_.slice_flat(p.offset, p.shape));
       name_state("exp_avg_sq." + p.name, v_.slice_flat(p.offset, p.shape));
     }
@@ -161,7 +201,7 @@ class SgdLion final : public FusedOptimizer {
     lion_ = s.kind == OptimKind::kLion;
     if (!lion_ && s.momentum == 0.0) return;
     buf_ = alloc({ps.n});
-    for (const ParamInfo& p : *ps.table)
+    for (const ParamInfo& p : ps.table())
       name_state((lion_ ? "exp_avg." : "momentum_buffer.") + p.name,
                  buf_.slice_flat(p.offset, p.shape));
   }
@@ -208,8 +248,10 @@ class AdamW8bit final : public FusedOptimizer {
  public:
   AdamW8bit(const ParamSet& ps, const OptimizerSettings& s) : FusedOptimizer(ps, s) {
     int64_t n8 = 0, nb = 0, n32 = 0;
-    for (const ParamInfo& p : *ps.table) {
-      const bool q8 = p.numel >= s.min_8bit_size;
+    for (size_t i = 0; i < ps.table().size(); ++i) {
+      const ParamInfo& p = ps.table()[i];
+      // By the whole tensor's size: a ZeRO shard's part of a tensor is stored as the tensor is.
+      const bool q8 = ps.rows->whole[i] >= s.min_8bit_size;
       Run* last = runs_.empty() ? nullptr : &runs_.back();
       const bool extend = last && last->q8 == q8 && last->decay == p.decay &&
                           last->off + last->len == p.offset &&
@@ -232,7 +274,7 @@ class AdamW8bit final : public FusedOptimizer {
     // Name each tensor's slices: walk the runs again in table order.
     size_t r = 0;
     int64_t in_run = 0, blocks_in_run = 0;
-    for (const ParamInfo& p : *ps.table) {
+    for (const ParamInfo& p : ps.table()) {
       if (p.offset >= runs_[r].off + runs_[r].len) ++r, in_run = 0, blocks_in_run = 0;
       const Run& run = runs_[r];
       if (run.q8) {
@@ -285,13 +327,16 @@ class Adafactor final : public FusedOptimizer {
  public:
   Adafactor(const ParamSet& ps, const OptimizerSettings& s) : FusedOptimizer(ps, s) {
     int64_t total = 0;
-    for (const ParamInfo& p : *ps.table) {
+    for (size_t i = 0; i < ps.table().size(); ++i) {
+      const ParamInfo& p = ps.table()[i];
+      CT_CHECK(ps.rows->whole[i] == p.numel,
+               "Adafactor over part of " + p.name + ": its shard bounds split a tensor");
       total += p.shape.ndim >= 2 ? p.numel / cols(p) + cols(p) : p.numel;
     }
     stats_ = alloc({total});
     if (s.adafactor_beta1 > 0) exp_avg_ = alloc({ps.n});
     int64_t off = 0;
-    for (const ParamInfo& p : *ps.table) {
+    for (const ParamInfo& p : ps.table()) {
       Slot slot;
       if (p.shape.ndim >= 2) {
         const int64_t C = cols(p), R = p.numel / C;
@@ -326,7 +371,7 @@ class Adafactor final : public FusedOptimizer {
     h.step = step;
     h.max_grad_norm = max_norm();
     for (size_t i = 0; i < slots_.size(); ++i) {
-      const ParamInfo& p = (*ps.table)[i];
+      const ParamInfo& p = ps.table()[i];
       const Slot& s = slots_[i];
       h.weight_decay = p.decay ? static_cast<float>(s_.weight_decay) : 0.0f;
       Tensor param = ps.param(p), grad = ps.grad(p);
@@ -466,14 +511,15 @@ class UpdateWorker {
 // weights nor state, as with the synchronous optimizer.
 class Offloaded final : public Optimizer {
  public:
-  Offloaded(Model& model, const OptimizerSettings& s) : host_(open_device("cpu")) {
-    const int64_t n = model.trainable_flat().numel();  // the device layout, padding included
+  Offloaded(Model& model, const OptimizerSettings& s)
+      : host_(open_device("cpu")), rows_(rows_of(model, s.shard)) {
+    const int64_t n = rows_->n;  // the device layout of the shard, padding included
     ParamSet ps;
     ps.dev = host_.get();
     ps.params = host_->empty({n}, DType::f32, MemCategory::kWeights);
     ps.grads = host_->empty({n}, DType::f32, MemCategory::kGrads);
     ps.n = n;
-    ps.table = &model.trainable_params();
+    ps.rows = rows_;
     host_ps_ = ps;
     norm_ = host_->empty({1}, DType::f32, MemCategory::kWorkspace);
     host_->fill(norm_, 0.0f);
@@ -489,12 +535,12 @@ class Offloaded final : public Optimizer {
     const size_t bytes = static_cast<size_t>(host_ps_.n) * sizeof(float);
     staging_.resize(static_cast<size_t>(host_ps_.n));
     if (!synced_) {  // the master copy starts from the device's weights (init or a checkpoint)
-      dev.download(staging_.data(), model.trainable_flat(), bytes);
+      dev.download(staging_.data(), device_params(model), bytes);
       host_->upload(host_ps_.params, staging_.data(), bytes);
       synced_ = true;
     }
     if (!worker_ || !warm_) {  // synchronous: the whole step here
-      dev.download(staging_.data(), model.trainable_grads(), bytes);
+      dev.download(staging_.data(), device_grads(model), bytes);
       host_->upload(host_ps_.grads, staging_.data(), bytes);
       copy_norm(dev, grad_norm);
       const auto t0 = Clock::now();
@@ -502,14 +548,14 @@ class Offloaded final : public Optimizer {
       stats_.update_s += seconds(Clock::now() - t0);
       ++stats_.updates;
       host_->download(staging_.data(), host_ps_.params, bytes);
-      dev.upload(model.trainable_flat(), staging_.data(), bytes);
+      dev.upload(device_params(model), staging_.data(), bytes);
       warm_ = worker_ != nullptr;  // from the next step on, delayed
       return;
     }
     // Delayed. 1: the gradients leave the device before the join, so the wait for the device
     // (on a device backend) and the host update in flight overlap.
     grad_staging_.resize(static_cast<size_t>(host_ps_.n));
-    dev.download(grad_staging_.data(), model.trainable_grads(), bytes);
+    dev.download(grad_staging_.data(), device_grads(model), bytes);
     device_waited_ = true;  // the device has finished the step; an update in flight overlapped
     float gn = 0.0f;
     if (grad_norm.defined()) dev.download(&gn, grad_norm, sizeof gn);
@@ -520,7 +566,7 @@ class Offloaded final : public Optimizer {
     worker_->launch([this, lr, step] { inner_->update(host_ps_, norm_, lr, step); });  // 4
     in_flight_ = true;
     device_waited_ = false;
-    dev.upload(model.trainable_flat(), staging_.data(), bytes);  // 5
+    dev.upload(device_params(model), staging_.data(), bytes);  // 5
     resumed_at_ = Clock::now();  // the trainer goes on with the next step from here
   }
 
@@ -532,7 +578,7 @@ class Offloaded final : public Optimizer {
     join();
     const size_t bytes = static_cast<size_t>(host_ps_.n) * sizeof(float);
     host_->download(staging_.data(), host_ps_.params, bytes);
-    model.device().upload(model.trainable_flat(), staging_.data(), bytes);
+    model.device().upload(device_params(model), staging_.data(), bytes);
     warm_ = false;  // the pipeline starts again with a synchronous step
     return true;
   }
@@ -545,6 +591,14 @@ class Offloaded final : public Optimizer {
  private:
   using Clock = UpdateWorker::Clock;
   static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+  // The model's parameters and gradients this optimizer updates (a ZeRO shard of them).
+  Tensor device_params(Model& model) const {
+    return model.trainable_flat().slice_flat(rows_->begin, {rows_->n});
+  }
+  Tensor device_grads(Model& model) const {
+    return model.trainable_grads().slice_flat(rows_->begin, {rows_->n});
+  }
 
   void copy_norm(Device& dev, const Tensor& grad_norm) {
     if (!grad_norm.defined()) return;
@@ -568,6 +622,7 @@ class Offloaded final : public Optimizer {
   }
 
   std::unique_ptr<Device> host_;
+  std::shared_ptr<const Rows> rows_;
   ParamSet host_ps_;
   Tensor norm_;
   std::unique_ptr<FusedOptimizer> inner_;
@@ -584,12 +639,39 @@ class Offloaded final : public Optimizer {
 
 }  // namespace
 
+std::vector<int64_t> zero_partition(const std::vector<ParamInfo>& table, int64_t n, OptimKind kind,
+                                    int world) {
+  CT_CHECK(world >= 1 && n >= 0, "zero_partition of " + std::to_string(n) + " elements over " +
+                                     std::to_string(world) + " ranks");
+  // The allowed cut nearest to `target`: inside a row, the grid points of its granule from its
+  // start (its end counts too); elsewhere, target itself.
+  auto nearest_cut = [&](int64_t target) {
+    for (const ParamInfo& p : table) {
+      if (target <= p.offset || target >= p.offset + p.numel) continue;
+      const int64_t granule = kind == OptimKind::kAdafactor ? p.numel : kQuantBlockSize;
+      const int64_t lo = p.offset + (target - p.offset) / granule * granule;
+      const int64_t hi = std::min(lo + granule, p.offset + p.numel);
+      return target - lo <= hi - target ? lo : hi;
+    }
+    return target;
+  };
+  std::vector<int64_t> bounds(static_cast<size_t>(world) + 1, 0);
+  for (int k = 1; k < world; ++k) {
+    // k * n / world, rounded to nearest, without overflow for any n a buffer can have
+    const int64_t target = static_cast<int64_t>(
+        std::llround(static_cast<long double>(n) * k / static_cast<long double>(world)));
+    bounds[static_cast<size_t>(k)] = std::max(nearest_cut(target), bounds[k - 1]);
+  }
+  bounds.back() = n;
+  return bounds;
+}
+
 std::unique_ptr<Optimizer> make_optimizer(Model& model, const OptimizerSettings& settings) {
   if (settings.kind == OptimKind::kSgd)
     CT_REQUIRE(!settings.nesterov || (settings.momentum > 0 && settings.dampening == 0),
                "--sgd-nesterov needs --sgd-momentum > 0 and --sgd-dampening 0");
   if (settings.offload) return std::make_unique<Offloaded>(model, settings);
-  return make_fused(ParamSet::of(model), settings);
+  return make_fused(ParamSet::of(model, rows_of(model, settings.shard)), settings);
 }
 
 std::unique_ptr<Optimizer> make_adamw(Model& model, const OptimizerSettings& settings) {

@@ -23,6 +23,25 @@ enum class OptimKind { kAdamW, kAdafactor, kAdamW8bit, kLion, kSgd };
 OptimKind parse_optim(const std::string& name);
 const char* optim_name(OptimKind k);  // the canonical name ("adamw_8bit")
 
+// ZeRO stage 1 (--zero-stage 1): [begin, end) of the flat trainable buffers, the part of the
+// parameters one rank's optimizer keeps state for and updates; end < 0: all of them.
+struct ParamShard {
+  int64_t begin = 0, end = -1;
+  bool whole() const { return begin == 0 && end < 0; }
+};
+
+// ZeRO stage 1's partition rule. The flat trainable buffer of n elements, whose rows are `table`,
+// is cut into `world` contiguous shards in rank order; rank r owns [bounds[r], bounds[r + 1]) of
+// the world + 1 bounds returned (bounds[0] = 0, bounds[world] = n). Bound k is the allowed cut
+// nearest to k * n / world (the lower of two as near; never below bound k - 1). A cut may fall
+// anywhere outside a row (the LM head's padding), and inside a row only at a multiple of 256
+// elements from its start (kQuantBlockSize: 8-bit AdamW's blocks stay whole, so each rank's
+// update is the unsharded one's) -- for Adafactor, whose statistics are per tensor, only at its
+// ends. Shards are therefore about n / world elements (Adafactor: within a tensor's size of it);
+// one may be empty.
+std::vector<int64_t> zero_partition(const std::vector<ParamInfo>& table, int64_t n, OptimKind kind,
+                                    int world);
+
 struct OptimizerSettings {
   OptimKind kind = OptimKind::kAdamW;
   double weight_decay = 0.0;                      // applied to the decay group only
@@ -46,6 +65,10 @@ struct OptimizerSettings {
   // and returns at once, and the model's weights lag one update behind the master copy: the
   // gradients of step N are computed at the weights updated with those of step N-2.
   bool delayed_update = false;
+  // ZeRO stage 1: only these parameters (and only their state). Their state tensors are named
+  // as the rows' ("exp_avg.wte.weight"); a row cut by a shard bound is 1-D and named with its
+  // elements' range ("exp_avg.wte.weight[0:4096]").
+  ParamShard shard;
 };
 
 // What offloading cost and hid, for metrics (all zero for an optimizer on the device).
@@ -100,8 +123,9 @@ class Optimizer {
   virtual OffloadStats offload_stats() const { return {}; }
 };
 
-// The optimizer `settings.kind` over `model`'s parameters, state zero-initialised and accounted
-// as MemCategory::kOptimizer. Bytes per parameter: AdamW 8; 8-bit AdamW 2 + 8/256 (tensors of
+// The optimizer `settings.kind` over `model`'s parameters (settings.shard of them), state
+// zero-initialised and accounted as MemCategory::kOptimizer. Bytes per parameter: AdamW 8; 8-bit
+// AdamW 2 + 8/256 (tensors of
 // >= min_8bit_size elements; 8 for the rest); Adafactor 4 (R + C) per matrix [R, C] and 4 per
 // element of a 1-D tensor (plus 4 per element with beta1); Lion 4; SGD 4 with momentum, else 0.
 std::unique_ptr<Optimizer> make_optimizer(Model& model, const OptimizerSettings& settings);

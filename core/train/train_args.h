@@ -85,6 +85,10 @@ struct TrainArgs {
   // data parallel: seconds a rank waits in one all-reduce (or other collective) for the others
   // before the run stops, saying so (Hugging Face's ddp_timeout)
   int64_t ddp_timeout = 1800;
+  // data parallel: ZeRO stage (DeepSpeed's and Hugging Face's meaning). 0: every rank holds the
+  // whole optimizer state; 1: each rank holds and updates the state of one contiguous shard of
+  // the parameters (gradients reduce-scattered, weights all-gathered after the update)
+  int zero_stage = 0;
 
   bool progress_bar = true;  // only drawn when stderr is a terminal
   bool profile = false;      // print the device's per-op time table at the end (--profile)

@@ -18,6 +18,7 @@
 #include "core/data/token_file.h"
 #include "core/dist/communicator.h"
 #include "core/dist/data_parallel.h"
+#include "core/dist/zero.h"
 #include "core/error.h"
 #include "core/model/gpt2.h"
 #include "core/model/model_config.h"
@@ -100,6 +101,9 @@ void validate_args(const TrainArgs& a) {
   require_flag(a.sample_tokens >= 0, "--sample-tokens", std::to_string(a.sample_tokens),
                "must be >= 0");
   require_flag(a.ddp_timeout > 0, "--ddp-timeout", std::to_string(a.ddp_timeout), "must be > 0");
+  require_flag(a.zero_stage == 0 || a.zero_stage == 1, "--zero-stage", std::to_string(a.zero_stage),
+               "must be 0 or 1 (stages 2 and 3, gradients and weights sharded too, are not "
+               "implemented)");
 }
 
 // The model a run trains, the sequence length it trains at, and the tokenizer of its text.
@@ -245,6 +249,7 @@ nlohmann::json args_json(const TrainArgs& a) {
           {"optim", a.optim},
           {"offload_optimizer", a.offload_optimizer},
           {"offload_delayed_update", a.offload_delayed_update},
+          {"zero_stage", a.zero_stage},
           {"seed", a.seed},
           {"logging_steps", a.logging_steps},
           {"eval_steps", a.eval_steps},
@@ -524,6 +529,11 @@ struct Run {
   double optimizer_bytes_per_param = 0;
   Tensor inputs, targets, loss_sum, grad_norm;
   std::unique_ptr<dist::GradientAverager> averager;
+  // --zero-stage 1: the reduce-scatter and all-gather of this rank's shard, which shard, and
+  // every rank's optimizer state bytes (rank order).
+  std::unique_ptr<dist::ShardExchange> exchange;
+  OptimizerShard shard;
+  std::vector<int64_t> optimizer_bytes_per_rank;
   // restore_run: where the run starts in the data and the steps.
   std::unique_ptr<BatchLoader> loader;
   int64_t start_step = 0;
@@ -533,7 +543,11 @@ struct Run {
   double eval_seconds = 0;
   bool have_first = false;
   OffloadStats offload_logged;  // offload_stats() at the last logging step
-  double comm_logged = 0;       // averager->seconds() at the last logging step
+  double comm_logged = 0;       // comm_seconds() at the last logging step
+  // Seconds in the gradient all-reduce, or ZeRO's reduce-scatter and all-gather.
+  double comm_seconds() const {
+    return averager->seconds() + (exchange ? exchange->seconds() : 0.0);
+  }
   TrainSummary summary;
 };
 
@@ -614,9 +628,21 @@ void open_model(Run& r) {
   scaler_config.init_scale = static_cast<float>(args.fp16_init_scale);
   r.scaler = std::make_unique<LossScaler>(r.mopts.policy.loss_scaling, scaler_config);
   model.allocate_activations(r.B, r.T);
-  r.optimizer = make_optimizer(model, optimizer_settings(args));
+  OptimizerSettings settings = optimizer_settings(args);
+  if (args.zero_stage == 1) {
+    const std::vector<int64_t> bounds = zero_partition(
+        model.trainable_params(), model.trainable_flat().numel(), settings.kind, r.world);
+    const size_t rank = static_cast<size_t>(r.comm.rank());
+    r.shard = {1, r.comm.rank(), r.world, bounds[rank], bounds[rank + 1]};
+    settings.shard = {r.shard.begin, r.shard.end};
+    r.exchange = std::make_unique<dist::ShardExchange>(r.comm, dev, bounds);
+  }
+  r.optimizer = make_optimizer(model, settings);
+  // Per rank: with ZeRO stage 1 the state of this rank's shard.
   r.optimizer_bytes_per_param =
       static_cast<double>(r.optimizer->state_bytes()) / static_cast<double>(model.num_trainable());
+  for (const std::string& b : r.comm.all_gather(std::to_string(r.optimizer->state_bytes())))
+    r.optimizer_bytes_per_rank.push_back(std::stoll(b));
   r.inputs = dev.empty({r.B, r.T}, DType::i32, MemCategory::kActivations);
   r.targets = dev.empty({r.B, r.T}, DType::i32, MemCategory::kActivations);
   r.loss_sum = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
@@ -633,7 +659,7 @@ void restore_run(Run& r) {
   r.loader = std::make_unique<BatchLoader>(r.split.train, int64_t{r.B} * r.world, r.T, args.seed, 3,
                                            RowShard{int64_t{r.comm.rank()} * r.B, int64_t{r.B}});
   if (!r.resume_dir.empty()) {
-    nlohmann::json st = load_checkpoint(r.resume_dir, *r.model, *r.optimizer);
+    nlohmann::json st = load_checkpoint(r.resume_dir, *r.model, *r.optimizer, r.shard);
     // The data position counts batches of world x B rows: the same rows per batch continue
     // the same data, whatever the world size (the state is the same on every rank).
     const int64_t saved_world = st.value("world_size", int64_t{1});
@@ -659,6 +685,36 @@ void restore_run(Run& r) {
                  r.resume_dir.empty() ? "after initialisation" : "after loading " + r.resume_dir);
 }
 
+// ZeRO stage 1's part of optimizer_step after the backward pass: the gradients reduce-scattered
+// (this rank's shard averaged), the fp16 check and the norm over the shards (combined across
+// ranks, so every rank decides and clips alike), this rank's shard updated and the weights
+// all-gathered. Returns whether fp16 found an inf/NaN (the step skipped on every rank).
+bool zero_update(Run& r, double lr, int64_t step) {
+  Device& dev = *r.device;
+  Model& model = *r.model;
+  LossScaler& scaler = *r.scaler;
+  r.exchange->reduce_scatter(model.trainable_grads());
+  const int64_t len = r.shard.end - r.shard.begin;
+  const Tensor grads = model.trainable_grads().slice_flat(r.shard.begin, {len});
+  // [0]: whether a shard had an inf/NaN, [1]: the shards' squared norms.
+  double sums[2] = {len > 0 && scaler.unscale_and_check(dev, grads) ? 1.0 : 0.0, 0.0};
+  if (r.scaler->enabled()) r.comm.all_reduce(sums, 1, dist::ReduceOp::kSum);
+  if (sums[0] > 0) return true;
+  float norm = 0.0f;
+  if (len > 0) {
+    dev.norm(r.grad_norm, grads);
+    dev.download(&norm, r.grad_norm, sizeof norm);
+  }
+  sums[1] = static_cast<double>(norm) * norm;
+  r.comm.all_reduce(&sums[1], 1, dist::ReduceOp::kSum);
+  norm = static_cast<float>(std::sqrt(sums[1]));
+  dev.upload(r.grad_norm, &norm, sizeof norm);
+  r.optimizer->step(model, r.grad_norm, lr, step + 1 - scaler.skipped_steps());
+  r.exchange->all_gather(model.trainable_flat());
+  model.refresh_compute_weights();
+  return false;
+}
+
 // One optimizer step (0-based `step`): `accum` micro-batches whose gradients add up to the
 // gradient of the mean loss over all of them (each backward is weighted 1/accum), then the
 // update unless fp16 found an inf/NaN gradient. Returns the step's learning rate.
@@ -682,14 +738,19 @@ double optimizer_step(Run& r, int64_t step) {
   }
   // Data parallel: each rank's gradient is of its rows' mean loss; their mean is the gradient of
   // the whole batch's. Before the fp16 check, so an inf on one rank skips the step on all.
-  r.averager->average(model.trainable_grads());
-  // fp16: unscale the gradients and skip the step if any is inf/NaN (GradScaler semantics).
-  const bool found_inf = scaler.unscale_and_check(dev, model.trainable_grads());
   const double lr = lr_at(r.schedule, args.learning_rate, step, args.warmup_steps, args.max_steps);
-  if (!found_inf) {
-    dev.norm(r.grad_norm, model.trainable_grads());
-    r.optimizer->step(model, r.grad_norm, lr, step + 1 - scaler.skipped_steps());
-    model.refresh_compute_weights();
+  bool found_inf = false;
+  if (r.exchange) {
+    found_inf = zero_update(r, lr, step);
+  } else {
+    r.averager->average(model.trainable_grads());
+    // fp16: unscale the gradients and skip the step if any is inf/NaN (GradScaler semantics).
+    found_inf = scaler.unscale_and_check(dev, model.trainable_grads());
+    if (!found_inf) {
+      dev.norm(r.grad_norm, model.trainable_grads());
+      r.optimizer->step(model, r.grad_norm, lr, step + 1 - scaler.skipped_steps());
+      model.refresh_compute_weights();
+    }
   }
   scaler.update(found_inf, step + 1);
   dev.flush();
@@ -726,8 +787,13 @@ void log_window(Run& r, int64_t done, double lr, bool do_eval, std::ofstream& me
                  *r.optimizer, r.offload_logged, *r.scaler);
   // Data parallel: ranks, and the gradient all-reduce's seconds per step in this window.
   rec["world_size"] = r.world;
-  rec["comm_s"] = (r.averager->seconds() - r.comm_logged) / static_cast<double>(r.window_steps);
-  r.comm_logged = r.averager->seconds();
+  rec["comm_s"] = (r.comm_seconds() - r.comm_logged) / static_cast<double>(r.window_steps);
+  r.comm_logged = r.comm_seconds();
+  // Optimizer state bytes of each rank (--zero-stage 1: of its shard; rank 0's in
+  // "optimizer_bytes" and, over every parameter, in "optimizer_bytes_per_param").
+  rec["zero_stage"] = args.zero_stage;
+  rec["optimizer_bytes"] = r.optimizer->state_bytes();
+  rec["optimizer_bytes_per_rank"] = r.optimizer_bytes_per_rank;
   char line[256];
   std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
                 static_cast<long long>(done), static_cast<long long>(args.max_steps), mean_loss, lr,
@@ -762,14 +828,26 @@ void save_step_checkpoint(Run& r, int64_t done, double lr, ProgressBar& bar) {
   // at the next log line is then the whole batch's again.
   r.comm.all_reduce(&partial, 1, dist::ReduceOp::kAverage);
   check_replicas(r, "at the checkpoint of step " + std::to_string(done));
+  const std::string base = r.source.pretrained.empty() ? args.model : r.source.pretrained;
+  if (r.exchange) {  // ZeRO stage 1: every rank writes its optimizer shard, rank 0 the rest
+    nlohmann::json st =
+        checkpoint_state(args, done, r.loader->position(), partial, r.window_steps, r.schedule, lr,
+                         *r.optimizer, *r.scaler, r.mopts.policy, r.source.config);
+    st["world_size"] = r.world;
+    const std::string path =
+        save_sharded_checkpoint(r.comm, r.shard, args.output_dir, done, *r.model, *r.optimizer, st,
+                                args.save_total_limit, r.source.tokenizer->folder(), base);
+    if (r.main_rank) bar.println("saved " + path);
+    r.t_window = Clock::now();
+    return;
+  }
   if (!r.main_rank) return;  // the state is the same on every rank: rank 0 writes it
   nlohmann::json st =
       checkpoint_state(args, done, r.loader->position(), partial, r.window_steps, r.schedule, lr,
                        *r.optimizer, *r.scaler, r.mopts.policy, r.source.config);
   st["world_size"] = r.world;
-  std::string path = save_checkpoint(
-      args.output_dir, done, *r.model, *r.optimizer, st, args.save_total_limit,
-      r.source.tokenizer->folder(), r.source.pretrained.empty() ? args.model : r.source.pretrained);
+  std::string path = save_checkpoint(args.output_dir, done, *r.model, *r.optimizer, st,
+                                     args.save_total_limit, r.source.tokenizer->folder(), base);
   bar.println("saved " + path);
   r.t_window = Clock::now();
 }
@@ -787,6 +865,8 @@ void finish_run(Run& r) {
   s.peak_memory = dev.memory().total_peak;
   s.rank = r.comm.rank();
   s.world_size = r.world;
+  s.zero_stage = args.zero_stage;
+  s.optimizer_bytes = r.optimizer->state_bytes();
 
   check_replicas(r, "at the end of training");
   if (!r.main_rank) return;
@@ -845,7 +925,11 @@ TrainSummary train(const TrainArgs& args) {
     // checkpoint holds weights and optimizer state after the same number of updates, and the
     // next step starts a new synchronous warm-up step (a resumed run does the same, which keeps
     // resuming bit-exact). Evaluations in between use the model's weights, one update behind.
-    if ((last || do_save) && r.optimizer->finish(*r.model)) r.model->refresh_compute_weights();
+    // With ZeRO stage 1 each rank finished its shard: the weights are gathered again.
+    if ((last || do_save) && r.optimizer->finish(*r.model)) {
+      if (r.exchange) r.exchange->all_gather(r.model->trainable_flat());
+      r.model->refresh_compute_weights();
+    }
     if (do_log) log_window(r, done, lr, do_eval, metrics, bar);
     if (do_save) save_step_checkpoint(r, done, lr, bar);
     bar.update(done, r.summary.final_loss, r.summary.tokens_per_s,

@@ -25,6 +25,8 @@ struct TrainSummary {
   std::string sample;  // generated at the end (may be empty)
   int rank = 0;        // data parallel: this process's rank (only rank 0 writes and prints)
   int world_size = 1;
+  int zero_stage = 0;           // --zero-stage
+  int64_t optimizer_bytes = 0;  // this rank's optimizer state (ZeRO stage 1: its shard's)
 };
 
 // Checks every setting and input (flags, model shape, backend, data) before anything is written;

@@ -27,6 +27,8 @@ class TwoRanks final : public Communicator {
   std::string transport() const override { return "test"; }
   void all_reduce(float*, size_t, ReduceOp) override {}
   void all_reduce(double*, size_t, ReduceOp) override {}
+  void reduce_scatter(float*, const std::vector<size_t>&, ReduceOp) override {}
+  void all_gather(float*, const std::vector<size_t>&) override {}
   void broadcast(void*, size_t, int) override {}
   std::vector<std::string> all_gather(const std::string& mine) override {
     sent = mine;
@@ -115,6 +117,10 @@ TEST(SingleProcess, CollectivesAreTheIdentity) {
   c->all_reduce(x, 3, ReduceOp::kAverage);
   EXPECT_EQ(x[2], 3.0f);
   EXPECT_EQ(c->all_gather("abc"), std::vector<std::string>{"abc"});
+  c->reduce_scatter(x, {3}, ReduceOp::kAverage);
+  c->all_gather(x, {3});
+  EXPECT_EQ(x[0], 1.0f);
+  EXPECT_EQ(x[2], 3.0f);
   check_same_settings(*c, {{"--seed", "1"}});  // nothing to compare with
   check_same_weights(*c, 42, "now");
 }

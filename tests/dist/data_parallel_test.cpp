@@ -1,7 +1,8 @@
 // mpirun -np 2 crosstrain train, as a user launches it (real processes, shared memory on this
 // machine): 2 ranks x batch B train as 1 process x batch 2B does, at every logged step, on cpu
 // (plain, with accumulation, with bf16; a checkpoint, resumed), on lavapipe and on simt; ranks
-// given different settings refuse to start.
+// given different settings refuse to start; ZeRO stage 1 trains as plain data parallel does, its
+// sharded checkpoints resume bit-exactly and are refused by runs of another layout.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -218,6 +219,107 @@ TEST_F(DataParallel, RanksWithDifferentSettingsRefuse) {
         "--per-device-train-batch-size '3' where rank 0 has '2'"})
     EXPECT_NE(p.output.find(part), std::string::npos) << "lacks '" << part << "':\n" << p.output;
   EXPECT_FALSE(fs::exists(dir_ / "out" / "metrics.jsonl"));
+}
+
+// ZeRO stage 1 (AdamW) trains as plain data parallel does, each rank holding half the optimizer
+// state; its checkpoint has one optimizer file per rank listed in trainer_state.json, and a
+// resume from it is bit-exact.
+TEST_F(DataParallel, CpuZeroStage1EqualsPlainAndResumesBitExact) {
+  const Proc plain = train(2, 2, "plain", "");
+  expect_two_rank_run(plain, "plain");
+  const Proc zero = train(2, 2, "zero", "--zero-stage 1 --save-steps 10");
+  expect_two_rank_run(zero, "zero");
+  expect_same_losses("plain", "zero", 2e-6);
+  const json plain_rec = read_metrics(dir_ / "plain").back(),
+             zero_rec = read_metrics(dir_ / "zero").back();
+  EXPECT_EQ(zero_rec["zero_stage"], 1);
+  const auto whole = plain_rec["optimizer_bytes_per_rank"].get<std::vector<int64_t>>();
+  const auto shards = zero_rec["optimizer_bytes_per_rank"].get<std::vector<int64_t>>();
+  ASSERT_EQ(whole.size(), 2u);
+  ASSERT_EQ(shards.size(), 2u);
+  EXPECT_EQ(whole[0], whole[1]);
+  EXPECT_EQ(shards[0] + shards[1], whole[0]);  // AdamW: 8 bytes per parameter, split
+  for (int64_t b : shards) EXPECT_NEAR(static_cast<double>(b), whole[0] / 2.0, 0.02 * whole[0]);
+  EXPECT_EQ(zero_rec["optimizer_bytes"], shards[0]);
+
+  const fs::path ckpt = dir_ / "zero" / "checkpoint-10";
+  EXPECT_FALSE(fs::exists(ckpt / "optimizer.safetensors"));
+  const json state = json::parse(read_file_bytes((ckpt / "trainer_state.json").string()));
+  ASSERT_EQ(state["zero"]["shards"].size(), 2u) << state.dump();
+  for (int r = 0; r < 2; ++r) {
+    const json& e = state["zero"]["shards"][r];
+    const std::string file = "optimizer-rank" + std::to_string(r) + "-of-2.safetensors";
+    EXPECT_EQ(e["file"], file);
+    EXPECT_EQ(e["bytes"].get<uintmax_t>(), fs::file_size(ckpt / file));
+  }
+  EXPECT_EQ(state["zero"]["shards"][0]["end"], state["zero"]["shards"][1]["begin"]);
+
+  const Proc resumed =
+      train(2, 2, "resumed", "--zero-stage 1 --resume-from-checkpoint " + ckpt.string());
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const auto full = read_metrics(dir_ / "zero"), tail = read_metrics(dir_ / "resumed");
+  ASSERT_EQ(tail.size(), 10u);
+  for (size_t i = 0; i < tail.size(); ++i) {
+    EXPECT_EQ(full[10 + i]["loss"].get<double>(), tail[i]["loss"].get<double>()) << i;
+    EXPECT_EQ(full[10 + i]["grad_norm"].get<double>(), tail[i]["grad_norm"].get<double>()) << i;
+  }
+  EXPECT_TRUE(read_file_bytes((dir_ / "zero" / "model.safetensors").string()) ==
+              read_file_bytes((dir_ / "resumed" / "model.safetensors").string()));
+}
+
+// ZeRO stage 1 with 8-bit AdamW whose state is offloaded to the host: as plain data parallel
+// with 8-bit AdamW on the device (the host update is the same kernel on cpu).
+TEST_F(DataParallel, CpuZeroStage1With8bitOffloaded) {
+  expect_two_rank_run(train(2, 2, "plain", "--optim adamw_8bit"), "plain");
+  const Proc zero = train(2, 2, "zero", "--optim adamw_8bit --offload-optimizer --zero-stage 1");
+  expect_two_rank_run(zero, "zero");
+  expect_same_losses("plain", "zero", 2e-6);
+  const json rec = read_metrics(dir_ / "zero").back();
+  const auto shards = rec["optimizer_bytes_per_rank"].get<std::vector<int64_t>>();
+  const auto whole =
+      read_metrics(dir_ / "plain").back()["optimizer_bytes_per_rank"].get<std::vector<int64_t>>();
+  EXPECT_LT(shards[0], 0.6 * whole[0]);
+  EXPECT_LT(shards[1], 0.6 * whole[0]);
+  EXPECT_EQ(rec["memory"]["optimizer_host"], shards[0]);  // offloaded: host memory
+  EXPECT_EQ(rec["memory"]["optimizer"], 0);
+}
+
+// A ZeRO stage 1 checkpoint is refused, naming what differs, by a run of another world size
+// (resharding is not supported) or without --zero-stage 1, and a plain checkpoint by a run with
+// it; a folder without its COMPLETE marker, or without a rank's shard, is no checkpoint.
+TEST_F(DataParallel, CpuZeroStage1CheckpointRefusals) {
+  ASSERT_EQ(train(2, 2, "zero", "--zero-stage 1 --save-steps 2", 2).status, 0);
+  ASSERT_EQ(train(0, 4, "plain", "--save-steps 2", 2).status, 0);
+  const fs::path ckpt = dir_ / "zero" / "checkpoint-2";
+  auto expect_refused = [&](const Proc& p, std::vector<std::string> parts) {
+    EXPECT_EQ(p.status, 2) << p.output;
+    for (const std::string& part : parts)
+      EXPECT_NE(p.output.find(part), std::string::npos) << "lacks '" << part << "':\n" << p.output;
+  };
+  const std::string resume = " --resume-from-checkpoint ";
+  expect_refused(train(0, 4, "one", "--zero-stage 1" + resume + ckpt.string(), 4),
+                 {"sharded over 2 rank(s); this run has world size 1",
+                  "resharding the optimizer state to another world size is not supported"});
+  expect_refused(train(2, 2, "stage0", resume + ckpt.string(), 4),
+                 {"was saved with --zero-stage 1", "this run has --zero-stage 0",
+                  "converting optimizer state between ZeRO stages is not supported"});
+  expect_refused(train(0, 4, "plain1",
+                       "--zero-stage 1" + resume + (dir_ / "plain" / "checkpoint-2").string(), 4),
+                 {"was saved with --zero-stage 0", "this run has --zero-stage 1"});
+  // Without the marker: not a checkpoint (and `latest` passes over it).
+  const fs::path unmarked = dir_ / "zero" / "checkpoint-3";
+  fs::copy(ckpt, unmarked);
+  fs::remove(unmarked / "COMPLETE");
+  expect_refused(train(2, 2, "unmarked", "--zero-stage 1" + resume + unmarked.string(), 4),
+                 {unmarked.string() + "' is incomplete (no COMPLETE marker)"});
+  const Proc latest = train(2, 2, "zero", "--zero-stage 1 --resume-from-checkpoint latest", 4);
+  ASSERT_EQ(latest.status, 0) << latest.output;
+  EXPECT_NE(latest.output.find("resumed from " + ckpt.string()), std::string::npos)
+      << latest.output;
+  // A rank's shard gone: refused naming it.
+  fs::remove(ckpt / "optimizer-rank1-of-2.safetensors");
+  expect_refused(train(2, 2, "noshard", "--zero-stage 1" + resume + ckpt.string(), 4),
+                 {"optimizer-rank1-of-2.safetensors (rank 1's optimizer shard) is missing"});
 }
 
 // For rank 1's shell: waits (at most 60 s) until a checkpoint in `out` is complete. Any, not one

@@ -101,6 +101,10 @@ Run add_train(CLI::App& app) {
   flag(&app, "--ddp-timeout", a->ddp_timeout,
        "data parallel (mpirun): seconds a rank waits for the others in one all-reduce before "
        "the run stops (a rank hangs or died)");
+  flag(&app, "--zero-stage", a->zero_stage,
+       "data parallel (mpirun): 1 shards the optimizer state across the ranks (ZeRO stage 1: "
+       "each rank updates one contiguous shard of the parameters, then the weights are "
+       "gathered); 0 (default): every rank holds all of it");
   app.add_flag("--profile", a->profile,
                "print a per-op device time table (GPU timestamps on Vulkan) at the end");
   app.add_flag(
@@ -121,6 +125,8 @@ Run add_train(CLI::App& app) {
     std::printf("validation loss  %.4f\n", s.eval_loss);
     std::printf("throughput       %s tokens/s\n", format_count(s.tokens_per_s).c_str());
     std::printf("peak memory      %s (device accounting)\n", format_bytes(s.peak_memory).c_str());
+    std::printf("optimizer state  %s%s\n", format_bytes(s.optimizer_bytes).c_str(),
+                s.zero_stage == 1 ? " on rank 0 (ZeRO stage 1: its shard)" : "");
     std::printf(a->lora_r > 0
                     ? "saved            %s/adapter_model.safetensors, adapter_config.json, "
                       "metrics.jsonl\n"

@@ -1,0 +1,97 @@
+#include "core/dist/zero.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "core/error.h"
+
+namespace ct::dist {
+namespace {
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+ShardExchange::ShardExchange(Communicator& comm, Device& device, std::vector<int64_t> bounds,
+                             int64_t bucket_elems)
+    : comm_(comm),
+      device_(device),
+      bounds_(std::move(bounds)),
+      rank_(static_cast<size_t>(comm.rank())),
+      bucket_elems_(bucket_elems) {
+  CT_CHECK(bucket_elems > 0, "bucket of " + std::to_string(bucket_elems) + " elements");
+  CT_CHECK(bounds_.size() == static_cast<size_t>(comm.size()) + 1 && bounds_.front() == 0 &&
+               std::is_sorted(bounds_.begin(), bounds_.end()),
+           "ZeRO shard bounds: " + std::to_string(bounds_.size()) + " for " +
+               std::to_string(comm.size()) + " ranks, or not ascending from 0");
+}
+
+std::vector<size_t> ShardExchange::counts(int64_t off, int64_t len) const {
+  std::vector<size_t> c(bounds_.size() - 1);
+  for (size_t r = 0; r < c.size(); ++r) {
+    const int64_t from = std::max(bounds_[r], off), to = std::min(bounds_[r + 1], off + len);
+    c[r] = to > from ? static_cast<size_t>(to - from) : 0;
+  }
+  return c;
+}
+
+void ShardExchange::check(const Tensor& t, const char* what) const {
+  CT_REQUIRE(t.dtype == DType::f32 && t.is_contiguous() && t.numel() == bounds_.back(),
+             std::string("ZeRO ") + what + ": needs the contiguous f32 flat buffer of " +
+                 std::to_string(bounds_.back()) + " elements, got " + t.describe());
+}
+
+void ShardExchange::reduce_scatter(const Tensor& grads) {
+  check(grads, "reduce-scatter");
+  if (comm_.size() == 1) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = grads.numel();
+  host_.resize(static_cast<size_t>(n));
+  // Every bucket's download is enqueued first, as in GradientAverager::average.
+  std::vector<std::pair<int64_t, Event>> buckets;
+  for (int64_t off = 0; off < n; off += bucket_elems_) {
+    const int64_t len = std::min(bucket_elems_, n - off);
+    buckets.emplace_back(off,
+                         device_.download_async(host_.data() + off, grads.slice_flat(off, {len}),
+                                                static_cast<size_t>(len) * sizeof(float)));
+  }
+  for (auto& [off, event] : buckets) {
+    const int64_t len = std::min(bucket_elems_, n - off);
+    device_.wait_event(event);
+    comm_.reduce_scatter(host_.data() + off, counts(off, len), ReduceOp::kAverage);
+    // This rank's part of the bucket, averaged, goes back.
+    const int64_t from = std::max(begin(), off), to = std::min(end(), off + len);
+    if (to > from)
+      device_.upload(grads.slice_flat(from, {to - from}), host_.data() + from,
+                     static_cast<size_t>(to - from) * sizeof(float));
+  }
+  seconds_ += since(t0);
+}
+
+void ShardExchange::all_gather(const Tensor& params) {
+  check(params, "all-gather");
+  if (comm_.size() == 1) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = params.numel();
+  host_.resize(static_cast<size_t>(n));
+  if (end() > begin())
+    device_.download(host_.data() + begin(), params.slice_flat(begin(), {end() - begin()}),
+                     static_cast<size_t>(end() - begin()) * sizeof(float));
+  for (int64_t off = 0; off < n; off += bucket_elems_) {
+    const int64_t len = std::min(bucket_elems_, n - off);
+    comm_.all_gather(host_.data() + off, counts(off, len));
+    // The other ranks' parts of the bucket: before and after this rank's shard.
+    const int64_t own_from = std::clamp(begin(), off, off + len);
+    const int64_t own_to = std::clamp(end(), off, off + len);
+    for (auto [from, to] : {std::pair{off, own_from}, std::pair{own_to, off + len}})
+      if (to > from)
+        device_.upload(params.slice_flat(from, {to - from}), host_.data() + from,
+                       static_cast<size_t>(to - from) * sizeof(float));
+  }
+  seconds_ += since(t0);
+}
+
+}  // namespace ct::dist
