@@ -12,7 +12,8 @@
 #                 test_vulkan, device_gemm_bench; bin/test-data is tests/data (the tests look
 #                 there first: tests/common/test_data_dir.h)
 #   lib/          the shared libraries those need that a base Linux system lacks (OpenBLAS,
-#                 gfortran, ICU, libcrypto, oneDNN, PCRE2, gomp, ... and the Vulkan loader)
+#                 gfortran, ICU, libcrypto, oneDNN, PCRE2, gomp, ... and the Vulkan loader);
+#                 lib/glvnd: libglvnd and X11 for NVIDIA's Vulkan driver where the target lacks them
 #   data/fortunes crosstrain's default training text (pass --data: its built-in path is Debian's)
 #   scripts/      gpu-check.sh, gpu_check_report.py, torch_train.py, torch_gpt2.py, report_charts.py
 # RUNPATHs are $ORIGIN-relative (patchelf): nothing needs LD_LIBRARY_PATH. Left to the target
@@ -115,10 +116,39 @@ while ((${#queue[@]})); do
     queue+=("$top/lib/$name")
   done
 done
+# What NVIDIA's Vulkan driver (libGLX_nvidia.so.0, its ICD library) needs from libglvnd and X11,
+# for GPU images that lack them (the H100 image of 2026-11-27 answered VK_ERROR_INCOMPATIBLE_DRIVER
+# with the driver's manifest present): lib/glvnd/, which gpu-check.sh puts on the library path
+# only where the system has no libGLdispatch.so.0 of its own.
+mkdir -p "$top/lib/glvnd"
+gqueue=()
+for name in libGLdispatch.so.0 libGLX.so.0 libX11.so.6 libXext.so.6; do
+  p="$(resolve "$top/bin/libcrosstrain_core.so" "$name")" || { echo "bundle.sh: $name is not installed here: the bundle's Vulkan on NVIDIA relies on the target's own" >&2; continue; }
+  cp -L "$p" "$top/lib/glvnd/$name"
+  bundled[$name]="$(readlink -f "$p")"
+  gqueue+=("$top/lib/glvnd/$name")
+done
+while ((${#gqueue[@]})); do
+  f="${gqueue[0]}"
+  gqueue=("${gqueue[@]:1}")
+  for name in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+    is_base "$name" && continue
+    [ -e "$top/lib/glvnd/$name" ] && continue
+    p="$(resolve "$f" "$name")" || die "$(basename "$f") needs $name, which is not installed here"
+    cp -L "$p" "$top/lib/glvnd/$name"
+    bundled[$name]="$(readlink -f "$p")"
+    gqueue+=("$top/lib/glvnd/$name")
+  done
+done
+for f in "$top"/lib/glvnd/*; do
+  chmod u+w "$f"
+  patchelf --set-rpath '$ORIGIN' "$f"
+done
 for f in "$top"/bin/*; do
   [ -f "$f" ] && head -c4 "$f" | grep -q $'\x7fELF' && patchelf --set-rpath '$ORIGIN:$ORIGIN/../lib' "$f"
 done
 for f in "$top"/lib/*; do
+  [ -f "$f" ] || continue
   chmod u+w "$f"
   patchelf --set-rpath '$ORIGIN' "$f"
 done

@@ -141,6 +141,12 @@ icd_names=(nvidia_icd)
 for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
   [ -d "$d" ] && libpath="${libpath:+$libpath:}$d"
 done
+# NVIDIA's Vulkan driver library needs libglvnd (libGLdispatch) and X11: the bundle's copies
+# (lib/glvnd) where the system has none, last on the path.
+if [ -n "$bundle" ] && [ -d "$top/lib/glvnd" ] && ! ldconfig -p 2>/dev/null | grep -q 'libGLdispatch.so.0 '; then
+  libpath="${libpath:+$libpath:}$top/lib/glvnd"
+  log "libGLdispatch.so.0 is not installed: the bundle's lib/glvnd is on the library path"
+fi
 ct_env=(env CROSSTRAIN_VK_VALIDATION=0 VK_INSTANCE_LAYERS= OMP_WAIT_POLICY=passive LD_LIBRARY_PATH="$libpath")
 icd_tried=()
 for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d \
@@ -165,7 +171,11 @@ else
   for f in "${icd_tried[@]}"; do
     echo "== $f: $(tr -d '\n' <"$f" | head -c 300)"
     "${ct_env[@]}" VK_DRIVER_FILES="$f" VK_LOADER_DEBUG=error,warn,driver CROSSTRAIN_BACKENDS=vulkan \
-      timeout 30 "$bin/crosstrain" devices 2>&1 | tail -25
+      timeout 30 "$bin/crosstrain" devices 2>&1 | grep -v '^  cpu:\|^            ' | head -60
+    lib="$(sed -n 's/.*"library_path" *: *"\([^"]*\)".*/\1/p' "$f")"
+    echo "-- $lib: $(ldconfig -p | grep -F "$lib" | head -2 | tr '\n' ' ')"
+    p="$(ldconfig -p | awk -v n="$lib" '$1 == n { print $NF; exit }')"
+    [ -n "$p" ] && LD_LIBRARY_PATH="$libpath" ldd "$p" | grep -i 'not found'
   done >"$out/vulkan_loader.log" 2>&1 || true
 fi
 # Line-buffered output: a process that crashes in exit() (the Vulkan plugin on the NVIDIA driver:
