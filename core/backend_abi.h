@@ -55,6 +55,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
      "crossentropy_forward/backward take the number of classes (valid): rows of Vp >= valid "
      "columns, the padding excluded from the softmax and given zero gradients (a vocabulary "
      "padded to a multiple of 128)"},
+    {11, "117b9a9f4dae7d13bbe7dca944a66321394ab08531f8198f207e74d2a609754d",
+     "op_begin/op_end: the profiling scope of every public op (--profile's device time per op "
+     "on CUDA, HIP and SIMT)"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.

@@ -339,6 +339,11 @@ class Device {
   // backend can; profile_report() is a printable table of them ("" where not supported).
   virtual void set_profiling(bool on) { (void)on; }
   virtual std::string profile_report() { return ""; }
+  // The scope of one public op, opened by core/op_checks.cpp around each (the checks and the
+  // kernel; an op that calls other ops nests their scopes in its own): where the backend profiles
+  // per op, the device time of the outermost scope is counted under `op`, its public name.
+  virtual void op_begin(const char* op) { (void)op; }
+  virtual void op_end() {}
   // fp32 matmuls may take TF32 inputs from now on (crosstrain train --tf32, PyTorch's
   // allow_tf32), where info().tf32 says the device can; a no-op elsewhere. Off when opened.
   virtual void set_allow_tf32(bool on) { (void)on; }
@@ -572,7 +577,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 10;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 11;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

@@ -32,10 +32,14 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return a.offset < b.offset + b.nbytes() && b.offset < a.offset + a.nbytes();
 }
 
-// The checks of one op on one device.
+// The checks of one op on one device, and the op's profiling scope (Device::op_begin/op_end
+// around the whole public op, the kernel included).
 class Check {
  public:
-  Check(const Device& dev, const char* op) : dev_(dev), op_(op) {}
+  Check(Device& dev, const char* op) : dev_(dev), op_(op) { dev_.op_begin(op); }
+  ~Check() { dev_.op_end(); }
+  Check(const Check&) = delete;
+  Check& operator=(const Check&) = delete;
 
   // Defined, on this device, contiguous and within its buffer.
   void mine(const char* name, const Tensor& t) const {
@@ -92,7 +96,7 @@ class Check {
   const std::string& op() const { return op_; }
 
  private:
-  const Device& dev_;
+  Device& dev_;
   std::string op_;
 };
 

@@ -7,6 +7,8 @@
 // arrive checked (core/op_checks.cpp): defined, on this device, contiguous, in bounds, dtypes as
 // the precision table allows, shapes agreeing.
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -176,15 +178,58 @@ class GpuDevice final : public Device {
   void wait_event(const Event& e) override { rt_->wait_event(e.serial()); }
   void* native_stream() override { return rt_->native_stream(); }
 
-  // --profile: which kernels ran for the ops that have more than one path (flash attention,
-  // matmul: the library or which own kernel), with call counts. No device times here (Nsight
-  // Compute / rocprof have them).
+  // --profile: the device time of every public op (timing marks around its scope: the kernels'
+  // time plus any wait for the host between them), and which kernels ran for the ops that have
+  // more than one path (flash attention, matmul: the library or which own kernel), with calls.
   void set_profiling(bool on) override {
-    if (on && !profiling_) paths_.clear();
+    if (on && !profiling_) {
+      paths_.clear();
+      op_ms_.clear();
+      spans_.clear();
+      rt_->timing_reset();
+      profile_start_ = std::chrono::steady_clock::now();
+    }
     profiling_ = on;
   }
+  void op_begin(const char* op) override {
+    if (depth_++ > 0 || !profiling_) return;
+    open_ = {op, rt_->timing_mark(), 0};
+    timing_ = true;
+  }
+  void op_end() override {
+    if (depth_ == 0 || --depth_ > 0 || !timing_) return;
+    timing_ = false;
+    open_.end = rt_->timing_mark();
+    spans_.push_back(open_);
+    if (spans_.size() >= kSpansKept) collect_spans();
+  }
   std::string profile_report() override {
-    std::string r = info_.id() + " profile: kernel path per op (calls)\n";
+    collect_spans();
+    const double wall_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - profile_start_)
+            .count();
+    std::vector<std::pair<std::string, OpMs>> rows(op_ms_.begin(), op_ms_.end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    double total = 0;
+    for (const auto& [op, t] : rows) total += t.ms;
+    std::string r = info_.id() + " profile: device time per op (timing marks around each op)\n";
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-28s %9s %12s %10s %7s\n", "op", "calls", "total ms",
+                  "mean us", "share");
+    r += line;
+    for (const auto& [op, t] : rows) {
+      std::snprintf(line, sizeof line, "  %-28s %9lld %12.2f %10.1f %6.1f%%\n", op.c_str(),
+                    static_cast<long long>(t.calls), t.ms,
+                    t.calls ? 1e3 * t.ms / static_cast<double>(t.calls) : 0.0,
+                    total > 0 ? 100.0 * t.ms / total : 0.0);
+      r += line;
+    }
+    std::snprintf(line, sizeof line,
+                  "  %-28s %9s %12.2f  (%.1f%% of the %.1f ms since profiling began)\n", "total",
+                  "", total, wall_ms > 0 ? 100.0 * total / wall_ms : 0.0, wall_ms);
+    r += line;
+    r += info_.id() + " profile: kernel path per op (calls)\n";
     for (const auto& [path, calls] : paths_) r += "  " + path + "  " + std::to_string(calls) + "\n";
     const auto fallbacks = rt_->gemm_fallbacks();
     if (!fallbacks.empty()) r += "  GEMMs the library refused, run by the own kernel (calls):\n";
@@ -508,6 +553,32 @@ class GpuDevice final : public Device {
   std::shared_ptr<Buffer> workspace_;
   bool profiling_ = false;
   std::map<std::string, std::int64_t> paths_;  // --profile: kernel path -> calls
+  // --profile's op times: spans_ (marks of finished ops) are read into op_ms_ every kSpansKept
+  // ops (a wait for the stream) and at the report.
+  struct Span {
+    const char* op;
+    std::size_t begin, end;
+  };
+  struct OpMs {
+    std::int64_t calls = 0;
+    double ms = 0;
+  };
+  static constexpr std::size_t kSpansKept = 4096;
+  void collect_spans() {
+    for (const Span& sp : spans_) {
+      OpMs& t = op_ms_[sp.op];
+      ++t.calls;
+      t.ms += rt_->timing_ms(sp.begin, sp.end);
+    }
+    spans_.clear();
+    if (!timing_) rt_->timing_reset();  // no op open: every mark has been read
+  }
+  std::vector<Span> spans_;
+  std::map<std::string, OpMs> op_ms_;
+  Span open_{};
+  int depth_ = 0;        // nesting of op scopes
+  bool timing_ = false;  // the outermost open op has a begin mark
+  std::chrono::steady_clock::time_point profile_start_{};
 };
 
 }  // namespace

@@ -194,6 +194,7 @@ class NativeRuntime final : public gpu::Runtime {
     if (bias_scratch_) (void)CT_API(Free)(bias_scratch_);
     for (auto& [serial, ev] : events_) (void)CT_API(EventDestroy)(ev);
     for (ApiEvent ev : spare_) (void)CT_API(EventDestroy)(ev);
+    for (ApiEvent ev : timed_) (void)CT_API(EventDestroy)(ev);
     (void)CT_API(StreamDestroy)(stream_);
     trace_teardown(info_.id() + " stream, events and BLAS handle destroyed");
   }
@@ -302,6 +303,26 @@ class NativeRuntime final : public gpu::Runtime {
   std::map<std::string, std::int64_t> gemm_fallbacks() const override {
     return fallbacks_;
   }
+  // Timed events from a pool of their own (the pool of record_event has timing disabled).
+  std::size_t timing_mark() override {
+    if (marks_used_ == timed_.size()) {
+      ApiEvent ev = nullptr;
+      CT_API_CHECK(CT_API(EventCreate)(&ev));
+      timed_.push_back(ev);
+    }
+    CT_API_CHECK(CT_API(EventRecord)(timed_[marks_used_], stream_));
+    return marks_used_++;
+  }
+  double timing_ms(std::size_t a, std::size_t b) override {
+    CT_REQUIRE(a < marks_used_ && b < marks_used_, "timing_ms: no such mark");
+    CT_API_CHECK(CT_API(EventSynchronize)(timed_[b]));
+    float ms = 0;
+    CT_API_CHECK(CT_API(EventElapsedTime)(&ms, timed_[a], timed_[b]));
+    return ms;
+  }
+  void timing_reset() override {
+    marks_used_ = 0;
+  }
   // bias [n] (f32) rounded to `e` in a scratch buffer of the runtime (reused: the stream orders
   // each conversion after the product that read the previous one); nullptr when it cannot be had.
   const void* bias_in(gpu::Elem e, const float* bias, std::int64_t n) {
@@ -350,7 +371,9 @@ class NativeRuntime final : public gpu::Runtime {
   std::vector<ApiEvent> spare_;
   std::unique_ptr<GemmLibrary> blas_;
   std::map<std::string, std::int64_t> fallbacks_;  // refused GEMM shape -> calls
-  void* bias_scratch_ = nullptr;                   // bias_in's buffer
+  std::vector<ApiEvent> timed_;                    // timing_mark's events, reused
+  std::size_t marks_used_ = 0;
+  void* bias_scratch_ = nullptr;  // bias_in's buffer
   std::size_t bias_scratch_bytes_ = 0;
 };
 

@@ -8,6 +8,7 @@
 // the runtime's own message ("cudaMemcpyAsync: an illegal memory access was encountered").
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -69,6 +70,23 @@ class Runtime {
   virtual void set_allow_tf32(bool on) { (void)on; }
   // Lines for `crosstrain devices` describing which GEMM runs ("cuBLASLt 13.0", "own tiled").
   virtual std::string gemm_library() const { return "own tiled kernel (backends/gpu/kernels)"; }
+
+  // Timing marks (--profile): timing_mark() puts a mark after everything enqueued so far and
+  // returns its number (0, 1, 2, ... since the last timing_reset); timing_ms(a, b) waits for both
+  // and returns the milliseconds between them; timing_reset() forgets every mark. The default is
+  // the host's clock, right where the kernels run when they are launched (the SIMT runtime); a
+  // target with a device clock (CUDA, HIP) records timed events on its stream.
+  virtual std::size_t timing_mark() {
+    host_marks_.push_back(std::chrono::steady_clock::now());
+    return host_marks_.size() - 1;
+  }
+  virtual double timing_ms(std::size_t a, std::size_t b) {
+    return std::chrono::duration<double, std::milli>(host_marks_.at(b) - host_marks_.at(a)).count();
+  }
+  virtual void timing_reset() { host_marks_.clear(); }
+
+ private:
+  std::vector<std::chrono::steady_clock::time_point> host_marks_;
 };
 
 // The device of a target's Runtime: every op of core/device.h through the launchers of
