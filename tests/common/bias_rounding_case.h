@@ -25,11 +25,11 @@ struct BiasRoundingCase {
   int64_t M = 0, N = 0, K = 0;
   bool ta = false, tb = false;
   float alpha = 1.0f, beta = 0.0f;
-  Vec a, b;        // as stored: [M,K] or [K,M] with ta; [K,N] or [N,K] with tb; exact in h
-  Vec bias, c0;    // bias [N]; c0 [M,N], exact in h
-  VecD want_h;     // c in h: round(alpha acc + beta c0 + round(bias)), the contract
+  Vec a, b;         // as stored: [M,K] or [K,M] with ta; [K,N] or [N,K] with tb; exact in h
+  Vec bias, c0;     // bias [N]; c0 [M,N], exact in h
+  VecD want_h;      // c in h: round(alpha acc + beta c0 + round(bias)), the contract
   VecD f32_bias_h;  // c in h with the f32 bias added as it is: the rule the contract replaced
-  VecD want_f32;   // c in f32: alpha acc + beta c0 + bias, exact
+  VecD want_f32;    // c in f32: alpha acc + beta c0 + bias, exact
   int64_t rules_differ = 0;  // elements where want_h and f32_bias_h differ
 
   std::string name() const {
@@ -75,7 +75,8 @@ inline BiasRoundingCase bias_rounding_case(DType h, int64_t M, int64_t N, int64_
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       double acc = 0;
-      for (int64_t kk = 0; kk < K; ++kk) acc += static_cast<double>(oa[i * K + kk]) * ob[kk * N + j];
+      for (int64_t kk = 0; kk < K; ++kk)
+        acc += static_cast<double>(oa[i * K + kk]) * ob[kk * N + j];
       const double v = alpha * acc + beta * static_cast<double>(k.c0[i * N + j]);
       const int64_t at = i * N + j;
       k.want_h[at] = round_h(v + round_h(k.bias[j]));
