@@ -15,7 +15,8 @@
 // (abbreviated h below); all arithmetic is still done in fp32 and results are rounded to nearest
 // even when stored in 16 bits. Every backend must follow the same table (core/amp/precision.h
 // says which model tensors use which dtype):
-//   matmul              a, b: f32 | h (both the same); c: f32 | a's dtype; bias f32
+//   matmul              a, b: f32 | h (both the same); c: f32 | a's dtype; bias f32, added
+//                       rounded to c's dtype where c is h (see matmul below)
 //   embedding fwd       wte, wpe: f32 | h (both the same); out f32     bwd: all f32
 //   layernorm fwd       x f32; out f32 | h;            bwd: dout f32 | h; x, dx f32
 //   rmsnorm fwd         x f32; out f32 | h;            bwd: dout f32 | h; x, dx f32
@@ -393,7 +394,12 @@ class Device {
   // c (=) alpha * op(a) @ op(b) + beta * c (+ bias broadcast over rows, if given).
   // op(a) [..., M, K], op(b) [..., K, N], c [..., M, N]; op(x) is x or its transpose over the
   // last two dims as stored ([..., K, M] with trans_a). Leading (batch) dims of c are matched by
-  // a and b, or a/b is 2-D and broadcast over the batch. bias [N]. fp32 accumulation.
+  // a and b, or a/b is 2-D and broadcast over the batch. bias [N]. fp32 accumulation:
+  //   c[i][j] = round_c(alpha * acc[i][j] + beta * c[i][j] + bias'[j]), added in that order,
+  // acc the fp32 sum of products and round_c the one rounding to c's dtype (none for f32). With
+  // an f32 c, bias' is the f32 bias; with an f16/bf16 c, bias' is the bias rounded to c's dtype
+  // (nearest even, as every 16-bit store) and widened back, as cuBLASLt's bias epilogue, PyTorch's
+  // autocast and llm.c add it there.
   void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
               float alpha = 1.0f, float beta = 0.0f, const Tensor* bias = nullptr);
   // dbias (+=) column sums of dout: dout [M,N], dbias [N].

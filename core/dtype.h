@@ -101,6 +101,14 @@ inline float f16_to_f32(uint16_t h) {
   return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+// v as a tensor of float dtype dt holds it, widened back to f32: f16 and bf16 round to nearest
+// even (f32_to_f16, f32_to_bf16), f32 keeps v.
+inline float round_to(DType dt, float v) {
+  if (dt == DType::f16) return f16_to_f32(f32_to_f16(v));
+  if (dt == DType::bf16) return bf16_to_f32(f32_to_bf16(v));
+  return v;
+}
+
 // Element i of p (of type dt) as f32, and v stored into it: floats round to nearest even;
 inline float read_as_f32(const void* p, DType dt, int64_t i) {
   switch (dt) {

@@ -38,14 +38,18 @@
 #define B_T float
 #define B_LD(x) (x)
 #endif
+// C_RND(f): f as c's dtype holds it -- the bias of a 16-bit c is added rounded to it
+// (core/device.h's matmul contract); an f32 c takes the f32 bias as it is.
 #if defined(C_H)
 #define C_T H_T
 #define C_LD(x) h_load(x)
 #define C_ST(f) h_store(f)
+#define C_RND(f) h_round(f)
 #else
 #define C_T float
 #define C_LD(x) (x)
 #define C_ST(f) (f)
+#define C_RND(f) (f)
 #endif
 
 #if defined(MM_VEC)
@@ -230,7 +234,7 @@ float h1(U1Ptr p, uint i) { return h_load((p.v[i >> 1] >> ((i & 1u) << 4)) & 0xf
 #endif
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 
-// c[m][n] = alpha * acc (+ beta * c[m][n]) (+ bn, the bias at column n, where pc.has_bias)
+// c[m][n] = alpha * acc (+ beta * c[m][n]) (+ bn, bias_at(n), where pc.has_bias)
 void store_b(uint m, uint n, uint cbase, float acc, float bn) {
   if (m >= pc.M || n >= pc.N) return;
   uint ci = cbase + m * pc.scm + n;
@@ -240,18 +244,19 @@ void store_b(uint m, uint n, uint cbase, float acc, float bn) {
   c[ci] = C_ST(v);
 }
 
-// The bias at column n (0 past N or without bias): loaded once per column of a register block
-// rather than once per element (on lavapipe every load from a bound buffer is a bounds-checked
-// branch per lane, and the epilogue's loads were most of a GEMM's compile time).
+// The bias at column n as added (C_RND: rounded to a 16-bit c's dtype; 0 past N or without
+// bias): loaded once per column of a register block rather than once per element (on lavapipe
+// every load from a bound buffer is a bounds-checked branch per lane, and the epilogue's loads
+// were most of a GEMM's compile time).
 float bias_at(uint n) {
   float b = 0.0;
-  if (pc.has_bias != 0u && n < pc.N) b = bias[pc.obias + n];
+  if (pc.has_bias != 0u && n < pc.N) b = C_RND(bias[pc.obias + n]);
   return b;
 }
 
 void store(uint m, uint n, uint cbase, float acc) {
   if (m >= pc.M || n >= pc.N) return;
-  store_b(m, n, cbase, acc, pc.has_bias != 0u ? bias[pc.obias + n] : 0.0);
+  store_b(m, n, cbase, acc, pc.has_bias != 0u ? C_RND(bias[pc.obias + n]) : 0.0);
 }
 
 void main() {

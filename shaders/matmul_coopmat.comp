@@ -47,7 +47,8 @@
 // accumulation; the products of bf16 values exact) and bf16's range. f16 tensors are staged as
 // they are (exact, unscaled): the f16 build is unchanged by this.
 // Epilogue: each accumulator fragment is stored to its subgroup's FM x FN scratch in shared
-// memory, then every lane applies alpha, beta, bias and the bounds to its elements.
+// memory, then every lane applies alpha, beta, bias (rounded to a 16-bit c's dtype first, as in
+// matmul.comp) and the bounds to its elements.
 
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_GOOGLE_include_directive : require
@@ -115,14 +116,17 @@ layout(push_constant) uniform Push {
 }
 pc;
 
+// C_RND(f): f as c's dtype holds it (the bias of a 16-bit c is added rounded to it).
 #if defined(C_H)
 #define C_T H_T
 #define C_LD(x) h_load(x)
 #define C_ST(f) h_store(f)
+#define C_RND(f) h_round(f)
 #else
 #define C_T float
 #define C_LD(x) (x)
 #define C_ST(f) (f)
+#define C_RND(f) (f)
 #endif
 
 layout(std430, binding = 0) buffer Cm { C_T c[]; };
@@ -293,7 +297,7 @@ void main() {
           uint ci = cbase + m * pc.scm + n;
           float v = pc.alpha * Cw[woff + e];
           if (pc.beta != 0.0) v += pc.beta * C_LD(c[ci]);  // beta == 0: c may hold NaN garbage
-          if (pc.has_bias != 0u) v += bias[pc.obias + n];
+          if (pc.has_bias != 0u) v += C_RND(bias[pc.obias + n]);
           c[ci] = C_ST(v);
         }
       }

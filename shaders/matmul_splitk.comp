@@ -1,8 +1,8 @@
 #version 450
 // The second pass of a split-k GEMM (matmul_coopmat.comp, matmul.comp MM_TILED with
 // pc.ksplit = S > 1): c[z][m][n] = alpha * sum_s part[z * S + s][m][n] + beta * c[z][m][n]
-// (+ bias[n]), the S partial sums added in order s = 0, 1, .. so that the result does not
-// depend on the device (deterministic; no atomics). part [batch * S][M][N] f32 at part[opart];
+// (+ bias[n], rounded to c's dtype first where c is 16-bit), the S partial sums added in order
+// s = 0, 1, .. so that the result does not depend on the device (deterministic; no atomics). part [batch * S][M][N] f32 at part[opart];
 // c [batch][M][N] at c[oc + z*scb + m*scm + n] (f32, or 16 bits with H_F16 / H_BF16).
 // One invocation per element of c, over the (x, y) grid of VulkanDevice::grid().
 #extension GL_GOOGLE_include_directive : require
@@ -29,6 +29,6 @@ void main() {
   const uint ci = pc.oc + z * pc.scb + m * pc.scm + n;
   float v = pc.alpha * s;
   if (pc.beta != 0.0) v += pc.beta * h_load(c[ci]);  // beta == 0: c may hold NaN garbage
-  if (pc.has_bias != 0u) v += bias[pc.obias + n];
+  if (pc.has_bias != 0u) v += h_round(bias[pc.obias + n]);  // as c's dtype holds it
   c[ci] = h_store(v);
 }

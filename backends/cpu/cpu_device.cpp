@@ -232,6 +232,7 @@ class CpuDevice final : public Device, private Workspace {
     m.a_batched = d.a_batched;
     m.b_batched = d.b_batched;
     if (bias) m.bias = f(*bias);
+    m.c_dtype = c.dtype;
     m.trans_a = trans_a;
     m.trans_b = trans_b;
     m.alpha = alpha;

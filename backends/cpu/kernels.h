@@ -20,12 +20,15 @@ class Workspace {
   virtual void* get(size_t bytes) = 0;  // 64-byte aligned
 };
 
-// c = alpha * op(a) @ op(b) + beta * c (+ bias), for `batch` matrices.
+// c = alpha * op(a) @ op(b) + beta * c (+ bias), for `batch` matrices. c is f32 here; c_dtype
+// is the dtype the device stores it in afterwards: a 16-bit one adds the bias rounded to that
+// dtype (core/device.h's matmul contract).
 struct MatmulArgs {
   float* c = nullptr;           // [batch, M, N]
   const float* a = nullptr;     // [batch?, M, K], or [batch?, K, M] with trans_a
   const float* b = nullptr;     // [batch?, K, N], or [batch?, N, K] with trans_b
   const float* bias = nullptr;  // [N] or null
+  DType c_dtype = DType::f32;   // f32, f16 or bf16
   int64_t batch = 1, M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false;
   bool a_batched = false, b_batched = false;  // false: one matrix broadcast over the batch
@@ -37,7 +40,7 @@ struct MatmulBf16Args {
   void* c = nullptr;            // (M,N) f32, or bf16 when c_bf16
   const uint16_t* a = nullptr;  // (M,K) or (K,M) with trans_a
   const uint16_t* b = nullptr;  // (K,N) or (N,K) with trans_b
-  const float* bias = nullptr;  // (N) or null
+  const float* bias = nullptr;  // (N) or null; added rounded to bf16 when c_bf16
   int64_t M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false, c_bf16 = false;
   float alpha = 1.0f, beta = 0.0f;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "backends/cpu/kernels.h"
 #include "core/error.h"
@@ -217,7 +218,11 @@ bool matmul_bf16(const MatmulBf16Args& m) {
   // With both, oneDNN would scale the bias too: keep the contract's alpha * ab + bias exact.
   if (m.alpha != 1.0f && m.bias) return false;
   Key k{m.M, m.N, m.K, m.trans_a, m.trans_b, m.c_bf16, m.bias != nullptr, m.alpha, m.beta};
-  return run(k, m.a, m.b, m.c, m.bias);
+  if (!m.bias || !m.c_bf16) return run(k, m.a, m.b, m.c, m.bias);
+  // A bf16 c adds the bias rounded to bf16 (the op's contract); oneDNN adds the f32 it is given.
+  std::vector<float> bias(static_cast<size_t>(m.N));
+  for (size_t j = 0; j < bias.size(); ++j) bias[j] = round_to(DType::bf16, m.bias[j]);
+  return run(k, m.a, m.b, m.c, bias.data());
 }
 
 // f32 c (M,N) = alpha a (M,K) op(b) + beta c (+ bias); b stored (K,N), or (N,K) with trans_b.

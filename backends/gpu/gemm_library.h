@@ -21,7 +21,8 @@ class GemmLibrary {
   virtual bool gemm(const GemmArgs& g, void* stream) = 0;
   // True where the library adds g's bias only in the output's type (cuBLASLt has no kernels for
   // an f32 bias with a 16-bit output; PyTorch's autocast and llm.c add a 16-bit bias there too):
-  // the caller then sets g.bias_lowp, the bias rounded to g.c_elem.
+  // the caller then sets g.bias_lowp, the bias rounded to g.c_elem -- exactly the bias the op's
+  // contract adds to a 16-bit output (core/device.h), so the library's result is the own kernels'.
   virtual bool bias_in_output_type(const GemmArgs& g) const {
     (void)g;
     return false;

@@ -118,8 +118,9 @@ void rmsnorm_backward(const Ctx& cx, float* dx, float* dw, const void* dout, Ele
 //   c_z [M,N] (=) alpha * op(a_z) @ op(b_z) + beta * c_z (+ bias [N] broadcast over rows)
 // a_z = a + z * stride_a elements (stride 0: one matrix for the whole batch), likewise b and c.
 // op(a) [M,K]: a stored [M,K], or [K,M] with trans_a; op(b) [K,N]: b stored [K,N], or [N,K] with
-// trans_b. a and b share ab_elem; c is f32 or ab_elem; bias f32 or nullptr. fp32 accumulation
-// in a fixed order over k. beta == 0 never reads c (NaN there does not propagate).
+// trans_b. a and b share ab_elem; c is f32 or ab_elem; bias f32 or nullptr, added as c_elem
+// holds it (a 16-bit c: rounded to nearest even first; core/device.h's matmul contract). fp32
+// accumulation in a fixed order over k. beta == 0 never reads c (NaN there does not propagate).
 struct GemmArgs {
   void* c = nullptr;
   const void* a = nullptr;
@@ -131,8 +132,8 @@ struct GemmArgs {
   bool trans_a = false, trans_b = false;
   float alpha = 1.0f, beta = 0.0f;
   // The bias rounded to c_elem (nearest even), set by the runtime only for a vendor library that
-  // adds nothing but a bias of the output's type (GemmLibrary::bias_in_output_type); the own
-  // kernels read `bias`.
+  // adds nothing but a bias of the output's type (GemmLibrary::bias_in_output_type): the same
+  // values the contract adds. The own kernels read `bias` and round it themselves.
   const void* bias_lowp = nullptr;
 };
 // The project's own GEMM: gemm_tc below where it takes g, else matmul.cu's tiled kernels (16-bit

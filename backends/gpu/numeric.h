@@ -78,9 +78,11 @@ __host__ __device__ __forceinline__ bool ct_isfinite(float v) {
   return (f32_bits(v) & 0x7f800000u) != 0x7f800000u;
 }
 
-// Element tags: how a kernel reads and writes one element of a tensor of that type.
+// Element tags: how a kernel reads and writes one element of a tensor of that type, and
+// rounded(v): v as such an element holds it, widened back (load(store(v)) without the memory).
 struct F32 {
   using Storage = float;
+  static __host__ __device__ __forceinline__ float rounded(float v) { return v; }
   static __device__ __forceinline__ float load(const void* p, std::int64_t i) {
     return static_cast<const float*>(p)[i];
   }
@@ -90,6 +92,9 @@ struct F32 {
 };
 struct F16 {
   using Storage = std::uint16_t;
+  static __host__ __device__ __forceinline__ float rounded(float v) {
+    return f16_to_f32(f32_to_f16(v));
+  }
   static __device__ __forceinline__ float load(const void* p, std::int64_t i) {
     return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
   }
@@ -99,6 +104,9 @@ struct F16 {
 };
 struct BF16 {
   using Storage = std::uint16_t;
+  static __host__ __device__ __forceinline__ float rounded(float v) {
+    return bf16_to_f32(f32_to_bf16(v));
+  }
   static __device__ __forceinline__ float load(const void* p, std::int64_t i) {
     return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
   }

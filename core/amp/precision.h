@@ -12,6 +12,8 @@
 //   logits (and dlogits, in place)             f32     h
 //   per-token losses, loss                     f32     f32
 //   activation gradients feeding matmuls       f32     h
+//   linear-layer biases                        f32     f32 (master); a matmul with a 16-bit
+//                                                      output adds them rounded to its dtype
 //   accumulation in GEMM, layernorm statistics, softmax, loss, optimizer: always fp32.
 // fp16 needs dynamic loss scaling (core/amp/loss_scaler.h); bf16 has fp32's exponent range and
 // needs none.

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <tuple>
 
+#include "tests/common/bias_rounding_case.h"
 #include "tests/common/half_compare.h"
 
 namespace ct::test {
@@ -292,6 +294,37 @@ TEST_P(MixedPrecisionUlp, MatmulH) {
               EXPECT_TRUE(same_h(c, what, kAccTol));
           }
     }
+  });
+}
+
+// The bias of a 16-bit c is added rounded to c's dtype (core/device.h's matmul contract): by
+// hand, then on cases where that rule and adding the f32 bias give different 16-bit results and
+// every fp32 step is exact (tests/common/bias_rounding_case.h), so the reference and every device
+// must give the host's bits exactly; an f32 c takes the f32 bias.
+TEST_P(MixedPrecisionUlp, MatmulHBiasRoundedToC) {
+  for_each_half({OpKind::kMatmul}, [&](DType h) {
+    // 1x1x2, a = [1, q], b = [1, 1]^T with q the ulp of h in [1, 2): acc = 1 + q. The bias
+    // 1 + q/4 rounds to 1, and 2 + q is a tie between 2 and 2 + 2q: 2, the even one. The f32 bias
+    // would give 2 + 2q.
+    const float q = h == DType::bf16 ? 0x1p-7f : 0x1p-10f;
+    Pair a = both_as({1, 2}, {1.0f, q}, h), b = both_as({2, 1}, {1.0f, 1.0f}, h);
+    Pair bias = both({1}, {1.0f + q / 4}), c = both_empty({1, 1}, h);
+    dut().matmul(c.d, a.d, b.d, false, false, 1.0f, 0.0f, &bias.d);
+    ref().matmul(c.r, a.r, b.r, false, false, 1.0f, 0.0f, &bias.r);
+    EXPECT_EQ(download_h(ref(), c.r)[0], 2.0f) << "reference, 1x1x2";
+    EXPECT_EQ(download_h(dut(), c.d)[0], 2.0f) << id() << ", 1x1x2";
+    uint64_t seed = 300;
+    for (auto [M, N, K] : {std::tuple{37, 53, 29}, std::tuple{64, 72, 40}})
+      for (int tr = 0; tr < 4; ++tr) {
+        const float alpha = tr == 3 ? 0.5f : 1.0f, beta = tr == 3 ? 0.5f : 0.0f;
+        const BiasRoundingCase k =
+            bias_rounding_case(h, M, N, K, tr & 1, tr & 2, alpha, beta, seed++);
+        ASSERT_GE(k.rules_differ, k.M * k.N / 8) << k.name() << ": the rules hardly differ here";
+        for (DType tc : {h, DType::f32}) {
+          EXPECT_TRUE(bias_rounding_matches(ref(), k, tc));
+          EXPECT_TRUE(bias_rounding_matches(dut(), k, tc));
+        }
+      }
   });
 }
 

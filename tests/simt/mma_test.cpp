@@ -100,7 +100,9 @@ void run_case(ct::simt::Runtime& rt, std::mt19937& rng, const Case& c, Elem e, i
           mag += std::fabs(static_cast<double>(av) * bv);
         }
         const std::int64_t at = z * sc + m * c.N + n;
-        ref = c.alpha * ref + c.beta * c0[at] + (c.bias ? bias[n] : 0.0f);
+        // a 16-bit c adds the bias rounded to its type (core/device.h's matmul contract)
+        const float bn = c.c16 ? from16(e, to16(e, bias[n])) : bias[n];
+        ref = c.alpha * ref + c.beta * c0[at] + (c.bias ? bn : 0.0f);
         float got;
         if (c.c16) {
           std::uint16_t h;

@@ -2,6 +2,7 @@
 // tensors, its dtype rules, and matmul in f16/bf16 with each GEMM shader variant forced in turn
 // (CROSSTRAIN_VK_MATMUL; 16-bit MM_VEC runs MM_REG). The ops themselves run on every device in
 // tests/ops/mixed_precision*_test.cpp.
+#include "tests/common/bias_rounding_case.h"
 #include "tests/common/half_compare.h"
 #include "tests/vulkan/vulkan_fixture.h"
 
@@ -101,6 +102,41 @@ TEST_P(MixedPrecisionTest, MatmulH) {
         }
   }
   unsetenv("CROSSTRAIN_VK_MATMUL");
+}
+
+// The bias of a 16-bit c rounded to c's dtype first (core/device.h; tests/common/
+// bias_rounding_case.h) in every GEMM shader's epilogue: matmul.comp's variants, the tiled GEMM
+// split along k (matmul_splitk.comp adds the bias), the emulated cooperative-matrix build, plain
+// and split. Every element equals the host's, c 16-bit and f32.
+TEST_P(MixedPrecisionTest, MatmulHBiasRoundedToCEveryShader) {
+  const DType h = GetParam();
+  struct Variant {
+    const char* matmul;
+    const char* splitk;  // nullptr: not split
+  };
+  uint64_t seed = 400;
+  vk().set_profiling(true);
+  for (Variant v : {Variant{"vsg", nullptr}, Variant{"reg", nullptr}, Variant{"tiled", nullptr},
+                    Variant{"tiled", "3"}, Variant{"cm16e", nullptr}, Variant{"cm8e", "3"}}) {
+    setenv("CROSSTRAIN_VK_MATMUL", v.matmul, 1);
+    if (v.splitk) setenv("CROSSTRAIN_VK_SPLITK", v.splitk, 1);
+    for (int tr = 0; tr < 4; ++tr) {
+      const float alpha = tr == 3 ? 0.5f : 1.0f, beta = tr == 3 ? 0.5f : 0.0f;
+      const BiasRoundingCase k =
+          bias_rounding_case(h, 37, 53, 40, tr & 1, tr & 2, alpha, beta, seed++);
+      for (DType tc : {h, DType::f32})
+        EXPECT_TRUE(bias_rounding_matches(vk(), k, tc))
+            << v.matmul << (v.splitk ? " split-k " : "") << (v.splitk ? v.splitk : "");
+    }
+    unsetenv("CROSSTRAIN_VK_SPLITK");
+  }
+  unsetenv("CROSSTRAIN_VK_MATMUL");
+  const std::string report = vk().profile_report(), hs = dtype_name(h);
+  vk().set_profiling(false);
+  for (const std::string& shader : std::vector<std::string>{
+           "matmul_vsg_", "matmul_reg_hhh_", "matmul_tiled_hhh_", "matmul_splitk_" + hs,
+           "matmul_cme_hhh_" + hs, "matmul_cme_hhf_" + hs})
+    EXPECT_NE(report.find(shader), std::string::npos) << shader << " did not run:\n" << report;
 }
 
 INSTANTIATE_TEST_SUITE_P(Vulkan, MixedPrecisionTest, ::testing::Values(DType::f16, DType::bf16),

@@ -73,15 +73,22 @@ void sgemm(const MatmulArgs& m, const float* a, const float* b, float* c, int64_
 }  // namespace
 
 // c is (batch,M,N); a is (M,K) or (K,M) with trans_a; b is (K,N) or (N,K) with trans_b;
-// either may be shared by the whole batch. bias is (N).
-void matmul(Workspace&, const MatmulArgs& m) {
+// either may be shared by the whole batch. bias is (N); a 16-bit c_dtype takes it rounded to
+// that dtype (in the workspace), as the reference does.
+void matmul(Workspace& ws, const MatmulArgs& m) {
   if (m.batch == 0 || m.M == 0 || m.N == 0) return;
+  const float* bias = m.bias;
+  if (bias && m.c_dtype != DType::f32) {
+    float* rounded = static_cast<float*>(ws.get(static_cast<size_t>(m.N) * sizeof(float)));
+    for (int64_t j = 0; j < m.N; ++j) rounded[j] = round_to(m.c_dtype, m.bias[j]);
+    bias = rounded;
+  }
   if (prefer_onednn_f32(m) &&
-      matmul_f32_onednn(m.c, m.a, m.b, m.bias, m.batch * m.M, m.N, m.K, m.trans_b, m.alpha, m.beta))
+      matmul_f32_onednn(m.c, m.a, m.b, bias, m.batch * m.M, m.N, m.K, m.trans_b, m.alpha, m.beta))
     return;
   float beta = m.beta;
-  if (m.bias || m.K == 0) {
-    prescale_bias(m.c, m.bias, m.beta, m.batch * m.M, m.N);
+  if (bias || m.K == 0) {
+    prescale_bias(m.c, bias, m.beta, m.batch * m.M, m.N);
     beta = 1.0f;
     if (m.K == 0) return;
   }

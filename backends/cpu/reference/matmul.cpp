@@ -9,13 +9,17 @@ namespace ct::cpu::ref {
 // either may be shared by the whole batch. bias is (N).
 //
 // Every c[i][j] is alpha * (sum over k = 0, 1, .., K-1 of op(a)[i][k] * op(b)[k][j]) + beta *
-// c[i][j] + bias[j], the sum in double in that order (a product of two floats is exact in double,
-// so each step rounds once). The loops are arranged for the cache, not the arithmetic: row i of
-// op(a) is copied out once; with b as stored (K,N), row i of c is accumulated over the rows of b
-// (each column its own sum, still k ascending); with b transposed, each c[i][j] is a dot product
-// of two contiguous rows. The results are the same bits as the textbook triple loop.
+// c[i][j] + bias'[j], the sum in double in that order (a product of two floats is exact in double,
+// so each step rounds once), where bias'[j] is bias[j] as c's dtype holds it: rounded to f16 or
+// bf16 (nearest even) for a 16-bit c, bias[j] itself for an f32 c. The loops are arranged for the
+// cache, not the arithmetic: row i of op(a) is copied out once; with b as stored (K,N), row i of c
+// is accumulated over the rows of b (each column its own sum, still k ascending); with b
+// transposed, each c[i][j] is a dot product of two contiguous rows. The results are the same bits
+// as the textbook triple loop.
 void matmul(Workspace&, const MatmulArgs& m) {
   std::vector<double> arow(static_cast<size_t>(m.K)), acc(static_cast<size_t>(m.N));
+  std::vector<double> bias(m.bias ? static_cast<size_t>(m.N) : 0);  // bias'
+  for (size_t j = 0; j < bias.size(); ++j) bias[j] = round_to(m.c_dtype, m.bias[j]);
   for (int64_t p = 0; p < m.batch; ++p) {
     const float* a = m.a + (m.a_batched ? p * m.M * m.K : 0);
     const float* b = m.b + (m.b_batched ? p * m.K * m.N : 0);
@@ -54,7 +58,7 @@ void matmul(Workspace&, const MatmulArgs& m) {
       for (int64_t j = 0; j < m.N; ++j) {
         double r = m.alpha * acc[j];
         if (m.beta != 0.0f) r += static_cast<double>(m.beta) * c[i * m.N + j];
-        if (m.bias) r += m.bias[j];
+        if (m.bias) r += bias[j];
         c[i * m.N + j] = static_cast<float>(r);
       }
     }

@@ -25,7 +25,8 @@
 // time share the slices of b they read (L2 reuse on a GPU; the results do not depend on it).
 //
 // Arithmetic: k in order 0 .. K-1 through the tiles, f32 accumulation; alpha acc, then + beta c,
-// then + bias, each rounded once (the build has FMA contraction off), as matmul.cu's kernels. On
+// then + bias (rounded to c's type first where c is 16-bit), each rounded once (the build has FMA
+// contraction off), as matmul.cu's kernels. On
 // the SIMT runtime the matrix instructions sum in that order, so there the results are the
 // scalar kernel's bits (tests/simt/mma_test.cpp holds them to it at warp 32 and 64); tensor
 // cores and MFMA units sum a tile's k in their own order.
@@ -183,9 +184,9 @@ __device__ __forceinline__ void slice_w64(float (&c)[TI][TJ][16], const std::uin
 }
 
 // c (batch, M, N) f32 (c32) or AB; a (M, K) or with TA (K, M), b (K, N) or with TB (N, K), of
-// element AB, rows 16-byte aligned (gemm_tc_refusal); bias (N) f32 or nullptr. Block x of the
-// grid is block tile (tm, tn) in kGroupM-row groups (tiles_m x tiles_n tiles), block z batch
-// element z_base + z.
+// element AB, rows 16-byte aligned (gemm_tc_refusal); bias (N) f32 or nullptr, added as AB
+// rounds it where c is AB (!c32). Block x of the grid is block tile (tm, tn) in kGroupM-row
+// groups (tiles_m x tiles_n tiles), block z batch element z_base + z.
 template <int WARP, typename AB, bool TA, bool TB>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     gemm_tc_kernel(void* c, const void* a, const void* b, const float* bias, bool c32,
@@ -253,7 +254,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     const std::int64_t at = c_off + m * N + n;
     float r = alpha * acc[i][j][e];
     if (beta != 0.0f) r += beta * (c32 ? F32::load(c, at) : AB::load(c, at));
-    if (bias) r += bias[n];
+    if (bias) r += c32 ? bias[n] : AB::rounded(bias[n]);
     if (c32)
       F32::store(c, at, r);
     else

@@ -1,12 +1,13 @@
 // GEMM (the project's own, for every target) and the bias gradient.
 //
-// gemm: c_z = alpha op(a_z) op(b_z) + beta c_z (+ bias), batched by blockIdx.z with element
-// strides (0 = one matrix for the whole batch). A block computes a kBM x kBN tile of c from
-// kBK-deep slices of a and b staged in shared memory as fp32; each thread owns a kMi x kNj set
-// of outputs (on GPUs 256 threads of 4 x 4 at stride 16, on the SIMT runtime 64 threads of 8 x 8
-// adjacent ones) and accumulates over k in order 0 .. K-1, one rounding per product and per add
-// (the build has FMA contraction off), so every output's bits depend on the inputs only -- not on
-// the tile shape, the thread layout, the warp size or the target.
+// gemm: c_z = alpha op(a_z) op(b_z) + beta c_z (+ bias, rounded to c's type first where c is
+// 16-bit), batched by blockIdx.z with element strides (0 = one matrix for the whole batch). A
+// block computes a kBM x kBN tile of c from kBK-deep slices of a and b staged in shared memory as
+// fp32; each thread owns a kMi x kNj set of outputs (on GPUs 256 threads of 4 x 4 at stride 16,
+// on the SIMT runtime 64 threads of 8 x 8 adjacent ones) and accumulates over k in order 0 ..
+// K-1, one rounding per product and per add (the build has FMA contraction off), so every
+// output's bits depend on the inputs only -- not on the tile shape, the thread layout, the warp
+// size or the target.
 //
 // gemm_tile_kernel: the same GEMM for 16-bit a and b through the matrix tile of
 // backends/gpu/kernels/mma.h (tensor cores on sm_80+, MFMA on gfx90a, the scalar form elsewhere).
@@ -43,8 +44,8 @@ static_assert(kBK * kBM % kGemmThreads == 0 && kBK * kBN % kGemmThreads == 0,
               "gemm_kernel: the staging loops need whole rounds");
 
 // c (batch, M, N) of element Cel; a (M, K) or (K, M) with TA, b (K, N) or (N, K) with TB, both
-// of element AB; bias (N) f32 or nullptr. Block (x, y, z) computes rows m_base + kBM y ..,
-// columns kBN x .. of batch element z_base + z.
+// of element AB; bias (N) f32 or nullptr, added as Cel rounds it. Block (x, y, z) computes
+// rows m_base + kBM y .., columns kBN x .. of batch element z_base + z.
 template <int WARP, typename AB, typename Cel, bool TA, bool TB>
 __global__ void CT_LAUNCH_BOUNDS(kGemmThreads)
     gemm_kernel(void* c, const void* a, const void* b, const float* bias, std::int64_t M,
@@ -128,7 +129,7 @@ __global__ void CT_LAUNCH_BOUNDS(kGemmThreads)
       const std::int64_t at = c_off + m * N + n;
       float r = alpha * acc[i][j];
       if (beta != 0.0f) r += beta * Cel::load(c, at);
-      if (bias) r += bias[n];
+      if (bias) r += Cel::rounded(bias[n]);
       Cel::store(c, at, r);
     }
   }
@@ -207,7 +208,7 @@ __global__ void CT_LAUNCH_BOUNDS(4 * WARP)
         const std::int64_t at = c_off + m * N + n;
         float r = alpha * acc[i][j][e];
         if (beta != 0.0f) r += beta * Cel::load(c, at);
-        if (bias) r += bias[n];
+        if (bias) r += Cel::rounded(bias[n]);
         Cel::store(c, at, r);
       }
 }

@@ -579,7 +579,8 @@ bool VulkanDevice::coopmat_self_test(std::string* why) {
             double acc = 0;
             for (int64_t k = 0; k < s.K; ++k)
               acc += va[s.ta ? k * s.M + i : i * s.K + k] * vb[s.tb ? j * s.K + k : k * s.N + j];
-            acc += s.beta * vc[i * s.N + j] + (s.bias ? vbias[j] : 0.0);
+            // a 16-bit c adds the bias rounded to its dtype (round_to(f32, x) is x)
+            acc += s.beta * vc[i * s.N + j] + (s.bias ? round_to(tc, float(vbias[j])) : 0.0);
             r0[i * s.N + j] = float(acc);
           }
       } else {
