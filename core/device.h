@@ -339,8 +339,10 @@ class Device {
   // backend can; profile_report() is a printable table of them ("" where not supported).
   virtual void set_profiling(bool on) { (void)on; }
   virtual std::string profile_report() { return ""; }
-  // fp32 matmuls may take TF32 inputs from now on (crosstrain train --tf32, PyTorch's
-  // allow_tf32), where info().tf32 says the device can; a no-op elsewhere. Off when opened.
+  // fp32 matmuls (and the GPU devices' tile flash attention) may take TF32 inputs from now on
+  // (crosstrain train --tf32, PyTorch's allow_tf32), where info().tf32 says the device can; a
+  // no-op elsewhere (the SIMT runtime, a test device, takes it for its attention only). Off when
+  // opened.
   virtual void set_allow_tf32(bool on) { (void)on; }
 
   // -- elementwise ---------------------------------------------------------------------------

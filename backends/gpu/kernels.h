@@ -33,6 +33,9 @@ struct Ctx {
   // where the device has matrix cores (sm_80+, gfx90a); on the SIMT runtime it runs the tile's
   // scalar form, which gives the scalar kernel's bits.
   bool matrix_tiles = false;
+  // fp32 products may take TF32 inputs (Device::set_allow_tf32, crosstrain train --tf32): the
+  // tile flash attention then takes f32 at warp 32 (flash_attention_tc.cu).
+  bool tf32 = false;
 };
 
 // --- elementwise.cu ------------------------------------------------------------------------
