@@ -345,8 +345,10 @@ class Device {
   // per op, the device time of the outermost scope is counted under `op`, its public name.
   virtual void op_begin(const char* op) { (void)op; }
   virtual void op_end() {}
-  // fp32 matmuls may take TF32 inputs from now on (crosstrain train --tf32, PyTorch's
-  // allow_tf32), where info().tf32 says the device can; a no-op elsewhere. Off when opened.
+  // fp32 matmuls (and the GPU devices' tile flash attention) may take TF32 inputs from now on
+  // (crosstrain train --tf32, PyTorch's allow_tf32), where info().tf32 says the device can; a
+  // no-op elsewhere (the SIMT runtime, a test device, takes it for its attention only). Off when
+  // opened.
   virtual void set_allow_tf32(bool on) { (void)on; }
 
   // -- elementwise ---------------------------------------------------------------------------

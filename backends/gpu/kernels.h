@@ -33,6 +33,9 @@ struct Ctx {
   // where the device has matrix cores (sm_80+, gfx90a); on the SIMT runtime it runs the tile's
   // scalar form, which gives the scalar kernel's bits.
   bool matrix_tiles = false;
+  // fp32 products may take TF32 inputs (Device::set_allow_tf32, crosstrain train --tf32): the
+  // tile flash attention then takes f32 at warp 32 (flash_attention_tc.cu).
+  bool tf32 = false;
 };
 
 // --- elementwise.cu ------------------------------------------------------------------------
@@ -189,10 +192,11 @@ void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const
 // --- flash_attention_tc.cu ------------------------------------------------------------------
 // The same ops through the matrix tile (FlashAttention-2 on mma.sync / MFMA, the scalar form on
 // other targets), for what the tile takes: a device with matrix tiles (cx.matrix_tiles), q, k, v
-// of F16 or BF16, head size 64 or 128, and 16-byte aligned tensors among `staged` (qkv in the
-// forward, qkv and dout in the backward). flash_attention_tc_refusal says why not ("" when it
-// takes them); the callers run the general kernels above then. Same contract, workspace and
-// determinism (not the same bits: P and dS go through the tile in the element type).
+// of F16 or BF16, or of F32 under TF32 (cx.tf32) at warp 32 (mma.sync m16n8k8 .tf32, not on
+// HIP), head size 64 or 128, and 16-byte aligned tensors among `staged` (qkv in the forward, qkv
+// and dout in the backward). flash_attention_tc_refusal says why not ("" when it takes them);
+// the callers run the general kernels above then. Same contract, workspace and determinism (not
+// the same bits: P and dS go through the tile in the element type, or in TF32 for f32).
 std::string flash_attention_tc_refusal(const Ctx& cx, Elem e, std::int64_t hs,
                                        std::initializer_list<const void*> staged);
 void flash_attention_tc_forward(const Ctx& cx, void* out, float* lse, const void* qkv, Elem e,

@@ -206,6 +206,7 @@ class NativeRuntime final : public gpu::Runtime {
     (void)CT_API(SetDevice)(index_);
     gpu::Ctx c{warp_, stream_, sms_};
     c.matrix_tiles = tiles_;
+    c.tf32 = tf32_;
     return c;
   }
   void* allocate(std::size_t bytes) override {
@@ -340,7 +341,8 @@ class NativeRuntime final : public gpu::Runtime {
     return bias_scratch_;
   }
   void set_allow_tf32(bool on) override {
-    blas_->set_tf32(on && info_.tf32);
+    tf32_ = on && info_.tf32;
+    blas_->set_tf32(tf32_);
   }
   std::string gemm_library() const override {
     return own_gemm_ ? "own tiled kernel (CT_GPU_GEMM=own)" : blas_->describe();
@@ -362,6 +364,7 @@ class NativeRuntime final : public gpu::Runtime {
   int sms_ = 1;
   int warp_ = 32;
   bool tiles_ = false;
+  bool tf32_ = false;  // set_allow_tf32 on a device with TF32 (Ctx::tf32)
   bool own_gemm_ = [] {
     const char* v = std::getenv("CT_GPU_GEMM");
     return v && std::string(v) == "own";

@@ -66,7 +66,8 @@ class Runtime {
   // bf16 -> f32, 768x3072x8192 tn, bias, batch 1" -> calls). Empty where the target has no
   // library (there the own kernel is the GEMM by design, not a fallback).
   virtual std::map<std::string, std::int64_t> gemm_fallbacks() const { return {}; }
-  // Device::set_allow_tf32: fp32 GEMMs with TF32 inputs where the target's library has them.
+  // Device::set_allow_tf32: fp32 GEMMs with TF32 inputs where the target's library has them, and
+  // Ctx::tf32 (the tile flash attention in TF32) where the target runs the TF32 tile.
   virtual void set_allow_tf32(bool on) { (void)on; }
   // Lines for `crosstrain devices` describing which GEMM runs ("cuBLASLt 13.0", "own tiled").
   virtual std::string gemm_library() const { return "own tiled kernel (backends/gpu/kernels)"; }

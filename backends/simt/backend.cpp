@@ -66,8 +66,13 @@ class SimtRuntime final : public gpu::Runtime {
     c.stream = &default_runtime();
     c.multiprocessors = default_runtime().threads();
     c.matrix_tiles = tiles_;
+    c.tf32 = tf32_;
     return c;
   }
+  // The runtime executes the TF32 tile (mma.sync m16n8k8 .tf32 as a collective), so the tile flash
+  // attention takes f32 here too once allowed; its info() does not claim tf32, since the own GEMM
+  // has no TF32 form (the trainer's --tf32 leaves this device in fp32).
+  void set_allow_tf32(bool on) override { tf32_ = on; }
   void* allocate(std::size_t bytes) override {
     // More than the machine has: out of memory, without asking the allocator (a sanitizer's
     // allocator would abort on such a request instead of returning null).
@@ -109,6 +114,7 @@ class SimtRuntime final : public gpu::Runtime {
   // figures; tests/simt/mma_test.cpp and tests/ops/gemm_tc_test.cpp run the tile paths at both
   // warp sizes).
   bool tiles_ = gpu::matrix_tiles_setting(false);
+  bool tf32_ = false;
   DeviceInfo info_;
 };
 

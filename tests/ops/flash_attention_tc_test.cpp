@@ -1,9 +1,10 @@
 // flash_attention_forward / flash_attention_backward through the matrix-tile kernels
 // (backends/gpu/kernels/flash_attention_tc.cu) on the GPU devices (simt, simt64, cuda, hip):
 // against the reference for head sizes 64 and 128, GQA, T not a multiple of the tiles, f16 and
-// bf16; the same bits run after run; and the calls the tile kernels do not take (head size,
-// f32, alignment) on the general kernels, with the right results. --profile's report names the
-// path every case took.
+// bf16, and f32 under TF32 (Device::set_allow_tf32: the m16n8k8 .tf32 tile at warp 32); the same
+// bits run after run; and the calls the tile kernels do not take (head size, f32 without TF32,
+// f32 at warp 64, alignment) on the general kernels, with the right results. --profile's report
+// names the path every case took, with the reason where it is the general kernels.
 //
 // The tile path needs Ctx::matrix_tiles, which the SIMT backends leave off by default (the
 // scalar form of the tile is slow on the CPU). CT_GPU_TILES=1 turns it on; the runtime reads it
@@ -86,6 +87,25 @@ const TcCase kTcCases[] = {
     {2, 1, 4, 2, 64, DType::bf16, 47},
 };
 
+// f32 under TF32: grouped and multi-query attention, head sizes 64 and 128 (128 stages 32 keys a
+// tile in f32: T = 130 is past four key tiles and two query blocks, mid-tile), small enough for
+// the SIMT runtime (one fiber round per m16n8k8 tile).
+const TcCase kTf32Cases[] = {
+    {2, 77, 4, 2, 64, DType::f32, 61},
+    {1, 130, 2, 1, 128, DType::f32, 62},
+};
+
+// The TF32 cases' normalised MSE bound against the f32 reference. TF32 keeps 10 explicit mantissa
+// bits: rounding to nearest errs by at most u = 2^-11 relative, so a product of two rounded
+// operands by at most 2u (the f32 accumulation adds ~2^-24, negligible), and the normalised MSE
+// of a sum of such products -- the mean squared relative error of its terms -- by (2u)^2 = 2^-20.
+// Attention chains such sums (S = Q K^T feeds exp, then P V; in the backward dP - D cancels
+// where dP is close to D, then dS K), so the bound allows 16 (2u)^2 = 2^-16 ~ 1.5e-5: a
+// root-mean-square error of 2^-8 relative, four times one product's worst. One key dropped or
+// misplaced in a row of ~77 is an error near 1/77 in that row, far past it; the 16-bit cases'
+// kTolGemm (5e-4) is 30 times looser.
+constexpr double kTolTf32 = 1.0 / 65536;
+
 class FlashAttentionTiles : public DeviceTest {
  protected:
   void SetUp() override {
@@ -104,13 +124,14 @@ class FlashAttentionTiles : public DeviceTest {
     tiled_.reset();
     DeviceTest::TearDown();
   }
-  // Runs c on the reference and the tiled device; checks the results and that `path` ran.
-  TcOut check(const TcCase& c, const std::string& path, bool misalign = false) {
+  // Runs c on the reference and the tiled device; checks the results (normalised MSE up to t,
+  // kTolGemm when 0) and that `path` ran.
+  TcOut check(const TcCase& c, const std::string& path, bool misalign = false, double t = 0) {
     tiled_->set_profiling(false);
     tiled_->set_profiling(true);  // a fresh report
     TcOut r = run(ref(), c), f = run(*tiled_, c, misalign);
     const std::string nm = c.name() + " on " + id() + " with tiles";
-    const double t = tol(Tol::kGemm);
+    if (t == 0) t = tol(Tol::kGemm);
     EXPECT_TRUE(close_nmse(f.out, r.out, t, "out vs ref " + nm));
     EXPECT_TRUE(close_nmse(f.lse, r.lse, t, "lse vs ref " + nm));
     EXPECT_TRUE(close_nmse(f.dqkv, r.dqkv, t, "dqkv vs ref " + nm));
@@ -121,6 +142,14 @@ class FlashAttentionTiles : public DeviceTest {
           << report;
     return f;
   }
+  // Where f32 runs once TF32 is allowed: the tile at warp 32 where the device takes TF32 (the
+  // SIMT runtime, CUDA where info().tf32), else the general kernels, saying why.
+  std::string tf32_path() const {
+    const std::string& b = GetParam().backend;
+    if (b == "simt64") return "general kernels (flash_attention.cu): f32 at warp 64";
+    if (b == "simt" || tiled_->info().tf32) return "matrix tiles";
+    return "general kernels (flash_attention.cu): f32 without TF32";
+  }
   std::unique_ptr<Device> tiled_;
 };
 
@@ -128,10 +157,18 @@ TEST_P(FlashAttentionTiles, MatchesReference) {
   for (const TcCase& c : kTcCases) check(c, "matrix tiles");
 }
 
+// f32 with TF32 allowed: the TF32 tile where the device has it, within kTolTf32 of the f32
+// reference.
+TEST_P(FlashAttentionTiles, F32UnderTf32MatchesReference) {
+  tiled_->set_allow_tf32(true);
+  for (const TcCase& c : kTf32Cases) check(c, tf32_path(), false, kTolTf32);
+}
+
 // Two runs, the same bits (out, lse, dqkv): every output has one owner summing in a fixed order.
-// (MatchesReference checks these cases' values.)
+// (MatchesReference and F32UnderTf32MatchesReference check these cases' values.)
 TEST_P(FlashAttentionTiles, Deterministic) {
-  for (TcCase c : {kTcCases[2], kTcCases[5]}) {
+  tiled_->set_allow_tf32(true);
+  for (TcCase c : {kTcCases[2], kTcCases[5], kTf32Cases[0]}) {
     c.B = 1;  // the bits of one batch element show it as well as two's
     TcOut a = run(*tiled_, c), b = run(*tiled_, c);
     EXPECT_TRUE(a.raw == b.raw) << c.name() << " on " << id() << ": two runs differ";
@@ -141,10 +178,15 @@ TEST_P(FlashAttentionTiles, Deterministic) {
       << tiled_->profile_report();
 }
 
-// What the tile kernels do not take runs on the general kernels, named in the profile.
+// What the tile kernels do not take runs on the general kernels, named in the profile. f32
+// without TF32 gives the general kernels' bits exactly (those of the harness's device, whose
+// tiles are off or whose TF32 is).
 TEST_P(FlashAttentionTiles, OtherCallsTakeTheGeneralPath) {
   check({2, 40, 4, 2, 32, DType::bf16, 51}, "general kernels (flash_attention.cu): head size 32");
-  check({1, 40, 2, 2, 64, DType::f32, 52}, "general kernels (flash_attention.cu): f32");
+  const TcCase f32{1, 40, 2, 2, 64, DType::f32, 52};
+  const TcOut tiled = check(f32, "general kernels (flash_attention.cu): f32 without TF32");
+  EXPECT_TRUE(tiled.raw == run(dev(), f32).raw)
+      << f32.name() << " on " << id() << ": f32 without TF32 differs from the general kernels";
   check({1, 40, 2, 1, 64, DType::f16, 53},
         "general kernels (flash_attention.cu): an operand not 16-byte aligned", true);
 }

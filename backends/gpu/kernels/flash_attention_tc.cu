@@ -1,15 +1,16 @@
 // Fused causal attention (core/device.h flash_attention_*) on the matrix tile of
-// backends/gpu/kernels/mma.h: FlashAttention-2's work split for 16-bit q, k, v (F16, BF16), f32
-// accumulation, head sizes 64 and 128, grouped-query attention. The same contract as
+// backends/gpu/kernels/mma.h: FlashAttention-2's work split for 16-bit q, k, v (F16, BF16), and
+// for f32 ones under TF32 (Ctx::tf32, crosstrain train --tf32) at warp 32; f32 accumulation, head
+// sizes 64 and 128, grouped-query attention. The same contract as
 // flash_attention.cu (lse saved, D = dout . out in the workspace, dqkv (=)); the general kernels
 // there take every other case (gpu_device.cpp asks flash_attention_tc_refusal which runs).
 //
 // A block is kThreads threads, kRows (64) query (or key) rows of one head; each warp owns TM
-// rows of them (16 at warp 32: mma.sync m16n8k16; 32 at warp 64: v_mfma_f32_32x32x8), and every
-// matrix product is a sequence of tiles c += a b on that warp:
+// rows of them (16 at warp 32: mma.sync m16n8k16, or m16n8k8 .tf32 for f32; 32 at warp 64:
+// v_mfma_f32_32x32x8), and every matrix product is a sequence of tiles c += a b on that warp:
 //   forward (per query block, key tiles of kKeys in order, the causal ones only):
 //     S = Q K^T, online softmax on S's C fragments per row (running max m and per-lane partial
-//     sums l, rescaled when m grows), O += P V with P rounded to the element type; at the end
+//     sums l, rescaled when m grows), O += P V with P rounded to the operand type; at the end
 //     out = O / l, lse = m + log l (l summed over the lanes of a row in a fixed butterfly).
 //   backward, query kernel (per query block, key tiles in order): D = dout . out per row (saved
 //     to the workspace), S = Q K^T, P = exp(scale S - lse), dP = dO V^T, dS = P (dP - D) scale,
@@ -19,15 +20,21 @@
 //     S^T = K Q^T, P^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
 // Every output has one owner (a warp) that sums in an order fixed by the shapes: no atomics,
 // the same bits run after run. (The bits differ from the general kernels': P and dS go through
-// the tile in the element type, and the tile's k order is the hardware's.)
+// the tile in the operand type, and the tile's k order is the hardware's.)
 //
-// Operands: k, v (forward, query kernel) and q, dout (key kernel) tiles are staged in shared
-// memory as stored bits, 16 bytes a copy (hence the 16-byte alignment the refusal checks), rows
-// padded by 8 elements; each lane reads its fragment elements through MmaLayout's layout
-// functions. The block's own rows (q, dout in the forward and query kernels, k, v in the key
-// kernel) go straight from global memory into A fragments, once. P and dS change from the C
-// layout to the A layout: at warp 32 in registers (m16n8k16's C fragments of n-tiles 2j, 2j+1
-// are the A fragment of k-step j), at warp 64 through a per-warp shared scratch.
+// Operands (Tc below): the element type's stored bits for F16 and BF16; for f32, the f32 bits
+// rounded to TF32 (ct_f32_to_tf32, to nearest) where they enter the tile -- when staged, when
+// loaded into A fragments, and P and dS from their f32 C fragments. k, v (forward, query kernel)
+// and q, dout (key kernel) tiles are staged in shared memory, 16 bytes a copy (hence the 16-byte
+// alignment the refusal checks), rows padded by 16 bytes (bank spread for both operand sizes);
+// each lane reads its fragment elements through the tile's layout functions. The block's own
+// rows (q, dout in the forward and query kernels, k, v in the key kernel) go straight from global
+// memory into A fragments, once. P and dS change from the C layout to the A layout: at warp 32
+// in registers (m16n8k16's C fragments of n-tiles 2j, 2j+1 are the A fragment of k-step j;
+// m16n8k8's C fragment of n-tile j is the A fragment of k-step j when k position q + 4h stands
+// for column 2q + h, so the B operand of those products reads its rows in that order), at warp 64
+// through a per-warp shared scratch. Shared memory stays under the 48 KB of static allocation:
+// f32 rows take twice the bytes, so head size 128 stages 32 keys a tile in f32 (kKeys).
 // TODO: cp.async double buffering of the staged tiles, ldmatrix fragment loads.
 #include <string>
 
@@ -49,9 +56,54 @@
 namespace ct::gpu {
 namespace {
 
+// Whether this target builds the TF32 tile: not under hipcc (the MFMA f32 form is not written;
+// HIP devices have no TF32 matmuls either, so the f32 kernels would never run there).
+#if defined(CT_GPU_HIP)
+constexpr bool kTf32Tile = false;
+#else
+constexpr bool kTf32Tile = true;
+#endif
+
+// The tile an instantiation runs on, and what its operands (Op) hold:
+//   F16, BF16: MmaLayout<WARP>; the stored bits.
+//   F32 (warp 32, under TF32): MmaLayoutTf32; f32 bits rounded to TF32.
+// enter: a stored element as an operand; of: a computed value (P, dS) as an operand; pv_k: the
+// k-step row of B element e in products whose A fragments came from C fragments (c_to_a's k
+// order); mma: c += a b.
+template <int WARP, typename E>
+struct Tc : MmaLayout<WARP> {
+  using L = MmaLayout<WARP>;
+  using Op = std::uint16_t;
+  static __device__ __forceinline__ Op enter(Op stored) { return stored; }
+  static __device__ __forceinline__ Op of(float v) {
+    Op b;
+    E::store(&b, 0, v);
+    return b;
+  }
+  static __device__ __forceinline__ int pv_k(int lane, int e) { return L::b_k(lane, e); }
+  static __device__ __forceinline__ void mma(float (&c)[L::NC], const Op (&a)[L::NA],
+                                             const Op (&b)[L::NB]) {
+    ::ct::gpu::mma<WARP, E>(c, a, b);
+  }
+};
+template <>
+struct Tc<32, F32> : MmaLayoutTf32 {
+  using L = MmaLayoutTf32;
+  using Op = std::uint32_t;
+  static __device__ __forceinline__ Op enter(Op stored) { return of(bits_f32(stored)); }
+  static __device__ __forceinline__ Op of(float v) { return f32_bits(ct_f32_to_tf32(v)); }
+  static __device__ __forceinline__ int pv_k(int lane, int e) { return lane % 4 * 2 + e; }
+  static __device__ __forceinline__ void mma(float (&c)[L::NC], const Op (&a)[L::NA],
+                                             const Op (&b)[L::NB]) {
+    mma_tf32(c, a, b);
+  }
+};
+
 constexpr int kRows = 64;  // query (key) rows a block
-constexpr int kKeys = 64;  // key rows a staged tile (forward, query kernel)
-constexpr int kPad = 8;    // elements after each staged row (bank spread; keeps 16-byte rows)
+template <typename Op>
+constexpr int kPad = 16 / sizeof(Op);  // elements after each staged row (keeps 16-byte rows)
+template <typename E, int HS>          // key rows a staged tile (forward, query kernel)
+constexpr int kKeys = sizeof(typename E::Storage) == 4 && HS == 128 ? 32 : 64;
 template <int HS>
 constexpr int kQueries = HS == 128 ? 32 : 64;  // query rows a staged tile (key kernel)
 template <int WARP>
@@ -64,9 +116,10 @@ struct TcDims {
   float scale;
 };
 
-// 8 elements, 16 bytes: the unit of the staging copies.
-struct alignas(16) Vec8 {
-  std::uint16_t h[8];
+// 16 bytes of operands: the unit of the staging copies.
+template <typename Op>
+struct alignas(16) Vec16 {
+  Op h[16 / sizeof(Op)];
 };
 
 // The rows of C fragments (MmaLayout<WARP>::c_row): lane l's NC values lie on kSlots rows, kPer
@@ -99,111 +152,109 @@ __device__ __forceinline__ float row_sum(float v) {
   return v;
 }
 
-template <typename E>
-__device__ __forceinline__ std::uint16_t bits_of(float v) {
-  std::uint16_t b;
-  E::store(&b, 0, v);
-  return b;
-}
-
 // Rows r0 .. r0 + N of a tensor with rows of `stride` elements, HS elements from element `at`
-// of row 0, into dst[N][HS + kPad] as stored bits; rows at or past T are zeros.
-template <int N, int HS, int THREADS>
-__device__ __forceinline__ void stage(std::uint16_t* dst, const void* src, std::int64_t at,
-                                      std::int64_t stride, std::int64_t r0, std::int64_t T) {
-  constexpr int kChunks = HS / 8, kLd = HS + kPad;
-  const auto* s = static_cast<const std::uint16_t*>(src) + at;
+// of row 0, into dst[N][HS + kPad] as operands; rows at or past T are zeros.
+template <typename T, int N, int HS, int THREADS>
+__device__ __forceinline__ void stage(typename T::Op* dst, const void* src, std::int64_t at,
+                                      std::int64_t stride, std::int64_t r0, std::int64_t TT) {
+  using Op = typename T::Op;
+  constexpr int kPer = 16 / sizeof(Op), kChunks = HS / kPer, kLd = HS + kPad<Op>;
+  const auto* s = static_cast<const Op*>(src) + at;
   for (int idx = threadIdx.x; idx < N * kChunks; idx += THREADS) {
     const int rr = idx / kChunks, c = idx % kChunks;
     const std::int64_t r = r0 + rr;
-    Vec8 v{};
-    if (r < T) v = *reinterpret_cast<const Vec8*>(s + r * stride + 8 * c);
-    *reinterpret_cast<Vec8*>(dst + rr * kLd + 8 * c) = v;
+    Vec16<Op> v{};
+    if (r < TT) v = *reinterpret_cast<const Vec16<Op>*>(s + r * stride + kPer * c);
+    for (int i = 0; i < kPer; ++i) v.h[i] = T::enter(v.h[i]);
+    *reinterpret_cast<Vec16<Op>*>(dst + rr * kLd + kPer * c) = v;
   }
 }
 
 // The A fragments (rows r0 .. r0 + TM of a tensor with rows of `stride` elements, HS columns
 // from element `at` of row 0) of the HS / TK k-steps, straight from global memory; rows at or
 // past T are zeros.
-template <int WARP, int HS>
-__device__ __forceinline__ void load_a(
-    std::uint16_t (&a)[HS / MmaLayout<WARP>::TK][MmaLayout<WARP>::NA], const void* src,
-    std::int64_t at, std::int64_t stride, std::int64_t r0, std::int64_t T, int lane) {
-  using L = MmaLayout<WARP>;
-  const auto* s = static_cast<const std::uint16_t*>(src) + at;
+template <typename T, int HS>
+__device__ __forceinline__ void load_a(typename T::Op (&a)[HS / T::TK][T::NA], const void* src,
+                                       std::int64_t at, std::int64_t stride, std::int64_t r0,
+                                       std::int64_t TT, int lane) {
+  using Op = typename T::Op;
+  const auto* s = static_cast<const Op*>(src) + at;
   CT_TC_UNROLL
-  for (int kk = 0; kk < HS / L::TK; ++kk) CT_TC_UNROLL
-  for (int e = 0; e < L::NA; ++e) {
-    const std::int64_t r = r0 + L::a_row(lane, e);
-    a[kk][e] = r < T ? s[r * stride + kk * L::TK + L::a_k(lane, e)] : std::uint16_t{0};
+  for (int kk = 0; kk < HS / T::TK; ++kk) CT_TC_UNROLL
+  for (int e = 0; e < T::NA; ++e) {
+    const std::int64_t r = r0 + T::a_row(lane, e);
+    a[kk][e] = r < TT ? T::enter(s[r * stride + kk * T::TK + T::a_k(lane, e)]) : Op{0};
   }
 }
 
 // c[NT] += a b^T over the head dimension: a the warp's A fragments (rows x HS), b the staged
 // rows n0 .. n0 + NT TN of a tile [.][HS + kPad] (B[k][n] = tile[n][k]).
-template <int WARP, typename E, int HS, int NT>
-__device__ __forceinline__ void mma_abt(
-    float (&c)[NT][MmaLayout<WARP>::NC],
-    const std::uint16_t (&a)[HS / MmaLayout<WARP>::TK][MmaLayout<WARP>::NA],
-    const std::uint16_t* tile, int lane) {
-  using L = MmaLayout<WARP>;
-  constexpr int kLd = HS + kPad;
+template <typename T, int HS, int NT>
+__device__ __forceinline__ void mma_abt(float (&c)[NT][T::NC],
+                                        const typename T::Op (&a)[HS / T::TK][T::NA],
+                                        const typename T::Op* tile, int lane) {
+  constexpr int kLd = HS + kPad<typename T::Op>;
   CT_TC_UNROLL
   for (int nt = 0; nt < NT; ++nt) CT_TC_UNROLL
-  for (int kk = 0; kk < HS / L::TK; ++kk) {
-    std::uint16_t b[L::NB];
+  for (int kk = 0; kk < HS / T::TK; ++kk) {
+    typename T::Op b[T::NB];
     CT_TC_UNROLL
-    for (int e = 0; e < L::NB; ++e)
-      b[e] = tile[(nt * L::TN + L::b_col(lane, e)) * kLd + kk * L::TK + L::b_k(lane, e)];
-    mma<WARP, E>(c[nt], a[kk], b);
+    for (int e = 0; e < T::NB; ++e)
+      b[e] = tile[(nt * T::TN + T::b_col(lane, e)) * kLd + kk * T::TK + T::b_k(lane, e)];
+    T::mma(c[nt], a[kk], b);
   }
 }
 
-// c[HS / TN] += a b: a the A fragments of KT k-steps over the staged tile's rows, b the staged
-// tile [KT TK][HS + kPad] (B[k][n] = tile[k][n]).
-template <int WARP, typename E, int HS, int KT>
-__device__ __forceinline__ void mma_ab(float (&c)[HS / MmaLayout<WARP>::TN][MmaLayout<WARP>::NC],
-                                       const std::uint16_t (&a)[KT][MmaLayout<WARP>::NA],
-                                       const std::uint16_t* tile, int lane) {
-  using L = MmaLayout<WARP>;
-  constexpr int kLd = HS + kPad;
+// c[HS / TN] += a b: a the A fragments (from c_to_a) of KT k-steps over the staged tile's rows,
+// b the staged tile [KT TK][HS + kPad] (B[k][n] = tile[k][n], k in c_to_a's order).
+template <typename T, int HS, int KT>
+__device__ __forceinline__ void mma_ab(float (&c)[HS / T::TN][T::NC],
+                                       const typename T::Op (&a)[KT][T::NA],
+                                       const typename T::Op* tile, int lane) {
+  constexpr int kLd = HS + kPad<typename T::Op>;
   CT_TC_UNROLL
-  for (int dt = 0; dt < HS / L::TN; ++dt) CT_TC_UNROLL
+  for (int dt = 0; dt < HS / T::TN; ++dt) CT_TC_UNROLL
   for (int kk = 0; kk < KT; ++kk) {
-    std::uint16_t b[L::NB];
+    typename T::Op b[T::NB];
     CT_TC_UNROLL
-    for (int e = 0; e < L::NB; ++e)
-      b[e] = tile[(kk * L::TK + L::b_k(lane, e)) * kLd + dt * L::TN + L::b_col(lane, e)];
-    mma<WARP, E>(c[dt], a[kk], b);
+    for (int e = 0; e < T::NB; ++e)
+      b[e] = tile[(kk * T::TK + T::pv_k(lane, e)) * kLd + dt * T::TN + T::b_col(lane, e)];
+    T::mma(c[dt], a[kk], b);
   }
 }
 
-// The C fragments c[NT] (the warp's TM rows x NT TN columns), rounded to E, as the A fragments
-// of NT TN / TK k-steps over those columns. scratch: the warp's TM x (NT TN + kPad) elements of
-// shared memory (used at warp 64 only). Called by the whole warp.
-template <int WARP, typename E, int NT>
-__device__ __forceinline__ void c_to_a(
-    std::uint16_t (&a)[NT * MmaLayout<WARP>::TN / MmaLayout<WARP>::TK][MmaLayout<WARP>::NA],
-    const float (&c)[NT][MmaLayout<WARP>::NC], std::uint16_t* scratch, int lane) {
-  using L = MmaLayout<WARP>;
-  if constexpr (WARP == 32) {
-    // A element e of k-step j: row g + 8 (e / 2 % 2), column 2q + e % 2 + 8 (e / 4), which is
-    // C element e % 4 of n-tile 2j + e / 4 (c_row, c_col) -- the same lane.
+// The C fragments c[NT] (the warp's TM rows x NT TN columns), as operands (Tc::of), as the A
+// fragments of NT TN / TK k-steps over those columns. scratch: the warp's TM x (NT TN + kPad)
+// elements of shared memory (used at warp 64 only). Called by the whole warp.
+template <int WARP, typename T, int NT>
+__device__ __forceinline__ void c_to_a(typename T::Op (&a)[NT * T::TN / T::TK][T::NA],
+                                       const float (&c)[NT][T::NC], typename T::Op* scratch,
+                                       int lane) {
+  if constexpr (WARP == 32 && T::TK == 8) {
+    // m16n8k8: A element e of k-step j is row g + 8 (e % 2), k position q + 4 (e / 2), which
+    // stands for column 2q + e / 2 (pv_k): C element 2 (e % 2) + e / 2 of n-tile j.
+    (void)scratch;
+    CT_TC_UNROLL
+    for (int j = 0; j < NT; ++j) CT_TC_UNROLL
+    for (int e = 0; e < T::NA; ++e) a[j][e] = T::of(c[j][2 * (e % 2) + e / 2]);
+  } else if constexpr (WARP == 32) {
+    // m16n8k16: A element e of k-step j: row g + 8 (e / 2 % 2), column 2q + e % 2 + 8 (e / 4),
+    // which is C element e % 4 of n-tile 2j + e / 4 (c_row, c_col) -- the same lane.
     (void)scratch;
     CT_TC_UNROLL
     for (int j = 0; j < NT / 2; ++j) CT_TC_UNROLL
-    for (int e = 0; e < L::NA; ++e) a[j][e] = bits_of<E>(c[2 * j + e / 4][e % 4]);
+    for (int e = 0; e < T::NA; ++e) a[j][e] = T::of(c[2 * j + e / 4][e % 4]);
   } else {
-    constexpr int kLd = NT * L::TN + kPad;
+    constexpr int kLd = NT * T::TN + kPad<typename T::Op>;
     CT_TC_UNROLL
     for (int nt = 0; nt < NT; ++nt) CT_TC_UNROLL
-    for (int e = 0; e < L::NC; ++e)
-      scratch[L::c_row(lane, e) * kLd + nt * L::TN + L::c_col(lane, e)] = bits_of<E>(c[nt][e]);
+    for (int e = 0; e < T::NC; ++e)
+      scratch[T::c_row(lane, e) * kLd + nt * T::TN + T::c_col(lane, e)] = T::of(c[nt][e]);
     ct_syncwarp();
     CT_TC_UNROLL
-    for (int kk = 0; kk < NT * L::TN / L::TK; ++kk) CT_TC_UNROLL
-    for (int e = 0; e < L::NA; ++e)
-      a[kk][e] = scratch[L::a_row(lane, e) * kLd + kk * L::TK + L::a_k(lane, e)];
+    for (int kk = 0; kk < NT * T::TN / T::TK; ++kk) CT_TC_UNROLL
+    for (int e = 0; e < T::NA; ++e)
+      a[kk][e] = scratch[T::a_row(lane, e) * kLd + kk * T::TK + T::a_k(lane, e)];
     ct_syncwarp();  // before the scratch is written again
   }
 }
@@ -222,24 +273,26 @@ template <int WARP, typename E, int HS>
 __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     flash_tc_forward_kernel(void* out, float* lse, const void* qkv, TcDims d) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads<WARP>);
-  using L = MmaLayout<WARP>;
+  using L = Tc<WARP, E>;
+  using Op = typename L::Op;
   using R = CRows<WARP>;
-  constexpr int kLd = HS + kPad, NT = kKeys / L::TN, KT = kKeys / L::TK, DT = HS / L::TN;
-  constexpr int kScratch = WARP == 32 ? 8 : kRows * (kKeys + kPad);
-  CT_SHARED(Vec8, ks8, kKeys * kLd / 8);
-  CT_SHARED(Vec8, vs8, kKeys * kLd / 8);
-  CT_SHARED(Vec8, ps8, kScratch / 8);
-  auto* ks = reinterpret_cast<std::uint16_t*>(ks8);
-  auto* vs = reinterpret_cast<std::uint16_t*>(vs8);
+  constexpr int kK = kKeys<E, HS>, kPd = kPad<Op>, kV = 16 / sizeof(Op);
+  constexpr int kLd = HS + kPd, NT = kK / L::TN, KT = kK / L::TK, DT = HS / L::TN;
+  constexpr int kScratch = WARP == 32 ? kV : kRows * (kK + kPd);
+  CT_SHARED(Vec16<Op>, ks16, kK * kLd / kV);
+  CT_SHARED(Vec16<Op>, vs16, kK * kLd / kV);
+  CT_SHARED(Vec16<Op>, ps16, kScratch / kV);
+  auto* ks = reinterpret_cast<Op*>(ks16);
+  auto* vs = reinterpret_cast<Op*>(vs16);
   const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-  std::uint16_t* ps = reinterpret_cast<std::uint16_t*>(ps8) + warp * L::TM * (kKeys + kPad);
+  Op* ps = reinterpret_cast<Op*>(ps16) + warp * L::TM * (kK + kPd);
   const std::int64_t b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, j = h / d.G;
   const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
   const std::int64_t w0 = q0 + warp * L::TM;  // the warp's first row
   const std::int64_t row0 = b * d.T * d.C3;   // qkv's row 0 of batch b
 
-  std::uint16_t qa[HS / L::TK][L::NA];
-  load_a<WARP, HS>(qa, qkv, row0 + h * d.hs, d.C3, w0, d.T, lane);
+  Op qa[HS / L::TK][L::NA];
+  load_a<L, HS>(qa, qkv, row0 + h * d.hs, d.C3, w0, d.T, lane);
   float o[DT][L::NC];
   CT_TC_UNROLL
   for (int t = 0; t < DT; ++t) CT_TC_UNROLL
@@ -249,16 +302,16 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   for (int s = 0; s < R::kSlots; ++s) m[s] = -kFltMax, l[s] = 0.0f;
 
   const std::int64_t last = q0 + kRows - 1 < d.T - 1 ? q0 + kRows - 1 : d.T - 1;
-  for (std::int64_t u0 = 0; u0 <= last; u0 += kKeys) {
-    stage<kKeys, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, u0, d.T);
-    stage<kKeys, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, u0, d.T);
+  for (std::int64_t u0 = 0; u0 <= last; u0 += kK) {
+    stage<L, kK, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, u0, d.T);
+    stage<L, kK, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, u0, d.T);
     __syncthreads();
     if (u0 <= w0 + L::TM - 1) {  // some row of the warp sees a key of the tile (warp-uniform)
       float s[NT][L::NC];
       CT_TC_UNROLL
       for (int t = 0; t < NT; ++t) CT_TC_UNROLL
       for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f;
-      mma_abt<WARP, E, HS, NT>(s, qa, ks, lane);
+      mma_abt<L, HS, NT>(s, qa, ks, lane);
       float mx[R::kSlots];
       CT_TC_UNROLL
       for (int r = 0; r < R::kSlots; ++r) mx[r] = -kFltMax;
@@ -291,9 +344,9 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
         s[t][e] = p;
         l[e / R::kPer] += p;
       }
-      std::uint16_t pa[KT][L::NA];
-      c_to_a<WARP, E, NT>(pa, s, ps, lane);
-      mma_ab<WARP, E, HS, KT>(o, pa, vs, lane);
+      Op pa[KT][L::NA];
+      c_to_a<WARP, L, NT>(pa, s, ps, lane);
+      mma_ab<L, HS, KT>(o, pa, vs, lane);
     }
     __syncthreads();
   }
@@ -323,25 +376,27 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     flash_tc_backward_query_kernel(void* dqkv, float* Dsave, const void* dout, const void* out,
                                    const void* qkv, const float* lse, TcDims d) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads<WARP>);
-  using L = MmaLayout<WARP>;
+  using L = Tc<WARP, E>;
+  using Op = typename L::Op;
   using R = CRows<WARP>;
-  constexpr int kLd = HS + kPad, NT = kKeys / L::TN, KT = kKeys / L::TK, DT = HS / L::TN;
-  constexpr int kScratch = WARP == 32 ? 8 : kRows * (kKeys + kPad);
-  CT_SHARED(Vec8, ks8, kKeys * kLd / 8);
-  CT_SHARED(Vec8, vs8, kKeys * kLd / 8);
-  CT_SHARED(Vec8, ps8, kScratch / 8);
-  auto* ks = reinterpret_cast<std::uint16_t*>(ks8);
-  auto* vs = reinterpret_cast<std::uint16_t*>(vs8);
+  constexpr int kK = kKeys<E, HS>, kPd = kPad<Op>, kV = 16 / sizeof(Op);
+  constexpr int kLd = HS + kPd, NT = kK / L::TN, KT = kK / L::TK, DT = HS / L::TN;
+  constexpr int kScratch = WARP == 32 ? kV : kRows * (kK + kPd);
+  CT_SHARED(Vec16<Op>, ks16, kK * kLd / kV);
+  CT_SHARED(Vec16<Op>, vs16, kK * kLd / kV);
+  CT_SHARED(Vec16<Op>, ps16, kScratch / kV);
+  auto* ks = reinterpret_cast<Op*>(ks16);
+  auto* vs = reinterpret_cast<Op*>(vs16);
   const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-  std::uint16_t* ps = reinterpret_cast<std::uint16_t*>(ps8) + warp * L::TM * (kKeys + kPad);
+  Op* ps = reinterpret_cast<Op*>(ps16) + warp * L::TM * (kK + kPd);
   const std::int64_t b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, j = h / d.G;
   const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
   const std::int64_t w0 = q0 + warp * L::TM;
   const std::int64_t row0 = b * d.T * d.C3, orow0 = b * d.T * d.C;
 
-  std::uint16_t qa[HS / L::TK][L::NA], ga[HS / L::TK][L::NA];
-  load_a<WARP, HS>(qa, qkv, row0 + h * d.hs, d.C3, w0, d.T, lane);
-  load_a<WARP, HS>(ga, dout, orow0 + h * d.hs, d.C, w0, d.T, lane);
+  Op qa[HS / L::TK][L::NA], ga[HS / L::TK][L::NA];
+  load_a<L, HS>(qa, qkv, row0 + h * d.hs, d.C3, w0, d.T, lane);
+  load_a<L, HS>(ga, dout, orow0 + h * d.hs, d.C, w0, d.T, lane);
   float D[R::kSlots], ls[R::kSlots];
   CT_TC_UNROLL
   for (int r = 0; r < R::kSlots; ++r) {
@@ -359,17 +414,17 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   for (int e = 0; e < L::NC; ++e) dq[t][e] = 0.0f;
 
   const std::int64_t last = q0 + kRows - 1 < d.T - 1 ? q0 + kRows - 1 : d.T - 1;
-  for (std::int64_t u0 = 0; u0 <= last; u0 += kKeys) {
-    stage<kKeys, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, u0, d.T);
-    stage<kKeys, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, u0, d.T);
+  for (std::int64_t u0 = 0; u0 <= last; u0 += kK) {
+    stage<L, kK, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, u0, d.T);
+    stage<L, kK, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, u0, d.T);
     __syncthreads();
     if (u0 <= w0 + L::TM - 1) {
       float s[NT][L::NC], dp[NT][L::NC];
       CT_TC_UNROLL
       for (int t = 0; t < NT; ++t) CT_TC_UNROLL
       for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
-      mma_abt<WARP, E, HS, NT>(s, qa, ks, lane);
-      mma_abt<WARP, E, HS, NT>(dp, ga, vs, lane);
+      mma_abt<L, HS, NT>(s, qa, ks, lane);
+      mma_abt<L, HS, NT>(dp, ga, vs, lane);
       CT_TC_UNROLL
       for (int t = 0; t < NT; ++t) CT_TC_UNROLL
       for (int e = 0; e < L::NC; ++e) {
@@ -379,9 +434,9 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
         const float p = key <= row && key < d.T ? ct_exp_le0(s[t][e] * d.scale - ls[r]) : 0.0f;
         s[t][e] = p * (dp[t][e] - D[r]) * d.scale;  // dS
       }
-      std::uint16_t da[KT][L::NA];
-      c_to_a<WARP, E, NT>(da, s, ps, lane);
-      mma_ab<WARP, E, HS, KT>(dq, da, ks, lane);
+      Op da[KT][L::NA];
+      c_to_a<WARP, L, NT>(da, s, ps, lane);
+      mma_ab<L, HS, KT>(dq, da, ks, lane);
     }
     __syncthreads();
   }
@@ -404,27 +459,28 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     flash_tc_backward_key_kernel(void* dqkv, const float* Dsave, const void* dout, const void* qkv,
                                  const float* lse, TcDims d) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads<WARP>);
-  using L = MmaLayout<WARP>;
-  constexpr int kQ = kQueries<HS>;
-  constexpr int kLd = HS + kPad, NT = kQ / L::TN, KT = kQ / L::TK, DT = HS / L::TN;
-  constexpr int kScratch = WARP == 32 ? 8 : kRows * (kQ + kPad);
-  CT_SHARED(Vec8, qs8, kQ * kLd / 8);
-  CT_SHARED(Vec8, gs8, kQ * kLd / 8);
-  CT_SHARED(Vec8, ps8, kScratch / 8);
+  using L = Tc<WARP, E>;
+  using Op = typename L::Op;
+  constexpr int kQ = kQueries<HS>, kPd = kPad<Op>, kV = 16 / sizeof(Op);
+  constexpr int kLd = HS + kPd, NT = kQ / L::TN, KT = kQ / L::TK, DT = HS / L::TN;
+  constexpr int kScratch = WARP == 32 ? kV : kRows * (kQ + kPd);
+  CT_SHARED(Vec16<Op>, qs16, kQ * kLd / kV);
+  CT_SHARED(Vec16<Op>, gs16, kQ * kLd / kV);
+  CT_SHARED(Vec16<Op>, ps16, kScratch / kV);
   CT_SHARED(float, lq, kQ);
   CT_SHARED(float, Dq, kQ);
-  auto* qs = reinterpret_cast<std::uint16_t*>(qs8);
-  auto* gs = reinterpret_cast<std::uint16_t*>(gs8);
+  auto* qs = reinterpret_cast<Op*>(qs16);
+  auto* gs = reinterpret_cast<Op*>(gs16);
   const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-  std::uint16_t* ps = reinterpret_cast<std::uint16_t*>(ps8) + warp * L::TM * (kQ + kPad);
+  Op* ps = reinterpret_cast<Op*>(ps16) + warp * L::TM * (kQ + kPd);
   const std::int64_t b = blockIdx.y / d.NKV, j = blockIdx.y % d.NKV;
   const std::int64_t k0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
   const std::int64_t w0 = k0 + warp * L::TM;  // the warp's first key
   const std::int64_t row0 = b * d.T * d.C3, orow0 = b * d.T * d.C;
 
-  std::uint16_t ka[HS / L::TK][L::NA], va[HS / L::TK][L::NA];
-  load_a<WARP, HS>(ka, qkv, row0 + k_col(d, j), d.C3, w0, d.T, lane);
-  load_a<WARP, HS>(va, qkv, row0 + v_col(d, j), d.C3, w0, d.T, lane);
+  Op ka[HS / L::TK][L::NA], va[HS / L::TK][L::NA];
+  load_a<L, HS>(ka, qkv, row0 + k_col(d, j), d.C3, w0, d.T, lane);
+  load_a<L, HS>(va, qkv, row0 + v_col(d, j), d.C3, w0, d.T, lane);
   float dk[DT][L::NC], dv[DT][L::NC];
   CT_TC_UNROLL
   for (int t = 0; t < DT; ++t) CT_TC_UNROLL
@@ -433,8 +489,8 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   for (std::int64_t h = j * d.G; h < (j + 1) * d.G; ++h) {
     const std::int64_t hrow = (b * d.NH + h) * d.T;
     for (std::int64_t t0 = k0; t0 < d.T; t0 += kQ) {  // kQ divides kRows: t0 = k0 starts a tile
-      stage<kQ, HS, kThreads<WARP>>(qs, qkv, row0 + h * d.hs, d.C3, t0, d.T);
-      stage<kQ, HS, kThreads<WARP>>(gs, dout, orow0 + h * d.hs, d.C, t0, d.T);
+      stage<L, kQ, HS, kThreads<WARP>>(qs, qkv, row0 + h * d.hs, d.C3, t0, d.T);
+      stage<L, kQ, HS, kThreads<WARP>>(gs, dout, orow0 + h * d.hs, d.C, t0, d.T);
       for (int i = threadIdx.x; i < kQ; i += kThreads<WARP>) {
         const std::int64_t t = t0 + i;
         lq[i] = t < d.T ? lse[hrow + t] : 0.0f;
@@ -446,8 +502,8 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
         CT_TC_UNROLL
         for (int t = 0; t < NT; ++t) CT_TC_UNROLL
         for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
-        mma_abt<WARP, E, HS, NT>(s, ka, qs, lane);   // S^T: keys x queries
-        mma_abt<WARP, E, HS, NT>(dp, va, gs, lane);  // dP^T
+        mma_abt<L, HS, NT>(s, ka, qs, lane);   // S^T: keys x queries
+        mma_abt<L, HS, NT>(dp, va, gs, lane);  // dP^T
         CT_TC_UNROLL
         for (int t = 0; t < NT; ++t) CT_TC_UNROLL
         for (int e = 0; e < L::NC; ++e) {
@@ -458,11 +514,11 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
           s[t][e] = p;
           dp[t][e] = p * (dp[t][e] - Dq[qq]) * d.scale;  // dS^T
         }
-        std::uint16_t pa[KT][L::NA];
-        c_to_a<WARP, E, NT>(pa, s, ps, lane);
-        mma_ab<WARP, E, HS, KT>(dv, pa, gs, lane);
-        c_to_a<WARP, E, NT>(pa, dp, ps, lane);
-        mma_ab<WARP, E, HS, KT>(dk, pa, qs, lane);
+        Op pa[KT][L::NA];
+        c_to_a<WARP, L, NT>(pa, s, ps, lane);
+        mma_ab<L, HS, KT>(dv, pa, gs, lane);
+        c_to_a<WARP, L, NT>(pa, dp, ps, lane);
+        mma_ab<L, HS, KT>(dk, pa, qs, lane);
       }
       __syncthreads();
     }
@@ -497,8 +553,10 @@ void with_tc(const Ctx& cx, Elem e, std::int64_t hs, Fn&& fn) {
     };
     if (e == Elem::kBF16)
       by_hs(BF16{});
-    else
+    else if (e == Elem::kF16)
       by_hs(F16{});
+    else if constexpr (kTf32Tile && decltype(w)::value == 32)
+      by_hs(F32{});  // the refusal passed: under TF32
   });
 }
 
@@ -511,7 +569,10 @@ dim3 tc_grid(std::int64_t B, std::int64_t T, std::int64_t heads) {
 std::string flash_attention_tc_refusal(const Ctx& cx, Elem e, std::int64_t hs,
                                        std::initializer_list<const void*> staged) {
   if (!cx.matrix_tiles) return "the device runs no matrix tiles";
-  if (e == Elem::kF32) return "f32 (the tile takes f16 and bf16)";
+  if (e == Elem::kF32 && !cx.tf32) return "f32 without TF32 (--tf32 on a device that has it)";
+  if (e == Elem::kF32 && !kTf32Tile) return "f32 (no TF32 tile on HIP; the tile takes f16, bf16)";
+  if (e == Elem::kF32 && cx.warp != 32)
+    return "f32 at warp 64 (the TF32 tile is mma.sync m16n8k8, warp 32; no MFMA f32 form)";
   if (hs != 64 && hs != 128) return "head size " + std::to_string(hs) + " (the tile takes 64, 128)";
   for (const void* p : staged)
     if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return "an operand not 16-byte aligned";

@@ -1,6 +1,7 @@
 // The matrix tile: the one abstraction the GEMM's matrix-core path is written against.
 //
-// One warp computes C (TM x TN, f32) += A (TM x TK) B (TK x TN), A and B 16-bit (F16 or BF16).
+// One warp computes C (TM x TN, f32) += A (TM x TK) B (TK x TN), A and B 16-bit (F16 or BF16)
+// (MmaLayoutTf32 below is the f32 tile under TF32, warp 32 only, for kernels that take f32).
 // Each operand is spread over the warp's lanes as a *fragment*: lane l holds NA elements of A,
 // NB of B and NC of C, and the layout functions below say which. They are the layouts of the
 // hardware instruction that executes the tile where there is one:
@@ -81,6 +82,42 @@ struct MmaLayout<64> {
   }
   static __device__ __forceinline__ int b_source(int lane, int j) { return lane % 32 + 32 * j; }
 };
+
+// The TF32 tile (warp 32 only): C (16 x 8, f32) += A (16 x 8) B (8 x 8), mma.sync m16n8k8 .tf32
+// (matrix_layouts.h's M16N8K8Tf32, here in MmaLayout's terms). A fragment element is a whole
+// 32-bit register: f32 bits whose low 13 mantissa bits the instruction ignores, so kernels round
+// their operands first (ct_f32_to_tf32). C's layout is m16n8k16's.
+struct MmaLayoutTf32 {
+  static constexpr int TM = 16, TN = 8, TK = 8;
+  static constexpr int NA = 4, NB = 2, NC = 4;
+  // A: a0..a3 = (g, q), (g+8, q), (g, q+4), (g+8, q+4). B: b0, b1 = (q, g), (q+4, g) as (k, n).
+  static __device__ __forceinline__ int a_row(int lane, int i) {
+    return layout::M16N8K8Tf32::a(lane, i).row;
+  }
+  static __device__ __forceinline__ int a_k(int lane, int i) {
+    return layout::M16N8K8Tf32::a(lane, i).col;
+  }
+  static __device__ __forceinline__ int b_k(int lane, int i) {
+    return layout::M16N8K8Tf32::b(lane, i).row;
+  }
+  static __device__ __forceinline__ int b_col(int lane, int i) {
+    return layout::M16N8K8Tf32::b(lane, i).col;
+  }
+  static __device__ __forceinline__ int c_row(int lane, int i) {
+    return MmaLayout<32>::c_row(lane, i);
+  }
+  static __device__ __forceinline__ int c_col(int lane, int i) {
+    return MmaLayout<32>::c_col(lane, i);
+  }
+};
+
+// c += a b on the TF32 tile: the instruction on sm_80+, the runtime's collective on SIMT, the
+// portable form of matrix_ops.h elsewhere (all three ignore the low 13 mantissa bits).
+__device__ __forceinline__ void mma_tf32(float (&c)[MmaLayoutTf32::NC],
+                                         const std::uint32_t (&a)[MmaLayoutTf32::NA],
+                                         const std::uint32_t (&b)[MmaLayoutTf32::NB]) {
+  ct_mma_m16n8k8_tf32(c, a, b, c);
+}
 
 // A fragment's 16-bit elements packed four to a 64-bit word (shuffles move up to 8 bytes).
 template <int N>
