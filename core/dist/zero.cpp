@@ -49,15 +49,7 @@ void ShardExchange::reduce_scatter(const Tensor& grads) {
   if (comm_.size() == 1) return;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t n = grads.numel();
-  host_.resize(static_cast<size_t>(n));
-  // Every bucket's download is enqueued first, as in GradientAverager::average.
-  std::vector<std::pair<int64_t, Event>> buckets;
-  for (int64_t off = 0; off < n; off += bucket_elems_) {
-    const int64_t len = std::min(bucket_elems_, n - off);
-    buckets.emplace_back(off,
-                         device_.download_async(host_.data() + off, grads.slice_flat(off, {len}),
-                                                static_cast<size_t>(len) * sizeof(float)));
-  }
+  auto buckets = download_in_buckets(device_, grads, host_, bucket_elems_);
   for (auto& [off, event] : buckets) {
     const int64_t len = std::min(bucket_elems_, n - off);
     device_.wait_event(event);
