@@ -84,6 +84,8 @@ def train_runs(out):
         runs[tag] = {"device": dev.replace("_", ":"), "model": model, "precision": prec,
                      "steps": len(recs),
                      "tokens_per_s": warm_median([r["tokens_per_s"] for r in recs]),
+                     "peak_bytes": max((r.get("memory", {}).get("peak", 0) for r in recs),
+                                       default=None),
                      "first_loss": recs[0]["loss"] if recs else None,
                      "last_loss": recs[-1]["loss"] if recs else None}
     return runs
@@ -99,6 +101,7 @@ def torch_runs(out):
         steps = j.get("steps", [])
         runs[tag] = {"tokens_per_s": warm_median([s["tokens_per_s"] for s in steps]),
                      "steps": len(steps), "torch": j.get("torch"),
+                     "peak_device_bytes": j.get("peak_device_bytes"),
                      "last_loss": steps[-1]["loss"] if steps else None}
     return runs
 
@@ -187,7 +190,8 @@ def main():
                       f"{f(own)} | {ratio(own)} | {f(vkg)} | {ratio(vkg)} |")
     md += ["", "## Training tokens/s (median of the steps after the first three)", "",
            "| model | precision | device | crosstrain | loss first -> last | PyTorch eager | "
-           "torch.compile | llm.c |", "|---|---|---|---|---|---|---|---|"]
+           "torch.compile | llm.c | peak memory GiB, crosstrain / PyTorch eager |",
+           "|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda v: f"{v:,.0f}" if v else "-"  # noqa: E731
     for tag, r in train.items():
         key = f"{r['model']}-{r['precision']}"
@@ -197,8 +201,10 @@ def main():
         t = peers.get(key, {}).get("tokens_per_s")
         c = peers.get(key + "-compile", {}).get("tokens_per_s")
         lc = (llmc if peers is torch else {}).get(key, {}).get("tokens_per_s")
+        gib = lambda b: f"{b / 2**30:.1f}" if b else "-"  # noqa: E731
+        mem = f"{gib(r['peak_bytes'])} / {gib(peers.get(key, {}).get('peak_device_bytes'))}"
         md.append(f"| {r['model']} | {r['precision']} | {r['device']} | {fmt(r['tokens_per_s'])} "
-                  f"| {loss} | {fmt(t)} | {fmt(c)} | {fmt(lc)} |")
+                  f"| {loss} | {fmt(t)} | {fmt(c)} | {fmt(lc)} | {mem} |")
     md += ["", "Batch: tiny 4 x 256, gpt2 16 x 1024, smollm-135m 4 x 2048. PyTorch "
            "(scripts/torch_train.py): SDPA attention (GPT-2; transformers' sdpa for SmolLM), fused "
            f"AdamW; {report['pytorch_version'] or 'not run'}.", ""]

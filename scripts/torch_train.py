@@ -206,6 +206,11 @@ def main():
               f"{B * T / dt:10.1f} tok/s", flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"peak RSS {peak / 2**30:.2f} GiB", flush=True)
+    # The GPU's peak: what PyTorch's caching allocator handed out (the tensors), as crosstrain's
+    # device accounting counts its own; None on the CPU.
+    peak_dev = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+    if peak_dev is not None:
+        print(f"peak device memory {peak_dev / 2**30:.2f} GiB (max_memory_allocated)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "device": str(dev), "batch": B, "block_size": T,
@@ -213,7 +218,7 @@ def main():
                        "sdpa": args.sdpa, "fused_adamw": args.fused_adamw, "tf32": args.tf32,
                        "bf16": args.bf16, "compile": args.compile,
                        "num_parameters": n_params,
-                       "peak_rss_bytes": peak,
+                       "peak_rss_bytes": peak, "peak_device_bytes": peak_dev,
                        "steps": records}, f, indent=1)
 
 
