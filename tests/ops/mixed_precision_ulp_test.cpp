@@ -259,6 +259,31 @@ TEST_P(MixedPrecisionUlp, CrossEntropyLogitsH) {
 // reference and Vulkan add in different orders; measured up to ~1e-6).
 constexpr double kAccTol = 1e-5;
 
+// Long K into a 16-bit c: still one rounding. (Lavapipe ran K > 512/768 in pieces chained
+// through beta for speed, rounding c to 16 bits after each piece: 2-3 ulp at gpt2's fcproj.)
+TEST_P(MixedPrecisionUlp, MatmulHLongK) {
+  for_each_half({OpKind::kMatmul}, [&](DType h) {
+    uint64_t seed = 900;
+    struct Case {
+      int64_t M, N, K;
+      bool ta;
+    };
+    for (Case k : {Case{3, 768, 1030, false}, Case{5, 64, 600, true}}) {
+      const Shape sa = k.ta ? Shape{k.K, k.M} : Shape{k.M, k.K};
+      Pair a = both_as(sa, randn(sa.numel(), seed, 0.5f), h);
+      Pair b = both_as({k.K, k.N}, randn(k.K * k.N, seed + 1, 0.5f), h);
+      Pair c = both_as({k.M, k.N}, Vec(k.M * k.N, 0.0f), h);
+      seed += 2;
+      dut().matmul(c.d, a.d, b.d, k.ta, false, 1.0f, 0.0f, nullptr);
+      ref().matmul(c.r, a.r, b.r, k.ta, false, 1.0f, 0.0f, nullptr);
+      EXPECT_TRUE(same_h(c,
+                         "matmul " + std::to_string(k.M) + "x" + std::to_string(k.N) + "x" +
+                             std::to_string(k.K) + (k.ta ? " ta " : " ") + dtype_name(h),
+                         kAccTol));
+    }
+  });
+}
+
 TEST_P(MixedPrecisionUlp, MatmulH) {
   for_each_half({OpKind::kMatmul}, [&](DType h) {
     struct Case {

@@ -268,7 +268,11 @@ void VulkanDevice::matmul_kernel(const Tensor& c, const Tensor& a, const Tensor&
   // 56.3; nn 1024x768x3072 59.3 -> 65.5, 1024x1536x1536 48.8 -> 56.3, 1024x3072x1536 47.6 ->
   // 54.4; shorter K unchanged. Pieces of 512 for every layout measured -9..+12% (nt and short
   // K lose), so only these two.
-  const int64_t kmax = !cpu_like() ? K : trans_a ? 512 : !trans_b && N >= 768 ? 768 : K;
+  // Not with a 16-bit c: each piece would round c to 16 bits, and the contract rounds once.
+  const int64_t kmax = !cpu_like() || is_h(c.dtype) ? K
+                       : trans_a                    ? 512
+                       : !trans_b && N >= 768       ? 768
+                                                    : K;
 
   // Records one sub-problem, or splits it until every operand fits one binding.
   auto run = [&](auto&& self, const Box& x, float beta_x, bool with_bias) -> void {
