@@ -149,16 +149,16 @@ GradientAverager::GradientAverager(Communicator& comm, Device& device, int64_t b
   CT_CHECK(bucket_elems > 0, "bucket of " + std::to_string(bucket_elems) + " elements");
 }
 
-std::vector<std::pair<int64_t, Event>> download_in_buckets(Device& device, const Tensor& grads,
-                                                           std::vector<float>& host,
-                                                           int64_t bucket_elems) {
+std::vector<Bucket> download_in_buckets(Device& device, const Tensor& grads,
+                                        std::vector<float>& host, int64_t bucket_elems) {
   const int64_t n = grads.numel();
   host.resize(static_cast<size_t>(n));
-  std::vector<std::pair<int64_t, Event>> buckets;
+  std::vector<Bucket> buckets;
   for (int64_t off = 0; off < n; off += bucket_elems) {
     const int64_t len = std::min(bucket_elems, n - off);
-    buckets.emplace_back(off, device.download_async(host.data() + off, grads.slice_flat(off, {len}),
-                                                    static_cast<size_t>(len) * sizeof(float)));
+    buckets.push_back({off, len,
+                       device.download_async(host.data() + off, grads.slice_flat(off, {len}),
+                                             static_cast<size_t>(len) * sizeof(float))});
   }
   return buckets;
 }
@@ -168,11 +168,9 @@ void GradientAverager::average(const Tensor& grads) {
   CT_REQUIRE(grads.dtype == DType::f32 && grads.is_contiguous(),
              "gradient all-reduce: needs contiguous f32 gradients, got " + grads.describe());
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t n = grads.numel();
-  auto buckets = download_in_buckets(device_, grads, host_, bucket_elems_);
-  for (auto& [off, event] : buckets) {
-    const int64_t len = std::min(bucket_elems_, n - off);
-    device_.wait_event(event);
+  for (const Bucket& k : download_in_buckets(device_, grads, host_, bucket_elems_)) {
+    const int64_t off = k.off, len = k.len;
+    device_.wait_event(k.done);
     comm_.all_reduce(host_.data() + off, static_cast<size_t>(len), ReduceOp::kAverage);
     device_.upload(grads.slice_flat(off, {len}), host_.data() + off,
                    static_cast<size_t>(len) * sizeof(float));

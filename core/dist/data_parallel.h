@@ -46,12 +46,17 @@ uint64_t hash_bytes(const void* data, size_t bytes);
 // they differ, naming `when` and each rank whose hash is not rank 0's. Collective.
 void check_same_weights(Communicator& comm, uint64_t hash, const std::string& when);
 
+// One bucket of a bucketed download: floats [off, off + len) of the buffer, in host memory once
+// `done` has completed.
+struct Bucket {
+  int64_t off, len;
+  Event done;
+};
 // Enqueues the download of f32 `grads` into `host` (resized to fit) in buckets of at most
 // `bucket_elems` floats, all at once (on a device with a real stream the later ones land while the
-// earlier ones are reduced); each bucket's offset and the event after which its floats are there.
-std::vector<std::pair<int64_t, Event>> download_in_buckets(Device& device, const Tensor& grads,
-                                                           std::vector<float>& host,
-                                                           int64_t bucket_elems);
+// earlier ones are reduced).
+std::vector<Bucket> download_in_buckets(Device& device, const Tensor& grads,
+                                        std::vector<float>& host, int64_t bucket_elems);
 
 // Averages a flat f32 gradient tensor across the ranks after the backward pass: contiguous
 // buckets of at most `bucket_elems` floats, each downloaded (asynchronously where the device

@@ -48,11 +48,9 @@ void ShardExchange::reduce_scatter(const Tensor& grads) {
   check(grads, "reduce-scatter");
   if (comm_.size() == 1) return;
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t n = grads.numel();
-  auto buckets = download_in_buckets(device_, grads, host_, bucket_elems_);
-  for (auto& [off, event] : buckets) {
-    const int64_t len = std::min(bucket_elems_, n - off);
-    device_.wait_event(event);
+  for (const Bucket& k : download_in_buckets(device_, grads, host_, bucket_elems_)) {
+    const int64_t off = k.off, len = k.len;
+    device_.wait_event(k.done);
     comm_.reduce_scatter(host_.data() + off, counts(off, len), ReduceOp::kAverage);
     // This rank's part of the bucket, averaged, goes back.
     const int64_t from = std::max(begin(), off), to = std::min(end(), off + len);
