@@ -81,9 +81,10 @@ class GradientAverager {
     begin(grads);
     finish();
   }
-  // Seconds the buckets' collectives ran, plus finish()'s uploads; and the part of the
-  // collectives' time before the backward pass was over (when finish() had seen every
-  // gradient downloaded). Totals over every call.
+  // Seconds the buckets' collectives ran (on the communicator's thread, waiting for the other
+  // ranks included), plus finish()'s uploads; and the part of the collectives' time before the
+  // backward pass was over (when the device had run every op enqueued before finish()). Totals
+  // over every call.
   double seconds() const { return seconds_; }
   double overlap_seconds() const { return overlap_seconds_; }
   int64_t calls() const { return calls_; }

@@ -116,7 +116,8 @@ TEST(GradientsReady, UntiedLlamaReportsItsHeadFirst) {
   const std::vector<std::string> names =
       rows_reported(model.trainable_params(), reported_ranges(model, *dev));
   EXPECT_EQ(names.size(), model.trainable_params().size() - 1);  // embed_tokens at the end
-  EXPECT_LT(position(names, "lm_head.weight"), position(names, "model.layers.1.mlp.up_proj.weight"));
+  EXPECT_LT(position(names, "lm_head.weight"),
+            position(names, "model.layers.1.mlp.up_proj.weight"));
   EXPECT_LT(position(names, "model.layers.1.input_layernorm.weight"),
             position(names, "model.layers.0.mlp.down_proj.weight"));
 }
@@ -188,8 +189,8 @@ TEST(GradientAverager, StartsEachBucketWhenComplete) {
                    (sharded ? ", reduce-scatter" : ""));
       dev->upload(grads, g.data(), g.size() * sizeof(float));
       PeerTimesThree comm;
-      dist::GradientAverager avg(comm, *dev, 10,
-                                 sharded ? std::vector<int64_t>{0, 17, 35} : std::vector<int64_t>{});
+      dist::GradientAverager avg(
+          comm, *dev, 10, sharded ? std::vector<int64_t>{0, 17, 35} : std::vector<int64_t>{});
       avg.begin(grads);
       if (overlap) {
         avg.ready(30, 5);
