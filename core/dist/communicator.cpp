@@ -60,6 +60,30 @@ std::unique_ptr<Communicator>& world_slot() {
 
 }  // namespace
 
+uint64_t Communicator::start_all_reduce(float* data, size_t count, ReduceOp op) {
+  const auto start = std::chrono::steady_clock::now();
+  all_reduce(data, count, op);
+  ran_[++tickets_] = {start, std::chrono::steady_clock::now()};
+  return tickets_;
+}
+
+uint64_t Communicator::start_reduce_scatter(float* data, const std::vector<size_t>& counts,
+                                            ReduceOp op) {
+  const auto start = std::chrono::steady_clock::now();
+  reduce_scatter(data, counts, op);
+  ran_[++tickets_] = {start, std::chrono::steady_clock::now()};
+  return tickets_;
+}
+
+Communicator::Ran Communicator::wait(uint64_t ticket) {
+  auto it = ran_.find(ticket);
+  CT_CHECK(it != ran_.end(), "wait for collective " + std::to_string(ticket) +
+                                 ", which was not started or was waited for already");
+  const Ran ran = it->second;
+  ran_.erase(it);
+  return ran;
+}
+
 std::unique_ptr<Communicator> make_single_process() {
   return std::make_unique<SingleProcess>();
 }

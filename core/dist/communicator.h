@@ -4,7 +4,10 @@
 // appears here, so everything that includes this header builds without MPI.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +45,21 @@ class Communicator {
   // all_gather: on entry this rank's part of data holds its values; on return every part holds
   // its owner's.
   virtual void all_gather(float* data, const std::vector<size_t>& counts) = 0;
+
+  // all_reduce and reduce_scatter of floats without waiting for them (data parallel's buckets,
+  // reduced while the backward pass goes on): start_*() queues the collective and returns its
+  // ticket; wait(ticket) returns once it has completed, with when it ran, or throws its error.
+  // Every collective of this communicator, started or blocking, runs in the order of the calls,
+  // so every rank must make the same calls in the same order; `data` must stay untouched until
+  // wait() returns. The MPI communicator runs them on its own thread; these defaults run the
+  // collective at once, in start_*().
+  struct Ran {
+    std::chrono::steady_clock::time_point start, end;
+  };
+  virtual uint64_t start_all_reduce(float* data, size_t count, ReduceOp op);
+  virtual uint64_t start_reduce_scatter(float* data, const std::vector<size_t>& counts,
+                                        ReduceOp op);
+  virtual Ran wait(uint64_t ticket);
   // `bytes` bytes of data from rank `root` into data on every rank. Collective.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   // Every rank's `mine` (each any length), in rank order, on every rank. Collective; for small
@@ -57,6 +75,11 @@ class Communicator {
   // some ranks have, where the others would wait forever in their next collective. Returns
   // (does nothing) in a single process.
   virtual void abort(int code) = 0;
+
+ private:
+  // The defaults of start_*() and wait(): when each collective ran, by ticket.
+  std::map<uint64_t, Ran> ran_;
+  uint64_t tickets_ = 0;
 };
 
 // The one process of a run not started by a launcher: rank 0 of 1; the collectives copy or do

@@ -144,38 +144,122 @@ void check_same_weights(Communicator& comm, uint64_t hash, const std::string& wh
                                    "computed its update differently (another device or build?)");
 }
 
-GradientAverager::GradientAverager(Communicator& comm, Device& device, int64_t bucket_elems)
-    : comm_(comm), device_(device), bucket_elems_(bucket_elems) {
-  CT_CHECK(bucket_elems > 0, "bucket of " + std::to_string(bucket_elems) + " elements");
-}
-
-std::vector<Bucket> download_in_buckets(Device& device, const Tensor& grads,
-                                        std::vector<float>& host, int64_t bucket_elems) {
-  const int64_t n = grads.numel();
-  host.resize(static_cast<size_t>(n));
-  std::vector<Bucket> buckets;
-  for (int64_t off = 0; off < n; off += bucket_elems) {
-    const int64_t len = std::min(bucket_elems, n - off);
-    buckets.push_back({off, len,
-                       device.download_async(host.data() + off, grads.slice_flat(off, {len}),
-                                             static_cast<size_t>(len) * sizeof(float))});
+std::vector<size_t> shard_counts(const std::vector<int64_t>& bounds, int64_t off, int64_t len) {
+  std::vector<size_t> c(bounds.size() - 1);
+  for (size_t r = 0; r < c.size(); ++r) {
+    const int64_t from = std::max(bounds[r], off), to = std::min(bounds[r + 1], off + len);
+    c[r] = to > from ? static_cast<size_t>(to - from) : 0;
   }
-  return buckets;
+  return c;
 }
 
-void GradientAverager::average(const Tensor& grads) {
+GradientAverager::GradientAverager(Communicator& comm, Device& device, int64_t bucket_elems,
+                                   std::vector<int64_t> shard_bounds)
+    : comm_(comm),
+      device_(device),
+      bucket_elems_(bucket_elems),
+      shard_bounds_(std::move(shard_bounds)) {
+  CT_CHECK(bucket_elems > 0, "bucket of " + std::to_string(bucket_elems) + " elements");
+  CT_CHECK(shard_bounds_.empty() || (shard_bounds_.size() == static_cast<size_t>(comm.size()) + 1 &&
+                                     shard_bounds_.front() == 0 &&
+                                     std::is_sorted(shard_bounds_.begin(), shard_bounds_.end())),
+           "ZeRO shard bounds: " + std::to_string(shard_bounds_.size()) + " for " +
+               std::to_string(comm.size()) + " ranks, or not ascending from 0");
+}
+
+void GradientAverager::begin(const Tensor& grads) {
   if (comm_.size() == 1) return;
   CT_REQUIRE(grads.dtype == DType::f32 && grads.is_contiguous(),
              "gradient all-reduce: needs contiguous f32 gradients, got " + grads.describe());
-  const auto t0 = std::chrono::steady_clock::now();
-  for (const Bucket& k : download_in_buckets(device_, grads, host_, bucket_elems_)) {
-    const int64_t off = k.off, len = k.len;
-    device_.wait_event(k.done);
-    comm_.all_reduce(host_.data() + off, static_cast<size_t>(len), ReduceOp::kAverage);
-    device_.upload(grads.slice_flat(off, {len}), host_.data() + off,
-                   static_cast<size_t>(len) * sizeof(float));
+  CT_CHECK(!grads_.defined(), "GradientAverager::begin twice without finish");
+  CT_CHECK(shard_bounds_.empty() || shard_bounds_.back() == grads.numel(),
+           "ZeRO reduce-scatter of " + grads.describe() + " with shards of " +
+               std::to_string(shard_bounds_.back()) + " elements in all");
+  grads_ = grads;
+  const int64_t n = grads.numel();
+  host_.resize(static_cast<size_t>(n));
+  slots_.clear();
+  for (int64_t off = 0; off < n; off += bucket_elems_) {
+    const int64_t len = std::min(bucket_elems_, n - off);
+    slots_.push_back({off, len, len, Event(), 0});
   }
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  downloading_.clear();
+  started_ = 0;
+}
+
+void GradientAverager::ready(int64_t off, int64_t len) {
+  if (!grads_.defined() || len <= 0) return;
+  CT_CHECK(off >= 0 && off + len <= grads_.numel(), "gradients [" + std::to_string(off) + ", +" +
+                                                        std::to_string(len) + ") reported of " +
+                                                        std::to_string(grads_.numel()));
+  for (auto k = static_cast<size_t>(off / bucket_elems_);
+       k < slots_.size() && slots_[k].off < off + len; ++k) {
+    Slot& s = slots_[k];
+    s.missing -= std::min(s.off + s.len, off + len) - std::max(s.off, off);
+    CT_CHECK(s.missing >= 0, "gradients [" + std::to_string(off) + ", +" + std::to_string(len) +
+                                 ") reported twice");
+    if (s.missing == 0) download(k);
+  }
+  start_landed(/*block=*/false);
+}
+
+void GradientAverager::download(size_t k) {
+  Slot& s = slots_[k];
+  s.missing = 0;
+  s.done = device_.download_async(host_.data() + s.off, grads_.slice_flat(s.off, {s.len}),
+                                  static_cast<size_t>(s.len) * sizeof(float));
+  downloading_.push_back(k);
+}
+
+void GradientAverager::start_landed(bool block) {
+  for (; started_ < downloading_.size(); ++started_) {
+    Slot& s = slots_[downloading_[started_]];
+    if (block)
+      device_.wait_event(s.done);
+    else if (!device_.event_done(s.done))
+      return;
+    float* data = host_.data() + s.off;
+    s.ticket = shard_bounds_.empty()
+                   ? comm_.start_all_reduce(data, static_cast<size_t>(s.len), ReduceOp::kAverage)
+                   : comm_.start_reduce_scatter(data, shard_counts(shard_bounds_, s.off, s.len),
+                                                ReduceOp::kAverage);
+  }
+}
+
+void GradientAverager::upload(const Slot& s) {
+  int64_t from = s.off, to = s.off + s.len;
+  if (!shard_bounds_.empty()) {  // this rank's part of the bucket, averaged
+    const auto rank = static_cast<size_t>(comm_.rank());
+    from = std::max(shard_bounds_[rank], from);
+    to = std::min(shard_bounds_[rank + 1], to);
+  }
+  if (to > from)
+    device_.upload(grads_.slice_flat(from, {to - from}), host_.data() + from,
+                   static_cast<size_t>(to - from) * sizeof(float));
+}
+
+void GradientAverager::finish() {
+  if (!grads_.defined()) return;
+  using Clock = std::chrono::steady_clock;
+  start_landed(/*block=*/false);
+  // The backward pass is over once the device has run every op enqueued so far.
+  const Event backward_done = device_.record_event();
+  for (size_t k = 0; k < slots_.size(); ++k)
+    if (slots_[k].missing > 0) download(k);
+  device_.wait_event(backward_done);
+  const Clock::time_point backward_end = Clock::now();
+  start_landed(/*block=*/true);
+  for (size_t k : downloading_) {
+    const Communicator::Ran ran = comm_.wait(slots_[k].ticket);
+    const double took = std::chrono::duration<double>(ran.end - ran.start).count();
+    seconds_ += took;
+    overlap_seconds_ +=
+        std::clamp(std::chrono::duration<double>(backward_end - ran.start).count(), 0.0, took);
+  }
+  const Clock::time_point t0 = Clock::now();
+  for (const Slot& s : slots_) upload(s);
+  seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  grads_ = Tensor();
   ++calls_;
 }
 

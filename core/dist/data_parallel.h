@@ -46,41 +46,72 @@ uint64_t hash_bytes(const void* data, size_t bytes);
 // they differ, naming `when` and each rank whose hash is not rank 0's. Collective.
 void check_same_weights(Communicator& comm, uint64_t hash, const std::string& when);
 
-// One bucket of a bucketed download: floats [off, off + len) of the buffer, in host memory once
-// `done` has completed.
-struct Bucket {
-  int64_t off, len;
-  Event done;
-};
-// Enqueues the download of f32 `grads` into `host` (resized to fit) in buckets of at most
-// `bucket_elems` floats, all at once (on a device with a real stream the later ones land while the
-// earlier ones are reduced).
-std::vector<Bucket> download_in_buckets(Device& device, const Tensor& grads,
-                                        std::vector<float>& host, int64_t bucket_elems);
+// Each rank's elements of [off, off + len) when rank r owns [bounds[r], bounds[r + 1]), in rank
+// order (they add up to len): the counts of a reduce-scatter or all-gather of that bucket.
+std::vector<size_t> shard_counts(const std::vector<int64_t>& bounds, int64_t off, int64_t len);
 
-// Averages a flat f32 gradient tensor across the ranks after the backward pass: contiguous
-// buckets of at most `bucket_elems` floats, each downloaded (asynchronously where the device
-// can), all-reduced through host memory and uploaded back. The buckets run after the whole
-// backward pass. The place for overlap is Model::backward: a bucket's all-reduce could start
-// when the layers that write it are done, as PyTorch DDP's hooks do.
+// Averages a flat f32 gradient tensor across the ranks: contiguous buckets of at most
+// `bucket_elems` floats, each downloaded (asynchronously where the device can), all-reduced
+// through host memory (Communicator::start_all_reduce, on the MPI communicator's own thread)
+// and uploaded back. With ZeRO stage 1's shard bounds each bucket is reduce-scattered instead,
+// and only this rank's shard of it comes back.
+//
+// Overlap with the backward pass, as PyTorch DDP's hooks do: begin() before the backward pass
+// that finishes the gradients (with accumulation the last micro-batch's), ready() whenever it
+// reports a range final (Model::set_gradients_ready), finish() after it. A bucket whose every
+// element has been reported is downloaded then and its collective started as soon as its
+// download has landed, while the backward goes on; finish() starts the rest in order, waits for
+// all and uploads them. average() is begin() and finish(): every bucket after the backward pass.
+// Either way the buckets and each one's reduction are the same, so are the results, bit for bit.
 class GradientAverager {
  public:
   // 2^22 floats (16 MiB): a few messages for small models, 30 for GPT-2 124M.
   static constexpr int64_t kDefaultBucketElems = int64_t{1} << 22;
 
-  GradientAverager(Communicator& comm, Device& device, int64_t bucket_elems = kDefaultBucketElems);
-  // grads (=) in place: the mean of every rank's grads. Collective; every rank passes the same
-  // numel. No-op (and no time) in a world of one.
-  void average(const Tensor& grads);
-  double seconds() const { return seconds_; }  // total time in average(), transfers included
+  // `shard_bounds`: empty (all-reduce), or comm.size() + 1 offsets as ShardExchange's.
+  GradientAverager(Communicator& comm, Device& device, int64_t bucket_elems = kDefaultBucketElems,
+                   std::vector<int64_t> shard_bounds = {});
+  // grads (=) in place: the mean of every rank's grads (with shard bounds: in this rank's
+  // shard; the rest unspecified). Collective; every rank passes the same numel and reports the
+  // same ranges in the same order. No-op (and no time) in a world of one.
+  void begin(const Tensor& grads);
+  void ready(int64_t off, int64_t len);
+  void finish();
+  void average(const Tensor& grads) {
+    begin(grads);
+    finish();
+  }
+  // Seconds the buckets' collectives ran (on the communicator's thread, waiting for the other
+  // ranks included), plus finish()'s uploads; and the part of the collectives' time before the
+  // backward pass was over (when the device had run every op enqueued before finish()). Totals
+  // over every call.
+  double seconds() const { return seconds_; }
+  double overlap_seconds() const { return overlap_seconds_; }
   int64_t calls() const { return calls_; }
 
  private:
+  struct Slot {
+    int64_t off, len;
+    int64_t missing;  // elements not reported yet
+    Event done;       // its download
+    uint64_t ticket;  // its collective, once started
+  };
+  void download(size_t k);
+  // Starts the collectives of the downloaded buckets, in download order, while the oldest one
+  // has landed (every one when `block`, waiting for each).
+  void start_landed(bool block);
+  void upload(const Slot& s);
+
   Communicator& comm_;
   Device& device_;
   int64_t bucket_elems_;
+  std::vector<int64_t> shard_bounds_;
+  Tensor grads_;  // of the pass between begin() and finish(); undefined outside
   std::vector<float> host_;
-  double seconds_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<size_t> downloading_;  // buckets downloading, in order; the first started_ started
+  size_t started_ = 0;
+  double seconds_ = 0, overlap_seconds_ = 0;
   int64_t calls_ = 0;
 };
 

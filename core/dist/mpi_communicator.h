@@ -8,9 +8,9 @@
 
 namespace ct::dist {
 
-// MPI_Init_thread (funneled: only the thread that trains calls MPI) on first call, and a
-// communicator over MPI_COMM_WORLD with the machine-local ranks from MPI_Comm_split_type.
-// MPI_Finalize when it is destroyed.
+// On first call a thread of its own that calls MPI_Init_thread (funneled: that thread alone calls
+// MPI, the others queue their calls to it), and a communicator over MPI_COMM_WORLD with the
+// machine-local ranks from MPI_Comm_split_type. MPI_Finalize when it is destroyed.
 std::unique_ptr<Communicator> make_mpi_communicator();
 
 }  // namespace ct::dist

@@ -29,36 +29,10 @@ ShardExchange::ShardExchange(Communicator& comm, Device& device, std::vector<int
                std::to_string(comm.size()) + " ranks, or not ascending from 0");
 }
 
-std::vector<size_t> ShardExchange::counts(int64_t off, int64_t len) const {
-  std::vector<size_t> c(bounds_.size() - 1);
-  for (size_t r = 0; r < c.size(); ++r) {
-    const int64_t from = std::max(bounds_[r], off), to = std::min(bounds_[r + 1], off + len);
-    c[r] = to > from ? static_cast<size_t>(to - from) : 0;
-  }
-  return c;
-}
-
 void ShardExchange::check(const Tensor& t, const char* what) const {
   CT_REQUIRE(t.dtype == DType::f32 && t.is_contiguous() && t.numel() == bounds_.back(),
              std::string("ZeRO ") + what + ": needs the contiguous f32 flat buffer of " +
                  std::to_string(bounds_.back()) + " elements, got " + t.describe());
-}
-
-void ShardExchange::reduce_scatter(const Tensor& grads) {
-  check(grads, "reduce-scatter");
-  if (comm_.size() == 1) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (const Bucket& k : download_in_buckets(device_, grads, host_, bucket_elems_)) {
-    const int64_t off = k.off, len = k.len;
-    device_.wait_event(k.done);
-    comm_.reduce_scatter(host_.data() + off, counts(off, len), ReduceOp::kAverage);
-    // This rank's part of the bucket, averaged, goes back.
-    const int64_t from = std::max(begin(), off), to = std::min(end(), off + len);
-    if (to > from)
-      device_.upload(grads.slice_flat(from, {to - from}), host_.data() + from,
-                     static_cast<size_t>(to - from) * sizeof(float));
-  }
-  seconds_ += since(t0);
 }
 
 void ShardExchange::all_gather(const Tensor& params) {
@@ -72,7 +46,7 @@ void ShardExchange::all_gather(const Tensor& params) {
                      static_cast<size_t>(end() - begin()) * sizeof(float));
   for (int64_t off = 0; off < n; off += bucket_elems_) {
     const int64_t len = std::min(bucket_elems_, n - off);
-    comm_.all_gather(host_.data() + off, counts(off, len));
+    comm_.all_gather(host_.data() + off, shard_counts(bounds_, off, len));
     // The other ranks' parts of the bucket: before and after this rank's shard.
     const int64_t own_from = std::clamp(begin(), off, off + len);
     const int64_t own_to = std::clamp(end(), off, off + len);

@@ -1,9 +1,10 @@
 // ZeRO stage 1's traffic (--zero-stage 1): each rank keeps optimizer state for one contiguous
 // shard of the flat trainable parameters (the partition rule: zero_partition in
-// core/train/optimizer.h). After the backward pass the gradients are reduce-scattered, so each
-// rank holds the average of its own shard; after the update of its shard, the weights are
-// all-gathered, so every rank holds all of them again. Both through host memory in buckets, as
-// GradientAverager does; together they move the bytes of one all-reduce.
+// core/train/optimizer.h). The gradients are reduce-scattered in buckets by GradientAverager
+// given the shard bounds (overlapping the backward pass as its all-reduce does), so each rank
+// holds the average of its own shard; after the update of its shard, the weights are
+// all-gathered here, so every rank holds all of them again, through host memory in buckets of
+// the same size. Together the two move the bytes of one all-reduce.
 #pragma once
 
 #include <cstdint>
@@ -22,18 +23,14 @@ class ShardExchange {
   // bounds[r + 1]), bounds[0] = 0 and bounds.back() their numel.
   ShardExchange(Communicator& comm, Device& device, std::vector<int64_t> bounds,
                 int64_t bucket_elems = GradientAverager::kDefaultBucketElems);
-  // This rank's shard of grads (=) the mean of every rank's grads there; the rest of grads is
-  // left as it is. Collective.
-  void reduce_scatter(const Tensor& grads);
   // Every other rank's shard of params (=) that rank's; this rank's shard is sent. Collective.
   void all_gather(const Tensor& params);
   int64_t begin() const { return bounds_[rank_]; }
   int64_t end() const { return bounds_[rank_ + 1]; }
-  double seconds() const { return seconds_; }  // total time in both, transfers included
+  const std::vector<int64_t>& bounds() const { return bounds_; }
+  double seconds() const { return seconds_; }  // total time in all_gather, transfers included
 
  private:
-  // Each rank's elements of the bucket [off, off + len), in rank order (they add up to len).
-  std::vector<size_t> counts(int64_t off, int64_t len) const;
   void check(const Tensor& t, const char* what) const;
 
   Communicator& comm_;

@@ -148,4 +148,9 @@ float GPT2::init_fill(const ParamInfo& p) const {
   return is_ln_weight && ends_with(p.name, ".weight") ? 1.0f : 0.0f;
 }
 
+int GPT2::gradient_stage(const std::string& name) const {
+  if (int l = block_in_name(name, "h."); l >= 0) return l;
+  return name.rfind("ln_f.", 0) == 0 ? config_.n_layer : kFinalAtEnd;
+}
+
 }  // namespace ct

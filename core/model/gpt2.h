@@ -78,6 +78,9 @@ class GPT2 final : public ModelBase {
   // weights 1.
   float init_stddev(const ParamInfo& p) const override;
   float init_fill(const ParamInfo& p) const override;
+  // Block l's rows (and adapters) after block l, ln_f before the blocks, wte (also the head) and
+  // wpe at the end.
+  int gradient_stage(const std::string& name) const override;
 
   // Activation (and backward scratch) buffers for batches up to max_batch x max_seq
   // (max_seq <= block_size). forward() grows them on demand; call this up front to fix the peak.

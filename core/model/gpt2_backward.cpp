@@ -44,6 +44,7 @@ void GPT2::backward(float dloss_scale) {
   device_.layernorm_backward(dresidual, ln_grad("ln_f.weight"), ln_grad("ln_f.bias"), dln,
                              view(residuals_.back(), {BT, C}), param("ln_f.weight"),
                              view(lnf_mean_, {BT}), view(lnf_rstd_, {BT}));
+  gradients_final(L);  // ln_f (data parallel: its bucket may start)
 
   for (int l = L - 1; l >= 0; --l) {
     // Checkpointing: re-run this block's forward into the shared buffers. The last block's
@@ -103,6 +104,7 @@ void GPT2::backward(float dloss_scale) {
     // dresidual (B,T,C) += d LayerNorm_1 / d residual
     device_.layernorm_backward(dresidual, dp.ln1w, dp.ln1b, dln, residual, p.ln1w,
                                view(a.ln1_mean, {BT}), view(a.ln1_rstd, {BT}));
+    gradients_final(l);  // block l's weights, biases and adapters
   }
 
   // ---- encoder ---------------------------------------------------------------------------------

@@ -180,6 +180,12 @@ float Llama::init_fill(const ParamInfo& p) const {
   return norm ? 1.0f : 0.0f;
 }
 
+int Llama::gradient_stage(const std::string& name) const {
+  if (int l = block_in_name(name, "model.layers."); l >= 0) return l;
+  const bool head_side = name == "model.norm.weight" || name == "lm_head.weight";
+  return head_side ? config_.n_layer : kFinalAtEnd;
+}
+
 // =============================================================================================
 // Activation buffers
 

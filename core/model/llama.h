@@ -78,6 +78,9 @@ class Llama final : public ModelBase {
   // RMSNorm weights 1 (ModelBase::init). Also zeroes the gradients.
   float init_stddev(const ParamInfo& p) const override;
   float init_fill(const ParamInfo& p) const override;
+  // Layer l's rows (and adapters) after layer l, model.norm and an untied lm_head before the
+  // layers, embed_tokens (also a tied head) at the end.
+  int gradient_stage(const std::string& name) const override;
 
   void allocate_activations(int max_batch, int max_seq) override;
   // Bytes of MemCategory::kActivations that allocate_activations(B, T) allocates, counted from

@@ -49,6 +49,7 @@ void Llama::backward(float dloss_scale) {
   device_.rmsnorm_backward(dresidual, frozen ? frozen_norm_dw_ : table_view(g, "model.norm.weight"),
                            dln, view(residuals_.back(), {BT, C}), param("model.norm.weight"),
                            view(lnf_rstd_, {BT}));
+  gradients_final(L);  // model.norm and an untied lm_head (data parallel: their buckets may start)
 
   const Tensor cs = rope_cos_.slice_flat(0, {T, hd / 2}), sn = rope_sin_.slice_flat(0, {T, hd / 2});
   for (int l = L - 1; l >= 0; --l) {
@@ -112,6 +113,7 @@ void Llama::backward(float dloss_scale) {
     // ---- input RMSNorm -------------------------------------------------------------------------
     device_.rmsnorm_backward(dresidual, norm_grad(dp.ln1w), dln, residual, p.ln1w,
                              view(a.ln1_rstd, {BT}));
+    gradients_final(l);  // layer l's weights, biases and adapters
   }
 
   // ---- embedding -------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -68,6 +69,13 @@ class Model {
   // dloss_scale * d(mean loss) into the trainable gradients.
   virtual Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T) = 0;
   virtual void backward(float dloss_scale = 1.0f) = 0;
+  // Data parallel's overlap (dist::GradientAverager): while `ready` is set, backward() calls
+  // ready(offset, count) as soon as the ops it has enqueued leave elements [offset, offset +
+  // count) of trainable_grads() final for this pass, each element at most once per pass (the
+  // later layers first). Elements it never reports are final when backward() returns. An empty
+  // function (the default) reports nothing.
+  using GradientsReady = std::function<void(int64_t offset, int64_t count)>;
+  virtual void set_gradients_ready(GradientsReady ready) { (void)ready; }
   virtual void zero_grad() = 0;
   virtual Tensor logits() const = 0;                 // [B,T,V] of the last forward
   virtual Tensor logits_at(int b, int t) const = 0;  // [V] of position (b, t), a view

@@ -154,6 +154,35 @@ void ModelBase::zero_grad() {
   device_.fill(trainable_grads(), 0.0f);  // the padding rows' too: they stay 0
 }
 
+void ModelBase::set_gradients_ready(GradientsReady ready) {
+  gradients_ready_ = std::move(ready);
+  if (!gradients_ready_ || !stage_ranges_.empty()) return;
+  const std::vector<ParamInfo>& rows = trainable_params();
+  for (size_t k = 0; k < rows.size(); ++k) {
+    // The head's zero padding rows follow it in the device buffers and are as final as it is.
+    const int64_t count = rows[k].numel + (!lora() && k == head_ ? pad_ : 0);
+    auto& ranges = stage_ranges_[gradient_stage(rows[k].name)];
+    if (!ranges.empty() && ranges.back().first + ranges.back().second == rows[k].offset)
+      ranges.back().second += count;
+    else
+      ranges.emplace_back(rows[k].offset, count);
+  }
+}
+
+int ModelBase::block_in_name(const std::string& name, const std::string& prefix) {
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  size_t i = prefix.size(), end = i;
+  while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+  return end > i && end - i < 9 ? std::stoi(name.substr(i, end - i)) : -1;
+}
+
+void ModelBase::gradients_final(int stage) const {
+  if (!gradients_ready_) return;
+  auto it = stage_ranges_.find(stage);
+  if (it == stage_ranges_.end()) return;
+  for (const auto& [offset, count] : it->second) gradients_ready_(offset, count);
+}
+
 // =============================================================================================
 // Initialisation
 

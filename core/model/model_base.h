@@ -84,6 +84,8 @@ class ModelBase : public Model {
   Tensor losses() const override;
   // trainable grads (=) 0.
   void zero_grad() override;
+  // backward() reports the rows of each of its sections (gradient_stage()) once they are done.
+  void set_gradients_ready(GradientsReady ready) override;
 
   // Parameters and gradients. params(): offsets into the host vectors (download_params());
   // dev_table(): the same rows at their offsets in the device buffers (params_flat(),
@@ -176,6 +178,19 @@ class ModelBase : public Model {
   Tensor head_view(const Tensor& flat) const;
   // The f32 vector at `offset` (a no-decay row or adjacent rows): master, or the widened copy.
   Tensor vector_view(int64_t offset, const Shape& shape) const;
+  // The family's: after which section of backward() the gradient of the trainable row `name` (a
+  // parameter or a LoRA adapter) is final: block l's (l), the LM head's and final norm's
+  // (the number of blocks: they come first), or kFinalAtEnd (the embeddings, which the first
+  // and the last section both write).
+  static constexpr int kFinalAtEnd = -1;
+  virtual int gradient_stage(const std::string& name) const = 0;
+  // `name`'s block number when it starts with `prefix` and a number ("h.", "h.3.ln_1.weight":
+  // 3), else -1.
+  static int block_in_name(const std::string& name, const std::string& prefix);
+  // backward(), when section `stage` is done: the rows whose gradient_stage() it is, to the
+  // listener of set_gradients_ready() (no-op without one).
+  void gradients_final(int stage) const;
+
   // Whether backward has anything to compute: the full gradients or trainable adapters.
   bool trains() const { return grads_.defined() || (lora() && lora_->trains()); }
 
@@ -240,6 +255,11 @@ class ModelBase : public Model {
   // Backward scratch: the gradient flowing along the residual stream (B,T,C) f32, and its copy
   // as a matmul input (B,T,C) h (16-bit policies only).
   Tensor dresidual_, dresidual_h_;
+
+  // set_gradients_ready(): the listener, and per backward section the ranges of
+  // trainable_grads() (offset, count) it finishes, adjacent rows merged.
+  GradientsReady gradients_ready_;
+  std::map<int, std::vector<std::pair<int64_t, int64_t>>> stage_ranges_;
 
   // The last forward's batch, kept for backward.
   model_util::ForwardBatch batch_;

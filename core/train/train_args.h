@@ -89,6 +89,13 @@ struct TrainArgs {
   // whole optimizer state; 1: each rank holds and updates the state of one contiguous shard of
   // the parameters (gradients reduce-scattered, weights all-gathered after the update)
   int zero_stage = 0;
+  // data parallel: each gradient bucket's all-reduce (or ZeRO's reduce-scatter) starts as soon as
+  // the backward pass has finished it, overlapping the rest of the backward (PyTorch DDP's way);
+  // false: every bucket after the backward pass (--no-ddp-overlap). The same results either way.
+  bool ddp_overlap = true;
+  // data parallel: the gradient buckets' size in MiB (Hugging Face's ddp_bucket_cap_mb; crosstrain
+  // takes fractions too, and defaults to 16 MiB: GradientAverager::kDefaultBucketElems floats)
+  double ddp_bucket_cap_mb = 16;
 
   bool progress_bar = true;  // only drawn when stderr is a terminal
   bool profile = false;      // print the device's per-op time table at the end (--profile)

@@ -101,6 +101,9 @@ void validate_args(const TrainArgs& a) {
   require_flag(a.sample_tokens >= 0, "--sample-tokens", std::to_string(a.sample_tokens),
                "must be >= 0");
   require_flag(a.ddp_timeout > 0, "--ddp-timeout", std::to_string(a.ddp_timeout), "must be > 0");
+  require_flag(a.ddp_bucket_cap_mb * (1 << 20) >= sizeof(float) && a.ddp_bucket_cap_mb <= 2048,
+               "--ddp-bucket-cap-mb", std::to_string(a.ddp_bucket_cap_mb),
+               "must hold at least one float and at most 2048 MiB");
   require_flag(a.zero_stage == 0 || a.zero_stage == 1, "--zero-stage", std::to_string(a.zero_stage),
                "must be 0 or 1 (stages 2 and 3, gradients and weights sharded too, are not "
                "implemented)");
@@ -279,6 +282,8 @@ std::vector<std::pair<std::string, std::string>> shared_settings(const TrainArgs
                         {"vocab_size", a.vocab_size}})
     j[key] = v;
   j["max_eval_batches"] = a.max_eval_batches;
+  j["ddp_overlap"] = a.ddp_overlap;  // the buckets' collectives in another order
+  j["ddp_bucket_cap_mb"] = a.ddp_bucket_cap_mb;
   j["save_total_limit"] = a.save_total_limit;
   j["resume_from_checkpoint"] = a.resume_from_checkpoint;
   j["fp16_init_scale"] = a.fp16_init_scale;
@@ -505,8 +510,9 @@ std::string sample_text(const TrainArgs& args, const TextTokenizer& tokenizer, M
 // save_step_checkpoint, and finish_run.
 //
 // Data parallel (`comm` spans several processes): every rank runs these steps on its own device
-// and its rows of each batch; the gradients are averaged after the backward pass, so every rank
-// makes the same update; rank 0 alone prints, evaluates and writes files.
+// and its rows of each batch; the gradients are averaged bucket by bucket as the backward pass
+// finishes them (or after it), so every rank makes the same update; rank 0 alone prints,
+// evaluates and writes files.
 struct Run {
   Run(const TrainArgs& a, dist::Communicator& c)
       : args(a), comm(c), world(c.size()), main_rank(c.rank() == 0) {}
@@ -544,6 +550,7 @@ struct Run {
   bool have_first = false;
   OffloadStats offload_logged;  // offload_stats() at the last logging step
   double comm_logged = 0;       // comm_seconds() at the last logging step
+  double overlap_logged = 0;    // averager->overlap_seconds() at the last logging step
   // Seconds in the gradient all-reduce, or ZeRO's reduce-scatter and all-gather.
   double comm_seconds() const {
     return averager->seconds() + (exchange ? exchange->seconds() : 0.0);
@@ -648,7 +655,14 @@ void open_model(Run& r) {
   r.loss_sum = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
   r.grad_norm = dev.empty({1}, DType::f32, MemCategory::kWorkspace);
   dev.fill(r.loss_sum, 0.0f);
-  r.averager = std::make_unique<dist::GradientAverager>(r.comm, dev);
+  // The gradients' all-reduce (ZeRO stage 1: reduce-scatter), bucket by bucket as the backward
+  // pass reports them final unless --no-ddp-overlap.
+  r.averager = std::make_unique<dist::GradientAverager>(
+      r.comm, dev, static_cast<int64_t>(args.ddp_bucket_cap_mb * (1 << 20) / sizeof(float)),
+      r.exchange ? r.exchange->bounds() : std::vector<int64_t>{});
+  if (args.ddp_overlap && r.world > 1)
+    model.set_gradients_ready(
+        [averager = r.averager.get()](int64_t off, int64_t n) { averager->ready(off, n); });
 }
 
 // Resume: weights, optimizer state, step, data position and the open logging window of the
@@ -685,15 +699,14 @@ void restore_run(Run& r) {
                  r.resume_dir.empty() ? "after initialisation" : "after loading " + r.resume_dir);
 }
 
-// ZeRO stage 1's part of optimizer_step after the backward pass: the gradients reduce-scattered
-// (this rank's shard averaged), the fp16 check and the norm over the shards (combined across
+// ZeRO stage 1's part of optimizer_step once the averager has reduce-scattered the gradients
+// (this rank's shard averaged): the fp16 check and the norm over the shards (combined across
 // ranks, so every rank decides and clips alike), this rank's shard updated and the weights
 // all-gathered. Returns whether fp16 found an inf/NaN (the step skipped on every rank).
 bool zero_update(Run& r, double lr, int64_t step) {
   Device& dev = *r.device;
   Model& model = *r.model;
   LossScaler& scaler = *r.scaler;
-  r.exchange->reduce_scatter(model.trainable_grads());
   const int64_t len = r.shard.end - r.shard.begin;
   const Tensor grads = model.trainable_grads().slice_flat(r.shard.begin, {len});
   // [0]: whether a shard had an inf/NaN, [1]: the shards' squared norms.
@@ -732,6 +745,9 @@ double optimizer_step(Run& r, int64_t step) {
     // evaluation.
     model.set_lora_dropout_draw(args.seed, (step * r.accum + micro) * r.world + r.comm.rank());
     Tensor loss = model.forward(r.inputs, &r.targets, r.B, r.T);
+    // The last micro-batch's backward finishes the gradients: the averager takes the buckets it
+    // reports final from here on (the earlier ones would be added to).
+    if (micro + 1 == r.accum) r.averager->begin(model.trainable_grads());
     model.backward(scaler.scale() / static_cast<float>(r.accum));
     model.set_lora_dropout_draw(args.seed, -1);
     dev.accumulate(r.loss_sum, loss);
@@ -740,10 +756,10 @@ double optimizer_step(Run& r, int64_t step) {
   // the whole batch's. Before the fp16 check, so an inf on one rank skips the step on all.
   const double lr = lr_at(r.schedule, args.learning_rate, step, args.warmup_steps, args.max_steps);
   bool found_inf = false;
+  r.averager->finish();  // ZeRO stage 1: this rank's shard averaged
   if (r.exchange) {
     found_inf = zero_update(r, lr, step);
   } else {
-    r.averager->average(model.trainable_grads());
     // fp16: unscale the gradients and skip the step if any is inf/NaN (GradScaler semantics).
     found_inf = scaler.unscale_and_check(dev, model.trainable_grads());
     if (!found_inf) {
@@ -789,6 +805,10 @@ void log_window(Run& r, int64_t done, double lr, bool do_eval, std::ofstream& me
   rec["world_size"] = r.world;
   rec["comm_s"] = (r.comm_seconds() - r.comm_logged) / static_cast<double>(r.window_steps);
   r.comm_logged = r.comm_seconds();
+  // The part of comm_s that ran while the backward pass was still running (bucket overlap).
+  rec["comm_overlap_s"] =
+      (r.averager->overlap_seconds() - r.overlap_logged) / static_cast<double>(r.window_steps);
+  r.overlap_logged = r.averager->overlap_seconds();
   // Optimizer state bytes of each rank (--zero-stage 1: of its shard; rank 0's in
   // "optimizer_bytes" and, over every parameter, in "optimizer_bytes_per_param").
   rec["zero_stage"] = args.zero_stage;

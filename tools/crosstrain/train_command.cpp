@@ -105,6 +105,12 @@ Run add_train(CLI::App& app) {
        "data parallel (mpirun): 1 shards the optimizer state across the ranks (ZeRO stage 1: "
        "each rank updates one contiguous shard of the parameters, then the weights are "
        "gathered); 0 (default): every rank holds all of it");
+  flag(&app, "--ddp-bucket-cap-mb", a->ddp_bucket_cap_mb,
+       "data parallel (mpirun): MiB of gradients per all-reduce bucket");
+  app.add_flag(
+      "--no-ddp-overlap", [a](int64_t) { a->ddp_overlap = false; },
+      "data parallel (mpirun): average the gradients after the backward pass, not bucket by "
+      "bucket while it runs (the same results; for comparing their times)");
   app.add_flag("--profile", a->profile,
                "print a per-op device time table (GPU timestamps on Vulkan) at the end");
   app.add_flag(
