@@ -5,11 +5,13 @@
 // step total. Inputs are random (the numbers do not matter, the shapes do).
 //
 //   step_profile [--model tiny|gpt2] [--batch B] [--seq T] [--layers L] [--steps N] [--warmup W]
-//                [--detail] [--cpu-time]
+//                [--detail] [--cpu-time] [--unfused-residual]
 //
 // tiny = 6L/6H/384, V 256, T 256, batch 4; gpt2 = 12L/12H/768, V 50257, T 1024, batch 1 (the
 // presets of bench/train_bench.py); --layers overrides the layer count (a quicker run of the same
-// per-layer shapes). --detail splits the matmuls by layer role and layout.
+// per-layer shapes). --detail splits the matmuls by layer role and layout. --unfused-residual
+// times the residual adds and the layernorms after them as two ops each (add, layernorm_forward),
+// as the model ran them before residual_layernorm_forward.
 // --cpu-time measures process CPU time instead of wall time: with OMP_NUM_THREADS=1 it is the
 // op's single-core cost, which load from other processes barely changes (with more threads it
 // also counts OpenMP/OpenBLAS spin-waiting).
@@ -79,7 +81,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::string model = "tiny";
   int B = -1, T = -1, steps = 10, warmup = 2, layers = -1;
-  bool detail = false;
+  bool detail = false, unfused_residual = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
@@ -99,10 +101,13 @@ int main(int argc, char** argv) {
       detail = true;
     else if (a == "--cpu-time")
       g_cpu_time = true;
+    else if (a == "--unfused-residual")
+      unfused_residual = true;
     else {
       std::fprintf(stderr,
                    "usage: step_profile [--model tiny|gpt2] [--batch B] [--seq T] "
-                   "[--layers L] [--steps N] [--warmup W] [--detail] [--cpu-time]\n");
+                   "[--layers L] [--steps N] [--warmup W] [--detail] [--cpu-time] "
+                   "[--unfused-residual]\n");
       return 2;
     }
   }
@@ -220,6 +225,19 @@ int main(int argc, char** argv) {
   };
 
   const float eps = 1e-5f;
+  // residual (=) x + r, then the layernorm of residual: one op, or add and layernorm_forward.
+  auto residual_ln = [&](const Tensor& residual, const Tensor& out, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& x, const Tensor& r, const Tensor& w,
+                         const Tensor& b) {
+    if (!unfused_residual) {
+      prof.time("residual+layernorm fwd",
+                [&] { d.residual_layernorm_forward(residual, out, mean, rstd, x, r, w, b, eps); });
+      return;
+    }
+    prof.time("add",
+              [&] { d.add(residual.reshape({BT * C}), x.reshape({BT * C}), r.reshape({BT * C})); });
+    prof.time("layernorm fwd", [&] { d.layernorm_forward(out, mean, rstd, residual, w, b, eps); });
+  };
   for (int s = 0; s < warmup + steps; ++s) {
     prof.begin();
     // ---- forward
@@ -229,29 +247,29 @@ int main(int argc, char** argv) {
     for (int64_t l = 0; l < L; ++l) {
       Layer& w = p[static_cast<size_t>(l)];
       Acts& a = acts[static_cast<size_t>(l)];
-      prof.time("layernorm fwd",
-                [&] { d.layernorm_forward(a.ln1, a.ln1m, a.ln1r, res[l], w.ln1w, w.ln1b, eps); });
+      if (l == 0)  // later blocks: done with the previous block's residual add
+        prof.time("layernorm fwd",
+                  [&] { d.layernorm_forward(a.ln1, a.ln1m, a.ln1r, res[l], w.ln1w, w.ln1b, eps); });
       linear_fwd("qkv", a.qkv, a.ln1, w.qkvw, w.qkvb);
       prof.time("attention fwd", [&] {
         d.attention_forward(a.atty.reshape({B, T, C}), a.att, a.qkv.reshape({B, T, 3 * C}),
                             static_cast<int>(NH));
       });
       linear_fwd("attproj", a.attproj, a.atty, w.projw, w.projb);
-      prof.time("add", [&] {
-        d.add(a.res2.reshape({BT * C}), res[l].reshape({BT * C}), a.attproj.reshape({BT * C}));
-      });
-      prof.time("layernorm fwd",
-                [&] { d.layernorm_forward(a.ln2, a.ln2m, a.ln2r, a.res2, w.ln2w, w.ln2b, eps); });
+      residual_ln(a.res2, a.ln2, a.ln2m, a.ln2r, res[l], a.attproj, w.ln2w, w.ln2b);
       linear_fwd("fc", a.fch, a.ln2, w.fcw, w.fcb);
       prof.time("gelu fwd",
                 [&] { d.gelu_forward(a.fchg.reshape({BT * 4 * C}), a.fch.reshape({BT * 4 * C})); });
       linear_fwd("fcproj", a.fcproj, a.fchg, w.fcprojw, w.fcprojb);
-      prof.time("add", [&] {
-        d.add(res[l + 1].reshape({BT * C}), a.res2.reshape({BT * C}), a.fcproj.reshape({BT * C}));
-      });
+      // the next block's ln1, or ln_f after the last block
+      if (l + 1 < L) {
+        Layer& wn = p[static_cast<size_t>(l) + 1];
+        Acts& an = acts[static_cast<size_t>(l) + 1];
+        residual_ln(res[l + 1], an.ln1, an.ln1m, an.ln1r, a.res2, a.fcproj, wn.ln1w, wn.ln1b);
+      } else {
+        residual_ln(res[l + 1], lnf, lnfm, lnfr, a.res2, a.fcproj, lnfw, lnfb);
+      }
     }
-    prof.time("layernorm fwd",
-              [&] { d.layernorm_forward(lnf, lnfm, lnfr, res[L], lnfw, lnfb, eps); });
     prof.time(mm_label("lmhead", "fwd NT"), [&] { d.matmul(logits, lnf, wte, false, true); });
     prof.time("crossentropy fwd", [&] { d.crossentropy_forward(losses, logits, targets, V); });
     prof.time("sum", [&] { d.sum(loss, losses, 1.0f / static_cast<float>(BT)); });

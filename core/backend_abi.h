@@ -58,6 +58,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {11, "117b9a9f4dae7d13bbe7dca944a66321394ab08531f8198f207e74d2a609754d",
      "op_begin/op_end: the profiling scope of every public op (--profile's device time per op "
      "on CUDA, HIP and SIMT)"},
+    {12, "58b795a9eeb58f6d545a2c9ab11a8eaacdcc27e2c53c777630106f1fcd114436",
+     "residual_layernorm_forward and residual_rmsnorm_forward: the residual add fused into the "
+     "norm after it (kLayerNorm / kRMSNorm answer for them)"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.

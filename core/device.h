@@ -19,7 +19,9 @@
 //                       rounded to c's dtype where c is h (see matmul below)
 //   embedding fwd       wte, wpe: f32 | h (both the same); out f32     bwd: all f32
 //   layernorm fwd       x f32; out f32 | h;            bwd: dout f32 | h; x, dx f32
+//   residual layernorm  x, residual f32; r, out: both f32 or both the same h
 //   rmsnorm fwd         x f32; out f32 | h;            bwd: dout f32 | h; x, dx f32
+//   residual rmsnorm    x, residual f32; r, out: both f32 or both the same h
 //   attention fwd/bwd   qkv, out, att, dout, dqkv: all f32 or all the same h
 //   flash attention     qkv, out, dout, dqkv: all f32 or all the same h; lse f32
 //   gelu fwd/bwd        x, out, dout, dx: all f32 or all the same h
@@ -378,6 +380,15 @@ class Device {
   // x, out [N,C]; w, b [C]; mean, rstd [N] (f32). Statistics in fp32 or better.
   void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                          const Tensor& w, const Tensor& b, float eps);
+  // residual (=) x + r, then out, mean, rstd (=) layernorm_forward(residual, w, b, eps): the
+  // residual add and the layernorm of its sum in one pass over each row (llm.c's
+  // fused_residual_forward), the same numbers as add() then layernorm_forward(): the sum is
+  // rounded to f32 once, as add() stores it, and normalised as stored.
+  // x, residual [N,C] f32; r, out [N,C] f32 or the same h; w, b [C]; mean, rstd [N] (f32).
+  // residual must not overlap any other tensor.
+  void residual_layernorm_forward(const Tensor& residual, const Tensor& out, const Tensor& mean,
+                                  const Tensor& rstd, const Tensor& x, const Tensor& r,
+                                  const Tensor& w, const Tensor& b, float eps);
   // dx (+=), dw (+=), db (+=), from dout [N,C] and the saved x, w, mean, rstd.
   void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
                           const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd);
@@ -387,6 +398,12 @@ class Device {
   // x, out [N,C]; w [C]; rstd [N] (f32). Statistics in fp32 or better.
   void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& w,
                        float eps);
+  // residual (=) x + r, then out, rstd (=) rmsnorm_forward(residual, w, eps), in one pass over
+  // each row, with the numbers of add() then rmsnorm_forward() (as residual_layernorm_forward).
+  // x, residual [N,C] f32; r, out [N,C] f32 or the same h; w [C]; rstd [N] (f32). residual must
+  // not overlap any other tensor.
+  void residual_rmsnorm_forward(const Tensor& residual, const Tensor& out, const Tensor& rstd,
+                                const Tensor& x, const Tensor& r, const Tensor& w, float eps);
   // dx (+=), dw (+=), from dout [N,C] and the saved x, w, rstd:
   //   xhat = x * rstd, dxhat = dout * w; dx += rstd * (dxhat - xhat * mean(dxhat * xhat)),
   //   dw += sum over rows of dout * xhat.
@@ -585,7 +602,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 11;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 12;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

@@ -282,6 +282,33 @@ void Device::layernorm_forward(const Tensor& out, const Tensor& mean, const Tens
   layernorm_forward_kernel(out, mean, rstd, x, w, b, eps);
 }
 
+void Device::residual_layernorm_forward(const Tensor& residual, const Tensor& out,
+                                        const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                        const Tensor& r, const Tensor& w, const Tensor& b,
+                                        float eps) {
+  Check k(*this, "residual_layernorm_forward");
+  for (auto [n, t] : {std::pair{"residual", &residual},
+                      {"mean", &mean},
+                      {"rstd", &rstd},
+                      {"x", &x},
+                      {"w", &w},
+                      {"b", &b}})
+    k.f32(n, *t);
+  k.flt("r", r, OpKind::kLayerNorm);
+  k.flt("out", out, OpKind::kLayerNorm);
+  k.same_dtype({&r, &out});
+  CT_REQUIRE(x.ndim() >= 1, k.op() + ": x must have a last dimension");
+  int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+  CT_REQUIRE(residual.shape == x.shape && r.shape == x.shape && out.shape == x.shape &&
+                 w.numel() == C && b.numel() == C && mean.numel() == N && rstd.numel() == N,
+             k.op() + ": expected residual, out, x, r [N,C], w, b [C], mean, rstd [N]" +
+                 shapes({&residual, &out, &mean, &rstd, &x, &r, &w, &b}));
+  for (const Tensor* t : {&out, &mean, &rstd, &x, &r, &w, &b})
+    CT_REQUIRE(!overlaps(residual, *t),
+               k.op() + ": residual overlaps another argument" + shapes({&residual, t}));
+  residual_layernorm_forward_kernel(residual, out, mean, rstd, x, r, w, b, eps);
+}
+
 void Device::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
                                 const Tensor& dout, const Tensor& x, const Tensor& w,
                                 const Tensor& mean, const Tensor& rstd) {
@@ -315,6 +342,28 @@ void Device::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor
   CT_REQUIRE(out.shape == x.shape && w.numel() == C && rstd.numel() == N,
              k.op() + ": expected x, out [N,C], w [C], rstd [N]" + shapes({&out, &rstd, &x, &w}));
   rmsnorm_forward_kernel(out, rstd, x, w, eps);
+}
+
+void Device::residual_rmsnorm_forward(const Tensor& residual, const Tensor& out, const Tensor& rstd,
+                                      const Tensor& x, const Tensor& r, const Tensor& w,
+                                      float eps) {
+  Check k(*this, "residual_rmsnorm_forward");
+  for (auto [n, t] : {std::pair{"residual", &residual}, {"rstd", &rstd}, {"x", &x}, {"w", &w}})
+    k.f32(n, *t);
+  k.flt("r", r, OpKind::kRMSNorm);
+  k.flt("out", out, OpKind::kRMSNorm);
+  k.same_dtype({&r, &out});
+  CT_REQUIRE(x.ndim() >= 1, k.op() + ": x must have a last dimension");
+  CT_REQUIRE(eps >= 0.0f, k.op() + ": eps must be >= 0, got " + std::to_string(eps));
+  int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+  CT_REQUIRE(residual.shape == x.shape && r.shape == x.shape && out.shape == x.shape &&
+                 w.numel() == C && rstd.numel() == N,
+             k.op() + ": expected residual, out, x, r [N,C], w [C], rstd [N]" +
+                 shapes({&residual, &out, &rstd, &x, &r, &w}));
+  for (const Tensor* t : {&out, &rstd, &x, &r, &w})
+    CT_REQUIRE(!overlaps(residual, *t),
+               k.op() + ": residual overlaps another argument" + shapes({&residual, t}));
+  residual_rmsnorm_forward_kernel(residual, out, rstd, x, r, w, eps);
 }
 
 void Device::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dout,

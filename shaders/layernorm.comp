@@ -1,10 +1,13 @@
 #version 450
 // LayerNorm over the last dim with fp32 statistics and fixed-order (deterministic) reductions.
 //   LN_FWD       one workgroup per row: out = (x - mean) * rstd * w + b; saves mean, rstd
+//   LN_FWD_RES   LN_FWD of residual = x + r, stored first (the residual add fused in); each
+//                invocation reads back only the elements it wrote
 //   LN_BWD_DX    one workgroup per row: dx += rstd * (dnorm - mean(dnorm) - xhat*mean(dnorm*xhat))
 //   LN_BWD_DWDB  one invocation per channel, rows in order: dw += dout*xhat, db += dout
 // x, out, dx, dout [N, C]; w, b, dw, db [C]; mean, rstd [N]. All f32 except out (LN_FWD) and
-// dout (LN_BWD_*), which are 16-bit in the H_F16 / H_BF16 variants (common/h16.glsl).
+// dout (LN_BWD_*), and r (LN_FWD_RES), which are 16-bit in the H_F16 / H_BF16 variants
+// (common/h16.glsl).
 #extension GL_GOOGLE_include_directive : require
 #include "common/h16.glsl"
 #include "common/index.glsl"
@@ -18,7 +21,7 @@ layout(local_size_x = CT_WG) in;
 #include "common/reduce.glsl"
 #endif
 
-#if defined(LN_FWD)
+#if defined(LN_FWD) || defined(LN_FWD_RES)
 layout(push_constant) uniform Push {
   uint N;
   uint C;
@@ -29,6 +32,10 @@ layout(push_constant) uniform Push {
   uint ox;
   uint ow;
   uint ob;
+#if defined(LN_FWD_RES)
+  uint ores;
+  uint orin;
+#endif
 } pc;
 layout(std430, binding = 0) writeonly buffer Out { H_T o[]; };
 layout(std430, binding = 1) writeonly buffer Mean { float mean[]; };
@@ -36,36 +43,46 @@ layout(std430, binding = 2) writeonly buffer Rstd { float rstd[]; };
 layout(std430, binding = 3) readonly buffer X { float x[]; };
 layout(std430, binding = 4) readonly buffer W { float w[]; };
 layout(std430, binding = 5) readonly buffer B { float b[]; };
+#if defined(LN_FWD_RES)
+layout(std430, binding = 6) buffer Res { float res[]; };
+layout(std430, binding = 7) readonly buffer R { H_T rin[]; };
+#define LN_IN(c) res[pc.ores + row * pc.C + (c)]
+#else
+#define LN_IN(c) x[pc.ox + row * pc.C + (c)]
+#endif
 
 void main() {
   uint row = ct_group_index();
   if (row >= pc.N) return;  // uniform per workgroup
   uint tid = gl_LocalInvocationID.x;
-  uint xr = pc.ox + row * pc.C;
+#if defined(LN_FWD_RES)
+  for (uint c = tid; c < pc.C; c += CT_WG)
+    LN_IN(c) = x[pc.ox + row * pc.C + c] + h_load(rin[pc.orin + row * pc.C + c]);
+#endif
   // The row is used as x * sc: sc = 1 (the same arithmetic as without it) unless the sum or the
   // sum of squares overflowed (|x| past ~1e19); then sc is a power of two that brings max |x|
   // into [1, 4) and both sums are taken again (uniform per workgroup: reduced values decide).
   float sc = 1.0, m, var;
   for (int pass = 0; pass < 2; ++pass) {
     float s = 0.0;
-    for (uint c = tid; c < pc.C; c += CT_WG) s += x[xr + c] * sc;
+    for (uint c = tid; c < pc.C; c += CT_WG) s += LN_IN(c) * sc;
     m = ct_wg_sum(s) / float(pc.C);
     float v = 0.0;
     for (uint c = tid; c < pc.C; c += CT_WG) {
-      float d = x[xr + c] * sc - m;
+      float d = LN_IN(c) * sc - m;
       v += d * d;
     }
     var = ct_wg_sum(v) / float(pc.C);
     if (pass == 1 || (ct_isfinite(m) && ct_isfinite(var))) break;
     float a = 0.0;
-    for (uint c = tid; c < pc.C; c += CT_WG) a = max(a, abs(x[xr + c]));
+    for (uint c = tid; c < pc.C; c += CT_WG) a = max(a, abs(LN_IN(c)));
     a = ct_wg_max(a);
     if (!ct_isfinite(a)) break;  // an inf or NaN x: the sums stay inf / NaN
     sc = ct_downscale(a);
   }
   float r = ct_isinf(var) ? 0.0 : 1.0 / sqrt(var + pc.eps * sc * sc);  // rstd of x sc
   for (uint c = tid; c < pc.C; c += CT_WG)
-    o[pc.oo + row * pc.C + c] = h_store((x[xr + c] * sc - m) * r * w[pc.ow + c] + b[pc.ob + c]);
+    o[pc.oo + row * pc.C + c] = h_store((LN_IN(c) * sc - m) * r * w[pc.ow + c] + b[pc.ob + c]);
   if (tid == 0) {
     mean[pc.om + row] = m / sc;
     rstd[pc.ors + row] = r * sc;

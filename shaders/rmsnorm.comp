@@ -1,10 +1,12 @@
 #version 450
 // RMSNorm (Llama) over the last dim with fp32 statistics and fixed-order reductions.
 //   RMS_FWD     one workgroup per row: rstd = 1/sqrt(mean(x^2) + eps); out = (x * rstd) * w
+//   RMS_FWD_RES RMS_FWD of residual = x + r, stored first (the residual add fused in); each
+//               invocation reads back only the elements it wrote
 //   RMS_BWD_DX  one workgroup per row: dx += rstd * (dnorm - xhat * mean(dnorm * xhat)),
 //               xhat = x * rstd, dnorm = dout * w
 //   RMS_BWD_DW  one invocation per channel, rows in order: dw += dout * xhat
-// x, out, dx, dout [N, C]; w, dw [C]; rstd [N]. All f32 except out (RMS_FWD) and dout
+// x, out, dx, dout [N, C]; w, dw [C]; rstd [N]. All f32 except out and r (RMS_FWD*) and dout
 // (RMS_BWD_*), which are 16-bit in the H_F16 / H_BF16 variants (common/h16.glsl).
 #extension GL_GOOGLE_include_directive : require
 #include "common/h16.glsl"
@@ -19,7 +21,7 @@ layout(local_size_x = CT_WG) in;
 #include "common/reduce.glsl"
 #endif
 
-#if defined(RMS_FWD)
+#if defined(RMS_FWD) || defined(RMS_FWD_RES)
 layout(push_constant) uniform Push {
   uint N;
   uint C;
@@ -28,19 +30,33 @@ layout(push_constant) uniform Push {
   uint ors;
   uint ox;
   uint ow;
+#if defined(RMS_FWD_RES)
+  uint ores;
+  uint orin;
+#endif
 } pc;
 layout(std430, binding = 0) writeonly buffer Out { H_T o[]; };
 layout(std430, binding = 1) writeonly buffer Rstd { float rstd[]; };
 layout(std430, binding = 2) readonly buffer X { float x[]; };
 layout(std430, binding = 3) readonly buffer W { float w[]; };
+#if defined(RMS_FWD_RES)
+layout(std430, binding = 4) buffer Res { float res[]; };
+layout(std430, binding = 5) readonly buffer R { H_T rin[]; };
+#define RMS_IN(c) res[pc.ores + row * pc.C + (c)]
+#else
+#define RMS_IN(c) x[pc.ox + row * pc.C + (c)]
+#endif
 
 void main() {
   uint row = ct_group_index();
   if (row >= pc.N) return;  // uniform per workgroup
   uint tid = gl_LocalInvocationID.x;
-  uint xr = pc.ox + row * pc.C;
+#if defined(RMS_FWD_RES)
+  for (uint c = tid; c < pc.C; c += CT_WG)
+    RMS_IN(c) = x[pc.ox + row * pc.C + c] + h_load(rin[pc.orin + row * pc.C + c]);
+#endif
   float ss = 0.0;
-  for (uint c = tid; c < pc.C; c += CT_WG) ss += x[xr + c] * x[xr + c];
+  for (uint c = tid; c < pc.C; c += CT_WG) ss += RMS_IN(c) * RMS_IN(c);
   float ms = ct_wg_sum(ss) / float(pc.C);
   // The row is used as x * sc: sc = 1 (the same arithmetic as without it) unless the squares
   // overflowed (|x| past ~1e19); then sc is a power of two that brings max |x| into [1, 4) and
@@ -48,18 +64,18 @@ void main() {
   float sc = 1.0;
   if (!ct_isfinite(ms)) {
     float a = 0.0;
-    for (uint c = tid; c < pc.C; c += CT_WG) a = max(a, abs(x[xr + c]));
+    for (uint c = tid; c < pc.C; c += CT_WG) a = max(a, abs(RMS_IN(c)));
     a = ct_wg_max(a);
     if (ct_isfinite(a)) {  // an inf x keeps ms = inf: rstd 0, as PyTorch's rsqrt(inf)
       sc = ct_downscale(a);
       ss = 0.0;
-      for (uint c = tid; c < pc.C; c += CT_WG) ss += (x[xr + c] * sc) * (x[xr + c] * sc);
+      for (uint c = tid; c < pc.C; c += CT_WG) ss += (RMS_IN(c) * sc) * (RMS_IN(c) * sc);
       ms = ct_wg_sum(ss) / float(pc.C);
     }
   }
   float r = ct_isinf(ms) ? 0.0 : 1.0 / sqrt(ms + pc.eps * sc * sc);  // rstd of x sc
   for (uint c = tid; c < pc.C; c += CT_WG)
-    o[pc.oo + row * pc.C + c] = h_store((x[xr + c] * sc) * r * w[pc.ow + c]);
+    o[pc.oo + row * pc.C + c] = h_store((RMS_IN(c) * sc) * r * w[pc.ow + c]);
   if (tid == 0) rstd[pc.ors + row] = r * sc;
 }
 

@@ -200,6 +200,16 @@ class CpuDevice final : public Device, private Workspace {
     k_.layernorm_forward(o, f(mean), f(rstd), f(x), f(w), f(b), N, C, eps);
     store(out, o);
   }
+  void residual_layernorm_forward_kernel(const Tensor& residual, const Tensor& out,
+                                         const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                         const Tensor& r, const Tensor& w, const Tensor& b,
+                                         float eps) override {
+    int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+    float* o = out_(out, 1, false);
+    k_.residual_layernorm_forward(f(residual), o, f(mean), f(rstd), f(x), in(r, 0), f(w), f(b), N,
+                                  C, eps);
+    store(out, o);
+  }
   void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
                                  const Tensor& dout, const Tensor& x, const Tensor& w,
                                  const Tensor& mean, const Tensor& rstd) override {
@@ -213,6 +223,14 @@ class CpuDevice final : public Device, private Workspace {
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
     float* o = out_(out, 0, false);
     k_.rmsnorm_forward(o, f(rstd), f(x), f(w), N, C, eps);
+    store(out, o);
+  }
+  void residual_rmsnorm_forward_kernel(const Tensor& residual, const Tensor& out,
+                                       const Tensor& rstd, const Tensor& x, const Tensor& r,
+                                       const Tensor& w, float eps) override {
+    int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+    float* o = out_(out, 1, false);
+    k_.residual_rmsnorm_forward(f(residual), o, f(rstd), f(x), in(r, 0), f(w), N, C, eps);
     store(out, o);
   }
   void rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& dout,

@@ -308,6 +308,15 @@ class GpuDevice final : public Device {
     gpu::layernorm_forward(cx(), ptr(out), elem_of(out.dtype), f(mean), f(rstd), f(x), f(w), f(b),
                            x.numel() / C, C, eps);
   }
+  void residual_layernorm_forward_kernel(const Tensor& residual, const Tensor& out,
+                                         const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                         const Tensor& r, const Tensor& w, const Tensor& b,
+                                         float eps) override {
+    const std::int64_t C = x.shape[-1];
+    if (C == 0) return;
+    gpu::residual_layernorm_forward(cx(), f(residual), ptr(out), elem_of(out.dtype), f(mean),
+                                    f(rstd), f(x), ptr(r), f(w), f(b), x.numel() / C, C, eps);
+  }
   void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
                                  const Tensor& dout, const Tensor& x, const Tensor& w,
                                  const Tensor& mean, const Tensor& rstd) override {
@@ -323,6 +332,14 @@ class GpuDevice final : public Device {
     if (C == 0) return;
     gpu::rmsnorm_forward(cx(), ptr(out), elem_of(out.dtype), f(rstd), f(x), f(w), x.numel() / C, C,
                          eps);
+  }
+  void residual_rmsnorm_forward_kernel(const Tensor& residual, const Tensor& out,
+                                       const Tensor& rstd, const Tensor& x, const Tensor& r,
+                                       const Tensor& w, float eps) override {
+    const std::int64_t C = x.shape[-1];
+    if (C == 0) return;
+    gpu::residual_rmsnorm_forward(cx(), f(residual), ptr(out), elem_of(out.dtype), f(rstd), f(x),
+                                  ptr(r), f(w), x.numel() / C, C, eps);
   }
   void rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& dout,
                                const Tensor& x, const Tensor& w, const Tensor& rstd) override {

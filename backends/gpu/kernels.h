@@ -83,6 +83,11 @@ void embedding_backward(const Ctx& cx, float* dwte, float* dwpe, const float* do
 void layernorm_forward(const Ctx& cx, void* out, Elem out_elem, float* mean, float* rstd,
                        const float* x, const float* w, const float* b, std::int64_t N,
                        std::int64_t C, float eps);
+// residual [N,C] f32 (=) x + r; then out, mean, rstd as layernorm_forward of residual. r and out
+// of one Elem.
+void residual_layernorm_forward(const Ctx& cx, float* residual, void* out, Elem elem, float* mean,
+                                float* rstd, const float* x, const void* r, const float* w,
+                                const float* b, std::int64_t N, std::int64_t C, float eps);
 // dx [N,C] (+=), dw [C] (+=), db [C] (+=) from dout [N,C] (dout_elem) and the saved x, w, mean,
 // rstd. dw and db are summed over rows by a fixed tree (workspace).
 std::size_t layernorm_backward_workspace(std::int64_t N, std::int64_t C);
@@ -111,6 +116,11 @@ void rmsnorm_forward(const Ctx& cx, void* out, Elem out_elem, float* rstd, const
                      const float* w, std::int64_t N, std::int64_t C, float eps);
 // dx [N,C] (+=), dw [C] (+=) from dout [N,C] (dout_elem) and the saved x, w, rstd; dw summed
 // over rows by a fixed tree (workspace).
+// residual [N,C] f32 (=) x + r; then out, rstd as rmsnorm_forward of residual. r and out of one
+// Elem.
+void residual_rmsnorm_forward(const Ctx& cx, float* residual, void* out, Elem elem, float* rstd,
+                              const float* x, const void* r, const float* w, std::int64_t N,
+                              std::int64_t C, float eps);
 std::size_t rmsnorm_backward_workspace(std::int64_t N, std::int64_t C);
 void rmsnorm_backward(const Ctx& cx, float* dx, float* dw, const void* dout, Elem dout_elem,
                       const float* x, const float* w, const float* rstd, std::int64_t N,

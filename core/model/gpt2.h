@@ -140,8 +140,15 @@ class GPT2 final : public ModelBase {
   const LayerActs& acts(int l) const {
     return layers_[options_.gradient_checkpointing ? 0 : static_cast<size_t>(l)];
   }
-  // Block l from residuals_[l]: fills acts(l) and, unless recompute, residuals_[l + 1].
+  // Block l from residuals_[l]: fills acts(l) and, unless recompute, residuals_[l + 1] and the
+  // LayerNorm that reads it (input_norm(l + 1)), fused with the residual add. So block l > 0
+  // finds its ln1 done, except when it recomputes.
   void block_forward(int l, int B, int T, bool recompute);
+  // The LayerNorm that reads residuals_[l]: block l's ln1, or ln_f for l = n_layer.
+  struct NormSite {
+    Tensor out, mean, rstd, w, b;  // (BT,C) h, (BT), (BT), (C), (C)
+  };
+  NormSite input_norm(int l, int64_t BT) const;
   void check_policy() const;
   // dinp (=) dout @ w^T for linear layer m of block l, plus the weight/bias gradients unless
   // the base is frozen, plus the adapter's part.

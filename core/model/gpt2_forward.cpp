@@ -16,6 +16,16 @@ using gpt2_detail::view;
 // =============================================================================================
 // One transformer block
 
+GPT2::NormSite GPT2::input_norm(int l, int64_t BT) const {
+  const int64_t C = config_.n_embd;
+  if (l == config_.n_layer)
+    return {view(lnf_, {BT, C}), view(lnf_mean_, {BT}), view(lnf_rstd_, {BT}), param("ln_f.weight"),
+            param("ln_f.bias")};
+  const LayerActs& a = acts(l);
+  const LayerParams p = forward_params(l);
+  return {view(a.ln1, {BT, C}), view(a.ln1_mean, {BT}), view(a.ln1_rstd, {BT}), p.ln1w, p.ln1b};
+}
+
 void GPT2::block_forward(int l, int B, int T, bool recompute) {
   const int64_t C = config_.n_embd, NH = config_.n_head;
   const int64_t BT = int64_t{B} * T;
@@ -25,10 +35,12 @@ void GPT2::block_forward(int l, int B, int T, bool recompute) {
   Tensor residual = view(residuals_[static_cast<size_t>(l)], {BT, C});  // (B,T,C) block input
 
   // ---- layernorm 1 -----------------------------------------------------------------------------
-  // ln1 (B,T,C) h = LayerNorm(residual)
+  // ln1 (B,T,C) h = LayerNorm(residual); after block 0, the previous block computed it with its
+  // residual add, unless this is a recomputation
   Tensor ln1 = view(a.ln1, {BT, C});
-  device_.layernorm_forward(ln1, view(a.ln1_mean, {BT}), view(a.ln1_rstd, {BT}), residual, p.ln1w,
-                            p.ln1b, eps);
+  if (l == 0 || recompute)
+    device_.layernorm_forward(ln1, view(a.ln1_mean, {BT}), view(a.ln1_rstd, {BT}), residual, p.ln1w,
+                              p.ln1b, eps);
 
   // ---- attention -------------------------------------------------------------------------------
   // qkv (B,T,3C) h = ln1 @ c_attn.w + c_attn.b
@@ -48,14 +60,13 @@ void GPT2::block_forward(int l, int B, int T, bool recompute) {
   Tensor attproj = view(a.attproj, {BT, C});
   linear_forward(device_, attproj, atty.reshape({BT, C}), p.attprojw, p.attprojb);
   lora_forward(l, 1, 1, attproj, atty.reshape({BT, C}));
-  // residual2 (B,T,C) f32 = residual + attproj
-  Tensor residual2 = view(a.residual2, {BT, C});
-  device_.add(residual2.reshape({BT * C}), residual.reshape({BT * C}), attproj.reshape({BT * C}));
 
-  // ---- layernorm 2 -----------------------------------------------------------------------------
+  // ---- residual and layernorm 2 ----------------------------------------------------------------
+  // residual2 (B,T,C) f32 = residual + attproj;  ln2 (B,T,C) h = LayerNorm(residual2)
+  Tensor residual2 = view(a.residual2, {BT, C});
   Tensor ln2 = view(a.ln2, {BT, C});
-  device_.layernorm_forward(ln2, view(a.ln2_mean, {BT}), view(a.ln2_rstd, {BT}), residual2, p.ln2w,
-                            p.ln2b, eps);
+  device_.residual_layernorm_forward(residual2, ln2, view(a.ln2_mean, {BT}), view(a.ln2_rstd, {BT}),
+                                     residual, attproj, p.ln2w, p.ln2b, eps);
 
   // ---- MLP -------------------------------------------------------------------------------------
   // fch (B,T,4C) h = ln2 @ c_fc.w + c_fc.b;  fch_gelu = gelu(fch)
@@ -71,9 +82,12 @@ void GPT2::block_forward(int l, int B, int T, bool recompute) {
   // The recomputation inside backward stops here: the block's output is kept already and
   // backward does not read it.
   if (recompute) return;
-  // residual3 (B,T,C) f32 = residual2 + fcproj, the next block's input
-  Tensor residual3 = view(residuals_[static_cast<size_t>(l) + 1], {BT * C});
-  device_.add(residual3, residual2.reshape({BT * C}), fcproj.reshape({BT * C}));
+  // residual3 (B,T,C) f32 = residual2 + fcproj, the next block's input, and the LayerNorm that
+  // reads it: the next block's ln1, or ln_f after the last block
+  Tensor residual3 = view(residuals_[static_cast<size_t>(l) + 1], {BT, C});
+  const NormSite next = input_norm(l + 1, BT);
+  device_.residual_layernorm_forward(residual3, next.out, next.mean, next.rstd, residual2, fcproj,
+                                     next.w, next.b, eps);
 }
 
 // =============================================================================================
@@ -94,12 +108,10 @@ Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) 
   for (int l = 0; l < config_.n_layer; ++l) block_forward(l, B, T, /*recompute=*/false);
 
   // ---- final layernorm and tied LM head --------------------------------------------------------
-  // lnf (B,T,C) h = LayerNorm(x);  logits (B,T,Vp) h = lnf @ wte^T   (compute copy of wte, with
-  // its zero rows to the padded vocabulary Vp: the padding columns of the logits are 0)
-  Tensor x = view(residuals_.back(), {BT, C});
+  // lnf (B,T,C) h = LayerNorm(x), done by the last block with its residual add;
+  // logits (B,T,Vp) h = lnf @ wte^T   (compute copy of wte, with its zero rows to the padded
+  // vocabulary Vp: the padding columns of the logits are 0)
   Tensor lnf = view(lnf_, {BT, C});
-  device_.layernorm_forward(lnf, view(lnf_mean_, {BT}), view(lnf_rstd_, {BT}), x,
-                            param("ln_f.weight"), param("ln_f.bias"), config_.layer_norm_epsilon);
   Tensor logits = view(logits_, {BT, Vp});
   device_.matmul(logits, lnf, head_view(compute_), false, true);
 

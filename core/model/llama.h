@@ -131,7 +131,15 @@ class Llama final : public ModelBase {
   const LayerActs& acts(int l) const {
     return layers_[options_.gradient_checkpointing ? 0 : static_cast<size_t>(l)];
   }
+  // Layer l from residuals_[l]: fills acts(l) and, unless recompute, residuals_[l + 1] and the
+  // RMSNorm that reads it (input_norm(l + 1)), fused with the residual add. So layer l > 0 finds
+  // its ln1 done, except when it recomputes.
   void block_forward(int l, int B, int T, bool recompute);
+  // The RMSNorm that reads residuals_[l]: layer l's input norm, or model.norm for l = n_layer.
+  struct NormSite {
+    Tensor out, rstd, w;  // (BT,C) h, (BT), (C)
+  };
+  NormSite input_norm(int l, int64_t BT) const;
   void check_policy() const;
   // dinp (=) dout @ w for linear layer `site` of layer l (one site, dinp of any dtype), plus the
   // weight gradient unless frozen, plus the adapter's part.

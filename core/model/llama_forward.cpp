@@ -14,6 +14,14 @@ using gpt2_detail::view;
 // =============================================================================================
 // One decoder layer
 
+Llama::NormSite Llama::input_norm(int l, int64_t BT) const {
+  const int64_t C = config_.n_embd;
+  if (l == config_.n_layer)
+    return {view(lnf_, {BT, C}), view(lnf_rstd_, {BT}), param("model.norm.weight")};
+  const LayerActs& a = acts(l);
+  return {view(a.ln1, {BT, C}), view(a.ln1_rstd, {BT}), forward_params(l).ln1w};
+}
+
 void Llama::block_forward(int l, int B, int T, bool recompute) {
   const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
   const int64_t W = config_.qkv_width(), F = config_.intermediate_size, hd = config_.head_dim();
@@ -24,9 +32,11 @@ void Llama::block_forward(int l, int B, int T, bool recompute) {
   Tensor residual = view(residuals_[static_cast<size_t>(l)], {BT, C});  // (B,T,C) layer input
 
   // ---- input RMSNorm ---------------------------------------------------------------------------
-  // ln1 (B,T,C) h = RMSNorm(residual) * input_layernorm.w
+  // ln1 (B,T,C) h = RMSNorm(residual) * input_layernorm.w; after layer 0, the previous layer
+  // computed it with its residual add, unless this is a recomputation
   Tensor ln1 = view(a.ln1, {BT, C});
-  device_.rmsnorm_forward(ln1, view(a.ln1_rstd, {BT}), residual, p.ln1w, eps);
+  if (l == 0 || recompute)
+    device_.rmsnorm_forward(ln1, view(a.ln1_rstd, {BT}), residual, p.ln1w, eps);
 
   // ---- attention -------------------------------------------------------------------------------
   // qkv (B,T,W) h = ln1 @ [q_proj; k_proj; v_proj]^T (+ biases): NH query heads, then NKV key
@@ -47,16 +57,17 @@ void Llama::block_forward(int l, int B, int T, bool recompute) {
   else
     device_.attention_forward(atty, view(a.att, {B, NH, T, T}), qkv3, config_.n_head,
                               config_.n_kv_head);
-  // proj (B,T,C) h = atty @ o_proj^T;  residual2 (B,T,C) f32 = residual + proj
+  // proj (B,T,C) h = atty @ o_proj^T
   Tensor proj = view(proj_, {BT, C});
   device_.matmul(proj, atty.reshape({BT, C}), p.ow, false, true);
   lora_forward(l, 3, 1, proj, atty.reshape({BT, C}));
-  Tensor residual2 = view(a.residual2, {BT, C});
-  device_.add(residual2.reshape({BT * C}), residual.reshape({BT * C}), proj.reshape({BT * C}));
 
-  // ---- post-attention RMSNorm ------------------------------------------------------------------
+  // ---- residual and post-attention RMSNorm -----------------------------------------------------
+  // residual2 (B,T,C) f32 = residual + proj;  ln2 (B,T,C) h = RMSNorm(residual2) * w
+  Tensor residual2 = view(a.residual2, {BT, C});
   Tensor ln2 = view(a.ln2, {BT, C});
-  device_.rmsnorm_forward(ln2, view(a.ln2_rstd, {BT}), residual2, p.ln2w, eps);
+  device_.residual_rmsnorm_forward(residual2, ln2, view(a.ln2_rstd, {BT}), residual, proj, p.ln2w,
+                                   eps);
 
   // ---- SwiGLU MLP ------------------------------------------------------------------------------
   // gu (B,T,2F) h = ln2 @ [gate_proj; up_proj]^T;  act (B,T,F) h = silu(gate) * up
@@ -68,11 +79,13 @@ void Llama::block_forward(int l, int B, int T, bool recompute) {
   // The recomputation inside backward stops here: backward does not read the block's output.
   if (recompute) return;
   // proj (B,T,C) h = act @ down_proj^T;  residual3 (B,T,C) f32 = residual2 + proj, the next
-  // layer's input
+  // layer's input, and the RMSNorm that reads it: the next layer's ln1, or model.norm after the
+  // last layer
   device_.matmul(proj, act, p.downw, false, true);
   lora_forward(l, 6, 1, proj, act);
-  Tensor residual3 = view(residuals_[static_cast<size_t>(l) + 1], {BT * C});
-  device_.add(residual3, residual2.reshape({BT * C}), proj.reshape({BT * C}));
+  Tensor residual3 = view(residuals_[static_cast<size_t>(l) + 1], {BT, C});
+  const NormSite next = input_norm(l + 1, BT);
+  device_.residual_rmsnorm_forward(residual3, next.out, next.rstd, residual2, proj, next.w, eps);
 }
 
 // =============================================================================================
@@ -94,12 +107,10 @@ Tensor Llama::forward(const Tensor& tokens, const Tensor* targets, int B, int T)
   for (int l = 0; l < config_.n_layer; ++l) block_forward(l, B, T, /*recompute=*/false);
 
   // ---- final RMSNorm and LM head ---------------------------------------------------------------
-  // lnf (B,T,C) h = RMSNorm(x) * model.norm.w;  logits (B,T,Vp) h = lnf @ lm_head^T (compute copy;
-  // embed_tokens when tied; with its zero rows to the padded vocabulary Vp)
-  Tensor x = view(residuals_.back(), {BT, C});
+  // lnf (B,T,C) h = RMSNorm(x) * model.norm.w, done by the last layer with its residual add;
+  // logits (B,T,Vp) h = lnf @ lm_head^T (compute copy; embed_tokens when tied; with its zero
+  // rows to the padded vocabulary Vp)
   Tensor lnf = view(lnf_, {BT, C});
-  device_.rmsnorm_forward(lnf, view(lnf_rstd_, {BT}), x, param("model.norm.weight"),
-                          config_.rms_norm_eps);
   Tensor logits = view(logits_, {BT, Vp});
   device_.matmul(logits, lnf, head_weight(compute_), false, true);
 

@@ -1,7 +1,10 @@
 // layernorm_forward / layernorm_backward: every device against the reference (odd sizes, many
 // rows, a row with a large mean, 3-D input); the reference against fp64 and central differences.
+// residual_layernorm_forward: on every device bit for bit what add() then layernorm_forward()
+// give there, and against the reference, in f32 and 16 bits.
 #include "tests/common/device_harness.h"
 #include "tests/common/fp64_ops.h"
+#include "tests/common/half_compare.h"
 
 namespace ct::test {
 namespace {
@@ -79,6 +82,70 @@ TEST_P(LayerNorm, BackwardIsDeterministic) {
   EXPECT_EQ(a.dx, c.dx);
 }
 
+// v as a tensor of dtype h holds it (rounded to nearest even; f32: v).
+Vec round_to_dtype(const Vec& v, DType h) {
+  if (h == DType::f32) return v;
+  Vec r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = from_h(to_h(v[i], h), h);
+  return r;
+}
+
+// residual_layernorm_forward's outputs, downloaded as floats (out widened from 16 bits).
+struct ResLnOut {
+  Vec residual, out, mean, rstd;
+  Tensor out_t;  // out as the device holds it
+};
+
+// fused: residual_layernorm_forward; otherwise add() then layernorm_forward(), as the models
+// did before the fused op. r and out of dtype h (f32 or 16-bit).
+ResLnOut run_residual(Device& d, const Shape& xs, const LnInputs& in, const Vec& r, DType h,
+                      bool fused) {
+  int64_t C = xs[-1], N = xs.numel() / C;
+  Tensor tx = upload(d, xs, in.x), tr = up_as(d, xs, r, h);
+  Tensor tw = upload(d, {C}, in.w), tb = upload(d, {C}, in.b);
+  Tensor tres = upload(d, xs, Vec(N * C, NAN)), to = up_as(d, xs, Vec(N * C, NAN), h);
+  Tensor tm = upload(d, {N}, Vec(N, NAN)), trs = upload(d, {N}, Vec(N, NAN));
+  if (fused) {
+    d.residual_layernorm_forward(tres, to, tm, trs, tx, tr, tw, tb, 1e-5f);
+  } else {
+    d.add(tres.reshape({N * C}), tx.reshape({N * C}), tr.reshape({N * C}));
+    d.layernorm_forward(to, tm, trs, tres, tw, tb, 1e-5f);
+  }
+  return {download(d, tres), download_h(d, to), download(d, tm), download(d, trs), to};
+}
+
+TEST_P(LayerNorm, ResidualFusedIsAddThenLayerNorm) {
+  for (DType h : {DType::f32, DType::bf16, DType::f16}) {
+    if (h != DType::f32 &&
+        (!unsupported(OpKind::kLayerNorm, h).empty() || !unsupported(OpKind::kAdd, h).empty()))
+      continue;  // the f32 case still ran; the mixed-precision suite reports what is missing
+    for (const LnCase& c : kCases) {
+      LnInputs in = inputs(c);
+      Vec r = round_to_dtype(randn(c.shape.numel(), c.seed + 7, 3.0f), h);
+      ResLnOut f = run_residual(dev(), c.shape, in, r, h, true);
+      ResLnOut u = run_residual(dev(), c.shape, in, r, h, false);
+      ResLnOut want = run_residual(ref(), c.shape, in, r, h, true);
+      std::string nm = " " + c.shape.str() + " " + dtype_name(h) + " on " + id();
+      // The same numbers as the unfused ops on this device: the same f32 sum, normalised by the
+      // same arithmetic.
+      EXPECT_EQ(f.residual, u.residual) << "residual vs add()" << nm;
+      EXPECT_EQ(f.out, u.out) << "out vs layernorm_forward()" << nm;
+      EXPECT_EQ(f.mean, u.mean) << "mean vs layernorm_forward()" << nm;
+      EXPECT_EQ(f.rstd, u.rstd) << "rstd vs layernorm_forward()" << nm;
+      // And the reference's (the reference's own fused op against its unfused ops above).
+      EXPECT_EQ(f.residual, want.residual) << "residual vs ref (one f32 add)" << nm;
+      EXPECT_TRUE(close_nmse(f.mean, want.mean, tol(), "mean vs ref" + nm));
+      EXPECT_TRUE(close_nmse(f.rstd, want.rstd, tol(), "rstd vs ref" + nm));
+      if (h == DType::f32) {
+        EXPECT_TRUE(close_nmse(f.out, want.out, tol(), "out vs ref" + nm));
+      } else {
+        // 1 ulp, or within f32's own error where (x - mean) * rstd * w + b nearly cancels
+        EXPECT_TRUE(same_h({f.out_t, want.out_t}, "out vs ref" + nm, 2e-6));
+      }
+    }
+  }
+}
+
 CT_INSTANTIATE_DEVICE_SUITE(LayerNorm);
 
 TEST(ReferenceLayerNorm, MatchesFp64AndFiniteDifferences) {
@@ -121,6 +188,18 @@ TEST(CpuLayerNorm, RejectsBadShapes) {
     Tensor m = upload(d, {4}, Vec(4, 0.0f)), r = upload(d, {4}, Vec(4, 0.0f));
     EXPECT_THROW(d.layernorm_forward(out, m, r, x, w, b, 1e-5f), Error);
   }
+}
+
+TEST(CpuLayerNorm, ResidualRejectsOverlapAndMixedDtypes) {
+  Device& d = open_cached("cpu:0");
+  Tensor x = upload(d, {4, 6}, Vec(24, 1.0f)), r = upload(d, {4, 6}, Vec(24, 0.5f));
+  Tensor res = upload(d, {4, 6}, Vec(24, 0.0f)), out = upload(d, {4, 6}, Vec(24, 0.0f));
+  Tensor w = upload(d, {6}, Vec(6, 1.0f)), b = upload(d, {6}, Vec(6, 0.0f));
+  Tensor m = upload(d, {4}, Vec(4, 0.0f)), s = upload(d, {4}, Vec(4, 0.0f));
+  EXPECT_NO_THROW(d.residual_layernorm_forward(res, out, m, s, x, r, w, b, 1e-5f));
+  EXPECT_THROW(d.residual_layernorm_forward(x, out, m, s, x, r, w, b, 1e-5f), Error);  // in place
+  Tensor out_h = up_as(d, {4, 6}, Vec(24, 0.0f), DType::bf16);
+  EXPECT_THROW(d.residual_layernorm_forward(res, out_h, m, s, x, r, w, b, 1e-5f), Error);
 }
 
 }  // namespace

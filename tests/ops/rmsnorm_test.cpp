@@ -1,9 +1,11 @@
 // rmsnorm_forward / rmsnorm_backward (Llama's RMSNorm): every device against the reference (odd
 // sizes, many rows, a row of large values, 3-D input), deterministic backward, bad shapes
 // refused; the reference against fp64 and central differences. 16-bit out / dout:
-// tests/ops/mixed_precision_ulp_test.cpp.
+// tests/ops/mixed_precision_ulp_test.cpp. residual_rmsnorm_forward: on every device bit for bit
+// what add() then rmsnorm_forward() give there, and against the reference, in f32 and 16 bits.
 #include "tests/common/device_harness.h"
 #include "tests/common/fp64_ops.h"
+#include "tests/common/half_compare.h"
 
 namespace ct::test {
 namespace {
@@ -90,6 +92,58 @@ TEST_P(RMSNorm, RejectsBadShapesAndDtypes) {
     d.rmsnorm_forward(out, r3, x, w, 1e-6f);
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("rmsnorm_forward"), std::string::npos) << e.what();
+  }
+}
+
+// residual_rmsnorm_forward's outputs, downloaded as floats (out widened from 16 bits).
+struct ResRmsOut {
+  Vec residual, out, rstd;
+  Tensor out_t;  // out as the device holds it
+};
+
+// fused: residual_rmsnorm_forward; otherwise add() then rmsnorm_forward(), as the models did
+// before the fused op. r and out of dtype h (f32 or 16-bit).
+ResRmsOut run_residual(Device& d, const RmsCase& c, const RmsInputs& in, const Vec& r, DType h,
+                       bool fused) {
+  const Shape& xs = c.shape;
+  int64_t C = xs[-1], N = xs.numel() / C;
+  Tensor tx = upload(d, xs, in.x), tr = up_as(d, xs, r, h), tw = upload(d, {C}, in.w);
+  Tensor tres = upload(d, xs, Vec(N * C, NAN)), to = up_as(d, xs, Vec(N * C, NAN), h);
+  Tensor trs = upload(d, {N}, Vec(N, NAN));
+  if (fused) {
+    d.residual_rmsnorm_forward(tres, to, trs, tx, tr, tw, c.eps);
+  } else {
+    d.add(tres.reshape({N * C}), tx.reshape({N * C}), tr.reshape({N * C}));
+    d.rmsnorm_forward(to, trs, tres, tw, c.eps);
+  }
+  return {download(d, tres), download_h(d, to), download(d, trs), to};
+}
+
+TEST_P(RMSNorm, ResidualFusedIsAddThenRMSNorm) {
+  for (DType h : {DType::f32, DType::bf16, DType::f16}) {
+    if (!unsupported(OpKind::kRMSNorm, h).empty() || !unsupported(OpKind::kAdd, h).empty())
+      continue;  // the mixed-precision suites report what is missing
+    for (const RmsCase& c : kCases) {
+      RmsInputs in = inputs(c);
+      Vec r = randn(c.shape.numel(), c.seed + 7, 3.0f);
+      if (h != DType::f32)
+        for (float& v : r) v = from_h(to_h(v, h), h);
+      ResRmsOut f = run_residual(dev(), c, in, r, h, true);
+      ResRmsOut u = run_residual(dev(), c, in, r, h, false);
+      ResRmsOut want = run_residual(ref(), c, in, r, h, true);
+      std::string nm = " " + c.shape.str() + " " + dtype_name(h) + " on " + id();
+      // The same numbers as the unfused ops on this device.
+      EXPECT_EQ(f.residual, u.residual) << "residual vs add()" << nm;
+      EXPECT_EQ(f.out, u.out) << "out vs rmsnorm_forward()" << nm;
+      EXPECT_EQ(f.rstd, u.rstd) << "rstd vs rmsnorm_forward()" << nm;
+      // And the reference's.
+      EXPECT_EQ(f.residual, want.residual) << "residual vs ref (one f32 add)" << nm;
+      EXPECT_TRUE(close_nmse(f.rstd, want.rstd, tol(), "rstd vs ref" + nm));
+      if (h == DType::f32)
+        EXPECT_TRUE(close_nmse(f.out, want.out, tol(), "out vs ref" + nm));
+      else
+        EXPECT_TRUE(same_h({f.out_t, want.out_t}, "out vs ref" + nm));
+    }
   }
 }
 

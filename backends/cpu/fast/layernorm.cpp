@@ -6,38 +6,60 @@
 
 namespace ct::cpu::fast::CT_CPU_ISA {
 
+namespace {
+
+// One row: on, xn are (C); w, b are (C); mean, rstd are the row's statistics
+inline void layernorm_row(float* on, float* mean, float* rstd, const float* xn, const float* w,
+                          const float* b, int64_t C, float eps) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < C; ++i) s += xn[i];
+  float m = s / static_cast<float>(C);
+  float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+  for (int64_t i = 0; i < C; ++i) v += (xn[i] - m) * (xn[i] - m);
+  if (!std::isfinite(m) || !std::isfinite(v)) {
+    // |x| past ~1e19: the sum or the squares overflow fp32. The row in fp64, as the reference
+    // (an inf or NaN x gives NaN there too).
+    double sd = 0.0, vd = 0.0;
+    for (int64_t i = 0; i < C; ++i) sd += xn[i];
+    const double md = sd / static_cast<double>(C);
+    for (int64_t i = 0; i < C; ++i) vd += (xn[i] - md) * (xn[i] - md);
+    const double rd = 1.0 / std::sqrt(vd / static_cast<double>(C) + eps);
+    for (int64_t i = 0; i < C; ++i) on[i] = static_cast<float>((xn[i] - md) * rd * w[i] + b[i]);
+    *mean = static_cast<float>(md);
+    *rstd = static_cast<float>(rd);
+    return;
+  }
+  float r = 1.0f / std::sqrt(v / static_cast<float>(C) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < C; ++i) on[i] = (xn[i] - m) * r * w[i] + b[i];
+  *mean = m;
+  *rstd = r;
+}
+
+}  // namespace
+
 // out, x are (N,C); w, b are (C); mean, rstd are (N)
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t N, int64_t C, float eps) {
 #pragma omp parallel for schedule(static) if (N * C > (1 << 14))
+  for (int64_t n = 0; n < N; ++n)
+    layernorm_row(out + n * C, mean + n, rstd + n, x + n * C, w, b, C, eps);
+}
+
+// residual, out, x, r are (N,C); w, b are (C); mean, rstd are (N)
+// Row by row, so the sum is normalised while it is still in cache.
+void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd,
+                                const float* x, const float* r, const float* w, const float* b,
+                                int64_t N, int64_t C, float eps) {
+#pragma omp parallel for schedule(static) if (N * C > (1 << 14))
   for (int64_t n = 0; n < N; ++n) {
-    const float* xn = x + n * C;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < C; ++i) s += xn[i];
-    float m = s / static_cast<float>(C);
-    float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-    for (int64_t i = 0; i < C; ++i) v += (xn[i] - m) * (xn[i] - m);
-    float* on = out + n * C;
-    if (!std::isfinite(m) || !std::isfinite(v)) {
-      // |x| past ~1e19: the sum or the squares overflow fp32. The row in fp64, as the reference
-      // (an inf or NaN x gives NaN there too).
-      double sd = 0.0, vd = 0.0;
-      for (int64_t i = 0; i < C; ++i) sd += xn[i];
-      const double md = sd / static_cast<double>(C);
-      for (int64_t i = 0; i < C; ++i) vd += (xn[i] - md) * (xn[i] - md);
-      const double rd = 1.0 / std::sqrt(vd / static_cast<double>(C) + eps);
-      for (int64_t i = 0; i < C; ++i) on[i] = static_cast<float>((xn[i] - md) * rd * w[i] + b[i]);
-      mean[n] = static_cast<float>(md);
-      rstd[n] = static_cast<float>(rd);
-      continue;
-    }
-    float r = 1.0f / std::sqrt(v / static_cast<float>(C) + eps);
+    float* rn = residual + n * C;
+    const float *xn = x + n * C, *dn = r + n * C;
 #pragma omp simd
-    for (int64_t i = 0; i < C; ++i) on[i] = (xn[i] - m) * r * w[i] + b[i];
-    mean[n] = m;
-    rstd[n] = r;
+    for (int64_t i = 0; i < C; ++i) rn[i] = xn[i] + dn[i];
+    layernorm_row(out + n * C, mean + n, rstd + n, rn, w, b, C, eps);
   }
 }
 

@@ -6,30 +6,50 @@
 
 namespace ct::cpu::fast::CT_CPU_ISA {
 
+namespace {
+
+// One row: on, xn are (C); w is (C); rstd is the row's statistic
+inline void rmsnorm_row(float* on, float* rstd, const float* xn, const float* w, int64_t C,
+                        float eps) {
+  float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < C; ++i) ss += xn[i] * xn[i];
+  if (!std::isfinite(ss)) {
+    // |x| past ~1e19: the squares overflow fp32. The row in fp64, as the reference (an inf x
+    // keeps ss = inf: rstd 0, PyTorch's rsqrt(inf); NaN stays NaN).
+    double sd = 0.0;
+    for (int64_t i = 0; i < C; ++i) sd += static_cast<double>(xn[i]) * xn[i];
+    const double rd = 1.0 / std::sqrt(sd / static_cast<double>(C) + eps);
+    for (int64_t i = 0; i < C; ++i) on[i] = static_cast<float>(xn[i] * rd * w[i]);
+    *rstd = static_cast<float>(rd);
+    return;
+  }
+  float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < C; ++i) on[i] = xn[i] * r * w[i];
+  *rstd = r;
+}
+
+}  // namespace
+
 // out, x are (N,C); w is (C); rstd is (N)
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C,
                      float eps) {
 #pragma omp parallel for schedule(static) if (N * C > (1 << 14))
+  for (int64_t n = 0; n < N; ++n) rmsnorm_row(out + n * C, rstd + n, x + n * C, w, C, eps);
+}
+
+// residual, out, x, r are (N,C); w is (C); rstd is (N)
+// Row by row, so the sum is normalised while it is still in cache.
+void residual_rmsnorm_forward(float* residual, float* out, float* rstd, const float* x,
+                              const float* r, const float* w, int64_t N, int64_t C, float eps) {
+#pragma omp parallel for schedule(static) if (N * C > (1 << 14))
   for (int64_t n = 0; n < N; ++n) {
-    const float* xn = x + n * C;
-    float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < C; ++i) ss += xn[i] * xn[i];
-    float* on = out + n * C;
-    if (!std::isfinite(ss)) {
-      // |x| past ~1e19: the squares overflow fp32. The row in fp64, as the reference (an inf x
-      // keeps ss = inf: rstd 0, PyTorch's rsqrt(inf); NaN stays NaN).
-      double sd = 0.0;
-      for (int64_t i = 0; i < C; ++i) sd += static_cast<double>(xn[i]) * xn[i];
-      const double rd = 1.0 / std::sqrt(sd / static_cast<double>(C) + eps);
-      for (int64_t i = 0; i < C; ++i) on[i] = static_cast<float>(xn[i] * rd * w[i]);
-      rstd[n] = static_cast<float>(rd);
-      continue;
-    }
-    float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+    float* rn = residual + n * C;
+    const float *xn = x + n * C, *dn = r + n * C;
 #pragma omp simd
-    for (int64_t i = 0; i < C; ++i) on[i] = xn[i] * r * w[i];
-    rstd[n] = r;
+    for (int64_t i = 0; i < C; ++i) rn[i] = xn[i] + dn[i];
+    rmsnorm_row(out + n * C, rstd + n, rn, w, C, eps);
   }
 }
 

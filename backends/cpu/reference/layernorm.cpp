@@ -24,6 +24,15 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
   }
 }
 
+// residual, out, x, r are (N,C); w, b are (C); mean, rstd are (N)
+//   residual = x + r (rounded to f32, as add stores it);  out = layernorm(residual)
+void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd,
+                                const float* x, const float* r, const float* w, const float* b,
+                                int64_t N, int64_t C, float eps) {
+  add(residual, x, r, N * C);
+  layernorm_forward(out, mean, rstd, residual, w, b, N, C, eps);
+}
+
 // dx, dout, x are (N,C); dw, db, w are (C); mean, rstd are (N)
 //   xhat = (x - mean) * rstd;  dxhat = dout * w
 //   dx += rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))

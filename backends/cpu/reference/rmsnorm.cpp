@@ -20,6 +20,14 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
   }
 }
 
+// residual, out, x, r are (N,C); w is (C); rstd is (N)
+//   residual = x + r (rounded to f32, as add stores it);  out = rmsnorm(residual)
+void residual_rmsnorm_forward(float* residual, float* out, float* rstd, const float* x,
+                              const float* r, const float* w, int64_t N, int64_t C, float eps) {
+  add(residual, x, r, N * C);
+  rmsnorm_forward(out, rstd, residual, w, N, C, eps);
+}
+
 // dx, dout, x are (N,C); dw, w are (C); rstd is (N)
 //   xhat = x * rstd;  dxhat = dout * w
 //   dx += rstd * (dxhat - xhat * mean(dxhat * xhat));  dw += sum_n dout * xhat

@@ -11,15 +11,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr std::int64_t kChunk = 64;  // rows per partial of dw / db
 
-// out (N, C) of element O; mean, rstd (N); x (N, C); w, b (C). Block n normalises row n.
+// The block's row n: out (C) of element O at row offset n C; *mean, *rstd; xn (C); w, b (C).
 template <int WARP, typename O>
-__global__ void CT_LAUNCH_BOUNDS(kThreads)
-    layernorm_forward_kernel(void* out, float* mean, float* rstd, const float* x, const float* w,
-                             const float* b, std::int64_t C, float eps) {
-  CT_CHECK_LAUNCH_BOUNDS(kThreads);
-  CT_SHARED(float, smem, kThreads);
-  const std::int64_t n = blockIdx.x;
-  const float* xn = x + n * C;
+__device__ __forceinline__ void layernorm_row(void* out, float* mean, float* rstd, const float* xn,
+                                              const float* w, const float* b, std::int64_t n,
+                                              std::int64_t C, float eps, float* smem) {
   // The row is used as x * sc: sc = 1 (the arithmetic of before) unless the sum or the sum of
   // squares overflowed (|x| past ~1e19); then sc, a power of two, brings max |x| into [1, 4)
   // and both sums are taken again. Block-uniform: the reduced values decide.
@@ -43,9 +39,37 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   for (std::int64_t i = threadIdx.x; i < C; i += kThreads)
     O::store(out, n * C + i, (xn[i] * sc - m) * r * w[i] + b[i]);
   if (threadIdx.x == 0) {
-    mean[n] = m / sc;
-    rstd[n] = r * sc;
+    *mean = m / sc;
+    *rstd = r * sc;
   }
+}
+
+// out (N, C) of element O; mean, rstd (N); x (N, C); w, b (C). Block n normalises row n.
+template <int WARP, typename O>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    layernorm_forward_kernel(void* out, float* mean, float* rstd, const float* x, const float* w,
+                             const float* b, std::int64_t C, float eps) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
+  CT_SHARED(float, smem, kThreads);
+  const std::int64_t n = blockIdx.x;
+  layernorm_row<WARP, O>(out, mean + n, rstd + n, x + n * C, w, b, n, C, eps, smem);
+}
+
+// residual (N, C) = x + r, r (N, C) of element O; then out (N, C) of element O, mean, rstd (N)
+// the layernorm of residual. Block n handles row n; each thread reads back only the elements of
+// residual it wrote, so no barrier is needed between the add and the statistics.
+template <int WARP, typename O>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    residual_layernorm_forward_kernel(float* residual, void* out, float* mean, float* rstd,
+                                      const float* x, const void* r, const float* w, const float* b,
+                                      std::int64_t C, float eps) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
+  CT_SHARED(float, smem, kThreads);
+  const std::int64_t n = blockIdx.x;
+  float* rn = residual + n * C;
+  for (std::int64_t i = threadIdx.x; i < C; i += kThreads)
+    rn[i] = x[n * C + i] + O::load(r, n * C + i);
+  layernorm_row<WARP, O>(out, mean + n, rstd + n, rn, w, b, n, C, eps, smem);
 }
 
 // dx (N, C) += rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dout w; dout (N, C)
@@ -133,6 +157,26 @@ void layernorm_forward(const Ctx& cx, void* out, Elem out_elem, float* mean, flo
             dim3(kThreads), 0, stream_of(cx),
             static_cast<char*>(out) + row * C * static_cast<std::int64_t>(elem_size(out_elem)),
             mean + row, rstd + row, x + row * C, w, b, C, eps);
+      });
+    });
+  }
+}
+
+void residual_layernorm_forward(const Ctx& cx, float* residual, void* out, Elem elem, float* mean,
+                                float* rstd, const float* x, const void* r, const float* w,
+                                const float* b, std::int64_t N, std::int64_t C, float eps) {
+  const std::int64_t esz = static_cast<std::int64_t>(elem_size(elem));
+  for (std::int64_t row = 0; row < N; row += 65535) {  // gridDim.y/z-free: rows in slices
+    const std::int64_t rows = N - row < 65535 ? N - row : 65535;
+    with_warp(cx.warp, [&](auto wp) {
+      constexpr int W = decltype(wp)::value;
+      with_elem(elem, [&](auto el) {
+        using O = decltype(el);
+        launch<W>(CT_KERNEL(residual_layernorm_forward_kernel<W, O>),
+                  dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream_of(cx),
+                  residual + row * C, static_cast<char*>(out) + row * C * esz, mean + row,
+                  rstd + row, x + row * C, static_cast<const char*>(r) + row * C * esz, w, b, C,
+                  eps);
       });
     });
   }

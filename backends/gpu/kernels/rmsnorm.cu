@@ -11,15 +11,12 @@ namespace {
 constexpr int kThreads = 256;
 constexpr std::int64_t kChunk = 64;  // rows per partial of dw
 
-// out (N, C) of element O = (x * rstd) * w; rstd (N); x (N, C); w (C). Block n normalises row n.
+// The block's row n: out (C) of element O at row offset n C, = (x * rstd) * w; *rstd; xn (C);
+// w (C).
 template <int WARP, typename O>
-__global__ void CT_LAUNCH_BOUNDS(kThreads)
-    rmsnorm_forward_kernel(void* out, float* rstd, const float* x, const float* w, std::int64_t C,
-                           float eps) {
-  CT_CHECK_LAUNCH_BOUNDS(kThreads);
-  CT_SHARED(float, smem, kThreads);
-  const std::int64_t n = blockIdx.x;
-  const float* xn = x + n * C;
+__device__ __forceinline__ void rmsnorm_row(void* out, float* rstd, const float* xn, const float* w,
+                                            std::int64_t n, std::int64_t C, float eps,
+                                            float* smem) {
   float ss = 0.0f;
   for (std::int64_t i = threadIdx.x; i < C; i += kThreads) ss += xn[i] * xn[i];
   float ms = block_sum<WARP, kThreads>(ss, smem) / static_cast<float>(C);
@@ -41,7 +38,34 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   const float r = ct_isinf(ms) ? 0.0f : 1.0f / sqrtf(ms + eps * sc * sc);  // rstd of x sc
   for (std::int64_t i = threadIdx.x; i < C; i += kThreads)
     O::store(out, n * C + i, (xn[i] * sc) * r * w[i]);
-  if (threadIdx.x == 0) rstd[n] = r * sc;
+  if (threadIdx.x == 0) *rstd = r * sc;
+}
+
+// out (N, C) of element O = (x * rstd) * w; rstd (N); x (N, C); w (C). Block n normalises row n.
+template <int WARP, typename O>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    rmsnorm_forward_kernel(void* out, float* rstd, const float* x, const float* w, std::int64_t C,
+                           float eps) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
+  CT_SHARED(float, smem, kThreads);
+  const std::int64_t n = blockIdx.x;
+  rmsnorm_row<WARP, O>(out, rstd + n, x + n * C, w, n, C, eps, smem);
+}
+
+// residual (N, C) = x + r, r (N, C) of element O; then out (N, C) of element O and rstd (N) the
+// RMSNorm of residual. Block n handles row n; each thread reads back only the elements of
+// residual it wrote, so no barrier is needed between the add and the statistic.
+template <int WARP, typename O>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    residual_rmsnorm_forward_kernel(float* residual, void* out, float* rstd, const float* x,
+                                    const void* r, const float* w, std::int64_t C, float eps) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
+  CT_SHARED(float, smem, kThreads);
+  const std::int64_t n = blockIdx.x;
+  float* rn = residual + n * C;
+  for (std::int64_t i = threadIdx.x; i < C; i += kThreads)
+    rn[i] = x[n * C + i] + O::load(r, n * C + i);
+  rmsnorm_row<WARP, O>(out, rstd + n, rn, w, n, C, eps, smem);
 }
 
 // dx (N, C) += rstd (dxhat - xhat mean(dxhat xhat)), xhat = x rstd, dxhat = dout w; dout (N, C)
@@ -113,6 +137,25 @@ void rmsnorm_forward(const Ctx& cx, void* out, Elem out_elem, float* rstd, const
             dim3(kThreads), 0, stream_of(cx),
             static_cast<char*>(out) + row * C * static_cast<std::int64_t>(elem_size(out_elem)),
             rstd + row, x + row * C, w, C, eps);
+      });
+    });
+  }
+}
+
+void residual_rmsnorm_forward(const Ctx& cx, float* residual, void* out, Elem elem, float* rstd,
+                              const float* x, const void* r, const float* w, std::int64_t N,
+                              std::int64_t C, float eps) {
+  const std::int64_t esz = static_cast<std::int64_t>(elem_size(elem));
+  for (std::int64_t row = 0; row < N; row += 65535) {  // gridDim.y/z-free: rows in slices
+    const std::int64_t rows = N - row < 65535 ? N - row : 65535;
+    with_warp(cx.warp, [&](auto wp) {
+      constexpr int W = decltype(wp)::value;
+      with_elem(elem, [&](auto el) {
+        using O = decltype(el);
+        launch<W>(CT_KERNEL(residual_rmsnorm_forward_kernel<W, O>),
+                  dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream_of(cx),
+                  residual + row * C, static_cast<char*>(out) + row * C * esz, rstd + row,
+                  x + row * C, static_cast<const char*>(r) + row * C * esz, w, C, eps);
       });
     });
   }

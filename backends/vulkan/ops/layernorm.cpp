@@ -1,5 +1,6 @@
-// LayerNorm forward and backward, fp32 statistics, deterministic. out (forward) and dout
-// (backward) may be f16/bf16 (rounded to nearest even on store); everything else is f32.
+// LayerNorm forward (alone or after a residual add) and backward, fp32 statistics,
+// deterministic. out and r (forward) and dout (backward) may be f16/bf16 (rounded to nearest
+// even on store); everything else is f32.
 // Shader: layernorm.comp.
 #include "backends/vulkan/ops/op_util.h"
 
@@ -22,6 +23,26 @@ CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, ow);
 CT_VK_PUSH_MEMBER(LnFwdPush, layernorm_fwd, ob);
 CT_VK_PUSH_SIZE(LnFwdPush, layernorm_fwd_f16);
 CT_VK_PUSH_SIZE(LnFwdPush, layernorm_fwd_bf16);
+
+struct LnResPush {
+  uint32_t N, C;
+  float eps;
+  uint32_t oo, om, ors, ox, ow, ob, ores, orin;
+};
+CT_VK_PUSH_SIZE(LnResPush, residual_layernorm_fwd);
+CT_VK_PUSH_MEMBER(LnResPush, residual_layernorm_fwd, N);
+CT_VK_PUSH_MEMBER(LnResPush, residual_layernorm_fwd, C);
+CT_VK_PUSH_MEMBER(LnResPush, residual_layernorm_fwd, eps);
+CT_VK_PUSH_MEMBER(LnResPush, residual_layernorm_fwd, oo);
+CT_VK_PUSH_MEMBER(LnResPush, residual_layernorm_fwd, om);
+CT_VK_PUSH_MEMBER(LnResPush, residual_layernorm_fwd, ors);
+CT_VK_PUSH_MEMBER(LnResPush, residual_layernorm_fwd, ox);
+CT_VK_PUSH_MEMBER(LnResPush, residual_layernorm_fwd, ow);
+CT_VK_PUSH_MEMBER(LnResPush, residual_layernorm_fwd, ob);
+CT_VK_PUSH_MEMBER(LnResPush, residual_layernorm_fwd, ores);
+CT_VK_PUSH_MEMBER(LnResPush, residual_layernorm_fwd, orin);
+CT_VK_PUSH_SIZE(LnResPush, residual_layernorm_fwd_f16);
+CT_VK_PUSH_SIZE(LnResPush, residual_layernorm_fwd_bf16);
 
 struct LnDxPush {
   uint32_t N, C, odx, odo, ox, ow, om, ors;
@@ -75,6 +96,28 @@ void VulkanDevice::layernorm_forward_kernel(const Tensor& out, const Tensor& mea
         {bo, bm, br, bx, bw, bb},
         LnFwdPush{u32(nr), u32(C), eps, bo.first, bm.first, br.first, bx.first, bw.first, bb.first},
         g[0], g[1]);
+  }
+}
+
+void VulkanDevice::residual_layernorm_forward_kernel(const Tensor& residual, const Tensor& out,
+                                                     const Tensor& mean, const Tensor& rstd,
+                                                     const Tensor& x, const Tensor& r,
+                                                     const Tensor& w, const Tensor& b, float eps) {
+  int64_t C = x.shape[-1], N = C ? x.numel() / C : 0;
+  int64_t rows = row_chunk(*this, C);
+  Bound bw = bind(w), bb = bind(b);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    int64_t nr = std::min(rows, N - r0);
+    Bound bo = bind(out, r0 * C, nr * C), bm = bind(mean, r0, nr), br = bind(rstd, r0, nr),
+          bx = bind(x, r0 * C, nr * C), bres = bind(residual, r0 * C, nr * C),
+          bin = bind(r, r0 * C, nr * C);
+    auto g = grid(nr, 1);
+    dispatch(h_variant(out.dtype, ShaderId::residual_layernorm_fwd,
+                       ShaderId::residual_layernorm_fwd_f16, ShaderId::residual_layernorm_fwd_bf16),
+             {bo, bm, br, bx, bw, bb, bres, bin},
+             LnResPush{u32(nr), u32(C), eps, bo.first, bm.first, br.first, bx.first, bw.first,
+                       bb.first, bres.first, bin.first},
+             g[0], g[1]);
   }
 }
 

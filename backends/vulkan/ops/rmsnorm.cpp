@@ -1,5 +1,6 @@
-// RMSNorm (Llama) forward and backward, fp32 statistics, deterministic. out (forward) and dout
-// (backward) may be f16/bf16 (rounded to nearest even on store); everything else is f32.
+// RMSNorm (Llama) forward (alone or after a residual add) and backward, fp32 statistics,
+// deterministic. out and r (forward) and dout (backward) may be f16/bf16 (rounded to nearest
+// even on store); everything else is f32.
 // Shader: rmsnorm.comp.
 #include "backends/vulkan/ops/op_util.h"
 
@@ -20,6 +21,24 @@ CT_VK_PUSH_MEMBER(RmsFwdPush, rmsnorm_fwd, ox);
 CT_VK_PUSH_MEMBER(RmsFwdPush, rmsnorm_fwd, ow);
 CT_VK_PUSH_SIZE(RmsFwdPush, rmsnorm_fwd_f16);
 CT_VK_PUSH_SIZE(RmsFwdPush, rmsnorm_fwd_bf16);
+
+struct RmsResPush {
+  uint32_t N, C;
+  float eps;
+  uint32_t oo, ors, ox, ow, ores, orin;
+};
+CT_VK_PUSH_SIZE(RmsResPush, residual_rmsnorm_fwd);
+CT_VK_PUSH_MEMBER(RmsResPush, residual_rmsnorm_fwd, N);
+CT_VK_PUSH_MEMBER(RmsResPush, residual_rmsnorm_fwd, C);
+CT_VK_PUSH_MEMBER(RmsResPush, residual_rmsnorm_fwd, eps);
+CT_VK_PUSH_MEMBER(RmsResPush, residual_rmsnorm_fwd, oo);
+CT_VK_PUSH_MEMBER(RmsResPush, residual_rmsnorm_fwd, ors);
+CT_VK_PUSH_MEMBER(RmsResPush, residual_rmsnorm_fwd, ox);
+CT_VK_PUSH_MEMBER(RmsResPush, residual_rmsnorm_fwd, ow);
+CT_VK_PUSH_MEMBER(RmsResPush, residual_rmsnorm_fwd, ores);
+CT_VK_PUSH_MEMBER(RmsResPush, residual_rmsnorm_fwd, orin);
+CT_VK_PUSH_SIZE(RmsResPush, residual_rmsnorm_fwd_f16);
+CT_VK_PUSH_SIZE(RmsResPush, residual_rmsnorm_fwd_bf16);
 
 struct RmsDxPush {
   uint32_t N, C, odx, odo, ox, ow, ors;
@@ -66,6 +85,26 @@ void VulkanDevice::rmsnorm_forward_kernel(const Tensor& out, const Tensor& rstd,
                        ShaderId::rmsnorm_fwd_bf16),
              {bo, br, bx, bw},
              RmsFwdPush{u32(nr), u32(C), eps, bo.first, br.first, bx.first, bw.first}, g[0], g[1]);
+  }
+}
+
+void VulkanDevice::residual_rmsnorm_forward_kernel(const Tensor& residual, const Tensor& out,
+                                                   const Tensor& rstd, const Tensor& x,
+                                                   const Tensor& r, const Tensor& w, float eps) {
+  int64_t C = x.shape[-1], N = C ? x.numel() / C : 0;
+  int64_t rows = rms_row_chunk(*this, C);
+  Bound bw = bind(w);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    int64_t nr = std::min(rows, N - r0);
+    Bound bo = bind(out, r0 * C, nr * C), br = bind(rstd, r0, nr), bx = bind(x, r0 * C, nr * C),
+          bres = bind(residual, r0 * C, nr * C), bin = bind(r, r0 * C, nr * C);
+    auto g = grid(nr, 1);
+    dispatch(h_variant(out.dtype, ShaderId::residual_rmsnorm_fwd,
+                       ShaderId::residual_rmsnorm_fwd_f16, ShaderId::residual_rmsnorm_fwd_bf16),
+             {bo, br, bx, bw, bres, bin},
+             RmsResPush{u32(nr), u32(C), eps, bo.first, br.first, bx.first, bw.first, bres.first,
+                        bin.first},
+             g[0], g[1]);
   }
 }
 
