@@ -5,11 +5,14 @@
 // step total. Inputs are random (the numbers do not matter, the shapes do).
 //
 //   step_profile [--model tiny|gpt2] [--batch B] [--seq T] [--layers L] [--steps N] [--warmup W]
-//                [--detail] [--cpu-time]
+//                [--detail] [--cpu-time] [--separate-loss]
 //
 // tiny = 6L/6H/384, V 256, T 256, batch 4; gpt2 = 12L/12H/768, V 50257, T 1024, batch 1 (the
 // presets of bench/train_bench.py); --layers overrides the layer count (a quicker run of the same
 // per-layer shapes). --detail splits the matmuls by layer role and layout.
+// The loss and its gradient run as the trainer runs them, in one op
+// (crossentropy_forward_backward, timed as "crossentropy fwd+bwd"); --separate-loss times the two
+// ops it replaced (crossentropy_forward in the forward, crossentropy_backward in the backward).
 // --cpu-time measures process CPU time instead of wall time: with OMP_NUM_THREADS=1 it is the
 // op's single-core cost, which load from other processes barely changes (with more threads it
 // also counts OpenMP/OpenBLAS spin-waiting).
@@ -79,7 +82,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::string model = "tiny";
   int B = -1, T = -1, steps = 10, warmup = 2, layers = -1;
-  bool detail = false;
+  bool detail = false, separate_loss = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
@@ -99,10 +102,13 @@ int main(int argc, char** argv) {
       detail = true;
     else if (a == "--cpu-time")
       g_cpu_time = true;
+    else if (a == "--separate-loss")
+      separate_loss = true;
     else {
       std::fprintf(stderr,
                    "usage: step_profile [--model tiny|gpt2] [--batch B] [--seq T] "
-                   "[--layers L] [--steps N] [--warmup W] [--detail] [--cpu-time]\n");
+                   "[--layers L] [--steps N] [--warmup W] [--detail] [--cpu-time] "
+                   "[--separate-loss]\n");
       return 2;
     }
   }
@@ -253,12 +259,17 @@ int main(int argc, char** argv) {
     prof.time("layernorm fwd",
               [&] { d.layernorm_forward(lnf, lnfm, lnfr, res[L], lnfw, lnfb, eps); });
     prof.time(mm_label("lmhead", "fwd NT"), [&] { d.matmul(logits, lnf, wte, false, true); });
-    prof.time("crossentropy fwd", [&] { d.crossentropy_forward(losses, logits, targets, V); });
+    const float dloss = 1.0f / static_cast<float>(BT);
+    if (separate_loss)
+      prof.time("crossentropy fwd", [&] { d.crossentropy_forward(losses, logits, targets, V); });
+    else
+      prof.time("crossentropy fwd+bwd",
+                [&] { d.crossentropy_forward_backward(losses, logits, targets, V, dloss); });
     prof.time("sum", [&] { d.sum(loss, losses, 1.0f / static_cast<float>(BT)); });
     // ---- backward
-    prof.time("crossentropy bwd", [&] {
-      d.crossentropy_backward(logits, logits, targets, V, 1.0f / static_cast<float>(BT));
-    });
+    if (separate_loss)
+      prof.time("crossentropy bwd",
+                [&] { d.crossentropy_backward(logits, logits, targets, V, dloss); });
     prof.time(mm_label("lmhead", "dx NN"), [&] { d.matmul(dln, logits, wte, false, false); });
     prof.time(mm_label("lmhead", "dw TN+="),
               [&] { d.matmul(dwte, logits, lnf, true, false, 1, 1); });

@@ -58,6 +58,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {11, "117b9a9f4dae7d13bbe7dca944a66321394ab08531f8198f207e74d2a609754d",
      "op_begin/op_end: the profiling scope of every public op (--profile's device time per op "
      "on CUDA, HIP and SIMT)"},
+    {12, "8a3f53f88dcab44493ac3939b6d8004efc01b54b47c74226ab0637680bd92556",
+     "crossentropy_forward_backward: the loss and its gradient in one pass over the logits, in "
+     "place (the training step's; kCrossEntropy answers for it)"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.
