@@ -85,8 +85,8 @@ TEST_P(FusedLoss, ForwardBackwardEqualsForwardThenBackward) {
     for (Precision p : {Precision::kFp32, Precision::kBf16}) {
       const DType h = PrecisionPolicy::make(p).compute;
       if (!dev().supports(OpKind::kMatmul, h) || !dev().supports(OpKind::kAttention, h)) continue;
-      const std::string nm = std::string(llama ? " llama " : " gpt2 ") + dtype_name(h) + " on " +
-                             id();
+      const std::string nm =
+          std::string(llama ? " llama " : " gpt2 ") + dtype_name(h) + " on " + id();
       std::unique_ptr<Model> a = make_model(dev(), llama, p), b = make_model(dev(), llama, p);
       const StepResult two = step(dev(), *a, false), one = step(dev(), *b, true);
       EXPECT_TRUE(close_nmse(one.losses, two.losses, tol(), "losses" + nm));
@@ -97,8 +97,8 @@ TEST_P(FusedLoss, ForwardBackwardEqualsForwardThenBackward) {
       EXPECT_TRUE(close_nmse(one.after, two.after, gtol, "dlogits left in the logits" + nm));
       EXPECT_TRUE(close_nmse(one.grads, two.grads, gtol, "gradients" + nm));
       if (same_backend_as_ref())
-        EXPECT_EQ(0, std::memcmp(one.grads.data(), two.grads.data(),
-                                 one.grads.size() * sizeof(float)))
+        EXPECT_EQ(0,
+                  std::memcmp(one.grads.data(), two.grads.data(), one.grads.size() * sizeof(float)))
             << "gradients not bitwise equal" << nm;
       // evaluation after the fused pass: a plain forward, the logits intact
       const int B = 2, T = 16;
