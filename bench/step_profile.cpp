@@ -5,13 +5,16 @@
 // step total. Inputs are random (the numbers do not matter, the shapes do).
 //
 //   step_profile [--model tiny|gpt2] [--batch B] [--seq T] [--layers L] [--steps N] [--warmup W]
-//                [--detail] [--cpu-time] [--unfused-residual]
+//                [--detail] [--cpu-time] [--unfused-residual] [--separate-loss]
 //
 // tiny = 6L/6H/384, V 256, T 256, batch 4; gpt2 = 12L/12H/768, V 50257, T 1024, batch 1 (the
 // presets of bench/train_bench.py); --layers overrides the layer count (a quicker run of the same
 // per-layer shapes). --detail splits the matmuls by layer role and layout. --unfused-residual
 // times the residual adds and the layernorms after them as two ops each (add, layernorm_forward),
 // as the model ran them before residual_layernorm_forward.
+// The loss and its gradient run as the trainer runs them, in one op
+// (crossentropy_forward_backward, timed as "crossentropy fwd+bwd"); --separate-loss times the two
+// ops it replaced (crossentropy_forward in the forward, crossentropy_backward in the backward).
 // --cpu-time measures process CPU time instead of wall time: with OMP_NUM_THREADS=1 it is the
 // op's single-core cost, which load from other processes barely changes (with more threads it
 // also counts OpenMP/OpenBLAS spin-waiting).
@@ -81,7 +84,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::string model = "tiny";
   int B = -1, T = -1, steps = 10, warmup = 2, layers = -1;
-  bool detail = false, unfused_residual = false;
+  bool detail = false, unfused_residual = false, separate_loss = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
@@ -103,11 +106,13 @@ int main(int argc, char** argv) {
       g_cpu_time = true;
     else if (a == "--unfused-residual")
       unfused_residual = true;
+    else if (a == "--separate-loss")
+      separate_loss = true;
     else {
       std::fprintf(stderr,
                    "usage: step_profile [--model tiny|gpt2] [--batch B] [--seq T] "
                    "[--layers L] [--steps N] [--warmup W] [--detail] [--cpu-time] "
-                   "[--unfused-residual]\n");
+                   "[--unfused-residual] [--separate-loss]\n");
       return 2;
     }
   }
@@ -271,12 +276,17 @@ int main(int argc, char** argv) {
       }
     }
     prof.time(mm_label("lmhead", "fwd NT"), [&] { d.matmul(logits, lnf, wte, false, true); });
-    prof.time("crossentropy fwd", [&] { d.crossentropy_forward(losses, logits, targets, V); });
+    const float dloss = 1.0f / static_cast<float>(BT);
+    if (separate_loss)
+      prof.time("crossentropy fwd", [&] { d.crossentropy_forward(losses, logits, targets, V); });
+    else
+      prof.time("crossentropy fwd+bwd",
+                [&] { d.crossentropy_forward_backward(losses, logits, targets, V, dloss); });
     prof.time("sum", [&] { d.sum(loss, losses, 1.0f / static_cast<float>(BT)); });
     // ---- backward
-    prof.time("crossentropy bwd", [&] {
-      d.crossentropy_backward(logits, logits, targets, V, 1.0f / static_cast<float>(BT));
-    });
+    if (separate_loss)
+      prof.time("crossentropy bwd",
+                [&] { d.crossentropy_backward(logits, logits, targets, V, dloss); });
     prof.time(mm_label("lmhead", "dx NN"), [&] { d.matmul(dln, logits, wte, false, false); });
     prof.time(mm_label("lmhead", "dw TN+="),
               [&] { d.matmul(dwte, logits, lnf, true, false, 1, 1); });

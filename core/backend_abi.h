@@ -61,6 +61,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {12, "58b795a9eeb58f6d545a2c9ab11a8eaacdcc27e2c53c777630106f1fcd114436",
      "residual_layernorm_forward and residual_rmsnorm_forward: the residual add fused into the "
      "norm after it (kLayerNorm / kRMSNorm answer for them)"},
+    {13, "0e92cb1255198df7848caa7f7d4d727c1f16e0acf61b87d094592094e7fa20df",
+     "crossentropy_forward_backward: the loss and its gradient in one pass over the logits, in "
+     "place (the training step's; kCrossEntropy answers for it)"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.

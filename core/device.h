@@ -46,7 +46,7 @@
 //   - tensors that an op writes must not overlap the tensors it reads where the op says so:
 //     matmul's c must not overlap a or b; a converting copy must not overlap its source (a
 //     same-dtype copy may: it is a memmove); crossentropy_backward's dlogits may alias logits
-//     exactly (in place) but not partially.
+//     exactly (in place) but not partially; crossentropy_forward_backward is in place.
 //   - matmul: a batched a or b has c's batch dims, compared one by one ([2,3,M,K] does not match
 //     c [3,2,M,N]); a 2-D a or b is broadcast over the batch.
 //   - crossentropy: logits [Vp] (1-D) is one row, N = 1; 1 <= valid <= Vp.
@@ -489,6 +489,13 @@ class Device {
   // dlogits[:, valid:] (=) exactly 0; dlogits may alias logits (in-place).
   void crossentropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                              int64_t valid, float dloss);
+  // The two above in one pass over each row, in place, for a training step that runs backward
+  // right after its forward (llm.c's fused classifier): losses (=) as crossentropy_forward, then
+  // logits (=) dlogits as crossentropy_backward(logits, logits, ...) would write them. Each row's
+  // logits are read for the statistics and once more to write their gradient, instead of once
+  // per op and per statistic. losses must not overlap logits.
+  void crossentropy_forward_backward(const Tensor& losses, const Tensor& logits,
+                                     const Tensor& targets, int64_t valid, float dloss);
 
   // -- reductions and optimizer ------------------------------------------------------------------
   // out[0] (=) scale * sum(x). out [1], x [N]. Deterministic order.
@@ -602,7 +609,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 12;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 13;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

@@ -617,6 +617,20 @@ void Device::crossentropy_backward(const Tensor& dlogits, const Tensor& logits,
   crossentropy_backward_kernel(dlogits, logits, targets, valid, dloss);
 }
 
+void Device::crossentropy_forward_backward(const Tensor& losses, const Tensor& logits,
+                                           const Tensor& targets, int64_t valid, float dloss) {
+  Check k(*this, "crossentropy_forward_backward");
+  k.f32("losses", losses);
+  k.flt("logits", logits, OpKind::kCrossEntropy);
+  k.is("targets", targets, DType::i32);
+  crossentropy_dims(k, logits, targets, valid);
+  CT_REQUIRE(losses.numel() == targets.numel(),
+             k.op() + ": losses must be [N]" + shapes({&losses, &logits, &targets}));
+  CT_REQUIRE(!overlaps(losses, logits),
+             k.op() + ": losses must not overlap logits" + shapes({&losses, &logits}));
+  crossentropy_forward_backward_kernel(losses, logits, targets, valid, dloss);
+}
+
 // -- reductions and optimizer ---------------------------------------------------------------------
 
 void Device::sum(const Tensor& out, const Tensor& x, float scale) {

@@ -380,6 +380,20 @@ class CpuDevice final : public Device, private Workspace {
       store_range(dlogits, d, e0, nr * Vp);
     }
   }
+  void crossentropy_forward_backward_kernel(const Tensor& losses, const Tensor& logits,
+                                            const Tensor& targets, int64_t valid,
+                                            float dloss) override {
+    const int64_t Vp = logits.shape[-1], N = targets.numel();
+    check_indices("crossentropy_forward_backward", "targets", targets, valid);
+    // 16-bit: one staging copy per row chunk, widened once and rounded back once.
+    const int64_t rows = logits.dtype == DType::f32 ? N : stage_rows(Vp);
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+      const int64_t nr = std::min(rows, N - r0), e0 = r0 * Vp;
+      float* l = in_range(logits, 0, e0, nr * Vp);
+      k_.crossentropy_forward_backward(f(losses) + r0, l, idx(targets) + r0, nr, valid, Vp, dloss);
+      store_range(logits, l, e0, nr * Vp);
+    }
+  }
 
   // -- reductions and optimizer ----------------------------------------------------------------
   void sum_kernel(const Tensor& out, const Tensor& x, float s) override {

@@ -481,6 +481,13 @@ class GpuDevice final : public Device {
     gpu::crossentropy_backward(cx(), ptr(dlogits), ptr(logits), elem_of(logits.dtype), i32(targets),
                                logits.numel() / Vp, valid, Vp, dloss);
   }
+  void crossentropy_forward_backward_kernel(const Tensor& losses, const Tensor& logits,
+                                            const Tensor& targets, std::int64_t valid,
+                                            float dloss) override {
+    const std::int64_t Vp = logits.shape[-1];
+    gpu::crossentropy_forward_backward(cx(), f(losses), ptr(logits), elem_of(logits.dtype),
+                                       i32(targets), logits.numel() / Vp, valid, Vp, dloss);
+  }
 
   // -- reductions and optimizers ---------------------------------------------------------------
   void sum_kernel(const Tensor& out, const Tensor& x, float s) override {

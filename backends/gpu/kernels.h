@@ -228,6 +228,10 @@ void crossentropy_forward(const Ctx& cx, float* losses, const void* logits, Elem
 void crossentropy_backward(const Ctx& cx, void* dlogits, const void* logits, Elem e,
                            const std::int32_t* targets, std::int64_t N, std::int64_t V,
                            std::int64_t Vp, float dloss);
+// Both in one kernel, in place: losses as crossentropy_forward, logits (=) their dlogits.
+void crossentropy_forward_backward(const Ctx& cx, float* losses, void* logits, Elem e,
+                                   const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                                   std::int64_t Vp, float dloss);
 
 // --- reduce.cu -----------------------------------------------------------------------------
 // out[0] = sum of x[0..n); deterministic: the reduction tree depends on n only, not on the warp

@@ -76,6 +76,13 @@ class Model {
   // function (the default) reports nothing.
   using GradientsReady = std::function<void(int64_t offset, int64_t count)>;
   virtual void set_gradients_ready(GradientsReady ready) { (void)ready; }
+
+  // A training pass: forward(tokens, &targets, B, T) then backward(dloss_scale), the same
+  // results and state after it (within the precision table's tolerances), with the loss and its
+  // gradient over the logits computed in one pass (Device::crossentropy_forward_backward)
+  // instead of two ops. Returns the mean loss [1] f32.
+  virtual Tensor forward_backward(const Tensor& tokens, const Tensor& targets, int B, int T,
+                                  float dloss_scale = 1.0f) = 0;
   virtual void zero_grad() = 0;
   virtual Tensor logits() const = 0;                 // [B,T,V] of the last forward
   virtual Tensor logits_at(int b, int t) const = 0;  // [V] of position (b, t), a view

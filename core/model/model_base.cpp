@@ -258,7 +258,12 @@ Tensor ModelBase::losses() const {
 
 Tensor ModelBase::loss_forward(const Tensor& logits, int64_t BT) {
   Tensor losses = losses_.slice_flat(0, {BT});
-  device_.crossentropy_forward(losses, logits, batch_.targets(), vocab_);
+  dlogits_ready_ = fused_dloss_scale_.has_value();
+  if (dlogits_ready_)
+    device_.crossentropy_forward_backward(losses, logits, batch_.targets(), vocab_,
+                                          *fused_dloss_scale_ / static_cast<float>(BT));
+  else
+    device_.crossentropy_forward(losses, logits, batch_.targets(), vocab_);
   device_.sum(loss_, losses, 1.0f / static_cast<float>(BT));
   return loss_;
 }
@@ -268,9 +273,28 @@ Tensor ModelBase::loss_backward(float dloss_scale) {
   batch_.require_targets("backward()");
   const int64_t BT = batch_.BT();
   Tensor logits = logits_.slice_flat(0, {BT, padded_vocab_});
-  device_.crossentropy_backward(logits, logits, batch_.targets(), vocab_,
-                                dloss_scale / static_cast<float>(BT));
+  if (!std::exchange(dlogits_ready_, false))
+    device_.crossentropy_backward(logits, logits, batch_.targets(), vocab_,
+                                  dloss_scale / static_cast<float>(BT));
   return logits;
+}
+
+Tensor ModelBase::forward_backward(const Tensor& tokens, const Tensor& targets, int B, int T,
+                                   float dloss_scale) {
+  CT_REQUIRE(trains(),
+             "forward_backward() on a " + std::string(family_) + " created without gradients");
+  dlogits_ready_ = false;
+  fused_dloss_scale_ = dloss_scale;
+  Tensor loss;
+  try {
+    loss = forward(tokens, &targets, B, T);
+  } catch (...) {
+    fused_dloss_scale_.reset();
+    throw;
+  }
+  fused_dloss_scale_.reset();
+  backward(dloss_scale);
+  return loss;
 }
 
 // =============================================================================================

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -82,6 +83,10 @@ class ModelBase : public Model {
   Tensor logits() const override;
   Tensor logits_at(int b, int t) const override;
   Tensor losses() const override;
+  // The family's forward with the loss's gradient written over the logits in the same pass
+  // (loss_forward), then its backward, which starts from them (loss_backward).
+  Tensor forward_backward(const Tensor& tokens, const Tensor& targets, int B, int T,
+                          float dloss_scale = 1.0f) override;
   // trainable grads (=) 0.
   void zero_grad() override;
   // backward() reports the rows of each of its sections (gradient_stage()) once they are done.
@@ -204,11 +209,13 @@ class ModelBase : public Model {
   void allocate_dresidual(int64_t BT, int64_t C);
 
   // The loss of forward: losses (BT) f32 = -log softmax(logits[:, :V])[targets]; loss [1] f32 =
-  // their mean. logits (BT,Vp). Returns loss_.
+  // their mean. logits (BT,Vp). Returns loss_. Inside forward_backward it also writes the
+  // logits' gradient over them (loss_backward's, in the same pass).
   Tensor loss_forward(const Tensor& logits, int64_t BT);
   // The start of backward: checks that there is something to train and a forward with targets,
   // then dlogits (BT,Vp) h = dloss_scale * (softmax(logits[:, :V]) - onehot(targets)) / BT (0 in
-  // the padding columns), in place over the logits, which it returns.
+  // the padding columns), in place over the logits, which it returns (already there when
+  // forward_backward's forward wrote them).
   Tensor loss_backward(float dloss_scale);
   // Host vectors between the layout of params() and that of the device buffers (the head's
   // padding rows inserted as zeros, or dropped).
@@ -263,6 +270,10 @@ class ModelBase : public Model {
 
   // The last forward's batch, kept for backward.
   model_util::ForwardBatch batch_;
+  // forward_backward: the dloss_scale its forward's loss_forward fuses with, and whether the
+  // logits hold their gradient (written by loss_forward, not yet consumed by loss_backward).
+  std::optional<float> fused_dloss_scale_;
+  bool dlogits_ready_ = false;
 };
 
 }  // namespace ct

@@ -744,11 +744,12 @@ double optimizer_step(Run& r, int64_t step) {
     // LoRA dropout masks are numbered by micro-batch (and rank): the same on resume, off for
     // evaluation.
     model.set_lora_dropout_draw(args.seed, (step * r.accum + micro) * r.world + r.comm.rank());
-    Tensor loss = model.forward(r.inputs, &r.targets, r.B, r.T);
     // The last micro-batch's backward finishes the gradients: the averager takes the buckets it
     // reports final from here on (the earlier ones would be added to).
     if (micro + 1 == r.accum) r.averager->begin(model.trainable_grads());
-    model.backward(scaler.scale() / static_cast<float>(r.accum));
+    // forward and backward, the loss and its gradient over the logits in one pass
+    Tensor loss = model.forward_backward(r.inputs, r.targets, r.B, r.T,
+                                         scaler.scale() / static_cast<float>(r.accum));
     model.set_lora_dropout_draw(args.seed, -1);
     dev.accumulate(r.loss_sum, loss);
   }

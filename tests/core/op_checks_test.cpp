@@ -271,6 +271,27 @@ TEST(OpChecks, CrossEntropyGradientMayAliasLogitsOnlyExactly) {
   }
 }
 
+TEST(OpChecks, CrossEntropyForwardBackwardLossesMustNotOverlapLogits) {
+  expect_rule(
+      [](Device& d) {
+        Tensor buf = up(d, {8}, Vec(8, 0.0f));
+        d.crossentropy_forward_backward(buf.slice_flat(6, {2}), buf.slice_flat(0, {2, 4}),
+                                        up_i32(d, {2}, {0, 1}), 4, 1.0f);
+      },
+      ErrorKind::kInvalidArgument, "crossentropy_forward_backward: losses must not overlap logits");
+  for (Device* d : devices()) {  // the uniform softmax: loss log 4, gradient 1/4 - onehot
+    SCOPED_TRACE(d->info().id());
+    Tensor l = up(*d, {2, 4}, Vec(8, 0.0f)), loss = up(*d, {2}, Vec(2, 0.0f));
+    d->crossentropy_forward_backward(loss, l, up_i32(*d, {2}, {0, 1}), 4, 1.0f);
+    Vec g = down(*d, l), ls = down(*d, loss);
+    EXPECT_NEAR(ls[0], std::log(4.0), 1e-6);
+    EXPECT_NEAR(ls[1], std::log(4.0), 1e-6);
+    EXPECT_NEAR(g[0], -0.75f, 1e-6);
+    EXPECT_NEAR(g[1], 0.25f, 1e-6);
+    EXPECT_NEAR(g[5], -0.75f, 1e-6);
+  }
+}
+
 TEST(OpChecks, ConvertingCopyMustNotOverlapASameDtypeCopyMay) {
   expect_rule(
       [](Device& d) {

@@ -1,6 +1,7 @@
-// crossentropy_forward / crossentropy_backward, including in place (dlogits aliasing logits):
-// every device against the reference; the reference against fp64 and central differences; rows
-// with padding columns (valid < Vp: a vocabulary padded to an aligned width), f32 and 16-bit.
+// crossentropy_forward / crossentropy_backward, including in place (dlogits aliasing logits),
+// and crossentropy_forward_backward (both in one pass, in place): every device against the
+// reference; the reference against fp64 and central differences; rows with padding columns
+// (valid < Vp: a vocabulary padded to an aligned width), f32 and 16-bit.
 #include "tests/common/device_harness.h"
 #include "tests/common/fp64_ops.h"
 #include "tests/common/half_compare.h"
@@ -156,7 +157,63 @@ TEST_P(CrossEntropy, PaddingColumnsAreNotClassesAndGetZeroGradients) {
   }
 }
 
+// crossentropy_forward_backward over the same padded rows: in place, its losses and its
+// dlogits are those of the two ops on the same device, and those of the reference.
+PadResult run_fused(Device& d, DType dt, int64_t N, int64_t V, int64_t Vp, const Vec& logits,
+                    const std::vector<int32_t>& targets, float dloss) {
+  Tensor tl = up_as(d, {N, Vp}, logits, dt), tt = upload_i32(d, {N}, targets);
+  Tensor loss = upload(d, {N}, Vec(N, NAN));
+  d.crossentropy_forward_backward(loss, tl, tt, V, dloss);
+  return {download(d, loss), download_h(d, tl), {}};
+}
+
+TEST_P(CrossEntropy, ForwardBackwardInOnePassEqualsTheTwoOps) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    if (!dev().supports(OpKind::kCrossEntropy, dt) || !ref().supports(OpKind::kCrossEntropy, dt))
+      continue;
+    const double dtol = dt == DType::f32 ? tol() : 1e-4;  // as the padded two-op case
+    for (const PadCase& c : kPadCases) {
+      if (c.V <= 13 && !same_backend_as_ref()) continue;  // as MatchesReferenceAlsoInPlace
+      const std::string nm = std::string(" ") + dtype_name(dt) + " N" + std::to_string(c.N) + " V" +
+                             std::to_string(c.V) + " Vp" + std::to_string(c.Vp) + " on " + id();
+      Vec compact = randn(c.N * c.V, 80 + c.V, 3.0f);
+      if (dt != DType::f32) compact = download_h(ref(), up_as(ref(), {c.N * c.V}, compact, dt));
+      const auto targets = randint(c.N, 81 + c.V, static_cast<int32_t>(c.V));
+      const float dloss = 0.75f / static_cast<float>(c.N);
+      const Vec logits = padded(compact, c.N, c.V, c.Vp);
+      const PadResult two = run_padded(dev(), dt, c.N, c.V, c.Vp, logits, targets, dloss);
+      const PadResult one = run_fused(dev(), dt, c.N, c.V, c.Vp, logits, targets, dloss);
+      const PadResult want = run_fused(ref(), dt, c.N, c.V, c.Vp, logits, targets, dloss);
+      bool zeros = true;
+      for (int64_t n = 0; n < c.N; ++n)
+        for (int64_t i = c.V; i < c.Vp; ++i) {
+          const float a = one.dlogits[n * c.Vp + i];
+          zeros = zeros && a == 0.0f && !std::signbit(a);
+        }
+      EXPECT_TRUE(zeros) << "dlogits of the padding columns are not all +0" << nm;
+      EXPECT_TRUE(close_nmse(one.loss, two.loss, tol(), "loss vs the two ops" + nm));
+      EXPECT_TRUE(
+          close_nmse(one.dlogits, two.dlogits_in_place, dtol, "dlogits vs the two ops" + nm));
+      EXPECT_TRUE(close_nmse(one.loss, want.loss, tol(), "loss vs ref" + nm));
+      EXPECT_TRUE(close_nmse(one.dlogits, want.dlogits, dtol, "dlogits vs ref" + nm));
+    }
+  }
+}
+
 CT_INSTANTIATE_DEVICE_SUITE(CrossEntropy);
+
+// The reference's fused op is its two ops, bit for bit (so the fp64 and finite-difference checks
+// of the two hold for it), rows of the unpadded cases and of the padded ones alike.
+TEST(ReferenceCrossEntropy, ForwardBackwardIsTheTwoOpsBitForBit) {
+  for (const CeCase& c : kCases) {
+    CeInputs in = inputs(c);
+    auto [rl, rd] = run(ref(), c.N, c.V, in.logits, in.targets, in.dloss, true);
+    PadResult one = run_fused(ref(), DType::f32, c.N, c.V, c.V, in.logits, in.targets, in.dloss);
+    std::string nm = " N" + std::to_string(c.N) + " V" + std::to_string(c.V);
+    EXPECT_EQ(one.loss, rl) << "loss" << nm;
+    EXPECT_EQ(one.dlogits, rd) << "dlogits" << nm;
+  }
+}
 
 TEST(ReferenceCrossEntropy, MatchesFp64AndFiniteDifferences) {
   for (const CeCase& c : kCases) {
@@ -180,12 +237,11 @@ TEST(CpuCrossEntropy, RejectsOutOfRangeTargets) {
     Device& d = open_cached(spec);
     Tensor tl = upload(d, {2, 8}, Vec(16, 0.0f)), tt = upload_i32(d, {2}, {1, 5});
     Tensor loss = upload(d, {2}, Vec(2, 0.0f));
-    for (bool backward : {false, true}) {
+    for (int op : {0, 1, 2}) {
       try {
-        if (backward)
-          d.crossentropy_backward(tl, tl, tt, 5, 1.0f);
-        else
-          d.crossentropy_forward(loss, tl, tt, 5);
+        if (op == 0) d.crossentropy_forward(loss, tl, tt, 5);
+        if (op == 1) d.crossentropy_backward(tl, tl, tt, 5, 1.0f);
+        if (op == 2) d.crossentropy_forward_backward(loss, tl, tt, 5, 1.0f);
         ADD_FAILURE() << "no error";
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("targets[1] = 5 is out of range [0, 5)"),

@@ -86,15 +86,20 @@ TEST_P(ExtremeValues, CrossEntropy) {
   const Vec logits = {1e30f,  -1e30f, 0.0f,   5.0f,   1e30f, -1e30f,    0.0f, 5.0f,
                       -1e30f, -1e30f, -1e30f, -1e30f, 0.0f,  -INFINITY, 5.0f, -1e38f};
   const std::vector<int32_t> targets = {0, 1, 2, 2};
-  auto run = [&](Device& d) {
+  auto run = [&](Device& d, bool fused) {
     Tensor tl = upload(d, {N, V}, logits), tt = upload_i32(d, {N}, targets);
     Tensor loss = upload(d, {N}, Vec(N, NAN)), dl = upload(d, {N, V}, Vec(N * V, NAN));
+    if (fused) {
+      d.crossentropy_forward_backward(loss, tl, tt, V, 1.0f);
+      return std::pair{download(d, loss), download(d, tl)};
+    }
     d.crossentropy_forward(loss, tl, tt, V);
     d.crossentropy_backward(dl, tl, tt, V, 1.0f);
     return std::pair{download(d, loss), download(d, dl)};
   };
-  auto [rl, rd] = run(ref());
-  auto [fl, fd] = run(dev());
+  auto [rl, rd] = run(ref(), false);
+  auto [fl, fd] = run(dev(), false);
+  auto [gl, gd] = run(dev(), true);  // both in one pass
   // PyTorch: 0, 2e30, log 4, log(1 + e^-5); softmax one-hot / uniform.
   EXPECT_EQ(rl[0], 0.0f);
   EXPECT_EQ(rl[1], 2e30f);
@@ -103,6 +108,8 @@ TEST_P(ExtremeValues, CrossEntropy) {
   EXPECT_TRUE(all_finite(rl) && all_finite(rd));
   EXPECT_TRUE(near_each(fl, rl, 1e-6, 1e-6, "loss on " + id()));
   EXPECT_TRUE(near_each(fd, rd, 1e-6, 1e-6, "dlogits on " + id()));
+  EXPECT_TRUE(near_each(gl, rl, 1e-6, 1e-6, "forward_backward loss on " + id()));
+  EXPECT_TRUE(near_each(gd, rd, 1e-6, 1e-6, "forward_backward dlogits on " + id()));
 }
 
 // Attention (unfused and flash) with scores of ~1e6 to 1e7 (q and k entries of 1e3, k_u growing

@@ -248,6 +248,12 @@ TEST_P(MixedPrecisionUlp, CrossEntropyLogitsH) {
     dut().crossentropy_backward(logits.d, logits.d, tgt.d, V, 1.0f / N);
     ref().crossentropy_backward(logits.r, logits.r, tgt.r, V, 1.0f / N);
     EXPECT_TRUE(same_h(logits, tag("crossentropy_backward in place")));
+    // both in one pass, in place
+    Pair fused = both_as({N, V}, ls, h), fused_losses = both_empty({N});
+    dut().crossentropy_forward_backward(fused_losses.d, fused.d, tgt.d, V, 1.0f / N);
+    ref().crossentropy_forward_backward(fused_losses.r, fused.r, tgt.r, V, 1.0f / N);
+    EXPECT_TRUE(same(fused_losses, tol(), tag("crossentropy_forward_backward losses")));
+    EXPECT_TRUE(same_h(fused, tag("crossentropy_forward_backward dlogits")));
   });
 }
 

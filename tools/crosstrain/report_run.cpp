@@ -324,6 +324,13 @@ std::vector<OpCase> op_cases(const std::string& model, int batch, bool small) {
     return std::function<void()>(
         [=, &d] { d.crossentropy_backward(dlogits, logits, tg, V, 1.0f / BT); });
   });
+  // The training step's: both in one pass, in place (repeated, it runs over its own dlogits).
+  add("crossentropy", "forward+backward", cs, OpKind::kCrossEntropy, true, [=](Device& d, DType t) {
+    Tensor losses = filled(d, {BT}, f32, 0), logits = filled(d, {BT, Vp}, t, 0.1f);
+    Tensor tg = filled(d, {BT}, i32, 1);
+    return std::function<void()>(
+        [=, &d] { d.crossentropy_forward_backward(losses, logits, tg, V, 1.0f / BT); });
+  });
   add("adamw", "update", std::to_string(P) + " parameters", OpKind::kAdamW, false,
       [=](Device& d, DType) {
         Tensor p = filled(d, {P}, f32, 0.1f), g = filled(d, {P}, f32, 0.01f);

@@ -49,4 +49,15 @@ void crossentropy_backward(float* dlogits, const float* logits, const int32_t* t
   }
 }
 
+// losses (N); logits (N,Vp) overwritten by their dlogits; targets (N). Per row: the statistics
+// of the logits, the loss, then the gradient, each element read before it is written: exactly
+// crossentropy_forward followed by crossentropy_backward in place.
+void crossentropy_forward_backward(float* losses, float* logits, const int32_t* targets, int64_t N,
+                                   int64_t V, int64_t Vp, float dloss) {
+  for (int64_t n = 0; n < N; ++n) {
+    crossentropy_forward(losses + n, logits + n * Vp, targets + n, 1, V, Vp);
+    crossentropy_backward(logits + n * Vp, logits + n * Vp, targets + n, 1, V, Vp, dloss);
+  }
+}
+
 }  // namespace ct::cpu::ref

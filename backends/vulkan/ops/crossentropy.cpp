@@ -1,6 +1,7 @@
-// Fused log-softmax + NLL forward and backward, fp32 arithmetic; logits (and dlogits, the same
-// dtype) may be f16/bf16, losses are f32; rows of Vp elements, V classes then padding (valid <
-// Vp: a push constant, the same pipelines). Shader: crossentropy.comp.
+// Fused log-softmax + NLL forward and backward, and both in one pass in place (the training
+// step's), fp32 arithmetic; logits (and dlogits, the same dtype) may be f16/bf16, losses are
+// f32; rows of Vp elements, V classes then padding (valid < Vp: a push constant, the same
+// pipelines). Shader: crossentropy.comp.
 #include "backends/vulkan/ops/op_util.h"
 
 namespace ct::vk {
@@ -23,6 +24,9 @@ CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_fwd_f16);
 CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_fwd_bf16);
 CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_bwd_f16);
 CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_bwd_bf16);
+CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_fused);
+CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_fused_f16);
+CT_VK_PUSH_SIZE(CrossEntropyPush, crossentropy_fused_bf16);
 
 namespace {
 // Rows N and row length Vp of logits [N,Vp], or of [Vp] as one row (core/device.h).
@@ -63,6 +67,24 @@ void VulkanDevice::crossentropy_backward_kernel(const Tensor& dlogits, const Ten
                        ShaderId::crossentropy_bwd_bf16),
              {bd, bx, bt},
              CrossEntropyPush{u32(nr), u32(valid), u32(Vp), dloss, bd.first, bx.first, bt.first},
+             g[0], g[1]);
+  }
+}
+
+void VulkanDevice::crossentropy_forward_backward_kernel(const Tensor& losses, const Tensor& logits,
+                                                        const Tensor& targets, int64_t valid,
+                                                        float dloss) {
+  auto [N, Vp] = rows_of(logits);
+  int64_t rows = std::max<int64_t>(1, max_elems(4) / Vp);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    int64_t nr = std::min(rows, N - r0);
+    Bound bl = bind(losses, r0, nr), bx = bind(logits, r0 * Vp, nr * Vp),
+          bt = bind(targets, r0, nr);
+    auto g = grid(nr, 1);
+    dispatch(h_variant(logits.dtype, ShaderId::crossentropy_fused, ShaderId::crossentropy_fused_f16,
+                       ShaderId::crossentropy_fused_bf16),
+             {bl, bx, bt},
+             CrossEntropyPush{u32(nr), u32(valid), u32(Vp), dloss, bl.first, bx.first, bt.first},
              g[0], g[1]);
   }
 }
