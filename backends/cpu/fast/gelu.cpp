@@ -72,7 +72,7 @@ void gelu_forward(float* out, const float* x, int64_t n) {
     _mm512_mask_storeu_ps(out + i, m, y);
   });
 #else
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float v = x[i], c = clamp10(v);
     out[i] = 0.5f * v * (1.0f + fast_tanh(kS * (c + kA * c * c * c)));
@@ -96,7 +96,7 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n) {
     _mm512_mask_storeu_ps(dx + i, m, _mm512_mul_ps(grad, _mm512_maskz_loadu_ps(m, dout + i)));
   });
 #else
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float c = clamp10(x[i]);  // NaN passes through clamp10
     float th = fast_tanh(kS * (c + kA * c * c * c));
