@@ -83,6 +83,7 @@ namespace avx512_bf16 {
 
 // Shared by the levels, compiled once (onednn_matmul.cpp): oneDNN picks its own kernels.
 bool matmul_bf16(const MatmulBf16Args& m);
+bool matmul_bf16_available();       // matmul_bf16 takes calls (a CPU with bf16 instructions)
 const char* bf16_matmul_library();  // what runs matmul_bf16 ("oneDNN 2.6 ...") or why nothing does
 // oneDNN's f32 matmul, c = alpha a op(b) + beta c (+ bias) with row-major a (see
 // onednn_matmul.cpp); false when it does not take the call (then c is untouched).
