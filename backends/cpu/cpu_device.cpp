@@ -370,6 +370,8 @@ class CpuDevice final : public Device, private Workspace {
   void gelu_forward_kernel(const Tensor& out, const Tensor& x) override {
     if (out.dtype == DType::f32 && x.dtype == DType::f32)
       return k_.gelu_forward(f(out), f(x), x.numel());
+    if (k_.gelu_forward_bf16 && out.dtype == DType::bf16 && x.dtype == DType::bf16)
+      return k_.gelu_forward_bf16(h(out), h(x), x.numel());
     pieces(x.numel(), 1, 2, [&](int64_t e0, int64_t n, float* s, int64_t stride) {
       const float* xs = x.dtype == DType::f32 ? f(x) + e0 : (widen_to(s, x, e0, n), s);
       float* os = out.dtype == DType::f32 ? f(out) + e0 : s + stride;
@@ -380,6 +382,9 @@ class CpuDevice final : public Device, private Workspace {
   void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) override {
     if (dx.dtype == DType::f32 && x.dtype == DType::f32 && dout.dtype == DType::f32)
       return k_.gelu_backward(f(dx), f(x), f(dout), x.numel());
+    if (k_.gelu_backward_bf16 && dx.dtype == DType::bf16 && x.dtype == DType::bf16 &&
+        dout.dtype == DType::bf16)
+      return k_.gelu_backward_bf16(h(dx), h(x), h(dout), x.numel());
     pieces(x.numel(), 1, 3, [&](int64_t e0, int64_t n, float* s, int64_t stride) {
       const float* xs = x.dtype == DType::f32 ? f(x) + e0 : (widen_to(s, x, e0, n), s);
       const float* ds =
@@ -695,15 +700,17 @@ class CpuDevice final : public Device, private Workspace {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 
-  // An elementwise or row-wise op on 16-bit tensors in one region: body(r0, nr, scratch) for
-  // pieces of rows [r0, r0 + nr) of `row_elems` elements each (about kPieceElems elements, at
-  // least one row), each on one thread with `buffers` f32 scratch buffers of nr * row_elems
-  // (scratch[i] starts at i * piece_elems). The body widens its inputs, runs the f32 kernel
-  // on the piece (small enough that the kernel's own region stays off) and rounds its output
-  // back, while the piece is in cache: one pass over the 16-bit data instead of three.
+  // An elementwise or row-wise op on 16-bit tensors in one region: body(r0, nr, scratch,
+  // stride) for pieces of rows [r0, r0 + nr) of `row_elems` elements each (about kPieceElems
+  // elements, at least one row), each on one thread with `buffers` f32 scratch buffers (buffer
+  // i at scratch + i * stride). The body widens its inputs, runs the f32 kernel on the piece
+  // (small enough that the kernel's own region stays off) and rounds its output back, while
+  // the piece is in cache: one pass over the 16-bit data instead of three. 16,384 elements:
+  // bf16 gelu over 1.5M elements took 3.6 ms in such pieces against 4.6 ms in pieces of 4,096
+  // (one thread; each piece's kernel calls cost a nested region), f32 gelu itself 2.5 ms.
   template <typename Body>
   void pieces(int64_t rows, int64_t row_elems, int buffers, Body&& body) {
-    static constexpr int64_t kPieceElems = 4096;
+    static constexpr int64_t kPieceElems = 16384;
     const int64_t piece_rows = std::max<int64_t>(1, kPieceElems / std::max<int64_t>(row_elems, 1));
     const int64_t piece_elems = piece_rows * row_elems;
     const int64_t npieces = (rows + piece_rows - 1) / piece_rows;
@@ -752,6 +759,9 @@ class CpuDevice final : public Device, private Workspace {
   }
   static float* f(const Tensor& t) {
     return static_cast<float*>(raw(t));
+  }
+  static uint16_t* h(const Tensor& t) {
+    return static_cast<uint16_t*>(raw(t));
   }
   static int32_t* idx(const Tensor& t) {
     return static_cast<int32_t*>(raw(t));
