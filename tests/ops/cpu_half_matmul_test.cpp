@@ -84,16 +84,16 @@ TEST(CpuHalfMatmul, EveryPathWithinTolerance) {
         VecD one = f64::matmul(ap, to_d(b), k.M, k.N, k.K, k.ta, k.tb);
         for (int64_t i = 0; i < k.M * k.N; ++i) {
           const int64_t e = p * k.M * k.N + i;
-          const double bj = k.bias ? (k.c16 ? from_h(to_h(bias[i % k.N], h), h) : bias[i % k.N])
-                                   : 0.0;
+          const double bj =
+              k.bias ? (k.c16 ? from_h(to_h(bias[i % k.N], h), h) : bias[i % k.N]) : 0.0;
           want[static_cast<size_t>(e)] = one[static_cast<size_t>(i)] + k.beta * c0[e] + bj;
         }
       }
       Vec got[2];
       for (int p = 0; p < 2; ++p) {
         Device& d = *paths[p];
-        const Shape as = k.batch > 1 ? Shape{k.batch, k.M, k.K}
-                                     : (k.ta ? Shape{k.K, k.M} : Shape{k.M, k.K});
+        const Shape as =
+            k.batch > 1 ? Shape{k.batch, k.M, k.K} : (k.ta ? Shape{k.K, k.M} : Shape{k.M, k.K});
         const Shape bs = k.tb ? Shape{k.N, k.K} : Shape{k.K, k.N};
         const Shape cs = k.batch > 1 ? Shape{k.batch, k.M, k.N} : Shape{k.M, k.N};
         Tensor ta = up_as(d, as, a, h), tb = up_as(d, bs, b, h), tc = up_as(d, cs, c0, cdt);
