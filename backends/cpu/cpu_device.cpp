@@ -77,7 +77,7 @@ bool native_bf16_chosen() {
 }
 
 std::string bf16_matmul_row(bool reference) {
-  if (reference) return "f32 arithmetic (operands widened to f32)";
+  if (reference) return "widened to f32 (f32 arithmetic in plain loops)";
   if (native_bf16_chosen())
     return std::string("bf16 arithmetic, f32 accumulation: ") + fast::bf16_matmul_library();
   std::string why = std::getenv("CT_CPU_BF16_MATMUL") &&

@@ -51,7 +51,8 @@ TEST(CpuHalfMatmul, DevicesSaysWhichArithmetic) {
   EXPECT_EQ(extra(widened->info(), "bf16 matmul").rfind("f32 arithmetic", 0), 0u)
       << extra(widened->info(), "bf16 matmul");
   EXPECT_EQ(extra(chosen->info(), "f16 matmul").rfind("f32 arithmetic", 0), 0u);
-  EXPECT_EQ(extra(make_cpu_device(true)->info(), "bf16 matmul").rfind("f32 arithmetic", 0), 0u);
+  // The reference: plain loops, which the report counts as an own kernel ("widened ...").
+  EXPECT_EQ(extra(make_cpu_device(true)->info(), "bf16 matmul").rfind("widened to f32", 0), 0u);
 }
 
 // c = alpha op(a) op(b) + beta c0 (+ bias) in the layouts of a linear layer (forward with bias

@@ -105,8 +105,10 @@ Run add_train(CLI::App& app) {
        "data parallel (mpirun): 1 shards the optimizer state across the ranks (ZeRO stage 1: "
        "each rank updates one contiguous shard of the parameters, then the weights are "
        "gathered); 0 (default): every rank holds all of it");
-  app.add_flag("--profile", a->profile,
-               "print a per-op device time table (GPU timestamps on Vulkan) at the end");
+  app.add_flag(
+      "--profile", a->profile,
+      "print a per-op device time table (GPU timestamps on Vulkan, wall time on the CPU) at the "
+      "end");
   app.add_flag(
       "--no-progress,--no_progress", [a](int64_t) { a->progress_bar = false; },
       "plain log lines even on a terminal");
