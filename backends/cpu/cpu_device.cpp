@@ -65,9 +65,11 @@ class CpuBuffer final : public Buffer {
 //   widened: everywhere else, and always for f16: the operands widened to f32 (exact) and the
 //     f32 product. On the Zen 3 EPYC without AVX-512 there is no native kernel to weigh against
 //     it: oneDNN 2.6 creates no bf16 matmul there (gemm_bench: "could not create a primitive
-//     descriptor") and Debian's OpenBLAS 0.3.21 is built without sbgemm. Widened, tiny 4x256
-//     --bf16 runs at 0.98-1.0x its fp32 run (2 threads; was 0.58x before the staging changes of
-//     this file), since the f32 arithmetic is the same and the 16-bit traffic is smaller.
+//     descriptor") and Debian's OpenBLAS 0.3.21 is built without sbgemm. Widened, the products
+//     themselves run at the f32 speed (tiny's GEMMs in `bench --report`: 126-137 GFLOP/s bf16,
+//     129-144 f32); the whole --bf16 step at 0.94x fp32 (tiny 4x256, 2 threads, load 3; 0.58x
+//     before this file's staging changes), less under load: the staging that remains (weight
+//     copies, attention, bias gradients, trans_a products) adds OpenMP regions.
 // A product the native kernel declines (a batch with its own b per matrix, alpha with a bias)
 // is widened; --profile counts the paths taken.
 bool native_bf16_chosen() {
