@@ -9,7 +9,7 @@ const Kernels& reference_kernels() {
   static const Kernels k{
 #define CT_CPU_KERNEL(name, params) .name = ref::name,
 #include "backends/cpu/kernels.def"
-      .matmul_bf16 = nullptr};
+      .matmul_bf16 = nullptr, .gelu_forward_bf16 = nullptr, .gelu_backward_bf16 = nullptr};
   return k;
 }
 
@@ -17,15 +17,21 @@ const Kernels& fast_kernels(IsaLevel level) {
   static const Kernels v2{
 #define CT_CPU_KERNEL(name, params) .name = fast::x86_64_v2::name,
 #include "backends/cpu/kernels.def"
-      .matmul_bf16 = fast::matmul_bf16};
+      .matmul_bf16 = fast::matmul_bf16,
+      .gelu_forward_bf16 = fast::x86_64_v2::gelu_forward_bf16,
+      .gelu_backward_bf16 = fast::x86_64_v2::gelu_backward_bf16};
   static const Kernels v3{
 #define CT_CPU_KERNEL(name, params) .name = fast::avx2::name,
 #include "backends/cpu/kernels.def"
-      .matmul_bf16 = fast::matmul_bf16};
+      .matmul_bf16 = fast::matmul_bf16,
+      .gelu_forward_bf16 = fast::avx2::gelu_forward_bf16,
+      .gelu_backward_bf16 = fast::avx2::gelu_backward_bf16};
   static const Kernels v4{
 #define CT_CPU_KERNEL(name, params) .name = fast::avx512_bf16::name,
 #include "backends/cpu/kernels.def"
-      .matmul_bf16 = fast::matmul_bf16};
+      .matmul_bf16 = fast::matmul_bf16,
+      .gelu_forward_bf16 = fast::avx512_bf16::gelu_forward_bf16,
+      .gelu_backward_bf16 = fast::avx512_bf16::gelu_backward_bf16};
   switch (level) {
     case IsaLevel::kBaseline:
       break;

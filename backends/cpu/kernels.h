@@ -54,6 +54,9 @@ struct Kernels {
   // the call (library missing, CPU without bf16 instructions, unsupported case); the device
   // then widens to f32 and uses matmul().
   bool (*matmul_bf16)(const MatmulBf16Args& m);
+  // Optional (null in the reference): GELU on bf16 tensors without f32 copies (fast/gelu.cpp).
+  void (*gelu_forward_bf16)(uint16_t* out, const uint16_t* x, int64_t n);
+  void (*gelu_backward_bf16)(uint16_t* dx, const uint16_t* x, const uint16_t* dout, int64_t n);
 };
 
 // Each family's functions, declared from kernels.def in its namespace (ref, or fast::<level>).
@@ -71,18 +74,25 @@ namespace fast {
 namespace x86_64_v2 {
 #define CT_CPU_KERNEL(name, params) void name params;
 #include "backends/cpu/kernels.def"
+void gelu_forward_bf16(uint16_t* out, const uint16_t* x, int64_t n);
+void gelu_backward_bf16(uint16_t* dx, const uint16_t* x, const uint16_t* dout, int64_t n);
 }  // namespace x86_64_v2
 namespace avx2 {
 #define CT_CPU_KERNEL(name, params) void name params;
 #include "backends/cpu/kernels.def"
+void gelu_forward_bf16(uint16_t* out, const uint16_t* x, int64_t n);
+void gelu_backward_bf16(uint16_t* dx, const uint16_t* x, const uint16_t* dout, int64_t n);
 }  // namespace avx2
 namespace avx512_bf16 {
 #define CT_CPU_KERNEL(name, params) void name params;
 #include "backends/cpu/kernels.def"
+void gelu_forward_bf16(uint16_t* out, const uint16_t* x, int64_t n);
+void gelu_backward_bf16(uint16_t* dx, const uint16_t* x, const uint16_t* dout, int64_t n);
 }  // namespace avx512_bf16
 
 // Shared by the levels, compiled once (onednn_matmul.cpp): oneDNN picks its own kernels.
 bool matmul_bf16(const MatmulBf16Args& m);
+bool matmul_bf16_available();       // matmul_bf16 takes calls (a CPU with bf16 instructions)
 const char* bf16_matmul_library();  // what runs matmul_bf16 ("oneDNN 2.6 ...") or why nothing does
 // oneDNN's f32 matmul, c = alpha a op(b) + beta c (+ bias) with row-major a (see
 // onednn_matmul.cpp); false when it does not take the call (then c is untouched).

@@ -239,6 +239,10 @@ bool onednn_f32_available() {
   return api().ok;
 }
 
+bool matmul_bf16_available() {
+  return api().ok;
+}
+
 const char* f32_matmul_library() {
   return onednn_f32_available()
              ? "OpenBLAS sgemm; oneDNN f32 matmul for a b^T (N <= 4096) and a b + bias (N <= 2048)"
@@ -258,6 +262,9 @@ bool matmul_f32_onednn(float*, const float*, const float*, const float*, int64_t
   return false;
 }
 bool onednn_f32_available() {
+  return false;
+}
+bool matmul_bf16_available() {
   return false;
 }
 const char* f32_matmul_library() {

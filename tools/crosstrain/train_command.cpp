@@ -111,8 +111,10 @@ Run add_train(CLI::App& app) {
       "--no-ddp-overlap", [a](int64_t) { a->ddp_overlap = false; },
       "data parallel (mpirun): average the gradients after the backward pass, not bucket by "
       "bucket while it runs (the same results; for comparing their times)");
-  app.add_flag("--profile", a->profile,
-               "print a per-op device time table (GPU timestamps on Vulkan) at the end");
+  app.add_flag(
+      "--profile", a->profile,
+      "print a per-op device time table (GPU timestamps on Vulkan, wall time on the CPU) at the "
+      "end");
   app.add_flag(
       "--no-progress,--no_progress", [a](int64_t) { a->progress_bar = false; },
       "plain log lines even on a terminal");

@@ -13,7 +13,7 @@ constexpr int64_t kParallelMin = 1 << 15;  // below this, threads cost more than
 void fill(void* p, DType dt, int64_t n, float value) {
   if (dt == DType::f32) {
     float* f = static_cast<float*>(p);
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) f[i] = value;
     return;
   }
@@ -27,13 +27,13 @@ void fill(void* p, DType dt, int64_t n, float value) {
     uint16_t v;
     std::memcpy(&v, pattern, 2);
     uint16_t* h = static_cast<uint16_t*>(p);
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) h[i] = v;
   } else {
     uint32_t v;
     std::memcpy(&v, pattern, 4);
     uint32_t* w = static_cast<uint32_t*>(p);
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) w[i] = v;
   }
 }
@@ -60,22 +60,22 @@ void copy(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) {
   if (src_dt == DType::f32 && dst_dt == DType::bf16) {
     const float* s = static_cast<const float*>(src);
     uint16_t* d = static_cast<uint16_t*>(dst);
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
   } else if (src_dt == DType::bf16 && dst_dt == DType::f32) {
     const uint16_t* s = static_cast<const uint16_t*>(src);
     float* d = static_cast<float*>(dst);
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
   } else if (src_dt == DType::f32 && dst_dt == DType::f16) {
     const float* s = static_cast<const float*>(src);
     uint16_t* d = static_cast<uint16_t*>(dst);
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(s[i]);
   } else if (src_dt == DType::f16 && dst_dt == DType::f32) {
     const uint16_t* s = static_cast<const uint16_t*>(src);
     float* d = static_cast<float*>(dst);
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) d[i] = f16_to_f32(s[i]);
   } else {
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
@@ -85,19 +85,19 @@ void copy(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) {
 
 // out, a, b are (n)
 void add(float* out, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 // dst, src are (n)
 void accumulate(float* dst, const float* src, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
 // t is (n)
 void scale(float* t, float s, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) t[i] *= s;
 }
 

@@ -61,7 +61,7 @@ void norm(float* out, const float* x, int64_t n) {
 void check_finite(int32_t* flag, const float* x, int64_t n) {
   const uint32_t* u = reinterpret_cast<const uint32_t*>(x);
   uint32_t bad = 0;
-#pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) reduction(| : bad) if (parallel : n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) bad |= ((u[i] & 0x7f800000u) == 0x7f800000u) ? 1u : 0u;
   if (bad) flag[0] |= 1;
 }
@@ -69,7 +69,7 @@ void check_finite(int32_t* flag, const float* x, int64_t n) {
 // x is (n), flag is (1) i32: one pass that scales and tests before and after
 void unscale_check(float* x, int32_t* flag, float inv_scale, int64_t n) {
   uint32_t bad = 0;
-#pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) reduction(| : bad) if (parallel : n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float a = x[i], b = a * inv_scale;
     x[i] = b;
