@@ -64,6 +64,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {13, "0e92cb1255198df7848caa7f7d4d727c1f16e0acf61b87d094592094e7fa20df",
      "crossentropy_forward_backward: the loss and its gradient in one pass over the logits, in "
      "place (the training step's; kCrossEntropy answers for it)"},
+    {14, "6a74b1e94cf3fc1e63c1ab97a09afcf8822aeb24ec14108ffca1123090f7cbed",
+     "Device::counters: running totals a backend keeps (host waits, GEMMs its library refused), "
+     "written to metrics.jsonl"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.

@@ -342,6 +342,13 @@ class Device {
   // backend can; profile_report() is a printable table of them ("" where not supported).
   virtual void set_profiling(bool on) { (void)on; }
   virtual std::string profile_report() { return ""; }
+  // Running totals since the device was opened, by name, for metrics.jsonl and the tests; a
+  // backend reports those it keeps (none by default):
+  //   "host_waits"             calls that blocked the host until device work had finished
+  //                            (download, synchronize, wait_event on an event not yet done)
+  //   "gemm_library_fallbacks" GEMMs the device's library (cuBLASLt, rocBLAS) refused and the
+  //                            own kernel ran instead (a target without a library has none)
+  virtual std::map<std::string, int64_t> counters() { return {}; }
   // The scope of one public op, opened by core/op_checks.cpp around each (the checks and the
   // kernel; an op that calls other ops nests their scopes in its own): where the backend profiles
   // per op, the device time of the outermost scope is counted under `op`, its public name.
@@ -609,7 +616,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 13;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 14;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

@@ -172,10 +172,25 @@ class GpuDevice final : public Device {
 
   void flush() override {}
   void set_allow_tf32(bool on) override { rt_->set_allow_tf32(on); }
-  void synchronize() override { rt_->synchronize(); }
+  void synchronize() override {
+    ++host_waits_;
+    rt_->synchronize();
+  }
   Event record_event() override { return Event(this, rt_->record_event()); }
   bool event_done(const Event& e) override { return rt_->event_done(e.serial()); }
-  void wait_event(const Event& e) override { rt_->wait_event(e.serial()); }
+  void wait_event(const Event& e) override {
+    if (!rt_->event_done(e.serial())) ++host_waits_;
+    rt_->wait_event(e.serial());
+  }
+  std::map<std::string, std::int64_t> counters() override {
+    std::map<std::string, std::int64_t> c{{"host_waits", host_waits_}};
+    if (rt_->has_gemm_library()) {
+      std::int64_t refused = 0;
+      for (const auto& [shape, calls] : rt_->gemm_fallbacks()) refused += calls;
+      c["gemm_library_fallbacks"] = refused;
+    }
+    return c;
+  }
   void* native_stream() override { return rt_->native_stream(); }
 
   // --profile: the device time of every public op (timing marks around its scope: the kernels'
@@ -247,6 +262,7 @@ class GpuDevice final : public Device {
     rt_->upload(ptr(dst), host, bytes);
   }
   void download_kernel(void* host, const Tensor& src, std::size_t bytes) override {
+    ++host_waits_;
     rt_->download(host, ptr(src), bytes);
   }
 
@@ -600,8 +616,9 @@ class GpuDevice final : public Device {
   std::vector<Span> spans_;
   std::map<std::string, OpMs> op_ms_;
   Span open_{};
-  int depth_ = 0;        // nesting of op scopes
-  bool timing_ = false;  // the outermost open op has a begin mark
+  int depth_ = 0;                // nesting of op scopes
+  std::int64_t host_waits_ = 0;  // counters(): blocking downloads, synchronizes and waits
+  bool timing_ = false;          // the outermost open op has a begin mark
   std::chrono::steady_clock::time_point profile_start_{};
 };
 

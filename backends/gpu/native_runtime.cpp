@@ -304,6 +304,9 @@ class NativeRuntime final : public gpu::Runtime {
   std::map<std::string, std::int64_t> gemm_fallbacks() const override {
     return fallbacks_;
   }
+  bool has_gemm_library() const override {
+    return !own_gemm_;
+  }
   // Timed events from a pool of their own (the pool of record_event has timing disabled).
   std::size_t timing_mark() override {
     if (marks_used_ == timed_.size()) {

@@ -66,6 +66,8 @@ class Runtime {
   // bf16 -> f32, 768x3072x8192 tn, bias, batch 1" -> calls). Empty where the target has no
   // library (there the own kernel is the GEMM by design, not a fallback).
   virtual std::map<std::string, std::int64_t> gemm_fallbacks() const { return {}; }
+  // Whether GEMMs go to a library first (so that gemm_fallbacks() counts what it refused).
+  virtual bool has_gemm_library() const { return false; }
   // Device::set_allow_tf32: fp32 GEMMs with TF32 inputs where the target's library has them, and
   // Ctx::tf32 (the tile flash attention in TF32) where the target runs the TF32 tile.
   virtual void set_allow_tf32(bool on) { (void)on; }

@@ -346,6 +346,7 @@ void VulkanDevice::wait_event(const Event& e) {
 
 void VulkanDevice::wait_serial(uint64_t serial) {
   if (serial <= completed_serial_) return;
+  ++host_waits_;
   if (cur_ && cur_->open && cur_->serial <= serial) submit();
   // Batches in submission order: a later fence signalling says nothing about an earlier one.
   for (auto& b : inflight_) {
@@ -587,6 +588,7 @@ void VulkanDevice::submit() {
 }
 
 void VulkanDevice::synchronize() {
+  ++host_waits_;
   submit();
   recycle(true);
   check_validation("synchronize");

@@ -82,6 +82,8 @@ class VulkanDevice final : public Device {
   void synchronize() override;
   void set_profiling(bool on) override;
   std::string profile_report() override;
+  // host_waits: synchronize() calls (each download is one) and waits for a batch not yet done.
+  std::map<std::string, int64_t> counters() override { return {{"host_waits", host_waits_}}; }
   // Events are batch serials: an event is complete when the fence of the batch holding it has
   // signalled. download_async records a copy into a staging buffer and submits; the memcpy into
   // host memory is done when the batch is seen complete (recycle()).
@@ -223,6 +225,7 @@ class VulkanDevice final : public Device {
   std::unique_ptr<Batch> cur_;
   std::vector<std::unique_ptr<Batch>> inflight_, spare_;
   uint64_t next_serial_ = 1, completed_serial_ = 0;
+  int64_t host_waits_ = 0;  // counters()
   std::vector<Retired> retired_;
   // download_async copies waiting for their batch (serial) to complete, in serial order.
   struct AsyncDownload {

@@ -444,6 +444,8 @@ nlohmann::json log_record(int64_t done, double mean_loss, double lr, float host_
         os_now.overlapped_updates - offload_logged.overlapped_updates;
     offload_logged = os_now;
   }
+  // The device's running totals (Device::counters): host waits, GEMMs its library refused.
+  for (const auto& [name, count] : dev.counters()) rec[name] = count;
   if (scaler.enabled()) {
     rec["loss_scale"] = scaler.scale();
     rec["skipped_steps"] = scaler.skipped_steps();

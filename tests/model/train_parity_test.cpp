@@ -63,6 +63,24 @@ TEST_P(TrainParity, TinyFiftyStepsMatchCpu) {
   }
   std::printf("  %s: max relative loss difference over %lld steps: %.3g (first %.6f, last %.6f)\n",
               id().c_str(), static_cast<long long>(steps), worst, ld.front(), ld.back());
+  // A training step leaves the host free: where the device counts the times the host waited for
+  // it (Device::counters, in metrics.jsonl), each logged step adds only the log's own two reads,
+  // the loss and the gradient norm (#26: no host synchronisation in a step but the logged loss).
+  std::vector<int64_t> waits;
+  {
+    std::ifstream in(fs::path(dd) / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("host_waits"))
+        waits.push_back(j["host_waits"].get<int64_t>());
+    }
+  }
+  if (!waits.empty()) {
+    ASSERT_EQ(waits.size(), static_cast<size_t>(steps));
+    for (size_t i = 1; i < waits.size(); ++i)
+      EXPECT_EQ(waits[i] - waits[i - 1], 2)
+          << "host waits in step " << i + 1 << " on " << id() << " (logged every step)";
+  }
   // "... N queue submits over F flushes": the trainer flushes once per step. Vulkan records into
   // command buffers and must report it (and its per-op table).
   auto pos = out.find(" queue submits over ");
