@@ -86,7 +86,7 @@ std::string bf16_matmul_row(bool reference) {
                             std::string(std::getenv("CT_CPU_BF16_MATMUL")) == "widened" &&
                             fast::matmul_bf16_available()
                         ? "CT_CPU_BF16_MATMUL=widened"
-                        : std::string("no native kernel: ") + fast::bf16_matmul_library();
+                        : std::string("native kernel: ") + fast::bf16_matmul_library();
   return "f32 arithmetic (operands widened to f32, exact; " + why + ")";
 }
 
