@@ -262,6 +262,11 @@ class VulkanDevice final : public Device {
   // self-test: the kernels against the scalar shaders on small ragged shapes.
   bool flash_cm(int kernel, DType dt, int64_t hs, ShaderId* id, PipelineSpec* spec, uint32_t* rows);
   bool coopmat_flash_self_test(std::string* why);
+  // The three cross-entropy kernels' row loop (ops/crossentropy.cpp): `id` over logits [N, Vp]
+  // (and targets) in pieces of rows that fit one binding; `out` is bound per row (losses [N]) or,
+  // with out_rows_of_vp, per logits element (dlogits [N, Vp]).
+  void crossentropy_rows(ShaderId id, const Tensor& out, bool out_rows_of_vp, const Tensor& logits,
+                         const Tensor& targets, int64_t valid, float dloss);
   // counters (profile_report)
   uint64_t n_dispatches_ = 0, n_copies_ = 0, n_barriers_ = 0, n_submits_ = 0, n_flushes_ = 0;
   bool profiling_ = false;

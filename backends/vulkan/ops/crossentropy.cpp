@@ -36,57 +36,44 @@ std::pair<int64_t, int64_t> rows_of(const Tensor& logits) {
 }
 }  // namespace
 
-void VulkanDevice::crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
-                                               const Tensor& targets, int64_t valid) {
+void VulkanDevice::crossentropy_rows(ShaderId id, const Tensor& out, bool out_rows_of_vp,
+                                     const Tensor& logits, const Tensor& targets, int64_t valid,
+                                     float dloss) {
   auto [N, Vp] = rows_of(logits);
   int64_t rows = std::max<int64_t>(1, max_elems(4) / Vp);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     int64_t nr = std::min(rows, N - r0);
-    Bound bl = bind(losses, r0, nr), bx = bind(logits, r0 * Vp, nr * Vp),
-          bt = bind(targets, r0, nr);
+    // out may be logits itself (dlogits in place): each element is read before its own
+    // invocation writes it.
+    Bound bo = out_rows_of_vp ? bind(out, r0 * Vp, nr * Vp) : bind(out, r0, nr);
+    Bound bx = bind(logits, r0 * Vp, nr * Vp), bt = bind(targets, r0, nr);
     auto g = grid(nr, 1);
-    dispatch(h_variant(logits.dtype, ShaderId::crossentropy_fwd, ShaderId::crossentropy_fwd_f16,
-                       ShaderId::crossentropy_fwd_bf16),
-             {bl, bx, bt},
-             CrossEntropyPush{u32(nr), u32(valid), u32(Vp), 0.0f, bl.first, bx.first, bt.first},
+    dispatch(id, {bo, bx, bt},
+             CrossEntropyPush{u32(nr), u32(valid), u32(Vp), dloss, bo.first, bx.first, bt.first},
              g[0], g[1]);
   }
 }
 
+void VulkanDevice::crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
+                                               const Tensor& targets, int64_t valid) {
+  crossentropy_rows(h_variant(logits.dtype, ShaderId::crossentropy_fwd,
+                              ShaderId::crossentropy_fwd_f16, ShaderId::crossentropy_fwd_bf16),
+                    losses, false, logits, targets, valid, 0.0f);
+}
+
 void VulkanDevice::crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
                                                 const Tensor& targets, int64_t valid, float dloss) {
-  auto [N, Vp] = rows_of(logits);
-  int64_t rows = std::max<int64_t>(1, max_elems(4) / Vp);
-  for (int64_t r0 = 0; r0 < N; r0 += rows) {
-    int64_t nr = std::min(rows, N - r0);
-    // dlogits may be logits itself: each element is read before its own invocation writes it.
-    Bound bd = bind(dlogits, r0 * Vp, nr * Vp), bx = bind(logits, r0 * Vp, nr * Vp),
-          bt = bind(targets, r0, nr);
-    auto g = grid(nr, 1);
-    dispatch(h_variant(logits.dtype, ShaderId::crossentropy_bwd, ShaderId::crossentropy_bwd_f16,
-                       ShaderId::crossentropy_bwd_bf16),
-             {bd, bx, bt},
-             CrossEntropyPush{u32(nr), u32(valid), u32(Vp), dloss, bd.first, bx.first, bt.first},
-             g[0], g[1]);
-  }
+  crossentropy_rows(h_variant(logits.dtype, ShaderId::crossentropy_bwd,
+                              ShaderId::crossentropy_bwd_f16, ShaderId::crossentropy_bwd_bf16),
+                    dlogits, true, logits, targets, valid, dloss);
 }
 
 void VulkanDevice::crossentropy_forward_backward_kernel(const Tensor& losses, const Tensor& logits,
                                                         const Tensor& targets, int64_t valid,
                                                         float dloss) {
-  auto [N, Vp] = rows_of(logits);
-  int64_t rows = std::max<int64_t>(1, max_elems(4) / Vp);
-  for (int64_t r0 = 0; r0 < N; r0 += rows) {
-    int64_t nr = std::min(rows, N - r0);
-    Bound bl = bind(losses, r0, nr), bx = bind(logits, r0 * Vp, nr * Vp),
-          bt = bind(targets, r0, nr);
-    auto g = grid(nr, 1);
-    dispatch(h_variant(logits.dtype, ShaderId::crossentropy_fused, ShaderId::crossentropy_fused_f16,
-                       ShaderId::crossentropy_fused_bf16),
-             {bl, bx, bt},
-             CrossEntropyPush{u32(nr), u32(valid), u32(Vp), dloss, bl.first, bx.first, bt.first},
-             g[0], g[1]);
-  }
+  crossentropy_rows(h_variant(logits.dtype, ShaderId::crossentropy_fused,
+                              ShaderId::crossentropy_fused_f16, ShaderId::crossentropy_fused_bf16),
+                    losses, false, logits, targets, valid, dloss);
 }
 
 }  // namespace ct::vk
