@@ -5,7 +5,8 @@ when python3 has matplotlib; it can also be run by hand):
     python3 scripts/report_charts.py DIR/report.json [OUT_DIR]
 
 writes, where the report has the figures:
-    tokens_per_s.png  training tokens/s per device and precision, one panel per model
+    tokens_per_s.png  training tokens/s per device and precision (and the peers: PyTorch, llm.c),
+                      one panel per model
     gemm.png          GEMM GFLOP/s per shape and device (% of the dense peak where it is known)
     memory.png        peak device memory per technique and device
 """
@@ -58,15 +59,29 @@ def tokens_chart(report, out):
             if t["model"] not in models:
                 models.append(t["model"])
             values[(t["model"], d["label"], t["precision"])] = t["tokens_per_s"]
+    merged = "merged_from" in report
+    for p in report.get("peers", []):  # beside the devices, labelled as report.md's columns
+        if "tokens_per_s" not in p:
+            continue
+        label = f"{p['peer']} {str(p.get('device', '')).split(':')[0]}".strip()
+        if merged:
+            label += "@" + p.get("origin", {}).get("host", {}).get("name", "")
+        if p["model"] not in models:
+            models.append(p["model"])
+        values[(p["model"], label, p["precision"])] = p["tokens_per_s"]
     if not values:
         return False
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
     for ax, m in zip(axes[0], models):
         devices = [lab for (mm, lab, _) in values if mm == m]
         devices = list(dict.fromkeys(devices))
-        precs = list(dict.fromkeys(p for (mm, _, p) in values if mm == m))
-        grouped_bars(ax, devices, precs,
-                     {(lab, p): v for (mm, lab, p), v in values.items() if mm == m}, "tokens/s")
+        order = ["fp32", "tf32", "bf16", "fp16"]
+        precs = sorted(set(p for (mm, _, p) in values if mm == m),
+                       key=lambda p: order.index(p) if p in order else len(order))
+        mine = {(lab, p): v for (mm, lab, p), v in values.items() if mm == m}
+        grouped_bars(ax, devices, precs, mine, "tokens/s")
+        if max(mine.values()) > 100 * min(mine.values()):  # a CPU beside a GPU: both visible
+            ax.set_yscale("log")
         ax.set_title(f"{m}: training tokens/s", fontsize=10)
     fig.suptitle(title(report), fontsize=9)
     fig.tight_layout()

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -85,12 +86,24 @@ TEST_F(Report, ReportOnTheCpuMarksAFailedDeviceAndGoesOn) {
   const std::string once((std::istreambuf_iterator<char>(h)), std::istreambuf_iterator<char>());
   for (int i = 0; i < 5; ++i) text += once;  // enough for tiny's 257-token windows, and a split
   const std::string data = write("text.txt", text);
+  // llm.c's train_gpt2cu stood in for by a script: it fails unless its token file has llm.c's
+  // header (magic, version, one token per byte of the text) and prints llm.c's step lines, at
+  // 1000 x step tokens/s: the median of those after its first three steps is known.
+  const std::string llmc = write("train_gpt2cu", R"sh(#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in -i) tok="$2"; shift 2;; -x) n="$2"; shift 2;; *) shift;; esac; done
+[ "$(od -An -tu4 -N8 "$tok" | tr -s ' ')" = " 20240520 1" ] || exit 3
+[ "$(stat -c %s "$tok")" -eq $((1024 + 2 * $(od -An -tu4 -j8 -N4 "$tok"))) ] || exit 4
+i=1; while [ $i -le $n ]; do
+  echo "step $i/$n | loss 4.5 (+nanz)| norm 1.0 (+nanz)| lr 3.00e-04 | 51.65 ms | 25.8% bf16 MFU | $((1000 * i)) tok/s"
+  i=$((i + 1)); done
+)sh");
+  fs::permissions(llmc, fs::perms::owner_all);
   const fs::path out = dir_ / "report";
   const ct::test::ProcResult r = ct::test::run_crosstrain(
       "bench --report " + out.string() +
       " --devices cpu:0,nosuch:0 --models tiny --steps 1 --batch 1 --iters 1 --precisions fp32 "
-      "--data " +
-      data);
+      "--llmc " +
+      dir_.string() + " --data " + data);
   EXPECT_EQ(r.status, 1) << r.output;  // one device failed
   EXPECT_NE(r.output.find("nosuch:0 failed"), std::string::npos) << r.output;
   ASSERT_TRUE(fs::exists(out / "report.json")) << r.output;
@@ -114,12 +127,24 @@ TEST_F(Report, ReportOnTheCpuMarksAFailedDeviceAndGoesOn) {
     EXPECT_TRUE(g["path"] == "library" || g["path"] == "own") << g.dump();
   }
   EXPECT_EQ(cpu["gemm"][0]["M"], 256);  // batch 1 x tiny's 256 positions
-  bool layernorm_backward = false;
+  bool layernorm_backward = false, residual_layernorm = false, fused_crossentropy = false;
   for (const json& o : cpu["ops"]) {
     EXPECT_GT(o["ms"].get<double>(), 0) << o.dump();
     layernorm_backward |= o["op"] == "layernorm" && o["direction"] == "backward";
+    residual_layernorm |= o["op"] == "residual + layernorm (fused)" && o["direction"] == "forward";
+    fused_crossentropy |= o["op"] == "crossentropy" && o["direction"] == "forward+backward";
   }
   EXPECT_TRUE(layernorm_backward) << cpu["ops"].dump(1);
+  EXPECT_TRUE(residual_layernorm) << cpu["ops"].dump(1);
+  EXPECT_TRUE(fused_crossentropy) << cpu["ops"].dump(1);
+  // llm.c: 9 steps (--steps + 8), the first three left out: the median of 4000 .. 9000.
+  ASSERT_EQ(j["peers"].size(), 1u) << j["peers"].dump(1);
+  const json& lc = j["peers"][0];
+  EXPECT_EQ(lc["peer"], "llm.c") << lc.dump();
+  EXPECT_EQ(lc["model"], "gpt2");
+  EXPECT_EQ(lc["precision"], "bf16");
+  EXPECT_EQ(lc.value("tokens_per_s", 0.0), 7000.0) << lc.dump();
+  EXPECT_EQ(lc["loss"], 4.5);
   ASSERT_EQ(cpu["train"].size(), 1u);
   const json& t = cpu["train"][0];
   EXPECT_EQ(t["precision"], "fp32");
@@ -139,7 +164,8 @@ TEST_F(Report, ReportOnTheCpuMarksAFailedDeviceAndGoesOn) {
   std::ifstream md(out / "report.md");
   const std::string text_md((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   for (const char* s : {"## Devices", "## Training throughput", "## GEMM", "## Ops", "## Memory",
-                        "## Failures", "| tiny | fp32 |"})
+                        "## Failures", "| tiny | fp32 |", "| gpt2 | bf16 |  | 7,000 |",
+                        "| model | precision | cpu:0 | llm.c cuda |"})
     EXPECT_NE(text_md.find(s), std::string::npos) << s << "\n" << text_md;
 }
 
@@ -185,6 +211,69 @@ TEST_F(Report, MergePutsMachinesSideBySide) {
                                (out / "report.json").string() + " " + a);
   ASSERT_EQ(again.status, 0) << again.output;
   EXPECT_EQ(load(dir_ / "twice" / "report.json")["devices"].size(), 4u);
+}
+
+// A report converted from the old gpu-check format (scripts/import_gpu_check_report.py) on a
+// known device: the merge fills what it lacks (peaks, MFU, GEMM efficiency) from this
+// crosstrain's table, says where it was imported from, and puts its peers beside the devices.
+TEST_F(Report, MergeFillsDerivedFiguresAndNamesAnImport) {
+  json h = machine("h100", "2026-11-27", "cuda:0", 250000);
+  h["devices"][0]["name"] = "NVIDIA H100 80GB HBM3";
+  h["devices"][0]["train"][0]["model"] = "gpt2";
+  h["devices"][0]["train"][0]["precision"] = "bf16";
+  h["devices"][0]["train"][0].erase("flops_per_token");
+  h["devices"][0]["gemm"][0]["dtype"] = "bf16";
+  h["devices"][0]["gemm"][0]["model"] = "gpt2";
+  h["imported_from"] = {{"format", "gpu-check report v0"}, {"file", "report.json"}};
+  h["peers"] = {{{"peer", "llm.c"},
+                 {"device", "cuda"},
+                 {"model", "gpt2"},
+                 {"precision", "bf16"},
+                 {"tokens_per_s", 317883}}};
+  const std::string a = write("h100.json", h.dump());
+  const fs::path out = dir_ / "merged";
+  const ct::test::ProcResult r =
+      ct::test::run_crosstrain("bench --merge " + out.string() + " " + a);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json j = load(out / "report.json");
+  const json& d = j["devices"][0];
+  EXPECT_EQ(d["peak_tflops"]["bf16"], 989.4);
+  const json& t = d["train"][0];
+  // 6 N + 12 L T C of gpt2 (124M parameters less the position table).
+  EXPECT_NEAR(t["flops_per_token"].get<double>(), 6 * 123.6e6 + 12 * 12 * 1024 * 768, 2e7);
+  EXPECT_NEAR(t["mfu"].get<double>(), 250000 * t["flops_per_token"].get<double>() / 989.4e12, 1e-9);
+  EXPECT_NEAR(d["gemm"][0]["efficiency"].get<double>(), 25000 / 989.4e3, 1e-9);
+  EXPECT_EQ(d["origin"]["imported_from"]["format"], "gpu-check report v0");
+  std::ifstream md(out / "report.md");
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  for (const char* s :
+       {"(imported from gpu-check report v0)", "| model | precision | cuda:0 | llm.c cuda@h100 |",
+        "| gpt2 | bf16 | 250,000 | 317,883 |"})
+    EXPECT_NE(text.find(s), std::string::npos) << s << "\n" << text;
+}
+
+// The H100 figures of 2026-11-27 converted from the old gpu-check report: the committed file is
+// what the converter writes from the committed run, and --merge reads it.
+TEST_F(Report, ImportedGpuCheckRunIsTheConvertersAndMerges) {
+  const std::string run = std::string(CT_SOURCE_DIR) + "/bench/gpu-check-20261127-h100/run2";
+  const fs::path mine = dir_ / "converted.json";
+  ASSERT_EQ(std::system(("python3 " + std::string(CT_SOURCE_DIR) +
+                         "/scripts/import_gpu_check_report.py " + run +
+                         " --host h100 --date "
+                         "2026-11-27 --out " +
+                         mine.string() + " >/dev/null")
+                            .c_str()),
+            0);
+  json converted = load(mine), committed = load(run + "/crosstrain-report.json");
+  converted["imported_from"].erase("file");  // relative to where each was written
+  committed["imported_from"].erase("file");
+  EXPECT_EQ(converted, committed);
+  const ct::test::ProcResult r = ct::test::run_crosstrain(
+      "bench --merge " + (dir_ / "merged").string() + " " + run + "/crosstrain-report.json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json j = load(dir_ / "merged" / "report.json");
+  EXPECT_EQ(j["devices"][0]["name"], "NVIDIA H100 80GB HBM3");
+  EXPECT_GT(j["devices"][0]["train"][0]["mfu"].get<double>(), 0);
 }
 
 // A file that is not a report, or a report of another format version, is refused naming the

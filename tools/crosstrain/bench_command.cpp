@@ -149,7 +149,7 @@ Row read_row(const fs::path& dir, int64_t batch_tokens, int T) {
 }
 
 struct BenchOpts {
-  bool techniques = false;
+  bool techniques = false, quick = false;
   ReportOptions report;
   std::string models, devices, peers, precisions;
   std::vector<std::string> merge;  // OUT, then the reports
@@ -374,21 +374,30 @@ Run add_bench(CLI::App& app) {
                  "OUT/report.json and report.md")
       ->expected(2, 1 << 20)
       ->type_name("OUT FILE...");
-  flag(&app, "--models", o->models, "--report: comma-separated presets (tiny, gpt2, smollm-135m)")
-      ->default_str("tiny");
+  app.add_flag("--quick", o->quick,
+               "--report: the GPU check's size: tiny and gpt2, fp32 and bf16, 6 steps, 3 timed "
+               "calls per kernel (each overridden by its own flag)");
+  CLI::Option* models = flag(&app, "--models", o->models,
+                             "--report: comma-separated presets (tiny, gpt2, smollm-135m)")
+                            ->default_str("tiny");
   flag(&app, "--devices", o->devices,
        "--report: comma-separated devices (cpu:0,vulkan:0), or all; default: the first device "
        "of each type per backend, test-only and virtual ones (simt) left out");
-  flag(&app, "--steps", o->report.steps,
-       "--report: training steps per run (the loss is compared after them)");
+  CLI::Option* steps = flag(&app, "--steps", o->report.steps,
+                            "--report: training steps per run (the loss is compared after them)");
   flag(&app, "--batch", o->report.batch, "--report: sequences per training step and GEMM rows");
-  flag(&app, "--iters", o->report.iters, "--report: timed calls per GEMM and op (at most)");
-  flag(&app, "--precisions", o->precisions,
-       "--report: train, and time GEMMs and ops, only in these (fp32, tf32, bf16, fp16; "
-       "default: every one the device has)");
+  CLI::Option* iters =
+      flag(&app, "--iters", o->report.iters, "--report: timed calls per GEMM and op (at most)");
+  CLI::Option* precisions =
+      flag(&app, "--precisions", o->precisions,
+           "--report: train, and time GEMMs and ops, only in these (fp32, tf32, bf16, fp16; "
+           "default: every one the device has)");
   flag(&app, "--peers", o->peers,
        "--report: comma-separated peers measured beside: pytorch, pytorch-compile "
        "(scripts/torch_train.py)");
+  flag(&app, "--llmc", o->report.llmc,
+       "--report: llm.c's train_gpt2cu (or the folder holding it): gpt2 bf16 tokens/s beside")
+      ->type_name("PATH");
   flag(&app, "--model", o->model, "model preset");
   flag(&app, "--block-size", o->block_size, "override the preset's context length (0 = keep)");
   flag(&app, "--backends", o->backends, "comma-separated backends (default: every available one)");
@@ -400,7 +409,7 @@ Run add_bench(CLI::App& app) {
   flag(&app, "--logging-steps", o->logging, "steps per throughput sample");
   flag(&app, "--data", o->data, "text file or folder (default: the built-in data)");
   flag(&app, "--output-dir", o->output_dir, "where techniques.md/.json/.png and the runs go");
-  return [o] {
+  return [o, models, steps, iters, precisions] {
     const int chosen = o->techniques + !o->report.dir.empty() + !o->merge.empty();
     if (chosen != 1)
       fail(ErrorKind::kInvalidArgument,
@@ -415,6 +424,12 @@ Run add_bench(CLI::App& app) {
     if (!o->merge.empty())
       return run_merge(o->merge[0], std::vector<std::string>(o->merge.begin() + 1, o->merge.end()));
     if (!o->report.dir.empty()) {
+      if (o->quick) {  // what a flag given beside it does not say
+        if (!models->count()) o->models = "tiny,gpt2";
+        if (!precisions->count()) o->precisions = "fp32,bf16";
+        if (!steps->count()) o->report.steps = 6;
+        if (!iters->count()) o->report.iters = 3;
+      }
       o->report.models = split(o->models);
       o->report.devices = split(o->devices);
       o->report.peers = split(o->peers);

@@ -159,8 +159,12 @@ std::string build_line(const json& build) {
          ", backend ABI " + str(build, "backend_abi") + ")";
 }
 
-std::string host_line(const json& h) {
-  return str(h, "name") + ": " + str(h, "cpu") + ", " + str(h, "cores") + " cores, " + str(h, "os");
+std::string host_line(const json& h) {  // what the host said of itself (an import: its name)
+  std::string about;
+  for (const std::string& part :
+       {str(h, "cpu"), h.value("cores", 0) > 0 ? str(h, "cores") + " cores" : "", str(h, "os")})
+    if (!part.empty()) about += (about.empty() ? "" : ", ") + part;
+  return str(h, "name") + (about.empty() ? "" : ": " + about);
 }
 
 // A table with one row per key (in first-seen order) and one column per device: `key` names a
@@ -193,6 +197,54 @@ std::string pivot(const json& devices, const char* section, const std::vector<st
   return md;
 }
 
+// The build of an origin, and where it was imported from (a report converted from an older
+// format: scripts/import_gpu_check_report.py).
+std::string origin_build(const json& origin) {
+  std::string b = str(origin.value("build", json::object()), "commit");
+  if (origin.contains("imported_from"))
+    b += " (imported from " + str(origin["imported_from"], "format") + ")";
+  return b;
+}
+
+// A peer's column: what ran, where ("pytorch eager cuda"), and on which host in a merged report.
+std::string peer_label(const json& p, bool merged) {
+  std::string device = str(p, "device");
+  device = device.substr(0, device.find(':'));
+  std::string label = str(p, "peer") + (device.empty() ? "" : " " + device);
+  if (merged)
+    label += "@" + str(p.value("origin", json::object()).value("host", json::object()), "name");
+  return label;
+}
+
+// The headline: tokens/s per model and precision, a column per device, then one per peer.
+std::string throughput_md(const json& devices, const json& peers, bool merged) {
+  std::vector<std::vector<std::string>> keys;
+  std::map<std::vector<std::string>, std::map<std::string, std::string>> cells;
+  std::vector<std::string> columns;
+  auto put = [&](const std::string& column, const json& row) {
+    const std::vector<std::string> k = {str(row, "model"), str(row, "precision")};
+    if (!cells.count(k)) keys.push_back(k);
+    if (std::find(columns.begin(), columns.end(), column) == columns.end())
+      columns.push_back(column);
+    cells[k][column] =
+        str(row, "error").empty() ? num(row.value("tokens_per_s", json())) : "failed";
+  };
+  for (const json& d : devices)
+    for (const json& t : d.value("train", json::array())) put(str(d, "label"), t);
+  if (peers.is_array())
+    for (const json& p : peers) put(peer_label(p, merged), p);
+  if (keys.empty()) return "";
+  std::vector<std::string> h = {"model", "precision"};
+  h.insert(h.end(), columns.begin(), columns.end());
+  std::string md = header(h, 2);
+  for (const auto& k : keys) {
+    std::vector<std::string> r = k;
+    for (const auto& c : columns) r.push_back(cells[k].count(c) ? cells[k][c] : "");
+    md += row(r);
+  }
+  return md;
+}
+
 std::string devices_md(const json& devices) {
   std::string md = header(
       {"device", "name", "kind", "backend", "precisions", "status", "build", "date", "host"}, 9);
@@ -202,7 +254,7 @@ std::string devices_md(const json& devices) {
       prec += (prec.empty() ? "" : ", ") + p.get<std::string>();
     const json& o = d.value("origin", json::object());
     md += row({str(d, "label"), str(d, "name"), str(d, "kind"), str(d, "backend"), prec,
-               str(d, "status"), str(o.value("build", json::object()), "commit"), str(o, "date"),
+               str(d, "status"), origin_build(o), str(o, "date"),
                str(o.value("host", json::object()), "name")});
   }
   return md;
@@ -280,10 +332,22 @@ std::string shell_quote(const std::string& s) {
 std::string draw_charts(const fs::path& dir) {
   const std::string script = find_script("report_charts.py");
   if (script.empty()) return "scripts/report_charts.py not found beside the binary";
-  const char* py_env = std::getenv("CROSSTRAIN_PYTHON");
-  const std::string py = py_env && *py_env ? py_env : "python3";
-  if (std::system((shell_quote(py) + " -c 'import matplotlib' >/dev/null 2>&1").c_str()) != 0)
-    return py + " with matplotlib not found (pip install matplotlib, or CROSSTRAIN_PYTHON)";
+  // CROSSTRAIN_PYTHON (the peers' Python: it may have torch but no matplotlib), python3, then
+  // the system's (Debian's python3-matplotlib, where python3 is another one: pyenv, a venv).
+  std::vector<std::string> candidates;
+  if (const char* py_env = std::getenv("CROSSTRAIN_PYTHON"); py_env && *py_env)
+    candidates.push_back(py_env);
+  candidates.push_back("python3");
+  candidates.push_back("/usr/bin/python3");
+  std::string py;
+  for (const std::string& c : candidates)
+    if (std::system((shell_quote(c) + " -c 'import matplotlib' >/dev/null 2>&1").c_str()) == 0) {
+      py = c;
+      break;
+    }
+  if (py.empty())
+    return "no Python with matplotlib (tried CROSSTRAIN_PYTHON, python3, /usr/bin/python3; pip "
+           "install matplotlib, or Debian's python3-matplotlib)";
   const std::string log = (dir / "charts.log").string();
   const std::string cmd = shell_quote(py) + " " + shell_quote(script) + " " +
                           shell_quote((dir / "report.json").string()) + " " +
@@ -318,9 +382,49 @@ json report_head() {
 }
 
 json report_origin(const json& report) {
-  return {{"build", report.value("build", json::object())},
-          {"date", report.value("date", std::string())},
-          {"host", report.value("host", json::object())}};
+  json o = {{"build", report.value("build", json::object())},
+            {"date", report.value("date", std::string())},
+            {"host", report.value("host", json::object())}};
+  if (report.contains("imported_from")) o["imported_from"] = report["imported_from"];
+  return o;
+}
+
+void derive_figures(json& device) {
+  if (!device.contains("peak_tflops") || device["peak_tflops"].empty())
+    device["peak_tflops"] = known_peaks(str(device, "name"));
+  const json& peaks = device["peak_tflops"];
+  auto peak = [&](const std::string& precision) {
+    return peaks.contains(precision) ? peaks[precision].get<double>() : 0.0;
+  };
+  if (device.contains("gemm"))
+    for (json& g : device["gemm"]) {
+      const std::string d = str(g, "dtype");
+      const double p = peak(d == "f32" ? "fp32" : d == "bf16" ? "bf16" : "fp16");
+      if (!g.contains("efficiency") && p > 0 && g.contains("gflops"))
+        g["efficiency"] = g["gflops"].get<double>() / (p * 1e3);
+    }
+  if (!device.contains("train")) return;
+  for (json& t : device["train"]) {
+    if (!t.contains("tokens_per_s")) continue;
+    if (!t.contains("flops_per_token")) {
+      try {
+        t["flops_per_token"] = model_flops_per_token(str(t, "model"));
+      } catch (const Error&) {
+        continue;  // a model this crosstrain has no preset of
+      }
+    }
+    const std::string prec = str(t, "precision");
+    const double flops = t["tokens_per_s"].get<double>() * t["flops_per_token"].get<double>();
+    if (!t.contains("mfu") && peak(prec) > 0) t["mfu"] = flops / (peak(prec) * 1e12);
+    // No TF32 GEMM is timed: a tf32 run has no best GEMM of its own to be measured against.
+    if (t.contains("of_best_gemm") || !device.contains("gemm") || prec == "tf32") continue;
+    const std::string dtype = prec == "fp16" ? "f16" : prec == "bf16" ? "bf16" : "f32";
+    double best = 0;
+    for (const json& g : device["gemm"])
+      if (str(g, "dtype") == dtype && str(g, "model") == str(t, "model") && g.contains("gflops"))
+        best = std::max(best, g["gflops"].get<double>());
+    if (best > 0) t["of_best_gemm"] = flops / (best * 1e9);
+  }
 }
 
 double known_peak_tflops(const std::string& device_name, const std::string& precision) {
@@ -405,6 +509,7 @@ json merge_reports(const std::vector<std::pair<std::string, json>>& reports) {
     out["merged_from"].push_back(from);
     for (json d : r["devices"]) {
       if (!d.contains("origin")) d["origin"] = origin;
+      derive_figures(d);
       out["devices"].push_back(d);
     }
     for (json p : r.value("peers", json::array())) {
@@ -453,27 +558,31 @@ std::string report_markdown(const json& r, const fs::path& dir) {
       models += (models.empty() ? "" : ", ") + m.get<std::string>();
     md << "Models: " << models << "; training: " << str(s, "steps") << " steps of batch "
        << str(s, "batch") << "; GEMM and op times: the median of up to " << str(s, "iters")
-       << " timed calls after a warm-up.\n";
+       << " timed calls after a warm-up";
+    std::string precisions;
+    for (const json& p : s.value("precisions", json::array()))
+      precisions += (precisions.empty() ? "" : ", ") + p.get<std::string>();
+    if (!precisions.empty()) md << "; precisions: " << precisions;
+    md << ".\n";
   }
   if (r.contains("merged_from")) {
     md << "\nMerged from " << r["merged_from"].size() << " reports:\n\n";
     for (const json& f : r["merged_from"])
       md << "- `" << str(f, "file") << "`: " << str(f, "date") << ", crosstrain "
-         << build_line(f.value("build", json::object())) << ", "
-         << host_line(f.value("host", json::object())) << "\n";
+         << build_line(f.value("build", json::object()))
+         << (f.contains("imported_from") ? " imported from " + str(f["imported_from"], "format") +
+                                               " (" + str(f["imported_from"], "file") + ")"
+                                         : "")
+         << ", " << host_line(f.value("host", json::object())) << "\n";
   }
   md << "\n## Devices\n\n" << devices_md(devices);
 
-  const std::string tps = pivot(
-      devices, "train", {"model", "precision"},
-      [](const json& t) {
-        return std::vector<std::string>{str(t, "model"), str(t, "precision")};
-      },
-      [](const json& t, const json&) {
-        return str(t, "error").empty() ? num(t.value("tokens_per_s", json())) : "failed";
-      });
+  const std::string tps =
+      throughput_md(devices, r.value("peers", json::array()), r.contains("merged_from"));
   if (!tps.empty())
     md << "\n## Training throughput, tokens/s\n\n"
+       << "Devices, then the peers measured beside them (the Peers section says which version "
+          "and settings).\n\n"
        << tps << "\n### Training detail\n\n"
        << "Model FLOPs per token: 6 N + 12 L T C (PaLM / nanoGPT); MFU against the device's "
           "dense peak where it is known; \"of best GEMM\": against the fastest GEMM measured "

@@ -5,8 +5,11 @@
 //   format, version           "crosstrain-report", 1
 //   build {commit, compiler, build_type, backend_abi}    the crosstrain that wrote the file
 //   date                      UTC, ISO 8601 ("2026-11-27T08:12:03Z")
-//   host {name, cpu, cores, os}
+//   host {name, cpu, cores, os}                       (an imported report: its name only)
 //   settings {models[], steps, batch, iters}             what --report measured with
+//   imported_from {format, file, converter}              only in a report converted from an
+//                             older format (scripts/import_gpu_check_report.py: "gpu-check
+//                             report v0"); its origins carry it, and the Markdown says so
 //   merged_from [{file, build, date, host}]              only in a --merge result
 //   devices [ one per device:
 //     label                   unique within the report ("cpu:0"; "cpu:0@host" where merged ids
@@ -22,7 +25,7 @@
 //              (absent without a CPU fp32 run of the model), error}]
 //     memory [{model, technique, bytes, weights, grads, optimizer, activations, workspace}] ]
 //   peers [{peer "pytorch eager" | "pytorch compile" | "llm.c", version, device, model,
-//           precision, tokens_per_s, loss, origin}]      optional rows
+//           precision, tokens_per_s, loss, origin, error}]  optional rows
 //   cpu_reference [{model, steps, loss, device}]         the loss the train rows differ from
 //
 // Everything here is host code over nlohmann::json; measuring is report_run.cpp's.
@@ -57,8 +60,12 @@ double model_flops_per_token(const std::string& model);
 void check_report(const nlohmann::json& j, const std::string& file);
 // The report in `file`, checked.
 nlohmann::json read_report(const std::string& file);
+// Fills what a device's figures imply and it lacks (a report written without a known peak, or
+// converted from an older format): the peaks of a known device, GEMM efficiency, each train
+// row's model FLOPs per token, MFU and share of its best GEMM.
+void derive_figures(nlohmann::json& device);
 // One report of every device, peer and reference of `reports` (file name, report), devices side
-// by side, each keeping its origin; labels made unique.
+// by side, each keeping its origin and its derived figures filled; labels made unique.
 nlohmann::json merge_reports(const std::vector<std::pair<std::string, nlohmann::json>>& reports);
 
 // scripts/<name> beside the binary's bundle (bin/../scripts) or in the tree it was built from;

@@ -22,11 +22,13 @@
 #include <thread>
 #include <vector>
 
+#include "core/data/text_dataset.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/model/model.h"
 #include "core/model/model_config.h"
 #include "core/registry.h"
+#include "core/train/train_args.h"
 #include "tools/crosstrain/report_format.h"
 
 namespace ct::cli {
@@ -231,6 +233,15 @@ std::vector<OpCase> op_cases(const std::string& model, int batch, bool small) {
       Tensor x = filled(d, {BT, C}, f32, 0.5f), w = filled(d, {C}, f32, 1);
       return std::function<void()>([=, &d] { d.rmsnorm_forward(out, rstd, x, w, 1e-5f); });
     });
+    // The residual add fused into the norm after it (the models' path between blocks).
+    add("residual + rmsnorm (fused)", "forward", btc, OpKind::kRMSNorm, true,
+        [=](Device& d, DType t) {
+          Tensor res = filled(d, {BT, C}, f32, 0), out = filled(d, {BT, C}, t, 0);
+          Tensor rstd = filled(d, {BT}, f32, 0), x = filled(d, {BT, C}, f32, 0.5f);
+          Tensor rr = filled(d, {BT, C}, t, 0.25f), w = filled(d, {C}, f32, 1);
+          return std::function<void()>(
+              [=, &d] { d.residual_rmsnorm_forward(res, out, rstd, x, rr, w, 1e-5f); });
+        });
     add("rmsnorm", "backward", btc, OpKind::kRMSNorm, true, [=](Device& d, DType t) {
       Tensor dx = filled(d, {BT, C}, f32, 0), dw = filled(d, {C}, f32, 0);
       Tensor dout = filled(d, {BT, C}, t, 0.01f), x = filled(d, {BT, C}, f32, 0.5f);
@@ -267,6 +278,15 @@ std::vector<OpCase> op_cases(const std::string& model, int batch, bool small) {
       return std::function<void()>(
           [=, &d] { d.layernorm_forward(out, mean, rstd, x, w, b, 1e-5f); });
     });
+    add("residual + layernorm (fused)", "forward", btc, OpKind::kLayerNorm, true,
+        [=](Device& d, DType t) {
+          Tensor res = filled(d, {BT, C}, f32, 0), out = filled(d, {BT, C}, t, 0);
+          Tensor mean = filled(d, {BT}, f32, 0), rstd = filled(d, {BT}, f32, 0);
+          Tensor x = filled(d, {BT, C}, f32, 0.5f), rr = filled(d, {BT, C}, t, 0.25f);
+          Tensor w = filled(d, {C}, f32, 1), b = filled(d, {C}, f32, 0);
+          return std::function<void()>(
+              [=, &d] { d.residual_layernorm_forward(res, out, mean, rstd, x, rr, w, b, 1e-5f); });
+        });
     add("layernorm", "backward", btc, OpKind::kLayerNorm, true, [=](Device& d, DType t) {
       Tensor dx = filled(d, {BT, C}, f32, 0), dw = filled(d, {C}, f32, 0);
       Tensor db = filled(d, {C}, f32, 0), dout = filled(d, {BT, C}, t, 0.01f);
@@ -522,7 +542,7 @@ void measure_train(DeviceRun& r, const ReportOptions& o, Progress& bar) {
         for (const json& g : r.out["gemm"])
           if (g["dtype"] == precision_dtype(p) && g["model"] == model)
             best = std::max(best, g["gflops"].get<double>());
-        if (best > 0) row["of_best_gemm"] = flops / (best * 1e9);
+        if (best > 0 && p != "tf32") row["of_best_gemm"] = flops / (best * 1e9);  // no TF32 GEMM
       }
       r.out["train"].push_back(row);
       if (!mem.is_null()) r.out["memory"].push_back(mem);
@@ -626,6 +646,92 @@ json measure_peers(const ReportOptions& o, bool gpu, Progress& bar) {
   return rows;
 }
 
+// llm.c's train_gpt2cu: --llmc as given, or the binary in the folder it names.
+std::string llmc_binary(const std::string& path) {
+  return fs::is_directory(path) ? (fs::path(path) / "train_gpt2cu").string() : path;
+}
+
+// llm.c (train_gpt2cu: GPT-2 124M, "d12", bf16, random init) on the same text, batch and
+// context, byte-tokenised into its token file (256 int32 header: magic 20240520, version 1, the
+// count; then uint16 tokens); tokens/s: the median of its "tok/s" after its first three steps.
+// One row, for gpt2: the only model llm.c trains. Its loss is of its own initialisation.
+json measure_llmc(const ReportOptions& o, Progress& bar) {
+  bar.step("peers", "llm.c gpt2 bf16");
+  json row = {{"peer", "llm.c"},
+              {"model", "gpt2"},
+              {"precision", "bf16"},
+              {"device", "cuda"},
+              {"version", fs::path(llmc_binary(o.llmc)).filename().string()}};
+  const std::string exe = llmc_binary(o.llmc);
+  if (access(exe.c_str(), X_OK) != 0) {
+    row["error"] = "--llmc " + o.llmc + ": no executable train_gpt2cu there";
+    return row;
+  }
+  const fs::path dir = fs::path(o.dir) / "runs" / "peer-llmc-gpt2-bf16";
+  fs::create_directories(dir);
+  const fs::path tokens = dir / "tokens.bin";
+  {
+    const std::string text = load_text(o.data.empty() ? kDefaultDataPath : o.data);
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520, header[1] = 1, header[2] = static_cast<int32_t>(text.size());
+    std::vector<uint16_t> t(text.begin(), text.end());
+    for (uint16_t& v : t) v &= 0xff;  // the bytes, not their sign-extended chars
+    std::ofstream f(tokens, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header.data()), 256 * sizeof(int32_t));
+    f.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(2 * t.size()));
+  }
+  const int steps = o.steps + 8;
+  const std::string log = (dir / "llmc.log").string();
+  // -v / -s 0 divide by zero in llm.c: a period past the run's steps instead.
+  const auto [status, rss] = run_child({exe,
+                                        "-i",
+                                        tokens.string(),
+                                        "-j",
+                                        tokens.string(),
+                                        "-e",
+                                        "d12",
+                                        "-b",
+                                        std::to_string(o.batch),
+                                        "-t",
+                                        "1024",
+                                        "-x",
+                                        std::to_string(steps),
+                                        "-v",
+                                        "100000",
+                                        "-s",
+                                        "100000",
+                                        "-n",
+                                        "0",
+                                        "-o",
+                                        (dir / "out").string()},
+                                       log);
+  (void)rss;
+  std::vector<double> tps;
+  double loss = 0;
+  std::ifstream f(log);
+  for (std::string line; std::getline(f, line);) {
+    // "step    2/16 | loss 8.723157 (+nanz)| norm ... | 51.65 ms | 25.8% bf16 MFU | 317230 tok/s"
+    const size_t at = line.rfind(" tok/s");
+    if (line.rfind("step ", 0) != 0 || at == std::string::npos) continue;
+    const size_t bar_at = line.rfind('|', at);
+    tps.push_back(std::atof(line.c_str() + bar_at + 1));
+    if (const size_t l = line.find("loss "); l != std::string::npos)
+      loss = std::atof(line.c_str() + l + 5);
+  }
+  if (status != 0 || tps.empty()) {
+    row["error"] = "exit status " + std::to_string(status) + " (" + log + ")";
+    return row;
+  }
+  tps.erase(tps.begin(),
+            tps.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(3, tps.size() - 1)));
+  std::sort(tps.begin(), tps.end());
+  row["tokens_per_s"] = tps[tps.size() / 2];
+  row["loss"] = loss;
+  row["steps"] = steps;
+  fs::remove_all(dir / "out");
+  return row;
+}
+
 // ---- the device list ---------------------------------------------------------------------------
 
 // The specs to measure: --devices as given ("all": every listed device), or the first device of
@@ -698,6 +804,7 @@ int run_report(const ReportOptions& opts) {
   json report = report_head();
   report["settings"] = {
       {"models", o.models}, {"steps", o.steps}, {"batch", o.batch}, {"iters", o.iters}};
+  if (!o.precisions.empty()) report["settings"]["precisions"] = o.precisions;
   const json origin = report_origin(report);
 
   // Open every device first: the plan (and the bar's length) follows from what each supports.
@@ -748,6 +855,8 @@ int run_report(const ReportOptions& opts) {
   for (const std::string& peer : o.peers)
     total += static_cast<int>(o.models.size() *
                               peer_precisions(o, peer_gpu, peer == "pytorch-compile").size());
+  const bool run_llmc = !o.llmc.empty();  // gpt2 whatever --models says: llm.c's only model
+  total += run_llmc;
   Progress bar(total);
 
   // The report as measured so far, written after every device: a run cut short (a timeout, a
@@ -826,6 +935,7 @@ int run_report(const ReportOptions& opts) {
           t["loss_diff_vs_cpu"] = t["loss"].get<double>() - ref_loss;
   }
   report["peers"] = o.peers.empty() ? json::array() : measure_peers(o, peer_gpu, bar);
+  if (run_llmc) report["peers"].push_back(measure_llmc(o, bar));
   for (json& p : report["peers"]) p["origin"] = origin;
   bar.finish();
 

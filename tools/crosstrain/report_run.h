@@ -19,6 +19,7 @@ struct ReportOptions {
   std::vector<std::string> precisions;  // train only these of the device's (empty: all it has)
   std::string data;                     // text for the training runs (default: the built-in)
   std::vector<std::string> peers;       // "pytorch", "pytorch-compile" (scripts/torch_train.py)
+  std::string llmc;                     // llm.c's train_gpt2cu (or its folder): a gpt2 bf16 peer
 };
 
 // Measures, writes the report; 0 when every device succeeded, 1 when one failed (its error is
