@@ -15,7 +15,7 @@
 #                 gfortran, ICU, libcrypto, oneDNN, PCRE2, gomp, ... and the Vulkan loader);
 #                 lib/glvnd: libglvnd and X11 for NVIDIA's Vulkan driver where the target lacks them
 #   data/fortunes crosstrain's default training text (pass --data: its built-in path is Debian's)
-#   scripts/      gpu-check.sh, gpu_check_report.py, torch_train.py, torch_gpt2.py, report_charts.py
+#   scripts/      gpu-check.sh, torch_train.py, torch_gpt2.py, report_charts.py
 # RUNPATHs are $ORIGIN-relative (patchelf): nothing needs LD_LIBRARY_PATH. Left to the target
 # system: glibc (libc, libm, libdl, libpthread, librt, ld-linux), libstdc++, libgcc_s, and the GPU
 # stack (libcuda, cuBLASLt -- dlopened, /usr/local/cuda/lib64 --, libnvidia-*, HIP/ROCm).
@@ -68,7 +68,7 @@ for p in "$bin"/libcrosstrain_backend_*.so; do
   plugins+=("$(basename "$p" .so | sed 's/^libcrosstrain_backend_//')")
 done
 cp -r "$root/tests/data" "$top/bin/test-data"
-for f in gpu-check.sh gpu_check_report.py torch_train.py torch_gpt2.py report_charts.py; do cp "$root/scripts/$f" "$top/scripts/"; done
+for f in gpu-check.sh torch_train.py torch_gpt2.py report_charts.py; do cp "$root/scripts/$f" "$top/scripts/"; done
 # The default text as crosstrain reads the folder (core/data/text_dataset.cpp): regular files,
 # not *.dat, not hidden, no symlinks.
 fortunes=/usr/share/games/fortunes

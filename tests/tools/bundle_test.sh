@@ -7,7 +7,7 @@
 # libraries resolve to the bundle, to the base system (glibc, libstdc++, libgcc_s) or to the GPU
 # stack (which may be missing here); no RUNPATH points outside the bundle. gpu-check.sh refuses a
 # file that is not a bundle, a folder without a manifest and a manifest of another backend ABI,
-# and expects the ABI of core/device.h.
+# and expects the ABI of core/device.h; it runs dry on cpu:0 (the report only) and packs its output.
 #   bash tests/tools/bundle_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build="$(cd "$1" && pwd)"
@@ -127,6 +127,17 @@ cat "$tmp"/ld-train.* >"$tmp/ld-train.txt"
 from_bundle "$tmp/ld-train.txt"
 grep -q "^steps  *2 " "$tmp/train.txt" || fail "crosstrain train did not run 2 steps: $(cat "$tmp/train.txt")"
 lap "crosstrain train, 2 steps"
+# The check itself, dry (no GPU: --devices cpu:0, no suites), its report at the smallest size,
+# packed as a GPU machine's run returns it: at most 8 files, the report's among them.
+run bash "$top/scripts/gpu-check.sh" --bundle "$top" --devices cpu:0 --no-suites --pack \
+  --out "$tmp/dry" -- --models tiny --steps 1 --batch 1 --iters 1 --precisions fp32 \
+  >"$tmp/dry.txt" 2>&1 || { cat "$tmp/dry.txt" "$tmp/dry/steps.tsv"; fail "gpu-check.sh --devices cpu:0 (a dry run)"; }
+n_out="$(find "$tmp/dry" -mindepth 1 -maxdepth 1 | wc -l)"
+((n_out <= 8)) || fail "gpu-check.sh --pack left $n_out files: $(ls "$tmp/dry" | tr '\n' ' ')"
+grep -q '"format": "crosstrain-report"' "$tmp/dry/report.json" || fail "gpu-check.sh wrote no crosstrain report"
+grep -q '^| tiny | fp32 | [0-9]' "$tmp/dry/report.md" || fail "the dry run's report has no tiny tokens/s: $(cat "$tmp/dry/report.md")"
+tar -tzf "$tmp/dry/logs.tar.gz" | grep -q '^bench-report.log$' || fail "logs.tar.gz lacks the report's log"
+lap "gpu-check.sh, dry on cpu:0 (the report only, packed: $n_out files)"
 
 # ---- gpu-check.sh refuses what is not a bundle -------------------------------------------------
 refused() {  # refused WHAT EXPECTED_TEXT ARGS...
