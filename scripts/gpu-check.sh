@@ -18,6 +18,7 @@
 #                 each step runs under `timeout`, one that would not fit is skipped and says so
 #   --quick       the report's quick preset (`bench --quick`: tiny and gpt2, fp32 and bf16,
 #                 6 steps, 3 timed calls per kernel; PyTorch eager only): ~3 minutes on an H100
+#                 by run 2 of bench/gpu-check-20261127-h100 (step times), not yet timed there
 #                 (without it: tiny, gpt2 and smollm-135m in every precision, torch.compile too)
 #   --devices LIST  measure and test these devices instead of the GPU found (cpu:0,simt:0,
 #                 vulkan:0): the same check run dry on a machine without a GPU
