@@ -31,7 +31,8 @@
 #   -- ARGS       passed to `crosstrain bench --report` after the script's own (the last wins):
 #                 e.g. -- --models tiny --steps 2
 # The report runs first (at most the budget less two minutes kept for the suites), written after
-# each device (a run cut short still leaves one). Every step runs even when an earlier one
+# each device (a run cut short still leaves one): one of the native devices with the peers, one
+# of the Vulkan devices, merged into --out (report.md, report.json, charts; native/, vulkan/). Every step runs even when an earlier one
 # failed; the exit status is 0 only when the suites passed. Without a GPU (and no --devices):
 # exit 77 (skipped), after the bundle was checked.
 set -euo pipefail
@@ -261,21 +262,48 @@ if "$py" -c 'import torch' >/dev/null 2>&1; then
 else
   log "PyTorch is not importable by $py (CROSSTRAIN_PYTHON names another): no PyTorch peer"
 fi
-args=(--devices "$(IFS=,; echo "${checked[*]}")" --batch 16)
+args=(--batch 16)
 if ((quick)); then
   args+=(--quick)
 else
   args+=(--models tiny,gpt2,smollm-135m --steps 8 --iters 5)
 fi
-[ -n "$peers" ] && args+=(--peers "$peers")
-[ -n "$llmc" ] && args+=(--llmc "$llmc")
+# The Vulkan devices in a report of their own, after the others' (with the peers): a Vulkan driver
+# that brings the process down (the NVIDIA driver's exit crash, /work/shared/GPU.md) takes only
+# its own figures along. The two are merged into --out.
+native=() vulkan=() reports=()
+for d in "${checked[@]}"; do
+  if [[ "$d" == vulkan:* ]]; then vulkan+=("$d"); else native+=("$d"); fi
+done
 reserve=0
 ((suites)) && reserve=120
-report_max=$((deadline - $(date +%s) - reserve))
-((report_max >= 60)) || report_max=60
-step "crosstrain bench --report" "$report_max" bench-report.log \
-  "${ct_env[@]}" CROSSTRAIN_PYTHON="$py" "$bin/crosstrain" bench --report "$out" "${args[@]}" \
-  "${data_flag[@]}" "${report_args[@]}"
+report() {  # report NAME SECONDS_KEPT_FOR_LATER DEVICES ARGS...: one report into --out/NAME
+  local name="$1" keep="$2" list="$3" max
+  shift 3
+  max=$((deadline - $(date +%s) - reserve - keep))
+  ((max >= 60)) || max=60
+  rm -rf "${out:?}/$name"
+  step "crosstrain bench --report ($list)" "$max" "report-$name.log" "${ct_env[@]}" \
+    CROSSTRAIN_PYTHON="$py" "$bin/crosstrain" bench --report "$out/$name" --devices "$list" \
+    "${args[@]}" "$@" "${data_flag[@]}" "${report_args[@]}"
+  [ -f "$out/$name/report.json" ] && reports+=("$out/$name/report.json")
+  return 0
+}
+extra=()
+[ -n "$peers" ] && extra+=(--peers "$peers")
+[ -n "$llmc" ] && extra+=(--llmc "$llmc")
+if ((${#native[@]})); then
+  keep=0
+  ((${#vulkan[@]})) && keep=90
+  report native "$keep" "$(IFS=,; echo "${native[*]}")" "${extra[@]}"
+fi
+((${#vulkan[@]})) && report vulkan 0 "$(IFS=,; echo "${vulkan[*]}")"
+if ((${#reports[@]})); then
+  step "crosstrain bench --merge" 60 merge.log "${ct_env[@]}" CROSSTRAIN_PYTHON="$py" \
+    "$bin/crosstrain" bench --merge "$out" "${reports[@]}"
+else
+  log "no report was written: see report-*.log"
+fi
 
 # ---- 2. the suites: the op conformance suite on every device checked, the model's end-to-end
 # tests on the first, the Vulkan backend's own suite (coopmat self-test) where Vulkan is checked.

@@ -169,6 +169,26 @@ i=1; while [ $i -le $n ]; do
     EXPECT_NE(text_md.find(s), std::string::npos) << s << "\n" << text_md;
 }
 
+// Where cpu:0 is not measured, a CPU fp32 run of each model gives the loss to compare with,
+// but only of the models --cpu-reference names (--quick: tiny; gpt2's costs minutes of CPU).
+TEST_F(Report, CpuReferenceRunsOnlyForTheModelsAsked) {
+  std::string text;
+  std::ifstream h(ct::test::data_dir() + "/text/harbour.txt");
+  const std::string once((std::istreambuf_iterator<char>(h)), std::istreambuf_iterator<char>());
+  for (int i = 0; i < 5; ++i) text += once;
+  const std::string data = write("text.txt", text);
+  for (const char* reference : {"", "--cpu-reference none"}) {
+    const fs::path out = dir_ / "report";
+    const ct::test::ProcResult r = ct::test::run_crosstrain(
+        "bench --report " + out.string() +
+        " --devices nosuch:0 --models tiny --steps 1 --batch 1 --data " + data + " " + reference);
+    EXPECT_EQ(r.status, 1) << r.output;  // nosuch:0 failed
+    const json j = load(out / "report.json");
+    ASSERT_EQ(j["cpu_reference"].size(), *reference ? 0u : 1u) << reference << j.dump(1);
+    if (!*reference) EXPECT_GT(j["cpu_reference"][0]["loss"].get<double>(), 0);
+  }
+}
+
 // Two machines' reports joined: devices side by side, each naming its build and date; equal ids
 // made distinct by their host.
 TEST_F(Report, MergePutsMachinesSideBySide) {

@@ -151,7 +151,7 @@ Row read_row(const fs::path& dir, int64_t batch_tokens, int T) {
 struct BenchOpts {
   bool techniques = false, quick = false;
   ReportOptions report;
-  std::string models, devices, peers, precisions;
+  std::string models, devices, peers, precisions, reference;
   std::vector<std::string> merge;  // OUT, then the reports
   std::string model = "tiny", backends, output_dir = "bench-out", data;
   int batch = 8, accumulation = 4, steps = 12, logging = 3, block_size = 0;
@@ -376,7 +376,7 @@ Run add_bench(CLI::App& app) {
       ->type_name("OUT FILE...");
   app.add_flag("--quick", o->quick,
                "--report: the GPU check's size: tiny and gpt2, fp32 and bf16, 6 steps, 3 timed "
-               "calls per kernel (each overridden by its own flag)");
+               "calls per kernel, the CPU's loss of tiny only (each overridden by its own flag)");
   CLI::Option* models = flag(&app, "--models", o->models,
                              "--report: comma-separated presets (tiny, gpt2, smollm-135m)")
                             ->default_str("tiny");
@@ -395,6 +395,10 @@ Run add_bench(CLI::App& app) {
   flag(&app, "--peers", o->peers,
        "--report: comma-separated peers measured beside: pytorch, pytorch-compile "
        "(scripts/torch_train.py)");
+  CLI::Option* reference =
+      flag(&app, "--cpu-reference", o->reference,
+           "--report: the models whose loss after --steps a CPU fp32 run gives to compare with, "
+           "where cpu:0 is not measured (none; default: every model, --quick: tiny)");
   flag(&app, "--llmc", o->report.llmc,
        "--report: llm.c's train_gpt2cu (or the folder holding it): gpt2 bf16 tokens/s beside")
       ->type_name("PATH");
@@ -409,7 +413,7 @@ Run add_bench(CLI::App& app) {
   flag(&app, "--logging-steps", o->logging, "steps per throughput sample");
   flag(&app, "--data", o->data, "text file or folder (default: the built-in data)");
   flag(&app, "--output-dir", o->output_dir, "where techniques.md/.json/.png and the runs go");
-  return [o, models, steps, iters, precisions] {
+  return [o, models, steps, iters, precisions, reference] {
     const int chosen = o->techniques + !o->report.dir.empty() + !o->merge.empty();
     if (chosen != 1)
       fail(ErrorKind::kInvalidArgument,
@@ -429,7 +433,11 @@ Run add_bench(CLI::App& app) {
         if (!precisions->count()) o->precisions = "fp32,bf16";
         if (!steps->count()) o->report.steps = 6;
         if (!iters->count()) o->report.iters = 3;
+        if (!reference->count()) o->reference = "tiny";
       }
+      if (reference->count() || o->quick)
+        o->report.reference_models =
+            o->reference == "none" ? std::vector<std::string>{} : split(o->reference);
       o->report.models = split(o->models);
       o->report.devices = split(o->devices);
       o->report.peers = split(o->peers);

@@ -850,7 +850,13 @@ int run_report(const ReportOptions& opts) {
   const bool have_reference = std::any_of(runs.begin(), runs.end(), [](const DeviceRun& r) {
     return r.dev && r.spec == kReferenceDevice;
   });
-  if (!have_reference) total += static_cast<int>(o.models.size());
+  // The models whose loss a separate CPU run gives (where cpu:0 is not measured anyway).
+  auto extra_reference = [&](const std::string& model) {
+    return !have_reference &&
+           (!o.reference_models || std::find(o.reference_models->begin(), o.reference_models->end(),
+                                             model) != o.reference_models->end());
+  };
+  for (const std::string& model : o.models) total += extra_reference(model);
   const bool peer_gpu = !o.peers.empty() && torch_sees_gpu();
   for (const std::string& peer : o.peers)
     total += static_cast<int>(o.models.size() *
@@ -919,7 +925,7 @@ int run_report(const ReportOptions& opts) {
       if (r.spec == kReferenceDevice)
         for (const json& t : r.out["train"])
           if (t["model"] == model && t["precision"] == "fp32" && t.contains("loss")) ref = t;
-    if (ref.is_null() && !have_reference) {
+    if (ref.is_null() && extra_reference(model)) {
       bar.step("cpu reference", model + " fp32");
       ref = train_run(o, kReferenceDevice, model, "fp32").first;
     }

@@ -2,6 +2,7 @@
 // one report (report_format.h), or join reports of several machines into one.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,9 @@ struct ReportOptions {
   std::string data;                     // text for the training runs (default: the built-in)
   std::vector<std::string> peers;       // "pytorch", "pytorch-compile" (scripts/torch_train.py)
   std::string llmc;                     // llm.c's train_gpt2cu (or its folder): a gpt2 bf16 peer
+  // Where cpu:0 is not measured, the models whose loss a CPU fp32 run of their own gives to
+  // compare with (gpt2 at batch 16 costs minutes of CPU); unset: every model.
+  std::optional<std::vector<std::string>> reference_models;
 };
 
 // Measures, writes the report; 0 when every device succeeded, 1 when one failed (its error is
