@@ -401,13 +401,11 @@ class NativeRuntime final : public gpu::Runtime {
   std::uint64_t stop_capture() override {
     ApiGraph graph = nullptr;
     ApiError e = CT_API(StreamEndCapture)(stream_, &graph);
-    if (e != CT_API(Success)) {
+    if (e != CT_API(Success)) {  // invalidated: by a call refused above, or by the runtime
       (void)CT_API(GetLastError)();
-      if (refused_.empty())
-        refused_ = call_name("CT_API(StreamEndCapture): ") + CT_API(GetErrorName)(e) + " (" +
-                   CT_API(GetErrorString)(e) + ")";
       if (graph) (void)CT_API(GraphDestroy)(graph);
-      return 0;
+      if (!refused_.empty()) return 0;  // end_capture names the refused call
+      api_fail("CT_API(StreamEndCapture)", e);
     }
     ApiGraphExec exec = nullptr;
 #if defined(CT_NATIVE_CUDA)

@@ -1,6 +1,10 @@
 #include "core/train/step_graph.h"
 
+#include <cstdio>
+#include <exception>
 #include <utility>
+
+#include "core/error.h"
 
 namespace ct {
 
@@ -38,20 +42,43 @@ void StepGraph::run(const std::function<void()>& micro_batch) {
     return;
   }
   if (graph_ == 0) {
-    device_.begin_capture();
+    // A call the capture rules refuse (Error kInvalidArgument) is crosstrain's bug: it stops the
+    // run (CI finds it on the SIMT runtime). The driver refusing the capture is not: nothing of
+    // the micro-batch ran, so it runs as it is, and so does every later one.
     try {
-      micro_batch();
-    } catch (...) {
-      try {
-        device_.end_capture();  // leaves capture; the error of the call that failed is the news
-      } catch (...) {
-      }
-      throw;
+      capture(micro_batch);
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::kInvalidArgument) throw;
+      give_up(e.what());
+    } catch (const std::exception& e) {
+      give_up(e.what());
     }
-    graph_ = device_.end_capture();
+    if (graph_ == 0) {
+      micro_batch();
+      return;
+    }
   }
   device_.replay_graph(graph_);
   ++replays_;
+}
+
+void StepGraph::capture(const std::function<void()>& micro_batch) {
+  device_.begin_capture();
+  try {
+    micro_batch();
+  } catch (...) {
+    try {
+      device_.end_capture();  // leaves capture; the error of the call that failed is the news
+    } catch (...) {
+    }
+    throw;
+  }
+  graph_ = device_.end_capture();
+}
+
+void StepGraph::give_up(const std::string& why) {
+  refusal_ = "the capture failed: " + why;
+  std::fprintf(stderr, "graph: %s; each op is launched on its own from here\n", refusal_.c_str());
 }
 
 void StepGraph::release() {

@@ -35,7 +35,9 @@ class StepGraph {
   // Enqueues `micro_batch`, ops that are the same at every call (the same buffers, shapes and
   // scalars): run as they are at the first call (which sizes the workspaces and lets the GEMM
   // library pick its algorithms), captured at the second and replayed from then on. Without
-  // capture: run as they are, every call.
+  // capture: run as they are, every call. Where the device's runtime refuses the capture (a
+  // driver error), the micro-batch runs as it is, the refusal becomes the reason, said on stderr.
+  // A call that the capture rules refuse (Error kInvalidArgument) is thrown.
   void run(const std::function<void()>& micro_batch);
   // Frees the graph (its buffers go back to the device's cache); later calls run eagerly.
   void release();
@@ -45,6 +47,9 @@ class StepGraph {
   int64_t replays() const { return replays_; }
 
  private:
+  void capture(const std::function<void()>& micro_batch);
+  void give_up(const std::string& why);
+
   Device& device_;
   std::string refusal_;
   int64_t calls_ = 0;

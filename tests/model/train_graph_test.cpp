@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/train/step_graph.h"
 #include "core/train/train_args.h"
 #include "core/train/trainer.h"
@@ -119,6 +120,43 @@ TEST_P(TrainGraph, Fp16TrainsWithoutTheGraphAndSaysWhy) {
             std::string::npos)
       << r.back()["step_graph"];
   fs::remove_all(d);
+}
+
+// Where the runtime refuses a capture (a driver error, simulated here by the micro-batch failing
+// while it is captured), nothing of the micro-batch has run: it runs as it is, and so does every
+// later one, with the reason kept. A call the capture rules refuse is a bug and is thrown.
+TEST_P(TrainGraph, ARefusedCaptureRunsTheMicroBatchAsItIs) {
+  Device& d = dev();
+  Tensor t = upload(d, {4}, {1, 2, 3, 4});
+  StepGraph g(d, "");
+  int calls = 0;
+  auto micro_batch = [&] {
+    d.scale(t, 2.0f);
+    if (++calls == 2) fail(ErrorKind::kDevice, "cudaErrorStreamCaptureUnsupported (simulated)");
+  };
+  for (int i = 0; i < 3; ++i) g.run(micro_batch);  // eager, refused capture then eager, eager
+  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(g.replays(), 0);
+  EXPECT_NE(g.refusal().find("the capture failed: cudaErrorStreamCaptureUnsupported"),
+            std::string::npos)
+      << g.refusal();
+  EXPECT_EQ(download(d, t), (Vec{8, 16, 24, 32}));  // three scales ran, the captured one did not
+
+  StepGraph h(d, "");
+  int n = 0;
+  auto waits = [&] {
+    d.scale(t, 0.5f);
+    if (++n == 2) d.synchronize();  // refused while capturing
+  };
+  h.run(waits);
+  try {
+    h.run(waits);
+    ADD_FAILURE() << "a synchronize during the capture was not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("synchronize"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(download(d, t), (Vec{4, 8, 12, 16}));  // out of capture: the device runs ops again
 }
 
 // Each setting that rules the graph out, and the reason given.

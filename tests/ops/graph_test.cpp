@@ -44,7 +44,8 @@ class Graph : public DeviceTest {
   }
   // A few ops of different kinds on x, w: a matmul (the GEMM library where the device has one),
   // an elementwise op, a reduction with scratch, a device-to-device copy and an accumulation.
-  void ops(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& sum, const Tensor& acc) {
+  void ops(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& sum,
+           const Tensor& acc) {
     dev().matmul(y, x, w, false, true);
     dev().scale(y, 0.5f);
     dev().sum(sum, y, 1.0f / 64.0f);
