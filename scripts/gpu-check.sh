@@ -241,6 +241,7 @@ train() {  # train DEVICE MODEL BATCH STEPS PRECISION MAX_SECONDS
   tag="train-${dev/:/_}-$model-$prec"
   [ "$prec" = bf16 ] && flags=(--bf16)
   [ "$prec" = tf32 ] && flags=(--tf32)
+  [ "$prec" = bf16_nograph ] && flags=(--bf16 --no-cuda-graph)  # every op launched on its own
   step "crosstrain $model $prec on $dev" "$max" "$tag.log" "${ct_env[@]}" "$bin/crosstrain" train \
     --backend "$dev" --model "$model" --per-device-train-batch-size "$batch" --max-steps "$n" \
     --logging-steps 1 --eval-steps 0 --max-eval-batches 1 --sample-tokens 0 --no-progress \
@@ -343,6 +344,9 @@ gemm own
 gemm vulkan
 profile "$backend:0" 60
 [ -n "$vk" ] && profile "$vk" 60
+# gpt2 bf16 without the step graph (each micro-batch's forward and backward replayed as one
+# CUDA/HIP graph launch by default): the graph's gain is the bf16 row's tokens/s over this one's.
+train "$backend:0" gpt2 16 "$s_gpt2" bf16_nograph 60
 # 4. the other precisions and models, with their peers;
 train "$backend:0" gpt2 16 "$s_gpt2" tf32 60
 torch_run gpt2-tf32 60 --model gpt2 --batch 16 --steps "$s_gpt2" --sdpa --fused-adamw --tf32
