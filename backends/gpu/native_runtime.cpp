@@ -221,7 +221,14 @@ class NativeRuntime final : public gpu::Runtime {
   void* allocate(std::size_t bytes) override {
     CT_API_CHECK(CT_API(SetDevice)(index_));
     void* p = nullptr;
+    // cudaMalloc is not a stream operation, and a capture in thread-local mode refuses it as
+    // unsafe (it would not be replayed): in relaxed mode for the call, as PyTorch's allocator
+    // does. The block is not freed while a graph uses it (gpu_device.cpp keeps it), so the
+    // graph's address stays valid.
+    auto mode = CT_API(StreamCaptureModeRelaxed);
+    if (capturing()) CT_API_CHECK(CT_API(ThreadExchangeStreamCaptureMode)(&mode));
     ApiError e = CT_API(Malloc)(&p, bytes);
+    if (capturing()) CT_API_CHECK(CT_API(ThreadExchangeStreamCaptureMode)(&mode));
     if (e == kApiOutOfMemory) {
       (void)CT_API(GetLastError)();
       return nullptr;

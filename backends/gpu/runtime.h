@@ -97,8 +97,9 @@ class Runtime {
   // While capturing, a target refuses, through refuse_in_capture(), every call CUDA refuses on a
   // capturing stream: upload (pageable host memory), download and download_async, synchronize,
   // record_event, event_done, wait_event and release (cudaFree waits for the device), and the
-  // capture is invalidated. Allocation, device-to-device copies, launches and the GEMM library
-  // are recorded or allowed, as on CUDA.
+  // capture is invalidated. Device-to-device copies, launches and the GEMM library are recorded;
+  // allocation is allowed (CUDA's cudaMalloc in relaxed mode for the call: it is not replayed, so
+  // the block must stay the graph's, which the device class sees to).
   virtual bool has_graphs() const { return false; }
   void begin_capture() {
     if (capturing_) refuse_in_capture("begin_capture", "captures do not nest");
