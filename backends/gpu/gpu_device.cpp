@@ -139,7 +139,7 @@ class GpuDevice final : public Device {
   explicit GpuDevice(std::unique_ptr<Runtime> rt)
       : rt_(std::move(rt)), cache_(std::make_shared<BlockCache>(rt_)), info_(rt_->info()) {
     info_.extra.push_back({"gemm", rt_->gemm_library()});
-    info_.graphs = rt_->has_graphs();
+    info_.graphs = info_.graphs && rt_->has_graphs();
     trace_teardown(info_.id() + " opened");
   }
   ~GpuDevice() override {

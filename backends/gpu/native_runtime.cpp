@@ -118,6 +118,7 @@ DeviceInfo make_info(int index) {
   i.name = p.name;
   i.type = p.integrated ? DeviceType::kIntegratedGpu : DeviceType::kDiscreteGpu;
   i.native_stack = true;
+  i.graphs = true;  // stream capture and graph launch (NativeRuntime)
   i.memory_bytes = static_cast<int64_t>(p.totalGlobalMem);
   i.max_allocation_bytes = i.memory_bytes;
   i.max_buffer_range_bytes = i.memory_bytes;

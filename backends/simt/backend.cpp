@@ -46,6 +46,7 @@ DeviceInfo make_info() {
       "CPU SIMT runtime (CUDA/HIP kernels on host threads, warp " + std::to_string(kWarp) + ")";
   i.type = DeviceType::kVirtualGpu;
   i.test_only = true;  // never --backend auto's choice
+  i.graphs = true;     // a strict model of CUDA's (SimtRuntime's capture)
   i.driver = "backends/simt (Boost.Context fibers)";
   i.memory_bytes = host_memory_bytes(_SC_PHYS_PAGES);
   i.memory_budget_bytes = host_memory_bytes(_SC_AVPHYS_PAGES);
