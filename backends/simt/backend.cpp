@@ -178,7 +178,7 @@ class SimtRuntime final : public gpu::Runtime {
   bool tf32_ = false;
   DeviceInfo info_;
   // This device's stream over the process-wide host threads: its captures are its own.
-  simt::Runtime stream_{default_runtime()};
+  simt::Runtime stream_{&default_runtime()};
   std::vector<simt::Runtime::Node> recording_;                        // the capture in progress
   std::map<std::uint64_t, std::vector<simt::Runtime::Node>> graphs_;  // made graphs, by number
   std::uint64_t last_graph_ = 0;

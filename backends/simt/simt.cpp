@@ -669,7 +669,7 @@ Runtime::Runtime(int threads) : pool_(std::make_shared<Pool>()) {
   for (int i = 1; i < threads; ++i) pool_->workers.emplace_back([p = pool_.get()] { p->worker(); });
 }
 
-Runtime::Runtime(Runtime& pool_of) : pool_(pool_of.pool_) {}
+Runtime::Runtime(Runtime* pool_of) : pool_(pool_of->pool_) {}
 
 Runtime::~Runtime() = default;  // the last stream of a pool stops its threads (~Pool)
 

@@ -50,7 +50,7 @@ class Runtime {
   explicit Runtime(int threads);  // threads <= 0: the hardware concurrency
   // Another stream over the host threads of `pool_of` (which it keeps alive): launches run there,
   // and its capture is its own (a device's stream on the process-wide pool).
-  explicit Runtime(Runtime& pool_of);
+  explicit Runtime(Runtime* pool_of);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
