@@ -67,8 +67,8 @@ void StepGraph::capture(const std::function<void()>& micro_batch) {
   try {
     micro_batch();
   } catch (...) {
-    try {
-      device_.end_capture();  // leaves capture; the error of the call that failed is the news
+    try {  // leaves capture (and drops what was recorded); the error that stopped it is the news
+      device_.release_graph(device_.end_capture());
     } catch (...) {
     }
     throw;
