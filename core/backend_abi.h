@@ -67,6 +67,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {14, "6a74b1e94cf3fc1e63c1ab97a09afcf8822aeb24ec14108ffca1123090f7cbed",
      "Device::counters: running totals a backend keeps (host waits, GEMMs its library refused), "
      "written to metrics.jsonl"},
+    {15, "f5c7db5d249984ff70bebc0daf83d974c633a8a1cac111a7410c2fe32944cfc0",
+     "graphs: Device::begin_capture / end_capture / replay_graph / release_graph and "
+     "DeviceInfo::graphs (a micro-batch's forward and backward replayed as a CUDA/HIP graph)"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.

@@ -80,6 +80,21 @@ void Event::wait() const {
   if (device_) device_->wait_event(*this);
 }
 
+void Device::begin_capture() {
+  fail(ErrorKind::kUnsupported, info().id() + " has no graphs (begin_capture)");
+}
+int64_t Device::end_capture() {
+  fail(ErrorKind::kUnsupported, info().id() + " has no graphs (end_capture)");
+}
+void Device::replay_graph(int64_t graph) {
+  (void)graph;
+  fail(ErrorKind::kUnsupported, info().id() + " has no graphs (replay_graph)");
+}
+void Device::release_graph(int64_t graph) {
+  (void)graph;
+  fail(ErrorKind::kUnsupported, info().id() + " has no graphs (release_graph)");
+}
+
 Event Device::download_async(void* host, const Tensor& src, size_t bytes) {
   CT_REQUIRE(src.defined(), "download_async: source is undefined");
   CT_REQUIRE(&src.buffer->device() == this, "download_async: source " + src.describe() + " is on " +

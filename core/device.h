@@ -132,10 +132,12 @@ struct DeviceInfo {
   //   test_only:     exists to test kernel sources (the SIMT runtime): never chosen by auto.
   //   preferred_attention: what --attention auto picks, the path measured faster here.
   //   tf32:          fp32 matmuls can run with TF32 inputs (Device::set_allow_tf32).
+  //   graphs:        ops can be captured into a graph and replayed (Device::begin_capture).
   bool native_stack = false;
   bool test_only = false;
   AttentionPath preferred_attention = AttentionPath::kFused;
   bool tf32 = false;
+  bool graphs = false;
   // Further capabilities to show in `crosstrain devices`: ordered name -> value pairs.
   std::vector<std::pair<std::string, std::string>> extra;
   // Part of this description is settled only when the device is opened (Vulkan: the coopmat
@@ -348,7 +350,25 @@ class Device {
   //                            (download, synchronize, wait_event on an event not yet done)
   //   "gemm_library_fallbacks" GEMMs the device's library (cuBLASLt, rocBLAS) refused and the
   //                            own kernel ran instead (a target without a library has none)
+  //   "graph_replays"          replay_graph calls (a device with graphs)
   virtual std::map<std::string, int64_t> counters() { return {}; }
+
+  // Graphs (CUDA / HIP graphs; the SIMT runtime keeps a strict model of them), where
+  // info().graphs says the device has them; elsewhere the four calls throw Error(kUnsupported).
+  // Between begin_capture() and end_capture() the ops enqueued on this device are recorded, not
+  // run; their scalar arguments are taken at call time, as always. Nothing in between may make
+  // the host wait for the device or copy host memory: download, download_async, upload,
+  // synchronize, record_event and the waits and queries of events throw Error(kInvalidArgument)
+  // naming the call, as CUDA refuses them on a capturing stream, and invalidate the capture.
+  // end_capture() leaves capture and returns the graph (a number > 0), or throws when the
+  // capture was invalidated. Every buffer that an op of the graph uses stays allocated, its
+  // address handed to no one else, until release_graph(graph) (the graph's own pool).
+  // replay_graph(graph) enqueues the recorded ops again, in order, with the same arguments,
+  // reading and writing the same buffers: one launch instead of one per op.
+  virtual void begin_capture();
+  virtual int64_t end_capture();
+  virtual void replay_graph(int64_t graph);
+  virtual void release_graph(int64_t graph);
   // The scope of one public op, opened by core/op_checks.cpp around each (the checks and the
   // kernel; an op that calls other ops nests their scopes in its own): where the backend profiles
   // per op, the device time of the outermost scope is counted under `op`, its public name.
@@ -616,7 +636,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 14;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 15;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

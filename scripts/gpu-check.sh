@@ -39,7 +39,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # The backend plugin ABI this script's steps were written for (core/device.h kBackendAbiVersion;
 # tests/tools/bundle_test.sh fails when they differ). A bundle built for another is refused.
-expected_abi=14
+expected_abi=15
 bundle_format=1
 
 bundle="" llmc="" out="" budget=450 quick=0 check_only=0 unpack="" devices="" suites=1 pack=0
@@ -350,6 +350,17 @@ if [ -n "$backend" ] && [ -z "$devices" ]; then
     --max-steps 4 --logging-steps 1 --eval-steps 0 --max-eval-batches 1 --sample-tokens 0 \
     --no-progress --bf16 --profile "${data_flag[@]}" --output-dir "$out/profile-run"
   rm -rf "$out/profile-run"
+  # The step graph's gain (each micro-batch's forward and backward replayed as one CUDA/HIP graph
+  # launch, on by default): the same gpt2 bf16 run with and without it, tokens/s in each log.
+  for g in graph no-graph; do
+    flag=()
+    [ "$g" = no-graph ] && flag=(--no-cuda-graph)
+    step "crosstrain gpt2 bf16 ($g) on $backend:0" 60 "train-gpt2-bf16-$g.log" "${ct_env[@]}" \
+      "$bin/crosstrain" train --backend "$backend:0" --model gpt2 --per-device-train-batch-size 16 \
+      --max-steps 10 --logging-steps 1 --eval-steps 0 --max-eval-batches 1 --sample-tokens 0 \
+      --no-progress --bf16 "${flag[@]}" "${data_flag[@]}" --output-dir "$out/graph-run"
+    rm -rf "$out/graph-run"
+  done
 fi
 
 log "done in $(($(date +%s) - start))s: $out/report.md"

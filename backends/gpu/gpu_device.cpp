@@ -3,6 +3,11 @@
 // backends/gpu/kernels.h on the target's stream. Memory comes from a caching allocator over the
 // target's Runtime, accounted per category like every backend's.
 //
+// Graphs: begin_capture() puts the runtime's stream into capture; while it captures, every
+// buffer whose address an op hands to a kernel (ptr(), the op scratch) is collected, and the
+// graph keeps those buffers until it is released: a block whose address is baked into a graph
+// goes back to the cache only with the graph, so no one else is handed it between replays.
+//
 // Plain C++ built once per target (the target's Runtime differs, this file does not). Arguments
 // arrive checked (core/op_checks.cpp): defined, on this device, contiguous, in bounds, dtypes as
 // the precision table allows, shapes agreeing.
@@ -13,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "backends/gpu/kernels.h"
@@ -61,8 +67,8 @@ class BlockCache {
       }
     }
     void* p = rt_->allocate(rounded);
-    if (!p) {
-      trim();  // give cached blocks back to the driver and try once more
+    if (!p && !rt_->capturing()) {  // trimming frees memory: it waits for the device
+      trim();                       // give cached blocks back to the driver and try once more
       p = rt_->allocate(rounded);
     }
     return p;
@@ -133,6 +139,7 @@ class GpuDevice final : public Device {
   explicit GpuDevice(std::unique_ptr<Runtime> rt)
       : rt_(std::move(rt)), cache_(std::make_shared<BlockCache>(rt_)), info_(rt_->info()) {
     info_.extra.push_back({"gemm", rt_->gemm_library()});
+    info_.graphs = info_.graphs && rt_->has_graphs();
     trace_teardown(info_.id() + " opened");
   }
   ~GpuDevice() override {
@@ -141,6 +148,13 @@ class GpuDevice final : public Device {
     } catch (...) {
       // a device that failed already said so; closing must not throw
     }
+    for (auto& [graph, buffers] : graphs_) {
+      try {
+        rt_->destroy_graph(static_cast<std::uint64_t>(graph));
+      } catch (...) {
+      }
+    }
+    graphs_.clear();
     workspace_.reset();
     try {
       cache_->trim();
@@ -184,6 +198,7 @@ class GpuDevice final : public Device {
   }
   std::map<std::string, std::int64_t> counters() override {
     std::map<std::string, std::int64_t> c{{"host_waits", host_waits_}};
+    if (info_.graphs) c["graph_replays"] = graph_replays_;
     if (rt_->has_gemm_library()) {
       std::int64_t refused = 0;
       for (const auto& [shape, calls] : rt_->gemm_fallbacks()) refused += calls;
@@ -192,6 +207,34 @@ class GpuDevice final : public Device {
     return c;
   }
   void* native_stream() override { return rt_->native_stream(); }
+
+  void begin_capture() override {
+    if (!info_.graphs) Device::begin_capture();  // says the device has none
+    rt_->begin_capture();
+    captured_.clear();
+    captured_seen_.clear();
+  }
+  std::int64_t end_capture() override {
+    std::vector<std::shared_ptr<Buffer>> buffers;
+    buffers.swap(captured_);
+    captured_seen_.clear();
+    const auto graph = static_cast<std::int64_t>(rt_->end_capture());
+    graphs_[graph] = std::move(buffers);
+    return graph;
+  }
+  void replay_graph(std::int64_t graph) override {
+    if (!graphs_.count(graph))
+      fail(ErrorKind::kInvalidArgument, info_.id() + ": replay_graph: no graph " +
+                                            std::to_string(graph) + " (released, or never made)");
+    rt_->launch_graph(static_cast<std::uint64_t>(graph));
+    ++graph_replays_;
+  }
+  void release_graph(std::int64_t graph) override {
+    auto it = graphs_.find(graph);
+    if (it == graphs_.end()) return;
+    rt_->destroy_graph(static_cast<std::uint64_t>(graph));
+    graphs_.erase(it);  // its buffers go back to the cache (stream order keeps that safe)
+  }
 
   // --profile: the device time of every public op (timing marks around its scope: the kernels'
   // time plus any wait for the host between them), and which kernels ran for the ops that have
@@ -207,7 +250,7 @@ class GpuDevice final : public Device {
     profiling_ = on;
   }
   void op_begin(const char* op) override {
-    if (depth_++ > 0 || !profiling_) return;
+    if (depth_++ > 0 || !profiling_ || rt_->capturing()) return;  // a graph's ops are not timed
     open_ = {op, rt_->timing_mark(), 0};
     timing_ = true;
   }
@@ -565,13 +608,18 @@ class GpuDevice final : public Device {
 
  private:
   Ctx cx() { return rt_->ctx(); }
-  static void* ptr(const Tensor& t) {
+  // The device address of a tensor's first element; while capturing, its buffer joins the graph.
+  void* ptr(const Tensor& t) {
+    if (rt_->capturing()) keep_for_graph(t.buffer);
     return static_cast<char*>(static_cast<GpuBuffer*>(t.buffer.get())->data()) + t.offset;
   }
-  static float* f(const Tensor& t) { return static_cast<float*>(ptr(t)); }
-  static std::int32_t* i32(const Tensor& t) { return static_cast<std::int32_t*>(ptr(t)); }
-  static std::uint8_t* u8(const Tensor& t) { return static_cast<std::uint8_t*>(ptr(t)); }
-  static const float* norm_ptr(const Tensor& grad_norm, float max_grad_norm) {
+  void keep_for_graph(const std::shared_ptr<Buffer>& b) {
+    if (captured_seen_.insert(b.get()).second) captured_.push_back(b);
+  }
+  float* f(const Tensor& t) { return static_cast<float*>(ptr(t)); }
+  std::int32_t* i32(const Tensor& t) { return static_cast<std::int32_t*>(ptr(t)); }
+  std::uint8_t* u8(const Tensor& t) { return static_cast<std::uint8_t*>(ptr(t)); }
+  const float* norm_ptr(const Tensor& grad_norm, float max_grad_norm) {
     return max_grad_norm > 0.0f ? f(grad_norm) : nullptr;
   }
   static AdamArgs adam_args(const AdamWHyper& hp) {
@@ -584,6 +632,7 @@ class GpuDevice final : public Device {
     if (bytes == 0) bytes = 1;
     if (!workspace_ || workspace_->size() < bytes)
       workspace_ = allocate(bytes + bytes / 4, MemCategory::kWorkspace);
+    if (rt_->capturing()) keep_for_graph(workspace_);
     return static_cast<GpuBuffer*>(workspace_.get())->data();
   }
 
@@ -618,7 +667,12 @@ class GpuDevice final : public Device {
   Span open_{};
   int depth_ = 0;                // nesting of op scopes
   std::int64_t host_waits_ = 0;  // counters(): blocking downloads, synchronizes and waits
-  bool timing_ = false;          // the outermost open op has a begin mark
+  std::int64_t graph_replays_ = 0;
+  // The capture in progress: the buffers its ops use (once each); the made graphs' buffers.
+  std::vector<std::shared_ptr<Buffer>> captured_;
+  std::unordered_set<const Buffer*> captured_seen_;
+  std::map<std::int64_t, std::vector<std::shared_ptr<Buffer>>> graphs_;
+  bool timing_ = false;  // the outermost open op has a begin mark
   std::chrono::steady_clock::time_point profile_start_{};
 };
 

@@ -36,6 +36,8 @@ namespace {
 using ApiError = cudaError_t;
 using ApiStream = cudaStream_t;
 using ApiEvent = cudaEvent_t;
+using ApiGraph = cudaGraph_t;
+using ApiGraphExec = cudaGraphExec_t;
 using ApiProp = cudaDeviceProp;
 constexpr ApiError kApiOutOfMemory = cudaErrorMemoryAllocation;
 constexpr cudaDeviceAttr kApiMultiprocessors = cudaDevAttrMultiProcessorCount;
@@ -46,6 +48,8 @@ constexpr const char* kLibrary = "cuBLASLt";  // the GEMM library, as --profile 
 using ApiError = hipError_t;
 using ApiStream = hipStream_t;
 using ApiEvent = hipEvent_t;
+using ApiGraph = hipGraph_t;
+using ApiGraphExec = hipGraphExec_t;
 using ApiProp = hipDeviceProp_t;
 constexpr ApiError kApiOutOfMemory = hipErrorOutOfMemory;
 constexpr hipDeviceAttribute_t kApiMultiprocessors = hipDeviceAttributeMultiprocessorCount;
@@ -114,6 +118,7 @@ DeviceInfo make_info(int index) {
   i.name = p.name;
   i.type = p.integrated ? DeviceType::kIntegratedGpu : DeviceType::kDiscreteGpu;
   i.native_stack = true;
+  i.graphs = true;  // stream capture and graph launch (NativeRuntime)
   i.memory_bytes = static_cast<int64_t>(p.totalGlobalMem);
   i.max_allocation_bytes = i.memory_bytes;
   i.max_buffer_range_bytes = i.memory_bytes;
@@ -190,7 +195,12 @@ class NativeRuntime final : public gpu::Runtime {
   ~NativeRuntime() override {
     (void)CT_API(SetDevice)(index_);
     (void)CT_API(StreamSynchronize)(stream_);
+    for (auto& [id, g] : graphs_) {
+      (void)CT_API(GraphExecDestroy)(g.second);
+      (void)CT_API(GraphDestroy)(g.first);
+    }
     blas_.reset();
+    for (void* p : bias_scratch_retired_) (void)CT_API(Free)(p);
     if (bias_scratch_) (void)CT_API(Free)(bias_scratch_);
     for (auto& [serial, ev] : events_) (void)CT_API(EventDestroy)(ev);
     for (ApiEvent ev : spare_) (void)CT_API(EventDestroy)(ev);
@@ -212,7 +222,14 @@ class NativeRuntime final : public gpu::Runtime {
   void* allocate(std::size_t bytes) override {
     CT_API_CHECK(CT_API(SetDevice)(index_));
     void* p = nullptr;
+    // cudaMalloc is not a stream operation, and a capture in thread-local mode refuses it as
+    // unsafe (it would not be replayed): in relaxed mode for the call, as PyTorch's allocator
+    // does. The block is not freed while a graph uses it (gpu_device.cpp keeps it), so the
+    // graph's address stays valid.
+    auto mode = CT_API(StreamCaptureModeRelaxed);
+    if (capturing()) CT_API_CHECK(CT_API(ThreadExchangeStreamCaptureMode)(&mode));
     ApiError e = CT_API(Malloc)(&p, bytes);
+    if (capturing()) CT_API_CHECK(CT_API(ThreadExchangeStreamCaptureMode)(&mode));
     if (e == kApiOutOfMemory) {
       (void)CT_API(GetLastError)();
       return nullptr;
@@ -221,6 +238,7 @@ class NativeRuntime final : public gpu::Runtime {
     return p;
   }
   void release(void* p) override {
+    refuse_in_capture("release (cudaFree)", "freeing device memory waits for the device");
     CT_API_CHECK(CT_API(Free)(p));
   }
   void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override {
@@ -228,20 +246,26 @@ class NativeRuntime final : public gpu::Runtime {
     CT_API_CHECK(CT_API(MemGetInfo)(free_bytes, total_bytes));
   }
   void upload(void* dst, const void* host, std::size_t bytes) override {
+    refuse_in_capture("upload",
+                      "a copy from pageable host memory; a replay would read the host buffer "
+                      "again, after the caller reused it");
     // Pageable host memory: the call returns once the bytes are staged, so `host` may be reused.
     CT_API_CHECK(CT_API(MemcpyAsync)(dst, host, bytes, CT_API(MemcpyHostToDevice), stream_));
   }
   void download(void* host, const void* src, std::size_t bytes) override {
+    refuse_in_capture("download", "a blocking read waits for work that is only being recorded");
     CT_API_CHECK(CT_API(MemcpyAsync)(host, src, bytes, CT_API(MemcpyDeviceToHost), stream_));
     CT_API_CHECK(CT_API(StreamSynchronize)(stream_));
   }
   void download_async(void* host, const void* src, std::size_t bytes) override {
+    refuse_in_capture("download_async", "a copy into pageable host memory");
     CT_API_CHECK(CT_API(MemcpyAsync)(host, src, bytes, CT_API(MemcpyDeviceToHost), stream_));
   }
   void copy(void* dst, const void* src, std::size_t bytes) override {
     CT_API_CHECK(CT_API(MemcpyAsync)(dst, src, bytes, CT_API(MemcpyDeviceToDevice), stream_));
   }
   std::uint64_t record_event() override {
+    refuse_in_capture("record_event", "the host would wait for or query an event of the graph");
     ApiEvent ev = nullptr;
     if (!spare_.empty()) {
       ev = spare_.back();
@@ -254,6 +278,7 @@ class NativeRuntime final : public gpu::Runtime {
     return serial_;
   }
   bool event_done(std::uint64_t serial) override {
+    refuse_in_capture("event_done (cudaEventQuery)", "querying work that is only being recorded");
     retire();
     for (auto& [s, ev] : events_) {
       if (s != serial) continue;
@@ -265,16 +290,42 @@ class NativeRuntime final : public gpu::Runtime {
     return true;  // retired: complete
   }
   void wait_event(std::uint64_t serial) override {
+    refuse_in_capture("wait_event (cudaEventSynchronize)",
+                      "waiting for work that is only being recorded");
     for (auto& [s, ev] : events_)
       if (s == serial) CT_API_CHECK(CT_API(EventSynchronize)(ev));
     retire();
   }
   void synchronize() override {
+    refuse_in_capture("synchronize (cudaStreamSynchronize)",
+                      "waiting for work that is only being recorded");
     CT_API_CHECK(CT_API(StreamSynchronize)(stream_));
     retire();
   }
   void* native_stream() override {
     return stream_;
+  }
+
+  // Graphs: stream capture in thread-local mode (this thread's calls are checked; the offloaded
+  // optimizer's host thread may go on using the runtime), instantiated once, launched on the
+  // stream.
+  bool has_graphs() const override {
+    return true;
+  }
+  void launch_graph(std::uint64_t graph) override {
+    auto it = graphs_.find(graph);
+    if (it == graphs_.end())
+      fail(ErrorKind::kInvalidArgument, info_.id() + ": launch_graph: no graph " +
+                                            std::to_string(graph) + " (destroyed, or never made)");
+    CT_API_CHECK(CT_API(GraphLaunch)(it->second.second, stream_));
+  }
+  void destroy_graph(std::uint64_t graph) override {
+    auto it = graphs_.find(graph);
+    if (it == graphs_.end()) return;
+    CT_API_CHECK(CT_API(StreamSynchronize)(stream_));  // its launches have finished
+    CT_API_CHECK(CT_API(GraphExecDestroy)(it->second.second));
+    CT_API_CHECK(CT_API(GraphDestroy)(it->second.first));
+    graphs_.erase(it);
   }
   void gemm(const gpu::GemmArgs& g, std::string* path) override {
     // CT_GPU_GEMM=own: always the project's kernel (benchmarks compare the two).
@@ -329,13 +380,12 @@ class NativeRuntime final : public gpu::Runtime {
   }
   // bias [n] (f32) rounded to `e` in a scratch buffer of the runtime (reused: the stream orders
   // each conversion after the product that read the previous one); nullptr when it cannot be had.
+  // A buffer it outgrows is kept until the runtime closes (a few KiB): a graph may have its
+  // address, and freeing it would wait for the device.
   const void* bias_in(gpu::Elem e, const float* bias, std::int64_t n) {
     const std::size_t bytes = static_cast<std::size_t>(n) * 4;  // room for any element type
     if (bytes > bias_scratch_bytes_) {
-      if (bias_scratch_) {
-        CT_API_CHECK(CT_API(StreamSynchronize)(stream_));
-        release(bias_scratch_);
-      }
+      if (bias_scratch_) bias_scratch_retired_.push_back(bias_scratch_);
       bias_scratch_ = allocate(bytes);
       bias_scratch_bytes_ = bias_scratch_ ? bytes : 0;
       if (!bias_scratch_) return nullptr;
@@ -349,6 +399,34 @@ class NativeRuntime final : public gpu::Runtime {
   }
   std::string gemm_library() const override {
     return own_gemm_ ? "own tiled kernel (CT_GPU_GEMM=own)" : blas_->describe();
+  }
+
+ protected:
+  void start_capture() override {
+    CT_API_CHECK(CT_API(SetDevice)(index_));
+    CT_API_CHECK(CT_API(StreamBeginCapture)(stream_, CT_API(StreamCaptureModeThreadLocal)));
+  }
+  std::uint64_t stop_capture() override {
+    ApiGraph graph = nullptr;
+    ApiError e = CT_API(StreamEndCapture)(stream_, &graph);
+    if (e != CT_API(Success)) {  // invalidated: by a call refused above, or by the runtime
+      (void)CT_API(GetLastError)();
+      if (graph) (void)CT_API(GraphDestroy)(graph);
+      if (!refused_.empty()) return 0;  // end_capture names the refused call
+      api_fail("CT_API(StreamEndCapture)", e);
+    }
+    ApiGraphExec exec = nullptr;
+#if defined(CT_NATIVE_CUDA)
+    e = cudaGraphInstantiate(&exec, graph, 0);
+#else
+    e = hipGraphInstantiate(&exec, graph, nullptr, nullptr, 0);
+#endif
+    if (e != CT_API(Success)) {
+      (void)CT_API(GraphDestroy)(graph);
+      api_fail("CT_API(GraphInstantiate)", e);
+    }
+    graphs_[++last_graph_] = {graph, exec};
+    return last_graph_;
   }
 
  private:
@@ -381,6 +459,9 @@ class NativeRuntime final : public gpu::Runtime {
   std::size_t marks_used_ = 0;
   void* bias_scratch_ = nullptr;  // bias_in's buffer
   std::size_t bias_scratch_bytes_ = 0;
+  std::vector<void*> bias_scratch_retired_;                            // the buffers it outgrew
+  std::map<std::uint64_t, std::pair<ApiGraph, ApiGraphExec>> graphs_;  // made graphs, by number
+  std::uint64_t last_graph_ = 0;
 };
 
 class NativeBackend final : public Backend {

@@ -19,6 +19,7 @@
 
 #include "backends/gpu/kernels.h"
 #include "core/device.h"
+#include "core/error.h"
 
 namespace ct::gpu {
 
@@ -88,8 +89,59 @@ class Runtime {
   }
   virtual void timing_reset() { host_marks_.clear(); }
 
+  // Graphs (Device::begin_capture, core/device.h): CUDA's stream capture and graph launch, HIP's,
+  // and the SIMT runtime's model of them. begin_capture() starts recording what is enqueued on
+  // the stream; end_capture() stops, and returns the graph (> 0) or throws when the capture was
+  // invalidated (a refused call, below) or could not be made into a graph; launch_graph()
+  // enqueues a graph's work; destroy_graph() frees it once its launches have finished.
+  // While capturing, a target refuses, through refuse_in_capture(), every call CUDA refuses on a
+  // capturing stream: upload (pageable host memory), download and download_async, synchronize,
+  // record_event, event_done, wait_event and release (cudaFree waits for the device), and the
+  // capture is invalidated. Device-to-device copies, launches and the GEMM library are recorded;
+  // allocation is allowed (CUDA's cudaMalloc in relaxed mode for the call: it is not replayed, so
+  // the block must stay the graph's, which the device class sees to).
+  virtual bool has_graphs() const { return false; }
+  void begin_capture() {
+    if (capturing_) refuse_in_capture("begin_capture", "captures do not nest");
+    refused_.clear();
+    start_capture();
+    capturing_ = true;
+  }
+  std::uint64_t end_capture() {
+    if (!capturing_) fail(ErrorKind::kInvalidArgument, info().id() + ": end_capture: no capture");
+    capturing_ = false;
+    const std::uint64_t graph = stop_capture();
+    if (!refused_.empty()) {
+      if (graph) destroy_graph(graph);
+      fail(ErrorKind::kInvalidArgument,
+           info().id() + ": the graph capture was invalidated by " + refused_);
+    }
+    return graph;
+  }
+  bool capturing() const { return capturing_; }
+  virtual void launch_graph(std::uint64_t graph) { (void)graph; }
+  virtual void destroy_graph(std::uint64_t graph) { (void)graph; }
+
+ protected:
+  // The target's own begin and end of a capture; stop_capture() returns 0 where the target's
+  // runtime already refused the capture (refused_ then says why).
+  virtual void start_capture() {}
+  virtual std::uint64_t stop_capture() { return 0; }
+  // Throws for `call` made during a capture (`why`: what CUDA's rule protects), and invalidates
+  // the capture; a no-op outside one.
+  void refuse_in_capture(const char* call, const std::string& why) {
+    if (!capturing_) return;
+    const std::string what = std::string(call) + " during a graph capture: " + why +
+                             " (CUDA and HIP refuse it on a capturing stream: "
+                             "cudaErrorStreamCaptureUnsupported)";
+    if (refused_.empty()) refused_ = what;
+    fail(ErrorKind::kInvalidArgument, info().id() + ": " + what);
+  }
+  std::string refused_;  // the first refused call of the capture, "" while none
+
  private:
   std::vector<std::chrono::steady_clock::time_point> host_marks_;
+  bool capturing_ = false;
 };
 
 // The device of a target's Runtime: every op of core/device.h through the launchers of

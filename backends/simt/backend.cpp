@@ -5,12 +5,19 @@
 //
 // Device memory is host memory; a launch returns when the kernel has finished, so the stream is
 // always idle, events are complete when recorded and copies are plain memcpy.
+//
+// Graphs are a strict model of CUDA's: while capturing, launches and device-to-device copies are
+// recorded (checked, not run) on the device's own stream, a replay runs them in order, and every
+// call CUDA refuses on a capturing stream throws (gpu::Runtime::refuse_in_capture), so that CI
+// catches on the CPU what would fail on a GPU.
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/gpu/runtime.h"
 #include "backends/simt/simt.h"
@@ -39,6 +46,7 @@ DeviceInfo make_info() {
       "CPU SIMT runtime (CUDA/HIP kernels on host threads, warp " + std::to_string(kWarp) + ")";
   i.type = DeviceType::kVirtualGpu;
   i.test_only = true;  // never --backend auto's choice
+  i.graphs = true;     // a strict model of CUDA's (SimtRuntime's capture)
   i.driver = "backends/simt (Boost.Context fibers)";
   i.memory_bytes = host_memory_bytes(_SC_PHYS_PAGES);
   i.memory_budget_bytes = host_memory_bytes(_SC_AVPHYS_PAGES);
@@ -63,7 +71,7 @@ class SimtRuntime final : public gpu::Runtime {
   gpu::Ctx ctx() override {
     gpu::Ctx c;
     c.warp = kWarp;
-    c.stream = &default_runtime();
+    c.stream = &stream_;
     c.multiprocessors = default_runtime().threads();
     c.matrix_tiles = tiles_;
     c.tf32 = tf32_;
@@ -83,28 +91,81 @@ class SimtRuntime final : public gpu::Runtime {
     if (p) std::memset(p, 0xff, bytes);
     return p;
   }
-  void release(void* p) override { std::free(p); }
+  void release(void* p) override {
+    refuse_in_capture("release (cudaFree)", "freeing device memory waits for the device");
+    std::free(p);
+  }
   void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) override {
     *free_bytes = static_cast<std::size_t>(host_memory_bytes(_SC_AVPHYS_PAGES));
     *total_bytes = static_cast<std::size_t>(info_.memory_bytes);
   }
   void upload(void* dst, const void* host, std::size_t bytes) override {
+    refuse_in_capture("upload",
+                      "a copy from pageable host memory; a replay would read the host buffer "
+                      "again, after the caller reused it");
     std::memcpy(dst, host, bytes);
   }
   void download(void* host, const void* src, std::size_t bytes) override {
+    refuse_in_capture("download", "a blocking read waits for work that is only being recorded");
     std::memcpy(host, src, bytes);
   }
   void download_async(void* host, const void* src, std::size_t bytes) override {
+    refuse_in_capture("download_async", "a copy into pageable host memory");
     std::memcpy(host, src, bytes);
   }
   void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (std::vector<simt::Runtime::Node>* graph = stream_.capture()) {
+      graph->push_back([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+      return;
+    }
     std::memcpy(dst, src, bytes);
   }
-  std::uint64_t record_event() override { return 0; }
-  bool event_done(std::uint64_t) override { return true; }
-  void wait_event(std::uint64_t) override {}
-  void synchronize() override {}
+  std::uint64_t record_event() override {
+    refuse_in_capture("record_event", "the host would wait for or query an event of the graph");
+    return 0;
+  }
+  bool event_done(std::uint64_t) override {
+    refuse_in_capture("event_done (cudaEventQuery)", "querying work that is only being recorded");
+    return true;
+  }
+  void wait_event(std::uint64_t) override {
+    refuse_in_capture("wait_event (cudaEventSynchronize)",
+                      "waiting for work that is only being recorded");
+  }
+  void synchronize() override {
+    refuse_in_capture("synchronize (cudaStreamSynchronize)",
+                      "waiting for work that is only being recorded");
+  }
   void* native_stream() override { return nullptr; }
+
+  bool has_graphs() const override { return true; }
+  void launch_graph(std::uint64_t graph) override {
+    auto it = graphs_.find(graph);
+    if (it == graphs_.end())
+      fail(ErrorKind::kInvalidArgument, info_.id() + ": launch_graph: no graph " +
+                                            std::to_string(graph) + " (destroyed, or never made)");
+    const std::vector<simt::Runtime::Node>& nodes = it->second;
+    if (std::vector<simt::Runtime::Node>* outer = stream_.capture()) {  // a graph in a graph
+      outer->push_back([nodes] {
+        for (const auto& node : nodes) node();
+      });
+      return;
+    }
+    for (const auto& node : nodes) node();
+  }
+  void destroy_graph(std::uint64_t graph) override { graphs_.erase(graph); }
+
+ protected:
+  void start_capture() override {
+    recording_.clear();
+    stream_.begin_capture(&recording_);
+  }
+  std::uint64_t stop_capture() override {
+    stream_.end_capture();
+    graphs_[++last_graph_] = std::move(recording_);
+    recording_.clear();
+    return last_graph_;
+  }
 
  private:
   // The 16-bit GEMM through the matrix tile with CT_GPU_TILES=1 (gemm_tc.cu, or matmul.cu's tile
@@ -116,6 +177,11 @@ class SimtRuntime final : public gpu::Runtime {
   bool tiles_ = gpu::matrix_tiles_setting(false);
   bool tf32_ = false;
   DeviceInfo info_;
+  // This device's stream over the process-wide host threads: its captures are its own.
+  simt::Runtime stream_{&default_runtime()};
+  std::vector<simt::Runtime::Node> recording_;                        // the capture in progress
+  std::map<std::uint64_t, std::vector<simt::Runtime::Node>> graphs_;  // made graphs, by number
+  std::uint64_t last_graph_ = 0;
 };
 
 class SimtBackend final : public Backend {

@@ -570,7 +570,7 @@ void run_one_block(void* job_ptr, std::size_t index) {
 }
 }  // namespace
 
-void run_launch(Runtime* rt, const LaunchConfig& cfg, Entry entry, void* call) {
+void check_launch(const LaunchConfig& cfg) {
   auto bad = [&](const std::string& what) {
     throw std::runtime_error("simt: launch of " + std::string(cfg.kernel) + ": " + what);
   };
@@ -581,6 +581,11 @@ void run_launch(Runtime* rt, const LaunchConfig& cfg, Entry entry, void* call) {
   if (bd.z > 64 || std::size_t{bd.x} * bd.y * bd.z > 1024) bad("more than 1024 threads per block");
   if (cfg.shared_bytes > kDynamicSharedLimit) bad("dynamic shared memory over 227 KiB");
   if (current_lane) bad("kernels cannot launch kernels here");
+}
+
+void run_launch(Runtime* rt, const LaunchConfig& cfg, Entry entry, void* call) {
+  check_launch(cfg);
+  const dim3& g = cfg.grid;
   LaunchJob job{&cfg, entry, call};
   (rt ? *rt : default_runtime()).run_blocks(std::size_t{g.x} * g.y * g.z, run_one_block, &job);
 }
@@ -634,6 +639,14 @@ struct Runtime::Pool {
       }
     }
   }
+  ~Pool() {
+    {
+      std::lock_guard lock(m);
+      stop = true;
+    }
+    wake.notify_all();
+    for (auto& t : workers) t.join();
+  }
   void worker() {
     std::uint64_t seen = 0;
     for (;;) {
@@ -650,20 +663,15 @@ struct Runtime::Pool {
   }
 };
 
-Runtime::Runtime(int threads) : pool_(std::make_unique<Pool>()) {
+Runtime::Runtime(int threads) : pool_(std::make_shared<Pool>()) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   pool_->threads = threads;
   for (int i = 1; i < threads; ++i) pool_->workers.emplace_back([p = pool_.get()] { p->worker(); });
 }
 
-Runtime::~Runtime() {
-  {
-    std::lock_guard lock(pool_->m);
-    pool_->stop = true;
-  }
-  pool_->wake.notify_all();
-  for (auto& t : pool_->workers) t.join();
-}
+Runtime::Runtime(Runtime* pool_of) : pool_(pool_of->pool_) {}
+
+Runtime::~Runtime() = default;  // the last stream of a pool stops its threads (~Pool)
 
 int Runtime::threads() const {
   return pool_->threads;

@@ -9,11 +9,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <source_location>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 // CUDA's vector types for launch geometry and indices.
 struct dim3 {
@@ -35,11 +37,20 @@ struct LaunchConfig {
   const char* kernel = "kernel";
 };
 
-// A pool of host threads that blocks are spread over. Results of a kernel without float atomics
-// do not depend on the thread count.
+// A pool of host threads that blocks are spread over, and a stream launches are enqueued on (the
+// launch runs at once: the stream is always idle). Results of a kernel without float atomics do
+// not depend on the thread count.
+//
+// Graph capture, CUDA's stream capture: between begin_capture(graph) and end_capture() a launch on
+// this runtime is checked as a GPU checks it and appended to `graph` with its arguments (by value,
+// as kernel parameters are) instead of run; running the graph's nodes in order replays it. The
+// device class (backends/gpu) refuses the calls CUDA refuses during a capture.
 class Runtime {
  public:
   explicit Runtime(int threads);  // threads <= 0: the hardware concurrency
+  // Another stream over the host threads of `pool_of` (which it keeps alive): launches run there,
+  // and its capture is its own (a device's stream on the process-wide pool).
+  explicit Runtime(Runtime* pool_of);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -47,9 +58,15 @@ class Runtime {
   // Runs body(block_index) for every block in [0, blocks); the first error is rethrown.
   void run_blocks(std::size_t blocks, void (*body)(void*, std::size_t), void* ctx);
 
+  using Node = std::function<void()>;  // one recorded launch or copy
+  void begin_capture(std::vector<Node>* graph) { capture_ = graph; }
+  void end_capture() { capture_ = nullptr; }
+  std::vector<Node>* capture() const { return capture_; }
+
  private:
   struct Pool;
-  std::unique_ptr<Pool> pool_;
+  std::shared_ptr<Pool> pool_;
+  std::vector<Node>* capture_ = nullptr;
 };
 Runtime& default_runtime();  // threads from CT_SIMT_THREADS, else the hardware concurrency
 
@@ -74,6 +91,9 @@ inline const BlockInfo& block_info() {
 using Entry = void (*)(void* call);
 // Runs every block of the launch; call is handed to entry in every thread of every block.
 void run_launch(Runtime* rt, const LaunchConfig& cfg, Entry entry, void* call);
+// The launch's geometry and shared memory as a GPU checks them when it is enqueued; throws
+// naming the kernel.
+void check_launch(const LaunchConfig& cfg);
 std::uint64_t warp_collective(Shuffle op, std::uint64_t bits, int arg, int width,
                               const std::source_location& where);
 void* static_shared(const void* key, std::size_t bytes, std::size_t align);
@@ -168,17 +188,24 @@ T* dynamic_shared() {
   return static_cast<T*>(detail::dynamic_shared());
 }
 
-// kernel(args...) over cfg.grid x cfg.block; returns when every block has finished.
+// kernel(args...) over cfg.grid x cfg.block; returns when every block has finished. While `rt`
+// captures, the launch is checked and recorded instead.
 template <typename... P>
 void launch(Runtime* rt, const LaunchConfig& cfg, void (*kernel)(P...), P... args) {
   struct Call {
     void (*kernel)(P...);
     std::tuple<P...> args;
   } call{kernel, std::tuple<P...>(args...)};
-  detail::run_launch(
-      rt, cfg,
-      [](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->args); },
-      &call);
+  const detail::Entry entry = [](void* c) {
+    std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->args);
+  };
+  if (rt && rt->capture()) {
+    detail::check_launch(cfg);
+    rt->capture()->push_back(
+        [rt, cfg, entry, call]() mutable { detail::run_launch(rt, cfg, entry, &call); });
+    return;
+  }
+  detail::run_launch(rt, cfg, entry, &call);
 }
 
 }  // namespace ct::simt

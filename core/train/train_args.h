@@ -97,6 +97,11 @@ struct TrainArgs {
   // takes fractions too, and defaults to 16 MiB: GradientAverager::kDefaultBucketElems floats)
   double ddp_bucket_cap_mb = 16;
 
+  // On a device with graphs (CUDA, HIP, the SIMT runtime), each micro-batch's forward and
+  // backward is captured once and replayed as one launch (core/train/step_graph.h) unless a
+  // setting rules it out; false: one launch per op (--no-cuda-graph).
+  bool cuda_graph = true;
+
   bool progress_bar = true;  // only drawn when stderr is a terminal
   bool profile = false;      // print the device's per-op time table at the end (--profile)
 };

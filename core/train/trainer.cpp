@@ -30,6 +30,7 @@
 #include "core/train/optimizer.h"
 #include "core/train/progress.h"
 #include "core/train/schedule.h"
+#include "core/train/step_graph.h"
 
 namespace ct {
 namespace fs = std::filesystem;
@@ -537,6 +538,9 @@ struct Run {
   double optimizer_bytes_per_param = 0;
   Tensor inputs, targets, loss_sum, grad_norm;
   std::unique_ptr<dist::GradientAverager> averager;
+  // Each micro-batch's forward and backward as a device graph, where the device and settings
+  // allow it (core/train/step_graph.h).
+  std::unique_ptr<StepGraph> graph;
   // --zero-stage 1: the reduce-scatter and all-gather of this rank's shard, which shard, and
   // every rank's optimizer state bytes (rank order).
   std::unique_ptr<dist::ShardExchange> exchange;
@@ -665,6 +669,8 @@ void open_model(Run& r) {
   if (args.ddp_overlap && r.world > 1)
     model.set_gradients_ready(
         [averager = r.averager.get()](int64_t off, int64_t n) { averager->ready(off, n); });
+  r.graph = std::make_unique<StepGraph>(
+      dev, step_graph_refusal(args, dev.info(), r.scaler->enabled(), r.world));
 }
 
 // Resume: weights, optimizer state, step, data position and the open logging window of the
@@ -749,11 +755,14 @@ double optimizer_step(Run& r, int64_t step) {
     // The last micro-batch's backward finishes the gradients: the averager takes the buckets it
     // reports final from here on (the earlier ones would be added to).
     if (micro + 1 == r.accum) r.averager->begin(model.trainable_grads());
-    // forward and backward, the loss and its gradient over the logits in one pass
-    Tensor loss = model.forward_backward(r.inputs, r.targets, r.B, r.T,
-                                         scaler.scale() / static_cast<float>(r.accum));
+    // forward and backward, the loss and its gradient over the logits in one pass (captured
+    // into a graph and replayed where the device and settings allow: the same ops every time)
+    const float dloss_scale = scaler.scale() / static_cast<float>(r.accum);
+    r.graph->run([&] {
+      Tensor loss = model.forward_backward(r.inputs, r.targets, r.B, r.T, dloss_scale);
+      dev.accumulate(r.loss_sum, loss);
+    });
     model.set_lora_dropout_draw(args.seed, -1);
-    dev.accumulate(r.loss_sum, loss);
   }
   // Data parallel: each rank's gradient is of its rows' mean loss; their mean is the gradient of
   // the whole batch's. Before the fp16 check, so an inf on one rank skips the step on all.
@@ -817,6 +826,8 @@ void log_window(Run& r, int64_t done, double lr, bool do_eval, std::ofstream& me
   rec["zero_stage"] = args.zero_stage;
   rec["optimizer_bytes"] = r.optimizer->state_bytes();
   rec["optimizer_bytes_per_rank"] = r.optimizer_bytes_per_rank;
+  // Whether micro-batches are replayed as a graph (the device counts the replays), or why not.
+  if (dev.info().graphs) rec["step_graph"] = r.graph->enabled() ? "on" : r.graph->refusal();
   char line[256];
   std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
                 static_cast<long long>(done), static_cast<long long>(args.max_steps), mean_loss, lr,
@@ -934,6 +945,15 @@ TrainSummary train(const TrainArgs& args) {
   if (r.main_rank)
     print_run_header(args, r.source, *r.model, r.mopts, r.summary.device, r.data_path, r.split,
                      r.start_step, r.resume_dir, r.comm);
+  if (r.main_rank && r.device->info().graphs) {
+    if (r.graph->enabled())
+      std::printf(
+          "graph: each micro-batch's forward and backward captured at the second and "
+          "replayed as one launch (--no-cuda-graph: one launch per op)\n");
+    else
+      std::printf("graph: off, each op launched on its own: %s\n", r.graph->refusal().c_str());
+    std::fflush(stdout);
+  }
   ProgressBar bar(r.start_step, args.max_steps, args.progress_bar && r.main_rank);
   r.t_start = r.t_window = Clock::now();
   for (int64_t step = r.start_step; step < args.max_steps; ++step) {
@@ -958,6 +978,7 @@ TrainSummary train(const TrainArgs& args) {
     bar.update(done, r.summary.final_loss, r.summary.tokens_per_s,
                r.device->memory().total_current);
   }
+  r.graph->release();  // before the sample, which may size the activations anew
   bar.finish();
   finish_run(r);
   return r.summary;

@@ -500,4 +500,36 @@ TEST(SimtRuntime, KernelErrorsNameKernelAndBlockInsteadOfHanging) {
   EXPECT_EQ(sum, 128.0f);
 }
 
+// Capture, CUDA's stream capture: launches on a capturing stream are checked and recorded with
+// their arguments (by value), not run; running the nodes replays them, in order. A stream over
+// another's host threads captures on its own: the other runs its launches as ever.
+TEST(SimtRuntime, CaptureRecordsLaunchesWithTheirArgumentsAndStreamsCaptureApart) {
+  Runtime pool(2);
+  Runtime stream(&pool);
+  EXPECT_EQ(stream.threads(), 2);
+  std::vector<float> x(512, 0.25f), y(512, 1.0f);
+  float sums[2] = {-1, -1}, other = -1;
+  std::vector<Runtime::Node> graph;
+  stream.begin_capture(&graph);
+  float* target = &sums[0];
+  launch<32>(CT_KERNEL(tree_sum), dim3(2), dim3(256), 0, &stream, x.data(), target);
+  target = nullptr;  // the recorded launch keeps the pointer it was given
+  launch<32>(CT_KERNEL(tree_sum), dim3(1), dim3(256), 0, &pool, y.data(), &other);  // runs now
+  std::string e = error_of([&] {  // checked when recorded, as a GPU checks the launch
+    launch<32>(CT_KERNEL(tree_sum), dim3(1), dim3(2048), 0, &stream, x.data(), &sums[0]);
+  });
+  EXPECT_NE(e.find("more than 1024 threads"), std::string::npos) << e;
+  stream.end_capture();
+  EXPECT_EQ(graph.size(), 1u);
+  EXPECT_EQ(other, 256.0f);
+  EXPECT_EQ(sums[0], -1.0f) << "a captured launch ran";
+  for (const Runtime::Node& node : graph) node();
+  EXPECT_EQ(sums[0], 64.0f);
+  EXPECT_EQ(sums[1], 64.0f);
+  std::fill(x.begin(), x.end(), 0.5f);  // a replay reads the memory as it is then
+  for (const Runtime::Node& node : graph) node();
+  EXPECT_EQ(sums[0], 128.0f);
+  EXPECT_EQ(sums[1], 128.0f);
+}
+
 }  // namespace

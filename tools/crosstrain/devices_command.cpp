@@ -28,6 +28,7 @@ static nlohmann::json device_json(const DeviceInfo& d) {
       {"fp16_arithmetic", d.fp16_arithmetic},
       {"bf16_arithmetic", d.bf16_arithmetic},
       {"tf32", d.tf32},
+      {"graphs", d.graphs},
       {"native_stack", d.native_stack},
       {"test_only", d.test_only},
       {"preferred_attention", d.preferred_attention == AttentionPath::kFused ? "fused" : "unfused"},
@@ -85,9 +86,11 @@ Run add_devices(CLI::App& app) {
             "%s\n",
             dt.c_str(), d.fp16_arithmetic ? "yes" : "no", d.bf16_arithmetic ? "yes" : "no",
             d.cooperative_matrix ? "yes" : "no");
-        std::printf("            attention (auto): %s; tf32: %s%s%s\n",
+        std::printf("            attention (auto): %s; tf32: %s; graphs: %s%s%s\n",
                     d.preferred_attention == AttentionPath::kFused ? "fused" : "unfused",
-                    d.tf32 ? "yes (--tf32)" : "no", d.native_stack ? "; native stack" : "",
+                    d.tf32 ? "yes (--tf32)" : "no",
+                    d.graphs ? "yes (the step replayed; --no-cuda-graph)" : "no",
+                    d.native_stack ? "; native stack" : "",
                     d.test_only ? "; for tests (never --backend auto)" : "");
         for (const auto& [k, v] : d.extra)
           std::printf("            %s: %s\n", k.c_str(), v.c_str());
