@@ -136,7 +136,8 @@ n_out="$(find "$tmp/dry" -mindepth 1 -maxdepth 1 | wc -l)"
 ((n_out <= 8)) || fail "gpu-check.sh --pack left $n_out files: $(ls "$tmp/dry" | tr '\n' ' ')"
 grep -q '"format": "crosstrain-report"' "$tmp/dry/report.json" || fail "gpu-check.sh wrote no crosstrain report"
 grep -q '^| tiny | fp32 | [0-9]' "$tmp/dry/report.md" || fail "the dry run's report has no tiny tokens/s: $(cat "$tmp/dry/report.md")"
-tar -tzf "$tmp/dry/logs.tar.gz" | grep -q '^report-native.log$' || fail "logs.tar.gz lacks the report's log"
+# (grep reads the whole list: with pipefail, an early exit of grep -q could fail tar on SIGPIPE)
+grep -qx 'report-native.log' <(tar -tzf "$tmp/dry/logs.tar.gz") || fail "logs.tar.gz lacks the report's log"
 lap "gpu-check.sh, dry on cpu:0 (the report only, packed: $n_out files)"
 
 # ---- gpu-check.sh refuses what is not a bundle -------------------------------------------------
