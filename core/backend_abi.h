@@ -67,6 +67,10 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {14, "6a74b1e94cf3fc1e63c1ab97a09afcf8822aeb24ec14108ffca1123090f7cbed",
      "Device::counters: running totals a backend keeps (host waits, GEMMs its library refused), "
      "written to metrics.jsonl"},
+    // 15: another branch's (numbered in parallel; the merge renumbers one of the two).
+    {16, "f9bb6478424777d3bee884affc28850c350c27f874f06d04d1a35573cd14c3fb",
+     "matmul_bias_gelu and matmul_gelu_backward: the tanh GELU in a product's epilogue, forward "
+     "(pre and gelu(pre)) and backward (gelu_backward of the product); kMatmul answers for them"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.
