@@ -50,15 +50,20 @@ __device__ __forceinline__ float gelu_grad(float v, float d) {
   return ct_mul_exp(d * u * (1.0f + p * u), e);
 }
 
-// A GEMM's GELU epilogue (kernels.h GemmArgs::gelu_out / gelu_pre), for an output element at
-// `at` whose f32 result is r (alpha acc + beta c + bias, before its rounding to C): the value to
-// store in c, and with gelu_out, gelu of c as stored into gelu_out, both of element C.
+// A GEMM's GELU epilogue (kernels.h GemmArgs::gelu_out / gelu_pre), a second pass of the thread
+// over the outputs it has just stored in c (of element C; the thread reads back its own stores):
+// gelu_out (=) gelu(c), or c (=) gelu_backward(gelu_pre, c), as gelu.cu's kernels would compute
+// them from c, so the same bits. A pass of its own rather than code inside the kernels' unrolled
+// accumulator loops: grown by the GELU, those loops are no longer unrolled by AMDGPU (gfx90a),
+// which would then keep every GEMM's accumulators in scratch memory.
 template <typename C>
-__device__ __forceinline__ void gemm_store_gelu(void* c, std::int64_t at, float r, void* gelu_out,
-                                                const void* gelu_pre) {
-  if (gelu_pre) r = gelu_grad(C::load(gelu_pre, at), C::rounded(r));
-  C::store(c, at, r);
-  if (gelu_out) C::store(gelu_out, at, gelu_value(C::rounded(r)));
+__device__ __forceinline__ void gemm_gelu_pass(void* c, std::int64_t at, void* gelu_out,
+                                               const void* gelu_pre) {
+  const float v = C::load(c, at);
+  if (gelu_pre)
+    C::store(c, at, gelu_grad(C::load(gelu_pre, at), v));
+  else
+    C::store(gelu_out, at, gelu_value(v));
 }
 
 }  // namespace ct::gpu

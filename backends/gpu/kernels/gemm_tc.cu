@@ -25,8 +25,8 @@
 // time share the slices of b they read (L2 reuse on a GPU; the results do not depend on it).
 //
 // Arithmetic: k in order 0 .. K-1 through the tiles, f32 accumulation; alpha acc, then + beta c,
-// then + bias (rounded to c's type first where c is 16-bit), each rounded once, then the GELU
-// epilogues (gelu_math.h) (the build has FMA
+// then + bias (rounded to c's type first where c is 16-bit), each rounded once; then the GELU
+// epilogue's pass over the stored outputs (gelu_math.h) (the build has FMA
 // contraction off), as matmul.cu's kernels. On
 // the SIMT runtime the matrix instructions sum in that order, so there the results are the
 // scalar kernel's bits (tests/simt/mma_test.cpp holds them to it at warp 32 and 64); tensor
@@ -258,10 +258,22 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     if (beta != 0.0f) r += beta * (c32 ? F32::load(c, at) : AB::load(c, at));
     if (bias) r += c32 ? bias[n] : AB::rounded(bias[n]);
     if (c32)
-      gemm_store_gelu<F32>(c, at, r, gelu_out, gelu_pre);
+      F32::store(c, at, r);
     else
-      gemm_store_gelu<AB>(c, at, r, gelu_out, gelu_pre);
+      AB::store(c, at, r);
   }
+  if (!gelu_out && !gelu_pre) return;
+  for (int i = 0; i < TI; ++i)
+    for (int j = 0; j < TJ; ++j)
+      for (int e = 0; e < L::NC; ++e) {
+        const std::int64_t m = m0 + wm + i * L::TM + L::c_row(lane, e);
+        const std::int64_t n = n0 + wn + j * L::TN + L::c_col(lane, e);
+        if (m >= M || n >= N) continue;
+        if (c32)
+          gemm_gelu_pass<F32>(c, c_off + m * N + n, gelu_out, gelu_pre);
+        else
+          gemm_gelu_pass<AB>(c, c_off + m * N + n, gelu_out, gelu_pre);
+      }
 }
 
 template <int W, typename AB, bool TA, bool TB>

@@ -131,7 +131,16 @@ __global__ void CT_LAUNCH_BOUNDS(kGemmThreads)
       float r = alpha * acc[i][j];
       if (beta != 0.0f) r += beta * Cel::load(c, at);
       if (bias) r += Cel::rounded(bias[n]);
-      gemm_store_gelu<Cel>(c, at, r, gelu_out, gelu_pre);
+      Cel::store(c, at, r);
+    }
+  }
+  if (!gelu_out && !gelu_pre) return;
+  for (int i = 0; i < kMi; ++i) {
+    const std::int64_t m = m0 + row0 + i * kRowB;
+    if (m >= M) continue;
+    for (int j = 0; j < kNj; ++j) {
+      const std::int64_t n = n0 + col0 + j * kColB;
+      if (n < N) gemm_gelu_pass<Cel>(c, c_off + m * N + n, gelu_out, gelu_pre);
     }
   }
 }
@@ -210,7 +219,15 @@ __global__ void CT_LAUNCH_BOUNDS(4 * WARP)
         float r = alpha * acc[i][j][e];
         if (beta != 0.0f) r += beta * Cel::load(c, at);
         if (bias) r += Cel::rounded(bias[n]);
-        gemm_store_gelu<Cel>(c, at, r, gelu_out, gelu_pre);
+        Cel::store(c, at, r);
+      }
+  if (!gelu_out && !gelu_pre) return;
+  for (int i = 0; i < kTilesM; ++i)
+    for (int j = 0; j < kTilesN; ++j)
+      for (int e = 0; e < L::NC; ++e) {
+        const std::int64_t m = m0 + wm + i * L::TM + L::c_row(lane, e);
+        const std::int64_t n = n0 + wn + j * L::TN + L::c_col(lane, e);
+        if (m < M && n < N) gemm_gelu_pass<Cel>(c, c_off + m * N + n, gelu_out, gelu_pre);
       }
 }
 
