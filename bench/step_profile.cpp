@@ -6,6 +6,7 @@
 //
 //   step_profile [--model tiny|gpt2] [--batch B] [--seq T] [--layers L] [--steps N] [--warmup W]
 //                [--detail] [--cpu-time] [--unfused-residual] [--separate-loss]
+//                [--unfused-gelu]
 //
 // tiny = 6L/6H/384, V 256, T 256, batch 4; gpt2 = 12L/12H/768, V 50257, T 1024, batch 1 (the
 // presets of bench/train_bench.py); --layers overrides the layer count (a quicker run of the same
@@ -15,6 +16,9 @@
 // The loss and its gradient run as the trainer runs them, in one op
 // (crossentropy_forward_backward, timed as "crossentropy fwd+bwd"); --separate-loss times the two
 // ops it replaced (crossentropy_forward in the forward, crossentropy_backward in the backward).
+// The MLP's GELU runs in its products' epilogues as the model runs it (matmul_bias_gelu, timed as
+// "matmul+gelu fwd", and matmul_gelu_backward, "matmul+gelu bwd"); --unfused-gelu times the
+// products and gelu_forward / gelu_backward apart.
 // --cpu-time measures process CPU time instead of wall time: with OMP_NUM_THREADS=1 it is the
 // op's single-core cost, which load from other processes barely changes (with more threads it
 // also counts OpenMP/OpenBLAS spin-waiting).
@@ -84,7 +88,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::string model = "tiny";
   int B = -1, T = -1, steps = 10, warmup = 2, layers = -1;
-  bool detail = false, unfused_residual = false, separate_loss = false;
+  bool detail = false, unfused_residual = false, separate_loss = false, unfused_gelu = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
@@ -108,11 +112,13 @@ int main(int argc, char** argv) {
       unfused_residual = true;
     else if (a == "--separate-loss")
       separate_loss = true;
+    else if (a == "--unfused-gelu")
+      unfused_gelu = true;
     else {
       std::fprintf(stderr,
                    "usage: step_profile [--model tiny|gpt2] [--batch B] [--seq T] "
                    "[--layers L] [--steps N] [--warmup W] [--detail] [--cpu-time] "
-                   "[--unfused-residual] [--separate-loss]\n");
+                   "[--unfused-residual] [--separate-loss] [--unfused-gelu]\n");
       return 2;
     }
   }
@@ -262,9 +268,15 @@ int main(int argc, char** argv) {
       });
       linear_fwd("attproj", a.attproj, a.atty, w.projw, w.projb);
       residual_ln(a.res2, a.ln2, a.ln2m, a.ln2r, res[l], a.attproj, w.ln2w, w.ln2b);
-      linear_fwd("fc", a.fch, a.ln2, w.fcw, w.fcb);
-      prof.time("gelu fwd",
-                [&] { d.gelu_forward(a.fchg.reshape({BT * 4 * C}), a.fch.reshape({BT * 4 * C})); });
+      if (unfused_gelu) {
+        linear_fwd("fc", a.fch, a.ln2, w.fcw, w.fcb);
+        prof.time("gelu fwd", [&] {
+          d.gelu_forward(a.fchg.reshape({BT * 4 * C}), a.fch.reshape({BT * 4 * C}));
+        });
+      } else {
+        prof.time("matmul+gelu fwd",
+                  [&] { d.matmul_bias_gelu(a.fchg, a.fch, a.ln2, w.fcw, false, false, w.fcb); });
+      }
       linear_fwd("fcproj", a.fcproj, a.fchg, w.fcprojw, w.fcprojb);
       // the next block's ln1, or ln_f after the last block
       if (l + 1 < L) {
@@ -297,11 +309,19 @@ int main(int argc, char** argv) {
       Layer& w = p[static_cast<size_t>(l)];
       Layer& gw = g[static_cast<size_t>(l)];
       Acts& a = acts[static_cast<size_t>(l)];
-      linear_bwd("fcproj", d4a, gw.fcprojw, gw.fcprojb, dres, a.fchg, w.fcprojw);
-      prof.time("gelu bwd", [&] {
-        d.gelu_backward(d4b.reshape({BT * 4 * C}), a.fch.reshape({BT * 4 * C}),
-                        d4a.reshape({BT * 4 * C}));
-      });
+      if (unfused_gelu) {
+        linear_bwd("fcproj", d4a, gw.fcprojw, gw.fcprojb, dres, a.fchg, w.fcprojw);
+        prof.time("gelu bwd", [&] {
+          d.gelu_backward(d4b.reshape({BT * 4 * C}), a.fch.reshape({BT * 4 * C}),
+                          d4a.reshape({BT * 4 * C}));
+        });
+      } else {
+        prof.time("matmul+gelu bwd",
+                  [&] { d.matmul_gelu_backward(d4b, dres, w.fcprojw, false, true, a.fch); });
+        prof.time(mm_label("fcproj", "dw TN+="),
+                  [&] { d.matmul(gw.fcprojw, a.fchg, dres, true, false, 1, 1); });
+        prof.time("bias_backward", [&] { d.bias_backward(gw.fcprojb, dres); });
+      }
       linear_bwd("fc", dln, gw.fcw, gw.fcb, d4b, a.ln2, w.fcw);
       prof.time("layernorm bwd", [&] {
         d.layernorm_backward(dres, gw.ln2w, gw.ln2b, dln, a.res2, w.ln2w, a.ln2m, a.ln2r);

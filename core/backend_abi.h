@@ -70,6 +70,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {15, "f5c7db5d249984ff70bebc0daf83d974c633a8a1cac111a7410c2fe32944cfc0",
      "graphs: Device::begin_capture / end_capture / replay_graph / release_graph and "
      "DeviceInfo::graphs (a micro-batch's forward and backward replayed as a CUDA/HIP graph)"},
+    {16, "1a84654e9f976c5ed21bd1bf1de2599d20c444bec5b9673a1d420e5b244821eb",
+     "matmul_bias_gelu and matmul_gelu_backward: the tanh GELU in a product's epilogue, forward "
+     "(pre and gelu(pre)) and backward (gelu_backward of the product); kMatmul answers for them"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.

@@ -246,6 +246,13 @@ inline int64_t quant_blocks(int64_t n) {
   return (n + kQuantBlockSize - 1) / kQuantBlockSize;
 }
 
+// The bound matmul_bias_gelu and matmul_gelu_backward allow a vendor library's epilogue (GELU
+// of the f32 value before its rounding to the output's dtype), relative to |pre| (|g|): two ulps
+// of the dtype at 1 (bf16 2^-6, f16 2^-9), 2^-10 for f32 (the library's own tanh).
+inline double gelu_epilogue_rel_tol(DType dt) {
+  return dt == DType::bf16 ? 0x1p-6 : dt == DType::f16 ? 0x1p-9 : 0x1p-10;
+}
+
 // What matmul() resolved from its operands, handed to matmul_kernel().
 struct MatmulDims {
   int64_t batch = 1;  // product of c's leading dims
@@ -448,6 +455,30 @@ class Device {
   // autocast and llm.c add it there.
   void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
               float alpha = 1.0f, float beta = 0.0f, const Tensor* bias = nullptr);
+  // The MLP's first product with its activation in the epilogue (llm.c's GELU fusion):
+  //   pre (=) op(a) @ op(b) + bias, as matmul(pre, a, b, trans_a, trans_b, 1, 0, &bias) stores it;
+  //   out (=) gelu(pre) as gelu_forward(out, pre) computes it from the stored pre.
+  // pre, out [..., M, N] of one dtype: f32, or a's 16-bit dtype; bias [N] f32; pre (saved for the
+  // backward) and out overlap neither each other nor a, b. A device's own kernels give exactly
+  // the bits of those two ops on that device. Where a vendor library runs the product (cuBLASLt's
+  // GELU_AUX_BIAS epilogue on CUDA), pre is the library's product with bias, as its matmul would
+  // store it, and out is GELU of the f32 sum before pre's rounding, rounded once: then
+  //   |out - gelu(pre)| <= gelu_epilogue_rel_tol(dtype) * |pre| + 1e-6
+  // (pre's rounding moves gelu by at most 0.57 of pre's ulp, the library's tanh and out's own
+  // rounding by less than one ulp of the dtype).
+  void matmul_bias_gelu(const Tensor& out, const Tensor& pre, const Tensor& a, const Tensor& b,
+                        bool trans_a, bool trans_b, const Tensor& bias);
+  // The GELU's backward in the epilogue of the product that gives its output's gradient (the
+  // MLP's c_proj dgrad):
+  //   dpre (=) gelu_backward(pre, g), g = op(a) @ op(b) as matmul(g, a, b, trans_a, trans_b)
+  //   stores it in dpre's dtype,
+  // without storing g. dpre, pre [..., M, N] of one dtype, f32 or a's 16-bit dtype; dpre
+  // overlaps neither pre nor a, b. A device's own kernels give exactly the bits of matmul() into
+  // a tensor of dpre's dtype then gelu_backward(); a vendor library (cuBLASLt's DGELU epilogue)
+  // multiplies the f32 g before its rounding: |dpre - gelu_backward(pre, g)| <=
+  // gelu_epilogue_rel_tol(dtype) * |g| + 1e-6, g as the library's matmul would store it.
+  void matmul_gelu_backward(const Tensor& dpre, const Tensor& a, const Tensor& b, bool trans_a,
+                            bool trans_b, const Tensor& pre);
   // dbias (+=) column sums of dout: dout [M,N], dbias [N].
   void bias_backward(const Tensor& dbias, const Tensor& dout);
 
@@ -636,7 +667,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 15;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 16;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

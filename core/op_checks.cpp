@@ -381,10 +381,11 @@ void Device::rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& 
   rmsnorm_backward_kernel(dx, dw, dout, x, w, rstd);
 }
 
-void Device::matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
-                    float alpha, float beta, const Tensor* bias) {
-  Check k(*this, "matmul");
-  k.flt("c", c, OpKind::kMatmul);
+namespace {
+
+// matmul()'s operands checked and its dimensions resolved (the fused products share them).
+MatmulDims matmul_dims(const Check& k, const Tensor& c, const Tensor& a, const Tensor& b,
+                       bool trans_a, bool trans_b) {
   k.flt("a", a, OpKind::kMatmul);
   k.flt("b", b, OpKind::kMatmul);
   std::string desc =
@@ -405,12 +406,69 @@ void Device::matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool tran
   CT_REQUIRE(!overlaps(c, a) && !overlaps(c, b), k.op() + ": c must not overlap a or b" + desc);
   d.a_batched = batch_matches(k, a, c, desc);
   d.b_batched = batch_matches(k, b, c, desc);
+  return d;
+}
+
+// A fused product's second output (or saved input) t beside its output c: c's shape and dtype,
+// overlapping neither c nor a, b.
+void epilogue_tensor(const Check& k, const char* name, const Tensor& t, const char* c_name,
+                     const Tensor& c, const Tensor& a, const Tensor& b) {
+  k.flt(name, t, OpKind::kMatmul);
+  CT_REQUIRE(
+      t.shape == c.shape && t.dtype == c.dtype,
+      k.op() + ": " + name + " must have " + c_name + "'s shape and dtype" + shapes({&t, &c}));
+  CT_REQUIRE(
+      !overlaps(t, c) && !overlaps(t, a) && !overlaps(t, b),
+      k.op() + ": " + name + " must not overlap " + c_name + ", a or b" + shapes({&t, &c, &a, &b}));
+}
+
+}  // namespace
+
+void Device::matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                    float alpha, float beta, const Tensor* bias) {
+  Check k(*this, "matmul");
+  k.flt("c", c, OpKind::kMatmul);
+  const MatmulDims d = matmul_dims(k, c, a, b, trans_a, trans_b);
   if (bias) {
     k.f32("bias", *bias);
     CT_REQUIRE(bias->numel() == d.N,
-               k.op() + ": bias must be [N]" + desc + " bias " + bias->describe());
+               k.op() + ": bias must be [N]" + shapes({&c, bias}) + " bias " + bias->describe());
   }
   matmul_kernel(c, a, b, d, trans_a, trans_b, alpha, beta, bias);
+}
+
+void Device::matmul_bias_gelu(const Tensor& out, const Tensor& pre, const Tensor& a,
+                              const Tensor& b, bool trans_a, bool trans_b, const Tensor& bias) {
+  Check k(*this, "matmul_bias_gelu");
+  k.flt("pre", pre, OpKind::kMatmul);
+  const MatmulDims d = matmul_dims(k, pre, a, b, trans_a, trans_b);
+  epilogue_tensor(k, "out", out, "pre", pre, a, b);
+  k.f32("bias", bias);
+  CT_REQUIRE(bias.numel() == d.N, k.op() + ": bias must be [N]" + shapes({&pre, &bias}));
+  matmul_bias_gelu_kernel(out, pre, a, b, d, trans_a, trans_b, bias);
+}
+
+void Device::matmul_gelu_backward(const Tensor& dpre, const Tensor& a, const Tensor& b,
+                                  bool trans_a, bool trans_b, const Tensor& pre) {
+  Check k(*this, "matmul_gelu_backward");
+  k.flt("dpre", dpre, OpKind::kMatmul);
+  const MatmulDims d = matmul_dims(k, dpre, a, b, trans_a, trans_b);
+  epilogue_tensor(k, "pre", pre, "dpre", dpre, a, b);
+  matmul_gelu_backward_kernel(dpre, a, b, d, trans_a, trans_b, pre);
+}
+
+void Device::matmul_bias_gelu_kernel(const Tensor& out, const Tensor& pre, const Tensor& a,
+                                     const Tensor& b, const MatmulDims& d, bool trans_a,
+                                     bool trans_b, const Tensor& bias) {
+  matmul_kernel(pre, a, b, d, trans_a, trans_b, 1.0f, 0.0f, &bias);
+  gelu_forward_kernel(out, pre);
+}
+
+void Device::matmul_gelu_backward_kernel(const Tensor& dpre, const Tensor& a, const Tensor& b,
+                                         const MatmulDims& d, bool trans_a, bool trans_b,
+                                         const Tensor& pre) {
+  matmul_kernel(dpre, a, b, d, trans_a, trans_b, 1.0f, 0.0f, nullptr);
+  gelu_backward_kernel(dpre, pre, dpre);
 }
 
 void Device::bias_backward(const Tensor& dbias, const Tensor& dout) {

@@ -4,6 +4,11 @@
 // Row-major c [M, N] = op(a) op(b) is column-major c^T [N, M] = op(b)^T op(a)^T: cuBLASLt gets
 // b as its A and a as its B with the same transpose flags, and the bias epilogue's per-row
 // vector of the column-major result is our per-column bias [N].
+//
+// The GELU epilogues (GemmArgs::gelu_out / gelu_pre): GELU_AUX_BIAS writes gelu(product + bias)
+// to D and the pre-activation to its auxiliary matrix, so D is our gelu_out and the auxiliary
+// matrix our c; DGELU reads the pre-activation from the auxiliary matrix (our gelu_pre) and
+// writes product * gelu'(pre) to D, our c. The auxiliary matrix has c's layout (ld N) and type.
 #include "backends/cuda/cublaslt.h"
 
 #include <cublasLt.h>
@@ -30,8 +35,9 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 // What the plan depends on: types, compute type, transposes, sizes, batch strides, the bias's
-// type (-1: none), beta != 0, and the alignment of each operand (its address and batch stride).
-using PlanKey = std::array<int64_t, 18>;
+// type (-1: none), beta != 0, the alignment of each operand (its address and batch stride), the
+// GELU epilogue (0 none, 1 forward, 2 backward) and its auxiliary matrix's alignment.
+using PlanKey = std::array<int64_t, 20>;
 
 struct Cublaslt::Lib {
   std::map<PlanKey, Plan> plans;
@@ -180,6 +186,11 @@ bool Cublaslt::gemm(const gpu::GemmArgs& g, void* stream_ptr) {
   Lib& l = *lib_;
   if (!why_.empty() || !l.lt) return false;
   if (g.M > INT32_MAX || g.N > INT32_MAX || g.K > INT32_MAX || g.K == 0) return false;
+  // The auxiliary matrix: our c in the forward, gelu_pre in the backward (see the top).
+  const int gelu = g.gelu_out ? 1 : g.gelu_pre ? 2 : 0;
+  const void* aux = gelu == 1 ? g.c : g.gelu_pre;
+  void* d_out = gelu == 1 ? g.gelu_out : g.c;
+  if (gelu && (g.beta != 0.0f || g.N % 8 != 0)) return false;  // aux ld: a multiple of 8
   const cudaDataType_t ab = data_type(g.ab_elem), ct = data_type(g.c_elem);
   const cublasComputeType_t compute =
       g.ab_elem == gpu::Elem::kF32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -208,8 +219,10 @@ bool Cublaslt::gemm(const gpu::GemmArgs& g, void* stream_ptr) {
                        g.beta != 0.0f ? 1 : 0,
                        alignment(g.a, batched * g.stride_a * elem_bytes(g.ab_elem)),
                        alignment(g.b, batched * g.stride_b * elem_bytes(g.ab_elem)),
-                       alignment(g.c, batched * g.stride_c * elem_bytes(g.c_elem)),
-                       bias ? alignment(bias, 0) : 0};
+                       alignment(d_out, batched * g.stride_c * elem_bytes(g.c_elem)),
+                       bias ? alignment(bias, 0) : 0,
+                       gelu,
+                       gelu ? alignment(aux, batched * g.stride_c * elem_bytes(g.c_elem)) : 0};
   auto [it, fresh] = l.plans.try_emplace(key);
   Plan& p = it->second;
   if (fresh) {
@@ -220,9 +233,23 @@ bool Cublaslt::gemm(const gpu::GemmArgs& g, void* stream_ptr) {
       const cublasOperation_t tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
       l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
       l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+      const cublasLtEpilogue_t epi =
+          gelu == 2   ? CUBLASLT_EPILOGUE_DGELU
+          : gelu == 1 ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+          : bias      ? CUBLASLT_EPILOGUE_BIAS
+                      : CUBLASLT_EPILOGUE_DEFAULT;
+      l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+      if (gelu) {
+        const int64_t ld = g.N, stride = batched * g.stride_c;
+        l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                         sizeof aux);
+        l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                         sizeof ld);
+        if (g.batch > 1)
+          l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE,
+                                           &stride, sizeof stride);
+      }
       if (bias) {
-        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-        l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
         l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                          sizeof bias);
         l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
@@ -279,11 +306,24 @@ bool Cublaslt::gemm(const gpu::GemmArgs& g, void* stream_ptr) {
     }
   }
   if (!p.ok) return false;
-  if (bias)  // the plan outlives this call's bias buffer: its address is set each call
+  // The plan outlives this call's buffers: the bias's and the auxiliary matrix's addresses are
+  // set each call.
+  if (bias)
     l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+  if (gelu)
+    l.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                     sizeof aux);
   const float alpha = g.alpha, beta = g.beta;
-  if (l.cublasLtMatmul(l.lt, p.op, &alpha, g.b, p.la, g.a, p.lb, &beta, g.c, p.lc, g.c, p.lc,
-                       &p.algo, l.workspace, l.workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS)
+  const cublasStatus_t st =
+      l.cublasLtMatmul(l.lt, p.op, &alpha, g.b, p.la, g.a, p.lb, &beta, d_out, p.lc, d_out, p.lc,
+                       &p.algo, l.workspace, l.workspace_bytes, stream);
+  if (st != CUBLAS_STATUS_SUCCESS && gelu) {
+    // An epilogue the heuristic offered but the call rejects (checked before anything is
+    // enqueued): remembered as refused, the own kernel runs it.
+    l.destroy(p);
+    return false;
+  }
+  if (st != CUBLAS_STATUS_SUCCESS)
     fail(ErrorKind::kDevice, "cublasLtMatmul failed for " + std::to_string(g.M) + "x" +
                                  std::to_string(g.N) + "x" + std::to_string(g.K));
   return true;

@@ -1,7 +1,8 @@
 // cuBLASLt, loaded at run time: GEMMs with fp16/bf16 inputs on tensor cores (fp32 accumulation),
-// fp32 ones in fp32 or, after set_tf32(true) (crosstrain train --tf32), TF32; the bias epilogue;
-// batches with strides. The CUDA plugin's gpu::GemmLibrary (backends/gpu/gemm_library.h). The
-// plugin loads without it: describe() then says why the project's own kernel runs instead.
+// fp32 ones in fp32 or, after set_tf32(true) (crosstrain train --tf32), TF32; the bias epilogue,
+// and GELU_AUX_BIAS / DGELU for GemmArgs' GELU epilogues; batches with strides. The CUDA plugin's
+// gpu::GemmLibrary (backends/gpu/gemm_library.h). The plugin loads without it: describe() then says
+// why the project's own kernel runs instead.
 #pragma once
 
 #include <cuda_runtime_api.h>

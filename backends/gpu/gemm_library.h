@@ -14,9 +14,10 @@ namespace ct::gpu {
 class GemmLibrary {
  public:
   virtual ~GemmLibrary() = default;
-  // Enqueues c = alpha op(a) op(b) + beta c (+ bias) on `stream` (the target's native stream,
-  // cudaStream_t or hipStream_t) and returns true, or returns false with nothing enqueued where
-  // the library is missing or has no algorithm for these arguments: the caller then runs the
+  // Enqueues c = alpha op(a) op(b) + beta c (+ bias, + g's GELU epilogue) on `stream` (the
+  // target's native stream, cudaStream_t or hipStream_t) and returns true, or returns false with
+  // nothing enqueued where the library is missing or has no algorithm for these arguments (a
+  // library without GELU epilogues refuses every g that asks for one): the caller then runs the
   // project's own kernel.
   virtual bool gemm(const GemmArgs& g, void* stream) = 0;
   // True where the library adds g's bias only in the output's type (cuBLASLt has no kernels for

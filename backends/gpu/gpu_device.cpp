@@ -412,28 +412,25 @@ class GpuDevice final : public Device {
   void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
                      bool trans_a, bool trans_b, float alpha, float beta,
                      const Tensor* bias) override {
-    GemmArgs g;
-    g.c = ptr(c);
-    g.a = ptr(a);
-    g.b = ptr(b);
-    g.bias = bias ? f(*bias) : nullptr;
-    g.c_elem = elem_of(c.dtype);
-    g.ab_elem = elem_of(a.dtype);
-    g.batch = d.batch;
-    g.M = d.M;
-    g.N = d.N;
-    g.K = d.K;
-    g.stride_a = d.a_batched ? d.M * d.K : 0;
-    g.stride_b = d.b_batched ? d.K * d.N : 0;
-    g.stride_c = d.M * d.N;
-    g.trans_a = trans_a;
-    g.trans_b = trans_b;
+    GemmArgs g = gemm_args(c, a, b, d, trans_a, trans_b, bias);
     g.alpha = alpha;
     g.beta = beta;
-    if (!profiling_) return rt_->gemm(g);
-    std::string path;
-    rt_->gemm(g, &path);
-    ++paths_["matmul: " + path];
+    run_gemm(g);
+  }
+  // The GELU epilogues of the own kernels, or cuBLASLt's (GELU_AUX_BIAS, DGELU).
+  void matmul_bias_gelu_kernel(const Tensor& out, const Tensor& pre, const Tensor& a,
+                               const Tensor& b, const MatmulDims& d, bool trans_a, bool trans_b,
+                               const Tensor& bias) override {
+    GemmArgs g = gemm_args(pre, a, b, d, trans_a, trans_b, &bias);
+    g.gelu_out = ptr(out);
+    run_gemm(g);
+  }
+  void matmul_gelu_backward_kernel(const Tensor& dpre, const Tensor& a, const Tensor& b,
+                                   const MatmulDims& d, bool trans_a, bool trans_b,
+                                   const Tensor& pre) override {
+    GemmArgs g = gemm_args(dpre, a, b, d, trans_a, trans_b, nullptr);
+    g.gelu_pre = ptr(pre);
+    run_gemm(g);
   }
   void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) override {
     const std::int64_t N = dbias.numel();
@@ -624,6 +621,36 @@ class GpuDevice final : public Device {
   }
   static AdamArgs adam_args(const AdamWHyper& hp) {
     return AdamArgs{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.max_grad_norm, hp.step};
+  }
+  static GemmArgs gemm_args(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
+                            bool trans_a, bool trans_b, const Tensor* bias) {
+    GemmArgs g;
+    g.c = ptr(c);
+    g.a = ptr(a);
+    g.b = ptr(b);
+    g.bias = bias ? f(*bias) : nullptr;
+    g.c_elem = elem_of(c.dtype);
+    g.ab_elem = elem_of(a.dtype);
+    g.batch = d.batch;
+    g.M = d.M;
+    g.N = d.N;
+    g.K = d.K;
+    g.stride_a = d.a_batched ? d.M * d.K : 0;
+    g.stride_b = d.b_batched ? d.K * d.N : 0;
+    g.stride_c = d.M * d.N;
+    g.trans_a = trans_a;
+    g.trans_b = trans_b;
+    return g;
+  }
+  // The library or the own kernel (the runtime decides), and under --profile which one ran.
+  void run_gemm(const GemmArgs& g) {
+    if (!profiling_) return rt_->gemm(g);
+    std::string path;
+    rt_->gemm(g, &path);
+    const char* op = g.gelu_out   ? "matmul_bias_gelu: "
+                     : g.gelu_pre ? "matmul_gelu_backward: "
+                                  : "matmul: ";
+    ++paths_[op + path];
   }
 
   // Scratch memory for one op at a time (256-byte aligned). Growing it drops the old buffer:

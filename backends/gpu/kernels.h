@@ -148,6 +148,13 @@ struct GemmArgs {
   // adds nothing but a bias of the output's type (GemmLibrary::bias_in_output_type): the same
   // values the contract adds. The own kernels read `bias` and round it themselves.
   const void* bias_lowp = nullptr;
+  // The GELU epilogues (core/device.h matmul_bias_gelu / matmul_gelu_backward), at most one set,
+  // both of c_elem with c's shape and strides, neither with beta != 0:
+  //   gelu_out: c (=) the product as above, then gelu_out (=) gelu(c as stored);
+  //   gelu_pre: c (=) gelu_backward(gelu_pre, the product as c would store it).
+  // The own kernels give the bits of gemm() then gelu.cu's kernel (gelu_math.h).
+  void* gelu_out = nullptr;
+  const void* gelu_pre = nullptr;
 };
 // The project's own GEMM: gemm_tc below where it takes g, else matmul.cu's tiled kernels (16-bit
 // inputs through the 64 x 64 matrix-tile kernel where the device runs tiles, else the scalar one).

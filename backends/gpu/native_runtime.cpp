@@ -156,7 +156,8 @@ std::string gemm_key(const gpu::GemmArgs& g) {
   };
   return std::string(name(g.ab_elem)) + " x " + name(g.ab_elem) + " -> " + name(g.c_elem) + ", " +
          std::to_string(g.M) + "x" + std::to_string(g.N) + "x" + std::to_string(g.K) + " " +
-         (g.trans_a ? "t" : "n") + (g.trans_b ? "t" : "n") + (g.bias ? ", bias" : "") + ", batch " +
+         (g.trans_a ? "t" : "n") + (g.trans_b ? "t" : "n") + (g.bias ? ", bias" : "") +
+         (g.gelu_out ? ", gelu" : "") + (g.gelu_pre ? ", dgelu" : "") + ", batch " +
          std::to_string(g.batch) + (g.beta != 0.0f ? ", beta " : "") +
          (g.beta != 0.0f ? std::to_string(g.beta) : "");
 }

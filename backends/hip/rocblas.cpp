@@ -97,7 +97,7 @@ std::string Rocblas::describe() const {
 bool Rocblas::gemm(const gpu::GemmArgs& g, void* stream_ptr) {
   const auto stream = static_cast<hipStream_t>(stream_ptr);
   Lib& l = *lib_;
-  if (!why_.empty() || !l.handle || g.bias || g.K == 0) return false;
+  if (!why_.empty() || !l.handle || g.bias || g.gelu_out || g.gelu_pre || g.K == 0) return false;
   if (g.M > INT32_MAX || g.N > INT32_MAX || g.K > INT32_MAX || g.batch > INT32_MAX) return false;
   if (l.set_stream(l.handle, stream) != 0) return false;
   const int ta = g.trans_b ? kOpTranspose : kOpNone, tb = g.trans_a ? kOpTranspose : kOpNone;

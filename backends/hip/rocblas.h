@@ -21,7 +21,8 @@ class Rocblas final : public gpu::GemmLibrary {
   Rocblas& operator=(const Rocblas&) = delete;
 
   // Enqueues the product on `stream` and returns true, or returns false (nothing enqueued) where
-  // rocBLAS is missing or cannot do it (a bias: rocBLAS has no epilogue; the own kernel fuses it).
+  // rocBLAS is missing or cannot do it (a bias or a GELU: rocBLAS has no epilogue; the own kernel
+  // fuses them).
   bool gemm(const gpu::GemmArgs& g, void* stream) override;
   std::string describe() const override;
 

@@ -64,14 +64,25 @@ void GPT2::backward(float dloss_scale) {
     // ---- MLP -----------------------------------------------------------------------------------
     // residual3 = residual2 + fcproj: d fcproj = dresidual, and dresidual flows on to residual2.
     // dfch_gelu (B,T,4C) h = dresidual @ mlp.c_proj.w^T
+    // dfch (B,T,4C) h = gelu'(fch) * dfch_gelu: the GELU's backward in the product's epilogue,
+    // unless a LoRA adapter on c_proj adds its part to dfch_gelu first
     if (mixed) device_.copy(dresidual_mm, dresidual);
-    Tensor dfch_gelu = dbt_4c_a;
-    linear_bwd(l, 3, dfch_gelu, dp.fcprojw, dp.fcprojb, dresidual_mm, view(a.fch_gelu, {BT, 4 * C}),
-               p.fcprojw, &dresidual);
-    // dfch (B,T,4C) h = gelu'(fch) * dfch_gelu
     Tensor dfch = dbt_4c_b;
-    device_.gelu_backward(dfch.reshape({BT * 4 * C}), view(a.fch, {BT * 4 * C}),
-                          dfch_gelu.reshape({BT * 4 * C}));
+    if (!lora_adapted(l, 3)) {
+      device_.matmul_gelu_backward(dfch, dresidual_mm, p.fcprojw, false, true,
+                                   view(a.fch, {BT, 4 * C}));
+      if (!frozen) {
+        device_.matmul(dp.fcprojw, view(a.fch_gelu, {BT, 4 * C}), dresidual_mm, true, false, 1.0f,
+                       1.0f);
+        device_.bias_backward(dp.fcprojb, dresidual);
+      }
+    } else {
+      Tensor dfch_gelu = dbt_4c_a;
+      linear_bwd(l, 3, dfch_gelu, dp.fcprojw, dp.fcprojb, dresidual_mm,
+                 view(a.fch_gelu, {BT, 4 * C}), p.fcprojw, &dresidual);
+      device_.gelu_backward(dfch.reshape({BT * 4 * C}), view(a.fch, {BT * 4 * C}),
+                            dfch_gelu.reshape({BT * 4 * C}));
+    }
     // dln2 (B,T,C) f32 = dfch @ c_fc.w^T
     linear_bwd(l, 2, dln, dp.fcw, dp.fcb, dfch, view(a.ln2, {BT, C}), p.fcw, nullptr);
 

@@ -69,12 +69,17 @@ void GPT2::block_forward(int l, int B, int T, bool recompute) {
                                      residual, attproj, p.ln2w, p.ln2b, eps);
 
   // ---- MLP -------------------------------------------------------------------------------------
-  // fch (B,T,4C) h = ln2 @ c_fc.w + c_fc.b;  fch_gelu = gelu(fch)
+  // fch (B,T,4C) h = ln2 @ c_fc.w + c_fc.b;  fch_gelu = gelu(fch): the GELU in the product's
+  // epilogue, unless a LoRA adapter adds its update to fch first
   Tensor fch = view(a.fch, {BT, 4 * C});
-  linear_forward(device_, fch, ln2, p.fcw, p.fcb);
-  lora_forward(l, 2, 1, fch, ln2);
   Tensor fch_gelu = view(a.fch_gelu, {BT, 4 * C});
-  device_.gelu_forward(fch_gelu.reshape({BT * 4 * C}), fch.reshape({BT * 4 * C}));
+  if (!lora_adapted(l, 2)) {
+    device_.matmul_bias_gelu(fch_gelu, fch, ln2, p.fcw, false, false, p.fcb);
+  } else {
+    linear_forward(device_, fch, ln2, p.fcw, p.fcb);
+    lora_forward(l, 2, 1, fch, ln2);
+    device_.gelu_forward(fch_gelu.reshape({BT * 4 * C}), fch.reshape({BT * 4 * C}));
+  }
   // fcproj (B,T,C) h = fch_gelu @ mlp.c_proj.w + mlp.c_proj.b
   Tensor fcproj = view(a.fcproj, {BT, C});
   linear_forward(device_, fcproj, fch_gelu, p.fcprojw, p.fcprojb);

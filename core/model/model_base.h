@@ -225,6 +225,11 @@ class ModelBase : public Model {
   // LoRA glue of linear layers: out (+=) the adapters' updates of sites [first, first + n) of
   // block l (no-op without LoRA).
   void lora_forward(int l, int first, int n, const Tensor& out, const Tensor& x) const;
+  // Whether site m of layer l carries a LoRA adapter (a fused epilogue then cannot take its
+  // product: the adapter's update is added between the product and the activation).
+  bool lora_adapted(int l, int m) const {
+    return lora_ && lora_->adapted(l * sites_per_layer_ + m);
+  }
   // dinp (=) dout @ w (transpose_w: w^T) plus the adapter's part of site m of block l; an adapter
   // with dropout active writes dinp (=) first and the base's part is added after it. The base's
   // weight gradients are the caller's (none when lora()).

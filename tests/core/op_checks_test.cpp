@@ -292,6 +292,39 @@ TEST(OpChecks, CrossEntropyForwardBackwardLossesMustNotOverlapLogits) {
   }
 }
 
+TEST(OpChecks, GeluEpilogueOutputsMustNotOverlapAndMatchTheProduct) {
+  expect_rule(
+      [](Device& d) {
+        Tensor buf = up(d, {8}, Vec(8, 0.0f));
+        d.matmul_bias_gelu(buf.slice_flat(2, {2, 2}), buf.slice_flat(0, {2, 2}),
+                           up(d, {2, 3}, Vec(6, 1.0f)), up(d, {3, 2}, Vec(6, 1.0f)), false, false,
+                           up(d, {2}, Vec(2, 0.0f)));
+      },
+      ErrorKind::kInvalidArgument, "matmul_bias_gelu: out must not overlap pre, a or b");
+  expect_rule(
+      [](Device& d) {
+        d.matmul_gelu_backward(up(d, {2, 2}, Vec(4, 0.0f)), up(d, {2, 3}, Vec(6, 1.0f)),
+                               up(d, {3, 2}, Vec(6, 1.0f)), false, false,
+                               up(d, {2, 3}, Vec(6, 0.0f)));
+      },
+      ErrorKind::kInvalidArgument, "matmul_gelu_backward: pre must have dpre's shape and dtype");
+  expect_rule(
+      [](Device& d) {
+        d.matmul_bias_gelu(up(d, {2, 2}, Vec(4, 0.0f)), up(d, {2, 2}, Vec(4, 0.0f)),
+                           up(d, {2, 3}, Vec(6, 1.0f)), up(d, {3, 2}, Vec(6, 1.0f)), false, false,
+                           up(d, {3}, Vec(3, 0.0f)));
+      },
+      ErrorKind::kInvalidArgument, "matmul_bias_gelu: bias must be [N]");
+  for (Device* d : devices()) {  // 1 + 1 + 1 + bias 1 = 4: gelu(4), and 0 * gelu'(x) = 0
+    SCOPED_TRACE(d->info().id());
+    Tensor out = up(*d, {2, 2}, Vec(4, 0.0f)), pre = up(*d, {2, 2}, Vec(4, 0.0f));
+    d->matmul_bias_gelu(out, pre, up(*d, {2, 3}, Vec(6, 1.0f)), up(*d, {3, 2}, Vec(6, 1.0f)), false,
+                        false, up(*d, {2}, Vec(2, 1.0f)));
+    EXPECT_EQ(down(*d, pre)[3], 4.0f);
+    EXPECT_NEAR(down(*d, out)[3], 3.99993, 1e-5);
+  }
+}
+
 TEST(OpChecks, ConvertingCopyMustNotOverlapASameDtypeCopyMay) {
   expect_rule(
       [](Device& d) {

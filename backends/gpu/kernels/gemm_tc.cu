@@ -25,7 +25,8 @@
 // time share the slices of b they read (L2 reuse on a GPU; the results do not depend on it).
 //
 // Arithmetic: k in order 0 .. K-1 through the tiles, f32 accumulation; alpha acc, then + beta c,
-// then + bias (rounded to c's type first where c is 16-bit), each rounded once (the build has FMA
+// then + bias (rounded to c's type first where c is 16-bit), each rounded once; then the GELU
+// epilogue's pass over the stored outputs (gelu_math.h) (the build has FMA
 // contraction off), as matmul.cu's kernels. On
 // the SIMT runtime the matrix instructions sum in that order, so there the results are the
 // scalar kernel's bits (tests/simt/mma_test.cpp holds them to it at warp 32 and 64); tensor
@@ -34,6 +35,7 @@
 #include <string>
 
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/gelu_math.h"
 #include "backends/gpu/kernels/mma.h"
 
 // Loops over fragments and tiles run unrolled under nvcc (their arrays must stay in registers).
@@ -189,10 +191,10 @@ __device__ __forceinline__ void slice_w64(float (&c)[TI][TJ][16], const std::uin
 // groups (tiles_m x tiles_n tiles), block z batch element z_base + z.
 template <int WARP, typename AB, bool TA, bool TB>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
-    gemm_tc_kernel(void* c, const void* a, const void* b, const float* bias, bool c32,
-                   std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t stride_a,
-                   std::int64_t stride_b, std::int64_t stride_c, float alpha, float beta,
-                   std::int64_t tiles_m, std::int64_t tiles_n, std::int64_t z_base) {
+    gemm_tc_kernel(void* c, const void* a, const void* b, const float* bias, void* gelu_out,
+                   const void* gelu_pre, bool c32, std::int64_t M, std::int64_t N, std::int64_t K,
+                   std::int64_t stride_a, std::int64_t stride_b, std::int64_t stride_c, float alpha,
+                   float beta, std::int64_t tiles_m, std::int64_t tiles_n, std::int64_t z_base) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads);
   using L = MmaLayout<WARP>;
   using W = Warps<WARP>;
@@ -260,6 +262,18 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     else
       AB::store(c, at, r);
   }
+  if (!gelu_out && !gelu_pre) return;
+  for (int i = 0; i < TI; ++i)
+    for (int j = 0; j < TJ; ++j)
+      for (int e = 0; e < L::NC; ++e) {
+        const std::int64_t m = m0 + wm + i * L::TM + L::c_row(lane, e);
+        const std::int64_t n = n0 + wn + j * L::TN + L::c_col(lane, e);
+        if (m >= M || n >= N) continue;
+        if (c32)
+          gemm_gelu_pass<F32>(c, c_off + m * N + n, gelu_out, gelu_pre);
+        else
+          gemm_gelu_pass<AB>(c, c_off + m * N + n, gelu_out, gelu_pre);
+      }
 }
 
 template <int W, typename AB, bool TA, bool TB>
@@ -270,8 +284,8 @@ void gemm_tc_launch(const Ctx& cx, const GemmArgs& g) {
     const std::int64_t zs = g.batch - z0 < 65535 ? g.batch - z0 : 65535;
     const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1, static_cast<unsigned>(zs));
     launch<W>(CT_KERNEL(gemm_tc_kernel<W, AB, TA, TB>), grid, dim3(kThreads), 0, stream_of(cx), g.c,
-              g.a, g.b, g.bias, g.c_elem == Elem::kF32, g.M, g.N, g.K, g.stride_a, g.stride_b,
-              g.stride_c, g.alpha, g.beta, tiles_m, tiles_n, z0);
+              g.a, g.b, g.bias, g.gelu_out, g.gelu_pre, g.c_elem == Elem::kF32, g.M, g.N, g.K,
+              g.stride_a, g.stride_b, g.stride_c, g.alpha, g.beta, tiles_m, tiles_n, z0);
   }
 }
 

@@ -1,13 +1,13 @@
 // GEMM (the project's own, for every target) and the bias gradient.
 //
 // gemm: c_z = alpha op(a_z) op(b_z) + beta c_z (+ bias, rounded to c's type first where c is
-// 16-bit), batched by blockIdx.z with element strides (0 = one matrix for the whole batch). A
-// block computes a kBM x kBN tile of c from kBK-deep slices of a and b staged in shared memory as
-// fp32; each thread owns a kMi x kNj set of outputs (on GPUs 256 threads of 4 x 4 at stride 16,
-// on the SIMT runtime 64 threads of 8 x 8 adjacent ones) and accumulates over k in order 0 ..
-// K-1, one rounding per product and per add (the build has FMA contraction off), so every
-// output's bits depend on the inputs only -- not on the tile shape, the thread layout, the warp
-// size or the target.
+// 16-bit; then the GELU epilogues of kernels.h's GemmArgs, gelu_math.h), batched by blockIdx.z with
+// element strides (0 = one matrix for the whole batch). A block computes a kBM x kBN tile of c from
+// kBK-deep slices of a and b staged in shared memory as fp32; each thread owns a kMi x kNj set of
+// outputs (on GPUs 256 threads of 4 x 4 at stride 16, on the SIMT runtime 64 threads of 8 x 8
+// adjacent ones) and accumulates over k in order 0 .. K-1, one rounding per product and per add
+// (the build has FMA contraction off), so every output's bits depend on the inputs only -- not on
+// the tile shape, the thread layout, the warp size or the target.
 //
 // gemm_tile_kernel: the same GEMM for 16-bit a and b through the matrix tile of
 // backends/gpu/kernels/mma.h (tensor cores on sm_80+, MFMA on gfx90a, the scalar form elsewhere).
@@ -15,6 +15,7 @@
 // the 128 x 128 tensor-core kernel of gemm_tc.cu does not take (gemm() asks gemm_tc_refusal
 // first): 16-bit operands whose rows are not 16-byte aligned.
 #include "backends/gpu/kernels/common.h"
+#include "backends/gpu/kernels/gelu_math.h"
 #include "backends/gpu/kernels/mma.h"
 
 namespace ct::gpu {
@@ -48,10 +49,10 @@ static_assert(kBK * kBM % kGemmThreads == 0 && kBK * kBN % kGemmThreads == 0,
 // rows m_base + kBM y .., columns kBN x .. of batch element z_base + z.
 template <int WARP, typename AB, typename Cel, bool TA, bool TB>
 __global__ void CT_LAUNCH_BOUNDS(kGemmThreads)
-    gemm_kernel(void* c, const void* a, const void* b, const float* bias, std::int64_t M,
-                std::int64_t N, std::int64_t K, std::int64_t stride_a, std::int64_t stride_b,
-                std::int64_t stride_c, float alpha, float beta, std::int64_t m_base,
-                std::int64_t z_base) {
+    gemm_kernel(void* c, const void* a, const void* b, const float* bias, void* gelu_out,
+                const void* gelu_pre, std::int64_t M, std::int64_t N, std::int64_t K,
+                std::int64_t stride_a, std::int64_t stride_b, std::int64_t stride_c, float alpha,
+                float beta, std::int64_t m_base, std::int64_t z_base) {
   CT_CHECK_LAUNCH_BOUNDS(kGemmThreads);
   CT_SHARED(float, as, kBK* kBM);  // as[k * kBM + m]
   CT_SHARED(float, bs, kBK* kBN);  // bs[k * kBN + n]
@@ -133,6 +134,15 @@ __global__ void CT_LAUNCH_BOUNDS(kGemmThreads)
       Cel::store(c, at, r);
     }
   }
+  if (!gelu_out && !gelu_pre) return;
+  for (int i = 0; i < kMi; ++i) {
+    const std::int64_t m = m0 + row0 + i * kRowB;
+    if (m >= M) continue;
+    for (int j = 0; j < kNj; ++j) {
+      const std::int64_t n = n0 + col0 + j * kColB;
+      if (n < N) gemm_gelu_pass<Cel>(c, c_off + m * N + n, gelu_out, gelu_pre);
+    }
+  }
 }
 
 // As gemm_kernel, for AB = F16 or BF16 through the matrix tile. Block (x, y, z) computes rows
@@ -140,10 +150,10 @@ __global__ void CT_LAUNCH_BOUNDS(kGemmThreads)
 // 32 (w / 2) .., columns 32 (w % 2) .. of that tile, as (32 / TM) x (32 / TN) tiles.
 template <int WARP, typename AB, typename Cel, bool TA, bool TB>
 __global__ void CT_LAUNCH_BOUNDS(4 * WARP)
-    gemm_tile_kernel(void* c, const void* a, const void* b, const float* bias, std::int64_t M,
-                     std::int64_t N, std::int64_t K, std::int64_t stride_a, std::int64_t stride_b,
-                     std::int64_t stride_c, float alpha, float beta, std::int64_t m_base,
-                     std::int64_t z_base) {
+    gemm_tile_kernel(void* c, const void* a, const void* b, const float* bias, void* gelu_out,
+                     const void* gelu_pre, std::int64_t M, std::int64_t N, std::int64_t K,
+                     std::int64_t stride_a, std::int64_t stride_b, std::int64_t stride_c,
+                     float alpha, float beta, std::int64_t m_base, std::int64_t z_base) {
   CT_CHECK_LAUNCH_BOUNDS(4 * WARP);
   using L = MmaLayout<WARP>;
   constexpr int kThreadsT = 4 * WARP, kTK = 16, kPad = 8;  // kTK: a multiple of every L::TK
@@ -211,6 +221,14 @@ __global__ void CT_LAUNCH_BOUNDS(4 * WARP)
         if (bias) r += Cel::rounded(bias[n]);
         Cel::store(c, at, r);
       }
+  if (!gelu_out && !gelu_pre) return;
+  for (int i = 0; i < kTilesM; ++i)
+    for (int j = 0; j < kTilesN; ++j)
+      for (int e = 0; e < L::NC; ++e) {
+        const std::int64_t m = m0 + wm + i * L::TM + L::c_row(lane, e);
+        const std::int64_t n = n0 + wn + j * L::TN + L::c_col(lane, e);
+        if (m < M && n < N) gemm_gelu_pass<Cel>(c, c_off + m * N + n, gelu_out, gelu_pre);
+      }
 }
 
 // partial (chunks, N): for chunk k = blockIdx.y, the column sums of its kChunk rows of dout
@@ -255,14 +273,14 @@ void gemm_launch(const Ctx& cx, const GemmArgs& g) {
       if constexpr (kTile) {
         if (tile) {
           launch<W>(CT_KERNEL(gemm_tile_kernel<W, AB, Cel, TA, TB>), grid, dim3(4 * W), 0,
-                    stream_of(cx), g.c, g.a, g.b, g.bias, g.M, g.N, g.K, g.stride_a, g.stride_b,
-                    g.stride_c, g.alpha, g.beta, y0 * kBM, z0);
+                    stream_of(cx), g.c, g.a, g.b, g.bias, g.gelu_out, g.gelu_pre, g.M, g.N, g.K,
+                    g.stride_a, g.stride_b, g.stride_c, g.alpha, g.beta, y0 * kBM, z0);
           continue;
         }
       }
       launch<W>(CT_KERNEL(gemm_kernel<W, AB, Cel, TA, TB>), grid, dim3(kGemmThreads), 0,
-                stream_of(cx), g.c, g.a, g.b, g.bias, g.M, g.N, g.K, g.stride_a, g.stride_b,
-                g.stride_c, g.alpha, g.beta, y0 * kBM, z0);
+                stream_of(cx), g.c, g.a, g.b, g.bias, g.gelu_out, g.gelu_pre, g.M, g.N, g.K,
+                g.stride_a, g.stride_b, g.stride_c, g.alpha, g.beta, y0 * kBM, z0);
     }
   }
 }

@@ -705,4 +705,20 @@ void VulkanDevice::bias_backward_kernel(const Tensor& dbias, const Tensor& dout)
   }
 }
 
+// The GELU epilogues: two dispatches each, core's composition (matmul_kernel, then the GELU
+// shader over what it stored), so the bits are those of the unfused ops. An epilogue in the
+// GEMM shaders would have to follow every split above (K pieces chained through beta store
+// partial sums, and the GELU must see only the final one) in each of the four shader variants.
+void VulkanDevice::matmul_bias_gelu_kernel(const Tensor& out, const Tensor& pre, const Tensor& a,
+                                           const Tensor& b, const MatmulDims& d, bool trans_a,
+                                           bool trans_b, const Tensor& bias) {
+  Device::matmul_bias_gelu_kernel(out, pre, a, b, d, trans_a, trans_b, bias);
+}
+
+void VulkanDevice::matmul_gelu_backward_kernel(const Tensor& dpre, const Tensor& a, const Tensor& b,
+                                               const MatmulDims& d, bool trans_a, bool trans_b,
+                                               const Tensor& pre) {
+  Device::matmul_gelu_backward_kernel(dpre, a, b, d, trans_a, trans_b, pre);
+}
+
 }  // namespace ct::vk
