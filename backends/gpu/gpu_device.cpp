@@ -622,8 +622,8 @@ class GpuDevice final : public Device {
   static AdamArgs adam_args(const AdamWHyper& hp) {
     return AdamArgs{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.max_grad_norm, hp.step};
   }
-  static GemmArgs gemm_args(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
-                            bool trans_a, bool trans_b, const Tensor* bias) {
+  GemmArgs gemm_args(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
+                     bool trans_a, bool trans_b, const Tensor* bias) {
     GemmArgs g;
     g.c = ptr(c);
     g.a = ptr(a);

@@ -342,6 +342,24 @@ class NativeRuntime final : public gpu::Runtime {
       if (path) *path = kLibrary;
       return;
     }
+    // A GELU epilogue the library does not take (rocBLAS has none; cuBLASLt's needs N % 8 == 0):
+    // the product in the library and the GELU as its own pass, which are the unfused ops' bits.
+    // No fallback: the GEMM still ran in the library.
+    if (g.gelu_out || g.gelu_pre) {
+      gpu::GemmArgs plain = lg;
+      plain.gelu_out = nullptr;
+      plain.gelu_pre = nullptr;
+      if (blas_->gemm(plain, stream_)) {
+        const gpu::Ctx cx = ctx();
+        const std::int64_t n = g.batch * g.M * g.N;
+        if (g.gelu_out)
+          gpu::gelu_forward(cx, g.gelu_out, g.c, g.c_elem, n);
+        else
+          gpu::gelu_backward(cx, g.c, g.gelu_pre, g.c, g.c_elem, n);
+        if (path) *path = std::string(kLibrary) + ", then the GELU kernel (epilogue refused)";
+        return;
+      }
+    }
     // Not silently: each shape the library refuses is said once on stderr, and counted for
     // --profile (gemm_fallbacks).
     const gpu::Ctx cx = ctx();
