@@ -258,10 +258,18 @@ class CpuDevice final : public Device, private Workspace {
                                          const Tensor& r, const Tensor& w, const Tensor& b,
                                          float eps) override {
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
-    float* o = out_(out, 1, false);
-    k_.residual_layernorm_forward(f(residual), o, f(mean), f(rstd), f(x), in(r, 0), f(w), f(b), N,
-                                  C, eps);
-    store(out, o);
+    if (r.dtype == DType::f32 && out.dtype == DType::f32)
+      return k_.residual_layernorm_forward(f(residual), f(out), f(mean), f(rstd), f(x), f(r), f(w),
+                                           f(b), N, C, eps);
+    // 16-bit r or out: rows in pieces (the kernel is row by row)
+    pieces(N, C, 2, [&](int64_t r0, int64_t nr, float* s, int64_t stride) {
+      const int64_t e0 = r0 * C, n = nr * C;
+      const float* rs = r.dtype == DType::f32 ? f(r) + e0 : (widen_to(s, r, e0, n), s);
+      float* os = out.dtype == DType::f32 ? f(out) + e0 : s + stride;
+      k_.residual_layernorm_forward(f(residual) + e0, os, f(mean) + r0, f(rstd) + r0, f(x) + e0, rs,
+                                    f(w), f(b), nr, C, eps);
+      if (out.dtype != DType::f32) round_from(out, os, e0, n);
+    });
   }
   void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
                                  const Tensor& dout, const Tensor& x, const Tensor& w,
@@ -274,17 +282,27 @@ class CpuDevice final : public Device, private Workspace {
   void rmsnorm_forward_kernel(const Tensor& out, const Tensor& rstd, const Tensor& x,
                               const Tensor& w, float eps) override {
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
-    float* o = out_(out, 0, false);
-    k_.rmsnorm_forward(o, f(rstd), f(x), f(w), N, C, eps);
-    store(out, o);
+    if (out.dtype == DType::f32) return k_.rmsnorm_forward(f(out), f(rstd), f(x), f(w), N, C, eps);
+    pieces(N, C, 1, [&](int64_t r0, int64_t nr, float* s, int64_t) {
+      k_.rmsnorm_forward(s, f(rstd) + r0, f(x) + r0 * C, f(w), nr, C, eps);
+      round_from(out, s, r0 * C, nr * C);
+    });
   }
   void residual_rmsnorm_forward_kernel(const Tensor& residual, const Tensor& out,
                                        const Tensor& rstd, const Tensor& x, const Tensor& r,
                                        const Tensor& w, float eps) override {
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
-    float* o = out_(out, 1, false);
-    k_.residual_rmsnorm_forward(f(residual), o, f(rstd), f(x), in(r, 0), f(w), N, C, eps);
-    store(out, o);
+    if (r.dtype == DType::f32 && out.dtype == DType::f32)
+      return k_.residual_rmsnorm_forward(f(residual), f(out), f(rstd), f(x), f(r), f(w), N, C, eps);
+    // 16-bit r or out: rows in pieces (the kernel is row by row)
+    pieces(N, C, 2, [&](int64_t r0, int64_t nr, float* s, int64_t stride) {
+      const int64_t e0 = r0 * C, n = nr * C;
+      const float* rs = r.dtype == DType::f32 ? f(r) + e0 : (widen_to(s, r, e0, n), s);
+      float* os = out.dtype == DType::f32 ? f(out) + e0 : s + stride;
+      k_.residual_rmsnorm_forward(f(residual) + e0, os, f(rstd) + r0, f(x) + e0, rs, f(w), nr, C,
+                                  eps);
+      if (out.dtype != DType::f32) round_from(out, os, e0, n);
+    });
   }
   void rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& dout,
                                const Tensor& x, const Tensor& w, const Tensor& rstd) override {
@@ -324,8 +342,10 @@ class CpuDevice final : public Device, private Workspace {
     store(c, m.c);
   }
   void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) override {
-    int64_t N = dout.shape[-1];
-    k_.bias_backward(f(dbias), in(dout, 0), N ? dout.numel() / N : 0, N);
+    int64_t N = dout.shape[-1], M = N ? dout.numel() / N : 0;
+    if (k_.bias_backward_bf16 && dout.dtype == DType::bf16)
+      return k_.bias_backward_bf16(f(dbias), h(dout), M, N);
+    k_.bias_backward(f(dbias), in(dout, 0), M, N);
   }
 
   void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv, int n_head,
@@ -369,6 +389,9 @@ class CpuDevice final : public Device, private Workspace {
   void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                       int n_head, int n_kv_head) override {
     const int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+    if (k_.flash_attention_forward_bf16 && out.dtype == DType::bf16 && qkv.dtype == DType::bf16)
+      return k_.flash_attention_forward_bf16(*this, h(out), f(lse), h(qkv), B, T, C, n_head,
+                                             n_kv_head);
     float* o = out_(out, 0, false);
     k_.flash_attention_forward(*this, o, f(lse), in(qkv, 1), B, T, C, n_head, n_kv_head);
     store(out, o);
@@ -377,6 +400,10 @@ class CpuDevice final : public Device, private Workspace {
                                        const Tensor& out, const Tensor& lse, int n_head,
                                        int n_kv_head) override {
     const int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
+    if (k_.flash_attention_backward_bf16 && dqkv.dtype == DType::bf16 &&
+        dout.dtype == DType::bf16 && qkv.dtype == DType::bf16 && out.dtype == DType::bf16)
+      return k_.flash_attention_backward_bf16(*this, h(dqkv), h(dout), h(qkv), h(out), f(lse), B, T,
+                                              C, n_head, n_kv_head);
     float* d = out_(dqkv, 0, false);
     Widening w(*this);
     const float* dy = w.add(dout, 1);

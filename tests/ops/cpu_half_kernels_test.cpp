@@ -1,0 +1,128 @@
+// The CPU fast device's ops on 16-bit tensors that skip the f32 staging (kernels.h,
+// CT_CPU_BF16_KERNELS, and the row-wise ops run in pieces): each must give, bit for bit, what
+// the same device computes in f32 on the widened inputs, with its 16-bit outputs rounded to
+// nearest even -- the numbers of the staged path they replace. Sizes span several OpenMP work
+// items, attention row blocks and pieces, with widths that are not multiples of the blocks.
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "backends/cpu/cpu_backend.h"
+#include "tests/common/device_harness.h"
+#include "tests/common/half_compare.h"
+
+namespace ct::test {
+namespace {
+
+Device& fast_cpu() {
+  static std::unique_ptr<Device> d = make_cpu_device(false);
+  return *d;
+}
+
+// v rounded to h and widened back: the values a 16-bit tensor holds.
+Vec rounded(const Vec& v, DType h) {
+  Vec r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = from_h(to_h(v[i], h), h);
+  return r;
+}
+
+::testing::AssertionResult bitwise(const Vec& got, const Vec& want, const std::string& what) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure()
+             << what << "[" << i << "] = " << got[i] << ", f32 on widened inputs: " << want[i];
+  return ::testing::AssertionSuccess();
+}
+
+const DType kHalves[] = {DType::bf16, DType::f16};
+
+TEST(CpuHalfKernels, BiasBackwardAsWidened) {
+  Device& d = fast_cpu();
+  const int64_t M = 300, N = 200;  // M N > 2^15: the threaded path; N ends mid-block
+  const Vec dbias0 = randn(N, 1);
+  for (DType h : kHalves) {
+    const Vec dout = rounded(randn(M * N, 2), h);
+    Tensor got = upload(d, {N}, dbias0), want = upload(d, {N}, dbias0);
+    d.bias_backward(got, up_as(d, {M, N}, dout, h));
+    d.bias_backward(want, upload(d, {M, N}, dout));
+    EXPECT_TRUE(bitwise(download(d, got), download(d, want), dtype_name(h)));
+  }
+}
+
+TEST(CpuHalfKernels, ResidualNormsAsWidened) {
+  Device& d = fast_cpu();
+  const int64_t N = 301, C = 384;  // pieces of 42 rows, the last one short
+  const Vec x = randn(N * C, 3), w = randn(C, 4), b = randn(C, 5);
+  for (DType h : kHalves) {
+    SCOPED_TRACE(dtype_name(h));
+    const Vec r = rounded(randn(N * C, 6), h);
+    Tensor tx = upload(d, {N, C}, x), tw = upload(d, {C}, w), tb = upload(d, {C}, b);
+    Tensor res[2], out[2], mean[2], rstd[2];
+    for (int p = 0; p < 2; ++p) {  // 0: 16-bit r and out; 1: f32 on the widened r
+      const DType dt = p == 0 ? h : DType::f32;
+      res[p] = d.empty({N, C}, DType::f32, MemCategory::kActivations);
+      out[p] = d.empty({N, C}, dt, MemCategory::kActivations);
+      mean[p] = d.empty({N}, DType::f32, MemCategory::kActivations);
+      rstd[p] = d.empty({N}, DType::f32, MemCategory::kActivations);
+      d.residual_layernorm_forward(res[p], out[p], mean[p], rstd[p], tx, up_as(d, {N, C}, r, dt),
+                                   tw, tb, 1e-5f);
+    }
+    EXPECT_TRUE(bitwise(download(d, res[0]), download(d, res[1]), "layernorm residual"));
+    EXPECT_TRUE(bitwise(download_h(d, out[0]), rounded(download(d, out[1]), h), "layernorm out"));
+    EXPECT_TRUE(bitwise(download(d, mean[0]), download(d, mean[1]), "layernorm mean"));
+    EXPECT_TRUE(bitwise(download(d, rstd[0]), download(d, rstd[1]), "layernorm rstd"));
+    for (int p = 0; p < 2; ++p) {
+      const DType dt = p == 0 ? h : DType::f32;
+      out[p] = d.empty({N, C}, dt, MemCategory::kActivations);
+      d.residual_rmsnorm_forward(res[p], out[p], rstd[p], tx, up_as(d, {N, C}, r, dt), tw, 1e-5f);
+    }
+    EXPECT_TRUE(bitwise(download(d, res[0]), download(d, res[1]), "rmsnorm residual"));
+    EXPECT_TRUE(bitwise(download_h(d, out[0]), rounded(download(d, out[1]), h), "rmsnorm out"));
+    EXPECT_TRUE(bitwise(download(d, rstd[0]), download(d, rstd[1]), "rmsnorm rstd"));
+    for (int p = 0; p < 2; ++p) {
+      out[p] = d.empty({N, C}, p == 0 ? h : DType::f32, MemCategory::kActivations);
+      d.rmsnorm_forward(out[p], rstd[p], tx, tw, 1e-5f);
+    }
+    EXPECT_TRUE(bitwise(download_h(d, out[0]), rounded(download(d, out[1]), h), "rmsnorm"));
+  }
+}
+
+// Forward, then backward from the 16-bit forward's out (what the model saves), both ways.
+TEST(CpuHalfKernels, FlashAttentionAsWidened) {
+  struct Case {
+    int64_t B, T, C, NH, NKV;
+  };
+  // several row blocks (32 rows at these T) ending mid-block; grouped-query heads
+  const Case cases[] = {{2, 100, 48, 3, 3}, {1, 70, 64, 4, 2}};
+  Device& d = fast_cpu();
+  for (DType h : kHalves) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(h)) + " T " + std::to_string(c.T) + " NKV " +
+                   std::to_string(c.NKV));
+      const int64_t W = c.C + 2 * c.NKV * (c.C / c.NH), NH = c.NH, NKV = c.NKV;
+      const Vec qkv = rounded(randn(c.B * c.T * W, 7), h);
+      const Vec dout = rounded(randn(c.B * c.T * c.C, 8), h);
+      Tensor out[2], lse[2], dqkv[2];
+      Vec out16;
+      for (int p = 0; p < 2; ++p) {
+        const DType dt = p == 0 ? h : DType::f32;
+        out[p] = d.empty({c.B, c.T, c.C}, dt, MemCategory::kActivations);
+        lse[p] = d.empty({c.B, NH, c.T}, DType::f32, MemCategory::kActivations);
+        dqkv[p] = d.empty({c.B, c.T, W}, dt, MemCategory::kActivations);
+        Tensor tq = up_as(d, {c.B, c.T, W}, qkv, dt);
+        d.flash_attention_forward(out[p], lse[p], tq, static_cast<int>(NH), static_cast<int>(NKV));
+        if (p == 0) out16 = download_h(d, out[0]);
+        d.flash_attention_backward(dqkv[p], up_as(d, {c.B, c.T, c.C}, dout, dt), tq,
+                                   up_as(d, {c.B, c.T, c.C}, out16, dt), lse[0],
+                                   static_cast<int>(NH), static_cast<int>(NKV));
+      }
+      EXPECT_TRUE(bitwise(out16, rounded(download(d, out[1]), h), "out"));
+      EXPECT_TRUE(bitwise(download(d, lse[0]), download(d, lse[1]), "lse"));
+      EXPECT_TRUE(bitwise(download_h(d, dqkv[0]), rounded(download(d, dqkv[1]), h), "dqkv"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ct::test
