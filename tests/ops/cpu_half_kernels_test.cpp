@@ -3,6 +3,7 @@
 // the same device computes in f32 on the widened inputs, with its 16-bit outputs rounded to
 // nearest even -- the numbers of the staged path they replace. Sizes span several OpenMP work
 // items, attention row blocks and pieces, with widths that are not multiples of the blocks.
+
 #include <cstring>
 #include <memory>
 #include <string>
@@ -85,6 +86,69 @@ TEST(CpuHalfKernels, ResidualNormsAsWidened) {
       d.rmsnorm_forward(out[p], rstd[p], tx, tw, 1e-5f);
     }
     EXPECT_TRUE(bitwise(download_h(d, out[0]), rounded(download(d, out[1]), h), "rmsnorm"));
+  }
+}
+
+// The three cross-entropy ops on 16-bit logits, in pieces of rows (several rows per piece, and
+// one row per piece at GPT-2's width), in place and not.
+TEST(CpuHalfKernels, CrossEntropyAsWidened) {
+  Device& d = fast_cpu();
+  struct Case {
+    int64_t N, V, Vp;
+  };
+  const Case cases[] = {{70, 290, 300}, {9, 19999, 20000}};
+  for (DType h : kHalves) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(h)) + " Vp " + std::to_string(c.Vp));
+      const Vec logits = rounded(randn(c.N * c.Vp, 12, 3.0f), h);
+      Tensor targets =
+          upload_i32(d, {c.N}, randint(static_cast<size_t>(c.N), 13, static_cast<int32_t>(c.V)));
+      const Shape ls{c.N, c.Vp};
+      const float dloss = 1.0f / static_cast<float>(c.N);
+      Tensor loss[2], grad[2], fused[2], inplace[2], fused_loss[2];
+      for (int p = 0; p < 2; ++p) {
+        const DType dt = p == 0 ? h : DType::f32;
+        loss[p] = d.empty({c.N}, DType::f32, MemCategory::kActivations);
+        fused_loss[p] = d.empty({c.N}, DType::f32, MemCategory::kActivations);
+        grad[p] = d.empty(ls, dt, MemCategory::kActivations);
+        Tensor tl = up_as(d, ls, logits, dt);
+        d.crossentropy_forward(loss[p], tl, targets, c.V);
+        d.crossentropy_backward(grad[p], tl, targets, c.V, dloss);
+        inplace[p] = up_as(d, ls, logits, dt);
+        d.crossentropy_backward(inplace[p], inplace[p], targets, c.V, dloss);
+        fused[p] = up_as(d, ls, logits, dt);
+        d.crossentropy_forward_backward(fused_loss[p], fused[p], targets, c.V, dloss);
+      }
+      EXPECT_TRUE(bitwise(download(d, loss[0]), download(d, loss[1]), "losses"));
+      EXPECT_TRUE(bitwise(download_h(d, grad[0]), rounded(download(d, grad[1]), h), "dlogits"));
+      EXPECT_TRUE(
+          bitwise(download_h(d, inplace[0]), rounded(download(d, inplace[1]), h), "in place"));
+      EXPECT_TRUE(bitwise(download(d, fused_loss[0]), download(d, fused_loss[1]), "fused losses"));
+      EXPECT_TRUE(bitwise(download_h(d, fused[0]), rounded(download(d, fused[1]), h), "fused"));
+    }
+  }
+}
+
+// A weight gradient's product, dW (f32, +=) = a^T b with 16-bit a [K,M] and b [K,N]: the
+// threads take blocks of dW's rows, i.e. of a's columns; an f32 OpenBLAS product of the same
+// values sums each element in the same order.
+TEST(CpuHalfKernels, TransposedProductAsWidened) {
+  Device& d = fast_cpu();
+  struct Case {
+    int64_t M, N, K;
+  };
+  const Case cases[] = {{200, 72, 256}, {77, 130, 64}};
+  for (DType h : kHalves) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(h)) + " M " + std::to_string(c.M));
+      const Vec a = rounded(randn(c.K * c.M, 9), h), b = rounded(randn(c.K * c.N, 10), h);
+      const Vec c0 = randn(c.M * c.N, 11);
+      Tensor got = upload(d, {c.M, c.N}, c0), want = upload(d, {c.M, c.N}, c0);
+      d.matmul(got, up_as(d, {c.K, c.M}, a, h), up_as(d, {c.K, c.N}, b, h), true, false, 1.0f,
+               1.0f);
+      d.matmul(want, upload(d, {c.K, c.M}, a), upload(d, {c.K, c.N}, b), true, false, 1.0f, 1.0f);
+      EXPECT_TRUE(bitwise(download(d, got), download(d, want), "dW"));
+    }
   }
 }
 
