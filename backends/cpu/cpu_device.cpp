@@ -605,13 +605,13 @@ class CpuDevice final : public Device, private Workspace {
   // product of those rows on its own (OpenBLAS is single-threaded inside a parallel region) and
   // rounds them back into c. Widening, OpenBLAS's threaded product (which synchronises its
   // threads several times per call) and the rounding were four and more waits on the slowest
-  // thread per product, which is what a loaded machine punishes. Each element of c is the same
-  // sum in the same order either way (OpenBLAS splits no product along K), so the rows a thread
-  // takes do not change the result. Taken for batch 1 or a row-major batch against a shared b,
-  // without trans_a (c's rows are then a's rows), and not where oneDNN runs the f32 products
-  // (its stream is not shared between threads). (A weight gradient, a^T b, split by blocks of
-  // a's columns saved ~2 % of a gpt2 --bf16 step's CPU time but moved some tile-edge sums of
-  // OpenBLAS's threaded product by 1 ulp, so it stays one threaded product.)
+  // thread per product, which is what a loaded machine punishes. Each element of c is an f32
+  // sum of the same products, but not always in the order of OpenBLAS's threaded product: some
+  // differ from it in the last bit (tests/ops/cpu_half_kernels_test.cpp). Taken for batch 1 or a
+  // row-major batch against a shared b, without trans_a (c's rows are then a's rows), and not where
+  // oneDNN runs the f32 products (its stream is not shared between threads). (A weight gradient,
+  // a^T b, split by blocks of a's columns saved ~2 % of a gpt2 --bf16 step's CPU time but moved
+  // some tile-edge sums of OpenBLAS's threaded product by 1 ulp, so it stays one threaded product.)
   bool split_rows(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulArgs& m) {
     const int threads = parallel_ ? omp_get_max_threads() : 1;
     const int64_t rows = m.batch * m.M;
