@@ -67,9 +67,13 @@ class CpuBuffer final : public Buffer {
 //     it: oneDNN 2.6 creates no bf16 matmul there (gemm_bench: "could not create a primitive
 //     descriptor") and Debian's OpenBLAS 0.3.21 is built without sbgemm. Widened, the products
 //     themselves run at the f32 speed (tiny's GEMMs in `bench --report`: 126-137 GFLOP/s bf16,
-//     129-144 f32); the whole --bf16 step at 0.94x fp32 (tiny 4x256, 2 threads, load 3; 0.58x
-//     before this file's staging changes), less under load: the staging that remains (weight
-//     copies, attention, bias gradients, trans_a products) adds OpenMP regions.
+//     129-144 f32); the whole --bf16 step, with GELU, bias gradients, flash attention, the
+//     fused norms and the loss on 16 bits without staging: 0.94x fp32 on tiny 4x256 (609 vs
+//     648 tokens/s, medians of 4 alternated runs, load ~6; 0.58x before the staging changes)
+//     and 0.97x on gpt2 1x1024 with 2 layers (237 vs 245, 2 runs each, load ~5), with 3 % and
+//     8 % more CPU time per run (start-up included): what is left is the widening of product
+//     operands and the rounding of their results (perf: the conversions are ~3.6 % of a tiny bf16
+//     run's samples), which only a kernel that widens while it packs (sbgemm) would remove.
 // A product the native kernel declines (a batch with its own b per matrix, alpha with a bias)
 // is widened; --profile counts the paths taken.
 bool native_bf16_chosen() {
