@@ -67,9 +67,13 @@ class CpuBuffer final : public Buffer {
 //     it: oneDNN 2.6 creates no bf16 matmul there (gemm_bench: "could not create a primitive
 //     descriptor") and Debian's OpenBLAS 0.3.21 is built without sbgemm. Widened, the products
 //     themselves run at the f32 speed (tiny's GEMMs in `bench --report`: 126-137 GFLOP/s bf16,
-//     129-144 f32); the whole --bf16 step at 0.94x fp32 (tiny 4x256, 2 threads, load 3; 0.58x
-//     before this file's staging changes), less under load: the staging that remains (weight
-//     copies, attention, bias gradients, trans_a products) adds OpenMP regions.
+//     129-144 f32); the whole --bf16 step, with GELU, bias gradients, flash attention, the
+//     fused norms and the loss on 16 bits without staging: 0.94x fp32 on tiny 4x256 (609 vs
+//     648 tokens/s, medians of 4 alternated runs, load ~6; 0.58x before the staging changes)
+//     and 0.97x on gpt2 1x1024 with 2 layers (237 vs 245, 2 runs each, load ~5), with 3 % and
+//     8 % more CPU time per run (start-up included): what is left is the widening of product
+//     operands and the rounding of their results (perf: the conversions are ~3.6 % of a tiny bf16
+//     run's samples), which only a kernel that widens while it packs (sbgemm) would remove.
 // A product the native kernel declines (a batch with its own b per matrix, alpha with a bias)
 // is widened; --profile counts the paths taken.
 bool native_bf16_chosen() {
@@ -258,10 +262,18 @@ class CpuDevice final : public Device, private Workspace {
                                          const Tensor& r, const Tensor& w, const Tensor& b,
                                          float eps) override {
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
-    float* o = out_(out, 1, false);
-    k_.residual_layernorm_forward(f(residual), o, f(mean), f(rstd), f(x), in(r, 0), f(w), f(b), N,
-                                  C, eps);
-    store(out, o);
+    if (r.dtype == DType::f32 && out.dtype == DType::f32)
+      return k_.residual_layernorm_forward(f(residual), f(out), f(mean), f(rstd), f(x), f(r), f(w),
+                                           f(b), N, C, eps);
+    // 16-bit r or out: rows in pieces (the kernel is row by row)
+    pieces(N, C, 2, [&](int64_t r0, int64_t nr, float* s, int64_t stride) {
+      const int64_t e0 = r0 * C, n = nr * C;
+      const float* rs = r.dtype == DType::f32 ? f(r) + e0 : (widen_to(s, r, e0, n), s);
+      float* os = out.dtype == DType::f32 ? f(out) + e0 : s + stride;
+      k_.residual_layernorm_forward(f(residual) + e0, os, f(mean) + r0, f(rstd) + r0, f(x) + e0, rs,
+                                    f(w), f(b), nr, C, eps);
+      if (out.dtype != DType::f32) round_from(out, os, e0, n);
+    });
   }
   void layernorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db,
                                  const Tensor& dout, const Tensor& x, const Tensor& w,
@@ -274,17 +286,27 @@ class CpuDevice final : public Device, private Workspace {
   void rmsnorm_forward_kernel(const Tensor& out, const Tensor& rstd, const Tensor& x,
                               const Tensor& w, float eps) override {
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
-    float* o = out_(out, 0, false);
-    k_.rmsnorm_forward(o, f(rstd), f(x), f(w), N, C, eps);
-    store(out, o);
+    if (out.dtype == DType::f32) return k_.rmsnorm_forward(f(out), f(rstd), f(x), f(w), N, C, eps);
+    pieces(N, C, 1, [&](int64_t r0, int64_t nr, float* s, int64_t) {
+      k_.rmsnorm_forward(s, f(rstd) + r0, f(x) + r0 * C, f(w), nr, C, eps);
+      round_from(out, s, r0 * C, nr * C);
+    });
   }
   void residual_rmsnorm_forward_kernel(const Tensor& residual, const Tensor& out,
                                        const Tensor& rstd, const Tensor& x, const Tensor& r,
                                        const Tensor& w, float eps) override {
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
-    float* o = out_(out, 1, false);
-    k_.residual_rmsnorm_forward(f(residual), o, f(rstd), f(x), in(r, 0), f(w), N, C, eps);
-    store(out, o);
+    if (r.dtype == DType::f32 && out.dtype == DType::f32)
+      return k_.residual_rmsnorm_forward(f(residual), f(out), f(rstd), f(x), f(r), f(w), N, C, eps);
+    // 16-bit r or out: rows in pieces (the kernel is row by row)
+    pieces(N, C, 2, [&](int64_t r0, int64_t nr, float* s, int64_t stride) {
+      const int64_t e0 = r0 * C, n = nr * C;
+      const float* rs = r.dtype == DType::f32 ? f(r) + e0 : (widen_to(s, r, e0, n), s);
+      float* os = out.dtype == DType::f32 ? f(out) + e0 : s + stride;
+      k_.residual_rmsnorm_forward(f(residual) + e0, os, f(rstd) + r0, f(x) + e0, rs, f(w), nr, C,
+                                  eps);
+      if (out.dtype != DType::f32) round_from(out, os, e0, n);
+    });
   }
   void rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& dout,
                                const Tensor& x, const Tensor& w, const Tensor& rstd) override {
@@ -324,8 +346,10 @@ class CpuDevice final : public Device, private Workspace {
     store(c, m.c);
   }
   void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) override {
-    int64_t N = dout.shape[-1];
-    k_.bias_backward(f(dbias), in(dout, 0), N ? dout.numel() / N : 0, N);
+    int64_t N = dout.shape[-1], M = N ? dout.numel() / N : 0;
+    if (k_.bias_backward_bf16 && dout.dtype == DType::bf16)
+      return k_.bias_backward_bf16(f(dbias), h(dout), M, N);
+    k_.bias_backward(f(dbias), in(dout, 0), M, N);
   }
 
   void attention_forward_kernel(const Tensor& out, const Tensor& att, const Tensor& qkv, int n_head,
@@ -369,6 +393,9 @@ class CpuDevice final : public Device, private Workspace {
   void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                       int n_head, int n_kv_head) override {
     const int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+    if (k_.flash_attention_forward_bf16 && out.dtype == DType::bf16 && qkv.dtype == DType::bf16)
+      return k_.flash_attention_forward_bf16(*this, h(out), f(lse), h(qkv), B, T, C, n_head,
+                                             n_kv_head);
     float* o = out_(out, 0, false);
     k_.flash_attention_forward(*this, o, f(lse), in(qkv, 1), B, T, C, n_head, n_kv_head);
     store(out, o);
@@ -377,6 +404,10 @@ class CpuDevice final : public Device, private Workspace {
                                        const Tensor& out, const Tensor& lse, int n_head,
                                        int n_kv_head) override {
     const int64_t B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
+    if (k_.flash_attention_backward_bf16 && dqkv.dtype == DType::bf16 &&
+        dout.dtype == DType::bf16 && qkv.dtype == DType::bf16 && out.dtype == DType::bf16)
+      return k_.flash_attention_backward_bf16(*this, h(dqkv), h(dout), h(qkv), h(out), f(lse), B, T,
+                                              C, n_head, n_kv_head);
     float* d = out_(dqkv, 0, false);
     Widening w(*this);
     const float* dy = w.add(dout, 1);
@@ -448,44 +479,49 @@ class CpuDevice final : public Device, private Workspace {
                                    const Tensor& targets, int64_t valid) override {
     const int64_t Vp = logits.shape[-1], N = targets.numel();
     check_indices("crossentropy_forward", "targets", targets, valid);
-    // 16-bit logits: widened stage_rows(Vp) rows at a time (GPT-2's [B*T, 50304] would need
-    // 0.8 GB of f32 staging at 4 x 1024 in one piece).
-    const int64_t rows = logits.dtype == DType::f32 ? N : stage_rows(Vp);
-    for (int64_t r0 = 0; r0 < N; r0 += rows) {
-      const int64_t nr = std::min(rows, N - r0);
-      k_.crossentropy_forward(f(losses) + r0, in_range(logits, 0, r0 * Vp, nr * Vp),
-                              idx(targets) + r0, nr, valid, Vp);
-    }
+    if (logits.dtype == DType::f32)
+      return k_.crossentropy_forward(f(losses), f(logits), idx(targets), N, valid, Vp);
+    // 16-bit logits: rows in pieces (the kernel is row by row), each widened in cache, rather
+    // than a widened copy of all of them (GPT-2's [B*T, 50304]: 0.8 GB of f32 at 4 x 1024).
+    pieces(N, Vp, 1, [&](int64_t r0, int64_t nr, float* s, int64_t) {
+      widen_to(s, logits, r0 * Vp, nr * Vp);
+      k_.crossentropy_forward(f(losses) + r0, s, idx(targets) + r0, nr, valid, Vp);
+    });
   }
   void crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
                                     const Tensor& targets, int64_t valid, float dloss) override {
     const int64_t Vp = logits.shape[-1], N = targets.numel();
     check_indices("crossentropy_backward", "targets", targets, valid);
-    // In place with 16 bits: one staging copy serves as both (the kernel allows aliasing).
-    // 16-bit: in row chunks, as in crossentropy_forward.
+    if (logits.dtype == DType::f32 && dlogits.dtype == DType::f32)
+      return k_.crossentropy_backward(f(dlogits), f(logits), idx(targets), N, valid, Vp, dloss);
+    // 16-bit: rows in pieces, as in crossentropy_forward. In place, the piece's widened logits
+    // become its dlogits (the kernel allows aliasing).
     const bool same = raw(dlogits) == raw(logits);
-    const int64_t rows = logits.dtype == DType::f32 ? N : stage_rows(Vp);
-    for (int64_t r0 = 0; r0 < N; r0 += rows) {
-      const int64_t nr = std::min(rows, N - r0), e0 = r0 * Vp;
-      const float* l = in_range(logits, 0, e0, nr * Vp);
-      float* d = same ? const_cast<float*>(l) : out_range(dlogits, 1, e0, nr * Vp);
+    pieces(N, Vp, 2, [&](int64_t r0, int64_t nr, float* s, int64_t stride) {
+      const int64_t e0 = r0 * Vp, n = nr * Vp;
+      const float* l =
+          logits.dtype == DType::f32 ? f(logits) + e0 : (widen_to(s, logits, e0, n), s);
+      float* d = same                          ? const_cast<float*>(l)
+                 : dlogits.dtype == DType::f32 ? f(dlogits) + e0
+                                               : s + stride;
       k_.crossentropy_backward(d, l, idx(targets) + r0, nr, valid, Vp, dloss);
-      store_range(dlogits, d, e0, nr * Vp);
-    }
+      if (dlogits.dtype != DType::f32) round_from(dlogits, d, e0, n);
+    });
   }
   void crossentropy_forward_backward_kernel(const Tensor& losses, const Tensor& logits,
                                             const Tensor& targets, int64_t valid,
                                             float dloss) override {
     const int64_t Vp = logits.shape[-1], N = targets.numel();
     check_indices("crossentropy_forward_backward", "targets", targets, valid);
-    // 16-bit: one staging copy per row chunk, widened once and rounded back once.
-    const int64_t rows = logits.dtype == DType::f32 ? N : stage_rows(Vp);
-    for (int64_t r0 = 0; r0 < N; r0 += rows) {
-      const int64_t nr = std::min(rows, N - r0), e0 = r0 * Vp;
-      float* l = in_range(logits, 0, e0, nr * Vp);
-      k_.crossentropy_forward_backward(f(losses) + r0, l, idx(targets) + r0, nr, valid, Vp, dloss);
-      store_range(logits, l, e0, nr * Vp);
-    }
+    if (logits.dtype == DType::f32)
+      return k_.crossentropy_forward_backward(f(losses), f(logits), idx(targets), N, valid, Vp,
+                                              dloss);
+    // 16-bit: rows in pieces, each widened, computed in place and rounded back in cache.
+    pieces(N, Vp, 1, [&](int64_t r0, int64_t nr, float* s, int64_t) {
+      widen_to(s, logits, r0 * Vp, nr * Vp);
+      k_.crossentropy_forward_backward(f(losses) + r0, s, idx(targets) + r0, nr, valid, Vp, dloss);
+      round_from(logits, s, r0 * Vp, nr * Vp);
+    });
   }
 
   // -- reductions and optimizer ----------------------------------------------------------------
@@ -573,11 +609,13 @@ class CpuDevice final : public Device, private Workspace {
   // product of those rows on its own (OpenBLAS is single-threaded inside a parallel region) and
   // rounds them back into c. Widening, OpenBLAS's threaded product (which synchronises its
   // threads several times per call) and the rounding were four and more waits on the slowest
-  // thread per product, which is what a loaded machine punishes. Each element of c is the same
-  // sum in the same order either way (OpenBLAS splits no product along K), so the rows a thread
-  // takes do not change the result. Taken for batch 1 or a row-major batch against a shared b,
-  // without trans_a (c's rows are then a's rows), and not where oneDNN runs the f32 products
-  // (its stream is not shared between threads).
+  // thread per product, which is what a loaded machine punishes. Each element of c is an f32
+  // sum of the same products, but not always in the order of OpenBLAS's threaded product: some
+  // differ from it in the last bit (tests/ops/cpu_half_kernels_test.cpp). Taken for batch 1 or a
+  // row-major batch against a shared b, without trans_a (c's rows are then a's rows), and not where
+  // oneDNN runs the f32 products (its stream is not shared between threads). (A weight gradient,
+  // a^T b, split by blocks of a's columns saved ~2 % of a gpt2 --bf16 step's CPU time but moved
+  // some tile-edge sums of OpenBLAS's threaded product by 1 ulp, so it stays one threaded product.)
   bool split_rows(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulArgs& m) {
     const int threads = parallel_ ? omp_get_max_threads() : 1;
     const int64_t rows = m.batch * m.M;
@@ -768,11 +806,6 @@ class CpuDevice final : public Device, private Workspace {
     k_.copy(static_cast<char*>(raw(t)) + e0 * dtype_size(t.dtype), t.dtype, src, DType::f32, n);
   }
 
-  // Rows of `row_elems` per staged piece: about kStageElems elements, at least one row.
-  static int64_t stage_rows(int64_t row_elems) {
-    constexpr int64_t kStageElems = int64_t{1} << 24;  // 64 MiB of f32
-    return std::max<int64_t>(1, kStageElems / std::max<int64_t>(row_elems, 1));
-  }
   // grad_norm's pointer when the optimizer clips, else null.
   static const float* clip_norm(const Tensor& grad_norm, float max_grad_norm) {
     return max_grad_norm > 0.0f ? f(grad_norm) : nullptr;

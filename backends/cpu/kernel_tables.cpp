@@ -9,7 +9,12 @@ const Kernels& reference_kernels() {
   static const Kernels k{
 #define CT_CPU_KERNEL(name, params) .name = ref::name,
 #include "backends/cpu/kernels.def"
-      .matmul_bf16 = nullptr, .gelu_forward_bf16 = nullptr, .gelu_backward_bf16 = nullptr};
+      .matmul_bf16 = nullptr,
+  // no CT_CPU_BF16_KERNELS: the reference device stages 16-bit tensors instead
+#define CT_CPU_KERNEL(name, params) .name = nullptr,
+      CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
+#undef CT_CPU_KERNEL
+  };
   return k;
 }
 
@@ -18,20 +23,26 @@ const Kernels& fast_kernels(IsaLevel level) {
 #define CT_CPU_KERNEL(name, params) .name = fast::x86_64_v2::name,
 #include "backends/cpu/kernels.def"
       .matmul_bf16 = fast::matmul_bf16,
-      .gelu_forward_bf16 = fast::x86_64_v2::gelu_forward_bf16,
-      .gelu_backward_bf16 = fast::x86_64_v2::gelu_backward_bf16};
+#define CT_CPU_KERNEL(name, params) .name = fast::x86_64_v2::name,
+      CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
+#undef CT_CPU_KERNEL
+  };
   static const Kernels v3{
 #define CT_CPU_KERNEL(name, params) .name = fast::avx2::name,
 #include "backends/cpu/kernels.def"
       .matmul_bf16 = fast::matmul_bf16,
-      .gelu_forward_bf16 = fast::avx2::gelu_forward_bf16,
-      .gelu_backward_bf16 = fast::avx2::gelu_backward_bf16};
+#define CT_CPU_KERNEL(name, params) .name = fast::avx2::name,
+      CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
+#undef CT_CPU_KERNEL
+  };
   static const Kernels v4{
 #define CT_CPU_KERNEL(name, params) .name = fast::avx512_bf16::name,
 #include "backends/cpu/kernels.def"
       .matmul_bf16 = fast::matmul_bf16,
-      .gelu_forward_bf16 = fast::avx512_bf16::gelu_forward_bf16,
-      .gelu_backward_bf16 = fast::avx512_bf16::gelu_backward_bf16};
+#define CT_CPU_KERNEL(name, params) .name = fast::avx512_bf16::name,
+      CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
+#undef CT_CPU_KERNEL
+  };
   switch (level) {
     case IsaLevel::kBaseline:
       break;

@@ -46,6 +46,24 @@ struct MatmulBf16Args {
   float alpha = 1.0f, beta = 0.0f;
 };
 
+// Kernels on bf16 tensors that read and write the 16 bits directly, widening in registers or
+// in per-thread scratch while the data is in cache: each gives the bits of its f32 kernel on the
+// widened inputs, rounded to nearest even where it stores bf16 (the device's staged path) in one
+// pass and one OpenMP region. The fast tables have them; the reference's slots are null and the
+// device stages instead.
+//   gelu_*_bf16: fast/gelu.cpp; bias_backward_bf16: fast/matmul.cpp;
+//   flash_attention_*_bf16: fast/flash_attention.cpp (out, dqkv, dout, qkv bf16; lse f32).
+#define CT_CPU_BF16_KERNELS(X)                                                                  \
+  X(gelu_forward_bf16, (uint16_t * out, const uint16_t* x, int64_t n))                          \
+  X(gelu_backward_bf16, (uint16_t * dx, const uint16_t* x, const uint16_t* dout, int64_t n))    \
+  X(bias_backward_bf16, (float* dbias, const uint16_t* dout, int64_t M, int64_t N))             \
+  X(flash_attention_forward_bf16,                                                               \
+    (Workspace & ws, uint16_t * out, float* lse, const uint16_t* qkv, int64_t B, int64_t T,     \
+     int64_t C, int64_t NH, int64_t NKV))                                                       \
+  X(flash_attention_backward_bf16, (Workspace & ws, uint16_t * dqkv, const uint16_t* dout,      \
+                                    const uint16_t* qkv, const uint16_t* out, const float* lse, \
+                                    int64_t B, int64_t T, int64_t C, int64_t NH, int64_t NKV))
+
 // One table of function pointers per family: a slot per line of kernels.def, by name.
 struct Kernels {
 #define CT_CPU_KERNEL(name, params) void(*name) params;
@@ -54,9 +72,10 @@ struct Kernels {
   // the call (library missing, CPU without bf16 instructions, unsupported case); the device
   // then widens to f32 and uses matmul().
   bool (*matmul_bf16)(const MatmulBf16Args& m);
-  // Optional (null in the reference): GELU on bf16 tensors without f32 copies (fast/gelu.cpp).
-  void (*gelu_forward_bf16)(uint16_t* out, const uint16_t* x, int64_t n);
-  void (*gelu_backward_bf16)(uint16_t* dx, const uint16_t* x, const uint16_t* dout, int64_t n);
+  // Optional (null in the reference): CT_CPU_BF16_KERNELS below.
+#define CT_CPU_KERNEL(name, params) void(*name) params;
+  CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
+#undef CT_CPU_KERNEL
 };
 
 // Each family's functions, declared from kernels.def in its namespace (ref, or fast::<level>).
@@ -74,20 +93,23 @@ namespace fast {
 namespace x86_64_v2 {
 #define CT_CPU_KERNEL(name, params) void name params;
 #include "backends/cpu/kernels.def"
-void gelu_forward_bf16(uint16_t* out, const uint16_t* x, int64_t n);
-void gelu_backward_bf16(uint16_t* dx, const uint16_t* x, const uint16_t* dout, int64_t n);
+#define CT_CPU_KERNEL(name, params) void name params;
+CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
+#undef CT_CPU_KERNEL
 }  // namespace x86_64_v2
 namespace avx2 {
 #define CT_CPU_KERNEL(name, params) void name params;
 #include "backends/cpu/kernels.def"
-void gelu_forward_bf16(uint16_t* out, const uint16_t* x, int64_t n);
-void gelu_backward_bf16(uint16_t* dx, const uint16_t* x, const uint16_t* dout, int64_t n);
+#define CT_CPU_KERNEL(name, params) void name params;
+CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
+#undef CT_CPU_KERNEL
 }  // namespace avx2
 namespace avx512_bf16 {
 #define CT_CPU_KERNEL(name, params) void name params;
 #include "backends/cpu/kernels.def"
-void gelu_forward_bf16(uint16_t* out, const uint16_t* x, int64_t n);
-void gelu_backward_bf16(uint16_t* dx, const uint16_t* x, const uint16_t* dout, int64_t n);
+#define CT_CPU_KERNEL(name, params) void name params;
+CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
+#undef CT_CPU_KERNEL
 }  // namespace avx512_bf16
 
 // Shared by the levels, compiled once (onednn_matmul.cpp): oneDNN picks its own kernels.

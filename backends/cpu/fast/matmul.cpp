@@ -124,4 +124,22 @@ void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N) {
   }
 }
 
+// dbias (N) f32 += column sums of dout (M,N) bf16: bias_backward's blocks and order, each value
+// widened as it is read (exact), so the sums are those of bias_backward on a widened copy.
+void bias_backward_bf16(float* dbias, const uint16_t* dout, int64_t M, int64_t N) {
+  constexpr int64_t kBlock = 64;
+  int64_t nblocks = (N + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (M * N > (1 << 15))
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    int64_t c0 = blk * kBlock, w = std::min(N, c0 + kBlock) - c0;
+    float acc[kBlock] = {};
+    for (int64_t i = 0; i < M; ++i) {
+      const uint16_t* row = dout + i * N + c0;
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) acc[j] += bf16_to_f32(row[j]);
+    }
+    for (int64_t j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
+  }
+}
+
 }  // namespace ct::cpu::fast::CT_CPU_ISA
