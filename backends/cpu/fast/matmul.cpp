@@ -106,9 +106,19 @@ void matmul(Workspace& ws, const MatmulArgs& m) {
     sgemm(m, m.a + p * a_step, m.b + p * b_step, m.c + p * m.M * m.N, m.M, beta);
 }
 
-// dbias is (N), dout is (M,N)
-// Threads own column blocks and add rows in order: deterministic for any thread count.
-void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N) {
+namespace {
+inline float widened(float x) {
+  return x;
+}
+inline float widened(uint16_t x) {
+  return bf16_to_f32(x);
+}
+
+// dbias (N) += column sums of dout (M,N), each value widened to f32 as it is read (exact).
+// Threads own column blocks and add rows in order: deterministic for any thread count, and the
+// bf16 sums are those of the f32 version on a widened copy.
+template <typename T>
+void bias_backward_columns(float* dbias, const T* dout, int64_t M, int64_t N) {
   constexpr int64_t kBlock = 64;
   int64_t nblocks = (N + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (M * N > (1 << 15))
@@ -116,30 +126,20 @@ void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N) {
     int64_t c0 = blk * kBlock, w = std::min(N, c0 + kBlock) - c0;
     float acc[kBlock] = {};
     for (int64_t i = 0; i < M; ++i) {
-      const float* row = dout + i * N + c0;
+      const T* row = dout + i * N + c0;
 #pragma omp simd
-      for (int64_t j = 0; j < w; ++j) acc[j] += row[j];
+      for (int64_t j = 0; j < w; ++j) acc[j] += widened(row[j]);
     }
     for (int64_t j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
   }
 }
+}  // namespace
 
-// dbias (N) f32 += column sums of dout (M,N) bf16: bias_backward's blocks and order, each value
-// widened as it is read (exact), so the sums are those of bias_backward on a widened copy.
+void bias_backward(float* dbias, const float* dout, int64_t M, int64_t N) {
+  bias_backward_columns(dbias, dout, M, N);
+}
 void bias_backward_bf16(float* dbias, const uint16_t* dout, int64_t M, int64_t N) {
-  constexpr int64_t kBlock = 64;
-  int64_t nblocks = (N + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (M * N > (1 << 15))
-  for (int64_t blk = 0; blk < nblocks; ++blk) {
-    int64_t c0 = blk * kBlock, w = std::min(N, c0 + kBlock) - c0;
-    float acc[kBlock] = {};
-    for (int64_t i = 0; i < M; ++i) {
-      const uint16_t* row = dout + i * N + c0;
-#pragma omp simd
-      for (int64_t j = 0; j < w; ++j) acc[j] += bf16_to_f32(row[j]);
-    }
-    for (int64_t j = 0; j < w; ++j) dbias[c0 + j] += acc[j];
-  }
+  bias_backward_columns(dbias, dout, M, N);
 }
 
 }  // namespace ct::cpu::fast::CT_CPU_ISA
