@@ -3,7 +3,7 @@
 # and builds it into build/. Idempotent: a second run installs nothing and rebuilds only changes.
 #   bash scripts/setup.sh            # build, tests included
 #   bash scripts/setup.sh --app      # build the crosstrain command and the plugins this machine runs
-#   bash scripts/setup.sh --torch    # also install PyTorch (golden-file script, benchmarks)
+#   bash scripts/setup.sh --torch    # also PyTorch and matplotlib (golden files, benchmarks, report charts)
 #   bash scripts/setup.sh --packages-only   # install, do not build
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -25,7 +25,7 @@ packages_only=0
 app_only=0
 for arg in "$@"; do
   case "$arg" in
-    --torch) packages+=(python3-torch python3-numpy) ;;
+    --torch) packages+=(python3-torch python3-numpy python3-matplotlib) ;;
     --packages-only) packages_only=1 ;;
     --app) app_only=1 ;;
     *) echo "setup.sh: unknown option '$arg' (known: --torch, --packages-only, --app)" >&2; exit 2 ;;
