@@ -357,6 +357,8 @@ void Instance::enumerate() {
     info.max_allocation_bytes = static_cast<int64_t>(pd.max_alloc);
     info.max_buffer_range_bytes = pd.props.limits.maxStorageBufferRange;
     info.dtypes = {DType::f32, DType::i32};
+    // A graph is a secondary command buffer recorded once and executed again (vk_device.h).
+    info.graphs = true;
     if (pd.storage16) {
       info.dtypes.push_back(DType::f16);
       info.dtypes.push_back(DType::bf16);

@@ -54,6 +54,7 @@ namespace ct::vk {
   X(vkAllocateCommandBuffers)      \
   X(vkBeginCommandBuffer)          \
   X(vkEndCommandBuffer)            \
+  X(vkCmdExecuteCommands)          \
   X(vkCmdBindPipeline)             \
   X(vkCmdBindDescriptorSets)       \
   X(vkCmdPushConstants)            \

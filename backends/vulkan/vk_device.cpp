@@ -143,6 +143,12 @@ VulkanDevice::~VulkanDevice() {
   } catch (...) {
   }
   downloads_.clear();  // landed by the wait above, or lost with the device; retires the staging
+  if (capture_) destroy_graph(*capture_);
+  for (auto& [id, g] : graphs_) destroy_graph(*g);
+  for (auto& [serial, g] : released_graphs_) destroy_graph(*g);
+  capture_.reset();
+  graphs_.clear();
+  released_graphs_.clear();
   for (auto& r : retired_) {
     f_.vkDestroyBuffer(device_, r.buffer, nullptr);
     alloc_->free(r.alloc);
@@ -262,6 +268,7 @@ static const VkBufferObj& vkbuf(const Tensor& t) {
 }
 
 void VulkanDevice::upload_kernel(const Tensor& dst, const void* host, size_t bytes) {
+  refuse_in_capture("upload", "the host's bytes would be staged once, at capture, not at replay");
   const VkBufferObj& d = vkbuf(dst);
   auto staging = make_buffer(bytes, MemCategory::kWorkspace, true);
   std::memcpy(staging->allocation().mapped, host, bytes);
@@ -277,6 +284,7 @@ void VulkanDevice::upload_kernel(const Tensor& dst, const void* host, size_t byt
 }
 
 void VulkanDevice::download_kernel(void* host, const Tensor& src, size_t bytes) {
+  refuse_in_capture("download", "a blocking read waits for work that is only being recorded");
   const VkBufferObj& s = vkbuf(src);
   if (s.allocation().coherent) {
     // Host-visible device memory (lavapipe, integrated GPUs): every batch ends with a barrier
@@ -303,6 +311,7 @@ void VulkanDevice::download_kernel(void* host, const Tensor& src, size_t bytes) 
 // Events and asynchronous downloads
 
 Event VulkanDevice::download_async_kernel(void* host, const Tensor& src, size_t bytes) {
+  refuse_in_capture("download_async", "its copy into host memory is made when its batch is done");
   const VkBufferObj& s = vkbuf(src);
   // Always through a staging buffer, even where src is host-visible: ops enqueued after this
   // call may overwrite src before the host looks, and the copy must see the value at this point.
@@ -324,6 +333,7 @@ Event VulkanDevice::download_async_kernel(void* host, const Tensor& src, size_t 
 
 Event VulkanDevice::record_event() {
   ensure_alive();
+  refuse_in_capture("record_event", "the host would wait for or query an event of the graph");
   // The open batch if there is one (submitted by flush() or the first done()/wait()), else the
   // last submitted batch; 0 before any submission, which counts as complete.
   return Event(this, cur_ && cur_->open ? cur_->serial : next_serial_ - 1);
@@ -331,6 +341,7 @@ Event VulkanDevice::record_event() {
 
 bool VulkanDevice::event_done(const Event& e) {
   CT_REQUIRE(e.device() == this, "event_done: the event belongs to another device");
+  refuse_in_capture("event_done", "querying work that is only being recorded");
   if (e.serial() <= completed_serial_) return true;
   if (cur_ && cur_->open && cur_->serial <= e.serial())
     submit();  // recycles what has completed, too
@@ -341,6 +352,7 @@ bool VulkanDevice::event_done(const Event& e) {
 
 void VulkanDevice::wait_event(const Event& e) {
   CT_REQUIRE(e.device() == this, "wait_event: the event belongs to another device");
+  refuse_in_capture("wait_event", "waiting for work that is only being recorded");
   wait_serial(e.serial());
 }
 
@@ -373,6 +385,8 @@ void VulkanDevice::copy_bytes(const Tensor& dst, const Tensor& src) {
                  src.offset + src.nbytes() <= dst.offset,
              "copy: source and destination overlap");
   VkBufferCopy region{src.offset, dst.offset, dst.nbytes()};
+  keep_for_graph(dst);
+  keep_for_graph(src);
   VkCommandBuffer cb = cmd();
   Access acc[2] = {{s.handle(), src.offset, src.offset + src.nbytes(), false},
                    {d.handle(), dst.offset, dst.offset + dst.nbytes(), true}};
@@ -388,6 +402,7 @@ void VulkanDevice::copy_bytes(const Tensor& dst, const Tensor& src) {
 
 VkCommandBuffer VulkanDevice::cmd() {
   ensure_alive();
+  if (capture_) return capture_->cmd;
   if (!cur_) {
     if (!spare_.empty()) {
       cur_ = std::move(spare_.back());
@@ -468,14 +483,14 @@ void VulkanDevice::hazard(VkCommandBuffer cb, const Access* acc, size_t n) {
 }
 
 void VulkanDevice::stamp_begin(VkCommandBuffer cb, const char* label) {
-  if (!profiling_ || !cur_->queries || 2 * cur_->labels.size() + 2 > kMaxStamps) return;
+  if (!profiling_ || capture_ || !cur_->queries || 2 * cur_->labels.size() + 2 > kMaxStamps) return;
   f_.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, cur_->queries,
                          static_cast<uint32_t>(2 * cur_->labels.size()));
   cur_->labels.push_back(label);
 }
 
 void VulkanDevice::stamp_end(VkCommandBuffer cb) {
-  if (!profiling_ || !cur_->queries || cur_->labels.empty()) return;
+  if (!profiling_ || capture_ || !cur_->queries || cur_->labels.empty()) return;
   uint32_t q = static_cast<uint32_t>(2 * cur_->labels.size() - 1);
   if (q >= kMaxStamps) return;
   f_.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, cur_->queries, q);
@@ -588,6 +603,7 @@ void VulkanDevice::submit() {
 }
 
 void VulkanDevice::synchronize() {
+  refuse_in_capture("synchronize", "waiting for work that is only being recorded");
   ++host_waits_;
   submit();
   recycle(true);
@@ -617,6 +633,14 @@ void VulkanDevice::recycle(bool wait_all) {
   land_downloads();
   // Nothing recorded and nothing in flight: everything retired is free to go.
   bool idle = inflight_.empty() && !(cur_ && cur_->open);
+  for (size_t i = 0; i < released_graphs_.size();) {
+    if (idle || released_graphs_[i].first <= completed_serial_) {
+      destroy_graph(*released_graphs_[i].second);
+      released_graphs_.erase(released_graphs_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
   size_t keep = 0;
   for (auto& r : retired_) {
     if (idle || r.serial <= completed_serial_) {
@@ -640,9 +664,11 @@ void VulkanDevice::check_validation(const char* where) {
 }
 
 VkDescriptorSet VulkanDevice::descriptor_set(VkDescriptorSetLayout dsl) {
-  Batch& b = *cur_;
+  // A graph's sets come from its own pools: they stay valid until the graph is released.
+  std::vector<VkDescriptorPool>& dpools = capture_ ? capture_->dpools : cur_->dpools;
+  size_t& dpool_cur = capture_ ? capture_->dpool_cur : cur_->dpool_cur;
   for (;;) {
-    if (b.dpool_cur == b.dpools.size()) {
+    if (dpool_cur == dpools.size()) {
       VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 4096};
       auto pi =
           vk_struct<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
@@ -651,19 +677,132 @@ VkDescriptorSet VulkanDevice::descriptor_set(VkDescriptorSetLayout dsl) {
       pi.pPoolSizes = &ps;
       VkDescriptorPool pool;
       VK_CHECK(f_.vkCreateDescriptorPool(device_, &pi, nullptr, &pool));
-      b.dpools.push_back(pool);
+      dpools.push_back(pool);
     }
     auto ai =
         vk_struct<VkDescriptorSetAllocateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO);
-    ai.descriptorPool = b.dpools[b.dpool_cur];
+    ai.descriptorPool = dpools[dpool_cur];
     ai.descriptorSetCount = 1;
     ai.pSetLayouts = &dsl;
     VkDescriptorSet set;
     VkResult r = f_.vkAllocateDescriptorSets(device_, &ai, &set);
     if (r == VK_SUCCESS) return set;
     if (r != VK_ERROR_OUT_OF_POOL_MEMORY && r != VK_ERROR_FRAGMENTED_POOL) VK_CHECK(r);
-    ++b.dpool_cur;
+    ++dpool_cur;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graphs: a secondary command buffer recorded once (begin_capture .. end_capture) and executed
+// by every replay inside the open batch.
+
+void VulkanDevice::begin_capture() {
+  ensure_alive();
+  refuse_in_capture("begin_capture", "captures do not nest");
+  auto g = std::make_unique<Graph>();
+  auto pi = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
+  pi.queueFamilyIndex = pd_.queue_family;
+  VK_CHECK(f_.vkCreateCommandPool(device_, &pi, nullptr, &g->pool));
+  auto ai = vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+  ai.commandPool = g->pool;
+  ai.level = VK_COMMAND_BUFFER_LEVEL_SECONDARY;
+  ai.commandBufferCount = 1;
+  VkResult r = f_.vkAllocateCommandBuffers(device_, &ai, &g->cmd);
+  if (r != VK_SUCCESS) {
+    f_.vkDestroyCommandPool(device_, g->pool, nullptr);
+    check(r, "vkAllocateCommandBuffers");
+  }
+  auto inherit =
+      vk_struct<VkCommandBufferInheritanceInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_INHERITANCE_INFO);
+  auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
+  // Replays of one graph may be in several batches in flight at once, or twice in one.
+  bi.flags = VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT;
+  bi.pInheritanceInfo = &inherit;
+  r = f_.vkBeginCommandBuffer(g->cmd, &bi);
+  if (r != VK_SUCCESS) {
+    f_.vkDestroyCommandPool(device_, g->pool, nullptr);
+    check(r, "vkBeginCommandBuffer");
+  }
+  // The graph's hazards are its own: a replay is ordered against everything around it by the
+  // barriers replay_graph() records on either side.
+  outside_pending_.swap(pending_);
+  pending_.clear();
+  capture_ = std::move(g);
+}
+
+int64_t VulkanDevice::end_capture() {
+  if (!capture_) fail(ErrorKind::kInvalidArgument, info_.id() + ": end_capture: no capture");
+  std::unique_ptr<Graph> g = std::move(capture_);
+  pending_.swap(outside_pending_);
+  outside_pending_.clear();
+  const VkResult r = f_.vkEndCommandBuffer(g->cmd);
+  g->seen.clear();
+  if (!g->refused.empty() || r != VK_SUCCESS) {
+    const std::string refused = g->refused;
+    destroy_graph(*g);  // never submitted
+    if (!refused.empty())
+      fail(ErrorKind::kInvalidArgument,
+           info_.id() + ": the graph capture was invalidated by " + refused);
+    check(r, "vkEndCommandBuffer");
+  }
+  const int64_t id = next_graph_++;
+  graphs_[id] = std::move(g);
+  return id;
+}
+
+void VulkanDevice::replay_graph(int64_t graph) {
+  refuse_in_capture("replay_graph", "a graph is not recorded into another");
+  auto it = graphs_.find(graph);
+  if (it == graphs_.end())
+    fail(ErrorKind::kInvalidArgument, info_.id() + ": replay_graph: no graph " +
+                                          std::to_string(graph) + " (released, or never made)");
+  const Graph& g = *it->second;
+  VkCommandBuffer cb = cmd();
+  if (!pending_.empty()) barrier(cb);  // what was recorded before, before the graph
+  f_.vkCmdExecuteCommands(cb, 1, &g.cmd);
+  barrier(cb);  // the graph's writes before whatever comes next
+  pending_.clear();
+  n_dispatches_ += g.dispatches;
+  ++graph_replays_;
+}
+
+void VulkanDevice::release_graph(int64_t graph) {
+  auto it = graphs_.find(graph);
+  if (it == graphs_.end()) return;
+  std::unique_ptr<Graph> g = std::move(it->second);
+  graphs_.erase(it);
+  // Its buffers are retired as any dropped buffer is (freed once the work recorded so far is
+  // done); its command buffer and descriptor sets live until the last batch that may execute
+  // it has completed.
+  g->buffers.clear();
+  const uint64_t last = cur_ && cur_->open ? cur_->serial : next_serial_ - 1;
+  released_graphs_.emplace_back(last, std::move(g));
+  recycle(false);
+}
+
+void VulkanDevice::keep_for_graph(const Tensor& t) const {
+  // capture_ is the device's recording state, not the tensor's: keeping a buffer alive for the
+  // graph changes nothing an op observes, so bind() stays const.
+  if (!capture_ || !t.buffer) return;
+  if (capture_->seen.insert(t.buffer.get()).second) capture_->buffers.push_back(t.buffer);
+}
+
+void VulkanDevice::refuse_in_capture(const char* call, const std::string& why) {
+  if (!capture_) return;
+  const std::string what = std::string(call) + " during a graph capture: " + why +
+                           " (a Vulkan graph is one command buffer, recorded once and replayed "
+                           "as it is; CUDA and HIP refuse the same calls on a capturing stream)";
+  if (capture_->refused.empty()) capture_->refused = what;
+  fail(ErrorKind::kInvalidArgument, info_.id() + ": " + what);
+}
+
+void VulkanDevice::destroy_graph(Graph& g) {
+  g.buffers.clear();
+  for (auto p : g.dpools) f_.vkDestroyDescriptorPool(device_, p, nullptr);
+  g.dpools.clear();
+  if (g.pool) f_.vkDestroyCommandPool(device_, g.pool, nullptr);  // frees its command buffer
+  g.pool = VK_NULL_HANDLE;
+  g.cmd = VK_NULL_HANDLE;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -820,6 +959,7 @@ int64_t VulkanDevice::max_elems(size_t esize) const {
 
 Bound VulkanDevice::bind(const Tensor& t, int64_t start, int64_t count) const {
   const VkBufferObj& b = vkbuf(t);
+  keep_for_graph(t);
   size_t es = dtype_size(t.dtype);
   uint64_t align = pd_.props.limits.minStorageBufferOffsetAlignment;
   uint64_t begin = t.offset + static_cast<uint64_t>(start) * es;
@@ -860,7 +1000,7 @@ void VulkanDevice::dispatch_raw(ShaderId id, const PipelineSpec* spec, const Bou
                " bytes given, the shader's block has " + std::to_string(sb.info.push_size));
   CT_CHECK(nb == sb.info.num_bindings, std::string("binding count for ") + sb.name);
   Pipeline& p = pipeline(id, spec);
-  const bool timed = !p.what.empty();
+  const bool timed = !p.what.empty() && !capture_;  // a capture cannot wait for the device
   if (timed) synchronize();
   const auto t0 = std::chrono::steady_clock::now();
   timespec c0{};
@@ -904,7 +1044,10 @@ void VulkanDevice::dispatch_raw(ShaderId id, const PipelineSpec* spec, const Bou
   stamp_begin(cb, sb.name);
   f_.vkCmdDispatch(cb, gx, gy, gz);
   stamp_end(cb);
-  ++n_dispatches_;
+  if (capture_)
+    ++capture_->dispatches;  // counted when replayed
+  else
+    ++n_dispatches_;
   if (timed) {
     synchronize();
     const double ms =

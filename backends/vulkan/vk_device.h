@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "backends/vulkan/context.h"
@@ -82,8 +83,22 @@ class VulkanDevice final : public Device {
   void synchronize() override;
   void set_profiling(bool on) override;
   std::string profile_report() override;
-  // host_waits: synchronize() calls (each download is one) and waits for a batch not yet done.
-  std::map<std::string, int64_t> counters() override { return {{"host_waits", host_waits_}}; }
+  // host_waits: synchronize() calls (each download is one) and waits for a batch not yet done;
+  // graph_replays: replay_graph() calls.
+  std::map<std::string, int64_t> counters() override {
+    return {{"host_waits", host_waits_}, {"graph_replays", graph_replays_}};
+  }
+  // Graphs (core/device.h's contract, the one CUDA's stream capture keeps): between
+  // begin_capture() and end_capture() the ops are recorded into a secondary command buffer of
+  // the graph's own, with descriptor sets from its own pools, and every buffer they bind is kept
+  // by the graph until release_graph(); nothing runs. replay_graph() executes that command buffer
+  // inside the open batch (vkCmdExecuteCommands) between two barriers: the host records and
+  // binds nothing per op again. During a capture the calls that would copy host memory or wait
+  // for the device throw, naming the call, and invalidate the capture.
+  void begin_capture() override;
+  int64_t end_capture() override;
+  void replay_graph(int64_t graph) override;
+  void release_graph(int64_t graph) override;
   // Events are batch serials: an event is complete when the fence of the batch holding it has
   // signalled. download_async records a copy into a staging buffer and submits; the memcpy into
   // host memory is done when the batch is seen complete (recycle()).
@@ -181,11 +196,24 @@ class VulkanDevice final : public Device {
     VkBuffer buffer;
     Allocation alloc;
   };
+  // A captured graph (begin_capture): its command buffer and descriptor pools, the buffers its
+  // commands bind, and what the capture counted.
+  struct Graph {
+    VkCommandPool pool = VK_NULL_HANDLE;
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    std::vector<VkDescriptorPool> dpools;
+    size_t dpool_cur = 0;
+    std::vector<std::shared_ptr<Buffer>> buffers;
+    std::unordered_set<const Buffer*> seen;  // in `buffers` already (during the capture)
+    uint64_t dispatches = 0;
+    std::string refused;  // the first call refused during the capture, "" while none
+  };
 
   void dispatch_raw(ShaderId id, const PipelineSpec* spec, const Bound* b, size_t nb,
                     const void* push, size_t push_size, uint32_t gx, uint32_t gy, uint32_t gz);
-  VkCommandBuffer cmd();  // the open command buffer, begun on demand
-  void submit();          // submits the open command buffer, if any (flush() without counting)
+  // The open command buffer, begun on demand; during a capture the graph's.
+  VkCommandBuffer cmd();
+  void submit();  // submits the open command buffer, if any (flush() without counting)
   void barrier(VkCommandBuffer cb, bool to_host = false);
   // Records the barrier `acc` needs against the commands since the last one, then notes `acc`.
   void hazard(VkCommandBuffer cb, const Access* acc, size_t n);
@@ -197,6 +225,12 @@ class VulkanDevice final : public Device {
   void check(VkResult r, const char* call);
   void ensure_alive() const;
   VkDescriptorSet descriptor_set(VkDescriptorSetLayout dsl);
+  // During a capture: the graph keeps t's buffer (called wherever a command is handed one).
+  void keep_for_graph(const Tensor& t) const;
+  // Throws Error(kInvalidArgument) for `call` made during a capture (`why`: what it would need)
+  // and invalidates the capture; a no-op outside one.
+  void refuse_in_capture(const char* call, const std::string& why);
+  void destroy_graph(Graph& g);
   Pipeline& pipeline(ShaderId id, const PipelineSpec* spec = nullptr);
   Pipeline create_pipeline(ShaderId id, const PipelineSpec* spec);
   std::shared_ptr<VkBufferObj> make_buffer(size_t bytes, MemCategory category, bool staging);
@@ -236,6 +270,13 @@ class VulkanDevice final : public Device {
   };
   std::vector<AsyncDownload> downloads_;
   uint64_t validation_seen_ = 0;
+  // Graphs: the one being captured (cmd() records into it), the batch's hazards set aside
+  // meanwhile, the graphs by number, and released ones waiting for their last replay's batch.
+  std::unique_ptr<Graph> capture_;
+  std::vector<Access> outside_pending_;
+  std::map<int64_t, std::unique_ptr<Graph>> graphs_;
+  std::vector<std::pair<uint64_t, std::unique_ptr<Graph>>> released_graphs_;
+  int64_t next_graph_ = 1, graph_replays_ = 0;
   std::vector<Access> pending_;  // accesses since the last barrier
   bool lost_ = false;
   uint64_t inject_lost_at_ = 0;  // CROSSTRAIN_VK_INJECT_DEVICE_LOST=N: the Nth submit "fails"
