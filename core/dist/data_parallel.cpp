@@ -270,7 +270,7 @@ void GradientAverager::finish_on_device() {
   const size_t backward_done = clock_.mark();
   for (size_t k = 0; k < slots_.size(); ++k)
     if (slots_[k].missing > 0) launch(k);
-  clock_.wait_all();
+  collectives_->wait(clock_);
   for (const auto& [before, after] : enqueued_) {
     const double took = std::chrono::duration<double>(clock_.at(after) - clock_.at(before)).count();
     seconds_ += took;

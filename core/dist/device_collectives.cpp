@@ -1,6 +1,7 @@
 #include "core/dist/device_collectives.h"
 
 #include <cstring>
+#include <exception>
 #include <utility>
 
 #include "core/error.h"
@@ -33,6 +34,12 @@ DeviceCollectives::DeviceCollectives(Communicator& comm, Device& device, Collect
 
 DeviceCollectives::~DeviceCollectives() {
   if (!nccl_comm_) return;
+  // Leaving on an error (a timeout: a collective may wait forever on the device for a rank that
+  // hangs): abort the communicator, which ends its kernels, instead of waiting for them.
+  if (std::uncaught_exceptions() > 0) {
+    lib_.CommAbort(nccl_comm_);
+    return;
+  }
   // Destroy waits for the communicator's enqueued work; the device may be in an error state.
   try {
     device_.synchronize();
@@ -47,6 +54,16 @@ void DeviceCollectives::check(nccl::Result r, const char* call) const {
   fail(ErrorKind::kDevice, std::string(call) + " (" + lib_.name + ") on rank " +
                                std::to_string(comm_.rank()) + " failed: " + lib_.GetErrorString(r) +
                                " (result " + std::to_string(r) + ")");
+}
+
+void DeviceCollectives::wait(StreamClock& clock) const {
+  if (clock.wait_all(timeout_s_)) return;
+  fail(ErrorKind::kDevice, "rank " + std::to_string(comm_.rank()) + " waited " +
+                               std::to_string(static_cast<long long>(timeout_s_)) +
+                               " s for its collectives (" + lib_.name + ") on " +
+                               device_.info().id() + ": one of the other " +
+                               std::to_string(comm_.size() - 1) +
+                               " rank(s) hangs or has died (--ddp-timeout); stopping every rank");
 }
 
 float* DeviceCollectives::address(const Tensor& t) const {

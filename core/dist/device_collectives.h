@@ -14,6 +14,7 @@
 #include "core/device.h"
 #include "core/dist/collective_library.h"
 #include "core/dist/communicator.h"
+#include "core/dist/stream_clock.h"
 #include "core/tensor.h"
 
 namespace ct::dist {
@@ -28,6 +29,14 @@ class DeviceCollectives {
   DeviceCollectives& operator=(const DeviceCollectives&) = delete;
 
   const std::string& name() const { return lib_.name; }
+  // How long a rank waits for its enqueued collectives before wait() throws (--ddp-timeout);
+  // <= 0: forever. Default 1800 s, as the Communicator's.
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  // Returns once `clock` has stamped every mark (the collectives enqueued before its last one
+  // have run); Error(kDevice) after the timeout, saying that another rank hangs or died. A
+  // collective library's kernels wait on the device for the other ranks: without this, a hung
+  // rank would hold the others forever.
+  void wait(StreamClock& clock) const;
 
   // Enqueued on the device's stream, in call order; every rank makes the same calls in the same
   // order with the same counts. `t`: contiguous f32 on this device.
@@ -50,6 +59,7 @@ class DeviceCollectives {
   Device& device_;
   CollectiveLibrary lib_;
   nccl::Comm nccl_comm_ = nullptr;
+  double timeout_s_ = 1800;
 };
 
 // --ddp-backend (Hugging Face's ddp_backend): "auto", "mpi" or "nccl" (RCCL on HIP, as PyTorch

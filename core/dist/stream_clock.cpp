@@ -17,8 +17,14 @@ void StreamClock::poll() {
   }
 }
 
-void StreamClock::wait_all() {
-  for (poll(); stamped_ < marks_.size(); poll()) std::this_thread::yield();
+bool StreamClock::wait_all(double timeout_s) {
+  const Clock::time_point start = Clock::now();
+  for (poll(); stamped_ < marks_.size(); poll()) {
+    if (timeout_s > 0 && std::chrono::duration<double>(Clock::now() - start).count() > timeout_s)
+      return false;
+    std::this_thread::yield();
+  }
+  return true;
 }
 
 }  // namespace ct::dist

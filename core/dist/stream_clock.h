@@ -23,8 +23,9 @@ class StreamClock {
   // Stamps the marks now complete, in order (the stream is in order: once one is not, the later
   // ones are not either).
   void poll();
-  // Returns once every mark is stamped (yielding the core between polls).
-  void wait_all();
+  // Returns true once every mark is stamped (yielding the core between polls), false when that
+  // took more than `timeout_s` seconds (<= 0: no limit).
+  bool wait_all(double timeout_s = 0);
   Clock::time_point at(size_t mark) const { return marks_[mark].at; }
   void clear() { marks_.clear(), stamped_ = 0; }
 

@@ -632,6 +632,7 @@ void check_replicas(Run& r, const std::string& when) {
 // saying which and why (with one process, only where a library was asked for).
 void choose_reducer(Run& r) {
   r.ddp = dist::choose_ddp_backend(r.comm, *r.device, r.args.ddp_backend);
+  if (r.ddp.device) r.ddp.device->set_timeout(static_cast<double>(r.args.ddp_timeout));
   if (r.world == 1 && !r.ddp.device) return;
   std::printf("rank %d/%d: ddp backend %s: %s (%s)\n", r.comm.rank(), r.comm.size(),
               r.ddp.name.c_str(), reducer_name(r).c_str(), r.ddp.why.c_str());
