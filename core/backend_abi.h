@@ -73,6 +73,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {16, "1a84654e9f976c5ed21bd1bf1de2599d20c444bec5b9673a1d420e5b244821eb",
      "matmul_bias_gelu and matmul_gelu_backward: the tanh GELU in a product's epilogue, forward "
      "(pre and gelu(pre)) and backward (gelu_backward of the product); kMatmul answers for them"},
+    {17, "6591fa1a462a3a6c18ceb564dcc40538dd74c0c4c0642e77b3af0d8f05bfcab9",
+     "Device::native_address: a tensor's device address for a collective library (NCCL, RCCL, "
+     "the SIMT runtime's) enqueued on native_stream()"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.

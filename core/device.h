@@ -339,6 +339,13 @@ class Device {
   //           on the queue, and submit to it only from the thread that drives this device
   //   cuda:   cudaStream_t;  hip: hipStream_t   (the backends' own stream)
   virtual void* native_stream() { return nullptr; }
+  // The address a collective library (NCCL, RCCL, the SIMT runtime's own) reads and writes for
+  // `t`'s first element: its buffer's device memory plus the offset; nullptr where the device
+  // hands its memory to no such library (cpu, vulkan). `t` is defined and on this device.
+  virtual void* native_address(const Tensor& t) {
+    (void)t;
+    return nullptr;
+  }
 
  protected:
   virtual Event download_async_kernel(void* host, const Tensor& src, size_t bytes) {
@@ -667,7 +674,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 16;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 17;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

@@ -39,7 +39,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # The backend plugin ABI this script's steps were written for (core/device.h kBackendAbiVersion;
 # tests/tools/bundle_test.sh fails when they differ). A bundle built for another is refused.
-expected_abi=16
+expected_abi=17
 bundle_format=1
 
 bundle="" llmc="" out="" budget=450 quick=0 check_only=0 unpack="" devices="" suites=1 pack=0
@@ -361,6 +361,51 @@ if [ -n "$backend" ] && [ -z "$devices" ]; then
       --no-progress --bf16 "${flag[@]}" "${data_flag[@]}" --output-dir "$out/graph-run"
     rm -rf "$out/graph-run"
   done
+fi
+
+# ---- 4. data parallel's device collectives (--ddp-backend nccl: NCCL on cuda, RCCL on hip),
+# loaded at run time. A world of one through the library (its communicator, in-place all-reduce
+# and averaging on the device's stream) against the same run without it (--ddp-backend mpi: one
+# process reduces nothing): the losses must be equal, bit for bit (a sum over one rank, times 1).
+# Then 2 ranks on the one GPU through mpirun, where there is one (Open MPI is not in the bundle):
+# with MPI through host memory, and with the library, which NCCL refuses by default (two ranks on
+# one device: "Duplicate GPU detected"; no NCCL_* setting lifts it), so that step is expected to
+# fail, saying so in its log; the host path's run is the 2-rank check.
+if [ -n "$backend" ] && [ -z "$devices" ]; then
+  lib=NCCL
+  [ "$backend" = hip ] && lib=RCCL
+  dp_run=("$bin/crosstrain" train --backend "$backend:0" --model tiny --per-device-train-batch-size 4
+          --max-steps 6 --logging-steps 1 --eval-steps 0 --max-eval-batches 1 --sample-tokens 0
+          --no-progress --gradient-accumulation-steps 2 --ddp-bucket-cap-mb 1 "${data_flag[@]}")
+  losses() { sed -n 's/.*"loss":\([^,]*\),.*/\1/p' "$1/metrics.jsonl" 2>/dev/null; }
+  step "world size 1 through $lib on $backend:0" 60 "ddp-$backend-world1.log" "${ct_env[@]}" \
+    "${dp_run[@]}" --ddp-backend nccl --output-dir "$out/ddp-world1-nccl"
+  step "world size 1, --ddp-backend mpi, on $backend:0" 60 "ddp-$backend-world1-mpi.log" \
+    "${ct_env[@]}" "${dp_run[@]}" --ddp-backend mpi --output-dir "$out/ddp-world1-mpi"
+  if ! grep -q "ddp backend nccl: $lib" "$out/ddp-$backend-world1.log" 2>/dev/null; then
+    passed=0
+    log "world size 1: the run did not say 'ddp backend nccl: $lib': see ddp-$backend-world1.log"
+  elif [ -z "$(losses "$out/ddp-world1-nccl")" ] ||
+    [ "$(losses "$out/ddp-world1-nccl")" != "$(losses "$out/ddp-world1-mpi")" ]; then
+    passed=0
+    log "world size 1: the losses through $lib differ from the run without it (or are missing)"
+  else
+    log "world size 1 through $lib: the same losses as without it, bit for bit"
+  fi
+  if command -v mpirun >/dev/null 2>&1; then
+    mpi=(mpirun -np 2 --oversubscribe)
+    [ "$(id -u)" = 0 ] && mpi+=(--allow-run-as-root)
+    for b in mpi nccl; do
+      step "2 ranks on $backend:0, --ddp-backend $b" 90 "ddp-$backend-2ranks-$b.log" \
+        "${ct_env[@]}" "${mpi[@]}" "${dp_run[@]}" --ddp-backend "$b" \
+        --output-dir "$out/ddp-2ranks-$b"
+    done
+    log "2 ranks with $lib on one GPU: $(grep -m1 -o 'Duplicate GPU[^"]*\|ddp backend nccl: [^(]*' \
+      "$out/ddp-$backend-2ranks-nccl.log" 2>/dev/null || echo 'see the log')"
+  else
+    log "2 ranks on one GPU: skipped, no mpirun on this machine (Open MPI is not in the bundle)"
+  fi
+  rm -rf "$out"/ddp-world1-* "$out"/ddp-2ranks-*
 fi
 
 log "done in $(($(date +%s) - start))s: $out/report.md"

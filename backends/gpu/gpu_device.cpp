@@ -207,6 +207,7 @@ class GpuDevice final : public Device {
     return c;
   }
   void* native_stream() override { return rt_->native_stream(); }
+  void* native_address(const Tensor& t) override { return ptr(t); }
 
   void begin_capture() override {
     if (!info_.graphs) Device::begin_capture();  // says the device has none

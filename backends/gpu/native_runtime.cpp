@@ -139,6 +139,12 @@ DeviceInfo make_info(int index) {
 #endif
   i.extra.push_back({"multiprocessors", std::to_string(p.multiProcessorCount)});
   i.extra.push_back({"warp size", std::to_string(p.warpSize)});
+  // Data parallel's device collectives (--ddp-backend nccl), loaded at run time when used.
+#if defined(CT_NATIVE_CUDA)
+  i.extra.push_back({"collective library", "libnccl.so.2"});
+#else
+  i.extra.push_back({"collective library", "librccl.so.1"});
+#endif
   return i;
 }
 

@@ -21,6 +21,7 @@
 
 #include "backends/gpu/runtime.h"
 #include "backends/simt/simt.h"
+#include "core/dist/collective_library.h"
 #include "core/error.h"
 
 #ifndef CT_SIMT_WARP
@@ -55,7 +56,9 @@ DeviceInfo make_info() {
   i.dtypes = {DType::f32, DType::f16, DType::bf16, DType::i32};
   i.extra = {{"warp size", std::to_string(kWarp)},
              {"host threads", std::to_string(default_runtime().threads())},
-             {"purpose", "tests: runs the GPU kernel sources on the CPU (not fast)"}};
+             {"purpose", "tests: runs the GPU kernel sources on the CPU (not fast)"},
+             // data parallel's device path with NCCL's API over MPI (--ddp-backend nccl)
+             {"collective library", dist::kSimtCollectives}};
   return i;
 }
 

@@ -154,11 +154,14 @@ std::vector<size_t> shard_counts(const std::vector<int64_t>& bounds, int64_t off
 }
 
 GradientAverager::GradientAverager(Communicator& comm, Device& device, int64_t bucket_elems,
-                                   std::vector<int64_t> shard_bounds)
+                                   std::vector<int64_t> shard_bounds,
+                                   DeviceCollectives* collectives)
     : comm_(comm),
       device_(device),
       bucket_elems_(bucket_elems),
-      shard_bounds_(std::move(shard_bounds)) {
+      shard_bounds_(std::move(shard_bounds)),
+      collectives_(collectives),
+      clock_(device) {
   CT_CHECK(bucket_elems > 0, "bucket of " + std::to_string(bucket_elems) + " elements");
   CT_CHECK(shard_bounds_.empty() || (shard_bounds_.size() == static_cast<size_t>(comm.size()) + 1 &&
                                      shard_bounds_.front() == 0 &&
@@ -168,7 +171,7 @@ GradientAverager::GradientAverager(Communicator& comm, Device& device, int64_t b
 }
 
 void GradientAverager::begin(const Tensor& grads) {
-  if (comm_.size() == 1) return;
+  if (comm_.size() == 1 && !collectives_) return;
   CT_REQUIRE(grads.dtype == DType::f32 && grads.is_contiguous(),
              "gradient all-reduce: needs contiguous f32 gradients, got " + grads.describe());
   CT_CHECK(!grads_.defined(), "GradientAverager::begin twice without finish");
@@ -177,7 +180,7 @@ void GradientAverager::begin(const Tensor& grads) {
                std::to_string(shard_bounds_.back()) + " elements in all");
   grads_ = grads;
   const int64_t n = grads.numel();
-  host_.resize(static_cast<size_t>(n));
+  if (!collectives_) host_.resize(static_cast<size_t>(n));
   slots_.clear();
   for (int64_t off = 0; off < n; off += bucket_elems_) {
     const int64_t len = std::min(bucket_elems_, n - off);
@@ -185,6 +188,8 @@ void GradientAverager::begin(const Tensor& grads) {
   }
   downloading_.clear();
   started_ = 0;
+  clock_.clear();
+  enqueued_.clear();
 }
 
 void GradientAverager::ready(int64_t off, int64_t len) {
@@ -198,14 +203,36 @@ void GradientAverager::ready(int64_t off, int64_t len) {
     s.missing -= std::min(s.off + s.len, off + len) - std::max(s.off, off);
     CT_CHECK(s.missing >= 0, "gradients [" + std::to_string(off) + ", +" + std::to_string(len) +
                                  ") reported twice");
-    if (s.missing == 0) download(k);
+    if (s.missing == 0) launch(k);
   }
-  start_landed(/*block=*/false);
+  if (collectives_)
+    clock_.poll();
+  else
+    start_landed(/*block=*/false);
+}
+
+void GradientAverager::launch(size_t k) {
+  slots_[k].missing = 0;
+  if (collectives_)
+    enqueue_collective(k);
+  else
+    download(k);
+}
+
+void GradientAverager::enqueue_collective(size_t k) {
+  const Slot& s = slots_[k];
+  const size_t before = clock_.mark();
+  const Tensor bucket = grads_.slice_flat(s.off, {s.len});
+  if (shard_bounds_.empty())
+    collectives_->all_reduce(bucket, ReduceOp::kAverage);
+  else
+    collectives_->reduce_scatter(bucket, shard_counts(shard_bounds_, s.off, s.len),
+                                 ReduceOp::kAverage);
+  enqueued_.emplace_back(before, clock_.mark());
 }
 
 void GradientAverager::download(size_t k) {
   Slot& s = slots_[k];
-  s.missing = 0;
   s.done = device_.download_async(host_.data() + s.off, grads_.slice_flat(s.off, {s.len}),
                                   static_cast<size_t>(s.len) * sizeof(float));
   downloading_.push_back(k);
@@ -238,14 +265,32 @@ void GradientAverager::upload(const Slot& s) {
                    static_cast<size_t>(to - from) * sizeof(float));
 }
 
+void GradientAverager::finish_on_device() {
+  // The backward pass is over once the stream has reached this point.
+  const size_t backward_done = clock_.mark();
+  for (size_t k = 0; k < slots_.size(); ++k)
+    if (slots_[k].missing > 0) launch(k);
+  collectives_->wait(clock_);
+  for (const auto& [before, after] : enqueued_) {
+    const double took = std::chrono::duration<double>(clock_.at(after) - clock_.at(before)).count();
+    seconds_ += took;
+    overlap_seconds_ += std::clamp(
+        std::chrono::duration<double>(clock_.at(backward_done) - clock_.at(before)).count(), 0.0,
+        took);
+  }
+  grads_ = Tensor();
+  ++calls_;
+}
+
 void GradientAverager::finish() {
   if (!grads_.defined()) return;
+  if (collectives_) return finish_on_device();
   using Clock = std::chrono::steady_clock;
   start_landed(/*block=*/false);
   // The backward pass is over once the device has run every op enqueued so far.
   const Event backward_done = device_.record_event();
   for (size_t k = 0; k < slots_.size(); ++k)
-    if (slots_[k].missing > 0) download(k);
+    if (slots_[k].missing > 0) launch(k);
   device_.wait_event(backward_done);
   const Clock::time_point backward_end = Clock::now();
   start_landed(/*block=*/true);

@@ -10,6 +10,8 @@
 
 #include "core/device.h"
 #include "core/dist/communicator.h"
+#include "core/dist/device_collectives.h"
+#include "core/dist/stream_clock.h"
 #include "core/tensor.h"
 
 namespace ct::dist {
@@ -63,17 +65,30 @@ std::vector<size_t> shard_counts(const std::vector<int64_t>& bounds, int64_t off
 // download has landed, while the backward goes on; finish() starts the rest in order, waits for
 // all and uploads them. average() is begin() and finish(): every bucket after the backward pass.
 // Either way the buckets and each one's reduction are the same, so are the results, bit for bit.
+//
+// With device collectives (--ddp-backend nccl: NCCL, RCCL, the SIMT runtime's) a bucket is not
+// downloaded: its collective is enqueued on the device's stream, in place, when it is complete
+// (the same points as above), and its averaging kernel after it; finish() enqueues the rest
+// (later ops on the stream, the optimizer's, run after them) and polls until the stream has run
+// them, as the host path waits for its uploads there: a StreamClock times each bucket from the
+// moment the stream reached it to the moment it was done. On a GPU the collective's kernels take
+// their turn on the one stream between the backward's kernels (interleaved, not concurrent with
+// them: comm_overlap_s is the collectives' time before the backward's last kernel had run, which
+// the host did not wait for). With 2 ranks the sums are a + b as MPI's, and the averaging the same
+// multiply: bit for bit the host path's.
 class GradientAverager {
  public:
   // 2^22 floats (16 MiB): a few messages for small models, 30 for GPT-2 124M.
   static constexpr int64_t kDefaultBucketElems = int64_t{1} << 22;
 
   // `shard_bounds`: empty (all-reduce), or comm.size() + 1 offsets as ShardExchange's.
+  // `collectives`: the device path (nullptr: the host path); it must outlive this averager.
   GradientAverager(Communicator& comm, Device& device, int64_t bucket_elems = kDefaultBucketElems,
-                   std::vector<int64_t> shard_bounds = {});
+                   std::vector<int64_t> shard_bounds = {},
+                   DeviceCollectives* collectives = nullptr);
   // grads (=) in place: the mean of every rank's grads (with shard bounds: in this rank's
   // shard; the rest unspecified). Collective; every rank passes the same numel and reports the
-  // same ranges in the same order. No-op (and no time) in a world of one.
+  // same ranges in the same order. No-op (and no time) in a world of one on the host path.
   void begin(const Tensor& grads);
   void ready(int64_t off, int64_t len);
   void finish();
@@ -96,7 +111,11 @@ class GradientAverager {
     Event done;       // its download
     uint64_t ticket;  // its collective, once started
   };
+  // Bucket k is complete: its download (host path) or its collective (device path) is enqueued.
+  void launch(size_t k);
   void download(size_t k);
+  void enqueue_collective(size_t k);
+  void finish_on_device();
   // Starts the collectives of the downloaded buckets, in download order, while the oldest one
   // has landed (every one when `block`, waiting for each).
   void start_landed(bool block);
@@ -110,6 +129,11 @@ class GradientAverager {
   std::vector<float> host_;
   std::vector<Slot> slots_;
   std::vector<size_t> downloading_;  // buckets downloading, in order; the first started_ started
+  // The device path: the collectives, and for each enqueued bucket its StreamClock marks before
+  // and after it, in enqueue order.
+  DeviceCollectives* collectives_;
+  StreamClock clock_;
+  std::vector<std::pair<size_t, size_t>> enqueued_;
   size_t started_ = 0;
   double seconds_ = 0, overlap_seconds_ = 0;
   int64_t calls_ = 0;

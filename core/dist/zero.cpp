@@ -16,12 +16,13 @@ double since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 ShardExchange::ShardExchange(Communicator& comm, Device& device, std::vector<int64_t> bounds,
-                             int64_t bucket_elems)
+                             int64_t bucket_elems, DeviceCollectives* collectives)
     : comm_(comm),
       device_(device),
       bounds_(std::move(bounds)),
       rank_(static_cast<size_t>(comm.rank())),
-      bucket_elems_(bucket_elems) {
+      bucket_elems_(bucket_elems),
+      collectives_(collectives) {
   CT_CHECK(bucket_elems > 0, "bucket of " + std::to_string(bucket_elems) + " elements");
   CT_CHECK(bounds_.size() == static_cast<size_t>(comm.size()) + 1 && bounds_.front() == 0 &&
                std::is_sorted(bounds_.begin(), bounds_.end()),
@@ -37,6 +38,7 @@ void ShardExchange::check(const Tensor& t, const char* what) const {
 
 void ShardExchange::all_gather(const Tensor& params) {
   check(params, "all-gather");
+  if (collectives_) return all_gather_on_device(params);
   if (comm_.size() == 1) return;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t n = params.numel();
@@ -56,6 +58,18 @@ void ShardExchange::all_gather(const Tensor& params) {
                        static_cast<size_t>(to - from) * sizeof(float));
   }
   seconds_ += since(t0);
+}
+
+void ShardExchange::all_gather_on_device(const Tensor& params) {
+  StreamClock clock(device_);
+  const size_t before = clock.mark();
+  for (int64_t off = 0; off < params.numel(); off += bucket_elems_) {
+    const int64_t len = std::min(bucket_elems_, params.numel() - off);
+    collectives_->all_gather(params.slice_flat(off, {len}), shard_counts(bounds_, off, len));
+  }
+  const size_t after = clock.mark();
+  collectives_->wait(clock);
+  seconds_ += std::chrono::duration<double>(clock.at(after) - clock.at(before)).count();
 }
 
 }  // namespace ct::dist

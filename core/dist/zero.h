@@ -4,7 +4,10 @@
 // given the shard bounds (overlapping the backward pass as its all-reduce does), so each rank
 // holds the average of its own shard; after the update of its shard, the weights are
 // all-gathered here, so every rank holds all of them again, through host memory in buckets of
-// the same size. Together the two move the bytes of one all-reduce.
+// the same size. Together the two move the bytes of one all-reduce. With device collectives
+// (--ddp-backend nccl) the all-gather runs in place on the device instead, one grouped broadcast
+// per bucket enqueued on its stream, and all_gather() returns once the stream has run them (so
+// that seconds() times them; see StreamClock).
 #pragma once
 
 #include <cstdint>
@@ -21,8 +24,10 @@ class ShardExchange {
  public:
   // `bounds`: comm.size() + 1 offsets into the flat buffers, rank r's shard [bounds[r],
   // bounds[r + 1]), bounds[0] = 0 and bounds.back() their numel.
+  // `collectives`: the device path (nullptr: through host memory); it must outlive this object.
   ShardExchange(Communicator& comm, Device& device, std::vector<int64_t> bounds,
-                int64_t bucket_elems = GradientAverager::kDefaultBucketElems);
+                int64_t bucket_elems = GradientAverager::kDefaultBucketElems,
+                DeviceCollectives* collectives = nullptr);
   // Every other rank's shard of params (=) that rank's; this rank's shard is sent. Collective.
   void all_gather(const Tensor& params);
   int64_t begin() const { return bounds_[rank_]; }
@@ -32,6 +37,7 @@ class ShardExchange {
 
  private:
   void check(const Tensor& t, const char* what) const;
+  void all_gather_on_device(const Tensor& params);
 
   Communicator& comm_;
   Device& device_;
@@ -39,6 +45,7 @@ class ShardExchange {
   size_t rank_;
   int64_t bucket_elems_;
   std::vector<float> host_;
+  DeviceCollectives* collectives_;
   double seconds_ = 0;
 };
 

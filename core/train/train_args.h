@@ -96,6 +96,11 @@ struct TrainArgs {
   // data parallel: the gradient buckets' size in MiB (Hugging Face's ddp_bucket_cap_mb; crosstrain
   // takes fractions too, and defaults to 16 MiB: GradientAverager::kDefaultBucketElems floats)
   double ddp_bucket_cap_mb = 16;
+  // data parallel: how the gradients are reduced (Hugging Face's ddp_backend). "nccl": in place on
+  // the device with its collective library (NCCL on CUDA, RCCL on HIP, the SIMT runtime's over
+  // MPI on simt), refused where the device has none; "mpi": MPI through host memory; "auto": nccl
+  // where the device's library loads, else mpi (core/dist/device_collectives.h)
+  std::string ddp_backend = "auto";
 
   // On a device with graphs (CUDA, HIP, the SIMT runtime), each micro-batch's forward and
   // backward is captured once and replayed as one launch (core/train/step_graph.h) unless a

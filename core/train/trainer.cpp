@@ -285,6 +285,7 @@ std::vector<std::pair<std::string, std::string>> shared_settings(const TrainArgs
   j["max_eval_batches"] = a.max_eval_batches;
   j["ddp_overlap"] = a.ddp_overlap;  // the buckets' collectives in another order
   j["ddp_bucket_cap_mb"] = a.ddp_bucket_cap_mb;
+  j["ddp_backend"] = a.ddp_backend;
   j["save_total_limit"] = a.save_total_limit;
   j["resume_from_checkpoint"] = a.resume_from_checkpoint;
   j["fp16_init_scale"] = a.fp16_init_scale;
@@ -379,7 +380,8 @@ ModelOptions model_options(const TrainArgs& args, const DeviceInfo& device) {
 void print_run_header(const TrainArgs& args, const ModelSource& source, const Model& model,
                       const ModelOptions& mopts, const std::string& device,
                       const std::string& data_path, const TokenSplit& split, int64_t start_step,
-                      const std::string& resume_dir, const dist::Communicator& comm) {
+                      const std::string& resume_dir, const dist::Communicator& comm,
+                      const std::string& reducer) {
   const ModelConfig& config = source.config;
   const int B = args.per_device_train_batch_size, T = source.seq_len;
   const int accum = args.gradient_accumulation_steps;
@@ -408,7 +410,7 @@ void print_run_header(const TrainArgs& args, const ModelSource& source, const Mo
   if (accum > 1) std::printf(" x %d accumulation steps", accum);
   if (comm.size() > 1)
     std::printf(" x %d ranks (global batch %d sequences, gradients averaged over %s)", comm.size(),
-                B * accum * comm.size(), comm.transport().c_str());
+                B * accum * comm.size(), reducer.c_str());
   if (mopts.policy.mixed()) std::printf("; %s mixed precision", mopts.policy.name().c_str());
   if (args.gradient_checkpointing) std::printf("; gradient checkpointing");
   if (!mopts.fused_attention)
@@ -531,6 +533,9 @@ struct Run {
   TokenSplit split;
   // open_model: the device, the model with its optimizer and loss scaler, the step's tensors.
   std::unique_ptr<Device> device;
+  // How the gradients are reduced (--ddp-backend): the device's collective library, or none (MPI
+  // through host memory). Before the averager and the exchange, which use it, so it outlives them.
+  dist::DdpBackend ddp;
   ModelOptions mopts;
   std::unique_ptr<Model> model;
   std::unique_ptr<LossScaler> scaler;
@@ -591,6 +596,11 @@ void prepare_run(Run& r) {
     r.resume_dir = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir);
 }
 
+// What reduces the gradients: the collective library, or the communicator's transport.
+std::string reducer_name(const Run& r) {
+  return r.ddp.device ? r.ddp.device->name() : r.comm.transport() + " through host memory";
+}
+
 // Data parallel: this rank's device (dist::device_for_rank) with its share of the host's
 // threads, and a line saying which.
 std::unique_ptr<Device> open_rank_device(Run& r) {
@@ -618,6 +628,17 @@ void check_replicas(Run& r, const std::string& when) {
   dist::check_same_weights(r.comm, dist::hash_bytes(bytes.data(), bytes.size()), when);
 }
 
+// --ddp-backend: the device's collective library or MPI through host memory, and a line per rank
+// saying which and why (with one process, only where a library was asked for).
+void choose_reducer(Run& r) {
+  r.ddp = dist::choose_ddp_backend(r.comm, *r.device, r.args.ddp_backend);
+  if (r.ddp.device) r.ddp.device->set_timeout(static_cast<double>(r.args.ddp_timeout));
+  if (r.world == 1 && !r.ddp.device) return;
+  std::printf("rank %d/%d: ddp backend %s: %s (%s)\n", r.comm.rank(), r.comm.size(),
+              r.ddp.name.c_str(), reducer_name(r).c_str(), r.ddp.why.c_str());
+  std::fflush(stdout);
+}
+
 // The device, the model on it (pretrained weights loaded), the loss scaler, the activations, the
 // optimizer and the tensors every step uses.
 void open_model(Run& r) {
@@ -629,6 +650,7 @@ void open_model(Run& r) {
   if (args.tf32 && !dev.info().tf32 && r.main_rank)
     std::printf("--tf32: %s has no TF32 matmuls; it computes fp32 matmuls in full fp32\n",
                 dev.info().id().c_str());
+  choose_reducer(r);
   r.mopts = model_options(args, dev.info());
   r.model = make_model(dev, r.source.config, /*with_grads=*/true, r.mopts);
   Model& model = *r.model;
@@ -648,7 +670,8 @@ void open_model(Run& r) {
     const size_t rank = static_cast<size_t>(r.comm.rank());
     r.shard = {1, r.comm.rank(), r.world, bounds[rank], bounds[rank + 1]};
     settings.shard = {r.shard.begin, r.shard.end};
-    r.exchange = std::make_unique<dist::ShardExchange>(r.comm, dev, bounds);
+    r.exchange = std::make_unique<dist::ShardExchange>(
+        r.comm, dev, bounds, dist::GradientAverager::kDefaultBucketElems, r.ddp.device.get());
   }
   r.optimizer = make_optimizer(model, settings);
   // Per rank: with ZeRO stage 1 the state of this rank's shard.
@@ -665,7 +688,7 @@ void open_model(Run& r) {
   // pass reports them final unless --no-ddp-overlap.
   r.averager = std::make_unique<dist::GradientAverager>(
       r.comm, dev, static_cast<int64_t>(args.ddp_bucket_cap_mb * (1 << 20) / sizeof(float)),
-      r.exchange ? r.exchange->bounds() : std::vector<int64_t>{});
+      r.exchange ? r.exchange->bounds() : std::vector<int64_t>{}, r.ddp.device.get());
   if (args.ddp_overlap && r.world > 1)
     model.set_gradients_ready(
         [averager = r.averager.get()](int64_t off, int64_t n) { averager->ready(off, n); });
@@ -815,6 +838,8 @@ void log_window(Run& r, int64_t done, double lr, bool do_eval, std::ofstream& me
                  *r.optimizer, r.offload_logged, *r.scaler);
   // Data parallel: ranks, and the gradient all-reduce's seconds per step in this window.
   rec["world_size"] = r.world;
+  rec["ddp_backend"] = r.ddp.name;
+  rec["collectives"] = reducer_name(r);
   rec["comm_s"] = (r.comm_seconds() - r.comm_logged) / static_cast<double>(r.window_steps);
   r.comm_logged = r.comm_seconds();
   // The part of comm_s that ran while the backward pass was still running (bucket overlap).
@@ -944,7 +969,7 @@ TrainSummary train(const TrainArgs& args) {
   r.summary.num_parameters = r.model->num_parameters();
   if (r.main_rank)
     print_run_header(args, r.source, *r.model, r.mopts, r.summary.device, r.data_path, r.split,
-                     r.start_step, r.resume_dir, r.comm);
+                     r.start_step, r.resume_dir, r.comm, reducer_name(r));
   if (r.main_rank && r.device->info().graphs) {
     if (r.graph->enabled())
       std::printf(

@@ -246,6 +246,60 @@ TEST_F(DataParallel, SimtKernels) {
   expect_same_losses("one", "two", 2e-6);
 }
 
+// The device path (--ddp-backend nccl) on simt: the buckets' collectives in place on the device
+// through NCCL's entry points (the SIMT runtime's library, MPI underneath), launched as the
+// backward pass finishes each bucket (16 KiB: 9 buckets), with accumulation, plain and ZeRO-1
+// (grouped reduces, then grouped broadcasts of the weights). Bit for bit the MPI host path's
+// losses, gradient norms and final weights (2 ranks: a + b, then the same multiply); the records
+// say which path ran, and the collectives' time (measured on the stream) overlaps the backward.
+TEST_F(DataParallel, SimtDeviceCollectivesEqualTheMpiHostPath) {
+  const std::string common =
+      "--backend simt --gradient-accumulation-steps 2 --ddp-bucket-cap-mb 0.015625 ";
+  for (const std::string zero : {"", "--zero-stage 1 "}) {
+    SCOPED_TRACE(zero);
+    const std::string host = "host" + zero.substr(0, 3), dev = "device" + zero.substr(0, 3);
+    expect_two_rank_run(train(2, 2, host, common + zero + "--ddp-backend mpi", 3), host);
+    const Proc p = train(2, 2, dev, common + zero + "--ddp-backend nccl", 3);
+    expect_two_rank_run(p, dev);
+    for (const char* part : {"rank 0/2: ddp backend nccl: crosstrain simt collectives",
+                             "rank 1/2: ddp backend nccl: crosstrain simt collectives",
+                             "gradients averaged over crosstrain simt collectives"})
+      EXPECT_NE(p.output.find(part), std::string::npos) << "lacks '" << part << "':\n" << p.output;
+    const auto rh = read_metrics(dir_ / host), rd = read_metrics(dir_ / dev);
+    ASSERT_EQ(rh.size(), 3u);
+    ASSERT_EQ(rd.size(), 3u);
+    double overlap = 0;
+    for (size_t i = 0; i < rd.size(); ++i) {
+      EXPECT_EQ(rh[i]["ddp_backend"], "mpi");
+      EXPECT_EQ(rd[i]["ddp_backend"], "nccl");
+      EXPECT_EQ(rh[i]["loss"].get<double>(), rd[i]["loss"].get<double>()) << i;
+      EXPECT_EQ(rh[i]["grad_norm"].get<double>(), rd[i]["grad_norm"].get<double>()) << i;
+      const double ov = rd[i]["comm_overlap_s"], comm = rd[i]["comm_s"];
+      EXPECT_GE(ov, 0.0) << i;
+      EXPECT_LE(ov, comm) << i;
+      overlap += ov;
+    }
+    EXPECT_GT(overlap, 0.0);  // buckets reduced before the backward pass was over
+    EXPECT_TRUE(read_file_bytes((dir_ / host / "model.safetensors").string()) ==
+                read_file_bytes((dir_ / dev / "model.safetensors").string()));
+  }
+}
+
+// --ddp-backend nccl where the device has no collective library (cpu) stops before training,
+// naming the device and the flag; auto there is MPI through host memory, as its records say.
+TEST_F(DataParallel, ForcedNcclOnCpuIsRefusedByName) {
+  const Proc forced = train(0, 2, "forced", "--ddp-backend nccl", 1);
+  EXPECT_EQ(forced.status, 2) << forced.output;
+  EXPECT_NE(forced.output.find("--ddp-backend nccl: cpu:0 has no device collective library"),
+            std::string::npos)
+      << forced.output;
+  EXPECT_FALSE(fs::exists(dir_ / "forced" / "metrics.jsonl"));
+  const Proc two = train(2, 2, "auto", "", 2);
+  expect_two_rank_run(two, "auto");
+  EXPECT_NE(two.output.find("rank 0/2: ddp backend mpi: MPI ("), std::string::npos) << two.output;
+  for (const json& r : read_metrics(dir_ / "auto")) EXPECT_EQ(r["ddp_backend"], "mpi");
+}
+
 // Ranks given another seed or batch refuse to start, naming the rank and the flags; nothing is
 // written.
 TEST_F(DataParallel, RanksWithDifferentSettingsRefuse) {

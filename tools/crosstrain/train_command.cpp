@@ -107,6 +107,11 @@ Run add_train(CLI::App& app) {
        "gathered); 0 (default): every rank holds all of it");
   flag(&app, "--ddp-bucket-cap-mb", a->ddp_bucket_cap_mb,
        "data parallel (mpirun): MiB of gradients per all-reduce bucket");
+  app.add_option("--ddp-backend", a->ddp_backend,
+                 "data parallel (mpirun): nccl reduces the gradients in place on the device "
+                 "(NCCL on cuda, RCCL on hip, over MPI on simt), mpi through host memory; auto "
+                 "(default): nccl where the device's library loads")
+      ->check(CLI::IsMember({"auto", "mpi", "nccl"}));
   app.add_flag(
       "--no-ddp-overlap", [a](int64_t) { a->ddp_overlap = false; },
       "data parallel (mpirun): average the gradients after the backward pass, not bucket by "
