@@ -1,7 +1,7 @@
 // vulkan_gemm_bench: GFLOP/s of the Vulkan backend's GEMM variants (register-blocked and
 // shared-memory tiled) next to OpenBLAS sgemm, in the same run, on the model's GEMM shapes.
 //   vulkan_gemm_bench [--backend vulkan:N] [--iters N] [--cpu-time] [--layout nn|nt|tn]
-//                     [--shape MxNxK]... [--dtype f32|f16|bf16] [--json FILE]
+//                     [--shape MxNxK]... [--dtype f32|f16|bf16] [--json FILE] [--gelu]
 //                     (CT_BENCH_VARIANTS=vec,reg picks variants)
 // --dtype f16|bf16: a and b in 16 bits, c f32 (the mixed-precision GEMMs), against OpenBLAS on
 // the same rounded values; the variants are then vsg, reg, tiled, tiled128 and the emulated
@@ -11,6 +11,10 @@
 // OpenBLAS's (max |c - c_blas| / max |c_blas| <= 1e-4): a wrong one is marked and the exit
 // status is 1, so no speed is reported for a kernel that does not compute the product.
 // --json FILE appends one JSON line per shape (GFLOP/s per variant, OpenBLAS, errors).
+// --gelu: instead, GPT-2's MLP GELU GEMMs on the device's default GEMM, fused against unfused:
+// matmul_bias_gelu (pre = a b + bias, out = gelu(pre); a [M, K], b [K, N]) against matmul then
+// gelu_forward, and matmul_gelu_backward (b^T: dpre = gelu'(pre) * a b^T) against matmul then
+// gelu_backward; median ms of each and the fused results' bytes checked equal to the unfused.
 #include <cblas.h>
 
 #include <algorithm>
@@ -55,6 +59,84 @@ static double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Median milliseconds of fn() over `iters` runs after a warm-up (pipeline creation).
+template <class F>
+static double time_ms(Device& dev, int iters, F&& fn) {
+  fn();
+  dev.synchronize();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    double t0 = now_s();
+    fn();
+    dev.synchronize();
+    t.push_back((now_s() - t0) * 1e3);
+  }
+  return median(t);
+}
+
+static std::vector<uint8_t> bytes_of(Device& dev, const Tensor& t) {
+  std::vector<uint8_t> v(t.numel() * dtype_size(t.dtype));
+  dev.download(v.data(), t, v.size());
+  return v;
+}
+
+// --gelu: fused against unfused GELU GEMMs per shape (M = tokens, N = 4C, K = C); returns the
+// number of shapes whose fused bytes differ from the unfused ones.
+static int gelu_bench(Device& dev, const std::vector<GemmShape>& shapes, DType dt, int iters) {
+  std::printf("%-16s %5s %10s %10s %7s %10s %10s %7s\n", "MxNxK", "dtype", "fwd fused", "unfused",
+              "saved", "bwd fused", "unfused", "saved");
+  int bad = 0;
+  for (const auto& s : shapes) {
+    Philox p(3, 4);
+    auto filled = [&](const Shape& sh, DType t, float scale, uint64_t off) {
+      std::vector<float> v(static_cast<size_t>(sh.numel()));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = p.normal(i + off) * scale;
+      std::vector<uint16_t> bits(t == DType::f32 ? 0 : v.size());
+      for (size_t i = 0; i < bits.size(); ++i)
+        write_from_f32(bits.data(), t, static_cast<int64_t>(i), v[i]);
+      Tensor x = dev.empty(sh, t, MemCategory::kWorkspace);
+      if (t == DType::f32)
+        dev.upload(x, v.data(), v.size() * 4);
+      else
+        dev.upload(x, bits.data(), bits.size() * 2);
+      return x;
+    };
+    const float ks = 1.0f / std::sqrt(float(s.K));
+    Tensor a = filled({s.M, s.K}, dt, 1.0f, 0), b = filled({s.K, s.N}, dt, ks, 1u << 28);
+    Tensor bt = filled({s.N, s.K}, dt, ks, 2u << 28),
+           bias = filled({s.N}, DType::f32, 0.1f, 3u << 28);
+    Tensor pre = dev.empty({s.M, s.N}, dt, MemCategory::kWorkspace);
+    Tensor out = dev.empty({s.M, s.N}, dt, MemCategory::kWorkspace);
+    Tensor pre_u = dev.empty({s.M, s.N}, dt, MemCategory::kWorkspace);
+    Tensor out_u = dev.empty({s.M, s.N}, dt, MemCategory::kWorkspace);
+    Tensor dpre = dev.empty({s.M, s.N}, dt, MemCategory::kWorkspace);
+    Tensor dpre_u = dev.empty({s.M, s.N}, dt, MemCategory::kWorkspace);
+    const Shape flat{s.M * s.N};
+    const double ff =
+        time_ms(dev, iters, [&] { dev.matmul_bias_gelu(out, pre, a, b, false, false, bias); });
+    const double fu = time_ms(dev, iters, [&] {
+      dev.matmul(pre_u, a, b, false, false, 1.0f, 0.0f, &bias);
+      dev.gelu_forward(out_u.reshape(flat), pre_u.reshape(flat));
+    });
+    const double bf =
+        time_ms(dev, iters, [&] { dev.matmul_gelu_backward(dpre, a, bt, false, true, pre); });
+    const double bu = time_ms(dev, iters, [&] {
+      dev.matmul(dpre_u, a, bt, false, true);
+      dev.gelu_backward(dpre_u.reshape(flat), pre.reshape(flat), dpre_u.reshape(flat));
+    });
+    const bool same = bytes_of(dev, pre) == bytes_of(dev, pre_u) &&
+                      bytes_of(dev, out) == bytes_of(dev, out_u) &&
+                      bytes_of(dev, dpre) == bytes_of(dev, dpre_u);
+    bad += same ? 0 : 1;
+    char dims[48];
+    std::snprintf(dims, sizeof dims, "%ldx%ldx%ld", long(s.M), long(s.N), long(s.K));
+    std::printf("%-16s %5s %10.2f %10.2f %6.1f%% %10.2f %10.2f %6.1f%%%s\n", dims, dtype_name(dt),
+                ff, fu, 100.0 * (1.0 - ff / fu), bf, bu, 100.0 * (1.0 - bf / bu),
+                same ? "" : "  (fused bytes differ!)");
+  }
+  return bad;
+}
+
 int main(int argc, char** argv) {
   ct::ShutdownBackendsOnReturn shutdown;  // first: the backends close after everything else
   std::string spec = "vulkan";
@@ -63,9 +145,12 @@ int main(int argc, char** argv) {
   std::vector<GemmShape> shapes;
   std::string json_path, layout = "nn";
   DType dt = DType::f32;
+  bool gelu = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--backend") && i + 1 < argc)
       spec = argv[++i];
+    else if (!std::strcmp(argv[i], "--gelu"))
+      gelu = true;
     else if (!std::strcmp(argv[i], "--cpu-time"))
       g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
@@ -97,7 +182,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--backend vulkan:N] [--iters N] [--cpu-time] [--layout nn|nt|tn] "
-                   "[--shape MxNxK]... [--dtype f32|f16|bf16] [--json FILE]\n",
+                   "[--shape MxNxK]... [--dtype f32|f16|bf16] [--json FILE] [--gelu]\n",
                    argv[0]);
       return 2;
     }
@@ -111,6 +196,14 @@ int main(int argc, char** argv) {
     auto dev = open_device(spec);
     std::printf("device: %s (%s); a, b %s; GFLOP per %s second\n", dev->info().name.c_str(),
                 dev->info().driver.c_str(), dtype_name(dt), g_cpu_time ? "CPU" : "wall");
+    if (gelu) {
+      if (shapes.size() == 4 && std::strcmp(shapes[0].what, "tiny qkv") == 0)
+        shapes = {{1024, 1536, 384, "tiny fc"}};  // the tiny preset's MLP (C = 384)
+      const int bad = gelu_bench(*dev, shapes, dt, iters);
+      if (bad)
+        std::fprintf(stderr, "vulkan_gemm_bench: fused GELU bytes differ on %d shapes\n", bad);
+      return bad ? 1 : 0;
+    }
     std::vector<const char*> variants = {"vsg64", "vsg", "vec", "reg", "tiled", "tiled128"};
     if (dt != DType::f32) variants = {"vsg", "reg", "tiled", "tiled128", "cm8e", "cm16e"};
     if (const char* v = std::getenv("CT_BENCH_VARIANTS")) {  // comma-separated subset

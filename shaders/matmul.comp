@@ -13,6 +13,17 @@
 //             the host sizes the tile per device class (backends/vulkan/matmul_kind.h
 //             tiled_config(): 128x128 with 8x8 blocks on discrete GPUs, 64x64 with 4x4 on
 //             integrated ones; TRM, TRN multiples of 4).
+// pc.epi (every variant): the GELU epilogues of matmul_bias_gelu and matmul_gelu_backward
+// (common/gelu.glsl; EPI_BLOCK below), with ep[] the element of the tensor at binding 4 (at
+// pc.oe, c's strides) for each element of c:
+//   0 none (ep unused);  1 forward: c = pre as stored, ep = gelu(pre) (out);
+//   2 backward: c = gelu'(ep) * the product as stored (ep = pre).
+// The GELU needs the finished sum: split-k partials (pc.ksplit > 1) take 0, and
+// matmul_splitk.comp applies it after adding them. A push constant, not a specialization
+// constant or a define: the fused ops reuse the plain GEMM's pipelines (a specialized pipeline
+// per layout, dtype and direction cost lavapipe 1-2.5 s of compilation each, tripling the
+// pipelines a process compiles), and the epilogue is one loop after the product, a small part of
+// each pipeline's code.
 // 16-bit operands (core/device.h: a, b f32 | h, the same; c f32 | a's dtype; the attention's
 // GEMMs also need a f32 with b, c h): A_H, B_H, C_H store that operand as 16 bits of the H_F16 or
 // H_BF16 format (common/h16.glsl: exact widening on load, the CPU's round-to-nearest-even on
@@ -20,8 +31,8 @@
 // (4 values) or uint words (scalar) and unpacks them, so only 32-bit types are loaded there.
 
 #extension GL_EXT_control_flow_attributes : require
-#if defined(A_H) || defined(B_H) || defined(C_H)
 #extension GL_GOOGLE_include_directive : require
+#if defined(A_H) || defined(B_H) || defined(C_H)
 #include "common/h16.glsl"
 #endif
 #if defined(A_H)
@@ -155,6 +166,8 @@ layout(push_constant) uniform Push {
   uint c_vec;
   uint ksplit;  // MM_TILED split-k (matmul_splitk.comp): workgroup z = batch * ksplit + s sums
   uint kchunk;  // k in [s, s+1) * kchunk into f32 partials; 1 and K elsewhere
+  uint oe;      // epi != 0: ep's element matching c's pc.oc
+  uint epi;     // the GELU epilogue: 0 none, 1 forward, 2 backward
 } pc;
 #if defined(MM_TILED)
 // As [TBK][TBM], Bs [TBK][TBN], row strides padded by 4 (rows stay 16-byte aligned).
@@ -233,6 +246,37 @@ float h1(U1Ptr p, uint i) { return h_load((p.v[i >> 1] >> ((i & 1u) << 4)) & 0xf
 #endif
 #endif
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
+layout(std430, binding = 4) buffer Ep { C_T ep[]; };
+#include "common/math.glsl"
+#include "common/gelu.glsl"
+
+// The GELU epilogue on element ci of c, once c holds its value s (widened from c's dtype: the
+// value the unfused GELU shader would read, so the bits are the unfused ops'): forward writes
+// ep's element = gelu(s) and returns s; backward returns gelu'(ep's element) * s for c to store.
+float epi_value(uint ci, float s) {
+  const uint ie = ci - pc.oc + pc.oe;
+  const bool backward = pc.epi == 2u;
+  // forward gelu(s); backward gelu'(pre) * s, pre = ep's element (one call: one copy of its code)
+  const float x = backward ? C_LD(ep[ie]) : s;
+  const float g = ct_gelu_dir(x, backward ? s : 0.0, backward);
+  if (!backward) ep[ie] = C_ST(g);
+  return backward ? g : s;
+}
+// The epilogue over an invocation's register block, as a loop that reads back what the
+// invocation stored (its own writes, through the same binding): one copy of the GELU's code
+// rather than one per element of the unrolled block, which lavapipe compiled 3-4x slower.
+#define EPI_BLOCK(rows, cols, M_AT, N_AT, C)                  \
+  if (pc.epi != 0u) {                                         \
+    [[dont_unroll]] for (uint i = 0; i < uint(rows); ++i)     \
+      [[dont_unroll]] for (uint j = 0; j < uint(cols); ++j) { \
+        const uint m = M_AT(i), n = N_AT(j);                  \
+        if (m < pc.M && n < pc.N) {                           \
+          const uint ci = cbase + m * pc.scm + n;             \
+          const float r = epi_value(ci, C_LD(C[ci]));         \
+          if (pc.epi == 2u) C[ci] = C_ST(r);                  \
+        }                                                     \
+      }                                                       \
+  }
 
 // c[m][n] = alpha * acc (+ beta * c[m][n]) (+ bn, bias_at(n), where pc.has_bias)
 void store_b(uint m, uint n, uint cbase, float acc, float bn) {
@@ -439,6 +483,7 @@ void main() {
 #endif
   float bs[VRN];
   [[unroll]] for (int j = 0; j < VRN; ++j) bs[j] = bias_at(nb + uint(j));
+  C1Ptr pc1 = C1Ptr(uvec2(pc.c_lo, pc.c_hi));
 #if !defined(C_H)
   // A block wholly inside c writes its rows as vec4s through c's address: lavapipe stores to a
   // descriptor-bound buffer one bounds-checked lane and component at a time (about 15% of the
@@ -454,25 +499,30 @@ void main() {
         C_PUT(pc4, ci + uint(j4), v);
       }
     }
-    return;
-  }
+  } else
 #endif
-  // The other blocks (16-bit c: all) element by element, also through c's address: lavapipe
-  // turns each access to a bound buffer into a branch per lane, and these 3 x 64 of them took
-  // most of the shader's compile time (a cold cache compiles it at the first dispatch of every
-  // test process).
-  C1Ptr pc1 = C1Ptr(uvec2(pc.c_lo, pc.c_hi));
-  [[unroll]] for (int i = 0; i < VRM; ++i)
-    [[unroll]] for (int j = 0; j < VRN; ++j) {
-      const uint m = mb + uint(i), n = nb + uint(j);
-      if (m < pc.M && n < pc.N) {
-        const uint ci = cbase + m * pc.scm + n;
-        float v = pc.alpha * acc[i][j];
-        if (pc.beta != 0.0) v += pc.beta * C_LD(pc1.v[ci]);
-        if (pc.has_bias != 0u) v += bs[j];
-        pc1.v[ci] = C_ST(v);
+  {
+    // The other blocks (16-bit c: all) element by element, also through c's address: lavapipe
+    // turns each access to a bound buffer into a branch per lane, and these 3 x 64 of them took
+    // most of the shader's compile time (a cold cache compiles it at the first dispatch of every
+    // test process).
+    [[unroll]] for (int i = 0; i < VRM; ++i)
+      [[unroll]] for (int j = 0; j < VRN; ++j) {
+        const uint m = mb + uint(i), n = nb + uint(j);
+        if (m < pc.M && n < pc.N) {
+          const uint ci = cbase + m * pc.scm + n;
+          float v = pc.alpha * acc[i][j];
+          if (pc.beta != 0.0) v += pc.beta * C_LD(pc1.v[ci]);
+          if (pc.has_bias != 0u) v += bs[j];
+          pc1.v[ci] = C_ST(v);
+        }
       }
-    }
+  }
+  // The GELU reads c back through pc1 whichever way it was written: the pointers are
+  // AliasedPointer (glslang's default), so the invocation's own stores come first.
+#define VEC_M(i) (mb + (i))
+#define VEC_N(j) (nb + (j))
+  EPI_BLOCK(VRM, VRN, VEC_M, VEC_N, pc1.v)
 #undef a
 #undef b
 #undef a4
@@ -498,6 +548,9 @@ void main() {
   for (int i = 0; i < RB; ++i)
     for (int j = 0; j < RB; ++j)
       store(m0 + ty + 8u * uint(i), n0 + tx + 8u * uint(j), cbase, acc[i][j]);
+#define REG_M(i) (m0 + ty + 8u * (i))
+#define REG_N(j) (n0 + tx + 8u * (j))
+  EPI_BLOCK(RB, RB, REG_M, REG_N, c)
 #else
   // MM_TILED
   float acc[TRM * TRN];
@@ -572,5 +625,8 @@ void main() {
   [[unroll]] for (uint i = 0; i < TRM; ++i)
     [[unroll]] for (uint j = 0; j < TRN; ++j)
       store_b(m0 + TROW(i), n0 + TCOL(j), cbase, acc[i * TRN + j], bs[j]);
+#define TILE_M(i) (m0 + TROW(i))
+#define TILE_N(j) (n0 + TCOL(j))
+  EPI_BLOCK(TRM, TRN, TILE_M, TILE_N, c)
 #endif
 }

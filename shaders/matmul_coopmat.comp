@@ -48,7 +48,8 @@
 // they are (exact, unscaled): the f16 build is unchanged by this.
 // Epilogue: each accumulator fragment is stored to its subgroup's FM x FN scratch in shared
 // memory, then every lane applies alpha, beta, bias (rounded to a 16-bit c's dtype first, as in
-// matmul.comp) and the bounds to its elements.
+// matmul.comp) and the bounds to its elements; then pc.epi's GELU (matmul.comp's push constant
+// and binding 4, the same epi_value()) over the elements it stored, read back.
 
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_GOOGLE_include_directive : require
@@ -113,6 +114,8 @@ layout(push_constant) uniform Push {
   uint a_lo, a_hi, b_lo, b_hi;  // unused here (matmul.comp's MM_VEC addresses)
   uint c_lo, c_hi, c_vec;
   uint ksplit, kchunk;  // split-k: workgroup z = batch * ksplit + s sums k in [s, s+1) * kchunk
+  uint oe;              // epi != 0: the epilogue tensor's element matching c's pc.oc
+  uint epi;             // the GELU epilogue: 0 none, 1 forward, 2 backward (matmul.comp)
 }
 pc;
 
@@ -133,6 +136,20 @@ layout(std430, binding = 0) buffer Cm { C_T c[]; };
 layout(std430, binding = 1) readonly buffer Am { H_T a[]; };
 layout(std430, binding = 2) readonly buffer Bm { H_T b[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
+layout(std430, binding = 4) buffer Ep { C_T ep[]; };
+#include "common/math.glsl"
+#include "common/gelu.glsl"
+
+// matmul.comp's epi_value(): the GELU epilogue on element ci of c, which holds s (widened).
+float epi_value(uint ci, float s) {
+  const uint ie = ci - pc.oc + pc.oe;
+  const bool backward = pc.epi == 2u;
+  // forward gelu(s); backward gelu'(pre) * s, pre = ep's element (one call: one copy of its code)
+  const float x = backward ? C_LD(ep[ie]) : s;
+  const float g = ct_gelu_dir(x, backward ? s : 0.0, backward);
+  if (!backward) ep[ie] = C_ST(g);
+  return backward ? g : s;
+}
 
 shared SH_T As[TBM * LDA];
 shared SH_T Bs[TBK * LDB];
@@ -303,4 +320,19 @@ void main() {
       }
       barrier();
     }
+  // The GELU over the elements this invocation stored, read back (its own writes): one copy of
+  // its code, not one per fragment.
+  if (pc.epi != 0u) {
+    [[dont_unroll]] for (uint f = 0; f < FRM * FRN; ++f) {
+      const uint i = f / FRN, j = f % FRN;
+      for (uint e = lane; e < FM * FN; e += lanes) {
+        uint m = m0 + wm + i * FM + e / FN, n = n0 + wn + j * FN + e % FN;
+        if (m < pc.M && n < pc.N) {
+          uint ci = cbase + m * pc.scm + n;
+          const float r = epi_value(ci, C_LD(c[ci]));
+          if (pc.epi == 2u) c[ci] = C_ST(r);
+        }
+      }
+    }
+  }
 }

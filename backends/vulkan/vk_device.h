@@ -69,6 +69,11 @@ struct GemmCall {
   float alpha = 1.0f, beta = 0.0f;
   // operand dtypes (bias is f32): all f32, or a, b h with c f32 or h, or a f32 with b, c h
   DType ta = DType::f32, tb = DType::f32, tc = DType::f32;
+  // The GELU epilogue (matmul.comp's push constant epi): kNone; kGeluForward: c = pre, ep (=)
+  // gelu(pre); kGeluBackward: c (=) gelu'(ep) * the product. ep has c's dtype and strides (`first`
+  // its element (0,0,0)).
+  enum class Epilogue { kNone = 0, kGeluForward = 1, kGeluBackward = 2 } epi = Epilogue::kNone;
+  Bound ep;
 };
 
 class VulkanDevice final : public Device {
@@ -85,8 +90,14 @@ class VulkanDevice final : public Device {
   std::string profile_report() override;
   // host_waits: synchronize() calls (each download is one) and waits for a batch not yet done;
   // graph_replays: replay_graph() calls.
+  // gelu_epilogue:<path>: GEMM dispatches recorded with a GELU epilogue (matmul_bias_gelu,
+  // matmul_gelu_backward), by path: vec, reg, tiled, coopmat, splitk (the split-k sum);
+  // gelu_composed: those ops run as matmul + GELU shader instead (strict math, K = 0).
   std::map<std::string, int64_t> counters() override {
-    return {{"host_waits", host_waits_}, {"graph_replays", graph_replays_}};
+    std::map<std::string, int64_t> c = gelu_counts_;
+    c["host_waits"] = host_waits_;
+    c["graph_replays"] = graph_replays_;
+    return c;
   }
   // Graphs (core/device.h's contract, the one CUDA's stream capture keeps): between
   // begin_capture() and end_capture() the ops are recorded into a secondary command buffer of
@@ -131,6 +142,11 @@ class VulkanDevice final : public Device {
   }
   // Records one GEMM (ops/matmul.cpp); every binding must already fit (no splitting here).
   void gemm(const GemmCall& g);
+  // matmul_kernel's body (ops/matmul.cpp): splits the product until every binding fits, the
+  // epilogue `epi` (with its tensor *ep, c's shape) on the pieces that finish a sum.
+  void matmul_split(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
+                    bool trans_a, bool trans_b, float alpha, float beta, const Tensor* bias,
+                    GemmCall::Epilogue epi, const Tensor* ep);
   // Workgroups for `n` invocations of workgroup size `local`, as (x, y) within device limits;
   // shaders rebuild the linear index with ct_linear_index() (shaders/common/index.glsl).
   std::array<uint32_t, 2> grid(uint64_t n, uint32_t local) const;
@@ -259,7 +275,8 @@ class VulkanDevice final : public Device {
   std::unique_ptr<Batch> cur_;
   std::vector<std::unique_ptr<Batch>> inflight_, spare_;
   uint64_t next_serial_ = 1, completed_serial_ = 0;
-  int64_t host_waits_ = 0;  // counters()
+  int64_t host_waits_ = 0;                      // counters()
+  std::map<std::string, int64_t> gelu_counts_;  // counters(): the GELU epilogues' paths
   std::vector<Retired> retired_;
   // download_async copies waiting for their batch (serial) to complete, in serial order.
   struct AsyncDownload {

@@ -7,10 +7,20 @@
 // On the GPU devices (simt, simt64, cuda, hip) also the own kernels' epilogues with matrix tiles
 // on and the library off (CT_GPU_TILES=1, CT_GPU_GEMM=own, as gemm_tc_test.cpp): gemm_tc_kernel
 // for rows aligned to 16 bytes, gemm_tile_kernel else, bit for bit against the unfused ops there.
+// On Vulkan the epilogue runs in the GEMM shaders (their push constant epi): the
+// device's counters must show the fused path ran, and each GEMM family that takes the ops (the
+// tiled shaders, the register-block ones, the emulated coopmat build; split-k through
+// matmul_splitk.comp; a long K in pieces chained through beta, the GELU on the last) gives the
+// unfused ops' bits too.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <memory>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/common/half_compare.h"
 
@@ -106,6 +116,39 @@ bool gpu_device_backend(const std::string& b) {
   return b == "simt" || b == "simt64" || b == "cuda" || b == "hip";
 }
 
+// The Vulkan device's GELU-epilogue dispatches by path ("gelu_epilogue:tiled", ...), and
+// "gelu_composed" (the two-op composition), from its counters.
+std::map<std::string, int64_t> gelu_counts(Device& d) {
+  std::map<std::string, int64_t> out;
+  for (const auto& [k, v] : d.counters())
+    if (k.rfind("gelu_", 0) == 0) out[k] = v;
+  return out;
+}
+int64_t fused_total(const std::map<std::string, int64_t>& c) {
+  int64_t n = 0;
+  for (const auto& [k, v] : c)
+    if (k.rfind("gelu_epilogue:", 0) == 0) n += v;
+  return n;
+}
+int64_t count_of(const std::map<std::string, int64_t>& c, const std::string& k) {
+  auto it = c.find(k);
+  return it == c.end() ? 0 : it->second;
+}
+
+// CROSSTRAIN_VK_STRICT_MATH: the Vulkan device runs the GELU shader's strict twin, and the fused
+// ops as the composition (the GEMM shaders have no twins).
+bool vk_strict_math() {
+  const char* v = std::getenv("CROSSTRAIN_VK_STRICT_MATH");
+  return v && *v && std::string(v) != "0";
+}
+
+// An environment variable for a scope (the Vulkan device reads its GEMM overrides per call).
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+};
+
 // The fused result of d against d's unfused ops: the same bytes on the own kernels, the
 // contract's bound on a library.
 void expect_matches_unfused(Device& d, const Case& c, DType dt, const std::string& where) {
@@ -139,6 +182,7 @@ void expect_matches_unfused(Device& d, const Case& c, DType dt, const std::strin
 using MatmulGelu = DeviceTest;
 
 TEST_P(MatmulGelu, MatchesUnfusedOpsAndReference) {
+  const auto before = gelu_counts(dev());
   for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
     if (!dev().supports(OpKind::kMatmul, dt) || !dev().supports(OpKind::kGelu, dt)) continue;
     for (const Case& c : kCases) {
@@ -152,6 +196,62 @@ TEST_P(MatmulGelu, MatchesUnfusedOpsAndReference) {
       EXPECT_TRUE(close_nmse(f.extra, r.extra, t, "out vs ref, " + nm));
       const Result fb = backward(dev(), c, dt, true), rb = backward(ref(), c, dt, true);
       EXPECT_TRUE(close_nmse(fb.main, rb.main, t, "dpre vs ref, " + nm));
+    }
+  }
+  if (GetParam().backend == "vulkan") {
+    // every fused call above ran its GELU in a GEMM epilogue: 3 per case and dtype (twice
+    // against the unfused ops, once against the reference), forward and backward
+    const auto after = gelu_counts(dev());
+    const int64_t fused = fused_total(after) - fused_total(before),
+                  composed = count_of(after, "gelu_composed") - count_of(before, "gelu_composed");
+    EXPECT_EQ(vk_strict_math() ? fused : composed, 0);
+    EXPECT_GE(vk_strict_math() ? composed : fused, int64_t(2 * std::size(kCases)));
+  }
+}
+
+// Vulkan: each GEMM family that can take the fused ops, forced in turn (CROSSTRAIN_VK_MATMUL),
+// with split-k (CROSSTRAIN_VK_SPLITK=3: the GELU in matmul_splitk.comp, after the sum), bit for
+// bit against the unfused ops, and the counters naming the path that ran. (The device's default
+// family runs in the case above.) Few shapes: each family x layout x dtype is a pipeline lavapipe
+// compiles in this process.
+TEST_P(MatmulGelu, VulkanEpilogueFamilies) {
+  if (GetParam().backend != "vulkan")
+    GTEST_SKIP() << "the Vulkan GEMM families; " << id() << " is covered above";
+  if (vk_strict_math()) GTEST_SKIP() << "strict math: the fused ops run as the composition";
+  const Case deep{37, 45, 100, false, true, 6};  // K = 100: 3 slices of 48, 48 and 4 (tbk 16)
+  // a^T with K > 512: on a CPU-type device (lavapipe) two GEMMs chained through beta, the
+  // epilogue on the second only; kCases[2]'s pipeline (a along m, K % 16 == 0)
+  const Case chained{24, 136, 608, true, false, 7};
+  struct Family {
+    const char* matmul;  // CROSSTRAIN_VK_MATMUL (nullptr: the device's default)
+    const char* splitk;  // CROSSTRAIN_VK_SPLITK (nullptr: the rule, none at these sizes)
+    std::vector<std::pair<DType, Case>> runs;
+    const char* path;  // the counter that must grow (nullptr: any, as the device chooses)
+  };
+  const Family families[] = {
+      {"tiled", nullptr, {{DType::f32, kCases[4]}, {DType::bf16, kCases[1]}}, "tiled"},
+      {"tiled", "3", {{DType::f32, deep}, {DType::f16, deep}}, "splitk"},
+      {"reg", nullptr, {{DType::f16, kCases[2]}}, "reg"},
+      {"cme", nullptr, {{DType::f16, kCases[0]}, {DType::bf16, kCases[2]}}, "coopmat"},
+      {"cme", "3", {{DType::bf16, deep}}, "splitk"},
+      {nullptr, nullptr, {{DType::f32, chained}}, nullptr},
+  };
+  for (const Family& f : families) {
+    std::unique_ptr<ScopedEnv> kind, split;
+    if (f.matmul) kind = std::make_unique<ScopedEnv>("CROSSTRAIN_VK_MATMUL", f.matmul);
+    if (f.splitk) split = std::make_unique<ScopedEnv>("CROSSTRAIN_VK_SPLITK", f.splitk);
+    const auto before = gelu_counts(dev());
+    const std::string what =
+        std::string(f.matmul ? f.matmul : "default") + (f.splitk ? ", split-k" : "");
+    for (const auto& [dt, c] : f.runs)
+      expect_matches_unfused(dev(), c, dt, id() + " (" + what + ")");
+    const auto after = gelu_counts(dev());
+    const int64_t fused = fused_total(after) - fused_total(before);
+    EXPECT_EQ(fused, int64_t(2 * f.runs.size())) << what;
+    if (f.path) {
+      const std::string key = std::string("gelu_epilogue:") + f.path;
+      EXPECT_EQ(count_of(after, key) - count_of(before, key), fused)
+          << "another path than " << f.path << " ran under " << what;
     }
   }
 }

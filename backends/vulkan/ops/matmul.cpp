@@ -1,4 +1,5 @@
-// matmul (all transposes, batch and broadcast, bias, alpha/beta) and bias_backward.
+// matmul (all transposes, batch and broadcast, bias, alpha/beta), its GELU epilogues and
+// bias_backward.
 // Shaders: matmul.comp (MM_REG for CPU-like devices, MM_TILED for GPUs), matmul_coopmat.comp
 // (its emulated build, on request), bias_backward.comp.
 // Operands larger than maxStorageBufferRange are split over batch, M, N and (with beta
@@ -29,6 +30,7 @@ struct MatmulPush {
   uint32_t a_lo, a_hi, b_lo, b_hi;
   uint32_t c_lo, c_hi, c_vec;
   uint32_t ksplit, kchunk;
+  uint32_t oe, epi;
 };
 CT_VK_PUSH_SIZE(MatmulPush, matmul_reg);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, M);
@@ -56,6 +58,12 @@ CT_VK_PUSH_MEMBER(MatmulPush, matmul_tiled, ksplit);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_tiled, kchunk);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_cme_hhf_f16, ksplit);
 CT_VK_PUSH_MEMBER(MatmulPush, matmul_cme_hhf_f16, kchunk);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, oe);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_tiled, oe);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_cme_hhh_f16, oe);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_reg, epi);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_tiled, epi);
+CT_VK_PUSH_MEMBER(MatmulPush, matmul_cme_hhh_f16, epi);
 static_assert(refl::matmul_vec_kn::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_tiled::kPushSize == refl::matmul_reg::kPushSize);
 static_assert(refl::matmul_vsg_kn::kPushSize == refl::matmul_reg::kPushSize);
@@ -70,6 +78,7 @@ struct SplitkPush {
   uint32_t opart, oc, scm, scb;
   uint32_t obias, has_bias;
   float alpha, beta;
+  uint32_t oe, epi;
 };
 CT_VK_PUSH_SIZE(SplitkPush, matmul_splitk);
 CT_VK_PUSH_SIZE(SplitkPush, matmul_splitk_bf16);
@@ -77,6 +86,8 @@ CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk, S);
 CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk, opart);
 CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk, has_bias);
 CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk, beta);
+CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk_f16, oe);
+CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk_f16, epi);
 
 struct BiasGradPush {
   uint32_t M, N, odb, odo;
@@ -250,6 +261,13 @@ bool tiled_vec_ok(const Bound& bd, size_t esize, int64_t sbatch, int64_t sother,
 void VulkanDevice::matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b,
                                  const MatmulDims& d, bool trans_a, bool trans_b, float alpha,
                                  float beta, const Tensor* bias) {
+  matmul_split(c, a, b, d, trans_a, trans_b, alpha, beta, bias, GemmCall::Epilogue::kNone, nullptr);
+}
+
+void VulkanDevice::matmul_split(const Tensor& c, const Tensor& a, const Tensor& b,
+                                const MatmulDims& d, bool trans_a, bool trans_b, float alpha,
+                                float beta, const Tensor* bias, GemmCall::Epilogue epi,
+                                const Tensor* ep) {
   const int64_t M = d.M, N = d.N, K = d.K, batch = d.batch;
   std::string shapes = " (c " + c.describe() + ", a " + a.describe() + (trans_a ? "^T" : "") +
                        ", b " + b.describe() + (trans_b ? "^T" : "") + ")";
@@ -274,17 +292,19 @@ void VulkanDevice::matmul_kernel(const Tensor& c, const Tensor& a, const Tensor&
                        : !trans_b && N >= 768       ? 768
                                                     : K;
 
-  // Records one sub-problem, or splits it until every operand fits one binding.
-  auto run = [&](auto&& self, const Box& x, float beta_x, bool with_bias) -> void {
+  // Records one sub-problem, or splits it until every operand fits one binding. `last`: the
+  // piece finishes its elements' sums (not the first part of a k split), so it adds the bias
+  // and runs the epilogue.
+  auto run = [&](auto&& self, const Box& x, float beta_x, bool last) -> void {
     auto [a0, an] = span(sa, x.z0, x.zc, x.m0, x.mc, x.k0, x.kc);
     auto [b0, bnum] = span(sb, x.z0, x.zc, x.k0, x.kc, x.n0, x.nc);
     auto [c0, cn] = span(sc, x.z0, x.zc, x.m0, x.mc, x.n0, x.nc);
     int64_t worst = std::max({an, bnum, cn});
-    auto split_k = [&] {  // the second half accumulates onto the first; the bias comes last
+    auto split_k = [&] {  // the second half accumulates onto the first; bias, epilogue last
       Box lo = x, hi = x;
       lo.kc = x.kc / 2, hi.k0 = x.k0 + lo.kc, hi.kc = x.kc - lo.kc;
       self(self, lo, beta_x, false);
-      self(self, hi, 1.0f, with_bias);
+      self(self, hi, 1.0f, last);
     };
     if (worst <= limit && x.kc > kmax) return split_k();
     if (worst > limit) {
@@ -309,15 +329,16 @@ void VulkanDevice::matmul_kernel(const Tensor& c, const Tensor& a, const Tensor&
       } else {
         fail(ErrorKind::kUnsupported, "matmul: cannot split to fit maxStorageBufferRange" + shapes);
       }
-      self(self, lo, beta_x, with_bias);
-      self(self, hi, beta_x, with_bias);
+      self(self, lo, beta_x, last);
+      self(self, hi, beta_x, last);
       return;
     }
     GemmCall g;
     g.batch = x.zc, g.M = x.mc, g.N = x.nc, g.K = x.kc;
     g.a = bind(a, a0, an), g.b = bind(b, b0, bnum), g.c = bind(c, c0, cn);
     g.sa = {sa.sb, sa.si, sa.sj}, g.sb = {sb.sb, sb.si, sb.sj}, g.sc = {sc.sb, sc.si, 1};
-    g.has_bias = bias && with_bias;
+    g.has_bias = bias && last;
+    if (last && ep) g.epi = epi, g.ep = bind(*ep, c0, cn);
     g.bias = g.has_bias ? bind(*bias, x.n0, x.nc) : g.c;
     g.alpha = alpha, g.beta = beta_x;
     g.ta = a.dtype, g.tb = b.dtype, g.tc = c.dtype;
@@ -381,6 +402,9 @@ void VulkanDevice::gemm(const GemmCall& g) {
   p.obias = g.bias.first, p.has_bias = g.has_bias ? 1u : 0u;
   p.alpha = g.alpha, p.beta = g.beta;
   p.ksplit = 1, p.kchunk = p.K;
+  const bool has_epi = g.epi != GemmCall::Epilogue::kNone;
+  const Bound& ep = has_epi ? g.ep : g.c;  // binding 4: c again where unused
+  p.oe = ep.first, p.epi = static_cast<uint32_t>(g.epi);
   ShaderId id = kind == MmKind::kReg ? ShaderId::matmul_reg : ShaderId::matmul_tiled;
   if (combo >= 0) id = kind == MmKind::kTiled ? kTiledH[combo][hi] : kRegH[combo][hi];
   if (!cm && (kind == MmKind::kVec || kind == MmKind::kVsg || kind == MmKind::kVsg64) &&
@@ -484,8 +508,18 @@ void VulkanDevice::gemm(const GemmCall& g) {
     sk = plan_splitk(cpu_like(), forced, int64_t(gx) * gy * g.batch, g.K, tbk, 65535 / g.batch,
                      g.batch * g.M * g.N, max_elems(4));
   }
+  // The epilogue (push constant epi) in the dispatch that finishes the sums: this one, or with
+  // split-k matmul_splitk.comp's; the partials take none.
+  if (has_epi) {
+    const char* path = sk.S > 1                 ? "splitk"
+                       : cm                     ? "coopmat"
+                       : kind == MmKind::kTiled ? "tiled"
+                       : kind == MmKind::kReg   ? "reg"
+                                                : "vec";
+    ++gelu_counts_[std::string("gelu_epilogue:") + path];
+  }
   if (sk.S <= 1) {
-    dispatch(id, spec, {g.c, g.a, g.b, g.bias}, p, gx, gy, u32(g.batch));
+    dispatch(id, spec, {g.c, g.a, g.b, g.bias, ep}, p, gx, gy, u32(g.batch));
     return;
   }
   // Split-k: S slices of K into f32 partials [batch * S][M][N], then their ordered sum with the
@@ -495,14 +529,14 @@ void VulkanDevice::gemm(const GemmCall& g) {
   MatmulPush pp = p;
   pp.oc = pb.first, pp.scm = u32(g.N), pp.scb = u32(g.M * g.N);
   pp.has_bias = 0, pp.alpha = 1.0f, pp.beta = 0.0f;
-  pp.ksplit = sk.S, pp.kchunk = sk.kchunk;
-  dispatch(part_id, spec, {pb, g.a, g.b, pb}, pp, gx, gy, u32(g.batch * sk.S));
-  SplitkPush r{u32(g.M),     u32(g.N),     u32(g.batch), sk.S,       pb.first, g.c.first,
-               u32(g.sc[1]), u32(g.sc[0]), g.bias.first, p.has_bias, g.alpha,  g.beta};
+  pp.ksplit = sk.S, pp.kchunk = sk.kchunk, pp.oe = pb.first, pp.epi = 0;
+  dispatch(part_id, spec, {pb, g.a, g.b, pb, pb}, pp, gx, gy, u32(g.batch * sk.S));
+  SplitkPush r{u32(g.M),     u32(g.N),     u32(g.batch), sk.S,    pb.first, g.c.first, u32(g.sc[1]),
+               u32(g.sc[0]), g.bias.first, p.has_bias,   g.alpha, g.beta,   ep.first,  p.epi};
   auto grd = grid(uint64_t(g.batch) * g.M * g.N, 256);
   dispatch(h_variant(g.tc, ShaderId::matmul_splitk, ShaderId::matmul_splitk_f16,
                      ShaderId::matmul_splitk_bf16),
-           {g.c, pb, g.has_bias ? g.bias : pb}, r, grd[0], grd[1]);
+           {g.c, pb, g.has_bias ? g.bias : pb, ep}, r, grd[0], grd[1]);
 }
 
 // Start-up self-test of the cooperative-matrix GEMM (the real build, or the emulated one under
@@ -705,20 +739,34 @@ void VulkanDevice::bias_backward_kernel(const Tensor& dbias, const Tensor& dout)
   }
 }
 
-// The GELU epilogues: two dispatches each, core's composition (matmul_kernel, then the GELU
-// shader over what it stored), so the bits are those of the unfused ops. An epilogue in the
-// GEMM shaders would have to follow every split above (K pieces chained through beta store
-// partial sums, and the GELU must see only the final one) in each of the four shader variants.
+// The GELU epilogues in the GEMM shaders (matmul.comp, matmul_coopmat.comp, matmul_splitk.comp:
+// their push constant epi), on the pieces of a split product that finish their sums:
+// the unfused ops' bits, with one dispatch and none of the GELU shader's reads and writes of the
+// [M, N] tensors. Core's composition (matmul, then the GELU shader) where the device runs the
+// CT_STRICT_MATH twins (CROSSTRAIN_VK_STRICT_MATH: the GEMMs have none, the GELU shader has), and
+// for K = 0 (no product to take an epilogue).
 void VulkanDevice::matmul_bias_gelu_kernel(const Tensor& out, const Tensor& pre, const Tensor& a,
                                            const Tensor& b, const MatmulDims& d, bool trans_a,
                                            bool trans_b, const Tensor& bias) {
-  Device::matmul_bias_gelu_kernel(out, pre, a, b, d, trans_a, trans_b, bias);
+  if (!strict_twin_.empty() || d.K == 0) {
+    ++gelu_counts_["gelu_composed"];
+    Device::matmul_bias_gelu_kernel(out, pre, a, b, d, trans_a, trans_b, bias);
+    return;
+  }
+  matmul_split(pre, a, b, d, trans_a, trans_b, 1.0f, 0.0f, &bias, GemmCall::Epilogue::kGeluForward,
+               &out);
 }
 
 void VulkanDevice::matmul_gelu_backward_kernel(const Tensor& dpre, const Tensor& a, const Tensor& b,
                                                const MatmulDims& d, bool trans_a, bool trans_b,
                                                const Tensor& pre) {
-  Device::matmul_gelu_backward_kernel(dpre, a, b, d, trans_a, trans_b, pre);
+  if (!strict_twin_.empty() || d.K == 0) {
+    ++gelu_counts_["gelu_composed"];
+    Device::matmul_gelu_backward_kernel(dpre, a, b, d, trans_a, trans_b, pre);
+    return;
+  }
+  matmul_split(dpre, a, b, d, trans_a, trans_b, 1.0f, 0.0f, nullptr,
+               GemmCall::Epilogue::kGeluBackward, &pre);
 }
 
 }  // namespace ct::vk
