@@ -73,6 +73,10 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {16, "1a84654e9f976c5ed21bd1bf1de2599d20c444bec5b9673a1d420e5b244821eb",
      "matmul_bias_gelu and matmul_gelu_backward: the tanh GELU in a product's epilogue, forward "
      "(pre and gelu(pre)) and backward (gelu_backward of the product); kMatmul answers for them"},
+    {17, "6b6a61d6f2b93e282fe44192a3abe90ee0d6622ee2681c8a58c58f2c7cb0df89",
+     "adamw_groups: AdamW over up to 8 ranges of the flat buffers in one dispatch (AdamWGroups), "
+     "lr and step read from a device tensor (AdamWSchedule) so a graph can replay it; kAdamW "
+     "answers for it"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.
