@@ -76,6 +76,10 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {17, "6591fa1a462a3a6c18ceb564dcc40538dd74c0c4c0642e77b3af0d8f05bfcab9",
      "Device::native_address: a tensor's device address for a collective library (NCCL, RCCL, "
      "the SIMT runtime's) enqueued on native_stream()"},
+    {18, "97f811b8c0d606eec52add0fa001f227265dfc22c4c045765b02dada15d1ca51",
+     "adamw_groups: AdamW over up to 8 ranges of the flat buffers in one dispatch (AdamWGroups), "
+     "lr and step read from a device tensor (AdamWSchedule) so a graph can replay it; kAdamW "
+     "answers for it"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.

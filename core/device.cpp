@@ -1,8 +1,19 @@
 #include "core/device.h"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 
 namespace ct {
+
+AdamWSchedule adamw_schedule(const AdamWHyper& hp) {
+  CT_REQUIRE(hp.step >= 1 && hp.step <= (int64_t{1} << 24),
+             "adamw_schedule: step " + std::to_string(hp.step) + " outside [1, 2^24]");
+  const double t = static_cast<double>(hp.step);
+  return {hp.lr, static_cast<float>(hp.step),
+          static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), t)),
+          static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), t))};
+}
 
 const char* mem_category_name(MemCategory c) {
   switch (c) {

@@ -200,6 +200,33 @@ struct AdamWHyper {
   float max_grad_norm = 0.0f;  // > 0: scale grads by min(1, max_grad_norm / (norm + 1e-6))
 };
 
+// The step-varying scalars of adamw_groups, which its kernel reads from a device tensor [4] f32
+// that the host writes before each step (an upload on the stream, outside any captured graph), so
+// that a graph replays the update with each step's values. `step` is the 1-based t (exact in f32
+// below 2^24); bc1 = 1 - beta1^t and bc2 = 1 - beta2^t are computed in double and rounded to
+// f32, the values adamw's fp32 kernels take (the CPU's fp64 reference computes them from t).
+struct AdamWSchedule {
+  float lr, step, bc1, bc2;
+};
+inline constexpr int64_t kAdamWScheduleLen = 4;
+// hp.lr, hp.step, hp.beta1 and hp.beta2 as adamw_groups reads them. Throws Error(kInvalidArgument)
+// for a step outside [1, 2^24].
+AdamWSchedule adamw_schedule(const AdamWHyper& hp);
+
+// The parameter groups of one adamw_groups call: `count` ranges [begin, begin + len) of the flat
+// buffers, ascending and disjoint, each decayed (hp.weight_decay) or not (0). Elements outside
+// every range are not touched (a padded LM head's rows). A fixed capacity so that the table is a
+// kernel argument, no device buffer: a model's trainable rows merge into 2 or 3 such runs.
+struct AdamWGroups {
+  static constexpr int kMaxRanges = 8;
+  struct Range {
+    int64_t begin = 0, len = 0;
+    bool decay = false;
+  };
+  int count = 0;
+  Range ranges[kMaxRanges];
+};
+
 // ---- optimizers: hyper-parameters of the fused low-memory optimizer ops -----------------------
 // Every field is captured at call time. `max_grad_norm` > 0 scales the gradient by
 // clip = min(1, max_grad_norm / (grad_norm[0] + 1e-6)), as AdamWHyper does; 0 leaves it alone.
@@ -579,6 +606,14 @@ class Device {
   //   param -= lr * wd * param;  param -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
              const Tensor& grad_norm, const AdamWHyper& hp);
+  // adamw over the ranges of `groups` of param, grad, m, v [N], in one dispatch where the backend
+  // can (one per range on Vulkan), each element computed as adamw computes it, bit for bit: with
+  // weight decay hp.weight_decay in a decayed range and 0 elsewhere, and the learning rate and
+  // step read when the op runs from `schedule` [4] f32 (AdamWSchedule; hp.lr and hp.step are not
+  // read). A captured graph of this op replays with what `schedule` holds at each replay.
+  void adamw_groups(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                    const Tensor& grad_norm, const Tensor& schedule, const AdamWGroups& groups,
+                    const AdamWHyper& hp);
 
   // -- optimizers --------------------------------------------------------------------------------
   // Fused optimizer steps. Each call updates one group of parameters in one dispatch; all
@@ -674,7 +709,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 17;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 18;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

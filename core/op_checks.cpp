@@ -743,6 +743,37 @@ void Device::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, con
   adamw_kernel(param, grad, m, v, grad_norm, hp);
 }
 
+void Device::adamw_groups(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                          const Tensor& grad_norm, const Tensor& schedule,
+                          const AdamWGroups& groups, const AdamWHyper& hp) {
+  Check k(*this, "adamw_groups");
+  k.f32("param", param);
+  k.f32("grad", grad);
+  k.f32("m", m);
+  k.f32("v", v);
+  k.same_numel(param, grad);
+  k.same_numel(param, m);
+  k.same_numel(param, v);
+  k.clip_norm(grad_norm, hp.max_grad_norm);
+  k.f32("schedule", schedule);
+  CT_REQUIRE(schedule.numel() == kAdamWScheduleLen,
+             "adamw_groups: schedule must be [4] (AdamWSchedule)" + shapes({&schedule}));
+  CT_REQUIRE(groups.count >= 0 && groups.count <= AdamWGroups::kMaxRanges,
+             "adamw_groups: " + std::to_string(groups.count) + " ranges (at most " +
+                 std::to_string(AdamWGroups::kMaxRanges) + ")");
+  int64_t end = 0;  // of the previous range
+  for (int i = 0; i < groups.count; ++i) {
+    const AdamWGroups::Range& r = groups.ranges[i];
+    CT_REQUIRE(r.begin >= end && r.len >= 0 && r.begin + r.len <= param.numel(),
+               "adamw_groups: range " + std::to_string(i) + " [" + std::to_string(r.begin) + ", " +
+                   std::to_string(r.begin + r.len) +
+                   ") must follow the one before it and end within the " +
+                   std::to_string(param.numel()) + " elements");
+    end = r.begin + r.len;
+  }
+  adamw_groups_kernel(param, grad, m, v, grad_norm, schedule, groups, hp);
+}
+
 // -- optimizers -----------------------------------------------------------------------------------
 
 void Device::sgd(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,

@@ -542,6 +542,23 @@ class CpuDevice final : public Device, private Workspace {
     k_.adamw(f(param), f(grad), f(m), f(v), clip_norm(grad_norm, hp.max_grad_norm), param.numel(),
              hp);
   }
+  // The ranges one after another through the adamw kernel, with lr and step from the schedule:
+  // the same numbers as adamw on each range.
+  void adamw_groups_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
+                           const Tensor& v, const Tensor& grad_norm, const Tensor& schedule,
+                           const AdamWGroups& groups, const AdamWHyper& hp) override {
+    AdamWSchedule sched;
+    std::memcpy(&sched, raw(schedule), sizeof sched);
+    AdamWHyper h = hp;
+    h.lr = sched.lr;
+    h.step = static_cast<int64_t>(sched.step);
+    for (int i = 0; i < groups.count; ++i) {
+      const AdamWGroups::Range& r = groups.ranges[i];
+      h.weight_decay = r.decay ? hp.weight_decay : 0.0f;
+      k_.adamw(f(param) + r.begin, f(grad) + r.begin, f(m) + r.begin, f(v) + r.begin,
+               clip_norm(grad_norm, hp.max_grad_norm), r.len, h);
+    }
+  }
 
   // -- optimizers (backends/cpu/*/optimizers.cpp) ---------------------------------------------
   void sgd_kernel(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,

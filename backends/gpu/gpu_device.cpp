@@ -566,6 +566,16 @@ class GpuDevice final : public Device {
     gpu::adamw(cx(), f(param), f(grad), f(m), f(v), norm_ptr(grad_norm, hp.max_grad_norm),
                param.numel(), adam_args(hp));
   }
+  void adamw_groups_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
+                           const Tensor& v, const Tensor& grad_norm, const Tensor& schedule,
+                           const AdamWGroups& groups, const AdamWHyper& hp) override {
+    static_assert(AdamWGroups::kMaxRanges == gpu::kAdamMaxRanges);
+    gpu::AdamRange ranges[gpu::kAdamMaxRanges] = {};
+    for (int i = 0; i < groups.count; ++i)
+      ranges[i] = {groups.ranges[i].begin, groups.ranges[i].len, groups.ranges[i].decay};
+    gpu::adamw_groups(cx(), f(param), f(grad), f(m), f(v), norm_ptr(grad_norm, hp.max_grad_norm),
+                      f(schedule), ranges, groups.count, adam_args(hp));
+  }
   void sgd_kernel(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
                   const Tensor& grad_norm, const SgdHyper& hp) override {
     SgdArgs a{hp.lr,       hp.momentum, hp.dampening, hp.weight_decay, hp.max_grad_norm,

@@ -263,6 +263,17 @@ struct AdamArgs {
 };
 void adamw(const Ctx& cx, float* param, const float* grad, float* m, float* v,
            const float* grad_norm, std::int64_t n, const AdamArgs& h);
+// adamw over `count` (<= kAdamMaxRanges) ascending, disjoint ranges in one launch (core/device.h
+// adamw_groups): lr and the bias corrections read on the device from schedule [4] (AdamWSchedule:
+// lr, step, bc1, bc2); h.lr, h.step are not read, and a range's decay is h.weight_decay or 0.
+constexpr int kAdamMaxRanges = 8;
+struct AdamRange {
+  std::int64_t begin, len;
+  bool decay;
+};
+void adamw_groups(const Ctx& cx, float* param, const float* grad, float* m, float* v,
+                  const float* grad_norm, const float* schedule, const AdamRange* ranges, int count,
+                  const AdamArgs& h);
 struct SgdArgs {
   float lr, momentum, dampening, weight_decay, max_grad_norm;
   bool nesterov;

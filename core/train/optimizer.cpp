@@ -49,6 +49,16 @@ const char* optim_name(OptimKind k) {
   return "?";
 }
 
+void Optimizer::set_schedule(Model& model, double lr, int64_t step) {
+  (void)model, (void)lr, (void)step;
+  fail(ErrorKind::kUnsupported, "set_schedule: " + graph_refusal());
+}
+
+void Optimizer::apply(Model& model, const Tensor& grad_norm) {
+  (void)model, (void)grad_norm;
+  fail(ErrorKind::kUnsupported, "apply: " + graph_refusal());
+}
+
 namespace {
 
 // The rows one optimizer updates: the model's trainable table (every parameter, or with LoRA the
@@ -159,6 +169,10 @@ class FusedOptimizer : public Optimizer {
 };
 
 // ---- AdamW ------------------------------------------------------------------------------------
+// Every range of the table in one adamw_groups dispatch (ranges() merges a model's rows into 2 or
+// 3 runs; more than AdamWGroups::kMaxRanges take one dispatch per kMaxRanges), its learning rate
+// and step read from a device tensor uploaded before the dispatch: the update can be captured
+// into a device graph and replayed at every step (set_schedule, then apply).
 class AdamW final : public FusedOptimizer {
  public:
   AdamW(const ParamSet& ps, const OptimizerSettings& s) : FusedOptimizer(ps, s) {
@@ -168,15 +182,19 @@ class AdamW final : public FusedOptimizer {
       name_state("exp_avg." + p.name, m_.slice_flat(p.offset, p.shape));
       name_state("exp_avg_sq." + p.name, v_.slice_flat(p.offset, p.shape));
     }
+    // Not state (nothing a checkpoint keeps): the step's scalars, rewritten at every step.
+    schedule_ = ps.dev->empty({kAdamWScheduleLen}, DType::f32, MemCategory::kWorkspace);
   }
   void update(const ParamSet& ps, const Tensor& grad_norm, double lr, int64_t step) override {
-    AdamWHyper hp = adam_hyper(s_, lr, step);
-    const float wd = hp.weight_decay;
-    for (const ParamSet::Range& r : ps.ranges()) {
-      hp.weight_decay = r.decay ? wd : 0.0f;
-      ps.dev->adamw(ps.param_range(r.off, r.len), ps.grad_range(r.off, r.len),
-                    m_.slice_flat(r.off, {r.len}), v_.slice_flat(r.off, {r.len}), grad_norm, hp);
-    }
+    write_schedule(*ps.dev, lr, step);
+    apply_to(ps, grad_norm);
+  }
+  std::string graph_refusal() const override { return ""; }
+  void set_schedule(Model& model, double lr, int64_t step) override {
+    write_schedule(model.device(), lr, step);
+  }
+  void apply(Model& model, const Tensor& grad_norm) override {
+    apply_to(ParamSet::of(model, ps_.rows), grad_norm);
   }
   static AdamWHyper adam_hyper(const OptimizerSettings& s, double lr, int64_t step) {
     AdamWHyper hp;
@@ -191,7 +209,24 @@ class AdamW final : public FusedOptimizer {
   }
 
  private:
-  Tensor m_, v_;
+  void write_schedule(Device& dev, double lr, int64_t step) {
+    const AdamWSchedule sched = adamw_schedule(adam_hyper(s_, lr, step));
+    dev.upload(schedule_, &sched, sizeof sched);
+  }
+  void apply_to(const ParamSet& ps, const Tensor& grad_norm) {
+    const AdamWHyper hp = adam_hyper(s_, 0.0, 1);  // lr and step: the schedule's
+    AdamWGroups groups;
+    const std::vector<ParamSet::Range> ranges = ps.ranges();
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      groups.ranges[groups.count++] = {ranges[i].off, ranges[i].len, ranges[i].decay};
+      if (groups.count == AdamWGroups::kMaxRanges || i + 1 == ranges.size()) {
+        ps.dev->adamw_groups(ps.params, ps.grads, m_, v_, grad_norm, schedule_, groups, hp);
+        groups.count = 0;
+      }
+    }
+  }
+
+  Tensor m_, v_, schedule_;
 };
 
 // ---- SGD and Lion: one fp32 buffer (or none), two dispatches -----------------------------------
@@ -586,6 +621,10 @@ class Offloaded final : public Optimizer {
   std::vector<NamedTensor> state() const override { return inner_->state(); }
   int64_t state_bytes() const override { return inner_->state_bytes(); }
   bool offloaded() const override { return true; }
+  std::string graph_refusal() const override {
+    return "the offloaded optimizer updates in host memory, between the device's downloads and "
+           "uploads";
+  }
   OffloadStats offload_stats() const override { return stats_; }
 
  private:

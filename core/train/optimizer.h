@@ -121,6 +121,17 @@ class Optimizer {
     return false;
   }
   virtual OffloadStats offload_stats() const { return {}; }
+
+  // A step split for a device graph: set_schedule() writes this step's learning rate and step
+  // count into the optimizer's device tensors (host work: an upload, outside any capture), then
+  // apply() enqueues the update, device ops that are the same at every step (capturable), read
+  // what set_schedule() wrote. step() is the two in a row. graph_refusal(): "" when the optimizer
+  // can do this, otherwise why not (the other two then throw Error(kUnsupported)).
+  virtual std::string graph_refusal() const {
+    return name() + " passes its learning rate and step to its kernels as arguments";
+  }
+  virtual void set_schedule(Model& model, double lr, int64_t step);
+  virtual void apply(Model& model, const Tensor& grad_norm);
 };
 
 // The optimizer `settings.kind` over `model`'s parameters (settings.shard of them), state

@@ -544,8 +544,10 @@ struct Run {
   Tensor inputs, targets, loss_sum, grad_norm;
   std::unique_ptr<dist::GradientAverager> averager;
   // Each micro-batch's forward and backward as a device graph, where the device and settings
-  // allow it (core/train/step_graph.h).
-  std::unique_ptr<StepGraph> graph;
+  // allow it (core/train/step_graph.h), and the update after them (the gradient norm, the
+  // optimizer's device part and the 16-bit weights' refresh) as another, where the optimizer
+  // reads its learning rate and step from the device (Optimizer::graph_refusal).
+  std::unique_ptr<StepGraph> graph, update_graph;
   // --zero-stage 1: the reduce-scatter and all-gather of this rank's shard, which shard, and
   // every rank's optimizer state bytes (rank order).
   std::unique_ptr<dist::ShardExchange> exchange;
@@ -694,6 +696,11 @@ void open_model(Run& r) {
         [averager = r.averager.get()](int64_t off, int64_t n) { averager->ready(off, n); });
   r.graph = std::make_unique<StepGraph>(
       dev, step_graph_refusal(args, dev.info(), r.scaler->enabled(), r.world));
+  std::string update_refusal = r.graph->refusal();
+  if (update_refusal.empty() && r.exchange)
+    update_refusal = "--zero-stage 1 combines the shards' gradient norms on the host";
+  if (update_refusal.empty()) update_refusal = r.optimizer->graph_refusal();
+  r.update_graph = std::make_unique<StepGraph>(dev, update_refusal);
 }
 
 // Resume: weights, optimizer state, step, data position and the open logging window of the
@@ -759,6 +766,25 @@ bool zero_update(Run& r, double lr, int64_t step) {
   return false;
 }
 
+// The update after the gradients are final (world 1, or averaged): their norm, the optimizer's
+// step `t` (1-based) at rate `lr`, and the 16-bit compute weights refreshed from the master.
+// Where the optimizer splits its step for a graph, its host part (the schedule's upload) runs
+// first and the rest is run through the update's graph (captured at the second call).
+void update(Run& r, double lr, int64_t t) {
+  Device& dev = *r.device;
+  Model& model = *r.model;
+  const bool split = r.optimizer->graph_refusal().empty();
+  if (split) r.optimizer->set_schedule(model, lr, t);
+  r.update_graph->run([&] {
+    dev.norm(r.grad_norm, model.trainable_grads());
+    if (split)
+      r.optimizer->apply(model, r.grad_norm);
+    else
+      r.optimizer->step(model, r.grad_norm, lr, t);
+    model.refresh_compute_weights();
+  });
+}
+
 // One optimizer step (0-based `step`): `accum` micro-batches whose gradients add up to the
 // gradient of the mean loss over all of them (each backward is weighted 1/accum), then the
 // update unless fp16 found an inf/NaN gradient. Returns the step's learning rate.
@@ -797,11 +823,7 @@ double optimizer_step(Run& r, int64_t step) {
   } else {
     // fp16: unscale the gradients and skip the step if any is inf/NaN (GradScaler semantics).
     found_inf = scaler.unscale_and_check(dev, model.trainable_grads());
-    if (!found_inf) {
-      dev.norm(r.grad_norm, model.trainable_grads());
-      r.optimizer->step(model, r.grad_norm, lr, step + 1 - scaler.skipped_steps());
-      model.refresh_compute_weights();
-    }
+    if (!found_inf) update(r, lr, step + 1 - scaler.skipped_steps());
   }
   scaler.update(found_inf, step + 1);
   dev.flush();
@@ -852,7 +874,10 @@ void log_window(Run& r, int64_t done, double lr, bool do_eval, std::ofstream& me
   rec["optimizer_bytes"] = r.optimizer->state_bytes();
   rec["optimizer_bytes_per_rank"] = r.optimizer_bytes_per_rank;
   // Whether micro-batches are replayed as a graph (the device counts the replays), or why not.
-  if (dev.info().graphs) rec["step_graph"] = r.graph->enabled() ? "on" : r.graph->refusal();
+  if (dev.info().graphs) {
+    rec["step_graph"] = r.graph->enabled() ? "on" : r.graph->refusal();
+    rec["update_graph"] = r.update_graph->enabled() ? "on" : r.update_graph->refusal();
+  }
   char line[256];
   std::snprintf(line, sizeof line, "step %5lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s",
                 static_cast<long long>(done), static_cast<long long>(args.max_steps), mean_loss, lr,
@@ -971,12 +996,18 @@ TrainSummary train(const TrainArgs& args) {
     print_run_header(args, r.source, *r.model, r.mopts, r.summary.device, r.data_path, r.split,
                      r.start_step, r.resume_dir, r.comm, reducer_name(r));
   if (r.main_rank && r.device->info().graphs) {
-    if (r.graph->enabled())
-      std::printf(
-          "graph: each micro-batch's forward and backward captured at the second and "
-          "replayed as one launch (--no-cuda-graph: one launch per op)\n");
-    else
+    if (!r.graph->enabled())
       std::printf("graph: off, each op launched on its own: %s\n", r.graph->refusal().c_str());
+    else if (r.update_graph->enabled())
+      std::printf(
+          "graph: each micro-batch's forward and backward, and the update (norm, optimizer, "
+          "weight refresh), captured at the second and replayed as one launch each "
+          "(--no-cuda-graph: one launch per op)\n");
+    else
+      std::printf(
+          "graph: each micro-batch's forward and backward captured at the second and replayed "
+          "as one launch; the graph stops before the update, launched op by op: %s\n",
+          r.update_graph->refusal().c_str());
     std::fflush(stdout);
   }
   ProgressBar bar(r.start_step, args.max_steps, args.progress_bar && r.main_rank);
@@ -1004,6 +1035,7 @@ TrainSummary train(const TrainArgs& args) {
                r.device->memory().total_current);
   }
   r.graph->release();  // before the sample, which may size the activations anew
+  r.update_graph->release();
   bar.finish();
   finish_run(r);
   return r.summary;

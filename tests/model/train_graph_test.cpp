@@ -2,9 +2,11 @@
 // (DeviceInfo::graphs: the SIMT runtime in CI, CUDA and HIP on a GPU): a run whose micro-batches
 // are captured and replayed equals the run that launches every op on its own (--no-cuda-graph)
 // bit for bit: the logged losses and gradient norms and the saved weights. A run replays every
-// micro-batch but the first (which runs as it is; the second is captured, then replayed).
-// Settings that change a kernel argument between micro-batches, or run host code in one, train
-// without the graph and say why.
+// micro-batch but the first (which runs as it is; the second is captured, then replayed), and
+// with AdamW every step's update but the first's (its own graph, the learning rate and step read
+// from the device). Settings that change a kernel argument between micro-batches, or run host
+// code in one, train without the graph and say why; optimizers that take the learning rate as a
+// kernel argument run their update op by op and say why.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -48,8 +50,10 @@ class TrainGraph : public DeviceTest {
   // which the op suites compare: the end-to-end runs are not repeated there (CI time).
   bool simt64() const { return dev().info().backend == "simt64"; }
   static constexpr const char* kSimt64 = "simt64: simt's graph code, run there (CI time)";
-  // Trains `a` with and without the graph and compares the two runs.
-  void expect_same_with_and_without(TrainArgs a, const std::string& name) {
+  // Trains `a` with and without the graph and compares the two runs. `update_refusal`: "" when
+  // the update is replayed too, else a part of the reason it is not.
+  void expect_same_with_and_without(TrainArgs a, const std::string& name,
+                                    const std::string& update_refusal = "") {
     const std::string dg = fresh_dir(name + "_graph"), de = fresh_dir(name + "_eager");
     a.output_dir = dg;
     train(a);
@@ -66,14 +70,23 @@ class TrainGraph : public DeviceTest {
       EXPECT_EQ(rg[i]["grad_norm"].get<double>(), re[i]["grad_norm"].get<double>());
       EXPECT_EQ(rg[i]["step_graph"], "on");
       EXPECT_EQ(re[i]["step_graph"], "--no-cuda-graph");
+      EXPECT_EQ(re[i]["update_graph"], "--no-cuda-graph");
+      const std::string ug = rg[i]["update_graph"].get<std::string>();
+      if (update_refusal.empty())
+        EXPECT_EQ(ug, "on");
+      else
+        EXPECT_NE(ug.find(update_refusal), std::string::npos) << ug;
       // No host wait is added: a replay is enqueued like the ops it stands for.
       EXPECT_EQ(rg[i]["host_waits"], re[i]["host_waits"]);
     }
     // The trainer opens its own device: the counts are the run's. After step s, s x accumulation
-    // micro-batches ran: the first as it is, every later one by a replay.
+    // micro-batches ran: the first as it is, every later one by a replay; and s updates, the
+    // first as it is and the later ones replayed where the update has its graph.
     for (size_t i = 0; i < rg.size(); ++i) {
-      const auto micro = static_cast<int64_t>(i + 1) * a.gradient_accumulation_steps;
-      EXPECT_EQ(rg[i]["graph_replays"].get<int64_t>(), micro - 1) << "step " << i + 1;
+      const auto steps = static_cast<int64_t>(i + 1);
+      const int64_t micro = steps * a.gradient_accumulation_steps;
+      const int64_t updates = update_refusal.empty() ? steps - 1 : 0;
+      EXPECT_EQ(rg[i]["graph_replays"].get<int64_t>(), micro - 1 + updates) << "step " << steps;
       EXPECT_EQ(re[i]["graph_replays"].get<int64_t>(), 0) << "step " << i + 1;
     }
     EXPECT_EQ(file_bytes(fs::path(dg) / "model.safetensors"),
@@ -103,6 +116,16 @@ TEST_P(TrainGraph, LlamaTinyBf16EqualsEager) {
   a.n_layer = 2;
   a.bf16 = true;
   expect_same_with_and_without(a, "graph_llama");
+}
+
+// Lion passes its learning rate to its kernel as an argument: the graph stops before the update,
+// which runs op by op, with the same bits, and the reason is given.
+TEST_P(TrainGraph, LionUpdatesOutsideTheGraphAndSaysWhy) {
+  if (simt64()) GTEST_SKIP() << kSimt64;
+  TrainArgs a = shallow_tiny_args(id(), "", 2);
+  a.optim = "lion";
+  a.learning_rate = 1e-4;
+  expect_same_with_and_without(a, "graph_lion", "lion passes its learning rate and step");
 }
 
 // fp16's dynamic loss scale is a kernel argument that changes between steps: the run trains

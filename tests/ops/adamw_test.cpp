@@ -1,5 +1,6 @@
 // adamw: a hand-computed two-step update, clipping, and every device against the reference over
-// steps, with and without clipping.
+// steps, with and without clipping. adamw_groups: the bits of adamw run range by range on the
+// same device, the elements between ranges untouched, the reference's numbers, and its checks.
 #include "tests/common/device_harness.h"
 
 namespace ct::test {
@@ -116,6 +117,113 @@ TEST_P(AdamW, WithAndWithoutClippingAgainstTheNormOp) {
     EXPECT_TRUE(same(m, tol(), "adamw m" + w));
     EXPECT_TRUE(same(v, tol(), "adamw v" + w));
   }
+}
+
+// Three ranges with gaps between and after them (a padded LM head's rows), decayed or not.
+AdamWGroups three_ranges() {
+  AdamWGroups gr;
+  gr.count = 3;
+  gr.ranges[0] = {0, 4000, true};
+  gr.ranges[1] = {4096, 2904, true};
+  gr.ranges[2] = {7001, 2998, false};
+  return gr;
+}
+
+void upload_schedule(Device& d, const Tensor& sched, const AdamWHyper& hp) {
+  const AdamWSchedule s = adamw_schedule(hp);
+  d.upload(sched, &s, sizeof s);
+}
+
+TEST_P(AdamW, GroupsGiveTheBitsOfAdamWRangeByRange) {
+  const int64_t n = 10007;
+  const AdamWGroups gr = three_ranges();
+  const Vec p0 = randn(n, 140), m0 = randn(n, 141, 0.1f), v0 = uniform(n, 142, 0.0f, 0.2f);
+  for (Device* d : {&ref(), &dev()}) {
+    Tensor p = upload(*d, {n}, p0), m = upload(*d, {n}, m0), v = upload(*d, {n}, v0);
+    Tensor rp = upload(*d, {n}, p0), rm = upload(*d, {n}, m0), rv = upload(*d, {n}, v0);
+    Tensor sched = d->empty({kAdamWScheduleLen}, DType::f32, MemCategory::kOptimizer);
+    Tensor gn = d->empty({1}, DType::f32, MemCategory::kWorkspace);
+    AdamWHyper hp;
+    hp.weight_decay = 0.1f;
+    hp.beta2 = 0.95f;
+    hp.max_grad_norm = 1.0f;
+    for (int s = 1; s <= 3; ++s) {
+      Tensor g = upload(*d, {n}, randn(n, 150 + s));
+      d->norm(gn, g);
+      hp.step = s;
+      hp.lr = 1e-3f / static_cast<float>(s);  // a schedule: lr and step change every step
+      upload_schedule(*d, sched, hp);
+      d->adamw_groups(p, g, m, v, gn, sched, gr, hp);
+      AdamWHyper h = hp;
+      for (int r = 0; r < gr.count; ++r) {
+        const AdamWGroups::Range& q = gr.ranges[r];
+        h.weight_decay = q.decay ? hp.weight_decay : 0.0f;
+        d->adamw(rp.slice_flat(q.begin, {q.len}), g.slice_flat(q.begin, {q.len}),
+                 rm.slice_flat(q.begin, {q.len}), rv.slice_flat(q.begin, {q.len}), gn, h);
+      }
+    }
+    const std::string on = " on " + d->info().id();
+    EXPECT_EQ(download(*d, p), download(*d, rp)) << "param" << on;
+    EXPECT_EQ(download(*d, m), download(*d, rm)) << "m" << on;
+    EXPECT_EQ(download(*d, v), download(*d, rv)) << "v" << on;
+    // Between and after the ranges nothing moved.
+    const Vec pv = download(*d, p);
+    for (int64_t i : {int64_t{4000}, int64_t{4095}, int64_t{7000}, int64_t{9999}, n - 1})
+      EXPECT_EQ(pv[static_cast<size_t>(i)], p0[static_cast<size_t>(i)]) << i << on;
+  }
+}
+
+TEST_P(AdamW, GroupsMatchTheReference) {
+  const int64_t n = 10007;
+  const AdamWGroups gr = three_ranges();
+  Pair p = both({n}, randn(n, 160)), m = both({n}, randn(n, 161, 0.1f));
+  Pair v = both({n}, uniform(n, 162, 0.0f, 0.2f)), sched = both_empty({kAdamWScheduleLen});
+  Pair gn = both_empty({1});
+  AdamWHyper hp;
+  hp.weight_decay = 0.1f;
+  hp.max_grad_norm = 0.5f;
+  for (int s = 1; s <= 3; ++s) {
+    Pair g = both({n}, randn(n, 170 + s));
+    hp.step = 20 + s;
+    hp.lr = 3e-3f * static_cast<float>(s);
+    upload_schedule(dev(), sched.d, hp);
+    upload_schedule(ref(), sched.r, hp);
+    dev().norm(gn.d, g.d);
+    ref().norm(gn.r, g.r);
+    dev().adamw_groups(p.d, g.d, m.d, v.d, gn.d, sched.d, gr, hp);
+    ref().adamw_groups(p.r, g.r, m.r, v.r, gn.r, sched.r, gr, hp);
+  }
+  EXPECT_TRUE(same(p, tol(), "adamw_groups param"));
+  EXPECT_TRUE(same(m, tol(), "adamw_groups m"));
+  EXPECT_TRUE(same(v, tol(), "adamw_groups v"));
+}
+
+TEST_P(AdamW, GroupsRefuseOverlappingRangesAndABadSchedule) {
+  Device& d = dev();
+  const int64_t n = 64;
+  Tensor p = upload(d, {n}, Vec(n, 1.0f)), g = upload(d, {n}, Vec(n, 0.5f));
+  Tensor m = upload(d, {n}, Vec(n, 0.0f)), v = upload(d, {n}, Vec(n, 0.0f));
+  Tensor sched = d.empty({kAdamWScheduleLen}, DType::f32, MemCategory::kOptimizer);
+  AdamWGroups gr;
+  gr.count = 2;
+  gr.ranges[0] = {0, 40, true};
+  gr.ranges[1] = {32, 8, false};  // starts inside the first
+  auto kind = [&](const AdamWGroups& groups, const Tensor& s) {
+    try {
+      d.adamw_groups(p, g, m, v, Tensor{}, s, groups, AdamWHyper{});
+    } catch (const Error& e) {
+      return e.kind();
+    }
+    return ErrorKind::kInternal;
+  };
+  EXPECT_EQ(kind(gr, sched), ErrorKind::kInvalidArgument);
+  gr.ranges[1] = {40, 25, false};  // past the end
+  EXPECT_EQ(kind(gr, sched), ErrorKind::kInvalidArgument);
+  gr.ranges[1] = {40, 24, false};
+  EXPECT_EQ(kind(gr, sched.slice_flat(0, {3})), ErrorKind::kInvalidArgument);
+  AdamWHyper bad;
+  bad.step = 0;
+  EXPECT_THROW(adamw_schedule(bad), Error);
 }
 
 CT_INSTANTIATE_DEVICE_SUITE(AdamW);

@@ -130,6 +130,51 @@ TEST_P(Graph, BuffersAGraphUsesStayItsOwnUntilReleased) {
   EXPECT_EQ(d.memory().total_current - before, 2 * bytes) << "a, b";
 }
 
+// adamw_groups reads its learning rate and step from the schedule tensor when it runs, so one
+// graph of it replays every step of a schedule: the schedule uploaded before each replay (outside
+// the graph), the bits of the op run one by one with the same uploads.
+TEST_P(Graph, AdamWGroupsReplaysReadTheScheduleUploadedBeforeThem) {
+  Device& d = dev();
+  const int64_t n = 3000;
+  AdamWGroups gr;
+  gr.count = 2;
+  gr.ranges[0] = {0, 2000, true};
+  gr.ranges[1] = {2000, 999, false};
+  const Vec p0 = randn(n, 20), g0 = randn(n, 21);
+  AdamWHyper hp;
+  hp.weight_decay = 0.1f;
+  hp.max_grad_norm = 1.0f;
+  auto set_step = [&](const Tensor& sched, int s) {
+    hp.step = s;
+    hp.lr = 1e-2f / static_cast<float>(s);
+    const AdamWSchedule v = adamw_schedule(hp);
+    d.upload(sched, &v, sizeof v);
+  };
+  Vec results[2];
+  for (int graphed = 0; graphed < 2; ++graphed) {
+    Tensor p = upload(d, {n}, p0), g = upload(d, {n}, g0), m = upload(d, {n}, Vec(n, 0.0f));
+    Tensor v = upload(d, {n}, Vec(n, 0.0f)), gn = upload(d, {1}, {4.0f});
+    Tensor sched = d.empty({kAdamWScheduleLen}, DType::f32, MemCategory::kOptimizer);
+    int64_t graph = 0;
+    if (graphed) {
+      d.begin_capture();
+      d.adamw_groups(p, g, m, v, gn, sched, gr, hp);
+      graph = d.end_capture();
+    }
+    for (int s = 1; s <= 3; ++s) {
+      set_step(sched, s);
+      if (graphed)
+        d.replay_graph(graph);
+      else
+        d.adamw_groups(p, g, m, v, gn, sched, gr, hp);
+    }
+    if (graph) d.release_graph(graph);
+    results[graphed] = download(d, p);
+  }
+  EXPECT_EQ(results[1], results[0]);
+  EXPECT_NE(results[0], p0);
+}
+
 // Each call CUDA refuses on a capturing stream throws, naming the call and the rule, and
 // invalidates the capture: end_capture() leaves capture and throws, naming the first refusal.
 // The device works as before afterwards.

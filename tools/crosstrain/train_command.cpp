@@ -119,7 +119,8 @@ Run add_train(CLI::App& app) {
   app.add_flag(
       "--no-cuda-graph", [a](int64_t) { a->cuda_graph = false; },
       "launch every op of the step on its own instead of replaying each micro-batch's forward "
-      "and backward as a CUDA/HIP graph (on by default where the device and settings allow)");
+      "and backward, and AdamW's update, as CUDA/HIP graphs (on by default where the device "
+      "and settings allow)");
   app.add_flag(
       "--profile", a->profile,
       "print a per-op device time table (GPU timestamps on Vulkan, wall time on the CPU) at the "

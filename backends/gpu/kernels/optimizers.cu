@@ -32,6 +32,21 @@ struct AdamScalars {
   float lr, b1, b2, eps, wd, max_norm, bc1, bc2;
 };
 
+// Element i of param, grad, m, v: the update both AdamW kernels make, with s's lr, wd, bc1, bc2.
+__device__ __forceinline__ void adamw_element(float* param, const float* grad, float* m, float* v,
+                                              std::int64_t i, float clip, const AdamScalars& s) {
+  const float g = grad[i] * clip;
+  const float mi = s.b1 * m[i] + (1.0f - s.b1) * g;
+  const float v0 = v[i];
+  const float vi = s.b2 * v0 + (1.0f - s.b2) * g * g;
+  m[i] = mi;
+  v[i] = vi;
+  float p = param[i];
+  p -= s.lr * s.wd * p;
+  p -= ct_adam_update(mi, vi, v0, g, s.lr, s.b2, s.bc1, s.bc2, s.eps);
+  param[i] = p;
+}
+
 // param, grad, m, v (n).
 template <int WARP>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
@@ -39,17 +54,41 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
                  std::int64_t n, AdamScalars s) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const float clip = clip_of(grad_norm, s.max_norm);
-  CT_GRID_STRIDE(i, n) {
-    const float g = grad[i] * clip;
-    const float mi = s.b1 * m[i] + (1.0f - s.b1) * g;
-    const float v0 = v[i];
-    const float vi = s.b2 * v0 + (1.0f - s.b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float p = param[i];
-    p -= s.lr * s.wd * p;
-    p -= ct_adam_update(mi, vi, v0, g, s.lr, s.b2, s.bc1, s.bc2, s.eps);
-    param[i] = p;
+  CT_GRID_STRIDE(i, n) adamw_element(param, grad, m, v, i, clip, s);
+}
+
+// The ranges of adamw_groups laid end to end: element j of the concatenation (j < total) lies
+// in the last range r with first[r] <= j, at param index j + shift[r]. Unused slots have
+// first = total (never chosen).
+struct AdamRangeTable {
+  std::int64_t first[kAdamMaxRanges], shift[kAdamMaxRanges];
+  float wd[kAdamMaxRanges];
+};
+
+// param, grad, m, v (N, the ranges within it); schedule (4): lr, step, bc1, bc2 (AdamWSchedule).
+template <int WARP>
+__global__ void CT_LAUNCH_BOUNDS(kThreads)
+    adamw_groups_kernel(float* param, const float* grad, float* m, float* v, const float* grad_norm,
+                        const float* schedule, std::int64_t total, AdamRangeTable table,
+                        AdamScalars s) {
+  CT_CHECK_LAUNCH_BOUNDS(kThreads);
+  const float clip = clip_of(grad_norm, s.max_norm);
+  s.lr = schedule[0];
+  s.bc1 = schedule[2];
+  s.bc2 = schedule[3];
+  CT_GRID_STRIDE(j, total) {
+    // Compares against kernel arguments, a loop of constant length (unrolled by the compiler).
+    std::int64_t shift = table.shift[0];
+    float wd = table.wd[0];
+    for (int r = 1; r < kAdamMaxRanges; ++r) {
+      if (j >= table.first[r]) {
+        shift = table.shift[r];
+        wd = table.wd[r];
+      }
+    }
+    AdamScalars e = s;
+    e.wd = wd;
+    adamw_element(param, grad, m, v, j + shift, clip, e);
   }
 }
 
@@ -260,6 +299,31 @@ void adamw(const Ctx& cx, float* param, const float* grad, float* m, float* v,
     constexpr int W = decltype(w)::value;
     launch<W>(CT_KERNEL(adamw_kernel<W>), dim3(grid_for(cx, n, kThreads)), dim3(kThreads), 0,
               stream_of(cx), param, grad, m, v, grad_norm, n, adam_scalars(h));
+  });
+}
+
+void adamw_groups(const Ctx& cx, float* param, const float* grad, float* m, float* v,
+                  const float* grad_norm, const float* schedule, const AdamRange* ranges, int count,
+                  const AdamArgs& h) {
+  AdamRangeTable table;
+  std::int64_t total = 0;
+  for (int r = 0; r < count; ++r) {
+    table.first[r] = total;
+    table.shift[r] = ranges[r].begin - total;
+    table.wd[r] = ranges[r].decay ? h.weight_decay : 0.0f;
+    total += ranges[r].len;
+  }
+  for (int r = count; r < kAdamMaxRanges; ++r) {
+    table.first[r] = total;
+    table.shift[r] = 0;
+    table.wd[r] = 0.0f;
+  }
+  if (total <= 0) return;
+  with_warp(cx.warp, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    launch<W>(CT_KERNEL(adamw_groups_kernel<W>), dim3(grid_for(cx, total, kThreads)),
+              dim3(kThreads), 0, stream_of(cx), param, grad, m, v, grad_norm, schedule, total,
+              table, adam_scalars(h));  // lr, bc1, bc2 replaced by the schedule's
   });
 }
 

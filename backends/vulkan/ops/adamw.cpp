@@ -1,4 +1,5 @@
-// One fused AdamW step with optional global-norm clipping. Shader: adamw.comp.
+// One fused AdamW step with optional global-norm clipping, and adamw_groups (its ranges one
+// dispatch each, lr and bias corrections read from the schedule). Shader: adamw.comp.
 #include <cmath>
 
 #include "backends/vulkan/ops/op_util.h"
@@ -53,6 +54,55 @@ void VulkanDevice::adamw_kernel(const Tensor& param, const Tensor& grad, const T
     auto g = grid(c, 256);
     dispatch(ShaderId::adamw, {bp, bg, bm, bv, bnorm}, p, g[0], g[1]);
   });
+}
+
+struct AdamWGroupsPush {
+  uint32_t n, op, og, om, ov, onorm, osched;
+  float beta1, beta2, eps, wd, max_norm;
+};
+CT_VK_PUSH_SIZE(AdamWGroupsPush, adamw_groups);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, n);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, op);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, og);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, om);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, ov);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, onorm);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, osched);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, beta1);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, beta2);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, eps);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, wd);
+CT_VK_PUSH_MEMBER(AdamWGroupsPush, adamw_groups, max_norm);
+
+void VulkanDevice::adamw_groups_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
+                                       const Tensor& v, const Tensor& grad_norm,
+                                       const Tensor& schedule, const AdamWGroups& groups,
+                                       const AdamWHyper& hp) {
+  const bool clip = hp.max_grad_norm > 0.0f;
+  const Bound bn = clip ? bind(grad_norm) : Bound{}, bs = bind(schedule);
+  for (int r = 0; r < groups.count; ++r) {
+    const AdamWGroups::Range& range = groups.ranges[r];
+    for_each_chunk(*this, range.len, 4, [&](int64_t s, int64_t c) {
+      const int64_t at = range.begin + s;
+      Bound bp = bind(param, at, c), bg = bind(grad, at, c), bm = bind(m, at, c),
+            bv = bind(v, at, c);
+      Bound bnorm = clip ? bn : bg;  // unread without clipping; any valid binding will do
+      AdamWGroupsPush p{u32(c),
+                        bp.first,
+                        bg.first,
+                        bm.first,
+                        bv.first,
+                        clip ? bnorm.first : 0u,
+                        bs.first,
+                        hp.beta1,
+                        hp.beta2,
+                        hp.eps,
+                        range.decay ? hp.weight_decay : 0.0f,
+                        clip ? hp.max_grad_norm : 0.0f};
+      auto g = grid(c, 256);
+      dispatch(ShaderId::adamw_groups, {bp, bg, bm, bv, bnorm, bs}, p, g[0], g[1]);
+    });
+  }
 }
 
 }  // namespace ct::vk
