@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels.h"
@@ -72,10 +74,20 @@ class CpuBuffer final : public Buffer {
 //     648 tokens/s, medians of 4 alternated runs, load ~6; 0.58x before the staging changes)
 //     and 0.97x on gpt2 1x1024 with 2 layers (237 vs 245, 2 runs each, load ~5), with 3 % and
 //     8 % more CPU time per run (start-up included): what is left is the widening of product
-//     operands and the rounding of their results (perf: the conversions are ~3.6 % of a tiny bf16
-//     run's samples), which only a kernel that widens while it packs (sbgemm) would remove.
+//     operands and the rounding of their results, which only a kernel that widens while it packs
+//     (sbgemm) would remove. perf, tiny 4x256, 10 steps, load ~8, with the operands kept between
+//     products (kept_slot): 12.2 s of samples in bf16, 11.6 s in fp32; of the difference, the
+//     conversions ('copy') 0.36 s, flash attention's widening of its heads 0.15 s, and OpenBLAS
+//     threads yielding (sched_yield) while they wait for each other in the weight-gradient
+//     products 0.34 s (7 ms in fp32: a loaded machine's), against 0.3 s less page clearing at
+//     start-up.
 // A product the native kernel declines (a batch with its own b per matrix, alpha with a bias)
 // is widened; --profile counts the paths taken.
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == value;
+}
+
 bool native_bf16_chosen() {
   const char* v = std::getenv("CT_CPU_BF16_MATMUL");
   if (v && std::string(v) == "widened") return false;
@@ -136,7 +148,8 @@ class CpuDevice final : public Device, private Workspace {
       : k_(reference ? reference_kernels() : fast_kernels()),
         info_(make_info(reference)),
         parallel_(!reference),
-        native_bf16_(!reference && k_.matmul_bf16 && native_bf16_chosen()) {}
+        native_bf16_(!reference && k_.matmul_bf16 && native_bf16_chosen()),
+        keep_widened_(!env_is("CT_CPU_KEEP_WIDENED", "0")) {}
 
   const DeviceInfo& info() const override { return info_; }
 
@@ -177,8 +190,21 @@ class CpuDevice final : public Device, private Workspace {
 
   // --profile: wall time per public op, its 16-bit staging, and the matmul paths (op_profile.h).
   void set_profiling(bool on) override { profile_.enable(on); }
-  void op_begin(const char* op) override { profile_.begin(op); }
-  void op_end() override { profile_.end(); }
+  // Also where kept widened operands are dropped: before and after any op that does not declare
+  // its writes (after too, for an op whose own kernels run a product and then write).
+  void op_begin(const char* op) override {
+    const bool declared = declares_writes(op);
+    if (!declared) forget_widened();
+    open_ops_.push_back(declared);
+    profile_.begin(op);
+  }
+  void op_end() override {
+    if (!open_ops_.empty()) {
+      if (!open_ops_.back()) forget_widened();
+      open_ops_.pop_back();
+    }
+    profile_.end();
+  }
   std::string profile_report() override { return profile_.report(info_.id()); }
 
  protected:
@@ -207,6 +233,7 @@ class CpuDevice final : public Device, private Workspace {
     });
   }
   void accumulate_kernel(const Tensor& dst, const Tensor& src) override {
+    wrote(dst);
     k_.accumulate(f(dst), f(src), dst.numel());
   }
   void scale_kernel(const Tensor& t, float s) override { k_.scale(f(t), s, t.numel()); }
@@ -317,6 +344,7 @@ class CpuDevice final : public Device, private Workspace {
   void matmul_kernel(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,
                      bool trans_a, bool trans_b, float alpha, float beta,
                      const Tensor* bias) override {
+    wrote(c);
     MatmulArgs m;
     m.M = d.M;
     m.N = d.N;
@@ -336,16 +364,19 @@ class CpuDevice final : public Device, private Workspace {
     }
     if (is_h(a.dtype) && profile_.enabled())
       profile_.count_path(std::string("matmul ") + dtype_name(a.dtype) + ": widened to f32");
-    if (split_rows(c, a, b, m)) return;
+    const OperandSlots o = operand_slots(a, b);
+    if (split_rows(c, a, b, m, o)) return;
     Widening w(*this);
     m.c = beta != 0.0f ? w.add(c, 0) : out_(c, 0, false);
-    m.a = w.add(a, 1);
-    m.b = w.add(b, 2);
+    m.a = o.widen_a ? w.add(a, o.slot_a) : operand(a, o.slot_a);
+    m.b = o.widen_b ? w.add(b, o.slot_b) : operand(b, o.slot_b);
     w.run();
+    keep_widened(o, a, b);
     k_.matmul(*this, m);
     store(c, m.c);
   }
   void bias_backward_kernel(const Tensor& dbias, const Tensor& dout) override {
+    wrote(dbias);
     int64_t N = dout.shape[-1], M = N ? dout.numel() / N : 0;
     if (k_.bias_backward_bf16 && dout.dtype == DType::bf16)
       return k_.bias_backward_bf16(f(dbias), h(dout), M, N);
@@ -419,6 +450,7 @@ class CpuDevice final : public Device, private Workspace {
   }
 
   void gelu_forward_kernel(const Tensor& out, const Tensor& x) override {
+    wrote(out);  // matmul_bias_gelu's second output
     if (out.dtype == DType::f32 && x.dtype == DType::f32)
       return k_.gelu_forward(f(out), f(x), x.numel());
     if (k_.gelu_forward_bf16 && out.dtype == DType::bf16 && x.dtype == DType::bf16)
@@ -431,6 +463,7 @@ class CpuDevice final : public Device, private Workspace {
     });
   }
   void gelu_backward_kernel(const Tensor& dx, const Tensor& x, const Tensor& dout) override {
+    wrote(dx);  // matmul_gelu_backward's epilogue
     if (dx.dtype == DType::f32 && x.dtype == DType::f32 && dout.dtype == DType::f32)
       return k_.gelu_backward(f(dx), f(x), f(dout), x.numel());
     if (k_.gelu_backward_bf16 && dx.dtype == DType::bf16 && x.dtype == DType::bf16 &&
@@ -477,6 +510,7 @@ class CpuDevice final : public Device, private Workspace {
 
   void crossentropy_forward_kernel(const Tensor& losses, const Tensor& logits,
                                    const Tensor& targets, int64_t valid) override {
+    wrote(losses);
     const int64_t Vp = logits.shape[-1], N = targets.numel();
     check_indices("crossentropy_forward", "targets", targets, valid);
     if (logits.dtype == DType::f32)
@@ -490,6 +524,7 @@ class CpuDevice final : public Device, private Workspace {
   }
   void crossentropy_backward_kernel(const Tensor& dlogits, const Tensor& logits,
                                     const Tensor& targets, int64_t valid, float dloss) override {
+    wrote(dlogits);
     const int64_t Vp = logits.shape[-1], N = targets.numel();
     check_indices("crossentropy_backward", "targets", targets, valid);
     if (logits.dtype == DType::f32 && dlogits.dtype == DType::f32)
@@ -511,6 +546,8 @@ class CpuDevice final : public Device, private Workspace {
   void crossentropy_forward_backward_kernel(const Tensor& losses, const Tensor& logits,
                                             const Tensor& targets, int64_t valid,
                                             float dloss) override {
+    wrote(losses);
+    wrote(logits);  // becomes dlogits
     const int64_t Vp = logits.shape[-1], N = targets.numel();
     check_indices("crossentropy_forward_backward", "targets", targets, valid);
     if (logits.dtype == DType::f32)
@@ -526,6 +563,7 @@ class CpuDevice final : public Device, private Workspace {
 
   // -- reductions and optimizer ----------------------------------------------------------------
   void sum_kernel(const Tensor& out, const Tensor& x, float s) override {
+    wrote(out);
     k_.sum(f(out), f(x), x.numel(), s);
   }
   void norm_kernel(const Tensor& out, const Tensor& x) override {
@@ -621,6 +659,17 @@ class CpuDevice final : public Device, private Workspace {
     return k_.matmul_bf16(x);
   }
 
+  // Widened operands kept between products (the notes and helpers after split_rows).
+  struct Widened {
+    const void* src = nullptr;
+    DType dtype = DType::f32;
+    int64_t n = 0;
+  };
+  struct OperandSlots {
+    int slot_a, slot_b;     // where a and b (when 16-bit) are, or are widened to
+    bool widen_a, widen_b;  // 16-bit and not kept: widen into the slot
+  };
+
   // A product with 16-bit operands as one OpenMP region: the threads widen a share of b each,
   // meet once, then each widens its own rows of a (and of c when beta reads it), runs the f32
   // product of those rows on its own (OpenBLAS is single-threaded inside a parallel region) and
@@ -633,7 +682,8 @@ class CpuDevice final : public Device, private Workspace {
   // oneDNN runs the f32 products (its stream is not shared between threads). (A weight gradient,
   // a^T b, split by blocks of a's columns saved ~2 % of a gpt2 --bf16 step's CPU time but moved
   // some tile-edge sums of OpenBLAS's threaded product by 1 ulp, so it stays one threaded product.)
-  bool split_rows(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulArgs& m) {
+  bool split_rows(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulArgs& m,
+                  const OperandSlots& o) {
     const int threads = parallel_ ? omp_get_max_threads() : 1;
     const int64_t rows = m.batch * m.M;
     if (threads < 2 || m.trans_a || fast::onednn_f32_available() || m.K == 0) return false;
@@ -641,8 +691,12 @@ class CpuDevice final : public Device, private Workspace {
     if (!(m.batch == 1 || (m.a_batched && !m.b_batched))) return false;
     if (rows < int64_t{32} * threads) return false;  // too few rows to share
     const bool ha = is_h(a.dtype), hb = is_h(b.dtype), hc = is_h(c.dtype);
-    float* as = ha ? stage(1, static_cast<size_t>(a.numel())) : f(a);
-    float* bs = hb ? stage(2, static_cast<size_t>(b.numel())) : f(b);
+    float* as = !ha         ? f(a)
+                : o.widen_a ? stage(o.slot_a, static_cast<size_t>(a.numel()))
+                            : operand(a, o.slot_a);
+    float* bs = !hb         ? f(b)
+                : o.widen_b ? stage(o.slot_b, static_cast<size_t>(b.numel()))
+                            : operand(b, o.slot_b);
     float* cs = hc ? stage(0, static_cast<size_t>(c.numel())) : f(c);
     // A 16-bit c adds the bias rounded to its dtype: rounded here, once, not by every thread.
     float* bias = nullptr;
@@ -653,17 +707,17 @@ class CpuDevice final : public Device, private Workspace {
 #pragma omp parallel num_threads(threads)
     {
       const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-      if (hb) {
+      if (hb && o.widen_b) {
         const int64_t n = b.numel(), e0 = n * t / nt, e1 = n * (t + 1) / nt;
         widen_to(bs + e0, b, e0, e1 - e0);
-      }
 #pragma omp barrier
+      }
       // Row blocks in multiples of 8 (the kernels' row tiles), the last one takes the rest.
       const int64_t per = (rows / nt + 7) / 8 * 8;
       const int64_t r0 = std::min(rows, per * t),
                     r1 = t == nt - 1 ? rows : std::min(rows, r0 + per);
       if (r1 > r0) {
-        if (ha) widen_to(as + r0 * m.K, a, r0 * m.K, (r1 - r0) * m.K);
+        if (ha && o.widen_a) widen_to(as + r0 * m.K, a, r0 * m.K, (r1 - r0) * m.K);
         if (hc && m.beta != 0.0f) widen_to(cs + r0 * m.N, c, r0 * m.N, (r1 - r0) * m.N);
         MatmulArgs p = m;
         p.batch = 1;
@@ -676,7 +730,74 @@ class CpuDevice final : public Device, private Workspace {
         if (hc) round_from(c, p.c, r0 * m.N, (r1 - r0) * m.N);
       }
     }
+    keep_widened(o, a, b);  // every row of a was widened, by one thread or another
     return true;
+  }
+
+  // -- widened operands kept between products -----------------------------------------------
+  // A 16-bit tensor is often the operand of two products in a row: the gradient of a linear
+  // layer's output in its dx and dW products, dlogits in the tied head's two backward products,
+  // and wte in the head's forward and first backward product (only the loss runs between). The
+  // exact f32 copy of each operand a product widened stays in its staging slot (1 or 2) with a
+  // note of the tensor it holds, and the next product reads it from there instead of widening
+  // again. The note is dropped when anything may have written the tensor: at the start of every
+  // op but those in declares_writes(), which drop the notes of what they write themselves
+  // (wrote()); and when the slot is staged for anything else (stage()). The products read the
+  // same f32 values as before, so the results are bitwise the same. CT_CPU_KEEP_WIDENED=0 widens
+  // every operand every time (for comparisons).
+
+  // The slot holding t's widened copy, or -1.
+  int kept_slot(const Tensor& t) const {
+    if (!keep_widened_ || !is_h(t.dtype)) return -1;
+    for (int s : {1, 2}) {
+      const Widened& w = widened_[static_cast<size_t>(s)];
+      if (w.src == raw(t) && w.dtype == t.dtype && w.n == t.numel()) return s;
+    }
+    return -1;
+  }
+  OperandSlots operand_slots(const Tensor& a, const Tensor& b) {
+    const int ka = kept_slot(a), kb = kept_slot(b);
+    OperandSlots o;
+    o.widen_a = is_h(a.dtype) && ka < 0;
+    o.widen_b = is_h(b.dtype) && kb < 0;
+    o.slot_a = ka >= 0 ? ka : (kb == 1 ? 2 : 1);  // never over b's kept copy
+    o.slot_b = kb >= 0 ? kb : (o.slot_a == 2 ? 1 : 2);
+    if (profile_.enabled() && (ka >= 0 || kb >= 0))
+      profile_.count_path(std::string("matmul ") + dtype_name(a.dtype) +
+                          ": widened operand kept from the previous product");
+    return o;
+  }
+  // Where a product reads t that need not be widened: its own memory (f32) or its kept copy.
+  float* operand(const Tensor& t, int slot) {
+    if (!is_h(t.dtype)) return f(t);
+    return static_cast<float*>(
+        static_cast<CpuBuffer*>(stage_[static_cast<size_t>(slot)].get())->data());
+  }
+  // After a product: note the operands it widened (their slots are complete copies now).
+  void keep_widened(const OperandSlots& o, const Tensor& a, const Tensor& b) {
+    if (o.widen_a) widened_[static_cast<size_t>(o.slot_a)] = {raw(a), a.dtype, a.numel()};
+    if (o.widen_b) widened_[static_cast<size_t>(o.slot_b)] = {raw(b), b.dtype, b.numel()};
+  }
+  // Ops that call wrote() on every tensor they write (the products, the bias gradient, the
+  // loss and the loss sum): the notes of the others stay.
+  static bool declares_writes(const char* op) {
+    for (const char* name : {"matmul", "matmul_bias_gelu", "matmul_gelu_backward", "bias_backward",
+                             "crossentropy_forward", "crossentropy_backward",
+                             "crossentropy_forward_backward", "sum", "accumulate", "download"})
+      if (std::strcmp(op, name) == 0) return true;
+    return false;
+  }
+  // t is about to be written: drop the notes of kept copies whose tensor overlaps it.
+  void wrote(const Tensor& t) {
+    const char* lo = static_cast<const char*>(raw(t));
+    const char* hi = lo + t.nbytes();
+    for (Widened& w : widened_) {
+      const char* wlo = static_cast<const char*>(w.src);
+      if (w.src && wlo < hi && lo < wlo + w.n * static_cast<int64_t>(dtype_size(w.dtype))) w = {};
+    }
+  }
+  void forget_widened() {
+    widened_.fill({});
   }
 
   // -- 16-bit staging: f32 copies of 16-bit tensors in workspace slots ----------------------
@@ -687,6 +808,7 @@ class CpuDevice final : public Device, private Workspace {
   // are widened together in one region (Widening), and elementwise and row-wise ops run on
   // pieces that are widened, computed and rounded back by the same thread (pieces()).
   float* stage(int slot, size_t n) {
+    widened_[static_cast<size_t>(slot)] = {};  // whatever it held is being replaced
     auto& buf = stage_[static_cast<size_t>(slot)];
     size_t bytes = std::max<size_t>(n, 1) * sizeof(float);
     if (!buf || buf->size() < bytes) {
@@ -853,12 +975,15 @@ class CpuDevice final : public Device, private Workspace {
 
   const Kernels& k_;
   DeviceInfo info_;
-  const bool parallel_;     // the staging's own loops: threaded on the fast device only
-  const bool native_bf16_;  // bf16 products to k_.matmul_bf16 (native_bf16_chosen())
+  const bool parallel_;      // the staging's own loops: threaded on the fast device only
+  const bool native_bf16_;   // bf16 products to k_.matmul_bf16 (native_bf16_chosen())
+  const bool keep_widened_;  // products read kept widened operands (CT_CPU_KEEP_WIDENED=0: never)
   OpProfile profile_;
   std::shared_ptr<Buffer> ws_;
   static constexpr int kPieceSlot = 4;  // pieces()' per-thread scratch
   std::array<std::shared_ptr<Buffer>, 5> stage_;
+  std::array<Widened, 5> widened_{};  // per staging slot: the 16-bit tensor it holds widened
+  std::vector<bool> open_ops_;        // per op begun and not ended: does it declare its writes
 };
 
 class CpuBackend final : public Backend {

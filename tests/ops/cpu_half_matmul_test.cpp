@@ -110,5 +110,70 @@ TEST(CpuHalfMatmul, EveryPathWithinTolerance) {
   }
 }
 
+// The fast device keeps the f32 copy of a 16-bit operand it widened for one product and reads it
+// in the next product that has the same operand (cpu_device.cpp, "widened operands kept between
+// products"). The same sequences of ops on a device that widens every operand every time
+// (CT_CPU_KEEP_WIDENED=0) must give the same bits: a linear layer's backward (dout in both
+// products), the tied head (wte across the loss, which rewrites the logits in place, and dlogits
+// in both backward products, and rewritten by the loss), an operand rewritten by upload, and one
+// overwritten as a product's c.
+TEST(CpuHalfMatmul, KeptOperandsGiveTheBitsOfFreshOnes) {
+  const int64_t M = 160, K = 48, N = 72, V = 96;
+  for (DType h : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(h));
+    std::vector<std::vector<uint8_t>> got[2];
+    for (int fresh = 0; fresh < 2; ++fresh) {
+      if (fresh) setenv("CT_CPU_KEEP_WIDENED", "0", 1);
+      std::unique_ptr<Device> dev = open_fast("widened");
+      unsetenv("CT_CPU_KEEP_WIDENED");
+      Device& d = *dev;
+      std::vector<std::vector<uint8_t>>& out = got[fresh];
+      Tensor x = up_as(d, {M, K}, randn(M * K, 1), h), w = up_as(d, {N, K}, randn(N * K, 2), h);
+      Tensor dout = up_as(d, {M, N}, randn(M * N, 3), h);
+      Tensor dx = up_as(d, {M, K}, Vec(M * K, 0.0f), h), dw = upload(d, {K, N}, randn(K * N, 4));
+      // a linear layer's backward: dx = dout w;  dw += x^T dout
+      d.matmul(dx, dout, w, false, false);
+      d.matmul(dw, x, dout, true, false, 1.0f, 1.0f);
+      out.push_back(raw_download(d, dx));
+      out.push_back(raw_download(d, dw));
+      // the tied head: logits = lnf wte^T;  loss (dlogits in place);  dlnf = dlogits wte;
+      // dwte += dlogits^T lnf
+      Tensor wte = up_as(d, {V, K}, randn(V * K, 5, 0.3f), h), lnf = x;
+      Tensor logits = up_as(d, {M, V}, Vec(M * V, 0.0f), h), losses = upload(d, {M}, Vec(M, 0.0f));
+      Tensor targets = upload_i32(d, {M}, randint(M, 6, static_cast<int32_t>(V)));
+      Tensor dlnf = upload(d, {M, K}, Vec(M * K, 0.0f)), dwte = upload(d, {V, K}, randn(V * K, 7));
+      d.matmul(logits, lnf, wte, false, true);
+      d.crossentropy_forward_backward(losses, logits, targets, V, 1.0f / M);
+      d.matmul(dlnf, logits, wte, false, false);
+      d.matmul(dwte, logits, lnf, true, false, 1.0f, 1.0f);
+      for (const Tensor* t : {&logits, &losses, &dlnf, &dwte}) out.push_back(raw_download(d, *t));
+      // the loss again over the kept dlogits (it rewrites them in place), and a product after it
+      d.crossentropy_forward_backward(losses, logits, targets, V, 0.5f / M);
+      d.matmul(dlnf, logits, wte, false, false);
+      out.push_back(raw_download(d, dlnf));
+      // an operand rewritten by upload
+      Tensor c = upload(d, {M, N}, Vec(M * N, 0.0f));
+      d.matmul(c, x, w, false, true);
+      std::vector<uint16_t> bits(static_cast<size_t>(M * K));
+      for (size_t i = 0; i < bits.size(); ++i)
+        bits[i] = to_h(0.01f * static_cast<float>(i % 97), h);
+      d.upload(x, bits.data(), bits.size() * 2);
+      d.matmul(c, x, w, false, true);
+      out.push_back(raw_download(d, c));
+      // an operand overwritten as the c of a product whose own operands are kept: p = t t^T
+      Tensor p = up_as(d, {M, M}, randn(M * M, 10, 0.2f), h),
+             t = up_as(d, {M, K}, randn(M * K, 11), h);
+      Tensor pt = upload(d, {M, K}, Vec(M * K, 0.0f));
+      d.matmul(pt, p, t, false, false);
+      d.matmul(p, t, t, false, true);
+      d.matmul(pt, p, t, false, false);
+      out.push_back(raw_download(d, pt));
+    }
+    ASSERT_EQ(got[0].size(), got[1].size());
+    for (size_t i = 0; i < got[0].size(); ++i)
+      EXPECT_TRUE(got[0][i] == got[1][i]) << "output " << i;
+  }
+}
+
 }  // namespace
 }  // namespace ct::test
