@@ -728,9 +728,12 @@ void Device::unscale_check_kernel(const Tensor& x, const Tensor& flag, float inv
   check_finite_kernel(flag, x);
 }
 
-void Device::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                   const Tensor& grad_norm, const AdamWHyper& hp) {
-  Check k(*this, "adamw");
+namespace {
+
+// What adamw and adamw_groups both ask of their buffers: four f32 tensors of one length, and the
+// clip's norm where clipping is on.
+void check_adamw_buffers(Check& k, const Tensor& param, const Tensor& grad, const Tensor& m,
+                         const Tensor& v, const Tensor& grad_norm, const AdamWHyper& hp) {
   k.f32("param", param);
   k.f32("grad", grad);
   k.f32("m", m);
@@ -739,6 +742,14 @@ void Device::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, con
   k.same_numel(param, m);
   k.same_numel(param, v);
   k.clip_norm(grad_norm, hp.max_grad_norm);
+}
+
+}  // namespace
+
+void Device::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                   const Tensor& grad_norm, const AdamWHyper& hp) {
+  Check k(*this, "adamw");
+  check_adamw_buffers(k, param, grad, m, v, grad_norm, hp);
   k.step(hp.step);
   adamw_kernel(param, grad, m, v, grad_norm, hp);
 }
@@ -747,14 +758,7 @@ void Device::adamw_groups(const Tensor& param, const Tensor& grad, const Tensor&
                           const Tensor& grad_norm, const Tensor& schedule,
                           const AdamWGroups& groups, const AdamWHyper& hp) {
   Check k(*this, "adamw_groups");
-  k.f32("param", param);
-  k.f32("grad", grad);
-  k.f32("m", m);
-  k.f32("v", v);
-  k.same_numel(param, grad);
-  k.same_numel(param, m);
-  k.same_numel(param, v);
-  k.clip_norm(grad_norm, hp.max_grad_norm);
+  check_adamw_buffers(k, param, grad, m, v, grad_norm, hp);
   k.f32("schedule", schedule);
   CT_REQUIRE(schedule.numel() == kAdamWScheduleLen,
              "adamw_groups: schedule must be [4] (AdamWSchedule)" + shapes({&schedule}));
