@@ -1,13 +1,14 @@
 // The training step as a device graph (#26 item 6): on a device with graphs (CUDA and HIP graphs,
-// the SIMT runtime's model of them: DeviceInfo::graphs), a micro-batch's forward and backward
-// and the add of its loss into the logging window's sum are captured once the shapes have settled
-// and then replayed as one launch, instead of one launch per op. The inputs and targets are
-// uploaded into the same buffers before each replay, outside the graph. The update after the
-// micro-batches (gradient norm, optimizer, 16-bit weight refresh) is a second StepGraph where the
-// optimizer reads its learning rate and step from a device tensor uploaded before each replay
-// (AdamW: Optimizer::set_schedule / apply); the others pass them as kernel arguments that change
-// every step, and their update runs op by op. The results are those of running the ops one by
-// one, bit for bit: the same kernels with the same arguments on the same buffers.
+// the SIMT runtime's model of them, Vulkan's recorded command buffers: DeviceInfo::graphs), a
+// micro-batch's forward and backward and the add of its loss into the logging window's sum are
+// captured once the shapes have settled and then replayed as one launch, instead of one launch per
+// op. The inputs and targets are uploaded into the same buffers before each replay, outside the
+// graph. The update after the micro-batches (gradient norm, optimizer, 16-bit weight refresh) is a
+// second StepGraph where the optimizer reads its learning rate and step from a device tensor
+// uploaded before each replay (AdamW: Optimizer::set_schedule / apply); the others pass them as
+// kernel arguments that change every step, and their update runs op by op. The results are those of
+// running the ops one by one, bit for bit: the same kernels with the same arguments on the same
+// buffers.
 #pragma once
 
 #include <cstdint>

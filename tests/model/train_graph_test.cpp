@@ -1,12 +1,12 @@
 // The training step's graph (core/train/step_graph.h) on every device under test that has graphs
-// (DeviceInfo::graphs: the SIMT runtime in CI, CUDA and HIP on a GPU): a run whose micro-batches
-// are captured and replayed equals the run that launches every op on its own (--no-cuda-graph)
-// bit for bit: the logged losses and gradient norms and the saved weights. A run replays every
-// micro-batch but the first (which runs as it is; the second is captured, then replayed), and
-// with AdamW every step's update but the first's (its own graph, the learning rate and step read
-// from the device). Settings that change a kernel argument between micro-batches, or run host
-// code in one, train without the graph and say why; optimizers that take the learning rate as a
-// kernel argument run their update op by op and say why.
+// (DeviceInfo::graphs: the SIMT runtime and Vulkan in CI, CUDA and HIP on a GPU): a run whose
+// micro-batches are captured and replayed equals the run that launches every op on its own
+// (--no-cuda-graph) bit for bit: the logged losses and gradient norms and the saved weights. A run
+// replays every micro-batch but the first (which runs as it is; the second is captured, then
+// replayed), and with AdamW every step's update but the first's (its own graph, the learning rate
+// and step read from the device). Settings that change a kernel argument between micro-batches, or
+// run host code in one, train without the graph and say why; optimizers that take the learning rate
+// as a kernel argument run their update op by op and say why.
 #include <gtest/gtest.h>
 
 #include <filesystem>
