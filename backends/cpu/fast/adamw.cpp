@@ -35,13 +35,19 @@ void adamw_span(float* param, const float* grad, float* m, float* v, int64_t i0,
     }
     return;
   }
+  // The constants in locals: read through the reference, the compiler must assume the stores
+  // to param/m/v may change them, reloads them every element and keeps the loop scalar (2.8 ns a
+  // parameter against 0.8 for the vector loop, the memory's speed here).
+  const float clip = k.clip, b1 = k.b1, b2 = k.b2, step = k.step, inv_bc2_sqrt = k.inv_bc2_sqrt,
+              decay = k.decay, eps = k.eps;
+#pragma omp simd
   for (int64_t i = i0; i < i1; ++i) {
-    float g = grad[i] * k.clip;
-    float mi = k.b1 * m[i] + (1.0f - k.b1) * g;
-    float vi = k.b2 * v[i] + (1.0f - k.b2) * g * g;
+    float g = grad[i] * clip;
+    float mi = b1 * m[i] + (1.0f - b1) * g;
+    float vi = b2 * v[i] + (1.0f - b2) * g * g;
     m[i] = mi;
     v[i] = vi;
-    param[i] = param[i] * k.decay - k.step * mi / (fast_sqrt(vi) * k.inv_bc2_sqrt + k.eps);
+    param[i] = param[i] * decay - step * mi / (fast_sqrt(vi) * inv_bc2_sqrt + eps);
   }
 }
 
