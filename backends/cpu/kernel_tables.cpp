@@ -10,6 +10,7 @@ const Kernels& reference_kernels() {
 #define CT_CPU_KERNEL(name, params) .name = ref::name,
 #include "backends/cpu/kernels.def"
       .matmul_bf16 = nullptr,
+      .matmul_packed = nullptr,
   // no CT_CPU_BF16_KERNELS: the reference device stages 16-bit tensors instead
 #define CT_CPU_KERNEL(name, params) .name = nullptr,
       CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
@@ -23,6 +24,7 @@ const Kernels& fast_kernels(IsaLevel level) {
 #define CT_CPU_KERNEL(name, params) .name = fast::x86_64_v2::name,
 #include "backends/cpu/kernels.def"
       .matmul_bf16 = fast::matmul_bf16,
+      .matmul_packed = fast::x86_64_v2::matmul_packed,
 #define CT_CPU_KERNEL(name, params) .name = fast::x86_64_v2::name,
       CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
 #undef CT_CPU_KERNEL
@@ -31,6 +33,7 @@ const Kernels& fast_kernels(IsaLevel level) {
 #define CT_CPU_KERNEL(name, params) .name = fast::avx2::name,
 #include "backends/cpu/kernels.def"
       .matmul_bf16 = fast::matmul_bf16,
+      .matmul_packed = fast::avx2::matmul_packed,
 #define CT_CPU_KERNEL(name, params) .name = fast::avx2::name,
       CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
 #undef CT_CPU_KERNEL
@@ -39,6 +42,7 @@ const Kernels& fast_kernels(IsaLevel level) {
 #define CT_CPU_KERNEL(name, params) .name = fast::avx512_bf16::name,
 #include "backends/cpu/kernels.def"
       .matmul_bf16 = fast::matmul_bf16,
+      .matmul_packed = fast::avx512_bf16::matmul_packed,
 #define CT_CPU_KERNEL(name, params) .name = fast::avx512_bf16::name,
       CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
 #undef CT_CPU_KERNEL

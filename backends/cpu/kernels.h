@@ -46,6 +46,20 @@ struct MatmulBf16Args {
   float alpha = 1.0f, beta = 0.0f;
 };
 
+// A product whose a, b, c are each f32, bf16 or f16 (c row-major (M,N), a (M,K) or (K,M) with
+// trans_a, b (K,N) or (N,K) with trans_b; bias (N) f32, added rounded to c's type): the fast
+// levels' own packing GEMM (fast/gemm_packed.cpp), which widens 16-bit operands as it packs them.
+struct MatmulPackedArgs {
+  void* c = nullptr;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const float* bias = nullptr;
+  DType c_dtype = DType::f32, a_dtype = DType::f32, b_dtype = DType::f32;
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
 // Kernels on bf16 tensors that read and write the 16 bits directly, widening in registers or
 // in per-thread scratch while the data is in cache: each gives the bits of its f32 kernel on the
 // widened inputs, rounded to nearest even where it stores bf16 (the device's staged path) in one
@@ -72,6 +86,9 @@ struct Kernels {
   // the call (library missing, CPU without bf16 instructions, unsupported case); the device
   // then widens to f32 and uses matmul().
   bool (*matmul_bf16)(const MatmulBf16Args& m);
+  // Optional (null in the reference): the packing GEMM for 16-bit operands (MatmulPackedArgs);
+  // false where the level has no kernel for it (below AVX2 + FMA + F16C).
+  bool (*matmul_packed)(const MatmulPackedArgs& m);
   // Optional (null in the reference): CT_CPU_BF16_KERNELS below.
 #define CT_CPU_KERNEL(name, params) void(*name) params;
   CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
@@ -96,6 +113,7 @@ namespace x86_64_v2 {
 #define CT_CPU_KERNEL(name, params) void name params;
 CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
 #undef CT_CPU_KERNEL
+bool matmul_packed(const MatmulPackedArgs& m);
 }  // namespace x86_64_v2
 namespace avx2 {
 #define CT_CPU_KERNEL(name, params) void name params;
@@ -103,6 +121,7 @@ namespace avx2 {
 #define CT_CPU_KERNEL(name, params) void name params;
 CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
 #undef CT_CPU_KERNEL
+bool matmul_packed(const MatmulPackedArgs& m);
 }  // namespace avx2
 namespace avx512_bf16 {
 #define CT_CPU_KERNEL(name, params) void name params;
@@ -110,6 +129,7 @@ namespace avx512_bf16 {
 #define CT_CPU_KERNEL(name, params) void name params;
 CT_CPU_BF16_KERNELS(CT_CPU_KERNEL)
 #undef CT_CPU_KERNEL
+bool matmul_packed(const MatmulPackedArgs& m);
 }  // namespace avx512_bf16
 
 // Shared by the levels, compiled once (onednn_matmul.cpp): oneDNN picks its own kernels.

@@ -4,6 +4,7 @@
 // nearest even -- the numbers of the staged path they replace. Sizes span several OpenMP work
 // items, attention row blocks and pieces, with widths that are not multiples of the blocks.
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -17,6 +18,18 @@ namespace {
 
 Device& fast_cpu() {
   static std::unique_ptr<Device> d = make_cpu_device(false);
+  return *d;
+}
+
+// The fast device with 16-bit product operands widened into f32 copies for sgemm (not the
+// packing GEMM, whose own order of sums cpu_half_matmul_test.cpp checks).
+Device& widening_cpu() {
+  static std::unique_ptr<Device> d = [] {
+    setenv("CT_CPU_PACKED_GEMM", "0", 1);
+    std::unique_ptr<Device> dev = make_cpu_device(false);
+    unsetenv("CT_CPU_PACKED_GEMM");
+    return dev;
+  }();
   return *d;
 }
 
@@ -135,7 +148,7 @@ TEST(CpuHalfKernels, CrossEntropyAsWidened) {
 // last bit of some sums, as they did before; the weight gradients are left unsplit to keep
 // theirs.)
 TEST(CpuHalfKernels, WeightGradientAsWidened) {
-  Device& d = fast_cpu();
+  Device& d = widening_cpu();
   struct Case {
     int64_t M, N, K;
     bool ta;

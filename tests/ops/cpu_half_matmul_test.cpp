@@ -1,9 +1,14 @@
 // The CPU fast device's arithmetic for products of 16-bit operands (backends/cpu/cpu_device.cpp,
 // native_bf16_chosen): `devices` says which one runs, and every path this CPU has -- the chosen
-// one, and widened to f32 (CT_CPU_BF16_MATMUL=widened) -- gives the fp64 product of the
-// (rounded) inputs within the mixed-precision suite's tolerances and agrees with the other. The
-// shapes are tall enough that the widened path splits their rows over the threads.
+// one, widened to f32 (CT_CPU_BF16_MATMUL=widened: the packing GEMM of fast/gemm_packed.cpp
+// where the CPU has AVX2), and widened into f32 copies for sgemm (CT_CPU_PACKED_GEMM=0 too) --
+// gives the fp64 product of the (rounded) inputs within the mixed-precision suite's tolerances
+// and agrees with the others. The shapes are tall enough that the paths split them over the
+// threads. The packing GEMM's sums are also checked bit for bit against its stated order.
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -21,15 +26,31 @@ std::string extra(const DeviceInfo& info, const std::string& key) {
   return "";
 }
 
-// A fast CPU device opened with CT_CPU_BF16_MATMUL set to `choice` ("" = unset), restored after.
+// `name` set to `value` ("" = unset) while a fast CPU device opens, restored after.
+std::unique_ptr<Device> open_fast_with(const char* name, const char* value) {
+  const char* old = std::getenv(name);
+  const std::string saved = old ? old : "";
+  if (*value)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+  std::unique_ptr<Device> d = make_cpu_device(false);
+  if (old)
+    setenv(name, saved.c_str(), 1);
+  else
+    unsetenv(name);
+  return d;
+}
+// CT_CPU_BF16_MATMUL set to `choice`: "" the chosen arithmetic, "widened" never the native one.
 std::unique_ptr<Device> open_fast(const char* choice) {
+  return open_fast_with("CT_CPU_BF16_MATMUL", choice);
+}
+// The fast device without the packing GEMM: 16-bit operands widened into f32 copies for sgemm.
+std::unique_ptr<Device> open_widening() {
   const char* old = std::getenv("CT_CPU_BF16_MATMUL");
   const std::string saved = old ? old : "";
-  if (*choice)
-    setenv("CT_CPU_BF16_MATMUL", choice, 1);
-  else
-    unsetenv("CT_CPU_BF16_MATMUL");
-  std::unique_ptr<Device> d = make_cpu_device(false);
+  setenv("CT_CPU_BF16_MATMUL", "widened", 1);
+  std::unique_ptr<Device> d = open_fast_with("CT_CPU_PACKED_GEMM", "0");
   if (old)
     setenv("CT_CPU_BF16_MATMUL", saved.c_str(), 1);
   else
@@ -59,7 +80,7 @@ TEST(CpuHalfMatmul, DevicesSaysWhichArithmetic) {
 // into 16-bit c, dx into 16-bit c read by beta, dW into f32 c accumulated) and a batch against a
 // shared b; each path against fp64, and the two paths against each other.
 TEST(CpuHalfMatmul, EveryPathWithinTolerance) {
-  std::unique_ptr<Device> paths[2] = {open_fast(""), open_fast("widened")};
+  std::unique_ptr<Device> paths[3] = {open_fast(""), open_fast("widened"), open_widening()};
   struct Case {
     int64_t batch, M, N, K;
     bool ta, tb, bias;
@@ -90,8 +111,9 @@ TEST(CpuHalfMatmul, EveryPathWithinTolerance) {
           want[static_cast<size_t>(e)] = one[static_cast<size_t>(i)] + k.beta * c0[e] + bj;
         }
       }
-      Vec got[2];
-      for (int p = 0; p < 2; ++p) {
+      Vec got[3];
+      const char* names[3] = {"chosen path", "widened (packing GEMM here)", "widened copies"};
+      for (int p = 0; p < 3; ++p) {
         Device& d = *paths[p];
         const Shape as =
             k.batch > 1 ? Shape{k.batch, k.M, k.K} : (k.ta ? Shape{k.K, k.M} : Shape{k.M, k.K});
@@ -102,10 +124,11 @@ TEST(CpuHalfMatmul, EveryPathWithinTolerance) {
         d.matmul(tc, ta, tb, k.ta, k.tb, 1.0f, k.beta, k.bias ? &tbias : nullptr);
         got[p] = download_h(d, tc);
         const double tol = k.c16 ? (h == DType::bf16 ? 2e-5 : 4e-7) : kTolGemm;
-        EXPECT_TRUE(close_nmse(got[p], want, tol, p == 0 ? "chosen path" : "widened path"));
+        EXPECT_TRUE(close_nmse(got[p], want, tol, names[p]));
       }
-      EXPECT_TRUE(close_nmse(got[0], got[1], k.c16 ? (h == DType::bf16 ? 2e-5 : 4e-7) : kTolGemm,
-                             "chosen vs widened"));
+      for (int p = 1; p < 3; ++p)
+        EXPECT_TRUE(close_nmse(got[0], got[p], k.c16 ? (h == DType::bf16 ? 2e-5 : 4e-7) : kTolGemm,
+                               std::string("chosen vs ") + names[p]));
     }
   }
 }
@@ -124,7 +147,7 @@ TEST(CpuHalfMatmul, KeptOperandsGiveTheBitsOfFreshOnes) {
     std::vector<std::vector<uint8_t>> got[2];
     for (int fresh = 0; fresh < 2; ++fresh) {
       if (fresh) setenv("CT_CPU_KEEP_WIDENED", "0", 1);
-      std::unique_ptr<Device> dev = open_fast("widened");
+      std::unique_ptr<Device> dev = open_widening();  // the copies are what is kept
       unsetenv("CT_CPU_KEEP_WIDENED");
       Device& d = *dev;
       std::vector<std::vector<uint8_t>>& out = got[fresh];
@@ -172,6 +195,74 @@ TEST(CpuHalfMatmul, KeptOperandsGiveTheBitsOfFreshOnes) {
     ASSERT_EQ(got[0].size(), got[1].size());
     for (size_t i = 0; i < got[0].size(); ++i)
       EXPECT_TRUE(got[0][i] == got[1][i]) << "output " << i;
+  }
+}
+
+// The packing GEMM's arithmetic as fast/gemm_packed.cpp states it: each element of c sums
+// a[i,k] b[k,j] in order of k with one f32 FMA a term, in slices of equal length (at most 384,
+// a multiple of 8 but the last); the first slice's sum s gives fma(alpha, s, pre), pre =
+// fma(beta, c0, bias (rounded to c's type where c is 16-bit)), each later one fma(alpha, s, c);
+// a 16-bit c is rounded once, at the end. So the bits do not depend on the threads or blocks.
+float packed_model(const Vec& a, const Vec& b, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                   int64_t i, int64_t j, float alpha, float pre) {
+  const int64_t slices = (K + 383) / 384, kc = ((K + slices - 1) / slices + 7) / 8 * 8;
+  float c = pre;
+  for (int64_t k0 = 0; k0 < K; k0 += kc) {
+    float s = 0.0f;
+    for (int64_t k = k0; k < std::min(K, k0 + kc); ++k)
+      s = std::fma(a[static_cast<size_t>(ta ? k * M + i : i * K + k)],
+                   b[static_cast<size_t>(tb ? j * K + k : k * N + j)], s);
+    c = std::fma(alpha, s, c);
+  }
+  return c;
+}
+
+TEST(CpuHalfMatmul, PackedGemmSumsInTheStatedOrder) {
+  std::unique_ptr<Device> dev = open_fast("widened");
+  if (extra(dev->info(), "bf16 matmul").find("packing GEMM") == std::string::npos)
+    GTEST_SKIP() << "no packing GEMM at this CPU's level: " << extra(dev->info(), "bf16 matmul");
+  Device& d = *dev;
+  struct Case {
+    int64_t M, N, K;
+    bool ta, tb, bias, c16;
+    float alpha, beta;
+  };
+  // one slice and several (K 800: 3 of 272, the last 256); rows split (M >= N) and columns;
+  // edges that are not whole 6 x 16 tiles; the transposed packings
+  const Case cases[] = {{100, 37, 72, false, true, true, true, 1.0f, 0.0f},
+                        {61, 130, 800, false, false, false, true, 0.5f, 0.75f},
+                        {77, 50, 800, true, false, false, false, 1.0f, 1.0f},
+                        {130, 45, 395, false, true, true, true, 1.0f, 1.0f},
+                        {24, 200, 40, true, true, true, false, 2.0f, 0.0f}};
+  for (DType h : {DType::bf16, DType::f16}) {
+    for (const Case& k : cases) {
+      SCOPED_TRACE(std::string(dtype_name(h)) + " " + std::to_string(k.M) + "x" +
+                   std::to_string(k.N) + "x" + std::to_string(k.K) + " ta " + std::to_string(k.ta) +
+                   " tb " + std::to_string(k.tb));
+      const Vec a = round_to_h(randn(k.M * k.K, 21), h), b = round_to_h(randn(k.K * k.N, 22), h);
+      const DType cdt = k.c16 ? h : DType::f32;
+      const Vec c0 = round_to_h(randn(k.M * k.N, 23), h), bias = randn(k.N, 24);
+      Tensor tc = up_as(d, {k.M, k.N}, c0, cdt), tbias = upload(d, {k.N}, bias);
+      d.matmul(tc, up_as(d, k.ta ? Shape{k.K, k.M} : Shape{k.M, k.K}, a, h),
+               up_as(d, k.tb ? Shape{k.N, k.K} : Shape{k.K, k.N}, b, h), k.ta, k.tb, k.alpha,
+               k.beta, k.bias ? &tbias : nullptr);
+      const Vec got = download_h(d, tc);
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < k.M; ++i)
+        for (int64_t j = 0; j < k.N; ++j) {
+          const size_t e = static_cast<size_t>(i * k.N + j);
+          float pre = k.bias ? (k.c16 ? from_h(to_h(bias[static_cast<size_t>(j)], h), h)
+                                      : bias[static_cast<size_t>(j)])
+                             : 0.0f;
+          if (k.beta != 0.0f) pre = std::fma(k.beta, c0[e], pre);
+          float want = packed_model(a, b, k.M, k.N, k.K, k.ta, k.tb, i, j, k.alpha, pre);
+          if (k.c16) want = from_h(to_h(want, h), h);
+          if (std::memcmp(&want, &got[e], sizeof(float)) != 0 && wrong++ < 3)
+            ADD_FAILURE() << "c[" << i << "," << j << "] = " << got[e]
+                          << ", stated order: " << want;
+        }
+      EXPECT_EQ(wrong, 0);
+    }
   }
 }
 

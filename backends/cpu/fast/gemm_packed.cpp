@@ -1,0 +1,413 @@
+// A GEMM of its own for products with 16-bit operands on CPUs without 16-bit arithmetic:
+// c = alpha op(a) op(b) + beta c (+ bias), f32 arithmetic, where a, b and c may each be f32,
+// bf16 or f16. OpenBLAS's sgemm needs f32 operands, so the device used to widen every 16-bit
+// operand into an f32 copy first (6 bytes of memory traffic an element, and the copy read
+// again by sgemm's own packing) and round c back from an f32 copy afterwards. Here the
+// operands are widened while they are packed, which every fast GEMM does anyway, and c is
+// rounded in the kernel's epilogue: the 16-bit run reads half the bytes instead of twice them.
+//
+// The layout is the textbook one for x86 BLAS kernels (the Goto/BLIS loop nest), written for
+// AVX2 + FMA:
+//   for each block of kNC columns of c          (b's block stays in the last-level cache)
+//     for each slice along k (<= kKC)           (b's slice packed: kc x nc, panels of kNR)
+//       for each block of kMC rows of c         (a's block packed: kMC x kc, panels of kMR)
+//         for each kNR panel x kMR panel        (the micro-kernel: a kMR x kNR tile of c in
+//                                                12 vector registers, kc rank-1 updates)
+// Each thread owns a range of c's rows or columns and runs the nest on it alone, without
+// barriers; the operand both threads need is packed by each (the smaller one).
+//
+// Arithmetic: every element of c is sum_k a[i,k] b[k,j] in order of k, one f32 FMA a term, in
+// slices of equal length (at most kKC, a multiple of 8 but the last). The first slice's sum s
+// gives fma(alpha, s, pre), pre = fma(beta, c, bias) (bias rounded to c's type where c is
+// 16-bit), each later one fma(alpha, s, c); a 16-bit c keeps its sums in f32 and is rounded to
+// nearest even once, at the end. So an element depends neither on the number of threads nor on
+// the blocking of rows and columns (tests/ops/cpu_half_matmul_test.cpp checks the bits).
+// Measured, and the rule that sends products here: cpu_device.cpp, packed_gemm_on.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/kernels.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define CT_GEMM_PACKED 1
+#endif
+
+namespace ct::cpu::fast::CT_CPU_ISA {
+
+#ifdef CT_GEMM_PACKED
+namespace {
+
+constexpr int64_t kMR = 6, kNR = 16;  // the micro-tile: 6 x 2 vectors of 8 floats
+constexpr int64_t kKC = 384;  // at most: a kKC x kNR panel of b (24 KB) stays in L1 (32 KB)
+constexpr int64_t kMC = 120;  // a's packed block (up to 180 KB): L2
+constexpr int64_t kNC = 2048;  // b's packed slice (up to 3 MB): L3
+constexpr int64_t kNCHalf = 512;      // a 16-bit c summed over several slices in f32 (M x 512)
+
+// Eight elements of a 16-bit or f32 array from p (element offset i), as f32.
+inline __m256 load8(const void* p, DType dt, int64_t i) {
+  if (dt == DType::f32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+  const __m128i h =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+  if (dt == DType::f16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float load1(const void* p, DType dt, int64_t i) {
+  if (dt == DType::f32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return dt == DType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+// Eight f32 rounded to nearest even into bf16 (NaN kept a quiet NaN, as f32_to_bf16).
+inline __m128i to_bf16x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  r = _mm256_blendv_epi8(r, q, nan);
+  // 32-bit lanes holding 16-bit values -> 8 x u16 (packus works per 128-bit half).
+  const __m256i packed = _mm256_packus_epi32(r, r);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+inline void store8(void* p, DType dt, int64_t i, __m256 v) {
+  if (dt == DType::f32) return _mm256_storeu_ps(static_cast<float*>(p) + i, v);
+  auto* q = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(p) + i);
+  if (dt == DType::f16)
+    _mm_storeu_si128(q, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  else
+    _mm_storeu_si128(q, to_bf16x8(v));
+}
+inline void store1(void* p, DType dt, int64_t i, float v) {
+  if (dt == DType::f32) static_cast<float*>(p)[i] = v;
+  else static_cast<uint16_t*>(p)[i] = dt == DType::f16 ? f32_to_f16(v) : f32_to_bf16(v);
+}
+
+// r[0..7] (rows of 8) transposed in place: r[u] becomes column u.
+inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// One operand as the nest sees it: element (r, k) of op(x) for a (r a row of c), or (k, c) for b.
+struct Operand {
+  const void* p;
+  DType dt;
+  int64_t ld;
+  bool trans;
+};
+
+// a's rows [i0, i0+mc) x k [k0, k0+kc) into panels of kMR rows: panel p holds, for each k,
+// rows p*kMR .. +kMR-1 (rows past mc are zeros).
+void pack_a(float* dst, const Operand& a, int64_t i0, int64_t mc, int64_t k0, int64_t kc) {
+  for (int64_t p = 0; p < mc; p += kMR) {
+    const int64_t rows = std::min(kMR, mc - p);
+    float* d = dst + p * kc;
+    if (!a.trans && rows == kMR) {  // a is (M, K): 8 k of each row, transposed
+      const int64_t base = (i0 + p) * a.ld + k0;
+      int64_t k = 0;
+      for (; k + 8 <= kc; k += 8) {
+        __m256 r[8];
+        for (int64_t u = 0; u < kMR; ++u) r[u] = load8(a.p, a.dt, base + u * a.ld + k);
+        r[6] = r[7] = _mm256_setzero_ps();
+        transpose8(r);
+        // 8 floats a k: the 2 past its 6 land where the next k's go (written after), or in
+        // the buffer's slack after the last panel
+        for (int64_t u = 0; u < 8; ++u) _mm256_storeu_ps(d + (k + u) * kMR, r[u]);
+      }
+      for (; k < kc; ++k)
+        for (int64_t u = 0; u < kMR; ++u) d[k * kMR + u] = load1(a.p, a.dt, base + u * a.ld + k);
+    } else if (!a.trans) {
+      std::memset(d, 0, static_cast<size_t>(kc * kMR) * sizeof(float));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t base = (i0 + p + r) * a.ld + k0;
+        int64_t k = 0;
+        for (; k + 8 <= kc; k += 8) {
+          alignas(32) float t[8];
+          _mm256_store_ps(t, load8(a.p, a.dt, base + k));
+          for (int64_t u = 0; u < 8; ++u) d[(k + u) * kMR + r] = t[u];
+        }
+        for (; k < kc; ++k) d[k * kMR + r] = load1(a.p, a.dt, base + k);
+      }
+    } else if (rows == kMR && i0 + p + 8 <= a.ld) {  // a is (K, M): each k's 6 rows in one load
+      for (int64_t k = 0; k < kc; ++k)  // 8 stored: the 2 extra are overwritten, as above
+        _mm256_storeu_ps(d + k * kMR, load8(a.p, a.dt, (k0 + k) * a.ld + i0 + p));
+    } else {  // a is (K, M): for each k, the rows contiguous
+      for (int64_t k = 0; k < kc; ++k) {
+        const int64_t base = (k0 + k) * a.ld + i0 + p;
+        for (int64_t r = 0; r < kMR; ++r) d[k * kMR + r] = r < rows ? load1(a.p, a.dt, base + r) : 0.0f;
+      }
+    }
+  }
+}
+
+// b's k [k0, k0+kc) x columns [j0, j0+nc) into panels of kNR columns: panel q holds, for each
+// k, columns q*kNR .. +kNR-1 (columns past nc are zeros).
+void pack_b(float* dst, const Operand& b, int64_t k0, int64_t kc, int64_t j0, int64_t nc) {
+  for (int64_t q = 0; q < nc; q += kNR) {
+    const int64_t cols = std::min(kNR, nc - q);
+    float* d = dst + q * kc;
+    if (!b.trans) {  // b is (K, N): k's columns contiguous
+      for (int64_t k = 0; k < kc; ++k) {
+        const int64_t base = (k0 + k) * b.ld + j0 + q;
+        float* dk = d + k * kNR;
+        if (cols == kNR) {
+          _mm256_storeu_ps(dk, load8(b.p, b.dt, base));
+          _mm256_storeu_ps(dk + 8, load8(b.p, b.dt, base + 8));
+        } else {
+          for (int64_t c = 0; c < kNR; ++c) dk[c] = c < cols ? load1(b.p, b.dt, base + c) : 0.0f;
+        }
+      }
+    } else if (cols == kNR) {  // b is (N, K): 8 k of each of 16 columns, transposed
+      const int64_t base = (j0 + q) * b.ld + k0;
+      int64_t k = 0;
+      for (; k + 8 <= kc; k += 8) {
+        for (int64_t half = 0; half < 2; ++half) {
+          __m256 r[8];
+          for (int64_t u = 0; u < 8; ++u) r[u] = load8(b.p, b.dt, base + (half * 8 + u) * b.ld + k);
+          transpose8(r);
+          for (int64_t u = 0; u < 8; ++u) _mm256_storeu_ps(d + (k + u) * kNR + half * 8, r[u]);
+        }
+      }
+      for (; k < kc; ++k)
+        for (int64_t c = 0; c < kNR; ++c) d[k * kNR + c] = load1(b.p, b.dt, base + c * b.ld + k);
+    } else {  // b is (N, K), a last panel of fewer than kNR columns
+      std::memset(d, 0, static_cast<size_t>(kc * kNR) * sizeof(float));
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t base = (j0 + q + c) * b.ld + k0;
+        int64_t k = 0;
+        for (; k + 8 <= kc; k += 8) {
+          alignas(32) float t[8];
+          _mm256_store_ps(t, load8(b.p, b.dt, base + k));
+          for (int64_t u = 0; u < 8; ++u) d[(k + u) * kNR + c] = t[u];
+        }
+        for (; k < kc; ++k) d[k * kNR + c] = load1(b.p, b.dt, base + k);
+      }
+    }
+  }
+}
+
+// acc (kMR x kNR, row-major) = sum over kc of a's panel column times b's panel row.
+inline void micro_kernel(int64_t kc, const float* a, const float* b, float* acc) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+    __m256 x = _mm256_broadcast_ss(a);
+    c00 = _mm256_fmadd_ps(x, b0, c00);
+    c01 = _mm256_fmadd_ps(x, b1, c01);
+    x = _mm256_broadcast_ss(a + 1);
+    c10 = _mm256_fmadd_ps(x, b0, c10);
+    c11 = _mm256_fmadd_ps(x, b1, c11);
+    x = _mm256_broadcast_ss(a + 2);
+    c20 = _mm256_fmadd_ps(x, b0, c20);
+    c21 = _mm256_fmadd_ps(x, b1, c21);
+    x = _mm256_broadcast_ss(a + 3);
+    c30 = _mm256_fmadd_ps(x, b0, c30);
+    c31 = _mm256_fmadd_ps(x, b1, c31);
+    x = _mm256_broadcast_ss(a + 4);
+    c40 = _mm256_fmadd_ps(x, b0, c40);
+    c41 = _mm256_fmadd_ps(x, b1, c41);
+    x = _mm256_broadcast_ss(a + 5);
+    c50 = _mm256_fmadd_ps(x, b0, c50);
+    c51 = _mm256_fmadd_ps(x, b1, c51);
+    a += kMR;
+    b += kNR;
+  }
+  _mm256_store_ps(acc + 0, c00), _mm256_store_ps(acc + 8, c01);
+  _mm256_store_ps(acc + 16, c10), _mm256_store_ps(acc + 24, c11);
+  _mm256_store_ps(acc + 32, c20), _mm256_store_ps(acc + 40, c21);
+  _mm256_store_ps(acc + 48, c30), _mm256_store_ps(acc + 56, c31);
+  _mm256_store_ps(acc + 64, c40), _mm256_store_ps(acc + 72, c41);
+  _mm256_store_ps(acc + 80, c50), _mm256_store_ps(acc + 88, c51);
+}
+
+// Where a tile's sums go: into `c` (dt, leading dimension ld). The first slice writes
+// alpha * acc + pre, pre = beta * src + bias, with src the element (i + row_off, j + col_off) of
+// the product's c (src_dt, src_ld; src may be c itself) and the bias rounded to c's type; each
+// later slice adds alpha * acc.
+struct Target {
+  void* c;
+  DType dt;
+  int64_t ld;
+  float alpha;
+  bool first;
+  const void* src;
+  DType src_dt;
+  int64_t src_ld, row_off, col_off;
+  float beta;
+  const float* bias;
+};
+
+void epilogue(const Target& t, const float* acc, int64_t i, int64_t j, int64_t rows, int64_t cols) {
+  const __m256 alpha = _mm256_set1_ps(t.alpha), beta = _mm256_set1_ps(t.beta);
+  const float* bias = t.bias ? t.bias + j + t.col_off : nullptr;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = (i + r) * t.ld + j;
+    const int64_t src = (i + r + t.row_off) * t.src_ld + j + t.col_off;
+    const float* s = acc + r * kNR;
+    int64_t c = 0;
+    if (!t.first) {
+      for (; c + 8 <= cols; c += 8) {
+        const __m256 v = _mm256_fmadd_ps(alpha, _mm256_load_ps(s + c), load8(t.c, t.dt, row + c));
+        store8(t.c, t.dt, row + c, v);
+      }
+      for (; c < cols; ++c)
+        store1(t.c, t.dt, row + c, std::fma(t.alpha, s[c], load1(t.c, t.dt, row + c)));
+    } else {
+      for (; c + 8 <= cols; c += 8) {
+        __m256 pre = bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps();
+        if (t.beta != 0.0f) pre = _mm256_fmadd_ps(beta, load8(t.src, t.src_dt, src + c), pre);
+        store8(t.c, t.dt, row + c, _mm256_fmadd_ps(alpha, _mm256_load_ps(s + c), pre));
+      }
+      for (; c < cols; ++c) {
+        float pre = bias ? bias[c] : 0.0f;
+        if (t.beta != 0.0f) pre = std::fma(t.beta, load1(t.src, t.src_dt, src + c), pre);
+        store1(t.c, t.dt, row + c, std::fma(t.alpha, s[c], pre));
+      }
+    }
+  }
+}
+
+void prefetch_rows(const Target& t, int64_t i, int64_t j, int64_t rows) {
+  const size_t es = dtype_size(t.dt);
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* p = static_cast<const char*>(t.c) + static_cast<size_t>((i + r) * t.ld + j) * es;
+    _mm_prefetch(p, _MM_HINT_T0);
+    _mm_prefetch(p + kNR * es - 1, _MM_HINT_T0);
+  }
+}
+
+struct Scratch {
+  std::vector<float> a, b, sums;
+  float* get(std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n + 8) v.resize(static_cast<size_t>(n + 8));
+    // 32-byte aligned start for the aligned loads of the micro-kernel
+    auto addr = reinterpret_cast<uintptr_t>(v.data());
+    return v.data() + ((32 - addr % 32) % 32) / sizeof(float);
+  }
+};
+
+// The nest over rows [r0, r1) x columns [n0, n1) of c.
+void run_block(const MatmulPackedArgs& m, const Operand& a, const Operand& b, const float* bias,
+               int64_t r0, int64_t r1, int64_t n0, int64_t n1) {
+  thread_local Scratch s;
+  const bool half_c = m.c_dtype != DType::f32;
+  // K in slices of at most kKC, of equal length (a multiple of 8, but the last)
+  const int64_t slices = (m.K + kKC - 1) / kKC;
+  const int64_t kc_len = ((m.K + slices - 1) / slices + 7) / 8 * 8;
+  // A 16-bit c summed over several slices: f32 sums of kNCHalf columns at a time, rounded at
+  // the end (c itself holds the sums otherwise).
+  const bool sum_apart = half_c && slices > 1;
+  const int64_t nc_max = sum_apart ? kNCHalf : kNC;
+  const int64_t rows = r1 - r0;
+  float* ap = s.get(s.a, kMC * kc_len + 8);  // + the last k's overhang (pack_a)
+  float* bp = s.get(s.b, kc_len * ((nc_max + kNR - 1) / kNR * kNR));
+  alignas(32) float acc[kMR * kNR];
+  for (int64_t j0 = n0; j0 < n1; j0 += nc_max) {
+    const int64_t nc = std::min(nc_max, n1 - j0);
+    Target t{m.c, m.c_dtype, m.N, m.alpha, true, m.c, m.c_dtype, m.N, 0, 0, m.beta, bias};
+    int64_t row0 = 0, col0 = j0;  // the block's first row and column in the target's indexing
+    float* sums = nullptr;
+    if (sum_apart) {
+      sums = s.get(s.sums, rows * nc);
+      t.c = sums;
+      t.dt = DType::f32;
+      t.ld = nc;
+      t.row_off = row0 = r0;
+      t.col_off = j0;
+      col0 = 0;
+    }
+    for (int64_t k0 = 0; k0 < m.K; k0 += kc_len) {
+      const int64_t kc = std::min(kc_len, m.K - k0);
+      t.first = k0 == 0;
+      pack_b(bp, b, k0, kc, j0, nc);
+      for (int64_t i0 = r0; i0 < r1; i0 += kMC) {
+        const int64_t mc = std::min(kMC, r1 - i0);
+        pack_a(ap, a, i0, mc, k0, kc);
+        for (int64_t q = 0; q < nc; q += kNR) {
+          const int64_t cols = std::min(kNR, nc - q);
+          for (int64_t p = 0; p < mc; p += kMR) {
+            // the next tile's rows of c, fetched while this one computes (its rows are far
+            // apart, which the hardware's prefetchers do not foresee)
+            if (p + kMR < mc) prefetch_rows(t, i0 + p + kMR - row0, col0 + q, std::min(kMR, mc - p - kMR));
+            micro_kernel(kc, ap + p * kc, bp + q * kc, acc);
+            epilogue(t, acc, i0 + p - row0, col0 + q, std::min(kMR, mc - p), cols);
+          }
+        }
+      }
+    }
+    if (sums) {
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t out = (r0 + i) * m.N + j0;
+        int64_t c = 0;
+        for (; c + 8 <= nc; c += 8)
+          store8(m.c, m.c_dtype, out + c, _mm256_loadu_ps(sums + i * nc + c));
+        for (; c < nc; ++c) store1(m.c, m.c_dtype, out + c, sums[i * nc + c]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool matmul_packed(const MatmulPackedArgs& m) {
+  if (m.M <= 0 || m.N <= 0 || m.K <= 0) return false;
+  const Operand a{m.a, m.a_dtype, m.trans_a ? m.M : m.K, m.trans_a};
+  const Operand b{m.b, m.b_dtype, m.trans_b ? m.K : m.N, m.trans_b};
+  // The bias in c's type (a 16-bit c adds it rounded, as the reference does).
+  thread_local std::vector<float> rounded;
+  const float* bias = m.bias;
+  if (bias && m.c_dtype != DType::f32) {
+    rounded.resize(static_cast<size_t>(m.N));
+    for (int64_t j = 0; j < m.N; ++j) rounded[static_cast<size_t>(j)] = round_to(m.c_dtype, bias[j]);
+    bias = rounded.data();
+  }
+  // The threads share c by rows or by columns, whichever makes them pack less twice: split by
+  // columns, each packs all of a (M x K); by rows, all of b (K x N).
+  const bool by_rows = m.M >= m.N;
+  const int64_t units = by_rows ? (m.M + kMR - 1) / kMR : (m.N + kNR - 1) / kNR;
+  const int threads =
+      static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, units / 4)));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t u0 = units * t / nt, u1 = units * (t + 1) / nt;
+    if (u1 > u0) {
+      if (by_rows)
+        run_block(m, a, b, bias, u0 * kMR, std::min(m.M, u1 * kMR), 0, m.N);
+      else
+        run_block(m, a, b, bias, 0, m.M, u0 * kNR, std::min(m.N, u1 * kNR));
+    }
+  }
+  return true;
+}
+
+#else  // no AVX2/FMA/F16C at this level: the device widens and calls sgemm instead
+
+bool matmul_packed(const MatmulPackedArgs&) { return false; }
+
+#endif
+
+}  // namespace ct::cpu::fast::CT_CPU_ISA
