@@ -44,10 +44,11 @@ namespace ct::cpu::fast::CT_CPU_ISA {
 namespace {
 
 constexpr int64_t kMR = 6, kNR = 16;  // the micro-tile: 6 x 2 vectors of 8 floats
-constexpr int64_t kKC = 384;  // at most: a kKC x kNR panel of b (24 KB) stays in L1 (32 KB)
-constexpr int64_t kMC = 120;  // a's packed block (up to 180 KB): L2
-constexpr int64_t kNC = 2048;  // b's packed slice (up to 3 MB): L3
+constexpr int64_t kKC = 384;          // at most: a kKC x kNR panel of b (24 KB) stays in L1 (32 KB)
+constexpr int64_t kMC = 120;          // a's packed block (up to 180 KB): L2
+constexpr int64_t kNC = 2048;         // b's packed slice (up to 3 MB): L3
 constexpr int64_t kNCHalf = 512;      // a 16-bit c summed over several slices in f32 (M x 512)
+constexpr int64_t kMaxNK = 8192;      // larger N or K: declined (matmul_packed)
 
 // Eight elements of a 16-bit or f32 array from p (element offset i), as f32.
 inline __m256 load8(const void* p, DType dt, int64_t i) {
@@ -67,7 +68,8 @@ inline float load1(const void* p, DType dt, int64_t i) {
 inline __m128i to_bf16x8(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
   const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
                                          _mm256_set1_epi32(0x7f800000));
   const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
@@ -85,8 +87,10 @@ inline void store8(void* p, DType dt, int64_t i, __m256 v) {
     _mm_storeu_si128(q, to_bf16x8(v));
 }
 inline void store1(void* p, DType dt, int64_t i, float v) {
-  if (dt == DType::f32) static_cast<float*>(p)[i] = v;
-  else static_cast<uint16_t*>(p)[i] = dt == DType::f16 ? f32_to_f16(v) : f32_to_bf16(v);
+  if (dt == DType::f32)
+    static_cast<float*>(p)[i] = v;
+  else
+    static_cast<uint16_t*>(p)[i] = dt == DType::f16 ? f32_to_f16(v) : f32_to_bf16(v);
 }
 
 // r[0..7] (rows of 8) transposed in place: r[u] becomes column u.
@@ -155,7 +159,8 @@ void pack_a(float* dst, const Operand& a, int64_t i0, int64_t mc, int64_t k0, in
     } else {  // a is (K, M): for each k, the rows contiguous
       for (int64_t k = 0; k < kc; ++k) {
         const int64_t base = (k0 + k) * a.ld + i0 + p;
-        for (int64_t r = 0; r < kMR; ++r) d[k * kMR + r] = r < rows ? load1(a.p, a.dt, base + r) : 0.0f;
+        for (int64_t r = 0; r < kMR; ++r)
+          d[k * kMR + r] = r < rows ? load1(a.p, a.dt, base + r) : 0.0f;
       }
     }
   }
@@ -351,7 +356,8 @@ void run_block(const MatmulPackedArgs& m, const Operand& a, const Operand& b, co
           for (int64_t p = 0; p < mc; p += kMR) {
             // the next tile's rows of c, fetched while this one computes (its rows are far
             // apart, which the hardware's prefetchers do not foresee)
-            if (p + kMR < mc) prefetch_rows(t, i0 + p + kMR - row0, col0 + q, std::min(kMR, mc - p - kMR));
+            if (p + kMR < mc)
+              prefetch_rows(t, i0 + p + kMR - row0, col0 + q, std::min(kMR, mc - p - kMR));
             micro_kernel(kc, ap + p * kc, bp + q * kc, acc);
             epilogue(t, acc, i0 + p - row0, col0 + q, std::min(kMR, mc - p), cols);
           }
@@ -374,6 +380,12 @@ void run_block(const MatmulPackedArgs& m, const Operand& a, const Operand& b, co
 
 bool matmul_packed(const MatmulPackedArgs& m) {
   if (m.M <= 0 || m.N <= 0 || m.K <= 0) return false;
+  // Vocabulary-sized N or K (a language model's head) stays with sgemm on widened copies, the
+  // faster there: one thread's CPU time, gpt2's head at 1024 tokens, bf16, GFLOP/s: logits
+  // (N 50304) 82.8 packed vs 92.0 widened, dx (K 50304) 81.5 vs 91.5, dW (M 50304) 91 vs 94
+  // (a's repacking per block of columns and the f32 sums of a 16-bit c, which sgemm's larger
+  // blocks amortise better). The linear layers (N, K <= 4 x 1024 here) are faster packed.
+  if (m.N > kMaxNK || m.K > kMaxNK) return false;
   const Operand a{m.a, m.a_dtype, m.trans_a ? m.M : m.K, m.trans_a};
   const Operand b{m.b, m.b_dtype, m.trans_b ? m.K : m.N, m.trans_b};
   // The bias in c's type (a 16-bit c adds it rounded, as the reference does).
@@ -381,7 +393,8 @@ bool matmul_packed(const MatmulPackedArgs& m) {
   const float* bias = m.bias;
   if (bias && m.c_dtype != DType::f32) {
     rounded.resize(static_cast<size_t>(m.N));
-    for (int64_t j = 0; j < m.N; ++j) rounded[static_cast<size_t>(j)] = round_to(m.c_dtype, bias[j]);
+    for (int64_t j = 0; j < m.N; ++j)
+      rounded[static_cast<size_t>(j)] = round_to(m.c_dtype, bias[j]);
     bias = rounded.data();
   }
   // The threads share c by rows or by columns, whichever makes them pack less twice: split by
@@ -406,7 +419,9 @@ bool matmul_packed(const MatmulPackedArgs& m) {
 
 #else  // no AVX2/FMA/F16C at this level: the device widens and calls sgemm instead
 
-bool matmul_packed(const MatmulPackedArgs&) { return false; }
+bool matmul_packed(const MatmulPackedArgs&) {
+  return false;
+}
 
 #endif
 
