@@ -70,7 +70,7 @@ constexpr DType kBf = DType::bf16, kF16 = DType::f16, kF32 = DType::f32;
 
 // Each transpose with an edge in every dimension (one block tile, one to three slices); K = 1
 // (a^T b: rows along m and n, so still aligned); more than one block tile in m and n; batches
-// with a or b broadcast; alpha, beta and bias; f32 and 16-bit c.
+// with a or b broadcast; alpha, beta and bias; f32 and 16-bit c; 7 and 9 slices.
 const TcGemmCase kCases[] = {
     {1, 40, 24, 72, false, false, true, true, 1.0f, 0.0f, false, kBf, kF32, 11},
     {1, 24, 40, 48, false, true, true, true, 0.5f, 0.25f, true, kF16, kF32, 12},
@@ -80,6 +80,9 @@ const TcGemmCase kCases[] = {
     {1, 136, 144, 16, false, true, true, true, 1.0f, 0.0f, true, kBf, kBf, 16},
     {3, 16, 24, 40, false, true, true, false, 1.0f, 0.0f, true, kBf, kF32, 17},
     {2, 24, 16, 32, true, false, false, true, 0.75f, 0.5f, false, kF16, kF16, 18},
+    // More 32-deep slices than the kernel stages (4 on CUDA): each stage of the ring reused.
+    {1, 136, 40, 264, false, false, true, true, 1.0f, 0.0f, true, kBf, kBf, 19},
+    {1, 40, 136, 200, true, true, true, true, 1.0f, 0.5f, false, kF16, kF32, 20},
 };
 
 class GemmTensorCores : public DeviceTest {

@@ -139,20 +139,27 @@ TEST(SimtMatrixTile, GemmThroughTheTileEqualsTheScalarKernelBitForBit) {
 }
 
 // Aligned rows: the 128 x 128 tensor-core kernel (gemm_tc_kernel), whose fragments come by
-// ldmatrix (warp 32) or 8-byte reads (warp 64) and whose slices are double buffered. Every layout;
-// M, N not multiples of the tile, K of the 32-deep slice; one slice, two (both buffers), three;
-// more block rows than a group (kGroupM = 8); batches; alpha, beta, bias; f32 and 16-bit c.
+// ldmatrix (warp 32) or 8-byte reads (warp 64) and whose slices are staged in a ring (4 stages at
+// warp 32, 2 at 64). Every layout; M, N not multiples of the tile, K of the 32-deep slice; one
+// slice, two, three, and more than the stages (5 to 9: each stage reused); more block rows than a
+// group (kGroupM = 8); batches; alpha, beta, bias; f32 and 16-bit c.
 TEST(SimtMatrixTile, TensorCoreGemmEqualsTheScalarKernelBitForBit) {
   ct::simt::Runtime rt(2);
   std::mt19937 rng(6);
   const Case cases[] = {
       {1, 8, 8, 8, false, false, 1, 0, false, false},
+      {1, 24, 16, 0, false, true, 1, 0.5f, true, false},  // K = 0: beta c + bias
       {1, 24, 40, 72, false, true, 1, 0, true, false},
       {1, 136, 16, 40, true, false, 0.5f, 1, false, false},
       {1, 16, 136, 16, true, true, 1, 0, true, true},
       {2, 40, 24, 48, false, false, 1, 0.25f, false, true},
       {1, 1160, 8, 8, false, true, 1, 0, true, false},
       {3, 8, 48, 96, true, false, 2, 0, true, true},
+      // More slices than stages (4 at warp 32, 2 at 64): every stage reused, a ragged last slice.
+      {1, 40, 72, 200, false, false, 1, 0, true, false},
+      {1, 24, 136, 136, false, true, 1, 0.5f, false, true},
+      {1, 136, 24, 168, true, false, 1, 0, true, false},
+      {2, 24, 40, 264, true, true, 0.5f, 0.25f, true, true},
   };
   for (Elem e : {Elem::kF16, Elem::kBF16})
     for (const Case& c : cases)

@@ -2,16 +2,22 @@
 // (+ bias), both transposes, strided batch, c f32 or of a's type) for 16-bit a and b on the
 // matrix tile of backends/gpu/kernels/mma.h, in block tiles sized for a GPU.
 //
-// A block is 256 threads and owns a kBM x kBN (128 x 128) tile of c; it walks k in slices of kBK
-// (32) staged in shared memory, two slices in flight (double buffering): while the warps multiply
-// slice s, the copies of slice s + 1 are under way (cp.async on sm_80+, plain copies elsewhere,
-// matrix_ops.h). Each warp owns a part of the block's tile as a grid of matrix tiles:
-//   warp 32 (mma.sync m16n8k16): 8 warps as 2 x 4, each 64 x 32 = 4 x 4 tiles of 16 x 8; the A and
-//     B fragments come from shared memory by ldmatrix (.x4: one A tile, or the B fragments of two
-//     n-tiles, per instruction; .trans where the staged rows run along m or n instead of k),
-//   warp 64 (MFMA 32x32x8): 4 warps as 2 x 2, each 64 x 64 = 2 x 2 tiles of 32 x 32; each lane
-//     reads its 4 consecutive k of a row (column) -- one 8-byte read where the staged rows run
-//     along k.
+// A block is 4 warps (128 threads at warp 32, 256 at warp 64) as 2 x 2, and owns a kBM x kBN
+// (128 x 128) tile of c, each warp a 64 x 64 part of it as a grid of matrix tiles:
+//   warp 32 (mma.sync m16n8k16): 4 x 8 tiles of 16 x 8; the A and B fragments come from shared
+//     memory by ldmatrix (.x4: one A tile, or the B fragments of two n-tiles, per instruction;
+//     .trans where the staged rows run along m or n instead of k),
+//   warp 64 (MFMA 32x32x8): 2 x 2 tiles of 32 x 32; each lane reads its 4 consecutive k of a row
+//     (column) -- one 8-byte read where the staged rows run along k.
+// The block walks k in slices of kBK (32) staged in shared memory, a ring of Cfg::kStages slices:
+// 4 on CUDA (cp.async, sm_80+: three slices in flight while the warps multiply the fourth; one
+// __syncthreads a slice), 2 on HIP, where the copies are plain loads and stores (matrix_ops.h).
+// In registers the fragments alternate between two sets: the mma instructions of one step (16
+// of k at warp 32) go while the next step's fragments load. Per slice and warp at warp 32: 16
+// ldmatrix.x4 and 64 mma.sync (the 64 x 32 warp tiles before read 12 for 32), 8 cp.async a
+// thread. A 64 x 64 warp tile holds 128 f32 accumulators and 2 x 32 fragment registers a lane:
+// ptxas gives 232-254 registers and no spills on sm_80 and sm_90, so 2 blocks (8 warps) a
+// streaming multiprocessor, with 2 x 80 KiB of shared memory.
 // Staged slices keep the operand's stored layout (rows along k for a and for b^T, along m (n) for
 // a^T (b)), as 16-byte copies, rows padded by 8 elements (16 bytes: rows stay 16-byte aligned for
 // ldmatrix and the copies, and the 8 rows an ldmatrix reads fall in different banks). So the
@@ -57,7 +63,6 @@
 namespace ct::gpu {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kBM = 128, kBN = 128, kBK = 32;
 constexpr int kPad = 8;             // elements after each staged row
 constexpr int kLdK = kBK + kPad;    // a staged row along k (kBM or kBN of them)
@@ -65,90 +70,90 @@ constexpr int kLdMN = kBM + kPad;   // a staged row along m or n (kBK of them)
 constexpr int kSlice = kBM * kLdK;  // elements of one staged slice of an operand (the larger)
 constexpr int kGroupM = 8;          // block rows numbered together
 static_assert(kBM == kBN && kBM * kLdK >= kBK * kLdMN, "one slice size fits both layouts");
-static_assert(kBM * kBK / 8 % kThreads == 0, "whole rounds of 16-byte copies");
 
-// The warps of a block: kM x kN of them, each owning (kBM / kM) x (kBN / kN) of c (warp 32: 2 x 4
-// warps of 64 x 32; warp 64: 2 x 2 of 64 x 64).
+// The block at warp size WARP: 2 x 2 warps, each owning a kWM x kWN (64 x 64) part of c, and
+// kStages staged slices (a's and b's) in shared memory. Four where the copies are asynchronous
+// (cp.async on CUDA; the SIMT runtime runs the same schedule with plain copies, so the tests walk
+// it); two on HIP, where the copies are plain loads and stores (more would only take LDS), and at
+// warp 64 (gfx90a's 64 KiB of LDS a block).
 template <int WARP>
-struct Warps {
-  static constexpr int kM = 2, kN = kThreads / WARP / kM;
+struct Cfg {
+  static constexpr int kWarpsM = 2, kWarpsN = 2;
+  static constexpr int kThreads = kWarpsM * kWarpsN * WARP;  // 128 at warp 32, 256 at warp 64
+  static constexpr int kWM = kBM / kWarpsM, kWN = kBN / kWarpsN;
+#if defined(CT_GPU_HIP)
+  static constexpr int kStages = 2;
+#else
+  static constexpr int kStages = WARP == 32 ? 4 : 2;
+#endif
+  static constexpr int kSmemBytes = kStages * 2 * kSlice * 2;  // 80 KiB (4 stages), 40 KiB (2)
+  using L = MmaLayout<WARP>;
+  static constexpr int TI = kWM / L::TM, TJ = kWN / L::TN;  // the warp's matrix tiles
+  static constexpr int kSteps = kBK / L::TK;                // matrix-tile steps through a slice
+  static_assert(kSteps % 2 == 0, "fragments alternate between two sets, a pair of steps a round");
 };
 
 struct alignas(16) Chunk {  // the unit of the staging copies
   std::uint16_t h[8];
 };
 
-// One slice of a stored operand into shared memory: ROWS stored rows from r0, COLS stored columns
-// from c0 of a matrix of `rows` x `cols` elements, `ld` a row (a multiple of 8, src 16-byte
-// aligned), into dst[ROWS][COLS + kPad]. Chunks outside the matrix are zeros.
-template <int ROWS, int COLS>
-__device__ __forceinline__ void stage(std::uint16_t* dst, const std::uint16_t* src, std::int64_t ld,
-                                      std::int64_t rows, std::int64_t cols, std::int64_t r0,
-                                      std::int64_t c0) {
-  constexpr int kChunks = COLS / 8;
-  CT_GEMM_UNROLL
-  for (int r = 0; r < ROWS * kChunks / kThreads; ++r) {
-    const int idx = static_cast<int>(threadIdx.x) + r * kThreads;
-    const int rr = idx / kChunks, cc = idx % kChunks;
-    const std::int64_t row = r0 + rr, col = c0 + 8 * cc;
-    const bool in = row < rows && col < cols;
-    ct_cp_async_16(dst + rr * (COLS + kPad) + 8 * cc, in ? src + row * ld + col : src, in ? 16 : 0);
-  }
-}
+// The copies of one operand's slices into shared memory, as thread `tid` of THREADS issues them:
+// the operand is stored as rows of `ld` elements (a multiple of 8, 16-byte aligned); a slice is
+// ROWS x COLS of them, staged as dst[ROWS][COLS + kPad] in 16-byte chunks. KCOLS: k runs along
+// the stored rows (a, b^T: a slice is rows mn0 .. + ROWS, columns k0 .. + kBK), else down the
+// columns (a^T, b: rows k0 .. + kBK, columns mn0 .. + COLS). The thread's chunks keep their place
+// from slice to slice (column `cc`, rows `rr`, + kRowsPer a round), so it keeps the offset of its
+// first chunk of the next slice, which rounds lie inside the operand along m or n, and the limit
+// for k. Chunks outside the operand are zeros.
+template <int ROWS, int COLS, int THREADS, bool KCOLS>
+struct Stager {
+  static constexpr int kChunks = COLS / 8, kRowsPer = THREADS / kChunks;
+  static constexpr int kRounds = ROWS / kRowsPer;
+  static_assert(THREADS % kChunks == 0 && ROWS % kRowsPer == 0, "whole rounds of 16-byte copies");
+  const std::uint16_t* base;  // the operand (the address a chunk of zeros names)
+  std::int64_t off;           // the thread's first chunk of the next slice, from base
+  std::int64_t ld, lim;       // KCOLS: k0 < lim keeps the chunks; else k0 + rows < lim
+  unsigned in_mn;             // bit r: round r's chunks lie inside along m or n
+  int dst;                    // the first chunk's place in a staged slice
 
-// Slice k0 .. k0 + kBK of a (rows m0 ..) and b (columns n0 ..) into as, bs.
-template <bool TA, bool TB>
-__device__ __forceinline__ void stage_slice(std::uint16_t* as, std::uint16_t* bs,
-                                            const std::uint16_t* a, const std::uint16_t* b,
-                                            std::int64_t M, std::int64_t N, std::int64_t K,
-                                            std::int64_t m0, std::int64_t n0, std::int64_t k0) {
-  if constexpr (TA)
-    stage<kBK, kBM>(as, a, M, K, M, k0, m0);  // a stored (K, M): rows along m
-  else
-    stage<kBM, kBK>(as, a, K, M, K, m0, k0);  // a stored (M, K): rows along k
-  if constexpr (TB)
-    stage<kBN, kBK>(bs, b, K, N, K, n0, k0);  // b stored (N, K): rows along k
-  else
-    stage<kBK, kBN>(bs, b, N, K, N, k0, n0);  // b stored (K, N): rows along n
-}
-
-// Warp 32: c[TI][TJ] += the warp's rows wm .. +64 and columns wn .. +32 of one staged slice, by
-// ldmatrix and mma.sync m16n8k16 (MmaLayout<32>; the lane arithmetic below is the PTX ISA's
-// ldmatrix row assignment: lane l gives row l % 8 of matrix l / 8).
-template <typename AB, bool TA, bool TB, int TI, int TJ>
-__device__ __forceinline__ void slice_w32(float (&c)[TI][TJ][4], const std::uint16_t* as,
-                                          const std::uint16_t* bs, int wm, int wn, int lane) {
-  CT_GEMM_UNROLL
-  for (int kk = 0; kk < kBK; kk += 16) {
-    std::uint32_t fa[TI][4], fb[TJ][2];
-    CT_GEMM_UNROLL
-    for (int i = 0; i < TI; ++i) {
-      // Matrices 0-3: (rows +0, k +0), (rows +8, k +0), (rows +0, k +8), (rows +8, k +8) = a0..a7.
-      const int m = wm + 16 * i;
-      if constexpr (TA)
-        ct_ldmatrix_x4_trans(fa[i],
-                             as + (kk + lane / 16 * 8 + lane % 8) * kLdMN + m + lane / 8 % 2 * 8);
-      else
-        ct_ldmatrix_x4(fa[i], as + (m + lane % 16) * kLdK + kk + lane / 16 * 8);
+  // extent: the operand's length along m or n; K its depth; mn0 the block's first row or column.
+  __device__ __forceinline__ Stager(const std::uint16_t* src, std::int64_t ld_, std::int64_t extent,
+                                    std::int64_t K, std::int64_t mn0, int tid)
+      : base(src), ld(ld_) {
+    const int rr = tid / kChunks, cc = tid % kChunks;
+    dst = rr * (COLS + kPad) + 8 * cc;
+    in_mn = 0;
+    if constexpr (KCOLS) {
+      off = (mn0 + rr) * ld + 8 * cc;
+      lim = K - 8 * cc;
+      for (int r = 0; r < kRounds; ++r)
+        in_mn |= static_cast<unsigned>(mn0 + rr + r * kRowsPer < extent) << r;
+    } else {
+      off = rr * ld + mn0 + 8 * cc;
+      lim = K - rr;
+      in_mn = mn0 + 8 * cc < extent ? ~0u : 0u;
     }
-    CT_GEMM_UNROLL
-    for (int j = 0; j < TJ; j += 2) {
-      // Matrices 0-3: (n +0, k +0), (n +0, k +8), (n +8, k +0), (n +8, k +8): b0..b3 of n-tiles
-      // j and j + 1.
-      const int n = wn + 8 * j;
-      std::uint32_t r[4];
-      if constexpr (TB)
-        ct_ldmatrix_x4(r, bs + (n + lane / 16 * 8 + lane % 8) * kLdK + kk + lane / 8 % 2 * 8);
-      else
-        ct_ldmatrix_x4_trans(r,
-                             bs + (kk + lane / 8 % 2 * 8 + lane % 8) * kLdMN + n + lane / 16 * 8);
-      fb[j][0] = r[0], fb[j][1] = r[1], fb[j + 1][0] = r[2], fb[j + 1][1] = r[3];
-    }
-    CT_GEMM_UNROLL
-    for (int i = 0; i < TI; ++i) CT_GEMM_UNROLL
-    for (int j = 0; j < TJ; ++j) mma_regs<32, AB>(c[i][j], fa[i], fb[j]);
   }
-}
+  // Slice k0 (the next one) into the staged slice at s; then on to the one after.
+  __device__ __forceinline__ void issue(std::uint16_t* s, std::int64_t k0) {
+    CT_GEMM_UNROLL
+    for (int r = 0; r < kRounds; ++r) {
+      const bool in = (in_mn >> r & 1u) && (KCOLS ? k0 < lim : k0 + r * kRowsPer < lim);
+      // (no offset from base unless inside: base may be null where the operand is empty)
+      const std::uint16_t* src = in ? base + (off + r * kRowsPer * ld) : base;
+      ct_cp_async_16(s + dst + r * kRowsPer * (COLS + kPad), src, in ? 16 : 0);
+    }
+    off += KCOLS ? kBK : kBK * ld;
+  }
+};
+
+// The warp's fragments for one matrix-tile step: a's TI row tiles and b's TJ column tiles, 16-bit
+// elements two to a register, as mma_regs takes them.
+template <int WARP>
+struct Frags {
+  using C = Cfg<WARP>;
+  std::uint32_t a[C::TI][C::L::NA / 2], b[C::TJ][C::L::NB / 2];
+};
 
 // Warp 64: the 4 consecutive k (from k) of staged row or column `mn` as two registers. KMAJOR:
 // the slice's rows run along k (one 8-byte read), else along m or n.
@@ -165,50 +170,84 @@ __device__ __forceinline__ void frag_w64(std::uint32_t (&r)[2], const std::uint1
   }
 }
 
-// Warp 64: c[TI][TJ] += the warp's rows wm .. +64 and columns wn .. +64 of one staged slice, by
-// MFMA 32x32x8 (MmaLayout<64>: lane l holds k 4 (l / 32) .. +3 of row (column) l % 32).
-template <typename AB, bool TA, bool TB, int TI, int TJ>
-__device__ __forceinline__ void slice_w64(float (&c)[TI][TJ][16], const std::uint16_t* as,
-                                          const std::uint16_t* bs, int wm, int wn, int lane) {
-  CT_GEMM_UNROLL
-  for (int kk = 0; kk < kBK; kk += 8) {
-    std::uint32_t fa[TI][2], fb[TJ][2];
+// f = the fragments of step `step` (k from step * TK) of staged slice st for the warp's rows
+// wm .. +kWM and columns wn .. +kWN.
+//   warp 32 (mma.sync m16n8k16, MmaLayout<32>): by ldmatrix .x4 -- one A tile, or the B fragments
+//     of two n-tiles, per instruction; .trans where the staged rows run along m or n. The lane
+//     arithmetic is the PTX ISA's ldmatrix row assignment: lane l gives row l % 8 of matrix l / 8.
+//   warp 64 (MFMA 32x32x8, MmaLayout<64>: lane l holds k 4 (l / 32) .. +3 of row (column)
+//     l % 32): frag_w64.
+template <int WARP, bool TA, bool TB>
+__device__ __forceinline__ void load_frags(Frags<WARP>& f, const std::uint16_t* st, int step,
+                                           int wm, int wn, int lane) {
+  using C = Cfg<WARP>;
+  const std::uint16_t* as = st;
+  const std::uint16_t* bs = st + kSlice;
+  const int kk = step * C::L::TK;
+  if constexpr (WARP == 32) {
     CT_GEMM_UNROLL
-    for (int i = 0; i < TI; ++i)
-      frag_w64<!TA>(fa[i], as, wm + 32 * i + lane % 32, kk + lane / 32 * 4);
+    for (int i = 0; i < C::TI; ++i) {
+      // Matrices 0-3: (rows +0, k +0), (rows +8, k +0), (rows +0, k +8), (rows +8, k +8) = a0..a7.
+      const int m = wm + 16 * i;
+      if constexpr (TA)
+        ct_ldmatrix_x4_trans(f.a[i],
+                             as + (kk + lane / 16 * 8 + lane % 8) * kLdMN + m + lane / 8 % 2 * 8);
+      else
+        ct_ldmatrix_x4(f.a[i], as + (m + lane % 16) * kLdK + kk + lane / 16 * 8);
+    }
     CT_GEMM_UNROLL
-    for (int j = 0; j < TJ; ++j)
-      frag_w64<TB>(fb[j], bs, wn + 32 * j + lane % 32, kk + lane / 32 * 4);
+    for (int j = 0; j < C::TJ; j += 2) {
+      // Matrices 0-3: (n +0, k +0), (n +0, k +8), (n +8, k +0), (n +8, k +8): b0..b3 of n-tiles
+      // j and j + 1.
+      const int n = wn + 8 * j;
+      std::uint32_t r[4];
+      if constexpr (TB)
+        ct_ldmatrix_x4(r, bs + (n + lane / 16 * 8 + lane % 8) * kLdK + kk + lane / 8 % 2 * 8);
+      else
+        ct_ldmatrix_x4_trans(r,
+                             bs + (kk + lane / 8 % 2 * 8 + lane % 8) * kLdMN + n + lane / 16 * 8);
+      f.b[j][0] = r[0], f.b[j][1] = r[1], f.b[j + 1][0] = r[2], f.b[j + 1][1] = r[3];
+    }
+  } else {
     CT_GEMM_UNROLL
-    for (int i = 0; i < TI; ++i) CT_GEMM_UNROLL
-    for (int j = 0; j < TJ; ++j) mma_regs<64, AB>(c[i][j], fa[i], fb[j]);
+    for (int i = 0; i < C::TI; ++i)
+      frag_w64<!TA>(f.a[i], as, wm + 32 * i + lane % 32, kk + lane / 32 * 4);
+    CT_GEMM_UNROLL
+    for (int j = 0; j < C::TJ; ++j)
+      frag_w64<TB>(f.b[j], bs, wn + 32 * j + lane % 32, kk + lane / 32 * 4);
   }
+}
+
+// c[TI][TJ] += the step's product from its fragments.
+template <int WARP, typename AB>
+__device__ __forceinline__ void mma_frags(
+    float (&c)[Cfg<WARP>::TI][Cfg<WARP>::TJ][Cfg<WARP>::L::NC], const Frags<WARP>& f) {
+  CT_GEMM_UNROLL
+  for (int i = 0; i < Cfg<WARP>::TI; ++i) CT_GEMM_UNROLL
+  for (int j = 0; j < Cfg<WARP>::TJ; ++j) mma_regs<WARP, AB>(c[i][j], f.a[i], f.b[j]);
 }
 
 // c (batch, M, N) f32 (c32) or AB; a (M, K) or with TA (K, M), b (K, N) or with TB (N, K), of
 // element AB, rows 16-byte aligned (gemm_tc_refusal); bias (N) f32 or nullptr, added as AB
 // rounds it where c is AB (!c32). Block x of the grid is block tile (tm, tn) in kGroupM-row
-// groups (tiles_m x tiles_n tiles), block z batch element z_base + z.
+// groups (tiles_m x tiles_n tiles), block z batch element z_base + z. Cfg<WARP>::kSmemBytes of
+// dynamic shared memory.
 template <int WARP, typename AB, bool TA, bool TB>
-__global__ void CT_LAUNCH_BOUNDS(kThreads)
+__global__ void CT_LAUNCH_BOUNDS(Cfg<WARP>::kThreads)
     gemm_tc_kernel(void* c, const void* a, const void* b, const float* bias, void* gelu_out,
                    const void* gelu_pre, bool c32, std::int64_t M, std::int64_t N, std::int64_t K,
                    std::int64_t stride_a, std::int64_t stride_b, std::int64_t stride_c, float alpha,
                    float beta, std::int64_t tiles_m, std::int64_t tiles_n, std::int64_t z_base) {
-  CT_CHECK_LAUNCH_BOUNDS(kThreads);
-  using L = MmaLayout<WARP>;
-  using W = Warps<WARP>;
-  constexpr int kWM = kBM / W::kM, kWN = kBN / W::kN;  // the warp's part of the block's tile
-  constexpr int TI = kWM / L::TM, TJ = kWN / L::TN;    // its matrix tiles
-  static_assert(W::kM * W::kN * WARP == kThreads, "the warps fill the block");
-  CT_SHARED(Chunk, as8, 2 * kSlice / 8);  // two staged slices of a, then two of b
-  CT_SHARED(Chunk, bs8, 2 * kSlice / 8);
-  auto* as = reinterpret_cast<std::uint16_t*>(as8);
-  auto* bs = reinterpret_cast<std::uint16_t*>(bs8);
+  CT_CHECK_LAUNCH_BOUNDS(Cfg<WARP>::kThreads);
+  using C = Cfg<WARP>;
+  using L = typename C::L;
+  constexpr int TI = C::TI, TJ = C::TJ, S = C::kStages;
+  CT_DYNAMIC_SHARED(Chunk, smem8);  // S stages, each a's slice then b's
+  auto* smem = reinterpret_cast<std::uint16_t*>(smem8);
 
   const int lane = static_cast<int>(threadIdx.x) % WARP,
             warp = static_cast<int>(threadIdx.x) / WARP;
-  const int wm = kWM * (warp / W::kN), wn = kWN * (warp % W::kN);
+  const int wm = C::kWM * (warp / C::kWarpsN), wn = C::kWN * (warp % C::kWarpsN);
   // Block x -> (tm, tn): groups of kGroupM block rows, column-major within a group.
   const std::int64_t id = blockIdx.x, per_group = kGroupM * tiles_n;
   const std::int64_t first = id / per_group * kGroupM;
@@ -225,25 +264,55 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   for (int j = 0; j < TJ; ++j) CT_GEMM_UNROLL_ACC
   for (int e = 0; e < L::NC; ++e) acc[i][j][e] = 0.0f;
 
-  // Double buffering: slice s + 1 is copied into the other buffer while slice s is multiplied.
-  // The barrier at the end of step s - 1 keeps step s's copies off the buffer step s - 1 read.
+  // The pipeline: slices 0 .. S - 2 are copied first; step 0 of slice s issues the copies of
+  // slice s + S - 1 into the stage slice s - 1 had (every warp has read it: the barrier below, in
+  // step kSteps - 1 of slice s - 1, came after its last fragments). Each thread commits one group
+  // of copies per slice, empty past the end, so before the last step of slice s, S - 2 groups
+  // pending means slice s + 1 has landed; the barrier makes that so for every thread's copies.
+  // Fragments alternate between f0 and f1: a step's mma instructions go while the next step's
+  // fragments load (the next slice's first step, after the barrier, at the last step).
   const std::int64_t slices = (K + kBK - 1) / kBK;
-  stage_slice<TA, TB>(as, bs, ga, gb, M, N, K, m0, n0, 0);
-  ct_cp_async_commit();
-  for (std::int64_t s = 0; s < slices; ++s) {
-    const int cur = static_cast<int>(s % 2) * kSlice, next = kSlice - cur;
-    if (s + 1 < slices)
-      stage_slice<TA, TB>(as + next, bs + next, ga, gb, M, N, K, m0, n0, (s + 1) * kBK);
-    ct_cp_async_commit();   // (an empty group on the last step: the wait below stays uniform)
-    ct_cp_async_wait<1>();  // this thread's copies of slice s are done
-    __syncthreads();        // and everyone's
-    if constexpr (WARP == 32)
-      slice_w32<AB, TA, TB, TI, TJ>(acc, as + cur, bs + cur, wm, wn, lane);
-    else
-      slice_w64<AB, TA, TB, TI, TJ>(acc, as + cur, bs + cur, wm, wn, lane);
-    __syncthreads();
+  auto stage_at = [&](int st) { return smem + st * 2 * kSlice; };
+  const int tid = static_cast<int>(threadIdx.x);
+  // a (M, K) / (K, M), b^T (N, K) / b (K, N): the stored operands' rows of one slice.
+  Stager<TA ? kBK : kBM, TA ? kBM : kBK, C::kThreads, !TA> sa(ga, TA ? M : K, M, K, m0, tid);
+  Stager<TB ? kBN : kBK, TB ? kBK : kBN, C::kThreads, TB> sb(gb, TB ? K : N, N, K, n0, tid);
+  auto stage_slice = [&](int st, std::int64_t k0) {
+    sa.issue(stage_at(st), k0);
+    sb.issue(stage_at(st) + kSlice, k0);
+  };
+  for (int p = 0; p < S - 1; ++p) {
+    if (p < slices) stage_slice(p, p * kBK);
+    ct_cp_async_commit();
   }
-  ct_cp_async_wait<0>();  // K = 0: slice 0's copies (zeros) were issued but never waited for
+  ct_cp_async_wait<S - 2>();
+  __syncthreads();
+  Frags<WARP> f0, f1;
+  if (slices > 0) load_frags<WARP, TA, TB>(f0, stage_at(0), 0, wm, wn, lane);
+  int rd = 0, wr = S - 1;  // the stage slice s is read from, the one slice s + S - 1 goes to
+  for (std::int64_t s = 0; s < slices; ++s) {
+    const int next = rd + 1 == S ? 0 : rd + 1;
+    CT_GEMM_UNROLL
+    for (int step = 0; step < C::kSteps; step += 2) {
+      load_frags<WARP, TA, TB>(f1, stage_at(rd), step + 1, wm, wn, lane);
+      if (step == 0) {
+        if (s + S - 1 < slices) stage_slice(wr, (s + S - 1) * kBK);
+        ct_cp_async_commit();
+      }
+      mma_frags<WARP, AB>(acc, f0);
+      if (step + 2 < C::kSteps) {
+        load_frags<WARP, TA, TB>(f0, stage_at(rd), step + 2, wm, wn, lane);
+      } else {
+        ct_cp_async_wait<S - 2>();
+        __syncthreads();
+        if (s + 1 < slices) load_frags<WARP, TA, TB>(f0, stage_at(next), 0, wm, wn, lane);
+      }
+      mma_frags<WARP, AB>(acc, f1);
+    }
+    rd = next;
+    wr = wr + 1 == S ? 0 : wr + 1;
+  }
+  ct_cp_async_wait<0>();  // the empty groups past the end
 
   const std::int64_t c_off = z * stride_c;
   CT_GEMM_UNROLL_ACC
@@ -279,13 +348,23 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 template <int W, typename AB, bool TA, bool TB>
 void gemm_tc_launch(const Ctx& cx, const GemmArgs& g) {
   const std::int64_t tiles_m = (g.M + kBM - 1) / kBM, tiles_n = (g.N + kBN - 1) / kBN;
+  constexpr std::size_t kBytes = Cfg<W>::kSmemBytes;
+#if defined(CT_GPU_CUDA)
+  // Past 48 KiB a kernel takes dynamic shared memory only when asked (per device: every call).
+  const cudaError_t e = cudaFuncSetAttribute(gemm_tc_kernel<W, AB, TA, TB>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("gemm_tc: cudaFuncSetAttribute failed: ") +
+                             cudaGetErrorString(e));
+#endif
   // Grid z is limited to 65535 on every target: batches go in slices.
   for (std::int64_t z0 = 0; z0 < g.batch; z0 += 65535) {
     const std::int64_t zs = g.batch - z0 < 65535 ? g.batch - z0 : 65535;
     const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1, static_cast<unsigned>(zs));
-    launch<W>(CT_KERNEL(gemm_tc_kernel<W, AB, TA, TB>), grid, dim3(kThreads), 0, stream_of(cx), g.c,
-              g.a, g.b, g.bias, g.gelu_out, g.gelu_pre, g.c_elem == Elem::kF32, g.M, g.N, g.K,
-              g.stride_a, g.stride_b, g.stride_c, g.alpha, g.beta, tiles_m, tiles_n, z0);
+    launch<W>(CT_KERNEL(gemm_tc_kernel<W, AB, TA, TB>), grid, dim3(Cfg<W>::kThreads), kBytes,
+              stream_of(cx), g.c, g.a, g.b, g.bias, g.gelu_out, g.gelu_pre, g.c_elem == Elem::kF32,
+              g.M, g.N, g.K, g.stride_a, g.stride_b, g.stride_c, g.alpha, g.beta, tiles_m, tiles_n,
+              z0);
   }
 }
 
