@@ -98,12 +98,17 @@ void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, flo
   const float decay = 1.0f - hp.lr * hp.weight_decay;
   const int64_t nb = quant_blocks(n);
   const auto near_s = NearestCode::cached(qmap_signed), near_u = NearestCode::cached(qmap_unsigned);
+  // Three vector loops per block: the moments (two gathers from the code tables) and the decayed
+  // parameters, their square roots (sqrt_n: std::sqrt kept the one loop this was scalar), the
+  // step. param * decay is rounded before the subtraction (kept apart, it is not fused into it),
+  // as in the scalar loop.
 #pragma omp parallel for schedule(static) if (nb > 64)
   for (int64_t b = 0; b < nb; ++b) {
-    float m[kQuantBlockSize], v[kQuantBlockSize];
+    float m[kQuantBlockSize], v[kQuantBlockSize], root[kQuantBlockSize], decayed[kQuantBlockSize];
     const int64_t i0 = b * kQuantBlockSize, len = std::min(kQuantBlockSize, n - i0);
     const float ma = m_absmax[b], va = v_absmax[b];
     float mmax = 0.0f, vmax = 0.0f;
+#pragma omp simd reduction(max : mmax, vmax)
     for (int64_t j = 0; j < len; ++j) {
       const int64_t i = i0 + j;
       float g = grad[i] * clip;
@@ -113,8 +118,12 @@ void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, flo
       v[j] = vi;
       mmax = std::max(mmax, std::abs(mi));
       vmax = std::max(vmax, vi);
-      param[i] = param[i] * decay - step * mi / (std::sqrt(vi) * inv_bc2_sqrt + eps);
+      decayed[j] = param[i] * decay;
     }
+    sqrt_n(root, v, len);
+#pragma omp simd
+    for (int64_t j = 0; j < len; ++j)
+      param[i0 + j] = decayed[j] - step * m[j] / (root[j] * inv_bc2_sqrt + eps);
     m_absmax[b] = mmax;
     v_absmax[b] = vmax;
     // quantize_nearest's codes, through the interval tables (bit-identical, ~10x faster).
