@@ -219,16 +219,37 @@ void adafactor(float* param, const float* grad, float* row, float* col, float* v
   const double rms = std::sqrt(ss / static_cast<double>(n));
   const float k = static_cast<float>(lr_t / std::max(1.0, rms / hp.clip_threshold));
   const float b1 = hp.beta1, decay = static_cast<float>(1.0 - hp.weight_decay * lr_t);
-  // Elements [i0, i1) of one row (factored: rf the row factor) or of the vector.
+  // Elements [i0, i1) of one row (factored: rf the row factor) or of the vector, in spans of
+  // kSpan: the unscaled update, then the step, each a vector loop (one loop with std::sqrt in
+  // it, as this was, stays scalar; sqrt_n has its bits).
   auto apply = [&](int64_t i0, int64_t i1, float rf) {
-    for (int64_t i = i0; i < i1; ++i) {
-      float upd = row ? grad[i] * clip * rf * cfac[i - i0] : grad[i] * clip / std::sqrt(v[i]);
-      upd *= k;
-      if (exp_avg) {
-        upd = b1 * exp_avg[i] + (1.0f - b1) * upd;
-        exp_avg[i] = upd;
+    constexpr int64_t kSpan = 256;
+    float u[kSpan];
+    for (int64_t s0 = i0; s0 < i1; s0 += kSpan) {
+      const int64_t len = std::min(kSpan, i1 - s0);
+      const float* g = grad + s0;
+      if (row) {
+        const float* cf = cfac.data() + (s0 - i0);
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) u[j] = g[j] * clip * rf * cf[j];
+      } else {
+        sqrt_n(u, v + s0, len);
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) u[j] = g[j] * clip / u[j];
       }
-      param[i] = param[i] * decay - upd;
+      float* p = param + s0;
+      if (exp_avg) {
+        float* ea = exp_avg + s0;
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) {
+          const float upd = b1 * ea[j] + (1.0f - b1) * (u[j] * k);
+          ea[j] = upd;
+          p[j] = p[j] * decay - upd;
+        }
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) p[j] = p[j] * decay - u[j] * k;
+      }
     }
   };
   if (row) {
