@@ -98,12 +98,17 @@ void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, flo
   const float decay = 1.0f - hp.lr * hp.weight_decay;
   const int64_t nb = quant_blocks(n);
   const auto near_s = NearestCode::cached(qmap_signed), near_u = NearestCode::cached(qmap_unsigned);
+  // Three vector loops per block: the moments (two gathers from the code tables) and the decayed
+  // parameters, their square roots (sqrt_n: std::sqrt kept the one loop this was scalar), the
+  // step. param * decay is rounded before the subtraction (kept apart, it is not fused into it),
+  // as in the scalar loop.
 #pragma omp parallel for schedule(static) if (nb > 64)
   for (int64_t b = 0; b < nb; ++b) {
-    float m[kQuantBlockSize], v[kQuantBlockSize];
+    float m[kQuantBlockSize], v[kQuantBlockSize], root[kQuantBlockSize], decayed[kQuantBlockSize];
     const int64_t i0 = b * kQuantBlockSize, len = std::min(kQuantBlockSize, n - i0);
     const float ma = m_absmax[b], va = v_absmax[b];
     float mmax = 0.0f, vmax = 0.0f;
+#pragma omp simd reduction(max : mmax, vmax)
     for (int64_t j = 0; j < len; ++j) {
       const int64_t i = i0 + j;
       float g = grad[i] * clip;
@@ -113,8 +118,12 @@ void adamw_8bit(float* param, const float* grad, uint8_t* m_q, uint8_t* v_q, flo
       v[j] = vi;
       mmax = std::max(mmax, std::abs(mi));
       vmax = std::max(vmax, vi);
-      param[i] = param[i] * decay - step * mi / (std::sqrt(vi) * inv_bc2_sqrt + eps);
+      decayed[j] = param[i] * decay;
     }
+    sqrt_n(root, v, len);
+#pragma omp simd
+    for (int64_t j = 0; j < len; ++j)
+      param[i0 + j] = decayed[j] - step * m[j] / (root[j] * inv_bc2_sqrt + eps);
     m_absmax[b] = mmax;
     v_absmax[b] = vmax;
     // quantize_nearest's codes, through the interval tables (bit-identical, ~10x faster).
@@ -210,16 +219,37 @@ void adafactor(float* param, const float* grad, float* row, float* col, float* v
   const double rms = std::sqrt(ss / static_cast<double>(n));
   const float k = static_cast<float>(lr_t / std::max(1.0, rms / hp.clip_threshold));
   const float b1 = hp.beta1, decay = static_cast<float>(1.0 - hp.weight_decay * lr_t);
-  // Elements [i0, i1) of one row (factored: rf the row factor) or of the vector.
+  // Elements [i0, i1) of one row (factored: rf the row factor) or of the vector, in spans of
+  // kSpan: the unscaled update, then the step, each a vector loop (one loop with std::sqrt in
+  // it, as this was, stays scalar; sqrt_n has its bits).
   auto apply = [&](int64_t i0, int64_t i1, float rf) {
-    for (int64_t i = i0; i < i1; ++i) {
-      float upd = row ? grad[i] * clip * rf * cfac[i - i0] : grad[i] * clip / std::sqrt(v[i]);
-      upd *= k;
-      if (exp_avg) {
-        upd = b1 * exp_avg[i] + (1.0f - b1) * upd;
-        exp_avg[i] = upd;
+    constexpr int64_t kSpan = 256;
+    float u[kSpan];
+    for (int64_t s0 = i0; s0 < i1; s0 += kSpan) {
+      const int64_t len = std::min(kSpan, i1 - s0);
+      const float* g = grad + s0;
+      if (row) {
+        const float* cf = cfac.data() + (s0 - i0);
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) u[j] = g[j] * clip * rf * cf[j];
+      } else {
+        sqrt_n(u, v + s0, len);
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) u[j] = g[j] * clip / u[j];
       }
-      param[i] = param[i] * decay - upd;
+      float* p = param + s0;
+      if (exp_avg) {
+        float* ea = exp_avg + s0;
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) {
+          const float upd = b1 * ea[j] + (1.0f - b1) * (u[j] * k);
+          ea[j] = upd;
+          p[j] = p[j] * decay - upd;
+        }
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) p[j] = p[j] * decay - u[j] * k;
+      }
     }
   };
   if (row) {

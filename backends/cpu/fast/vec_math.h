@@ -3,8 +3,13 @@
 // polynomial); fast_tanh's absolute error is ~1e-7.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 // Put after the includes of a file whose loops are compute-bound (exp, division): lets GCC use
 // 512-bit vectors where the target has them (its default preference is 256 bits). A tuning hint
@@ -58,6 +63,19 @@ inline float fast_sqrt(float v) {
   y = y * (1.5f - h * y * y);
   y = y * (1.5f - h * y * y);
   return v * y;
+}
+
+// out[i] = std::sqrt(x[i]) for i < n, the same bits (the correctly rounded square root), by the
+// vector instruction: a loop calling std::sqrt stays scalar under -fmath-errno.
+inline void sqrt_n(float* out, const float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+#endif
+#if defined(__SSE2__)
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(out + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) out[i] = std::sqrt(x[i]);
 }
 
 inline float fast_tanh(float u) {
