@@ -46,7 +46,8 @@
 //   - tensors that an op writes must not overlap the tensors it reads where the op says so:
 //     matmul's c must not overlap a or b; a converting copy must not overlap its source (a
 //     same-dtype copy may: it is a memmove); crossentropy_backward's dlogits may alias logits
-//     exactly (in place) but not partially; crossentropy_forward_backward is in place.
+//     exactly (in place) but not partially; crossentropy_forward_backward is in place;
+//     adamw's and adamw_groups' param16, where defined, overlaps none of their other tensors.
 //   - matmul: a batched a or b has c's batch dims, compared one by one ([2,3,M,K] does not match
 //     c [3,2,M,N]); a 2-D a or b is broadcast over the batch.
 //   - crossentropy: logits [Vp] (1-D) is one row, N = 1; 1 <= valid <= Vp.
