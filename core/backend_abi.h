@@ -80,6 +80,9 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
      "adamw_groups: AdamW over up to 8 ranges of the flat buffers in one dispatch (AdamWGroups), "
      "lr and step read from a device tensor (AdamWSchedule) so a graph can replay it; kAdamW "
      "answers for it"},
+    {19, "2d99326a3eb4ec5e05d92d54476916dd42cf313fba9b54c47903fe3995e829d8",
+     "adamw and adamw_groups take param16: the f16/bf16 copy of the updated parameters written "
+     "in the same pass, rounded as copy() rounds (the mixed-precision compute copy, llm.c-style)"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.

@@ -46,7 +46,8 @@
 //   - tensors that an op writes must not overlap the tensors it reads where the op says so:
 //     matmul's c must not overlap a or b; a converting copy must not overlap its source (a
 //     same-dtype copy may: it is a memmove); crossentropy_backward's dlogits may alias logits
-//     exactly (in place) but not partially; crossentropy_forward_backward is in place.
+//     exactly (in place) but not partially; crossentropy_forward_backward is in place;
+//     adamw's and adamw_groups' param16, where defined, overlaps none of their other tensors.
 //   - matmul: a batched a or b has c's batch dims, compared one by one ([2,3,M,K] does not match
 //     c [3,2,M,N]); a 2-D a or b is broadcast over the batch.
 //   - crossentropy: logits [Vp] (1-D) is one row, N = 1; 1 <= valid <= Vp.
@@ -604,16 +605,21 @@ class Device {
   // all gradients, read only when hp.max_grad_norm > 0 (clipping); may be undefined otherwise.
   //   g = grad * clip;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
   //   param -= lr * wd * param;  param -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+  // param16, when defined, is an f16 or bf16 [N] overlapping none of the others: each updated
+  // parameter is also stored into it in the same pass, rounded exactly as copy(param16, param)
+  // rounds (to nearest even) -- the 16-bit compute copy of a mixed-precision model, without a
+  // second pass over the weights (llm.c's AdamW kernel does the same).
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-             const Tensor& grad_norm, const AdamWHyper& hp);
+             const Tensor& grad_norm, const AdamWHyper& hp, const Tensor& param16 = Tensor{});
   // adamw over the ranges of `groups` of param, grad, m, v [N], in one dispatch where the backend
   // can (one per range on Vulkan), each element computed as adamw computes it, bit for bit: with
   // weight decay hp.weight_decay in a decayed range and 0 elsewhere, and the learning rate and
   // step read when the op runs from `schedule` [4] f32 (AdamWSchedule; hp.lr and hp.step are not
   // read). A captured graph of this op replays with what `schedule` holds at each replay.
+  // param16 as adamw's: the elements of the ranges are rounded into it, the others untouched.
   void adamw_groups(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                     const Tensor& grad_norm, const Tensor& schedule, const AdamWGroups& groups,
-                    const AdamWHyper& hp);
+                    const AdamWHyper& hp, const Tensor& param16 = Tensor{});
 
   // -- optimizers --------------------------------------------------------------------------------
   // Fused optimizer steps. Each call updates one group of parameters in one dispatch; all
@@ -709,7 +715,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 18;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 19;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

@@ -730,10 +730,11 @@ void Device::unscale_check_kernel(const Tensor& x, const Tensor& flag, float inv
 
 namespace {
 
-// What adamw and adamw_groups both ask of their buffers: four f32 tensors of one length, and the
-// clip's norm where clipping is on.
+// What adamw and adamw_groups both ask of their buffers: four f32 tensors of one length, the
+// clip's norm where clipping is on, and a 16-bit copy of that length apart from them, if any.
 void check_adamw_buffers(Check& k, const Tensor& param, const Tensor& grad, const Tensor& m,
-                         const Tensor& v, const Tensor& grad_norm, const AdamWHyper& hp) {
+                         const Tensor& v, const Tensor& grad_norm, const AdamWHyper& hp,
+                         const Tensor& param16) {
   k.f32("param", param);
   k.f32("grad", grad);
   k.f32("m", m);
@@ -742,23 +743,31 @@ void check_adamw_buffers(Check& k, const Tensor& param, const Tensor& grad, cons
   k.same_numel(param, m);
   k.same_numel(param, v);
   k.clip_norm(grad_norm, hp.max_grad_norm);
+  if (!param16.defined()) return;
+  k.mine("param16", param16);
+  CT_REQUIRE(is_h(param16.dtype),
+             k.op() + ": param16 must be f16 or bf16, got " + param16.describe());
+  k.same_numel(param, param16);
+  for (const Tensor* t : {&param, &grad, &m, &v})
+    CT_REQUIRE(!overlaps(param16, *t),
+               k.op() + ": param16 overlaps another argument" + shapes({&param16, t}));
 }
 
 }  // namespace
 
 void Device::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                   const Tensor& grad_norm, const AdamWHyper& hp) {
+                   const Tensor& grad_norm, const AdamWHyper& hp, const Tensor& param16) {
   Check k(*this, "adamw");
-  check_adamw_buffers(k, param, grad, m, v, grad_norm, hp);
+  check_adamw_buffers(k, param, grad, m, v, grad_norm, hp, param16);
   k.step(hp.step);
-  adamw_kernel(param, grad, m, v, grad_norm, hp);
+  adamw_kernel(param, grad, m, v, grad_norm, hp, param16);
 }
 
 void Device::adamw_groups(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                           const Tensor& grad_norm, const Tensor& schedule,
-                          const AdamWGroups& groups, const AdamWHyper& hp) {
+                          const AdamWGroups& groups, const AdamWHyper& hp, const Tensor& param16) {
   Check k(*this, "adamw_groups");
-  check_adamw_buffers(k, param, grad, m, v, grad_norm, hp);
+  check_adamw_buffers(k, param, grad, m, v, grad_norm, hp, param16);
   k.f32("schedule", schedule);
   CT_REQUIRE(schedule.numel() == kAdamWScheduleLen,
              "adamw_groups: schedule must be [4] (AdamWSchedule)" + shapes({&schedule}));
@@ -775,7 +784,7 @@ void Device::adamw_groups(const Tensor& param, const Tensor& grad, const Tensor&
                    std::to_string(param.numel()) + " elements");
     end = r.begin + r.len;
   }
-  adamw_groups_kernel(param, grad, m, v, grad_norm, schedule, groups, hp);
+  adamw_groups_kernel(param, grad, m, v, grad_norm, schedule, groups, hp, param16);
 }
 
 // -- optimizers -----------------------------------------------------------------------------------

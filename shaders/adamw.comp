@@ -3,7 +3,10 @@
 // param, grad, m, v [n]; grad_norm [1] (read only when max_norm > 0).
 // SCHEDULE (adamw_groups, one range per dispatch): lr and the bias corrections read from
 // schedule [4] (lr, step, bc1, bc2: core/device.h AdamWSchedule) instead of push constants.
+// H_F16 / H_BF16: the updated parameter also stored into p16 [n] (from pc.oh), rounded as the
+// convert shaders round (common/convert.glsl): the model's 16-bit compute copy in the same pass.
 #extension GL_GOOGLE_include_directive : require
+#include "common/h16.glsl"
 #include "common/index.glsl"
 #include "common/math.glsl"
 
@@ -29,6 +32,7 @@ layout(push_constant) uniform Push {
   float bc2;  // 1 - beta2^step
 #endif
   float max_norm;
+  uint oh;  // p16's first element (read by the H_F16 / H_BF16 variants only)
 } pc;
 layout(std430, binding = 0) buffer P { float p[]; };
 layout(std430, binding = 1) readonly buffer G { float g[]; };
@@ -37,6 +41,9 @@ layout(std430, binding = 3) buffer Vv { float v[]; };
 layout(std430, binding = 4) readonly buffer Norm { float gnorm[]; };
 #ifdef SCHEDULE
 layout(std430, binding = 5) readonly buffer Sched { float sched[]; };
+#endif
+#if defined(H_F16) || defined(H_BF16)
+layout(std430, binding = 6) writeonly buffer P16 { H_T p16[]; };
 #endif
 
 void main() {
@@ -59,4 +66,7 @@ void main() {
   pi -= lr * pc.wd * pi;
   pi -= ct_adam_update(mi, vi, v0, gi, lr, pc.beta2, bc1, bc2, pc.eps);
   p[pc.op + i] = pi;
+#if defined(H_F16) || defined(H_BF16)
+  p16[pc.oh + i] = h_store(pi);
+#endif
 }

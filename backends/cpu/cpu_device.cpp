@@ -598,15 +598,16 @@ class CpuDevice final : public Device, private Workspace {
     k_.unscale_check(f(x), idx(flag), inv_scale, x.numel());
   }
   void adamw_kernel(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                    const Tensor& grad_norm, const AdamWHyper& hp) override {
+                    const Tensor& grad_norm, const AdamWHyper& hp, const Tensor& param16) override {
     k_.adamw(f(param), f(grad), f(m), f(v), clip_norm(grad_norm, hp.max_grad_norm), param.numel(),
-             hp);
+             hp, param16.defined() ? raw(param16) : nullptr, param16.dtype);
   }
   // The ranges one after another through the adamw kernel, with lr and step from the schedule:
   // the same numbers as adamw on each range.
   void adamw_groups_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
                            const Tensor& v, const Tensor& grad_norm, const Tensor& schedule,
-                           const AdamWGroups& groups, const AdamWHyper& hp) override {
+                           const AdamWGroups& groups, const AdamWHyper& hp,
+                           const Tensor& param16) override {
     AdamWSchedule sched;
     std::memcpy(&sched, raw(schedule), sizeof sched);
     AdamWHyper h = hp;
@@ -615,8 +616,11 @@ class CpuDevice final : public Device, private Workspace {
     for (int i = 0; i < groups.count; ++i) {
       const AdamWGroups::Range& r = groups.ranges[i];
       h.weight_decay = r.decay ? hp.weight_decay : 0.0f;
+      void* p16 = param16.defined()
+                      ? static_cast<char*>(raw(param16)) + r.begin * dtype_size(param16.dtype)
+                      : nullptr;
       k_.adamw(f(param) + r.begin, f(grad) + r.begin, f(m) + r.begin, f(v) + r.begin,
-               clip_norm(grad_norm, hp.max_grad_norm), r.len, h);
+               clip_norm(grad_norm, hp.max_grad_norm), r.len, h, p16, param16.dtype);
     }
   }
 

@@ -562,19 +562,22 @@ class GpuDevice final : public Device {
     gpu::unscale_check(cx(), f(x), i32(flag), inv_scale, x.numel());
   }
   void adamw_kernel(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                    const Tensor& grad_norm, const AdamWHyper& hp) override {
+                    const Tensor& grad_norm, const AdamWHyper& hp, const Tensor& param16) override {
     gpu::adamw(cx(), f(param), f(grad), f(m), f(v), norm_ptr(grad_norm, hp.max_grad_norm),
-               param.numel(), adam_args(hp));
+               param.numel(), adam_args(hp), param16.defined() ? ptr(param16) : nullptr,
+               elem_of(param16.dtype));
   }
   void adamw_groups_kernel(const Tensor& param, const Tensor& grad, const Tensor& m,
                            const Tensor& v, const Tensor& grad_norm, const Tensor& schedule,
-                           const AdamWGroups& groups, const AdamWHyper& hp) override {
+                           const AdamWGroups& groups, const AdamWHyper& hp,
+                           const Tensor& param16) override {
     static_assert(AdamWGroups::kMaxRanges == gpu::kAdamMaxRanges);
     gpu::AdamRange ranges[gpu::kAdamMaxRanges] = {};
     for (int i = 0; i < groups.count; ++i)
       ranges[i] = {groups.ranges[i].begin, groups.ranges[i].len, groups.ranges[i].decay};
     gpu::adamw_groups(cx(), f(param), f(grad), f(m), f(v), norm_ptr(grad_norm, hp.max_grad_norm),
-                      f(schedule), ranges, groups.count, adam_args(hp));
+                      f(schedule), ranges, groups.count, adam_args(hp),
+                      param16.defined() ? ptr(param16) : nullptr, elem_of(param16.dtype));
   }
   void sgd_kernel(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
                   const Tensor& grad_norm, const SgdHyper& hp) override {

@@ -261,11 +261,14 @@ struct AdamArgs {
   float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
   std::int64_t step;
 };
+// param16 (n, element e16: kF16 or kBF16) or nullptr: each updated parameter stored there too,
+// rounded as convert() rounds.
 void adamw(const Ctx& cx, float* param, const float* grad, float* m, float* v,
-           const float* grad_norm, std::int64_t n, const AdamArgs& h);
+           const float* grad_norm, std::int64_t n, const AdamArgs& h, void* param16, Elem e16);
 // adamw over `count` (<= kAdamMaxRanges) ascending, disjoint ranges in one launch (core/device.h
 // adamw_groups): lr and the bias corrections read on the device from schedule [4] (AdamWSchedule:
 // lr, step, bc1, bc2); h.lr, h.step are not read, and a range's decay is h.weight_decay or 0.
+// param16 as adamw's (the ranges' elements only).
 constexpr int kAdamMaxRanges = 8;
 struct AdamRange {
   std::int64_t begin, len;
@@ -273,7 +276,7 @@ struct AdamRange {
 };
 void adamw_groups(const Ctx& cx, float* param, const float* grad, float* m, float* v,
                   const float* grad_norm, const float* schedule, const AdamRange* ranges, int count,
-                  const AdamArgs& h);
+                  const AdamArgs& h, void* param16, Elem e16);
 struct SgdArgs {
   float lr, momentum, dampening, weight_decay, max_grad_norm;
   bool nesterov;

@@ -91,7 +91,8 @@ class Model {
   // Every parameter, in the flat order of download_params() (host vectors, files).
   virtual const std::vector<ParamInfo>& params() const = 0;
   virtual int64_t num_parameters() const = 0;
-  // compute copy (=) master after the optimizer changed the master weights (no-op in fp32).
+  // compute copy (=) master after the optimizer changed the master weights (no-op in fp32;
+  // not needed after an optimizer whose updates_compute_copy() is true).
   virtual void refresh_compute_weights() = 0;
   virtual std::vector<float> download_params() const = 0;
   virtual std::map<std::string, std::vector<float>> download_param_map() const = 0;
@@ -104,6 +105,11 @@ class Model {
   virtual const std::vector<ParamInfo>& trainable_params() const = 0;
   virtual Tensor trainable_flat() const = 0;
   virtual Tensor trainable_grads() const = 0;
+  // The 16-bit copy of trainable_flat() that the products read, element for element at the same
+  // offsets, where the model keeps one; undefined otherwise (fp32; LoRA, whose adapters' copy is
+  // laid out otherwise). An optimizer that rounds each parameter it updates into it (AdamW,
+  // through adamw_groups' param16) leaves refresh_compute_weights() nothing to do.
+  virtual Tensor trainable_compute() const { return Tensor{}; }
   virtual int64_t num_trainable() const = 0;
   // Low-rank adapters (core/model/lora.h): null when every parameter trains. With them the
   // base is frozen and trainable_*() are the adapters'.

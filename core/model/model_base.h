@@ -136,6 +136,9 @@ class ModelBase : public Model {
   }
   Tensor trainable_flat() const override { return lora() ? lora_->params() : params_; }
   Tensor trainable_grads() const override { return lora() ? lora_->grads() : grads_flat(); }
+  Tensor trainable_compute() const override {
+    return options_.policy.mixed() && !lora() ? compute_ : Tensor{};
+  }
   int64_t num_trainable() const override { return lora() ? lora_->count() : num_params_; }
 
   // Host copies for checkpoints and tests (these wait for the device), [num_parameters] in the

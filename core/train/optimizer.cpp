@@ -69,6 +69,7 @@ struct Rows {
   int64_t begin = 0, n = 0;
   std::vector<ParamInfo> table;
   std::vector<int64_t> whole;
+  bool sharded = false;  // a ZeRO stage 1 shard (ParamShard::whole() false)
 };
 
 std::shared_ptr<const Rows> rows_of(const Model& m, const ParamShard& shard) {
@@ -76,6 +77,7 @@ std::shared_ptr<const Rows> rows_of(const Model& m, const ParamShard& shard) {
   const int64_t flat = m.trainable_flat().numel();
   rows->begin = shard.begin;
   rows->n = (shard.end < 0 ? flat : shard.end) - shard.begin;
+  rows->sharded = !shard.whole();
   CT_CHECK(rows->begin >= 0 && rows->n >= 0 && rows->begin + rows->n <= flat,
            "optimizer shard [" + std::to_string(shard.begin) + ", " + std::to_string(shard.end) +
                ") of " + std::to_string(flat) + " parameters");
@@ -109,6 +111,10 @@ struct ParamSet {
   Tensor params, grads;  // [n] f32
   int64_t n = 0;
   std::shared_ptr<const Rows> rows;
+  // [n] f16/bf16: the model's compute copy of params (Model::trainable_compute()), which an
+  // optimizer that can (AdamW) writes as it updates; undefined where there is none, and for a
+  // ZeRO shard or a host copy (the caller refreshes the compute copy after those).
+  Tensor compute;
 
   // A run of adjacent table rows of one group (weight-decayed or not): one dispatch.
   struct Range {
@@ -116,8 +122,14 @@ struct ParamSet {
     bool decay;
   };
   static ParamSet of(Model& m, const std::shared_ptr<const Rows>& rows) {
-    return {&m.device(), m.trainable_flat().slice_flat(rows->begin, {rows->n}),
-            m.trainable_grads().slice_flat(rows->begin, {rows->n}), rows->n, rows};
+    const Tensor compute = m.trainable_compute();
+    return {&m.device(),
+            m.trainable_flat().slice_flat(rows->begin, {rows->n}),
+            m.trainable_grads().slice_flat(rows->begin, {rows->n}),
+            rows->n,
+            rows,
+            compute.defined() && !rows->sharded ? compute.slice_flat(rows->begin, {rows->n})
+                                                : Tensor{}};
   }
   const std::vector<ParamInfo>& table() const { return rows->table; }
   // The table's rows merged into runs of adjacent rows of one group, in table order (for a model
@@ -172,7 +184,9 @@ class FusedOptimizer : public Optimizer {
 // Every range of the table in one adamw_groups dispatch (ranges() merges a model's rows into 2 or
 // 3 runs; more than AdamWGroups::kMaxRanges take one dispatch per kMaxRanges), its learning rate
 // and step read from a device tensor uploaded before the dispatch: the update can be captured
-// into a device graph and replayed at every step (set_schedule, then apply).
+// into a device graph and replayed at every step (set_schedule, then apply). Where the model has
+// a 16-bit compute copy (ParamSet::compute), the same dispatch rounds the updated weights into
+// it, as llm.c's AdamW kernel does: no second pass over the weights to refresh it.
 class AdamW final : public FusedOptimizer {
  public:
   AdamW(const ParamSet& ps, const OptimizerSettings& s) : FusedOptimizer(ps, s) {
@@ -190,6 +204,7 @@ class AdamW final : public FusedOptimizer {
     apply_to(ps, grad_norm);
   }
   std::string graph_refusal() const override { return ""; }
+  bool updates_compute_copy() const override { return ps_.compute.defined(); }
   void set_schedule(Model& model, double lr, int64_t step) override {
     write_schedule(model.device(), lr, step);
   }
@@ -220,7 +235,8 @@ class AdamW final : public FusedOptimizer {
     for (size_t i = 0; i < ranges.size(); ++i) {
       groups.ranges[groups.count++] = {ranges[i].off, ranges[i].len, ranges[i].decay};
       if (groups.count == AdamWGroups::kMaxRanges || i + 1 == ranges.size()) {
-        ps.dev->adamw_groups(ps.params, ps.grads, m_, v_, grad_norm, schedule_, groups, hp);
+        ps.dev->adamw_groups(ps.params, ps.grads, m_, v_, grad_norm, schedule_, groups, hp,
+                             ps.compute);
         groups.count = 0;
       }
     }

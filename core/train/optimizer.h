@@ -111,6 +111,12 @@ class Optimizer {
   virtual int64_t state_bytes() const = 0;
   // Whether the state lives in host memory rather than on the model's device.
   virtual bool offloaded() const { return false; }
+  // Whether step() and apply() also round each parameter they update into the model's 16-bit
+  // copy (Model::trainable_compute()), so that the caller need not refresh_compute_weights()
+  // after them: AdamW on the device over every parameter of a mixed-precision model without
+  // LoRA. False for the others, offloaded and ZeRO-1 sharded ones too (the gather that follows a
+  // sharded step changes the other shards' master weights).
+  virtual bool updates_compute_copy() const { return false; }
   // Waits for an update still running in the background (delayed_update) and gives the model
   // the weights after every update so far, so that weights and state() agree (checkpoints, the
   // end of training); the next step() is synchronous again. Returns whether the model's master

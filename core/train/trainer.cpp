@@ -762,12 +762,13 @@ bool zero_update(Run& r, double lr, int64_t step) {
   dev.upload(r.grad_norm, &norm, sizeof norm);
   r.optimizer->step(model, r.grad_norm, lr, step + 1 - scaler.skipped_steps());
   r.exchange->all_gather(model.trainable_flat());
-  model.refresh_compute_weights();
+  model.refresh_compute_weights();  // every shard's weights changed, not only this rank's
   return false;
 }
 
 // The update after the gradients are final (world 1, or averaged): their norm, the optimizer's
-// step `t` (1-based) at rate `lr`, and the 16-bit compute weights refreshed from the master.
+// step `t` (1-based) at rate `lr`, and the 16-bit compute weights refreshed from the master
+// (by the optimizer's own kernel where it updates_compute_copy(), else by a copy after it).
 // Where the optimizer splits its step for a graph, its host part (the schedule's upload) runs
 // first and the rest is run through the update's graph (captured at the second call).
 void update(Run& r, double lr, int64_t t) {
@@ -781,7 +782,7 @@ void update(Run& r, double lr, int64_t t) {
       r.optimizer->apply(model, r.grad_norm);
     else
       r.optimizer->step(model, r.grad_norm, lr, t);
-    model.refresh_compute_weights();
+    if (!r.optimizer->updates_compute_copy()) model.refresh_compute_weights();
   });
 }
 

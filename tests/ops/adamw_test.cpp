@@ -1,6 +1,7 @@
 // adamw: a hand-computed two-step update, clipping, and every device against the reference over
 // steps, with and without clipping. adamw_groups: the bits of adamw run range by range on the
 // same device, the elements between ranges untouched, the reference's numbers, and its checks.
+// Both with param16: the 16-bit copy they write is copy() of the updated parameters, bit for bit.
 #include "tests/common/device_harness.h"
 
 namespace ct::test {
@@ -224,6 +225,124 @@ TEST_P(AdamW, GroupsRefuseOverlappingRangesAndABadSchedule) {
   AdamWHyper bad;
   bad.step = 0;
   EXPECT_THROW(adamw_schedule(bad), Error);
+}
+
+// Parameters whose 16-bit roundings take every path of the conversion: ordinary values, f16
+// subnormals (|p| < 6.1e-5) and zeros, values past f16's range (inf) and near its top.
+Vec param16_inputs(int64_t n, uint64_t seed) {
+  Vec p = randn(static_cast<size_t>(n), seed);
+  for (int64_t i = 0; i < n; i += 7) p[static_cast<size_t>(i)] *= 1e-6f;
+  for (int64_t i = 3; i < n; i += 11) p[static_cast<size_t>(i)] *= 4e4f;
+  for (int64_t i = 5; i < n; i += 101) p[static_cast<size_t>(i)] = 0.0f;
+  return p;
+}
+
+// A 16-bit [n] tensor one element into a larger buffer (an offset no binding is aligned to),
+// every bit pattern 0x5a5a: what an element the op must not write still holds afterwards.
+Tensor sentinel16(Device& d, int64_t n, DType dt) {
+  Tensor whole = d.empty({n + 2}, dt, MemCategory::kWeights);
+  const std::vector<uint16_t> bits(static_cast<size_t>(n + 2), 0x5a5a);
+  d.upload(whole, bits.data(), bits.size() * sizeof(uint16_t));
+  return whole.slice_flat(1, {n});
+}
+
+// adamw with param16 on `d`: param, m and v as without it, param16 = copy(param) after each step.
+void adamw_param16_case(Device& d, DType dt) {
+  const int64_t n = 5003;
+  const Vec p0 = param16_inputs(n, 180), m0 = randn(n, 181, 0.1f);
+  const Vec v0 = uniform(n, 182, 0.0f, 0.2f);
+  Tensor p = upload(d, {n}, p0), m = upload(d, {n}, m0), v = upload(d, {n}, v0);
+  Tensor rp = upload(d, {n}, p0), rm = upload(d, {n}, m0), rv = upload(d, {n}, v0);
+  Tensor h = sentinel16(d, n, dt), want = d.empty({n}, dt, MemCategory::kWeights);
+  Tensor gn = d.empty({1}, DType::f32, MemCategory::kWorkspace);
+  AdamWHyper hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.1f;
+  hp.max_grad_norm = 1.0f;
+  const std::string on = std::string(" ") + dtype_name(dt) + " on " + d.info().id();
+  for (int s = 1; s <= 2; ++s) {
+    Tensor g = upload(d, {n}, randn(n, 190 + s));
+    d.norm(gn, g);
+    hp.step = s;
+    d.adamw(p, g, m, v, gn, hp, h);
+    d.adamw(rp, g, rm, rv, gn, hp);
+    d.copy(want, p);
+    EXPECT_EQ(raw_download(d, h), raw_download(d, want)) << "param16, step " << s << on;
+  }
+  EXPECT_EQ(download(d, p), download(d, rp)) << "param" << on;
+  EXPECT_EQ(download(d, m), download(d, rm)) << "m" << on;
+  EXPECT_EQ(download(d, v), download(d, rv)) << "v" << on;
+}
+
+TEST_P(AdamW, Param16IsTheCopyOfTheUpdatedParameters) {
+  for (DType dt : {DType::bf16, DType::f16})
+    for (Device* d : {&ref(), &dev()}) adamw_param16_case(*d, dt);
+}
+
+// adamw_groups with param16 over three_ranges(): inside the ranges copy() of the updated
+// parameters, between and after them the sentinel; param, m and v as without param16.
+void adamw_groups_param16_case(Device& d, DType dt) {
+  const int64_t n = 10007;
+  const AdamWGroups gr = three_ranges();
+  const Vec p0 = param16_inputs(n, 200), m0 = randn(n, 201, 0.1f);
+  const Vec v0 = uniform(n, 202, 0.0f, 0.2f);
+  Tensor p = upload(d, {n}, p0), m = upload(d, {n}, m0), v = upload(d, {n}, v0);
+  Tensor rp = upload(d, {n}, p0), rm = upload(d, {n}, m0), rv = upload(d, {n}, v0);
+  Tensor h = sentinel16(d, n, dt), want = d.empty({n}, dt, MemCategory::kWeights);
+  Tensor sched = d.empty({kAdamWScheduleLen}, DType::f32, MemCategory::kOptimizer);
+  AdamWHyper hp;
+  hp.weight_decay = 0.1f;
+  for (int s = 1; s <= 2; ++s) {
+    Tensor g = upload(d, {n}, randn(n, 210 + s));
+    hp.step = s;
+    hp.lr = 2e-2f / static_cast<float>(s);
+    upload_schedule(d, sched, hp);
+    d.adamw_groups(p, g, m, v, Tensor{}, sched, gr, hp, h);
+    d.adamw_groups(rp, g, rm, rv, Tensor{}, sched, gr, hp);
+  }
+  const std::string on = std::string(" ") + dtype_name(dt) + " on " + d.info().id();
+  EXPECT_EQ(download(d, p), download(d, rp)) << "param" << on;
+  EXPECT_EQ(download(d, m), download(d, rm)) << "m" << on;
+  EXPECT_EQ(download(d, v), download(d, rv)) << "v" << on;
+  d.copy(want, p);
+  const auto got = download_as<uint16_t>(d, h), copied = download_as<uint16_t>(d, want);
+  int64_t wrong = 0, first_wrong = -1;
+  for (int64_t i = 0, r = 0; i < n; ++i) {
+    while (r < gr.count && i >= gr.ranges[r].begin + gr.ranges[r].len) ++r;
+    const bool in = r < gr.count && i >= gr.ranges[r].begin;
+    const uint16_t expect = in ? copied[static_cast<size_t>(i)] : uint16_t{0x5a5a};
+    if (got[static_cast<size_t>(i)] != expect && wrong++ == 0) first_wrong = i;
+  }
+  EXPECT_EQ(wrong, 0) << "param16 elements differ from copy() (inside the ranges) or from the "
+                         "sentinel (outside), the first at "
+                      << first_wrong << on;
+}
+
+TEST_P(AdamW, GroupsWriteParam16AsCopyWouldInsideTheRangesOnly) {
+  for (DType dt : {DType::bf16, DType::f16})
+    for (Device* d : {&ref(), &dev()}) adamw_groups_param16_case(*d, dt);
+}
+
+TEST_P(AdamW, Param16MustBeA16BitTensorApartFromTheOthers) {
+  Device& d = dev();
+  const int64_t n = 64;
+  Tensor p = upload(d, {n}, Vec(n, 1.0f)), g = upload(d, {n}, Vec(n, 0.5f));
+  Tensor m = upload(d, {n}, Vec(n, 0.0f)), v = upload(d, {n}, Vec(n, 0.0f));
+  auto kind = [&](const Tensor& param16) {
+    try {
+      d.adamw(p, g, m, v, Tensor{}, AdamWHyper{}, param16);
+    } catch (const Error& e) {
+      return e.kind();
+    }
+    return ErrorKind::kInternal;
+  };
+  EXPECT_EQ(kind(upload(d, {n}, Vec(n, 0.0f))), ErrorKind::kInvalidArgument);  // f32
+  EXPECT_EQ(kind(d.empty({n - 1}, DType::bf16, MemCategory::kWeights)),
+            ErrorKind::kInvalidArgument);  // another length
+  // bf16 bits over the first half of m's bytes
+  Tensor over_m = m;
+  over_m.dtype = DType::bf16;
+  EXPECT_EQ(kind(over_m), ErrorKind::kInvalidArgument);
 }
 
 CT_INSTANTIATE_DEVICE_SUITE(AdamW);

@@ -1,4 +1,4 @@
-// Fast fused AdamW step: one pass over param, grad, m, v.
+// Fast fused AdamW step: one pass over param, grad, m, v (and the 16-bit copy of param).
 #include <algorithm>
 #include <cmath>
 
@@ -16,7 +16,7 @@ struct AdamWConsts {
 };
 
 // elements [i0, i1) of param, grad, m, v
-void adamw_span(float* param, const float* grad, float* m, float* v, int64_t i0, int64_t i1,
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t i0, int64_t i1,
                 const AdamWConsts& k) {
   // A gradient past 1e19 (or NaN) in the span: g^2 overflows fp32 and v becomes inf, while the
   // reference's fp64 step stays finite. Such a span is stepped in fp64, as the reference.
@@ -51,11 +51,21 @@ void adamw_span(float* param, const float* grad, float* m, float* v, int64_t i0,
   }
 }
 
+// The same, then those parameters rounded into param16 (of dt16) while they are in cache, by
+// this level's copy(): the bits copy(param16, param) gives.
+void adamw_span(float* param, const float* grad, float* m, float* v, int64_t i0, int64_t i1,
+                const AdamWConsts& k, void* param16, DType dt16) {
+  adamw_step(param, grad, m, v, i0, i1, k);
+  if (param16)
+    copy(static_cast<char*>(param16) + i0 * static_cast<int64_t>(dtype_size(dt16)), dt16,
+         param + i0, DType::f32, i1 - i0);
+}
+
 }  // namespace
 
-// param, grad, m, v are (n); grad_norm is (1) or null (no clipping)
+// param, grad, m, v are (n); grad_norm is (1) or null (no clipping); param16 (n) of dt16 or null
 void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm, int64_t n,
-           const AdamWHyper& hp) {
+           const AdamWHyper& hp, void* param16, DType dt16) {
   AdamWConsts k;
   k.clip = 1.0f;
   if (hp.max_grad_norm > 0.0f && grad_norm)
@@ -73,7 +83,7 @@ void adamw(float* param, const float* grad, float* m, float* v, const float* gra
   int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c)
-    adamw_span(param, grad, m, v, c * kChunk, std::min(n, (c + 1) * kChunk), k);
+    adamw_span(param, grad, m, v, c * kChunk, std::min(n, (c + 1) * kChunk), k, param16, dt16);
 }
 
 }  // namespace ct::cpu::fast::CT_CPU_ISA

@@ -6,9 +6,9 @@
 
 namespace ct::cpu::ref {
 
-// param, grad, m, v are (n); grad_norm is (1) or null (no clipping)
+// param, grad, m, v are (n); grad_norm is (1) or null (no clipping); param16 (n) of dt16 or null
 void adamw(float* param, const float* grad, float* m, float* v, const float* grad_norm, int64_t n,
-           const AdamWHyper& hp) {
+           const AdamWHyper& hp, void* param16, DType dt16) {
   double clip = 1.0;
   if (hp.max_grad_norm > 0.0f && grad_norm)
     clip = std::min(1.0, hp.max_grad_norm / (static_cast<double>(grad_norm[0]) + 1e-6));
@@ -25,6 +25,7 @@ void adamw(float* param, const float* grad, float* m, float* v, const float* gra
     p -= hp.lr * (mi / bc1) / (std::sqrt(vi / bc2) + hp.eps);
     param[i] = static_cast<float>(p);
   }
+  if (param16) copy(param16, dt16, param, DType::f32, n);
 }
 
 }  // namespace ct::cpu::ref

@@ -32,9 +32,18 @@ struct AdamScalars {
   float lr, b1, b2, eps, wd, max_norm, bc1, bc2;
 };
 
-// Element i of param, grad, m, v: the update both AdamW kernels make, with s's lr, wd, bc1, bc2.
+// Where the AdamW kernels store the updated parameter once more: a 16-bit copy (F16, BF16, the
+// rounding of convert()), or nowhere.
+struct NoCopy {
+  static __device__ __forceinline__ void store(void*, std::int64_t, float) {}
+};
+
+// Element i of param, grad, m, v: the update both AdamW kernels make, with s's lr, wd, bc1, bc2;
+// the parameter also stored into param16 as an element H.
+template <typename H>
 __device__ __forceinline__ void adamw_element(float* param, const float* grad, float* m, float* v,
-                                              std::int64_t i, float clip, const AdamScalars& s) {
+                                              void* param16, std::int64_t i, float clip,
+                                              const AdamScalars& s) {
   const float g = grad[i] * clip;
   const float mi = s.b1 * m[i] + (1.0f - s.b1) * g;
   const float v0 = v[i];
@@ -45,16 +54,17 @@ __device__ __forceinline__ void adamw_element(float* param, const float* grad, f
   p -= s.lr * s.wd * p;
   p -= ct_adam_update(mi, vi, v0, g, s.lr, s.b2, s.bc1, s.bc2, s.eps);
   param[i] = p;
+  H::store(param16, i, p);
 }
 
-// param, grad, m, v (n).
-template <int WARP>
+// param, grad, m, v (n); param16 (n) of H, unused for NoCopy.
+template <int WARP, typename H>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
-    adamw_kernel(float* param, const float* grad, float* m, float* v, const float* grad_norm,
-                 std::int64_t n, AdamScalars s) {
+    adamw_kernel(float* param, const float* grad, float* m, float* v, void* param16,
+                 const float* grad_norm, std::int64_t n, AdamScalars s) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const float clip = clip_of(grad_norm, s.max_norm);
-  CT_GRID_STRIDE(i, n) adamw_element(param, grad, m, v, i, clip, s);
+  CT_GRID_STRIDE(i, n) adamw_element<H>(param, grad, m, v, param16, i, clip, s);
 }
 
 // The ranges of adamw_groups laid end to end: element j of the concatenation (j < total) lies
@@ -65,12 +75,13 @@ struct AdamRangeTable {
   float wd[kAdamMaxRanges];
 };
 
-// param, grad, m, v (N, the ranges within it); schedule (4): lr, step, bc1, bc2 (AdamWSchedule).
-template <int WARP>
+// param, grad, m, v (N, the ranges within it); param16 (N) of H, unused for NoCopy; schedule
+// (4): lr, step, bc1, bc2 (AdamWSchedule).
+template <int WARP, typename H>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
-    adamw_groups_kernel(float* param, const float* grad, float* m, float* v, const float* grad_norm,
-                        const float* schedule, std::int64_t total, AdamRangeTable table,
-                        AdamScalars s) {
+    adamw_groups_kernel(float* param, const float* grad, float* m, float* v, void* param16,
+                        const float* grad_norm, const float* schedule, std::int64_t total,
+                        AdamRangeTable table, AdamScalars s) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads);
   const float clip = clip_of(grad_norm, s.max_norm);
   s.lr = schedule[0];
@@ -88,7 +99,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     }
     AdamScalars e = s;
     e.wd = wd;
-    adamw_element(param, grad, m, v, j + shift, clip, e);
+    adamw_element<H>(param, grad, m, v, param16, j + shift, clip, e);
   }
 }
 
@@ -290,21 +301,31 @@ std::size_t align256(std::size_t b) {
   return (b + 255) / 256 * 256;
 }
 
+// fn(H{}): NoCopy without param16, else the tag of its element type.
+template <typename Fn>
+void with_copy(const void* param16, Elem e16, Fn&& fn) {
+  if (!param16) return fn(NoCopy{});
+  with_elem(e16, fn);
+}
+
 }  // namespace
 
 void adamw(const Ctx& cx, float* param, const float* grad, float* m, float* v,
-           const float* grad_norm, std::int64_t n, const AdamArgs& h) {
+           const float* grad_norm, std::int64_t n, const AdamArgs& h, void* param16, Elem e16) {
   if (n <= 0) return;
   with_warp(cx.warp, [&](auto w) {
     constexpr int W = decltype(w)::value;
-    launch<W>(CT_KERNEL(adamw_kernel<W>), dim3(grid_for(cx, n, kThreads)), dim3(kThreads), 0,
-              stream_of(cx), param, grad, m, v, grad_norm, n, adam_scalars(h));
+    with_copy(param16, e16, [&](auto tag) {
+      using H = decltype(tag);
+      launch<W>(CT_KERNEL(adamw_kernel<W, H>), dim3(grid_for(cx, n, kThreads)), dim3(kThreads), 0,
+                stream_of(cx), param, grad, m, v, param16, grad_norm, n, adam_scalars(h));
+    });
   });
 }
 
 void adamw_groups(const Ctx& cx, float* param, const float* grad, float* m, float* v,
                   const float* grad_norm, const float* schedule, const AdamRange* ranges, int count,
-                  const AdamArgs& h) {
+                  const AdamArgs& h, void* param16, Elem e16) {
   AdamRangeTable table;
   std::int64_t total = 0;
   for (int r = 0; r < count; ++r) {
@@ -321,9 +342,12 @@ void adamw_groups(const Ctx& cx, float* param, const float* grad, float* m, floa
   if (total <= 0) return;
   with_warp(cx.warp, [&](auto w) {
     constexpr int W = decltype(w)::value;
-    launch<W>(CT_KERNEL(adamw_groups_kernel<W>), dim3(grid_for(cx, total, kThreads)),
-              dim3(kThreads), 0, stream_of(cx), param, grad, m, v, grad_norm, schedule, total,
-              table, adam_scalars(h));  // lr, bc1, bc2 replaced by the schedule's
+    with_copy(param16, e16, [&](auto tag) {
+      using H = decltype(tag);
+      launch<W>(CT_KERNEL(adamw_groups_kernel<W, H>), dim3(grid_for(cx, total, kThreads)),
+                dim3(kThreads), 0, stream_of(cx), param, grad, m, v, param16, grad_norm, schedule,
+                total, table, adam_scalars(h));  // lr, bc1, bc2 replaced by the schedule's
+    });
   });
 }
 
