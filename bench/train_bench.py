@@ -122,6 +122,8 @@ def run_torch(a, model, batch, steps, env, work):
            "--batch", str(batch), "--steps", str(steps), "--threads", str(a.threads), "--json", js]
     if a.precision == "bf16":
         cmd += ["--bf16"]
+    if a.torch_fast:
+        cmd += ["--sdpa", "--fused-adamw"]
     if a.data:
         cmd += ["--data", a.data]
     wall, own, busy = run(cmd, env, js + ".log")
@@ -145,6 +147,9 @@ def main():
     ap.add_argument("--crosstrain", default=os.path.join(REPO, "build", "bin", "crosstrain"))
     ap.add_argument("--gemm-bench", default=os.path.join(REPO, "build", "bin", "gemm_bench"))
     ap.add_argument("--python", default="/usr/bin/python3", help="interpreter with torch")
+    ap.add_argument("--torch-fast", action="store_true",
+                    help="PyTorch >= 2 with F.scaled_dot_product_attention and fused AdamW (the "
+                         "peer #28 names; needs e.g. --python VENV/bin/python)")
     ap.add_argument("--configs", default="tiny,gpt2")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="bf16: crosstrain --bf16 against PyTorch's bf16 autocast")
