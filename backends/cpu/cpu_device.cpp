@@ -669,11 +669,18 @@ class CpuDevice final : public Device, private Workspace {
   bool native_bf16_matmul(const Tensor& c, const Tensor& a, const Tensor& b, MatmulArgs m) {
     if (!native_bf16_ || a.dtype != DType::bf16 || m.K == 0 || m.M == 0 || m.N == 0) return false;
     if (m.batch != 1 && !(m.a_batched && !m.trans_a && !m.b_batched)) return false;
-    MatmulBf16Args x;
+    MatmulBf16Args x = one_product<MatmulBf16Args>(m);
     x.c = raw(c);
     x.c_bf16 = c.dtype == DType::bf16;
     x.a = static_cast<const uint16_t*>(raw(a));
     x.b = static_cast<const uint16_t*>(raw(b));
+    return k_.matmul_bf16(x);
+  }
+  // The fields a single-product kernel's arguments share with m: a batch of row-major a against
+  // one b (the callers checked) as one tall product.
+  template <class Args>
+  static Args one_product(const MatmulArgs& m) {
+    Args x;
     x.bias = m.bias;
     x.M = m.batch * m.M;
     x.N = m.N;
@@ -682,7 +689,7 @@ class CpuDevice final : public Device, private Workspace {
     x.trans_b = m.trans_b;
     x.alpha = m.alpha;
     x.beta = m.beta;
-    return k_.matmul_bf16(x);
+    return x;
   }
 
   // A product with a 16-bit operand on the packing GEMM (fast/gemm_packed.cpp), which widens
@@ -690,21 +697,13 @@ class CpuDevice final : public Device, private Workspace {
   bool packed_matmul(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulArgs& m) {
     if (!packed_ || !(is_h(a.dtype) || is_h(b.dtype))) return false;
     if (m.batch != 1 && !(m.a_batched && !m.trans_a && !m.b_batched)) return false;
-    MatmulPackedArgs x;
+    MatmulPackedArgs x = one_product<MatmulPackedArgs>(m);
     x.c = raw(c);
     x.a = raw(a);
     x.b = raw(b);
-    x.bias = m.bias;
     x.c_dtype = c.dtype;
     x.a_dtype = a.dtype;
     x.b_dtype = b.dtype;
-    x.M = m.batch * m.M;
-    x.N = m.N;
-    x.K = m.K;
-    x.trans_a = m.trans_a;
-    x.trans_b = m.trans_b;
-    x.alpha = m.alpha;
-    x.beta = m.beta;
     return k_.matmul_packed(x);
   }
 
