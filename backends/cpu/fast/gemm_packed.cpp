@@ -213,6 +213,8 @@ void pack_b(float* dst, const Operand& b, int64_t k0, int64_t kc, int64_t j0, in
 }
 
 // acc (kMR x kNR, row-major) = sum over kc of a's panel column times b's panel row.
+// The six rows are written out: as a loop over an array of accumulators (GCC 12, unrolled by
+// pragma) two of the twelve went to the stack and back every k.
 inline void micro_kernel(int64_t kc, const float* a, const float* b, float* acc) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
          c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
