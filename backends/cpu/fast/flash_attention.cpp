@@ -153,6 +153,55 @@ void scores(float* s, const float* x, const float* yt, int64_t r0, int64_t r1, c
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// exp(x) for eight x <= ~88 (here x - max or x - lse, <= 0): fast_exp's polynomial in half its
+// instructions (its clamps and NaN/infinity cases written as GCC did not: one max, one mask);
+// x below -87.3 gives 0, NaN stays NaN.
+inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3365447504019f);
+  const __m256 xc = _mm256_max_ps(lo, x);  // the second operand where either is NaN: x
+  // t = 1.5 2^23 + 127 + round(x / ln 2): its low mantissa bits are the exponent of 2^n
+  const __m256 magic = _mm256_set1_ps(12582912.0f + 127.0f);
+  const __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic);
+  const __m256 n = _mm256_sub_ps(t, magic);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23));
+  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_NLT_UQ);  // x >= lo, or NaN
+  return _mm256_and_ps(_mm256_mul_ps(p, scale), keep);
+}
+#endif
+
+// row[j] (=) exp(row[j] - sub) for j < n; returns their sum (in a fixed order).
+float exp_row(float* row, int64_t n, float sub) {
+  int64_t j = 0;
+  float sum = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 m = _mm256_set1_ps(sub);
+  __m256 acc = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), m));
+    _mm256_storeu_ps(row + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (const float x : lanes) sum += x;
+#endif
+  for (; j < n; ++j) {
+    row[j] = fast_exp(row[j] - sub);
+    sum += row[j];
+  }
+  return sum;
+}
+
 // Rows r0..r1 of a block: for each row t, s[t, j] (=) exp(s - max) for j <= t and 0 for
 // t < j < r1; its log-sum-exp into lse[t], 1 / sum into inv[t - r0].
 void softmax_rows(float* s, float* lse, float* inv, int64_t r0, int64_t r1, const Dims& d) {
@@ -162,14 +211,28 @@ void softmax_rows(float* s, float* lse, float* inv, int64_t r0, int64_t r1, cons
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
     for (int64_t j = 0; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) row[j] = fast_exp(row[j] - mx);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) sum += row[j];
+    const float sum = exp_row(row, n, mx);
     std::fill(row + n, row + std::max(n, r1), 0.0f);
     lse[t] = mx + std::log(sum);
     inv[t - r0] = 1.0f / sum;
+  }
+}
+
+// The backward's row t: p[j] (=) exp(p[j] - l) and ds[j] (=) p[j] (ds[j] - D) scale for j < n.
+void grad_row(float* p, float* ds, int64_t n, float l, float D, float scale) {
+  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 vl = _mm256_set1_ps(l), vD = _mm256_set1_ps(D), vs = _mm256_set1_ps(scale);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), vl));
+    _mm256_storeu_ps(p + j, e);
+    const __m256 g = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(ds + j), vD), vs);
+    _mm256_storeu_ps(ds + j, _mm256_mul_ps(e, g));
+  }
+#endif
+  for (; j < n; ++j) {
+    p[j] = fast_exp(p[j] - l);
+    ds[j] = p[j] * ((ds[j] - D) * scale);
   }
 }
 
@@ -220,12 +283,9 @@ void backward_head(float* p, float* ds, const HeadGrad& g, const Dims& d) {
       float* prow = p + (t - r0) * d.lds;
       float* row = ds + (t - r0) * d.lds;
       const float l = g.lse[t], D = g.D[t];
-#pragma omp simd
-      for (int64_t j = 0; j < r1; ++j) {
-        const float pj = j <= t ? fast_exp(prow[j] - l) : 0.0f;
-        prow[j] = pj;
-        row[j] = j <= t ? pj * (row[j] - D) * d.scale : 0.0f;
-      }
+      grad_row(prow, row, t + 1, l, D, d.scale);
+      std::fill(prow + t + 1, prow + r1, 0.0f);
+      std::fill(row + t + 1, row + r1, 0.0f);
     }
     // dv[0:r1] += p^T dout[r0:r1], dk[0:r1] += ds^T q[r0:r1]: key rows j0.. in strips, the
     // query rows from the first that reaches them (p and ds are 0 above the diagonal)
