@@ -15,6 +15,12 @@
 // one work item, so that their sums into dk/dv never race and always have one order. Nothing
 // depends on the number of threads. The bf16 entry points run the same code on the widened
 // heads and round what they store: the bits of the f32 kernels on a widened qkv.
+// Measured (ms a call, one thread's CPU time on the 2-core Zen 3, tiny: B 4, NH 6, T 256,
+// hs 64): forward 3.35 (scores ~30 %, p v ~35 %, softmax ~10 %, packing ~14 %), backward 7.5
+// (the five products ~80 %, near the core's FMA peak, packing and writing back 14 %, p and
+// ds 6 %); the sgemm-per-block version before it took 6.1 / 10.8. The x86-64-v2 level's SSE
+// tiles are ~2x slower than AVX ones: on an AVX-only CPU (Sandy Bridge) OpenBLAS's AVX sgemm
+// would beat them.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -40,7 +46,9 @@ constexpr int64_t kLanes = 8;
 constexpr int64_t kLanes = 4;
 #endif
 constexpr int64_t kMR = 6, kNR = 2 * kLanes;
-// Query rows a block (a multiple of kMR): the keys' panels are reused by its strips from L1.
+// Query rows a block (a multiple of kMR): the keys' panels are reused by its strips from L1,
+// and p, ds (kBlockRows, T) stay in L2. 24, 30, 48, 60 and 96 rows ran within 3 % of each other
+// at tiny's and gpt2's shapes.
 constexpr int64_t kBlockRows = 48;
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
