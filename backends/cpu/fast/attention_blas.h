@@ -1,5 +1,5 @@
-// Pieces the sgemm-based attention paths share (fast/attention.cpp without AVX-512 and
-// fast/flash_attention.cpp): the query-row block size and a row-major cblas_sgemm.
+// Pieces of the sgemm-based attention path (fast/attention.cpp without AVX-512): the query-row
+// block size and a row-major cblas_sgemm. (fast/flash_attention.cpp has kernels of its own.)
 #pragma once
 
 #include <cblas.h>
@@ -10,8 +10,9 @@
 namespace ct::cpu::fast::attention_blas {
 
 // Rows per block: small enough to skip most of the masked triangle, big enough for sgemm's
-// per-call cost. tiny (T 256, hs 64, 4 x 6 heads), ms a call of the fused forward / backward,
-// 2 runs each on the 2-core Zen 3: 32 rows 3.6 / 6.6, 64 rows 3.1 / 5.4-5.5, 128 rows 3.4 / 6.0.
+// per-call cost. tiny (T 256, hs 64, 4 x 6 heads), ms a call of the fused forward / backward
+// when it was built on these, 2 runs each on the 2-core Zen 3: 32 rows 3.6 / 6.6, 64 rows 3.1
+// / 5.4-5.5, 128 rows 3.4 / 6.0.
 inline int64_t block_rows(int64_t T) {
   return std::clamp<int64_t>(T / 4, 32, 64);
 }

@@ -1,11 +1,27 @@
 // Fast fused causal self-attention (core/device.h flash_attention_*): (batch, head) pairs in
-// parallel with OpenMP; each head in blocks of query rows against the keys up to the block's
-// last row, the products by sgemm (OpenBLAS single-threaded inside the parallel region) and the
-// softmax between them while the block is in cache. Only lse is saved: the probabilities live in
-// a per-thread (rows x T) buffer for one block, and the backward recomputes them.
+// parallel with OpenMP, each on one thread from start to end. A work item first packs its
+// heads into per-thread scratch, widened to f32 where they are bf16: q, k, v and dout as
+// (T, hsp) rows (hsp: hs rounded up to a tile's width, zero columns past hs), k and v also as
+// panels of kNR keys (for i < hs, the panel's kNR keys in a row) for the products against the
+// keys. Then it runs over blocks of kBlockRows query rows, and each block over strips of kMR
+// rows; every product is a (kMR x kNR) register tile (`tile`), and a strip stops at the panel
+// holding its last row, so the masked triangle costs at most a panel a strip:
+//   forward:  s = scale q k^T (the strip's keys), row softmax in place, o = p v / sum;
+//   backward: p = exp(scale q k^T - lse), dp = dout v^T, ds = p (dp - D) scale with
+//             D = rowsum(dout * out); dv += p^T dout, dk += ds^T q, dq = ds k.
+// Only lse is saved; s, p and ds live in a per-thread (kBlockRows, lds) buffer for one block.
 // Grouped-query attention: query head h reads key/value head h / G, G = NH / NKV. The backward
-// runs over (batch, key/value head) pairs instead, the G query heads of a group one after another
-// in one work item, so that their sums into dk/dv never race and always have one order.
+// runs over (batch, key/value head) pairs, the G query heads of a group one after another in
+// one work item, so that their sums into dk/dv never race and always have one order. Nothing
+// depends on the number of threads. The bf16 entry points run the same code on the widened
+// heads and round what they store: the bits of the f32 kernels on a widened qkv.
+// Measured (ms a call, one thread's CPU time on the 2-core Zen 3, tiny: B 4, NH 6, T 256,
+// hs 64): forward 3.35 (scores ~30 %, p v ~35 %, softmax ~10 %, packing ~14 %), backward 7.5
+// (the five products ~80 %, near the core's FMA peak, packing and writing back 14 %, p and
+// ds 6 %); the sgemm-per-block version before it took 6.1 / 10.8. The x86-64-v2 level's SSE
+// tiles are ~2x slower than AVX ones: on an AVX-only CPU (Sandy Bridge) OpenBLAS's AVX sgemm
+// would beat them.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -13,7 +29,6 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backends/cpu/fast/attention_blas.h"
 #include "backends/cpu/fast/vec_math.h"
 #include "backends/cpu/kernels.h"
 
@@ -23,237 +38,503 @@ namespace ct::cpu::fast::CT_CPU_ISA {
 
 namespace {
 
-using attention_blas::block_rows;
-using attention_blas::gemm;
+// A tile is kMR rows of two vectors (12 accumulators, 15 of the 16 vector registers): 6 x 16
+// floats with AVX, 6 x 8 with SSE only (the x86-64-v2 level).
+#if defined(__AVX__)
+constexpr int64_t kLanes = 8;
+#else
+constexpr int64_t kLanes = 4;
+#endif
+constexpr int64_t kMR = 6, kNR = 2 * kLanes;
+// Query rows a block (a multiple of kMR): the keys' panels are reused by its strips from L1,
+// and p, ds (kBlockRows, T) stay in L2. 24, 30, 48, 60 and 96 rows ran within 3 % of each other
+// at tiny's and gpt2's shapes.
+constexpr int64_t kBlockRows = 48;
 
-// p[t, 0..len) (=) exp(s - lse_t) for columns j <= t, 0 beyond; rows r0..r1 of a block whose
-// row t is at p + (t - r0) * T.
-void probabilities(float* p, const float* lse, int64_t r0, int64_t r1, int64_t T) {
-  for (int64_t t = r0; t < r1; ++t) {
-    float* row = p + (t - r0) * T;
-    const float l = lse[t];
-#pragma omp simd
-    for (int64_t j = 0; j < r1; ++j) row[j] = j <= t ? fast_exp(row[j] - l) : 0.0f;
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+typedef float VecU
+    __attribute__((vector_size(kLanes * sizeof(float)), aligned(alignof(float)), may_alias));
+
+inline Vec load(const float* p) {
+  return *reinterpret_cast<const VecU*>(p);
+}
+inline void store(float* p, Vec v) {
+  *reinterpret_cast<VecU*>(p) = v;
+}
+// (Vec{} + x would add 0.0f first: not a no-op for -0.0f.)
+inline Vec splat(float x) {
+#if defined(__AVX__)
+  return _mm256_set1_ps(x);
+#else
+  return _mm_set1_ps(x);
+#endif
+}
+inline Vec splat_load(const float* p) {
+#if defined(__AVX__)
+  return _mm256_broadcast_ss(p);
+#else
+  return _mm_load1_ps(p);
+#endif
+}
+inline Vec fmadd(Vec a, Vec b, Vec c) {
+#if defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// The kernel under every product: the (rows x kNR) tile sum_{k < kc} a(u, k) b(k, .), with
+// a(u, k) = a[u ar + k ak] and row k of b at b + k ldb, handed to out(u, lo, hi) a row at a
+// time (lo, hi its two vectors). rows <= kMR; the rows past `rows` read the last one and are
+// dropped. (The six rows are written out: a loop over an array of accumulators spilled some.)
+template <class Out>
+inline void tile(int64_t kc, const float* a, int64_t ar, int64_t ak, const float* b, int64_t ldb,
+                 int64_t rows, Out out) {
+  const float* a0 = a;
+  const float* a1 = a + std::min<int64_t>(1, rows - 1) * ar;
+  const float* a2 = a + std::min<int64_t>(2, rows - 1) * ar;
+  const float* a3 = a + std::min<int64_t>(3, rows - 1) * ar;
+  const float* a4 = a + std::min<int64_t>(4, rows - 1) * ar;
+  const float* a5 = a + std::min<int64_t>(5, rows - 1) * ar;
+  Vec c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {}, c40 = {},
+      c41 = {}, c50 = {}, c51 = {};
+  int64_t off = 0;
+  for (int64_t k = 0; k < kc; ++k, off += ak, b += ldb) {
+    const Vec b0 = load(b), b1 = load(b + kLanes);
+    Vec x = splat_load(a0 + off);
+    c00 = fmadd(x, b0, c00);
+    c01 = fmadd(x, b1, c01);
+    x = splat_load(a1 + off);
+    c10 = fmadd(x, b0, c10);
+    c11 = fmadd(x, b1, c11);
+    x = splat_load(a2 + off);
+    c20 = fmadd(x, b0, c20);
+    c21 = fmadd(x, b1, c21);
+    x = splat_load(a3 + off);
+    c30 = fmadd(x, b0, c30);
+    c31 = fmadd(x, b1, c31);
+    x = splat_load(a4 + off);
+    c40 = fmadd(x, b0, c40);
+    c41 = fmadd(x, b1, c41);
+    x = splat_load(a5 + off);
+    c50 = fmadd(x, b0, c50);
+    c51 = fmadd(x, b1, c51);
+  }
+  out(0, c00, c01);
+  if (rows > 1) out(1, c10, c11);
+  if (rows > 2) out(2, c20, c21);
+  if (rows > 3) out(3, c30, c31);
+  if (rows > 4) out(4, c40, c41);
+  if (rows > 5) out(5, c50, c51);
+}
+
+// A head's sizes: hsp = hs rounded up to kNR (the packed rows' stride), lds the score rows'
+// stride (T rounded up to kNR, plus a panel so that rows 4 KB apart do not share L1 sets).
+struct Dims {
+  int64_t T, hs, hsp, lds;
+  float scale;
+};
+Dims dims(int64_t T, int64_t hs) {
+  const int64_t hsp = (hs + kNR - 1) / kNR * kNR, lds = (T + kNR - 1) / kNR * kNR + kNR;
+  return {T, hs, hsp, lds, 1.0f / std::sqrt(static_cast<float>(hs))};
+}
+
+// s[t - r0][j] = scale x_t . y_j for the rows t of [r0, r1) and, in each strip of kMR rows, the
+// panels of keys up to the one holding the strip's last row. x is packed rows, yt panels.
+void scores(float* s, const float* x, const float* yt, int64_t r0, int64_t r1, const Dims& d,
+            float scale) {
+  const Vec sc = splat(scale);
+  for (int64_t j0 = 0; j0 < r1; j0 += kNR) {
+    const float* panel = yt + j0 * d.hs;
+    // the first strip whose last row reaches j0 (later ones all do)
+    int64_t s0 = r0;
+    while (s0 + kMR <= j0) s0 += kMR;
+    for (; s0 < r1; s0 += kMR) {
+      tile(d.hs, x + s0 * d.hsp, d.hsp, 1, panel, kNR, std::min(kMR, r1 - s0),
+           [&](int64_t u, Vec lo, Vec hi) {
+             float* dst = s + (s0 - r0 + u) * d.lds + j0;
+             store(dst, lo * sc);
+             store(dst + kLanes, hi * sc);
+           });
+    }
   }
 }
 
-// sum of exp(x[j] - mx) over j < n, added in the order of j: the exps a vector loop over a
-// stack chunk, the sum a scalar loop. (One loop with `omp simd reduction(+ : sum)` ran scalar:
-// GCC 12 did not if-convert fast_exp's selects there, 3 ns an element.)
-float sum_exp(const float* x, int64_t n, float mx) {
-  constexpr int64_t kChunk = 256;
-  float e[kChunk];
+#if defined(__AVX2__) && defined(__FMA__)
+// exp(x) for eight x <= ~88 (here x - max or x - lse, <= 0): fast_exp's polynomial in half its
+// instructions (its clamps and NaN/infinity cases written as GCC did not: one max, one mask);
+// x below -87.3 gives 0, NaN stays NaN.
+inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3365447504019f);
+  const __m256 xc = _mm256_max_ps(lo, x);  // the second operand where either is NaN: x
+  // t = 1.5 2^23 + 127 + round(x / ln 2): its low mantissa bits are the exponent of 2^n
+  const __m256 magic = _mm256_set1_ps(12582912.0f + 127.0f);
+  const __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic);
+  const __m256 n = _mm256_sub_ps(t, magic);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23));
+  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_NLT_UQ);  // x >= lo, or NaN
+  return _mm256_and_ps(_mm256_mul_ps(p, scale), keep);
+}
+#endif
+
+// row[j] (=) exp(row[j] - sub) for j < n; returns their sum (in a fixed order).
+float exp_row(float* row, int64_t n, float sub) {
+  int64_t j = 0;
   float sum = 0.0f;
-  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-    const int64_t len = std::min(kChunk, n - j0);
-#pragma omp simd
-    for (int64_t j = 0; j < len; ++j) e[j] = fast_exp(x[j0 + j] - mx);
-    for (int64_t j = 0; j < len; ++j) sum += e[j];
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 m = _mm256_set1_ps(sub);
+  __m256 acc = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), m));
+    _mm256_storeu_ps(row + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (const float x : lanes) sum += x;
+#endif
+  for (; j < n; ++j) {
+    row[j] = fast_exp(row[j] - sub);
+    sum += row[j];
   }
   return sum;
 }
 
-// One query head's forward: q, k, v are (T,hs) with row strides ldq, ldk, ldv; o (T,hs) with
-// stride ldo; l (T) its log-sum-exps; s a (blk,T) scratch block.
-void forward_head(float* s, const float* q, int64_t ldq, const float* k, int64_t ldk,
-                  const float* v, int64_t ldv, float* o, int64_t ldo, float* l, int64_t T,
-                  int64_t hs, int64_t blk, float scale) {
-  for (int64_t r0 = 0; r0 < T; r0 += blk) {
-    const int64_t r1 = std::min(T, r0 + blk);
-    // s = scale q[r0:r1] k[0:r1]^T; then each row's log-sum-exp over j <= t
-    gemm(false, true, r1 - r0, r1, hs, scale, q + r0 * ldq, ldq, k, ldk, 0.0f, s, T);
-    for (int64_t t = r0; t < r1; ++t) {
-      const float* row = s + (t - r0) * T;
-      const int64_t n = t + 1;
-      float mx = -INFINITY;
+// Rows r0..r1 of a block: for each row t, s[t, j] (=) exp(s - max) for j <= t and 0 for
+// t < j < r1; its log-sum-exp into lse[t], 1 / sum into inv[t - r0].
+void softmax_rows(float* s, float* lse, float* inv, int64_t r0, int64_t r1, const Dims& d) {
+  for (int64_t t = r0; t < r1; ++t) {
+    float* row = s + (t - r0) * d.lds;
+    const int64_t n = t + 1;
+    float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
-      l[t] = mx + std::log(sum_exp(row, n, mx));
-    }
-    probabilities(s, l, r0, r1, T);
-    // o[r0:r1] = p v[0:r1]
-    gemm(false, false, r1 - r0, hs, r1, 1.0f, s, T, v, ldv, 0.0f, o + r0 * ldo, ldo);
+    for (int64_t j = 0; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
+    const float sum = exp_row(row, n, mx);
+    std::fill(row + n, row + std::max(n, r1), 0.0f);
+    lse[t] = mx + std::log(sum);
+    inv[t - r0] = 1.0f / sum;
   }
 }
 
-// Where one backward work item reads and writes: (T,hs) blocks with their row strides.
+// The backward's row t: p[j] (=) exp(p[j] - l) and ds[j] (=) p[j] (ds[j] - D) scale for j < n.
+void grad_row(float* p, float* ds, int64_t n, float l, float D, float scale) {
+  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 vl = _mm256_set1_ps(l), vD = _mm256_set1_ps(D), vs = _mm256_set1_ps(scale);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), vl));
+    _mm256_storeu_ps(p + j, e);
+    const __m256 g = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(ds + j), vD), vs);
+    _mm256_storeu_ps(ds + j, _mm256_mul_ps(e, g));
+  }
+#endif
+  for (; j < n; ++j) {
+    p[j] = fast_exp(p[j] - l);
+    ds[j] = p[j] * ((ds[j] - D) * scale);
+  }
+}
+
+// One query head's forward from its packed q, k (panels kt) and v: o (T, hsp) and lse (T);
+// s (kBlockRows, lds) and inv (kBlockRows) scratch.
+void forward_head(float* o, float* lse, float* s, float* inv, const float* q, const float* kt,
+                  const float* v, const Dims& d) {
+  for (int64_t r0 = 0; r0 < d.T; r0 += kBlockRows) {
+    const int64_t r1 = std::min(d.T, r0 + kBlockRows);
+    scores(s, q, kt, r0, r1, d, d.scale);
+    softmax_rows(s, lse, inv, r0, r1, d);
+    // o[strip] = p[strip] v[0 .. the strip's last row] / sum
+    for (int64_t s0 = r0; s0 < r1; s0 += kMR) {
+      const int64_t rows = std::min(kMR, r1 - s0), kn = s0 + rows;
+      for (int64_t c = 0; c < d.hsp; c += kNR) {
+        tile(kn, s + (s0 - r0) * d.lds, d.lds, 1, v + c, d.hsp, rows,
+             [&](int64_t u, Vec lo, Vec hi) {
+               const Vec a = splat(inv[s0 - r0 + u]);
+               float* dst = o + (s0 + u) * d.hsp + c;
+               store(dst, lo * a);
+               store(dst + kLanes, hi * a);
+             });
+      }
+    }
+  }
+}
+
+// One query head's backward: dq (T, hsp) (=), its dk and dv summed into dk, dv (T, hsp); p, ds
+// (kBlockRows, lds) scratch.
 struct HeadGrad {
-  const float *q, *d, *o, *k, *v;  // query head, its dout and out; the kv head
-  int64_t ldq, ldd, ldo, ldkv;     // k and v share ldkv, dk and dv lddkv
+  const float *q, *d, *kt, *vt, *k;  // packed: the query head's q and dout; the kv head's k, v
+  const float *lse, *D;              // (T) each: the forward's lse, rowsum(dout * out)
   float *dq, *dk, *dv;
-  int64_t lddq, lddkv;
 };
-
-// One query head's backward, its dk and dv summed into g.dk, g.dv: p, ds are (blk,T) scratch.
-void backward_head(float* p, float* ds, const HeadGrad& g, const float* l, int64_t T, int64_t hs,
-                   int64_t blk, float scale) {
-  for (int64_t r0 = 0; r0 < T; r0 += blk) {
-    const int64_t r1 = std::min(T, r0 + blk), rows = r1 - r0;
-    gemm(false, true, rows, r1, hs, scale, g.q + r0 * g.ldq, g.ldq, g.k, g.ldkv, 0.0f, p, T);
-    probabilities(p, l, r0, r1, T);
-    // dv[0:r1] += p^T dout[r0:r1]
-    gemm(true, false, r1, hs, rows, 1.0f, p, T, g.d + r0 * g.ldd, g.ldd, 1.0f, g.dv, g.lddkv);
-    // ds = dout[r0:r1] v[0:r1]^T, then the softmax backward in place
-    gemm(false, true, rows, r1, hs, 1.0f, g.d + r0 * g.ldd, g.ldd, g.v, g.ldkv, 0.0f, ds, T);
+void backward_head(float* p, float* ds, const HeadGrad& g, const Dims& d) {
+  const auto add = [&](float* c) {
+    return [c, &d](int64_t u, Vec lo, Vec hi) {
+      float* dst = c + u * d.hsp;
+      store(dst, load(dst) + lo);
+      store(dst + kLanes, load(dst + kLanes) + hi);
+    };
+  };
+  for (int64_t r0 = 0; r0 < d.T; r0 += kBlockRows) {
+    const int64_t r1 = std::min(d.T, r0 + kBlockRows);
+    scores(p, g.q, g.kt, r0, r1, d, d.scale);
+    scores(ds, g.d, g.vt, r0, r1, d, 1.0f);
     for (int64_t t = r0; t < r1; ++t) {
-      const float* dt = g.d + t * g.ldd;
-      const float* ot = g.o + t * g.ldo;
-      float D = 0.0f;
-#pragma omp simd reduction(+ : D)
-      for (int64_t i = 0; i < hs; ++i) D += dt[i] * ot[i];
-      float* row = ds + (t - r0) * T;
-      const float* prow = p + (t - r0) * T;
-#pragma omp simd
-      for (int64_t j = 0; j < r1; ++j) row[j] = prow[j] * (row[j] - D) * scale;
+      float* prow = p + (t - r0) * d.lds;
+      float* row = ds + (t - r0) * d.lds;
+      const float l = g.lse[t], D = g.D[t];
+      grad_row(prow, row, t + 1, l, D, d.scale);
+      std::fill(prow + t + 1, prow + r1, 0.0f);
+      std::fill(row + t + 1, row + r1, 0.0f);
     }
-    // dq[r0:r1] = ds k[0:r1];  dk[0:r1] += ds^T q[r0:r1]
-    gemm(false, false, rows, hs, r1, 1.0f, ds, T, g.k, g.ldkv, 0.0f, g.dq + r0 * g.lddq, g.lddq);
-    gemm(true, false, r1, hs, rows, 1.0f, ds, T, g.q + r0 * g.ldq, g.ldq, 1.0f, g.dk, g.lddkv);
+    // dv[0:r1] += p^T dout[r0:r1], dk[0:r1] += ds^T q[r0:r1]: key rows j0.. in strips, the
+    // query rows from the first that reaches them (p and ds are 0 above the diagonal)
+    for (int64_t j0 = 0; j0 < r1; j0 += kMR) {
+      const int64_t rows = std::min(kMR, r1 - j0), kb = std::max(r0, j0);
+      const float* pa = p + (kb - r0) * d.lds + j0;
+      const float* sa = ds + (kb - r0) * d.lds + j0;
+      for (int64_t c = 0; c < d.hsp; c += kNR) {
+        tile(r1 - kb, pa, 1, d.lds, g.d + kb * d.hsp + c, d.hsp, rows, add(g.dv + j0 * d.hsp + c));
+        tile(r1 - kb, sa, 1, d.lds, g.q + kb * d.hsp + c, d.hsp, rows, add(g.dk + j0 * d.hsp + c));
+      }
+    }
+    // dq[strip] = ds[strip] k[0 .. the strip's last row]
+    for (int64_t s0 = r0; s0 < r1; s0 += kMR) {
+      const int64_t rows = std::min(kMR, r1 - s0), kn = s0 + rows;
+      for (int64_t c = 0; c < d.hsp; c += kNR) {
+        tile(kn, ds + (s0 - r0) * d.lds, d.lds, 1, g.k + c, d.hsp, rows,
+             [&](int64_t u, Vec lo, Vec hi) {
+               float* dst = g.dq + (s0 + u) * d.hsp + c;
+               store(dst, lo);
+               store(dst + kLanes, hi);
+             });
+      }
+    }
   }
 }
 
-void zero_rows(float* x, int64_t rows, int64_t cols, int64_t ld) {
-  for (int64_t t = 0; t < rows; ++t)
-    std::memset(x + t * ld, 0, static_cast<size_t>(cols) * sizeof(float));
+inline float widen(float x) {
+  return x;
 }
-// dst (rows,cols) contiguous f32 = src (rows,cols) bf16 with row stride ld, widened (exact)
-void widen_rows(float* dst, const uint16_t* src, int64_t rows, int64_t cols, int64_t ld) {
-  for (int64_t t = 0; t < rows; ++t) {
-#pragma omp simd
-    for (int64_t i = 0; i < cols; ++i) dst[t * cols + i] = bf16_to_f32(src[t * ld + i]);
+inline float widen(uint16_t x) {
+  return bf16_to_f32(x);
+}
+inline void narrow(float* p, float x) {
+  *p = x;
+}
+inline void narrow(uint16_t* p, float x) {
+  *p = f32_to_bf16(x);
+}
+
+// The heads are rows of hs elements kilobytes apart (qkv's row), each on other pages, which the
+// hardware's prefetchers do not foresee: the packing loops fetch kAhead rows ahead of the one
+// they copy (1.5-2x faster packing at tiny's shape, which had been ~20 % of a call).
+constexpr int64_t kAhead = 8;
+template <class E>
+void prefetch_row(const E* row, int64_t n, bool write) {
+  const char* p = reinterpret_cast<const char*>(row);
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(E));
+  for (int64_t b = 0; b < bytes; b += 64) {
+    if (write)
+      __builtin_prefetch(p + b, 1);
+    else
+      __builtin_prefetch(p + b, 0);
   }
 }
-// dst (rows,cols) bf16 with row stride ld = src (rows,cols) contiguous f32, rounded to nearest even
-void round_rows(uint16_t* dst, int64_t ld, const float* src, int64_t rows, int64_t cols) {
-  for (int64_t t = 0; t < rows; ++t) {
+
+// dst (T, hsp) = src (T, hs) with row stride ld, widened; columns hs..hsp zero.
+template <class E>
+void pack_rows(float* dst, const E* src, int64_t ld, const Dims& d) {
+  for (int64_t t = 0; t < d.T; ++t) {
+    if (t + kAhead < d.T) prefetch_row(src + (t + kAhead) * ld, d.hs, false);
+    float* row = dst + t * d.hsp;
 #pragma omp simd
-    for (int64_t i = 0; i < cols; ++i) dst[t * ld + i] = f32_to_bf16(src[t * cols + i]);
+    for (int64_t i = 0; i < d.hs; ++i) row[i] = widen(src[t * ld + i]);
+    std::fill(row + d.hs, row + d.hsp, 0.0f);
+  }
+}
+#if defined(__AVX2__)
+// Eight elements from p as f32.
+inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+// r[0..7] (rows of 8) transposed in place: r[u] becomes column u.
+inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+#endif
+
+// dst = src (T, hs) with row stride ld, widened, as panels of kNR keys: panel j0 / kNR at
+// dst + j0 hs holds, for i < hs, keys j0 .. j0 + kNR - 1 (zeros past T).
+template <class E>
+void pack_panels(float* dst, const E* src, int64_t ld, const Dims& d) {
+  for (int64_t j0 = 0; j0 < d.T; j0 += kNR) {
+    float* panel = dst + j0 * d.hs;
+    int64_t i0 = 0;
+#if defined(__AVX2__)
+    // full panels: blocks of 8 keys x 8 elements, transposed in registers
+    if (j0 + kNR <= d.T) {
+      for (int64_t v = 0; v < kNR; ++v)
+        if (j0 + v + kNR < d.T) prefetch_row(src + (j0 + v + kNR) * ld, d.hs, false);
+      for (; i0 + 8 <= d.hs; i0 += 8) {
+        for (int64_t half = 0; half < kNR; half += 8) {
+          __m256 r[8];
+          for (int64_t u = 0; u < 8; ++u) r[u] = load8(src + (j0 + half + u) * ld + i0);
+          transpose8(r);
+          for (int64_t u = 0; u < 8; ++u) _mm256_storeu_ps(panel + (i0 + u) * kNR + half, r[u]);
+        }
+      }
+    }
+#endif
+    for (int64_t v = 0; v < kNR; ++v) {
+      if (i0 == 0 && j0 + v + kAhead < d.T) prefetch_row(src + (j0 + v + kAhead) * ld, d.hs, false);
+      if (j0 + v < d.T) {
+        const E* row = src + (j0 + v) * ld;
+        for (int64_t i = i0; i < d.hs; ++i) panel[i * kNR + v] = widen(row[i]);
+      } else {
+        for (int64_t i = i0; i < d.hs; ++i) panel[i * kNR + v] = 0.0f;
+      }
+    }
+  }
+}
+// dst (T, hs) with row stride ld = src (T, hsp), rounded where E is bf16.
+template <class E>
+void unpack_rows(E* dst, int64_t ld, const float* src, const Dims& d) {
+  for (int64_t t = 0; t < d.T; ++t) {
+    if (t + kAhead < d.T) prefetch_row(dst + (t + kAhead) * ld, d.hs, true);
+#pragma omp simd
+    for (int64_t i = 0; i < d.hs; ++i) narrow(dst + t * ld + i, src[t * d.hsp + i]);
+  }
+}
+
+// Scratch a thread: n floats rounded up to 16 (64 bytes) each piece.
+int64_t floats(int64_t n) {
+  return (n + 15) / 16 * 16;
+}
+
+// out is (B,T,C); lse is (B,NH,T); qkv is (B,T,C3) holding q (NH heads) | k (NKV heads) |
+// v (NKV heads), heads of hs = C/NH, C3 = C + 2 NKV hs.
+template <class E>
+void forward(Workspace& ws, E* out, float* lse, const E* qkv, int64_t B, int64_t T, int64_t C,
+             int64_t NH, int64_t NKV) {
+  const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV;
+  const Dims d = dims(T, hs);
+  const int64_t panels = floats((T + kNR - 1) / kNR * kNR * hs), rows = floats(T * d.hsp);
+  const int64_t per = panels + 3 * rows + floats(kBlockRows * d.lds) + floats(kBlockRows);
+  float* scratch =
+      static_cast<float*>(ws.get(static_cast<size_t>(omp_get_max_threads() * per) * sizeof(float)));
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      float* kt = scratch + static_cast<int64_t>(omp_get_thread_num()) * per;
+      float *v = kt + panels, *q = v + rows, *o = q + rows, *s = o + rows;
+      float* inv = s + floats(kBlockRows * d.lds);
+      const E* x = qkv + b * T * C3;
+      pack_panels(kt, x + C + (h / G) * hs, C3, d);
+      pack_rows(v, x + C + (NKV + h / G) * hs, C3, d);
+      pack_rows(q, x + h * hs, C3, d);
+      forward_head(o, lse + (b * NH + h) * T, s, inv, q, kt, v, d);
+      unpack_rows(out + b * T * C + h * hs, C, o, d);
+    }
+  }
+}
+
+// dqkv, qkv are (B,T,C3), C3 = C + 2 NKV hs; dout, out are (B,T,C); lse is (B,NH,T).
+template <class E>
+void backward(Workspace& ws, E* dqkv, const E* dout, const E* qkv, const E* out, const float* lse,
+              int64_t B, int64_t T, int64_t C, int64_t NH, int64_t NKV) {
+  const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV;
+  const Dims d = dims(T, hs);
+  const int64_t panels = floats((T + kNR - 1) / kNR * kNR * hs), rows = floats(T * d.hsp);
+  const int64_t block = floats(kBlockRows * d.lds);
+  const int64_t per = 2 * panels + 6 * rows + floats(T) + 2 * block;
+  float* scratch =
+      static_cast<float*>(ws.get(static_cast<size_t>(omp_get_max_threads() * per) * sizeof(float)));
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t kv = 0; kv < NKV; ++kv) {
+      float* kt = scratch + static_cast<int64_t>(omp_get_thread_num()) * per;
+      float *vt = kt + panels, *k = vt + panels, *q = k + rows, *dd = q + rows;
+      float *dq = dd + rows, *dk = dq + rows, *dv = dk + rows, *D = dv + rows;
+      float* p = D + floats(T);
+      float* ds = p + block;
+      const E* x = qkv + b * T * C3;
+      E* dx = dqkv + b * T * C3;
+      pack_panels(kt, x + C + kv * hs, C3, d);
+      pack_panels(vt, x + C + (NKV + kv) * hs, C3, d);
+      pack_rows(k, x + C + kv * hs, C3, d);
+      std::fill(dk, dk + 2 * rows, 0.0f);                // dk, dv
+      for (int64_t h = kv * G; h < (kv + 1) * G; ++h) {  // the query heads reading kv
+        pack_rows(q, x + h * hs, C3, d);
+        pack_rows(dd, dout + b * T * C + h * hs, C, d);
+        // D from out widened into dq (which backward_head overwrites): one loop on floats for
+        // both E (a loop on E vectorised differently for bf16 at the SSE level)
+        pack_rows(dq, out + b * T * C + h * hs, C, d);
+        for (int64_t t = 0; t < T; ++t) {
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t i = 0; i < hs; ++i) sum += dd[t * d.hsp + i] * dq[t * d.hsp + i];
+          D[t] = sum;
+        }
+        const HeadGrad g{q, dd, kt, vt, k, lse + (b * NH + h) * T, D, dq, dk, dv};
+        backward_head(p, ds, g, d);
+        unpack_rows(dx + h * hs, C3, dq, d);
+      }
+      unpack_rows(dx + C + kv * hs, C3, dk, d);
+      unpack_rows(dx + C + (NKV + kv) * hs, C3, dv, d);
+    }
   }
 }
 
 }  // namespace
 
-// out is (B,T,C); lse is (B,NH,T); qkv is (B,T,C3) holding q (NH heads) | k (NKV heads) |
-// v (NKV heads), heads of hs = C/NH, C3 = C + 2 NKV hs; query head h reads kv head h / (NH/NKV)
 void flash_attention_forward(Workspace& ws, float* out, float* lse, const float* qkv, int64_t B,
                              int64_t T, int64_t C, int64_t NH, int64_t NKV) {
-  const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV, blk = block_rows(T);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int nthreads = omp_get_max_threads();
-  float* scratch =
-      static_cast<float*>(ws.get(static_cast<size_t>(nthreads) * blk * T * sizeof(float)));
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      float* s = scratch + static_cast<int64_t>(omp_get_thread_num()) * blk * T;  // (blk, T)
-      const float* x = qkv + b * T * C3;
-      forward_head(s, x + h * hs, C3, x + C + (h / G) * hs, C3, x + C + (NKV + h / G) * hs, C3,
-                   out + b * T * C + h * hs, C, lse + (b * NH + h) * T, T, hs, blk, scale);
-    }
-  }
+  forward(ws, out, lse, qkv, B, T, C, NH, NKV);
 }
 
-// The same with bf16 out and qkv: each work item widens its head's q, k, v into the thread's
-// scratch, runs forward_head on them and rounds its o into out -- the bits of
-// flash_attention_forward on a widened qkv (the products read the same values through other
-// strides), in one region and without a widened copy of the whole qkv.
 void flash_attention_forward_bf16(Workspace& ws, uint16_t* out, float* lse, const uint16_t* qkv,
                                   int64_t B, int64_t T, int64_t C, int64_t NH, int64_t NKV) {
-  const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV, blk = block_rows(T);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int nthreads = omp_get_max_threads();
-  const int64_t per = blk * T + 4 * T * hs;  // s (blk,T); q, k, v, o (T,hs)
-  float* scratch = static_cast<float*>(ws.get(static_cast<size_t>(nthreads * per) * sizeof(float)));
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      float* s = scratch + static_cast<int64_t>(omp_get_thread_num()) * per;
-      float *q = s + blk * T, *k = q + T * hs, *v = k + T * hs, *o = v + T * hs;
-      const uint16_t* x = qkv + b * T * C3;
-      widen_rows(q, x + h * hs, T, hs, C3);
-      widen_rows(k, x + C + (h / G) * hs, T, hs, C3);
-      widen_rows(v, x + C + (NKV + h / G) * hs, T, hs, C3);
-      forward_head(s, q, hs, k, hs, v, hs, o, hs, lse + (b * NH + h) * T, T, hs, blk, scale);
-      round_rows(out + b * T * C + h * hs, C, o, T, hs);
-    }
-  }
+  forward(ws, out, lse, qkv, B, T, C, NH, NKV);
 }
 
-// dqkv, qkv are (B,T,C3), C3 = C + 2 NKV hs; dout, out are (B,T,C); lse is (B,NH,T). Per block
-// of query rows:
-//   p = exp(scale q k^T - lse);  dv += p^T dout;  dp = dout v^T;  D = rowsum(dout * out);
-//   ds = p (dp - D) scale;  dq = ds k;  dk += ds^T q.
-// The workspace holds two (rows, T) blocks per thread; dk and dv gather the blocks in order, and
-// with GQA the query heads of the group in order (h = kv G .. kv G + G-1, each all its blocks).
 void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,
                               const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                               int64_t NH, int64_t NKV) {
-  const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV, blk = block_rows(T);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int nthreads = omp_get_max_threads();
-  float* scratch =
-      static_cast<float*>(ws.get(static_cast<size_t>(nthreads) * 2 * blk * T * sizeof(float)));
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t kv = 0; kv < NKV; ++kv) {
-      float* p = scratch + static_cast<int64_t>(omp_get_thread_num()) * 2 * blk * T;  // (blk,T)
-      float* ds = p + blk * T;                                                        // (blk,T)
-      HeadGrad g;
-      // key/value head kv: (T,hs), row stride C3
-      g.k = qkv + b * T * C3 + C + kv * hs;
-      g.v = qkv + b * T * C3 + C + (NKV + kv) * hs;
-      g.dk = dqkv + b * T * C3 + C + kv * hs;
-      g.dv = dqkv + b * T * C3 + C + (NKV + kv) * hs;
-      g.ldq = g.ldkv = g.lddq = g.lddkv = C3;
-      g.ldd = g.ldo = C;
-      zero_rows(g.dk, T, hs, C3);
-      zero_rows(g.dv, T, hs, C3);
-      for (int64_t h = kv * G; h < (kv + 1) * G; ++h) {  // the query heads reading kv
-        g.q = qkv + b * T * C3 + h * hs;
-        g.d = dout + b * T * C + h * hs;
-        g.o = out + b * T * C + h * hs;
-        g.dq = dqkv + b * T * C3 + h * hs;
-        backward_head(p, ds, g, lse + (b * NH + h) * T, T, hs, blk, scale);
-      }
-    }
-  }
+  backward(ws, dqkv, dout, qkv, out, lse, B, T, C, NH, NKV);
 }
 
-// The same with bf16 dqkv, dout, qkv, out, as flash_attention_forward_bf16: each work item
-// widens its kv head's k, v and each query head's q, dout, out into the thread's scratch, sums
-// dk, dv there and rounds dq, dk, dv into dqkv.
 void flash_attention_backward_bf16(Workspace& ws, uint16_t* dqkv, const uint16_t* dout,
                                    const uint16_t* qkv, const uint16_t* out, const float* lse,
                                    int64_t B, int64_t T, int64_t C, int64_t NH, int64_t NKV) {
-  const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV, blk = block_rows(T);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int nthreads = omp_get_max_threads();
-  const int64_t per = 2 * blk * T + 8 * T * hs;  // p, ds (blk,T); k, v, dk, dv, q, d, o, dq (T,hs)
-  float* scratch = static_cast<float*>(ws.get(static_cast<size_t>(nthreads * per) * sizeof(float)));
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t kv = 0; kv < NKV; ++kv) {
-      float* p = scratch + static_cast<int64_t>(omp_get_thread_num()) * per;
-      float* ds = p + blk * T;
-      float* heads = ds + blk * T;
-      float *k = heads, *v = k + T * hs, *dk = v + T * hs, *dv = dk + T * hs;
-      float *q = dv + T * hs, *d = q + T * hs, *o = d + T * hs, *dq = o + T * hs;
-      const uint16_t* x = qkv + b * T * C3;
-      widen_rows(k, x + C + kv * hs, T, hs, C3);
-      widen_rows(v, x + C + (NKV + kv) * hs, T, hs, C3);
-      std::memset(dk, 0, static_cast<size_t>(2 * T * hs) * sizeof(float));  // dk, dv
-      const HeadGrad g{q, d, o, k, v, hs, hs, hs, hs, dq, dk, dv, hs, hs};
-      for (int64_t h = kv * G; h < (kv + 1) * G; ++h) {  // the query heads reading kv
-        widen_rows(q, x + h * hs, T, hs, C3);
-        widen_rows(d, dout + b * T * C + h * hs, T, hs, C);
-        widen_rows(o, out + b * T * C + h * hs, T, hs, C);
-        backward_head(p, ds, g, lse + (b * NH + h) * T, T, hs, blk, scale);
-        round_rows(dqkv + b * T * C3 + h * hs, C3, dq, T, hs);
-      }
-      round_rows(dqkv + b * T * C3 + C + kv * hs, C3, dk, T, hs);
-      round_rows(dqkv + b * T * C3 + C + (NKV + kv) * hs, C3, dv, T, hs);
-    }
-  }
+  backward(ws, dqkv, dout, qkv, out, lse, B, T, C, NH, NKV);
 }
 
 }  // namespace ct::cpu::fast::CT_CPU_ISA
