@@ -308,6 +308,9 @@ class CpuDevice final : public Device, private Workspace {
     if (r.dtype == DType::f32 && out.dtype == DType::f32)
       return k_.residual_layernorm_forward(f(residual), f(out), f(mean), f(rstd), f(x), f(r), f(w),
                                            f(b), N, C, eps);
+    if (k_.residual_layernorm_forward_bf16 && r.dtype == DType::bf16 && out.dtype == DType::bf16)
+      return k_.residual_layernorm_forward_bf16(f(residual), h(out), f(mean), f(rstd), f(x), h(r),
+                                                f(w), f(b), N, C, eps);
     // 16-bit r or out: rows in pieces (the kernel is row by row)
     pieces(N, C, 2, [&](int64_t r0, int64_t nr, float* s, int64_t stride) {
       const int64_t e0 = r0 * C, n = nr * C;
@@ -322,6 +325,9 @@ class CpuDevice final : public Device, private Workspace {
                                  const Tensor& dout, const Tensor& x, const Tensor& w,
                                  const Tensor& mean, const Tensor& rstd) override {
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+    if (k_.layernorm_backward_bf16 && dout.dtype == DType::bf16)
+      return k_.layernorm_backward_bf16(*this, f(dx), f(dw), f(db), h(dout), f(x), f(w), f(mean),
+                                        f(rstd), N, C);
     k_.layernorm_backward(*this, f(dx), f(dw), f(db), in(dout, 0), f(x), f(w), f(mean), f(rstd), N,
                           C);
   }

@@ -66,11 +66,19 @@ struct MatmulPackedArgs {
 // pass and one OpenMP region. The fast tables have them; the reference's slots are null and the
 // device stages instead.
 //   gelu_*_bf16: fast/gelu.cpp; bias_backward_bf16: fast/matmul.cpp;
+//   residual_layernorm_forward_bf16 (r, out bf16), layernorm_backward_bf16 (dout bf16):
+//   fast/layernorm.cpp;
 //   flash_attention_*_bf16: fast/flash_attention.cpp (out, dqkv, dout, qkv bf16; lse f32).
 #define CT_CPU_BF16_KERNELS(X)                                                                  \
   X(gelu_forward_bf16, (uint16_t * out, const uint16_t* x, int64_t n))                          \
   X(gelu_backward_bf16, (uint16_t * dx, const uint16_t* x, const uint16_t* dout, int64_t n))    \
   X(bias_backward_bf16, (float* dbias, const uint16_t* dout, int64_t M, int64_t N))             \
+  X(residual_layernorm_forward_bf16,                                                            \
+    (float* res, uint16_t* out, float* mean, float* rstd, const float* x, const uint16_t* r,    \
+     const float* w, const float* b, int64_t N, int64_t C, float eps))                          \
+  X(layernorm_backward_bf16,                                                                    \
+    (Workspace & ws, float* dx, float* dw, float* db, const uint16_t* dout, const float* x,     \
+     const float* w, const float* mean, const float* rstd, int64_t N, int64_t C))               \
   X(flash_attention_forward_bf16,                                                               \
     (Workspace & ws, uint16_t * out, float* lse, const uint16_t* qkv, int64_t B, int64_t T,     \
      int64_t C, int64_t NH, int64_t NKV))                                                       \
