@@ -228,8 +228,10 @@ TEST(CpuHalfMatmul, PackedGemmSumsInTheStatedOrder) {
     float alpha, beta;
   };
   // one slice and several (K 800: 3 of 272, the last 256); rows split (M >= N) and columns;
-  // edges that are not whole 6 x 16 tiles; the transposed packings
+  // edges that are not whole 6 x 16 tiles; the transposed packings; a 16-bit c over several
+  // slices in more than one block of rows (120) and of columns (512 a thread, up to 4 threads)
   const Case cases[] = {{100, 37, 72, false, true, true, true, 1.0f, 0.0f},
+                        {130, 2100, 800, false, false, true, true, 1.0f, 1.0f},
                         {61, 130, 800, false, false, false, true, 0.5f, 0.75f},
                         {77, 50, 800, true, false, false, false, 1.0f, 1.0f},
                         {130, 45, 395, false, true, true, true, 1.0f, 1.0f},
