@@ -72,6 +72,14 @@ TEST(CpuHalfMatmul, DevicesSaysWhichArithmetic) {
   EXPECT_EQ(extra(widened->info(), "bf16 matmul").rfind("f32 arithmetic", 0), 0u)
       << extra(widened->info(), "bf16 matmul");
   EXPECT_EQ(extra(chosen->info(), "f16 matmul").rfind("f32 arithmetic", 0), 0u);
+  // Where the packing GEMM runs, the row names both routes of a product and the size rule.
+  for (const char* dt : {"bf16 matmul", "f16 matmul"}) {
+    const std::string r = extra(widened->info(), dt);
+    if (r.find("packing GEMM") != std::string::npos) {
+      EXPECT_NE(r.find("sgemm past that"), std::string::npos) << r;
+      EXPECT_NE(r.find("N, K <= 8192"), std::string::npos) << r;
+    }
+  }
   // The reference: plain loops, which the report counts as an own kernel ("widened ...").
   EXPECT_EQ(extra(make_cpu_device(true)->info(), "bf16 matmul").rfind("widened to f32", 0), 0u);
 }

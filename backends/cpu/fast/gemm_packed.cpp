@@ -49,7 +49,7 @@ constexpr int64_t kKC = 384;          // at most: a kKC x kNR panel of b (24 KB)
 constexpr int64_t kMC = 120;          // a's packed block (up to 180 KB): L2
 constexpr int64_t kNC = 2048;         // b's packed slice (up to 3 MB): L3
 constexpr int64_t kNCHalf = 512;      // a 16-bit c summed over several slices in f32 (M x 512)
-constexpr int64_t kMaxNK = 8192;      // larger N or K: declined (matmul_packed)
+constexpr int64_t kMaxNK = kPackedGemmMaxNK;  // larger N or K: declined (matmul_packed)
 
 // Eight elements of a 16-bit or f32 array from p (element offset i), as f32.
 inline __m256 load8(const void* p, DType dt, int64_t i) {
