@@ -10,7 +10,17 @@
 // passed, and with CROSSTRAIN_VK_COOPMAT=0 the tiled one). --compare does it in one run: every
 // row also on a second device opened with CT_GPU_GEMM=own and CT_GPU_TILES=1 (the own tensor-core
 // GEMM for 16-bit inputs; on simt/simt64 against the default scalar kernel), and the ratio.
+// On the CPU, --compare runs the second device with CT_CPU_PACKED_GEMM=0: the 16-bit products on
+// widened f32 copies and OpenBLAS sgemm instead of the own packing GEMM (cpu_device.cpp's
+// packed_gemm_on), which is how the routing of each product there was measured. --shapes tiny
+// or gpt2 takes the shapes of the CPU runs (B*T = 1024: tiny 4 x 256 with C 384 and V 256, gpt2
+// 1 x 1024); --cpu-time times the process's CPU time instead of wall time (with
+// OMP_NUM_THREADS=1, a product's single-core cost, which load from other processes barely moves);
+// --dtypes f32,bf16 limits the dtypes.
 //   device_gemm_bench --device cuda:0 [--iters 20] [--compare] [--json out.json]
+//   device_gemm_bench --device cpu:0 --shapes tiny --dtypes f32,bf16 --compare [--cpu-time]
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,6 +51,45 @@ struct Timing {
   std::string path;  // the profile's matmul line, "" where the device has no profile
 };
 
+bool g_cpu_time = false;  // --cpu-time
+
+// Seconds of wall time, or with --cpu-time of this process's CPU time (all threads).
+double now_s() {
+  if (!g_cpu_time)
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// The model's products for B*T rows, width C, vocabulary V: the first five rows as before (c
+// f32, beta 0, every dtype), then, 16-bit only, a layer's products as bf16 training issues them.
+std::vector<Shape> model_shapes(int64_t BT, int64_t C, int64_t V) {
+  const int64_t C3 = 3 * C, C4 = 4 * C;
+  return {
+      {BT, C3, C, false, true, "qkv"},
+      {BT, C4, C, false, true, "fc"},
+      {BT, C, C4, false, true, "fc proj"},
+      {C, C4, BT, true, false, "fc weight grad"},
+      {BT, V, C, false, true, "lm head"},
+      {BT, C3, C, false, true, "qkv fwd", false, true, true},
+      {BT, C, C, false, true, "attn proj fwd", false, true, true},
+      {BT, C4, C, false, true, "fc fwd", false, true, true},
+      {BT, C, C4, false, true, "fc proj fwd", false, true, true},
+      {BT, C, C3, false, false, "qkv dx", false, true, true},
+      {BT, C, C4, false, false, "fc dx", false, true, true},
+      {BT, C4, C, false, false, "fc proj dx", false, true, true},
+      {C3, C, BT, true, false, "qkv dw", true, true},
+      {C, C, BT, true, false, "attn proj dw", true, true},
+      {C4, C, BT, true, false, "fc dw", true, true},
+      {C, C4, BT, true, false, "fc proj dw", true, true},
+      {BT, V, C, false, true, "lm head fwd", false, true, true},
+      {BT, C, V, false, false, "lm head dx", false, true, true},
+      {V, C, BT, true, false, "lm head dw", true, true},
+  };
+}
+
 // One row on dev: a warm-up call (profiled, for the path), then `iters` timed calls.
 Timing time_row(ct::Device& dev, const Shape& s, ct::DType dt, int iters) {
   const bool half = dt != ct::DType::f32;
@@ -60,20 +109,32 @@ Timing time_row(ct::Device& dev, const Shape& s, ct::DType dt, int iters) {
   dev.synchronize();
   const std::string report = dev.profile_report();
   dev.set_profiling(false);
-  const std::size_t at = report.find("matmul: ");
+  // "matmul: <path> <calls>" (the GPU devices), or the CPU's "matmul <dtype>: <path>  <calls>"
+  std::size_t at = report.find("matmul: "), skip = 8;
+  const std::size_t paths = report.find("kernel path per op");
+  if (at == std::string::npos && paths != std::string::npos &&
+      (at = report.find("  matmul ", paths)) != std::string::npos)
+    skip = report.find(": ", at) + 2 - at;
   if (at != std::string::npos) {
     const std::size_t end = report.find('\n', at);
-    r.path = report.substr(at + 8, end == std::string::npos ? std::string::npos : end - at - 8);
+    r.path =
+        report.substr(at + skip, end == std::string::npos ? std::string::npos : end - at - skip);
     const std::size_t calls = r.path.find_last_not_of("0123456789");  // the trailing call count
     if (calls != std::string::npos) r.path = r.path.substr(0, calls + 1);
     while (!r.path.empty() && r.path.back() == ' ') r.path.pop_back();
   }
+  // A fill before each call drops what the CPU device keeps between products (widened copies of
+  // 16-bit operands, cpu_device.cpp's kept_slot): every timed call widens its operands, as the
+  // first product that reads them in a training step does.
+  ct::Tensor drop = dev.empty({1}, ct::DType::f32, ct::MemCategory::kActivations);
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
+    dev.fill(drop, 0.0f);
+    dev.synchronize();
+    const double t0 = now_s();
     dev.matmul(c, a, b, s.ta, s.tb, 1.0f, beta);
     dev.synchronize();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    t.push_back(now_s() - t0);
   }
   std::sort(t.begin(), t.end());
   r.median_s = t[t.size() / 2];
@@ -85,7 +146,7 @@ Timing time_row(ct::Device& dev, const Shape& s, ct::DType dt, int iters) {
 
 int main(int argc, char** argv) {
   ct::ShutdownBackendsOnReturn shutdown;  // first: the backends close after everything else
-  std::string spec = "simt:0", json_path;
+  std::string spec = "simt:0", json_path, shape_set = "gpt2-8k", dtypes = "f32,f16,bf16";
   int iters = 10;
   bool compare = false;
   for (int i = 1; i < argc; ++i) {
@@ -98,51 +159,46 @@ int main(int argc, char** argv) {
       compare = true;
     else if (a == "--json" && i + 1 < argc)
       json_path = argv[++i];
+    else if (a == "--shapes" && i + 1 < argc)
+      shape_set = argv[++i];
+    else if (a == "--dtypes" && i + 1 < argc)
+      dtypes = argv[++i];
+    else if (a == "--cpu-time")
+      g_cpu_time = true;
     else {
       std::fprintf(stderr,
                    "usage: device_gemm_bench [--device SPEC] [--iters N] [--compare] [--json "
-                   "FILE]\n");
+                   "FILE] [--shapes gpt2-8k|gpt2|tiny] [--dtypes f32,f16,bf16] [--cpu-time]\n");
       return 2;
     }
   }
   try {
     auto dev = ct::open_device(spec);
-    std::unique_ptr<ct::Device> own =
-        compare ? ct::open_device_with_env(spec, {{"CT_GPU_GEMM", "own"}, {"CT_GPU_TILES", "1"}})
-                : nullptr;
+    const bool cpu = dev->info().backend == "cpu";
+    std::unique_ptr<ct::Device> own;
+    if (compare && cpu)
+      own = ct::open_device_with_env(spec, {{"CT_CPU_PACKED_GEMM", "0"}});
+    else if (compare)
+      own = ct::open_device_with_env(spec, {{"CT_GPU_GEMM", "own"}, {"CT_GPU_TILES", "1"}});
     const bool small = dev->info().test_only;  // the CPU SIMT runtime: tiny only
-    // The first five rows as before (c f32, beta 0, every dtype): the forward products and one
-    // weight gradient. Then, 16-bit only, the layer's products as bf16 training issues them.
-    std::vector<Shape> shapes = {
-        {8192, 2304, 768, false, true, "qkv (B*T=8192)"},
-        {8192, 3072, 768, false, true, "fc"},
-        {8192, 768, 3072, false, true, "fc proj"},
-        {768, 3072, 8192, true, false, "fc weight grad"},
-        {8192, 50304, 768, false, true, "lm head"},
-        {8192, 2304, 768, false, true, "qkv fwd", false, true, true},
-        {8192, 768, 768, false, true, "attn proj fwd", false, true, true},
-        {8192, 3072, 768, false, true, "fc fwd", false, true, true},
-        {8192, 768, 3072, false, true, "fc proj fwd", false, true, true},
-        {8192, 768, 2304, false, false, "qkv dx", false, true, true},
-        {8192, 768, 3072, false, false, "fc dx", false, true, true},
-        {8192, 3072, 768, false, false, "fc proj dx", false, true, true},
-        {2304, 768, 8192, true, false, "qkv dw", true, true},
-        {768, 768, 8192, true, false, "attn proj dw", true, true},
-        {3072, 768, 8192, true, false, "fc dw", true, true},
-        {768, 3072, 8192, true, false, "fc proj dw", true, true},
-        {8192, 50304, 768, false, true, "lm head fwd", false, true, true},
-        {8192, 768, 50304, false, false, "lm head dx", false, true, true},
-        {50304, 768, 8192, true, false, "lm head dw", true, true},
-    };
+    std::vector<Shape> shapes = shape_set == "tiny"   ? model_shapes(1024, 384, 256)
+                                : shape_set == "gpt2" ? model_shapes(1024, 768, 50304)
+                                                      : model_shapes(8192, 768, 50304);
     if (small)
       shapes = {{256, 256, 256, false, true, "256^3"},
                 {256, 256, 256, true, false, "256^3 dw", true, true}};
     nlohmann::json rows = nlohmann::json::array();
     const char* own_env = std::getenv("CT_GPU_GEMM");
-    std::printf("%s  %s  gemm: %s%s\n", dev->info().id().c_str(), dev->info().name.c_str(),
+    std::printf("%s  %s  gemm: %s%s%s\n", dev->info().id().c_str(), dev->info().name.c_str(),
                 own_env && std::string(own_env) == "own" ? "own (CT_GPU_GEMM=own)" : "default",
-                compare ? "; --compare: own = CT_GPU_GEMM=own CT_GPU_TILES=1" : "");
+                !compare ? ""
+                : cpu    ? "; --compare: own = CT_CPU_PACKED_GEMM=0 (widened copies + sgemm)"
+                         : "; --compare: own = CT_GPU_GEMM=own CT_GPU_TILES=1",
+                g_cpu_time ? "; process CPU time" : "");
     for (ct::DType dt : {ct::DType::f32, ct::DType::f16, ct::DType::bf16}) {
+      if (("," + dtypes + ",").find("," + std::string(ct::dtype_name(dt)) + ",") ==
+          std::string::npos)
+        continue;
       const bool half = dt != ct::DType::f32;
       for (const Shape& s : shapes) {
         if (s.half_only && !half) continue;

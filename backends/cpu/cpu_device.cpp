@@ -96,17 +96,29 @@ bool native_bf16_chosen() {
 
 // Products with a 16-bit operand that the native kernel does not take go to the packing GEMM
 // (fast/gemm_packed.cpp: the operands widened as they are packed, c rounded in its epilogue)
-// at the kernel levels that have it (AVX2 + FMA + F16C), unless CT_CPU_PACKED_GEMM=0; else
-// the operands are widened into f32 copies for sgemm. Measured on the 2-core Zen 3 EPYC (GFLOP/s
-// of one thread's CPU time, tiny's shapes, bf16): the packing GEMM 84-92, sgemm on widened
-// copies 80-89, f32 sgemm 84-91 (see the commit that added it for the training runs).
+// at the kernel levels that have it (AVX2 + FMA + F16C), unless CT_CPU_PACKED_GEMM=0; else,
+// and for products with N or K past kPackedGemmMaxNK (8192: a language model's head), the
+// operands are widened into f32 copies for sgemm. The faster of the two per product, measured
+// on the 2-core Zen 3 EPYC on the products of --bf16 training, tiny 4 x 256 and gpt2 1 x 1024
+// (device_gemm_bench --shapes tiny|gpt2 --dtypes bf16 --compare --cpu-time, OMP_NUM_THREADS=1,
+// GFLOP/s packed vs widened, 2026-11-28):
+//   forward, c bf16 (+ bias):  tiny 92-94 vs 87-91; gpt2 90-91 vs 89-90
+//   dx, c bf16:                tiny 92-94 vs 90-91; gpt2 90-91 vs 89-90
+//   dW, c f32 += (beta 1):     tiny 90-93 vs 91-93; gpt2 90-92 vs 90-93 (a tie, run to run)
+//   gpt2's head, N or K 50304: forward 89.4 vs 90.8, dx 88.6 vs 90.8 packed vs widened (with
+//     the limit lifted), and widened the forward's copy of wte serves dx too (kept_slot)
+// and with both threads under load the packing GEMM, whose threads never wait for each other,
+// is further ahead (device_gemm_bench without --cpu-time at load 2-4: widened 0.57-1.0x).
 bool packed_gemm_on(bool reference) {
   return !reference && active_isa().level >= IsaLevel::kAvx2 && !env_is("CT_CPU_PACKED_GEMM", "0");
 }
 
 std::string widened_how(bool reference) {
-  return packed_gemm_on(reference) ? "operands widened to f32 as the own packing GEMM packs them"
-                                   : "operands widened to f32";
+  if (!packed_gemm_on(reference)) return "operands widened to f32, exact";
+  return "operands widened to f32, exact: by the own packing GEMM as it packs them where N, K <= " +
+         std::to_string(kPackedGemmMaxNK) +
+         " (the linear layers), into copies for OpenBLAS sgemm past that (a vocabulary-sized "
+         "head), per product the faster of the two on the Zen 3 EPYC where it was measured";
 }
 
 std::string bf16_matmul_row(bool reference) {
@@ -118,7 +130,7 @@ std::string bf16_matmul_row(bool reference) {
                             fast::matmul_bf16_available()
                         ? "CT_CPU_BF16_MATMUL=widened"
                         : std::string("native kernel: ") + fast::bf16_matmul_library();
-  return "f32 arithmetic (" + widened_how(reference) + ", exact; " + why + ")";
+  return "f32 arithmetic (" + widened_how(reference) + "; " + why + ")";
 }
 
 std::string mib(int64_t bytes) {
@@ -145,7 +157,7 @@ DeviceInfo make_info(bool reference) {
              {"blas", reference ? std::string("none (plain loops)") : fast::f32_matmul_library()},
              {"16-bit tensors", "widened to f32, rounded to nearest even on store"},
              {"bf16 matmul", bf16_matmul_row(reference)},
-             {"f16 matmul", "f32 arithmetic (" + widened_how(reference) + ", exact)"}};
+             {"f16 matmul", "f32 arithmetic (" + widened_how(reference) + ")"}};
   // The fast device: which level of its kernels runs (fast_kernels() chose it, and settled
   // OpenBLAS's core, before this is built), and which kernels OpenBLAS runs.
   if (!reference) {
@@ -308,6 +320,9 @@ class CpuDevice final : public Device, private Workspace {
     if (r.dtype == DType::f32 && out.dtype == DType::f32)
       return k_.residual_layernorm_forward(f(residual), f(out), f(mean), f(rstd), f(x), f(r), f(w),
                                            f(b), N, C, eps);
+    if (k_.residual_layernorm_forward_bf16 && r.dtype == DType::bf16 && out.dtype == DType::bf16)
+      return k_.residual_layernorm_forward_bf16(f(residual), h(out), f(mean), f(rstd), f(x), h(r),
+                                                f(w), f(b), N, C, eps);
     // 16-bit r or out: rows in pieces (the kernel is row by row)
     pieces(N, C, 2, [&](int64_t r0, int64_t nr, float* s, int64_t stride) {
       const int64_t e0 = r0 * C, n = nr * C;
@@ -322,6 +337,9 @@ class CpuDevice final : public Device, private Workspace {
                                  const Tensor& dout, const Tensor& x, const Tensor& w,
                                  const Tensor& mean, const Tensor& rstd) override {
     int64_t C = x.shape[-1], N = x.numel() / std::max<int64_t>(C, 1);
+    if (k_.layernorm_backward_bf16 && dout.dtype == DType::bf16)
+      return k_.layernorm_backward_bf16(*this, f(dx), f(dw), f(db), h(dout), f(x), f(w), f(mean),
+                                        f(rstd), N, C);
     k_.layernorm_backward(*this, f(dx), f(dw), f(db), in(dout, 0), f(x), f(w), f(mean), f(rstd), N,
                           C);
   }

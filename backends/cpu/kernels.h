@@ -49,6 +49,9 @@ struct MatmulBf16Args {
 // A product whose a, b, c are each f32, bf16 or f16 (c row-major (M,N), a (M,K) or (K,M) with
 // trans_a, b (K,N) or (N,K) with trans_b; bias (N) f32, added rounded to c's type): the fast
 // levels' own packing GEMM (fast/gemm_packed.cpp), which widens 16-bit operands as it packs them.
+// matmul_packed declines products whose N or K is larger (a vocabulary-sized head): the device
+// widens their operands into f32 copies for sgemm, the faster there (cpu_device.cpp).
+inline constexpr int64_t kPackedGemmMaxNK = 8192;
 struct MatmulPackedArgs {
   void* c = nullptr;
   const void* a = nullptr;
@@ -66,11 +69,19 @@ struct MatmulPackedArgs {
 // pass and one OpenMP region. The fast tables have them; the reference's slots are null and the
 // device stages instead.
 //   gelu_*_bf16: fast/gelu.cpp; bias_backward_bf16: fast/matmul.cpp;
+//   residual_layernorm_forward_bf16 (r, out bf16), layernorm_backward_bf16 (dout bf16):
+//   fast/layernorm.cpp;
 //   flash_attention_*_bf16: fast/flash_attention.cpp (out, dqkv, dout, qkv bf16; lse f32).
 #define CT_CPU_BF16_KERNELS(X)                                                                  \
   X(gelu_forward_bf16, (uint16_t * out, const uint16_t* x, int64_t n))                          \
   X(gelu_backward_bf16, (uint16_t * dx, const uint16_t* x, const uint16_t* dout, int64_t n))    \
   X(bias_backward_bf16, (float* dbias, const uint16_t* dout, int64_t M, int64_t N))             \
+  X(residual_layernorm_forward_bf16,                                                            \
+    (float* res, uint16_t* out, float* mean, float* rstd, const float* x, const uint16_t* r,    \
+     const float* w, const float* b, int64_t N, int64_t C, float eps))                          \
+  X(layernorm_backward_bf16,                                                                    \
+    (Workspace & ws, float* dx, float* dw, float* db, const uint16_t* dout, const float* x,     \
+     const float* w, const float* mean, const float* rstd, int64_t N, int64_t C))               \
   X(flash_attention_forward_bf16,                                                               \
     (Workspace & ws, uint16_t * out, float* lse, const uint16_t* qkv, int64_t B, int64_t T,     \
      int64_t C, int64_t NH, int64_t NKV))                                                       \

@@ -102,6 +102,34 @@ TEST(CpuHalfKernels, ResidualNormsAsWidened) {
   }
 }
 
+// layernorm_backward with a 16-bit dout (bf16: each row widened as it is reached), over
+// several of the kernel's row chunks and both threads.
+TEST(CpuHalfKernels, LayerNormBackwardAsWidened) {
+  Device& d = fast_cpu();
+  const int64_t N = 301, C = 388;
+  const Vec x = randn(N * C, 13), w = randn(C, 14), b = randn(C, 15);
+  Tensor tx = upload(d, {N, C}, x), tw = upload(d, {C}, w), tb = upload(d, {C}, b);
+  Tensor out = d.empty({N, C}, DType::f32, MemCategory::kActivations);
+  Tensor mean = d.empty({N}, DType::f32, MemCategory::kActivations);
+  Tensor rstd = d.empty({N}, DType::f32, MemCategory::kActivations);
+  d.layernorm_forward(out, mean, rstd, tx, tw, tb, 1e-5f);
+  const Vec dx0 = randn(N * C, 16), dw0 = randn(C, 17), db0 = randn(C, 18);
+  for (DType h : kHalves) {
+    SCOPED_TRACE(dtype_name(h));
+    const Vec dout = rounded(randn(N * C, 19), h);
+    Vec dx[2], dw[2], db[2];
+    for (int p = 0; p < 2; ++p) {  // 0: 16-bit dout; 1: f32 on the widened dout
+      Tensor tdx = upload(d, {N, C}, dx0), tdw = upload(d, {C}, dw0), tdb = upload(d, {C}, db0);
+      d.layernorm_backward(tdx, tdw, tdb, up_as(d, {N, C}, dout, p == 0 ? h : DType::f32), tx, tw,
+                           mean, rstd);
+      dx[p] = download(d, tdx), dw[p] = download(d, tdw), db[p] = download(d, tdb);
+    }
+    EXPECT_TRUE(bitwise(dx[0], dx[1], "dx"));
+    EXPECT_TRUE(bitwise(dw[0], dw[1], "dw"));
+    EXPECT_TRUE(bitwise(db[0], db[1], "db"));
+  }
+}
+
 // The three cross-entropy ops on 16-bit logits, in pieces of rows (several rows per piece, and
 // one row per piece at GPT-2's width), in place and not.
 TEST(CpuHalfKernels, CrossEntropyAsWidened) {

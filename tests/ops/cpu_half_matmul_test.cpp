@@ -72,6 +72,14 @@ TEST(CpuHalfMatmul, DevicesSaysWhichArithmetic) {
   EXPECT_EQ(extra(widened->info(), "bf16 matmul").rfind("f32 arithmetic", 0), 0u)
       << extra(widened->info(), "bf16 matmul");
   EXPECT_EQ(extra(chosen->info(), "f16 matmul").rfind("f32 arithmetic", 0), 0u);
+  // Where the packing GEMM runs, the row names both routes of a product and the size rule.
+  for (const char* dt : {"bf16 matmul", "f16 matmul"}) {
+    const std::string r = extra(widened->info(), dt);
+    if (r.find("packing GEMM") != std::string::npos) {
+      EXPECT_NE(r.find("sgemm past that"), std::string::npos) << r;
+      EXPECT_NE(r.find("N, K <= 8192"), std::string::npos) << r;
+    }
+  }
   // The reference: plain loops, which the report counts as an own kernel ("widened ...").
   EXPECT_EQ(extra(make_cpu_device(true)->info(), "bf16 matmul").rfind("widened to f32", 0), 0u);
 }
@@ -228,8 +236,10 @@ TEST(CpuHalfMatmul, PackedGemmSumsInTheStatedOrder) {
     float alpha, beta;
   };
   // one slice and several (K 800: 3 of 272, the last 256); rows split (M >= N) and columns;
-  // edges that are not whole 6 x 16 tiles; the transposed packings
+  // edges that are not whole 6 x 16 tiles; the transposed packings; a 16-bit c over several
+  // slices in more than one block of rows (120) and of columns (512 a thread, up to 4 threads)
   const Case cases[] = {{100, 37, 72, false, true, true, true, 1.0f, 0.0f},
+                        {130, 2100, 800, false, false, true, true, 1.0f, 1.0f},
                         {61, 130, 800, false, false, false, true, 0.5f, 0.75f},
                         {77, 50, 800, true, false, false, false, 1.0f, 1.0f},
                         {130, 45, 395, false, true, true, true, 1.0f, 1.0f},

@@ -13,6 +13,7 @@
 //       for each block of kMC rows of c         (a's block packed: kMC x kc, panels of kMR)
 //         for each kNR panel x kMR panel        (the micro-kernel: a kMR x kNR tile of c in
 //                                                12 vector registers, kc rank-1 updates)
+// (a 16-bit c over several slices: the rows outside the slices, run_block says why)
 // Each thread owns a range of c's rows or columns and runs the nest on it alone, without
 // barriers; the operand both threads need is packed by each (the smaller one).
 //
@@ -48,7 +49,7 @@ constexpr int64_t kKC = 384;          // at most: a kKC x kNR panel of b (24 KB)
 constexpr int64_t kMC = 120;          // a's packed block (up to 180 KB): L2
 constexpr int64_t kNC = 2048;         // b's packed slice (up to 3 MB): L3
 constexpr int64_t kNCHalf = 512;      // a 16-bit c summed over several slices in f32 (M x 512)
-constexpr int64_t kMaxNK = 8192;      // larger N or K: declined (matmul_packed)
+constexpr int64_t kMaxNK = kPackedGemmMaxNK;  // larger N or K: declined (matmul_packed)
 
 // Eight elements of a 16-bit or f32 array from p (element offset i), as f32.
 inline __m256 load8(const void* p, DType dt, int64_t i) {
@@ -316,6 +317,23 @@ struct Scratch {
   }
 };
 
+// The micro-tiles of an mc x nc block of c from packed a (mc x kc) and b (kc x nc), into the
+// target at (i, j) + tile offsets.
+void tiles(const Target& t, const float* ap, const float* bp, int64_t mc, int64_t nc, int64_t kc,
+           int64_t i, int64_t j) {
+  alignas(32) float acc[kMR * kNR];
+  for (int64_t q = 0; q < nc; q += kNR) {
+    const int64_t cols = std::min(kNR, nc - q);
+    for (int64_t p = 0; p < mc; p += kMR) {
+      // the next tile's rows of c, fetched while this one computes (its rows are far apart,
+      // which the hardware's prefetchers do not foresee)
+      if (p + kMR < mc) prefetch_rows(t, i + p + kMR, j + q, std::min(kMR, mc - p - kMR));
+      micro_kernel(kc, ap + p * kc, bp + q * kc, acc);
+      epilogue(t, acc, i + p, j + q, std::min(kMR, mc - p), cols);
+    }
+  }
+}
+
 // The nest over rows [r0, r1) x columns [n0, n1) of c.
 void run_block(const MatmulPackedArgs& m, const Operand& a, const Operand& b, const float* bias,
                int64_t r0, int64_t r1, int64_t n0, int64_t n1) {
@@ -324,51 +342,48 @@ void run_block(const MatmulPackedArgs& m, const Operand& a, const Operand& b, co
   // K in slices of at most kKC, of equal length (a multiple of 8, but the last)
   const int64_t slices = (m.K + kKC - 1) / kKC;
   const int64_t kc_len = ((m.K + slices - 1) / slices + 7) / 8 * 8;
-  // A 16-bit c summed over several slices: f32 sums of kNCHalf columns at a time, rounded at
-  // the end (c itself holds the sums otherwise).
+  // A 16-bit c summed over several slices: f32 sums, rounded at the end (c itself holds the
+  // sums otherwise). There the rows go outside the slices: all of b's slices of a block of
+  // kNCHalf columns are packed first, then each block of kMC rows takes every slice in turn
+  // with its sums (kMC x kNCHalf, 240 KB) in L2. The slices inside the rows kept the sums of
+  // all the thread's rows (2 MB at gpt2's 1024 x 768 on one thread) in flight between slices:
+  // the 16-bit products with K > kKC ran 2-7 % slower than sgemm on widened copies.
   const bool sum_apart = half_c && slices > 1;
   const int64_t nc_max = sum_apart ? kNCHalf : kNC;
-  const int64_t rows = r1 - r0;
+  const int64_t panel = kc_len * ((nc_max + kNR - 1) / kNR * kNR);  // one packed slice of b
   float* ap = s.get(s.a, kMC * kc_len + 8);  // + the last k's overhang (pack_a)
-  float* bp = s.get(s.b, kc_len * ((nc_max + kNR - 1) / kNR * kNR));
-  alignas(32) float acc[kMR * kNR];
+  float* bp = s.get(s.b, panel * (sum_apart ? slices : 1));
+  float* sums = sum_apart ? s.get(s.sums, kMC * nc_max) : nullptr;
   for (int64_t j0 = n0; j0 < n1; j0 += nc_max) {
     const int64_t nc = std::min(nc_max, n1 - j0);
-    Target t{m.c, m.c_dtype, m.N, m.alpha, true, m.c, m.c_dtype, m.N, 0, 0, m.beta, bias};
-    int64_t row0 = 0, col0 = j0;  // the block's first row and column in the target's indexing
-    float* sums = nullptr;
-    if (sum_apart) {
-      sums = s.get(s.sums, rows * nc);
-      t.c = sums;
-      t.dt = DType::f32;
-      t.ld = nc;
-      t.row_off = row0 = r0;
-      t.col_off = j0;
-      col0 = 0;
-    }
-    for (int64_t k0 = 0; k0 < m.K; k0 += kc_len) {
-      const int64_t kc = std::min(kc_len, m.K - k0);
-      t.first = k0 == 0;
-      pack_b(bp, b, k0, kc, j0, nc);
-      for (int64_t i0 = r0; i0 < r1; i0 += kMC) {
-        const int64_t mc = std::min(kMC, r1 - i0);
-        pack_a(ap, a, i0, mc, k0, kc);
-        for (int64_t q = 0; q < nc; q += kNR) {
-          const int64_t cols = std::min(kNR, nc - q);
-          for (int64_t p = 0; p < mc; p += kMR) {
-            // the next tile's rows of c, fetched while this one computes (its rows are far
-            // apart, which the hardware's prefetchers do not foresee)
-            if (p + kMR < mc)
-              prefetch_rows(t, i0 + p + kMR - row0, col0 + q, std::min(kMR, mc - p - kMR));
-            micro_kernel(kc, ap + p * kc, bp + q * kc, acc);
-            epilogue(t, acc, i0 + p - row0, col0 + q, std::min(kMR, mc - p), cols);
-          }
+    if (!sum_apart) {
+      Target t{m.c, m.c_dtype, m.N, m.alpha, true, m.c, m.c_dtype, m.N, 0, 0, m.beta, bias};
+      for (int64_t k0 = 0; k0 < m.K; k0 += kc_len) {
+        const int64_t kc = std::min(kc_len, m.K - k0);
+        t.first = k0 == 0;
+        pack_b(bp, b, k0, kc, j0, nc);
+        for (int64_t i0 = r0; i0 < r1; i0 += kMC) {
+          const int64_t mc = std::min(kMC, r1 - i0);
+          pack_a(ap, a, i0, mc, k0, kc);
+          tiles(t, ap, bp, mc, nc, kc, i0, j0);
         }
       }
+      continue;
     }
-    if (sums) {
-      for (int64_t i = 0; i < rows; ++i) {
-        const int64_t out = (r0 + i) * m.N + j0;
+    for (int64_t k0 = 0, q = 0; k0 < m.K; k0 += kc_len, ++q)
+      pack_b(bp + q * panel, b, k0, std::min(kc_len, m.K - k0), j0, nc);
+    for (int64_t i0 = r0; i0 < r1; i0 += kMC) {
+      const int64_t mc = std::min(kMC, r1 - i0);
+      // the sums of rows i0.. as (mc, nc), element (i, j) standing for c's (i0 + i, j0 + j)
+      Target t{sums, DType::f32, nc, m.alpha, true, m.c, m.c_dtype, m.N, i0, j0, m.beta, bias};
+      for (int64_t k0 = 0, q = 0; k0 < m.K; k0 += kc_len, ++q) {
+        const int64_t kc = std::min(kc_len, m.K - k0);
+        t.first = k0 == 0;
+        pack_a(ap, a, i0, mc, k0, kc);
+        tiles(t, ap, bp + q * panel, mc, nc, kc, 0, 0);
+      }
+      for (int64_t i = 0; i < mc; ++i) {
+        const int64_t out = (i0 + i) * m.N + j0;
         int64_t c = 0;
         for (; c + 8 <= nc; c += 8)
           store8(m.c, m.c_dtype, out + c, _mm256_loadu_ps(sums + i * nc + c));

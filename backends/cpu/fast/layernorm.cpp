@@ -1,6 +1,8 @@
 // Fast layer normalisation: rows in parallel; dw/db from fixed row chunks reduced in order.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "backends/cpu/kernels.h"
 
@@ -48,6 +50,17 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
     layernorm_row(out + n * C, mean + n, rstd + n, x + n * C, w, b, C, eps);
 }
 
+// A row of C floats per thread, 32-byte aligned, for the bf16 kernels below: a row widened or
+// computed in f32 there is in L1 when it is read again.
+namespace {
+float* row_buffer(int64_t C) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < C + 8) buf.resize(static_cast<size_t>(C + 8));
+  const auto addr = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((32 - addr % 32) % 32) / sizeof(float);
+}
+}  // namespace
+
 // residual, out, x, r are (N,C); w, b are (C); mean, rstd are (N)
 // Row by row, so the sum is normalised while it is still in cache.
 void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd,
@@ -63,13 +76,53 @@ void residual_layernorm_forward(float* residual, float* out, float* mean, float*
   }
 }
 
-// dx, dout, x are (N,C); dw, db, w are (C); mean, rstd are (N)
+// The same with r and out bf16 (out rounded to nearest even): each row of the layernorm is
+// computed in f32 in a row buffer and rounded from there, so residual, mean, rstd and out are
+// the bits of residual_layernorm_forward on the widened r, rounded. One pass over the 16-bit
+// tensors instead of the device's pieces (r widened into scratch, out rounded from it).
+void residual_layernorm_forward_bf16(float* residual, uint16_t* out, float* mean, float* rstd,
+                                     const float* x, const uint16_t* r, const float* w,
+                                     const float* b, int64_t N, int64_t C, float eps) {
+#pragma omp parallel if (N * C > (1 << 14))
+  {
+    float* on = row_buffer(C);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      float* rn = residual + n * C;
+      const float* xn = x + n * C;
+      const uint16_t* dn = r + n * C;
+#pragma omp simd
+      for (int64_t i = 0; i < C; ++i) rn[i] = xn[i] + bf16_to_f32(dn[i]);
+      layernorm_row(on, mean + n, rstd + n, rn, w, b, C, eps);
+      uint16_t* o = out + n * C;
+#pragma omp simd
+      for (int64_t i = 0; i < C; ++i) o[i] = f32_to_bf16(on[i]);
+    }
+  }
+}
+
+namespace {
+
+// dout's row n as f32: the row itself, or widened from bf16 into buf.
+inline const float* dout_row(const float* dout, int64_t n, int64_t C, float*) {
+  return dout + n * C;
+}
+inline const float* dout_row(const uint16_t* dout, int64_t n, int64_t C, float* buf) {
+  const uint16_t* d = dout + n * C;
+#pragma omp simd
+  for (int64_t i = 0; i < C; ++i) buf[i] = bf16_to_f32(d[i]);
+  return buf;
+}
+
+// dx, dout, x are (N,C); dw, db, w are (C); mean, rstd are (N); dout f32 or bf16 (each row
+// widened into a row buffer as it is reached, then the f32 arithmetic: the same bits)
 // Rows are cut into chunks whose count depends on N only; each chunk sums its dw/db partials
 // into the workspace (2C floats per chunk), which are then added in chunk order: the result is
 // the same run to run and for any thread count.
-void layernorm_backward(Workspace& ws, float* dx, float* dw, float* db, const float* dout,
-                        const float* x, const float* w, const float* mean, const float* rstd,
-                        int64_t N, int64_t C) {
+template <typename T>
+void layernorm_backward_rows(Workspace& ws, float* dx, float* dw, float* db, const T* dout,
+                             const float* x, const float* w, const float* mean, const float* rstd,
+                             int64_t N, int64_t C) {
   if (N == 0 || C == 0) return;
   int64_t rows = std::max<int64_t>(16, (N + 255) / 256);
   int64_t nchunks = (N + rows - 1) / rows;
@@ -80,8 +133,9 @@ void layernorm_backward(Workspace& ws, float* dx, float* dw, float* db, const fl
     float* pdb = pdw + C;
     for (int64_t i = 0; i < 2 * C; ++i) pdw[i] = 0.0f;
     int64_t n1 = std::min(N, (ch + 1) * rows);
+    float* buf = sizeof(T) == sizeof(float) ? nullptr : row_buffer(C);
     for (int64_t n = ch * rows; n < n1; ++n) {
-      const float* dn = dout + n * C;
+      const float* dn = dout_row(dout, n, C, buf);
       const float* xn = x + n * C;
       float m = mean[n], s = rstd[n];
       float dmean = 0.0f, dnorm = 0.0f;
@@ -117,6 +171,19 @@ void layernorm_backward(Workspace& ws, float* dx, float* dw, float* db, const fl
     dw[i] += sw;
     db[i] += sb;
   }
+}
+
+}  // namespace
+
+void layernorm_backward(Workspace& ws, float* dx, float* dw, float* db, const float* dout,
+                        const float* x, const float* w, const float* mean, const float* rstd,
+                        int64_t N, int64_t C) {
+  layernorm_backward_rows(ws, dx, dw, db, dout, x, w, mean, rstd, N, C);
+}
+void layernorm_backward_bf16(Workspace& ws, float* dx, float* dw, float* db, const uint16_t* dout,
+                             const float* x, const float* w, const float* mean, const float* rstd,
+                             int64_t N, int64_t C) {
+  layernorm_backward_rows(ws, dx, dw, db, dout, x, w, mean, rstd, N, C);
 }
 
 }  // namespace ct::cpu::fast::CT_CPU_ISA
