@@ -80,7 +80,10 @@ class CpuBuffer final : public Buffer {
 //     conversions ('copy') 0.36 s, flash attention's widening of its heads 0.15 s, and OpenBLAS
 //     threads yielding (sched_yield) while they wait for each other in the weight-gradient
 //     products 0.34 s (7 ms in fp32: a loaded machine's), against 0.3 s less page clearing at
-//     start-up.
+//     start-up. (That was 2026-11-22. Since then the packing GEMM below widens while it packs,
+//     and flash attention widens its heads while it packs its tiles, with no separate pass:
+//     `bench --report` of 2026-11-28, tiny 4x256 16 steps, gives bf16 2,270 against fp32 2,339
+//     tokens/s, and three alternated 24-step runs 1.07x, 0.98x, 0.99x: within the noise.)
 // A product the native kernel declines (a batch with its own b per matrix, alpha with a bias)
 // is widened; --profile counts the paths taken.
 bool env_is(const char* name, const char* value) {
