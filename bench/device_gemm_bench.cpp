@@ -16,7 +16,7 @@
 // or gpt2 takes the shapes of the CPU runs (B*T = 1024: tiny 4 x 256 with C 384 and V 256, gpt2
 // 1 x 1024); --cpu-time times the process's CPU time instead of wall time (with
 // OMP_NUM_THREADS=1, a product's single-core cost, which load from other processes barely moves);
-// --dtypes f32,bf16 limits the dtypes.
+// --dtypes f32,bf16 limits the dtypes; --cold evicts the caches before each timed call.
 //   device_gemm_bench --device cuda:0 [--iters 20] [--compare] [--json out.json]
 //   device_gemm_bench --device cpu:0 --shapes tiny --dtypes f32,bf16 --compare [--cpu-time]
 #include <time.h>
@@ -52,6 +52,16 @@ struct Timing {
 };
 
 bool g_cpu_time = false;  // --cpu-time
+bool g_cold = false;      // --cold
+
+// --cold: 64 MiB written before each timed call, so the product's operands and c come from
+// memory, as in a training step, where the ops between two products evict them (a weight
+// gradient's c was last touched a step earlier). Without it every call finds them in cache.
+void evict_caches() {
+  static std::vector<unsigned char> junk(size_t{64} << 20);
+  static unsigned char v = 0;
+  std::memset(junk.data(), ++v, junk.size());
+}
 
 // Seconds of wall time, or with --cpu-time of this process's CPU time (all threads).
 double now_s() {
@@ -131,6 +141,7 @@ Timing time_row(ct::Device& dev, const Shape& s, ct::DType dt, int iters) {
   for (int i = 0; i < iters; ++i) {
     dev.fill(drop, 0.0f);
     dev.synchronize();
+    if (g_cold) evict_caches();
     const double t0 = now_s();
     dev.matmul(c, a, b, s.ta, s.tb, 1.0f, beta);
     dev.synchronize();
@@ -165,10 +176,13 @@ int main(int argc, char** argv) {
       dtypes = argv[++i];
     else if (a == "--cpu-time")
       g_cpu_time = true;
+    else if (a == "--cold")
+      g_cold = true;
     else {
-      std::fprintf(stderr,
-                   "usage: device_gemm_bench [--device SPEC] [--iters N] [--compare] [--json "
-                   "FILE] [--shapes gpt2-8k|gpt2|tiny] [--dtypes f32,f16,bf16] [--cpu-time]\n");
+      std::fprintf(
+          stderr,
+          "usage: device_gemm_bench [--device SPEC] [--iters N] [--compare] [--json "
+          "FILE] [--shapes gpt2-8k|gpt2|tiny] [--dtypes f32,f16,bf16] [--cpu-time] [--cold]\n");
       return 2;
     }
   }
@@ -189,12 +203,13 @@ int main(int argc, char** argv) {
                 {256, 256, 256, true, false, "256^3 dw", true, true}};
     nlohmann::json rows = nlohmann::json::array();
     const char* own_env = std::getenv("CT_GPU_GEMM");
-    std::printf("%s  %s  gemm: %s%s%s\n", dev->info().id().c_str(), dev->info().name.c_str(),
+    std::printf("%s  %s  gemm: %s%s%s%s\n", dev->info().id().c_str(), dev->info().name.c_str(),
                 own_env && std::string(own_env) == "own" ? "own (CT_GPU_GEMM=own)" : "default",
                 !compare ? ""
                          : "; --compare: own = CT_GPU_GEMM=own CT_GPU_TILES=1 on a GPU, "
                            "CT_CPU_PACKED_GEMM=0 (widened copies + sgemm) on the CPU",
-                g_cpu_time ? "; process CPU time" : "");
+                g_cpu_time ? "; process CPU time" : "",
+                g_cold ? "; caches evicted before each call" : "");
     for (ct::DType dt : {ct::DType::f32, ct::DType::f16, ct::DType::bf16}) {
       if (("," + dtypes + ",").find("," + std::string(ct::dtype_name(dt)) + ",") ==
           std::string::npos)

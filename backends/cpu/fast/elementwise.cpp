@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/fast/vec_math.h"
 #include "backends/cpu/kernels.h"
 
 namespace ct::cpu::fast::CT_CPU_ISA {
@@ -47,7 +48,7 @@ void set_bytes(char* d, int byte, size_t bytes) {
 // p is (n) of dtype dt
 void fill(void* p, DType dt, int64_t n, float value) {
   // One element in the target type, replicated; set_bytes when its bytes are all alike (zero).
-  unsigned char pattern[4];
+  unsigned char pattern[4] = {};
   write_from_f32(pattern, dt, 0, value);
   const size_t es = dtype_size(dt);
   if (std::all_of(pattern, pattern + es, [&](unsigned char b) { return b == pattern[0]; })) {
@@ -94,16 +95,17 @@ void copy(void* dst, DType dst_dt, const void* src, DType src_dt, int64_t n) {
     }
     return;
   }
+  constexpr int64_t kPiece = 1 << 14;  // elements per work item of the bf16 conversions
   if (src_dt == DType::f32 && dst_dt == DType::bf16) {
     const float* s = static_cast<const float*>(src);
     uint16_t* d = static_cast<uint16_t*>(dst);
-#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; i += kPiece) round_bf16(d + i, s + i, std::min(kPiece, n - i));
   } else if (src_dt == DType::bf16 && dst_dt == DType::f32) {
     const uint16_t* s = static_cast<const uint16_t*>(src);
     float* d = static_cast<float*>(dst);
-#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; i += kPiece) widen_bf16(d + i, s + i, std::min(kPiece, n - i));
   } else if (src_dt == DType::f32 && dst_dt == DType::f16) {
     const float* s = static_cast<const float*>(src);
     uint16_t* d = static_cast<uint16_t*>(dst);

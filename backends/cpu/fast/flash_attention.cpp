@@ -367,8 +367,7 @@ inline __m256 load8(const float* p) {
   return _mm256_loadu_ps(p);
 }
 inline __m256 load8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return bf16x8_to_f32(p);
 }
 #endif
 

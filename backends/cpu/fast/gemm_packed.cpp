@@ -55,10 +55,10 @@ constexpr int64_t kMaxNK = kPackedGemmMaxNK;  // larger N or K: declined (matmul
 // Eight elements of a 16-bit or f32 array from p (element offset i), as f32.
 inline __m256 load8(const void* p, DType dt, int64_t i) {
   if (dt == DType::f32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
-  const __m128i h =
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
-  if (dt == DType::f16) return _mm256_cvtph_ps(h);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  const uint16_t* h = static_cast<const uint16_t*>(p) + i;
+  if (dt == DType::f16)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+  return bf16x8_to_f32(h);
 }
 inline float load1(const void* p, DType dt, int64_t i) {
   if (dt == DType::f32) return static_cast<const float*>(p)[i];
@@ -66,27 +66,13 @@ inline float load1(const void* p, DType dt, int64_t i) {
   return dt == DType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
 }
 
-// Eight f32 rounded to nearest even into bf16 (NaN kept a quiet NaN, as f32_to_bf16).
-inline __m128i to_bf16x8(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r =
-      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));
-  const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  r = _mm256_blendv_epi8(r, q, nan);
-  // 32-bit lanes holding 16-bit values -> 8 x u16 (packus works per 128-bit half).
-  const __m256i packed = _mm256_packus_epi32(r, r);
-  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
-}
 inline void store8(void* p, DType dt, int64_t i, __m256 v) {
   if (dt == DType::f32) return _mm256_storeu_ps(static_cast<float*>(p) + i, v);
   auto* q = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(p) + i);
   if (dt == DType::f16)
     _mm_storeu_si128(q, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   else
-    _mm_storeu_si128(q, to_bf16x8(v));
+    _mm_storeu_si128(q, f32x8_to_bf16(v));
 }
 inline void store1(void* p, DType dt, int64_t i, float v) {
   if (dt == DType::f32)

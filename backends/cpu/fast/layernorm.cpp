@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backends/cpu/fast/vec_math.h"
 #include "backends/cpu/kernels.h"
 
 namespace ct::cpu::fast::CT_CPU_ISA {
@@ -94,9 +95,7 @@ void residual_layernorm_forward_bf16(float* residual, uint16_t* out, float* mean
 #pragma omp simd
       for (int64_t i = 0; i < C; ++i) rn[i] = xn[i] + bf16_to_f32(dn[i]);
       layernorm_row(on, mean + n, rstd + n, rn, w, b, C, eps);
-      uint16_t* o = out + n * C;
-#pragma omp simd
-      for (int64_t i = 0; i < C; ++i) o[i] = f32_to_bf16(on[i]);
+      round_bf16(out + n * C, on, C);
     }
   }
 }
@@ -108,9 +107,7 @@ inline const float* dout_row(const float* dout, int64_t n, int64_t C, float*) {
   return dout + n * C;
 }
 inline const float* dout_row(const uint16_t* dout, int64_t n, int64_t C, float* buf) {
-  const uint16_t* d = dout + n * C;
-#pragma omp simd
-  for (int64_t i = 0; i < C; ++i) buf[i] = bf16_to_f32(d[i]);
+  widen_bf16(buf, dout + n * C, C);
   return buf;
 }
 

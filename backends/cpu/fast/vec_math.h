@@ -1,11 +1,14 @@
 // Branch-free float exp, tanh and sqrt that GCC vectorises inside `omp simd` loops (libm's expf and
 // tanhf stay scalar without -ffast-math). Relative error of fast_exp ~2 ulp (Cephes expf
 // polynomial); fast_tanh's absolute error is ~1e-7.
+// Also the bf16 <-> f32 conversions of whole spans.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "core/dtype.h"
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -107,6 +110,41 @@ inline void transpose8(__m256 r[8]) {
   r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 #endif
+
+// n bf16 widened into f32, and n f32 rounded to bf16 (nearest even, NaN kept quiet: the bits of
+// bf16_to_f32 / f32_to_bf16), eight at a time where AVX2 has the integer vectors for it.
+#if defined(__AVX2__)
+inline __m256 bf16x8_to_f32(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m128i f32x8_to_bf16(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
+  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+  __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+  // 32-bit lanes holding 16-bit values -> 8 x u16 (packus works per 128-bit half)
+  const __m256i packed = _mm256_packus_epi32(r, r);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+#endif
+inline void widen_bf16(float* out, const uint16_t* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, bf16x8_to_f32(x + i));
+#endif
+  for (; i < n; ++i) out[i] = bf16_to_f32(x[i]);
+}
+inline void round_bf16(uint16_t* out, const float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), f32x8_to_bf16(_mm256_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) out[i] = f32_to_bf16(x[i]);
+}
 
 inline float fast_tanh(float u) {
   float e = fast_exp(2.0f * u);
