@@ -350,6 +350,11 @@ if [ -n "$backend" ] && [ -z "$devices" ]; then
     --max-steps 4 --logging-steps 1 --eval-steps 0 --max-eval-batches 1 --sample-tokens 0 \
     --no-progress --bf16 --profile "${data_flag[@]}" --output-dir "$out/profile-run"
   rm -rf "$out/profile-run"
+  # The own tensor-core GEMM against the library, product by product (gpt2's shapes at 8 x 1024
+  # tokens, f32/f16/bf16): device_gemm_bench --compare runs each on a second device opened with
+  # CT_GPU_GEMM=own CT_GPU_TILES=1 and gives the ratio (#26 item 4: at least 0.5x cuBLASLt).
+  step "device_gemm_bench --compare on $backend:0" 90 gemm-compare.log "${ct_env[@]}" \
+    "$bin/device_gemm_bench" --device "$backend:0" --compare --json "$out/gemm-compare.json"
   # The step graph's gain (each micro-batch's forward and backward replayed as one CUDA/HIP graph
   # launch, on by default): the same gpt2 bf16 run with and without it, tokens/s in each log.
   for g in graph no-graph; do
