@@ -19,10 +19,16 @@ transformers' LlamaForCausalLM instead (attention "sdpa" where the torch has
 scaled_dot_product_attention, else "eager"); that needs transformers beside torch, e.g. a venv
 with --system-site-packages and `pip install transformers==4.44.2` for Debian's torch 1.13.
 
+--time-limit SECONDS (0: none) is the run's wall-time budget, counted from the script's start
+(importing torch and building the model included): the run stops after the step that crosses it
+and says so ("stopped_early" in the JSON). `crosstrain bench --report` gives it its
+--peer-time-limit.
+
 Prints one line per step and, with --json, writes {"steps": [{"step", "seconds", "tokens",
-"tokens_per_s", "loss"}, ...], ...}. Initialisation defaults to torch's normal(0, 0.02) (the
-speed does not depend on the values); --philox-init reproduces crosstrain's exact weights (slow
-in numpy for the 124M model). Run with /usr/bin/python3 (Debian's python3-torch).
+"tokens_per_s", "loss"}, ...], "steps_requested", "time_limit_s", "stopped_early", ...}.
+Initialisation defaults to torch's normal(0, 0.02) (the speed does not depend on the values);
+--philox-init reproduces crosstrain's exact weights (slow in numpy for the 124M model). Run with
+/usr/bin/python3 (Debian's python3-torch).
 """
 import argparse
 import json
@@ -32,9 +38,11 @@ import resource
 import sys
 import time
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+START = time.monotonic()  # --time-limit counts from here: importing torch takes seconds
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt2  # noqa: E402
@@ -123,6 +131,8 @@ def main():
     ap.add_argument("--tf32", action="store_true", help="TF32 matmuls (CUDA)")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the model (the first steps include the compilation)")
+    ap.add_argument("--time-limit", type=float, default=0.0,
+                    help="seconds from the start: stop after the step that crosses it (0: none)")
     args = ap.parse_args()
     dev = torch.device(args.device)
 
@@ -178,6 +188,7 @@ def main():
 
     gen = torch.Generator().manual_seed(args.seed)
     records = []
+    stopped_early = False
     for step in range(1, args.steps + 1):
         starts = torch.randint(0, len(train) - T - 1, (B,), generator=gen)
         idx = starts[:, None] + torch.arange(T + 1)[None, :]
@@ -204,6 +215,12 @@ def main():
         records.append(rec)
         print(f"step {step:4d}/{args.steps}  loss {loss_value:.4f}  {dt * 1e3:8.1f} ms  "
               f"{B * T / dt:10.1f} tok/s", flush=True)
+        elapsed = time.monotonic() - START
+        if args.time_limit > 0 and elapsed > args.time_limit and step < args.steps:
+            stopped_early = True
+            print(f"stopped after step {step} of {args.steps}: {elapsed:.1f} s, past the time "
+                  f"limit of {args.time_limit:g} s", flush=True)
+            break
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"peak RSS {peak / 2**30:.2f} GiB", flush=True)
     # The GPU's peak: what PyTorch's caching allocator handed out (the tensors), as crosstrain's
@@ -219,7 +236,8 @@ def main():
                        "bf16": args.bf16, "compile": args.compile,
                        "num_parameters": n_params,
                        "peak_rss_bytes": peak, "peak_device_bytes": peak_dev,
-                       "steps": records}, f, indent=1)
+                       "steps_requested": args.steps, "time_limit_s": args.time_limit,
+                       "stopped_early": stopped_early, "steps": records}, f, indent=1)
 
 
 if __name__ == "__main__":

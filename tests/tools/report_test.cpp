@@ -1,9 +1,11 @@
 // `crosstrain bench --report` and `--merge`: one real report of the CPU (a device that fails is
-// marked failed and the rest still runs), two reports of different machines merged side by side,
-// and the refusal of a file that is not a report or of another format version, naming the file.
+// marked failed and the rest still runs), peers cut at their time limit or killed, two reports of
+// different machines merged side by side and two of one machine joined, and the refusal of a
+// file that is not a report or of another format version, naming the file.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +14,7 @@
 
 #include "tests/common/test_data_dir.h"
 #include "tests/tools/cli_run.h"
+#include "tools/crosstrain/report_format.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -73,6 +76,17 @@ class Report : public ::testing::Test {
             {"date", date},
             {"host", {{"name", host}, {"cpu", "some cpu"}, {"cores", 4}}},
             {"devices", {d}}};
+  }
+  std::string text_file() const {  // enough of the test text for tiny's 257-token windows
+    std::string text;
+    std::ifstream h(ct::test::data_dir() + "/text/harbour.txt");
+    const std::string once((std::istreambuf_iterator<char>(h)), std::istreambuf_iterator<char>());
+    for (int i = 0; i < 5; ++i) text += once;
+    return write("text.txt", text);
+  }
+  static std::string read_text(const fs::path& p) {
+    std::ifstream f(p);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   }
   fs::path dir_;
 };
@@ -225,12 +239,13 @@ TEST_F(Report, MergePutsMachinesSideBySide) {
   for (const char* s : {"c0ffee-alpha", "c0ffee-beta", "2026-11-27T11:00:00Z", "2026-11-25"})
     EXPECT_NE(text.find(s), std::string::npos) << s << "\n" << text;
 
-  // A merged report merges again (the same format).
+  // A merged report merges again (the same format); alpha's cpu:0 is one device of one host, so
+  // a merged with it again joins its column.
   const ct::test::ProcResult again =
       ct::test::run_crosstrain("bench --merge " + (dir_ / "twice").string() + " " +
                                (out / "report.json").string() + " " + a);
   ASSERT_EQ(again.status, 0) << again.output;
-  EXPECT_EQ(load(dir_ / "twice" / "report.json")["devices"].size(), 4u);
+  EXPECT_EQ(load(dir_ / "twice" / "report.json")["devices"].size(), 3u);
 }
 
 // A report converted from the old gpu-check format (scripts/import_gpu_check_report.py) on a
@@ -320,6 +335,201 @@ TEST_F(Report, MergeRefusesNonReportsAndOtherVersionsNamingTheFile) {
     EXPECT_NE(r.output.find(k.file + ": " + k.says), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(out)) << k.file;
   }
+}
+
+// The JSON scripts/torch_train.py writes, read into the report's peer row: the median of the
+// steps after the first; a run stopped at its time limit keeps what it measured and says
+// "N of M steps, time limit S s"; one step alone is its figure, marked as including the
+// warm-up; a file that is missing, cut short or without steps is an error row naming it.
+TEST_F(Report, PeerRowOfATorchRunCappedAtItsTimeLimit) {
+  using ct::cli::torch_peer_row;
+  const json row = {
+      {"peer", "pytorch eager"}, {"device", "cpu"}, {"model", "gpt2"}, {"precision", "bf16"}};
+  auto run = [](std::vector<double> tps, int requested, bool stopped) {
+    json steps = json::array();
+    for (size_t i = 0; i < tps.size(); ++i)
+      steps.push_back({{"step", i + 1}, {"tokens_per_s", tps[i]}, {"loss", 6.0 - 0.5 * i}});
+    return json{{"device", "cpu"},       {"torch", "2.15.0"},        {"steps_requested", requested},
+                {"time_limit_s", 300.0}, {"stopped_early", stopped}, {"steps", steps}};
+  };
+  // Four of 50 steps: the median of the last three (20, 25, 30), the first being the warm-up.
+  const json four =
+      torch_peer_row(row, write("four.json", run({100, 20, 30, 25}, 50, true).dump()), false);
+  EXPECT_EQ(four["tokens_per_s"], 25.0) << four.dump();
+  EXPECT_EQ(four["steps"], 4);
+  EXPECT_EQ(four["capped"], json({{"steps", 4}, {"of", 50}, {"time_limit_s", 300.0}}));
+  EXPECT_FALSE(four.contains("warmup_included"));
+  EXPECT_EQ(four["loss"], 4.5);
+  EXPECT_EQ(four["version"], "2.15.0");
+  // The ~350 s gpt2 bf16 step of a CPU without AVX512_BF16: one step of six, its own figure.
+  const json one = torch_peer_row(row, write("one.json", run({2.9}, 6, true).dump()), false);
+  EXPECT_EQ(one["tokens_per_s"], 2.9);
+  EXPECT_EQ(one["warmup_included"], true);
+  EXPECT_EQ(one["capped"]["of"], 6);
+  // A full run: not capped; under torch.compile the first 8 steps are the warm-up.
+  const json full = torch_peer_row(row, write("full.json", run({1, 2, 3}, 3, false).dump()), false);
+  EXPECT_EQ(full["tokens_per_s"], 3.0);
+  EXPECT_FALSE(full.contains("capped"));
+  const json compiled =
+      torch_peer_row(row, write("compiled.json", run({1, 2, 3, 4, 5}, 14, true).dump()), true);
+  EXPECT_EQ(compiled["tokens_per_s"], 5.0);
+  EXPECT_EQ(compiled["warmup_included"], true);
+  for (const auto& [name, text, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"cut.json", run({1, 2}, 2, false).dump().substr(0, 40), "not torch_train.py's JSON"},
+           {"empty.json", run({}, 2, false).dump(), "no steps"},
+           {"absent.json", "", "not written"}}) {
+    const std::string file = name == "absent.json" ? (dir_ / name).string() : write(name, text);
+    const json bad = torch_peer_row(row, file, false);
+    EXPECT_NE(bad.value("error", std::string()).find(file + ": " + says), std::string::npos)
+        << bad.dump();
+    EXPECT_FALSE(bad.contains("tokens_per_s")) << bad.dump();
+  }
+
+  // The Markdown: the figure and why it is partial, in the headline and under the peers.
+  json report = machine("vm", "2026-11-28", "cpu:0", 216);
+  report["settings"] = {{"peer_time_limit_s", 300}};
+  json failed = row;
+  failed["precision"] = "fp32";
+  failed["error"] = "killed after 600 s, twice its time limit of 300 s (runs.log)";
+  report["peers"] = {one, failed};
+  const std::string md = ct::cli::report_markdown(report, dir_);
+  for (const char* s :
+       {"| gpt2 | bf16 |  | 2.9 (capped: 1 of 6 steps, time limit 300 s; warm-up included) |",
+        "| gpt2 | fp32 |  | failed |", "each run had 300 s (--peer-time-limit)",
+        "- pytorch eager gpt2 bf16: capped: 1 of 6 steps, time limit 300 s; warm-up included",
+        "- pytorch eager gpt2 fp32: failed: killed after 600 s"})
+    EXPECT_NE(md.find(s), std::string::npos) << s << "\n" << md;
+}
+
+// --peer-time-limit end to end, PyTorch and llm.c stood in for by scripts (no device measured):
+// the fp32 run stops itself at the limit and its row keeps its steps, marked capped; the bf16
+// run outlasts twice the limit and is killed, an error row; llm.c, which cannot stop itself, is
+// killed at the limit and keeps the steps it logged. The report is written with all three.
+TEST_F(Report, PeerTimeLimitCapsOrKillsEachPeerAndTheReportGoesOn) {
+  const std::string python = write("python", R"sh(#!/bin/sh
+[ "$1" = "-c" ] && exit 1  # torch's GPU probe: none
+shift  # torch_train.py
+while [ $# -gt 0 ]; do case "$1" in --json) out="$2"; shift 2;; --steps) n="$2"; shift 2;;
+  --time-limit) limit="$2"; shift 2;; --bf16) exec sleep 30;; *) shift;; esac; done
+[ "$limit" = "1" ] || exit 5
+echo '{"device": "cpu", "torch": "stand-in", "steps_requested": '"$n"', "time_limit_s": 1,
+  "stopped_early": true, "steps": [{"tokens_per_s": 100, "loss": 5.0},
+  {"tokens_per_s": 300, "loss": 4.0}]}' > "$out"
+)sh");
+  const std::string llmc = write("train_gpt2cu", R"sh(#!/bin/sh
+for i in 1 2 3 4 5; do echo "step $i/10 | loss 4.5 (+nanz)| norm 1.0 | 5 ms | 1% bf16 MFU | ${i}000 tok/s"; done
+exec sleep 30
+)sh");
+  fs::permissions(python, fs::perms::owner_all);
+  fs::permissions(llmc, fs::perms::owner_all);
+  const fs::path out = dir_ / "report";
+  setenv("CROSSTRAIN_PYTHON", python.c_str(), 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const ct::test::ProcResult r = ct::test::run_crosstrain(
+      "bench --report " + out.string() +
+      " --devices nosuch:0 --cpu-reference none --models tiny --steps 2 --precisions fp32,bf16 "
+      "--peers pytorch --peer-time-limit 1 --llmc " +
+      llmc + " --data " + text_file());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  unsetenv("CROSSTRAIN_PYTHON");
+  EXPECT_EQ(r.status, 1) << r.output;  // nosuch:0 failed
+  EXPECT_LT(took, 20) << "the 30 s sleeps were not killed";
+  const json j = load(out / "report.json");
+  EXPECT_EQ(j["settings"]["peer_time_limit_s"], 1.0);
+  ASSERT_EQ(j["peers"].size(), 3u) << j["peers"].dump(1);
+  const json &fp32 = j["peers"][0], &bf16 = j["peers"][1], &lc = j["peers"][2];
+  EXPECT_EQ(fp32["precision"], "fp32");
+  EXPECT_EQ(fp32["tokens_per_s"], 300.0) << fp32.dump();
+  EXPECT_EQ(fp32["capped"], json({{"steps", 2}, {"of", 3}, {"time_limit_s", 1.0}}));
+  EXPECT_EQ(bf16["precision"], "bf16");
+  EXPECT_EQ(bf16["device"], "cpu");  // in the CPU peer's column though it measured nothing
+  EXPECT_NE(
+      bf16.value("error", std::string()).find("killed after 2 s, twice its time limit of 1 s"),
+      std::string::npos)
+      << bf16.dump();
+  EXPECT_FALSE(bf16.contains("tokens_per_s"));
+  EXPECT_EQ(lc["peer"], "llm.c");
+  EXPECT_EQ(lc["tokens_per_s"], 5000.0) << lc.dump();  // steps 4 and 5, after its three
+  EXPECT_EQ(lc["capped"], json({{"steps", 5}, {"of", 10}, {"time_limit_s", 1.0}}));
+  const std::string md = read_text(out / "report.md");
+  for (const char* s :
+       {"| tiny | fp32 | 300 (capped: 2 of 3 steps, time limit 1 s) |", "| tiny | bf16 | failed |",
+        "capped: 5 of 10 steps, time limit 1 s", "failed: killed after 2 s"})
+    EXPECT_NE(md.find(s), std::string::npos) << s << "\n" << md;
+}
+
+// Two reports of one machine (tiny at batch 4, gpt2 at batch 1, as bench/cpu-20261128c-vm and
+// -gpt2) join into one column, each row naming the report it came from; where both measured a
+// row (tiny fp32), the newer wins whatever the order given, and the older is kept under
+// `superseded` and listed. Another host's cpu:0 stays a column of its own; a report merged
+// with itself changes nothing.
+TEST_F(Report, MergeJoinsOneHostsReportsIntoOneColumn) {
+  json a = machine("vm", "2026-11-28T15:41:27Z", "cpu:0", 2339);
+  a["settings"] = {{"batch", 4}};
+  json b = machine("vm", "2026-11-28T15:47:46Z", "cpu:0", 216);
+  b["settings"] = {{"batch", 1}};
+  b["build"]["commit"] = "b0b";
+  for (const char* section : {"train", "gemm", "memory"})
+    b["devices"][0][section][0]["model"] = "gpt2";
+  json newer = machine("vm", "2026-11-28T16:30:00Z", "cpu:0", 2500);
+  newer["settings"] = {{"batch", 4}};
+  newer["build"]["commit"] = "newer";
+  const std::string fa = write("a.json", a.dump()), fb = write("b.json", b.dump()),
+                    fn = write("newer.json", newer.dump()),
+                    fo = write("other.json",
+                               machine("other", "2026-11-28T10:00:00Z", "cpu:0", 1000).dump());
+  const fs::path out = dir_ / "merged";
+  const ct::test::ProcResult r = ct::test::run_crosstrain("bench --merge " + out.string() + " " +
+                                                          fn + " " + fa + " " + fb + " " + fo);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json j = load(out / "report.json");
+  ASSERT_EQ(j["merged_from"].size(), 4u);
+  ASSERT_EQ(j["devices"].size(), 2u) << j["devices"].dump(1);
+  const json& vm = j["devices"][0];
+  EXPECT_EQ(vm["label"], "cpu:0@vm");
+  EXPECT_EQ(j["devices"][1]["label"], "cpu:0@other");
+  EXPECT_EQ(vm["origin"]["date"], "2026-11-28T16:30:00Z");  // the first given
+  ASSERT_EQ(vm["train"].size(), 2u) << vm["train"].dump(1);
+  const json &tiny = vm["train"][0], &gpt2 = vm["train"][1];
+  EXPECT_EQ(tiny["model"], "tiny");
+  EXPECT_EQ(tiny["tokens_per_s"], 2500.0);  // newer's: the newest wins
+  EXPECT_EQ(tiny["batch"], 4);
+  EXPECT_FALSE(tiny.contains("origin"));  // the device's own
+  EXPECT_EQ(gpt2["tokens_per_s"], 216.0);
+  EXPECT_EQ(gpt2["batch"], 1);
+  EXPECT_EQ(gpt2["origin"]["date"], "2026-11-28T15:47:46Z");
+  EXPECT_EQ(gpt2["origin"]["build"]["commit"], "b0b");
+  EXPECT_EQ(vm["gemm"].size(), 2u);
+  EXPECT_EQ(vm["memory"].size(), 2u);
+  // a's tiny rows (train, GEMM, memory), replaced by newer's, with a's origin.
+  ASSERT_EQ(vm["superseded"].size(), 3u) << vm["superseded"].dump(1);
+  for (const json& s : vm["superseded"]) {
+    EXPECT_EQ(s["origin"]["date"], "2026-11-28T15:41:27Z") << s.dump();
+    EXPECT_EQ(s["model"], "tiny");
+  }
+  EXPECT_EQ(vm["superseded"][1]["section"], "train");
+  EXPECT_EQ(vm["superseded"][1]["tokens_per_s"], 2339.0);
+
+  const std::string md = read_text(out / "report.md");
+  for (const char* s :
+       {"| model | precision | cpu:0@vm | cpu:0@other |", "| tiny | fp32 | 2,500 | 1,000 |",
+        "| gpt2 | fp32 | 216 |  |",
+        "| newer, b0b | 2026-11-28T16:30:00Z, 2026-11-28T15:47:46Z | vm |",
+        "| cpu:0@vm | gpt2 | fp32 | 1 | 216 |", "2026-11-28T15:47:46Z (b0b) |", "## Superseded",
+        "| cpu:0@vm | train: tiny fp32, batch 4 | 2,339 tokens/s | 2026-11-28T15:41:27Z "
+        "(c0ffee-vm) |"})
+    EXPECT_NE(md.find(s), std::string::npos) << s << "\n" << md;
+
+  // The merged report merged with one of its own inputs: the same rows, nothing superseded.
+  const ct::test::ProcResult again =
+      ct::test::run_crosstrain("bench --merge " + (dir_ / "again").string() + " " +
+                               (out / "report.json").string() + " " + fb);
+  ASSERT_EQ(again.status, 0) << again.output;
+  const json k = load(dir_ / "again" / "report.json");
+  ASSERT_EQ(k["devices"].size(), 2u);
+  EXPECT_EQ(k["devices"][0]["train"], vm["train"]);
+  EXPECT_EQ(k["devices"][0]["superseded"], vm["superseded"]);
 }
 
 }  // namespace

@@ -271,18 +271,18 @@ std::vector<Row> run_rows(const BenchOpts& o, const ModelConfig& cfg,
           fs::path(o.output_dir) / "runs" / (backend + "-" + std::to_string(rows.size()));
       fs::remove_all(dir);
       std::fprintf(stderr, "bench: %s / %s ...\n", backend.c_str(), t.name.c_str());
-      auto [status, rss] = run_child(train_argv(o, exe, backend, t, dir), log);
+      const ChildResult child = run_child(train_argv(o, exe, backend, t, dir), log);
       Row r;
-      if (status == 0) {
+      if (child.status == 0) {
         T = cfg.block_size();  // LoRA rows write adapters, no config.json
         r = read_row(dir, 0, T);
       } else {
-        r.error = "exit status " + std::to_string(status) + " (see " + log + ")";
+        r.error = "exit status " + std::to_string(child.status) + " (see " + log + ")";
       }
       r.backend = backend;
       r.technique = t.name;
       r.predicted = predicted_bytes(cfg, t, o.batch / t.micro_batch_divisor);
-      r.peak_rss = rss;
+      r.peak_rss = child.peak_rss;
       rows.push_back(r);
     }
   }
@@ -399,6 +399,11 @@ Run add_bench(CLI::App& app) {
       flag(&app, "--cpu-reference", o->reference,
            "--report: the models whose loss after --steps a CPU fp32 run gives to compare with, "
            "where cpu:0 is not measured (none; default: every model, --quick: tiny)");
+  flag(&app, "--peer-time-limit", o->report.peer_time_limit,
+       "--report: seconds each peer run may take; PyTorch stops after the step that crosses "
+       "it, llm.c is killed at it, and the report keeps the steps measured, marked capped "
+       "(0: no limit)")
+      ->type_name("SECONDS");
   flag(&app, "--llmc", o->report.llmc,
        "--report: llm.c's train_gpt2cu (or the folder holding it): gpt2 bf16 tokens/s beside")
       ->type_name("PATH");

@@ -216,23 +216,38 @@ std::string peer_label(const json& p, bool merged) {
   return label;
 }
 
+// What qualifies a peer's figure: "capped: 1 of 6 steps, time limit 300 s; warm-up included";
+// "" for a full run.
+std::string peer_note(const json& p) {
+  std::string note;
+  if (p.contains("capped")) {
+    const json& c = p["capped"];
+    note = "capped: " + str(c, "steps") + " of " + str(c, "of") + " steps, time limit " +
+           num(c.value("time_limit_s", json())) + " s";
+  }
+  if (p.value("warmup_included", false))
+    note += (note.empty() ? "" : "; ") + std::string("warm-up included");
+  return note;
+}
+
 // The headline: tokens/s per model and precision, a column per device, then one per peer.
 std::string throughput_md(const json& devices, const json& peers, bool merged) {
   std::vector<std::vector<std::string>> keys;
   std::map<std::vector<std::string>, std::map<std::string, std::string>> cells;
   std::vector<std::string> columns;
-  auto put = [&](const std::string& column, const json& row) {
+  auto put = [&](const std::string& column, const json& row, const std::string& note) {
     const std::vector<std::string> k = {str(row, "model"), str(row, "precision")};
     if (!cells.count(k)) keys.push_back(k);
     if (std::find(columns.begin(), columns.end(), column) == columns.end())
       columns.push_back(column);
-    cells[k][column] =
-        str(row, "error").empty() ? num(row.value("tokens_per_s", json())) : "failed";
+    cells[k][column] = !str(row, "error").empty() ? "failed"
+                       : note.empty()             ? num(row.value("tokens_per_s", json()))
+                                      : num(row.value("tokens_per_s", json())) + " (" + note + ")";
   };
   for (const json& d : devices)
-    for (const json& t : d.value("train", json::array())) put(str(d, "label"), t);
+    for (const json& t : d.value("train", json::array())) put(str(d, "label"), t, "");
   if (peers.is_array())
-    for (const json& p : peers) put(peer_label(p, merged), p);
+    for (const json& p : peers) put(peer_label(p, merged), p, peer_note(p));
   if (keys.empty()) return "";
   std::vector<std::string> h = {"model", "precision"};
   h.insert(h.end(), columns.begin(), columns.end());
@@ -245,6 +260,18 @@ std::string throughput_md(const json& devices, const json& peers, bool merged) {
   return md;
 }
 
+// Every origin of a device's figures: its own, then those its rows name (a device joined from
+// several reports of its host), each once.
+std::vector<json> device_origins(const json& d) {
+  std::vector<json> origins = {d.value("origin", json::object())};
+  for (const char* section : {"train", "gemm", "ops", "memory"})
+    for (const json& row : d.value(section, json::array()))
+      if (row.contains("origin") &&
+          std::find(origins.begin(), origins.end(), row["origin"]) == origins.end())
+        origins.push_back(row["origin"]);
+  return origins;
+}
+
 std::string devices_md(const json& devices) {
   std::string md = header(
       {"device", "name", "kind", "backend", "precisions", "status", "build", "date", "host"}, 9);
@@ -252,35 +279,94 @@ std::string devices_md(const json& devices) {
     std::string prec;
     for (const json& p : d.value("precisions", json::array()))
       prec += (prec.empty() ? "" : ", ") + p.get<std::string>();
+    std::string builds, dates;
+    for (const json& o : device_origins(d)) {
+      const std::string b = origin_build(o);
+      if (builds.find(b) == std::string::npos) builds += (builds.empty() ? "" : ", ") + b;
+      dates += (dates.empty() ? "" : ", ") + str(o, "date");
+    }
     const json& o = d.value("origin", json::object());
     md += row({str(d, "label"), str(d, "name"), str(d, "kind"), str(d, "backend"), prec,
-               str(d, "status"), origin_build(o), str(o, "date"),
-               str(o.value("host", json::object()), "name")});
+               str(d, "status"), builds, dates, str(o.value("host", json::object()), "name")});
   }
   return md;
 }
 
-std::string train_detail_md(const json& devices) {
+// One row per training run; in a merged report, where each figure came from (a device joined
+// from several reports mixes dates and batches).
+std::string train_detail_md(const json& devices, bool merged) {
   std::string md;
   for (const json& d : devices)
     for (const json& t : d.value("train", json::array())) {
-      if (md.empty())
-        md = header({"device", "model", "precision", "tokens/s", "model TFLOP/s", "MFU",
-                     "of best GEMM", "steps", "loss", "loss - cpu fp32"},
-                    3);
+      std::vector<std::string> h = {"device",         "model", "precision",    "batch", "tokens/s",
+                                    "model TFLOP/s",  "MFU",   "of best GEMM", "steps", "loss",
+                                    "loss - cpu fp32"};
+      if (merged) h.push_back("measured");
+      if (md.empty()) md = header(h, 3);
+      const json& o = t.contains("origin") ? t["origin"] : d.value("origin", json::object());
+      const std::string measured =
+          str(o, "date") + " (" + str(o.value("build", json::object()), "commit") + ")";
+      std::vector<std::string> cells;
       if (!str(t, "error").empty()) {
-        md += row({str(d, "label"), str(t, "model"), str(t, "precision"),
-                   "failed: " + str(t, "error"), "", "", "", "", "", ""});
-        continue;
+        cells = {str(d, "label"),
+                 str(t, "model"),
+                 str(t, "precision"),
+                 str(t, "batch"),
+                 "failed: " + str(t, "error"),
+                 "",
+                 "",
+                 "",
+                 "",
+                 "",
+                 ""};
+      } else {
+        const double tflops = t.value("tokens_per_s", 0.0) * t.value("flops_per_token", 0.0) / 1e12;
+        const json diff = t.value("loss_diff_vs_cpu", json());
+        cells = {str(d, "label"),
+                 str(t, "model"),
+                 str(t, "precision"),
+                 str(t, "batch"),
+                 num(t.value("tokens_per_s", json())),
+                 fmt("%.3g", tflops),
+                 percent(t.value("mfu", json())),
+                 percent(t.value("of_best_gemm", json())),
+                 str(t, "steps"),
+                 t.contains("loss") ? fmt("%.4f", t["loss"].get<double>()) : "",
+                 diff.is_number() ? fmt("%+.2e", diff.get<double>()) : ""};
       }
-      const double tflops = t.value("tokens_per_s", 0.0) * t.value("flops_per_token", 0.0) / 1e12;
-      const json diff = t.value("loss_diff_vs_cpu", json());
-      md += row({str(d, "label"), str(t, "model"), str(t, "precision"),
-                 num(t.value("tokens_per_s", json())), fmt("%.3g", tflops),
-                 percent(t.value("mfu", json())), percent(t.value("of_best_gemm", json())),
-                 str(t, "steps"), t.contains("loss") ? fmt("%.4f", t["loss"].get<double>()) : "",
-                 diff.is_number() ? fmt("%+.2e", diff.get<double>()) : ""});
+      if (merged) cells.push_back(measured);
+      md += row(cells);
     }
+  return md;
+}
+
+// The rows a newer measurement of the same device (or peer) replaced in a merge: kept in the
+// JSON, listed here with their origin.
+std::string superseded_md(const json& devices, const json& peers) {
+  std::string md;
+  auto add = [&](const std::string& who, const std::string& what, const json& r) {
+    if (md.empty()) md = header({"device or peer", "row", "figure", "measured"}, 2);
+    const std::string figure = !str(r, "error").empty()     ? "failed"
+                               : r.contains("tokens_per_s") ? num(r["tokens_per_s"]) + " tokens/s"
+                               : r.contains("gflops")       ? num(r["gflops"]) + " GFLOP/s"
+                               : r.contains("ms")    ? fmt("%.3f", r["ms"].get<double>()) + " ms"
+                               : r.contains("bytes") ? format_bytes(r["bytes"].get<int64_t>())
+                                                     : "";
+    const json& o = r.value("origin", json::object());
+    md += row({who, what, figure, str(o, "date") + " (" + origin_build(o) + ")"});
+  };
+  for (const json& d : devices)
+    for (const json& r : d.value("superseded", json::array())) {
+      const std::string section = str(r, "section");
+      std::string what = section + ": " + str(r, "model");
+      for (const char* f : {"precision", "technique", "op", "direction", "shape", "dtype"})
+        if (!str(r, f).empty()) what += " " + str(r, f);
+      if (r.contains("batch")) what += ", batch " + str(r, "batch");
+      add(str(d, "label"), what, r);
+    }
+  if (peers.is_array())
+    for (const json& p : peers)
+      add(str(p, "peer") + " " + str(p, "device"), str(p, "model") + " " + str(p, "precision"), p);
   return md;
 }
 
@@ -301,14 +387,23 @@ std::string memory_md(const json& devices) {
 
 std::string peers_md(const json& peers) {
   if (!peers.is_array() || peers.empty()) return "";
-  std::string md =
-      header({"peer", "version", "device", "model", "precision", "tokens/s", "loss", "date"}, 5);
+  std::string md = header(
+      {"peer", "version", "device", "model", "precision", "tokens/s", "steps", "loss", "date"}, 5);
   for (const json& p : peers)
     md += row(
         {str(p, "peer"), str(p, "version"), str(p, "device"), str(p, "model"), str(p, "precision"),
-         num(p.value("tokens_per_s", json())),
+         str(p, "error").empty() ? num(p.value("tokens_per_s", json())) : "failed", str(p, "steps"),
          p.contains("loss") && p["loss"].is_number() ? fmt("%.4f", p["loss"].get<double>()) : "",
          str(p.value("origin", json::object()), "date")});
+  // Why a figure is partial, or missing: below the table, one line per peer that has a reason.
+  std::string notes;
+  for (const json& p : peers) {
+    const std::string why = str(p, "error").empty() ? peer_note(p) : "failed: " + str(p, "error");
+    if (!why.empty())
+      notes += "- " + str(p, "peer") + " " + str(p, "model") + " " + str(p, "precision") + ": " +
+               why + "\n";
+  }
+  if (!notes.empty()) md += "\n" + notes;
   return md;
 }
 
@@ -367,6 +462,47 @@ std::string find_script(const std::string& name) {
                             exe / name})
     if (fs::is_regular_file(p)) return p.lexically_normal().string();
   return "";
+}
+
+void peer_throughput(json& row, std::vector<double> tps, size_t warmup, int requested,
+                     double time_limit_s, bool stopped_early) {
+  if (tps.empty()) return;
+  row["steps"] = tps.size();
+  const size_t skip = std::min(warmup, tps.size() - 1);
+  if (skip < warmup) row["warmup_included"] = true;
+  tps.erase(tps.begin(), tps.begin() + static_cast<std::ptrdiff_t>(skip));
+  std::sort(tps.begin(), tps.end());
+  row["tokens_per_s"] = tps[tps.size() / 2];
+  if (stopped_early)
+    row["capped"] = {{"steps", row["steps"]}, {"of", requested}, {"time_limit_s", time_limit_s}};
+}
+
+json torch_peer_row(json row, const std::string& file, bool compile) {
+  std::ifstream f(file);
+  if (!f) {
+    row["error"] = file + ": not written";
+    return row;
+  }
+  try {
+    const json run = json::parse(f);
+    std::vector<double> tps;
+    for (const json& step : run.at("steps")) tps.push_back(step.at("tokens_per_s").get<double>());
+    if (tps.empty()) {
+      row["error"] = file + ": no steps";
+      return row;
+    }
+    json out = row;
+    peer_throughput(out, tps, compile ? 8 : 1,
+                    run.value("steps_requested", static_cast<int>(tps.size())),
+                    run.value("time_limit_s", 0.0), run.value("stopped_early", false));
+    out["loss"] = run["steps"].back().at("loss");
+    out["device"] = run.value("device", str(row, "device"));
+    out["version"] = run.value("torch", std::string());
+    return out;
+  } catch (const json::exception& e) {
+    row["error"] = file + ": not torch_train.py's JSON (" + e.what() + ")";
+    return row;
+  }
 }
 
 json report_head() {
@@ -496,38 +632,138 @@ json read_report(const std::string& file) {
   return j;
 }
 
+namespace {
+
+// A device's identity across reports: its host (name, CPU, cores) and the device (id, name).
+// Two reports of one machine's CPU share it; the same id on another host does not.
+std::string device_key(const json& d) {
+  const json& h = d.value("origin", json::object()).value("host", json::object());
+  return str(h, "name") + "\n" + str(h, "cpu") + "\n" + str(h, "cores") + "\n" +
+         (d.contains("id") ? str(d, "id") : str(d, "label")) + "\n" + str(d, "name");
+}
+
+// A peer's identity: the column it is shown in (peer, device, host) and its row.
+std::string peer_key(const json& p) {
+  const json& h = p.value("origin", json::object()).value("host", json::object());
+  return str(p, "peer") + "\n" + str(p, "device") + "\n" + str(h, "name") + "\n" + str(h, "cpu") +
+         "\n" + str(p, "model") + "\n" + str(p, "precision");
+}
+
+// What makes two rows of a device's `section` the same measurement of it.
+std::string row_key(const std::string& section, const json& row) {
+  std::vector<const char*> fields;
+  if (section == "train") fields = {"model", "precision"};
+  if (section == "memory") fields = {"model", "technique"};
+  if (section == "ops") fields = {"model", "op", "direction", "dtype", "shape"};
+  if (section == "gemm") fields = {"model", "shape", "variant", "layout", "M", "N", "K", "dtype"};
+  std::string k;
+  for (const char* f : fields) k += str(row, f) + "\n";
+  return k;
+}
+
+// Puts `row` into `rows` unless a row of the same key is there: then the newer of the two (by
+// its origin's date, `fallback` where a row has none; the later one given on a tie) stays and
+// the other goes to `superseded`, with its origin; the same measurement twice (same date and
+// build) is kept once.
+void add_newest(json& rows, json row, const std::string& key, const json& fallback,
+                json& superseded, const std::string& section = "") {
+  auto origin_of = [&](const json& r) { return r.contains("origin") ? r["origin"] : fallback; };
+  auto keyed = [&](const json& r) { return section.empty() ? peer_key(r) : row_key(section, r); };
+  for (json& old : rows) {
+    if (keyed(old) != key) continue;
+    const json a = origin_of(old), b = origin_of(row);
+    if (str(a, "date") == str(b, "date") && str(a.value("build", json::object()), "commit") ==
+                                                str(b.value("build", json::object()), "commit"))
+      return;  // one measurement, merged twice
+    json loser = str(b, "date") >= str(a, "date") ? old : row;
+    if (str(b, "date") >= str(a, "date")) old = row;
+    if (!loser.contains("origin")) loser["origin"] = fallback;
+    if (!section.empty()) loser["section"] = section;
+    if (!superseded.is_array()) superseded = json::array();
+    superseded.push_back(loser);
+    return;
+  }
+  rows.push_back(row);
+}
+
+// Joins device `d` (another report's measurement of the same device) into `into`: the union
+// of their precisions, every error, and each row of `d` beside `into`'s, naming its origin
+// where it differs from `into`'s; rows of the same key: the newest wins (add_newest).
+void join_device(json& into, const json& d) {
+  const json& origin = d["origin"];
+  const bool same_origin = origin == into["origin"];
+  for (const json& p : d.value("precisions", json::array()))
+    if (!into.contains("precisions") ||
+        std::find(into["precisions"].begin(), into["precisions"].end(), p) ==
+            into["precisions"].end())
+      into["precisions"].push_back(p);
+  if (str(d, "status") == "failed") {
+    if (!into.contains("error") && d.contains("error")) into["error"] = d["error"];
+    into["status"] = "failed";
+  }
+  for (const json& e : d.value("errors", json::array())) into["errors"].push_back(e);
+  json superseded = into.value("superseded", json::array());
+  for (const char* section : {"gemm", "ops", "train", "memory"})
+    for (json row : d.value(section, json::array())) {
+      if (!same_origin && !row.contains("origin")) row["origin"] = origin;
+      if (!into.contains(section)) into[section] = json::array();
+      add_newest(into[section], row, row_key(section, row), into["origin"], superseded, section);
+    }
+  for (json row : d.value("superseded", json::array())) {
+    if (!row.contains("origin")) row["origin"] = origin;
+    superseded.push_back(row);
+  }
+  if (!superseded.empty()) into["superseded"] = superseded;
+}
+
+}  // namespace
+
 json merge_reports(const std::vector<std::pair<std::string, json>>& reports) {
   json out = report_head();
   out["merged_from"] = json::array();
   out["devices"] = json::array();
   out["peers"] = json::array();
   out["cpu_reference"] = json::array();
+  std::map<std::string, size_t> device_at;  // device_key -> index in out["devices"]
   for (const auto& [file, r] : reports) {
     const json origin = report_origin(r);
     json from = origin;
     from["file"] = file;
     out["merged_from"].push_back(from);
+    const json& batch = r.value("settings", json::object()).value("batch", json());
     for (json d : r["devices"]) {
       if (!d.contains("origin")) d["origin"] = origin;
+      if (batch.is_number() && d.contains("train"))  // a joined device mixes batches
+        for (json& t : d["train"])
+          if (!t.contains("batch")) t["batch"] = batch;
       derive_figures(d);
-      out["devices"].push_back(d);
+      const std::string key = device_key(d);
+      if (const auto it = device_at.find(key); it != device_at.end()) {
+        join_device(out["devices"][it->second], d);
+      } else {
+        device_at[key] = out["devices"].size();
+        out["devices"].push_back(d);
+      }
     }
     for (json p : r.value("peers", json::array())) {
       if (!p.contains("origin")) p["origin"] = origin;
-      out["peers"].push_back(p);
+      add_newest(out["peers"], p, peer_key(p), json(), out["superseded_peers"]);
     }
     for (json c : r.value("cpu_reference", json::array())) {
       if (!c.contains("origin")) c["origin"] = origin;
       out["cpu_reference"].push_back(c);
     }
   }
+  if (out.contains("superseded_peers") && out["superseded_peers"].empty())
+    out.erase("superseded_peers");
   // Labels unique: a clashing one names its host, and a number where that still clashes.
   std::map<std::string, int> count;
   for (const json& d : out["devices"]) ++count[d["label"].get<std::string>()];
   for (json& d : out["devices"])
     if (count[d["label"].get<std::string>()] > 1)
       d["label"] = str(d, "id") + "@" + str(d["origin"].value("host", json::object()), "name");
-  // Still clashing (one host measured twice): the date of each, then a number.
+  // Still clashing (two hosts of one name and CPU, a device of another name): the date of each,
+  // then a number.
   count.clear();
   for (const json& d : out["devices"]) ++count[d["label"].get<std::string>()];
   for (json& d : out["devices"])
@@ -582,13 +818,18 @@ std::string report_markdown(const json& r, const fs::path& dir) {
   if (!tps.empty())
     md << "\n## Training throughput, tokens/s\n\n"
        << "Devices, then the peers measured beside them (the Peers section says which version "
-          "and settings).\n\n"
+          "and settings)."
+       << (r.contains("merged_from")
+               ? " A column is one device of one host; where its figures come from several of "
+                 "its reports, the training detail says which date, build and batch each is of."
+               : "")
+       << "\n\n"
        << tps << "\n### Training detail\n\n"
        << "Model FLOPs per token: 6 N + 12 L T C (PaLM / nanoGPT); MFU against the device's "
           "dense peak where it is known; \"of best GEMM\": against the fastest GEMM measured "
           "here in the same dtype. Loss after the same steps, seed and data; the difference from "
           "the CPU's fp32 run.\n\n"
-       << train_detail_md(devices);
+       << train_detail_md(devices, r.contains("merged_from"));
 
   const std::string gemm = pivot(
       devices, "gemm", {"model", "shape", "layout", "M x N x K", "dtype"},
@@ -625,7 +866,23 @@ std::string report_markdown(const json& r, const fs::path& dir) {
   if (!mem.empty())
     md << "\n## Memory per technique (device accounting, peak of the training run)\n\n" << mem;
   const std::string peers = peers_md(r.value("peers", json::array()));
-  if (!peers.empty()) md << "\n## Peers\n\n" << peers;
+  if (!peers.empty()) {
+    md << "\n## Peers\n\n"
+       << "tokens/s: the median of a run's steps after its warm-up (PyTorch eager: the first "
+          "step, torch.compile: the first 8, llm.c: the first 3), of all of them where no step "
+          "followed it";
+    const json& limit = r.value("settings", json::object()).value("peer_time_limit_s", json());
+    if (limit.is_number())
+      md << "; each run had " << (limit.get<double>() > 0 ? num(limit) + " s" : "no time limit")
+         << " (--peer-time-limit), and one stopped by it is marked capped";
+    md << ".\n\n" << peers;
+  }
+  const std::string superseded = superseded_md(devices, r.value("superseded_peers", json()));
+  if (!superseded.empty())
+    md << "\n## Superseded\n\n"
+       << "Rows of a device (or peer) that a newer report of the same host measured again: the "
+          "tables above show the newer, report.json keeps these under `superseded`.\n\n"
+       << superseded;
   const std::string failures = failures_md(devices);
   if (!failures.empty()) md << "\n## Failures\n\n" << failures;
   std::string charts;

@@ -6,7 +6,8 @@
 //   build {commit, compiler, build_type, backend_abi}    the crosstrain that wrote the file
 //   date                      UTC, ISO 8601 ("2026-11-27T08:12:03Z")
 //   host {name, cpu, cores, os}                       (an imported report: its name only)
-//   settings {models[], steps, batch, iters}             what --report measured with
+//   settings {models[], steps, batch, iters, precisions[], peer_time_limit_s}  what --report
+//                             measured with (peer_time_limit_s where peers ran; 0: none)
 //   imported_from {format, file, converter}              only in a report converted from an
 //                             older format (scripts/import_gpu_check_report.py: "gpu-check
 //                             report v0"); its origins carry it, and the Markdown says so
@@ -23,10 +24,32 @@
 //     train  [{model, precision, batch, block_size, steps, tokens_per_s, flops_per_token,
 //              mfu (absent when the peak is unknown), of_best_gemm, loss, loss_diff_vs_cpu
 //              (absent without a CPU fp32 run of the model), error}]
-//     memory [{model, technique, bytes, weights, grads, optimizer, activations, workspace}] ]
+//     memory [{model, technique, bytes, weights, grads, optimizer, activations, workspace}]
+//     superseded [rows of the sections above, each with its section and origin]  (a merge) ]
 //   peers [{peer "pytorch eager" | "pytorch compile" | "llm.c", version, device, model,
-//           precision, tokens_per_s, loss, origin, error}]  optional rows
+//           precision, tokens_per_s, steps, warmup_included, capped {steps, of, time_limit_s},
+//           loss, origin, error}]  optional rows
+//   superseded_peers [peer rows]                         (a merge)
 //   cpu_reference [{model, steps, loss, device}]         the loss the train rows differ from
+//
+//   A peer row: tokens_per_s is the median of the steps after its warm-up (the first step; the
+//   first 8 under torch.compile; llm.c's first 3), or of every step where none followed the
+//   warm-up, and then warmup_included: true; steps: how many ran. A run cut at
+//   settings.peer_time_limit_s has capped {steps, of, time_limit_s} ("N of M steps, time limit
+//   S s"); one killed or failing has error and no figures.
+//
+//   A merge keys a device by its host (name, CPU, cores) and the device (id, name): reports of
+//   one machine (tiny at batch 4 in one, gpt2 at batch 1 in another) join into one device, one
+//   column; other hosts stay side by side. A joined device keeps the origin of the first report
+//   given; a row from another report carries its own origin (a row's origin: its own where it
+//   has one, else its device's), and a train row its batch. Where two reports have the same row
+//   (train: model + precision; memory: model + technique; ops: model, op, direction, dtype,
+//   shape; GEMM: model, shape, variant, layout, M x N x K, dtype), the table shows the newer
+//   (by its origin's date; on a tie the later file given), since that is what the device does
+//   with the newer build; the older moves to the device's `superseded`, listed in the Markdown.
+//   Peers alike (one per peer, device, host, model and precision; the older in
+//   superseded_peers). The same row twice (same date and build: a merged report merged with one
+//   of its inputs) is kept once.
 //
 // Everything here is host code over nlohmann::json; measuring is report_run.cpp's.
 #pragma once
@@ -64,9 +87,23 @@ nlohmann::json read_report(const std::string& file);
 // converted from an older format): the peaks of a known device, GEMM efficiency, each train
 // row's model FLOPs per token, MFU and share of its best GEMM.
 void derive_figures(nlohmann::json& device);
-// One report of every device, peer and reference of `reports` (file name, report), devices side
-// by side, each keeping its origin and its derived figures filled; labels made unique.
+// One report of every device, peer and reference of `reports` (file name, report): devices of
+// different hosts side by side, one host's device joined from its reports (the newer of two
+// equal rows shown, the other superseded: above), each row keeping its origin and its derived
+// figures filled; labels made unique.
 nlohmann::json merge_reports(const std::vector<std::pair<std::string, nlohmann::json>>& reports);
+
+// Completes a peer's `row` from its per-step tokens/s `tps` (step order), the first `warmup`
+// steps left out of the median (all kept, and warmup_included set, where no step follows
+// them); `requested` steps were asked for, and a run that stopped at `time_limit_s` before them
+// is marked capped.
+void peer_throughput(nlohmann::json& row, std::vector<double> tps, size_t warmup, int requested,
+                     double time_limit_s, bool stopped_early);
+// `row` (peer, model, precision, device) completed from the JSON scripts/torch_train.py wrote
+// to `file` (`compile`: a torch.compile run, 8 steps of warm-up): tokens/s, loss, version,
+// capped where the script stopped at its --time-limit. A file that is missing, not JSON or
+// without steps gives the row an error naming it instead; nothing is thrown.
+nlohmann::json torch_peer_row(nlohmann::json row, const std::string& file, bool compile);
 
 // scripts/<name> beside the binary's bundle (bin/../scripts) or in the tree it was built from;
 // "" when neither has it.

@@ -4,6 +4,7 @@
 // steps against the CPU's fp32 run, memory per technique; `--merge` joins reports.
 #include "tools/crosstrain/report_run.h"
 
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -494,7 +495,8 @@ std::pair<json, json> train_run(const ReportOptions& o, const std::string& spec,
   json row = {{"model", model},   {"precision", precision},
               {"batch", o.batch}, {"block_size", cfg.block_size()},
               {"steps", o.steps}, {"flops_per_token", model_flops_per_token(model)}};
-  const auto [status, rss] = run_child(argv, log);
+  const ChildResult child = run_child(argv, log);
+  const int status = child.status;
   std::vector<json> recs;
   std::ifstream f(dir / "metrics.jsonl");
   for (std::string line; std::getline(f, line);)
@@ -520,7 +522,7 @@ std::pair<json, json> train_run(const ReportOptions& o, const std::string& spec,
   json mem = {{"model", model},
               {"technique", precision == "fp32" ? "fp32" : precision + " mixed precision"},
               {"bytes", m.value("peak", int64_t{0})},
-              {"process_rss", rss}};
+              {"process_rss", child.peak_rss}};
   for (const char* k : {"weights", "grads", "optimizer", "activations", "workspace"})
     mem[k] = m.value(k, int64_t{0});
   return {row, mem};
@@ -550,6 +552,12 @@ void measure_train(DeviceRun& r, const ReportOptions& o, Progress& bar) {
 }
 
 // ---- peers -------------------------------------------------------------------------------------
+
+std::string number(double v) {  // 300, 0.5: as a user would type it
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
 
 // PyTorch (scripts/torch_train.py) on the same models, batch, data and steps: eager with SDPA
 // and fused AdamW, and torch.compile; on CUDA where torch sees it, else the CPU.
@@ -593,6 +601,7 @@ json measure_peers(const ReportOptions& o, bool gpu, Progress& bar) {
       for (const std::string& prec : peer_precisions(o, gpu, compile)) {
         bar.step("peers", peer + " " + model + " " + prec);
         json row = {{"peer", compile ? "pytorch compile" : "pytorch eager"},
+                    {"device", gpu ? "cuda" : "cpu"},
                     {"model", model},
                     {"precision", prec}};
         const fs::path out = fs::path(o.dir) / "runs" /
@@ -618,28 +627,31 @@ json measure_peers(const ReportOptions& o, bool gpu, Progress& bar) {
         if (prec != "fp32") argv.push_back(std::string("--").append(prec));
         if (!o.data.empty()) argv.insert(argv.end(), {"--data", o.data});
         if (compile) argv.push_back("--compile");
-        const auto [status, rss] = script.empty()
-                                       ? std::pair<int, long long>{127, 0}
-                                       : run_child(argv, (fs::path(o.dir) / "runs.log").string());
-        (void)rss;
-        std::ifstream f(out);
-        if (status != 0 || !f) {
-          row["error"] = script.empty() ? "scripts/torch_train.py not found"
-                                        : "exit status " + std::to_string(status) + " (runs.log)";
+        if (o.peer_time_limit > 0)
+          argv.insert(argv.end(), {"--time-limit", number(o.peer_time_limit)});
+        if (script.empty()) {
+          row["error"] = "scripts/torch_train.py not found";
           rows.push_back(row);
           continue;
         }
-        const json j = json::parse(f);
-        std::vector<double> tps;  // torch.compile compiles in its first steps: 8 more, left out
-        const json& steps = j.value("steps", json::array());
-        const size_t skip = compile ? std::min<size_t>(8, steps.size() - 1) : 1;
-        for (size_t i = steps.size() > skip ? skip : 0; i < steps.size(); ++i)
-          tps.push_back(steps[i]["tokens_per_s"].get<double>());
-        std::sort(tps.begin(), tps.end());
-        if (!tps.empty()) row["tokens_per_s"] = tps[tps.size() / 2];
-        if (!steps.empty()) row["loss"] = steps.back()["loss"];
-        row["device"] = j.value("device", std::string());
-        row["version"] = j.value("torch", std::string());
+        fs::remove(out);  // a file of an earlier report in this folder is not this run's
+        // The script stops itself after the step that crosses the limit; killed only where one
+        // step outlasts it (or the run hangs).
+        const ChildResult child =
+            run_child(argv, (fs::path(o.dir) / "runs.log").string(), 2 * o.peer_time_limit);
+        if (child.timed_out) {
+          row["error"] = "killed after " + number(2 * o.peer_time_limit) +
+                         " s, twice its time limit of " + number(o.peer_time_limit) +
+                         " s (runs.log)";
+        } else if (child.status != 0) {
+          row["error"] = "exit status " + std::to_string(child.status) + " (runs.log)";
+        } else {
+          row = torch_peer_row(row, out.string(), compile);
+        }
+        if (row.contains("capped"))
+          bar.note("report: " + peer + " " + model + " " + prec + " stopped at its time limit (" +
+                   number(o.peer_time_limit) + " s) after " + row["steps"].dump() + " of " +
+                   row["capped"]["of"].dump() + " steps");
         rows.push_back(row);
       }
   }
@@ -655,6 +667,7 @@ std::string llmc_binary(const std::string& path) {
 // context, byte-tokenised into its token file (256 int32 header: magic 20240520, version 1, the
 // count; then uint16 tokens); tokens/s: the median of its "tok/s" after its first three steps.
 // One row, for gpt2: the only model llm.c trains. Its loss is of its own initialisation.
+// Killed at --peer-time-limit, with the steps it logged by then kept (capped).
 json measure_llmc(const ReportOptions& o, Progress& bar) {
   bar.step("peers", "llm.c gpt2 bf16");
   json row = {{"peer", "llm.c"},
@@ -683,29 +696,31 @@ json measure_llmc(const ReportOptions& o, Progress& bar) {
   const int steps = o.steps + 8;
   const std::string log = (dir / "llmc.log").string();
   // -v / -s 0 divide by zero in llm.c: a period past the run's steps instead.
-  const auto [status, rss] = run_child({exe,
-                                        "-i",
-                                        tokens.string(),
-                                        "-j",
-                                        tokens.string(),
-                                        "-e",
-                                        "d12",
-                                        "-b",
-                                        std::to_string(o.batch),
-                                        "-t",
-                                        "1024",
-                                        "-x",
-                                        std::to_string(steps),
-                                        "-v",
-                                        "100000",
-                                        "-s",
-                                        "100000",
-                                        "-n",
-                                        "0",
-                                        "-o",
-                                        (dir / "out").string()},
-                                       log);
-  (void)rss;
+  fs::remove(log);  // an earlier report's steps in this folder are not this run's
+  // llm.c cannot stop itself at a time: it is killed at the limit, and the steps it logged by
+  // then are kept (its stdout is a file here, block-buffered: a killed run may have lost some).
+  const ChildResult child = run_child({exe,
+                                       "-i",
+                                       tokens.string(),
+                                       "-j",
+                                       tokens.string(),
+                                       "-e",
+                                       "d12",
+                                       "-b",
+                                       std::to_string(o.batch),
+                                       "-t",
+                                       "1024",
+                                       "-x",
+                                       std::to_string(steps),
+                                       "-v",
+                                       "100000",
+                                       "-s",
+                                       "100000",
+                                       "-n",
+                                       "0",
+                                       "-o",
+                                       (dir / "out").string()},
+                                      log, o.peer_time_limit);
   std::vector<double> tps;
   double loss = 0;
   std::ifstream f(log);
@@ -718,17 +733,19 @@ json measure_llmc(const ReportOptions& o, Progress& bar) {
     if (const size_t l = line.find("loss "); l != std::string::npos)
       loss = std::atof(line.c_str() + l + 5);
   }
-  if (status != 0 || tps.empty()) {
-    row["error"] = "exit status " + std::to_string(status) + " (" + log + ")";
+  fs::remove_all(dir / "out");
+  if (child.timed_out && tps.empty()) {
+    row["error"] = "killed at its time limit of " + number(o.peer_time_limit) +
+                   " s before a step reached " + log;
     return row;
   }
-  tps.erase(tps.begin(),
-            tps.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(3, tps.size() - 1)));
-  std::sort(tps.begin(), tps.end());
-  row["tokens_per_s"] = tps[tps.size() / 2];
+  if ((child.status != 0 && !child.timed_out) || tps.empty()) {
+    row["error"] = "exit status " + std::to_string(child.status) + " (" + log + ")";
+    return row;
+  }
+  peer_throughput(row, tps, 3, steps, o.peer_time_limit,
+                  child.timed_out && static_cast<int>(tps.size()) < steps);
   row["loss"] = loss;
-  row["steps"] = steps;
-  fs::remove_all(dir / "out");
   return row;
 }
 
@@ -764,7 +781,8 @@ json device_entry(const std::string& spec, const json& origin) {
 
 }  // namespace
 
-std::pair<int, long long> run_child(const std::vector<std::string>& argv, const std::string& log) {
+ChildResult run_child(const std::vector<std::string>& argv, const std::string& log,
+                      double timeout_s) {
   std::fflush(stdout);
   std::fflush(stderr);
   pid_t pid = fork();
@@ -778,12 +796,32 @@ std::pair<int, long long> run_child(const std::vector<std::string>& argv, const 
     execv(args[0], args.data());
     _exit(127);
   }
+  ChildResult r;
   int status = 0;
   struct rusage ru {};
-  wait4(pid, &status, 0, &ru);
-  return {
-      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0),
-      static_cast<long long>(ru.ru_maxrss) * 1024};
+  if (timeout_s > 0) {
+    // Polled: a peer's step lasts milliseconds to minutes, so 50 ms late is nothing.
+    const auto start = Clock::now();
+    auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+    pid_t done = 0;
+    while ((done = wait4(pid, &status, WNOHANG, &ru)) == 0 && elapsed() < timeout_s)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (done == 0) {
+      r.timed_out = true;
+      kill(pid, SIGTERM);
+      const double term_at = elapsed();
+      while ((done = wait4(pid, &status, WNOHANG, &ru)) == 0 && elapsed() < term_at + 5)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (done == 0) kill(pid, SIGKILL);
+    }
+    if (done == 0) wait4(pid, &status, 0, &ru);
+  } else {
+    wait4(pid, &status, 0, &ru);
+  }
+  r.status =
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  r.peak_rss = static_cast<long long>(ru.ru_maxrss) * 1024;
+  return r;
 }
 
 int run_report(const ReportOptions& opts) {
@@ -792,6 +830,8 @@ int run_report(const ReportOptions& opts) {
   for (const std::string& m : o.models) ModelConfig::preset(m);  // names the presets otherwise
   if (o.steps < 1 || o.batch < 1 || o.iters < 1)
     fail(ErrorKind::kInvalidArgument, "--steps, --batch and --iters must be at least 1");
+  if (!(o.peer_time_limit >= 0))
+    fail(ErrorKind::kInvalidArgument, "--peer-time-limit: seconds, at least 0 (0: no limit)");
   for (const std::string& p : o.precisions)
     if (p != "fp32" && p != "tf32" && p != "bf16" && p != "fp16")
       fail(ErrorKind::kInvalidArgument,
@@ -805,6 +845,8 @@ int run_report(const ReportOptions& opts) {
   report["settings"] = {
       {"models", o.models}, {"steps", o.steps}, {"batch", o.batch}, {"iters", o.iters}};
   if (!o.precisions.empty()) report["settings"]["precisions"] = o.precisions;
+  if (!o.peers.empty() || !o.llmc.empty())
+    report["settings"]["peer_time_limit_s"] = o.peer_time_limit;
   const json origin = report_origin(report);
 
   // Open every device first: the plan (and the bar's length) follows from what each supports.

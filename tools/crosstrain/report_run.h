@@ -4,10 +4,14 @@
 
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace ct::cli {
+
+// --peer-time-limit's default: a GPU peer (torch.compile's minute of compiling included) and a
+// CPU fp32 gpt2 run of a few steps fit in it; PyTorch's bf16 autocast on a CPU without
+// AVX512_BF16 (~350 s a gpt2 step) is cut to the step that crosses it.
+inline constexpr double kDefaultPeerTimeLimitS = 300;
 
 struct ReportOptions {
   std::string dir;                      // where report.json, report.md, charts and runs/ go
@@ -21,6 +25,9 @@ struct ReportOptions {
   std::string data;                     // text for the training runs (default: the built-in)
   std::vector<std::string> peers;       // "pytorch", "pytorch-compile" (scripts/torch_train.py)
   std::string llmc;                     // llm.c's train_gpt2cu (or its folder): a gpt2 bf16 peer
+  // Seconds of wall time each peer run may take (0: none). torch_train.py stops after the step
+  // that crosses it and is killed at twice it; llm.c, which cannot stop itself, is killed at it.
+  double peer_time_limit = kDefaultPeerTimeLimitS;
   // Where cpu:0 is not measured, the models whose loss a CPU fp32 run of their own gives to
   // compare with (gpt2 at batch 16 costs minutes of CPU); unset: every model.
   std::optional<std::vector<std::string>> reference_models;
@@ -34,7 +41,14 @@ int run_report(const ReportOptions& o);
 // naming the file) one that is not a report or of another format version.
 int run_merge(const std::string& out, const std::vector<std::string>& inputs);
 
-// Runs argv as a child process, its output appended to `log`; returns (exit status, peak RSS).
-std::pair<int, long long> run_child(const std::vector<std::string>& argv, const std::string& log);
+struct ChildResult {
+  int status = 0;          // exit status; 128 + the signal when one ended it
+  long long peak_rss = 0;  // bytes
+  bool timed_out = false;  // killed at its time limit
+};
+// Runs argv as a child process, its output appended to `log`. Past `timeout_s` seconds (0: no
+// limit) it is sent SIGTERM, and SIGKILL 5 s later.
+ChildResult run_child(const std::vector<std::string>& argv, const std::string& log,
+                      double timeout_s = 0);
 
 }  // namespace ct::cli
