@@ -5,12 +5,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "tests/common/test_data_dir.h"
 #include "tests/tools/cli_run.h"
@@ -181,6 +184,57 @@ i=1; while [ $i -le $n ]; do
                         "## Failures", "| tiny | fp32 |", "| gpt2 | bf16 |  | 7,000 |",
                         "| model | precision | cpu:0 | llm.c cuda |"})
     EXPECT_NE(text_md.find(s), std::string::npos) << s << "\n" << text_md;
+}
+
+// --rounds: each precision's run repeated, the order alternating round by round; tokens/s the
+// median of the rounds, and bf16's ratio to fp32 the median of the rounds' paired ratios.
+TEST_F(Report, RoundsAlternateThePrecisionsAndGiveTheirRatioToFp32) {
+  std::string text;
+  std::ifstream h(ct::test::data_dir() + "/text/harbour.txt");
+  const std::string once((std::istreambuf_iterator<char>(h)), std::istreambuf_iterator<char>());
+  for (int i = 0; i < 5; ++i) text += once;
+  const std::string data = write("text.txt", text);
+  const fs::path out = dir_ / "report";
+  const ct::test::ProcResult r = ct::test::run_crosstrain(
+      "bench --report " + out.string() +
+      " --devices cpu:0 --models tiny --steps 2 --batch 1 --iters 1 --precisions fp32,bf16 "
+      "--rounds 3 --data " +
+      data);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream log(out / "runs.log");
+  std::vector<std::string> order;
+  for (std::string line; std::getline(log, line);)
+    if (line.rfind("== cpu:0 tiny ", 0) == 0) order.push_back(line.substr(14, 4));
+  EXPECT_EQ(order, (std::vector<std::string>{"fp32", "bf16", "bf16", "fp32", "fp32", "bf16"}));
+  const json j = load(out / "report.json");
+  const json& train = j["devices"][0]["train"];
+  ASSERT_EQ(train.size(), 2u) << train.dump(1);
+  auto median3 = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[1];
+  };
+  std::vector<std::vector<double>> rounds;
+  for (const json& t : train) {
+    ASSERT_EQ(t["rounds"].size(), 3u) << t.dump(1);
+    rounds.push_back(t["rounds"].get<std::vector<double>>());
+    for (double v : rounds.back()) EXPECT_GT(v, 0) << t.dump(1);
+    EXPECT_EQ(t["tokens_per_s"].get<double>(), median3(rounds.back())) << t.dump(1);
+  }
+  ASSERT_EQ(train[0]["precision"], "fp32");
+  EXPECT_FALSE(train[0].contains("over_fp32"));
+  std::vector<double> ratio;
+  for (size_t k = 0; k < 3; ++k) ratio.push_back(rounds[1][k] / rounds[0][k]);
+  EXPECT_EQ(train[1]["over_fp32"].get<double>(), median3(ratio)) << train[1].dump(1);
+  EXPECT_EQ(train[1]["over_fp32_range"][0].get<double>(),
+            *std::min_element(ratio.begin(), ratio.end()));
+  EXPECT_EQ(train[1]["over_fp32_range"][1].get<double>(),
+            *std::max_element(ratio.begin(), ratio.end()));
+  std::ifstream md(out / "report.md");
+  const std::string text_md((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  char want[32];
+  std::snprintf(want, sizeof want, "| %.3fx (", median3(ratio));
+  EXPECT_NE(text_md.find("vs fp32 (rounds)"), std::string::npos) << text_md;
+  EXPECT_NE(text_md.find(want), std::string::npos) << want << "\n" << text_md;
 }
 
 // Where cpu:0 is not measured, a CPU fp32 run of each model gives the loss to compare with,

@@ -404,6 +404,10 @@ Run add_bench(CLI::App& app) {
        "it, llm.c is killed at it, and the report keeps the steps measured, marked capped "
        "(0: no limit)")
       ->type_name("SECONDS");
+  flag(&app, "--rounds", o->report.rounds,
+       "--report: training runs per model and precision, the precisions alternating; tokens/s "
+       "is their median, and each precision's ratio to fp32 the median of the rounds' ratios "
+       "(3 or more on a shared machine)");
   flag(&app, "--llmc", o->report.llmc,
        "--report: llm.c's train_gpt2cu (or the folder holding it): gpt2 bf16 tokens/s beside")
       ->type_name("PATH");

@@ -137,6 +137,25 @@ std::string percent(const json& v) {
   return v.is_number() ? fmt("%.1f %%", 100.0 * v.get<double>()) : "";
 }
 
+// A training row's ratio to fp32 over --rounds ("0.98x (0.95-1.01, 3)"): the median of the
+// rounds' ratios, their range and count; fp32's own row gives its rounds' tokens/s range.
+std::string vs_fp32(const json& t) {
+  const json rounds = t.value("rounds", json::array());
+  if (t.contains("over_fp32")) {
+    const json& r = t["over_fp32_range"];
+    return fmt("%.3fx", t["over_fp32"].get<double>()) + " (" + fmt("%.3f", r[0].get<double>()) +
+           "-" + fmt("%.3f", r[1].get<double>()) + ", " + std::to_string(rounds.size()) + ")";
+  }
+  if (rounds.size() < 2) return "";
+  double lo = 0, hi = 0;
+  for (const json& v : rounds)
+    if (v.get<double>() > 0) {
+      lo = lo > 0 ? std::min(lo, v.get<double>()) : v.get<double>();
+      hi = std::max(hi, v.get<double>());
+    }
+  return "tokens/s " + num(lo) + "-" + num(hi) + " (" + std::to_string(rounds.size()) + ")";
+}
+
 std::string row(const std::vector<std::string>& cells) {
   std::string r = "|";
   for (const auto& c : cells) {
@@ -298,9 +317,9 @@ std::string train_detail_md(const json& devices, bool merged) {
   std::string md;
   for (const json& d : devices)
     for (const json& t : d.value("train", json::array())) {
-      std::vector<std::string> h = {"device",         "model", "precision",    "batch", "tokens/s",
-                                    "model TFLOP/s",  "MFU",   "of best GEMM", "steps", "loss",
-                                    "loss - cpu fp32"};
+      std::vector<std::string> h = {
+          "device", "model",        "precision", "batch", "tokens/s",        "model TFLOP/s",
+          "MFU",    "of best GEMM", "steps",     "loss",  "loss - cpu fp32", "vs fp32 (rounds)"};
       if (merged) h.push_back("measured");
       if (md.empty()) md = header(h, 3);
       const json& o = t.contains("origin") ? t["origin"] : d.value("origin", json::object());
@@ -313,6 +332,7 @@ std::string train_detail_md(const json& devices, bool merged) {
                  str(t, "precision"),
                  str(t, "batch"),
                  "failed: " + str(t, "error"),
+                 "",
                  "",
                  "",
                  "",
@@ -332,7 +352,8 @@ std::string train_detail_md(const json& devices, bool merged) {
                  percent(t.value("of_best_gemm", json())),
                  str(t, "steps"),
                  t.contains("loss") ? fmt("%.4f", t["loss"].get<double>()) : "",
-                 diff.is_number() ? fmt("%+.2e", diff.get<double>()) : ""};
+                 diff.is_number() ? fmt("%+.2e", diff.get<double>()) : "",
+                 vs_fp32(t)};
       }
       if (merged) cells.push_back(measured);
       md += row(cells);
@@ -828,7 +849,9 @@ std::string report_markdown(const json& r, const fs::path& dir) {
        << "Model FLOPs per token: 6 N + 12 L T C (PaLM / nanoGPT); MFU against the device's "
           "dense peak where it is known; \"of best GEMM\": against the fastest GEMM measured "
           "here in the same dtype. Loss after the same steps, seed and data; the difference from "
-          "the CPU's fp32 run.\n\n"
+          "the CPU's fp32 run. \"vs fp32 (rounds)\": where the runs were repeated (`--rounds`, "
+          "the precisions alternating), the median of each round's tokens/s over fp32's of the "
+          "same round, their range and count; fp32's row: its rounds' range.\n\n"
        << train_detail_md(devices, r.contains("merged_from"));
 
   const std::string gemm = pivot(

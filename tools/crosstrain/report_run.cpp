@@ -528,13 +528,61 @@ std::pair<json, json> train_run(const ReportOptions& o, const std::string& spec,
   return {row, mem};
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Each model's runs in every precision, --rounds times, the order of the precisions reversed
+// every other round (fp32 bf16, bf16 fp32, ...). A row is its first successful round's, with
+// tokens/s the median over the rounds that ran and, past one round, each round's figure
+// ("rounds") and the median and range of its ratios to fp32's run of the same round
+// ("over_fp32", "over_fp32_range").
 void measure_train(DeviceRun& r, const ReportOptions& o, Progress& bar) {
-  for (const std::string& model : o.models)
-    for (const std::string& p : r.precisions) {
-      bar.step(r.spec + " train", model + " " + p + " (" + std::to_string(o.steps) + " steps)");
-      auto [row, mem] = train_run(o, r.spec, model, p);
-      if (row.contains("error"))
+  const int rounds = std::max(1, o.rounds);
+  for (const std::string& model : o.models) {
+    const size_t np = r.precisions.size();
+    std::vector<json> rows(np), mems(np);
+    std::vector<std::vector<double>> tps(np, std::vector<double>(rounds, 0.0));
+    for (int round = 0; round < rounds; ++round)
+      for (size_t n = 0; n < np; ++n) {
+        const size_t i = round % 2 ? np - 1 - n : n;
+        const std::string& p = r.precisions[i];
+        bar.step(r.spec + " train", model + " " + p + " (" + std::to_string(o.steps) + " steps" +
+                                        (rounds > 1 ? ", round " + std::to_string(round + 1) +
+                                                          " of " + std::to_string(rounds)
+                                                    : "") +
+                                        ")");
+        auto [row, mem] = train_run(o, r.spec, model, p);
+        if (row.contains("tokens_per_s")) tps[i][static_cast<size_t>(round)] = row["tokens_per_s"];
+        if (rows[i].is_null() || (rows[i].contains("error") && !row.contains("error")))
+          rows[i] = row, mems[i] = mem;
+      }
+    const auto fp32 = std::find(r.precisions.begin(), r.precisions.end(), "fp32");
+    for (size_t i = 0; i < np; ++i) {
+      json& row = rows[i];
+      const std::string& p = r.precisions[i];
+      if (row.contains("error") && !row.contains("tokens_per_s")) {
         record_error(r.out, "train " + model + " " + p, row["error"].get<std::string>());
+      } else if (rounds > 1) {
+        std::vector<double> ran;
+        for (double t : tps[i])
+          if (t > 0) ran.push_back(t);
+        row["tokens_per_s"] = median_of(ran);
+        row["rounds"] = tps[i];
+        if (fp32 != r.precisions.end() && p != "fp32") {
+          const auto& base = tps[static_cast<size_t>(fp32 - r.precisions.begin())];
+          std::vector<double> ratio;
+          for (int k = 0; k < rounds; ++k)
+            if (tps[i][static_cast<size_t>(k)] > 0 && base[static_cast<size_t>(k)] > 0)
+              ratio.push_back(tps[i][static_cast<size_t>(k)] / base[static_cast<size_t>(k)]);
+          if (!ratio.empty()) {
+            row["over_fp32"] = median_of(ratio);
+            row["over_fp32_range"] = {*std::min_element(ratio.begin(), ratio.end()),
+                                      *std::max_element(ratio.begin(), ratio.end())};
+          }
+        }
+      }
       const double peak = known_peak_tflops(r.out["name"].get<std::string>(), p);
       if (row.contains("tokens_per_s")) {
         const double flops =
@@ -547,8 +595,9 @@ void measure_train(DeviceRun& r, const ReportOptions& o, Progress& bar) {
         if (best > 0 && p != "tf32") row["of_best_gemm"] = flops / (best * 1e9);  // no TF32 GEMM
       }
       r.out["train"].push_back(row);
-      if (!mem.is_null()) r.out["memory"].push_back(mem);
+      if (!mems[i].is_null()) r.out["memory"].push_back(mems[i]);
     }
+  }
 }
 
 // ---- peers -------------------------------------------------------------------------------------
@@ -883,7 +932,8 @@ int run_report(const ReportOptions& opts) {
   int total = 0;
   for (const DeviceRun& r : runs) {
     if (!r.dev) continue;
-    total += planned_kernels(*r.dev, o) + static_cast<int>(o.models.size() * r.precisions.size());
+    total += planned_kernels(*r.dev, o) +
+             static_cast<int>(o.models.size() * r.precisions.size()) * std::max(1, o.rounds);
     if (has_own_variant(r))
       for (const std::string& model : o.models)
         total += static_cast<int>(float_dtypes(*r.dev, OpKind::kMatmul, o.precisions).size() *

@@ -28,6 +28,11 @@ struct ReportOptions {
   // Seconds of wall time each peer run may take (0: none). torch_train.py stops after the step
   // that crosses it and is killed at twice it; llm.c, which cannot stop itself, is killed at it.
   double peer_time_limit = kDefaultPeerTimeLimitS;
+  // Training runs per model and precision, the precisions alternating (fp32 bf16, bf16 fp32,
+  // ...): tokens/s is the median over the rounds, each round's figure is kept, and each
+  // precision's ratio to fp32 is the median of the rounds' ratios (a shared machine's drift
+  // falls on both sides of a pair).
+  int rounds = 1;
   // Where cpu:0 is not measured, the models whose loss a CPU fp32 run of their own gives to
   // compare with (gpt2 at batch 16 costs minutes of CPU); unset: every model.
   std::optional<std::vector<std::string>> reference_models;
