@@ -462,6 +462,51 @@ TEST_F(Report, PeerRowOfATorchRunCappedAtItsTimeLimit) {
 // the fp32 run stops itself at the limit and its row keeps its steps, marked capped; the bf16
 // run outlasts twice the limit and is killed, an error row; llm.c, which cannot stop itself, is
 // killed at the limit and keeps the steps it logged. The report is written with all three.
+// --rounds repeats each peer run: tokens/s the median of the rounds, each round's kept; a run
+// capped at its time limit is not repeated.
+TEST_F(Report, PeerRoundsGiveTheMedianAndACappedRunIsNotRepeated) {
+  const std::string calls = (dir_ / "calls").string();
+  const std::string python = write("python", R"sh(#!/bin/sh
+[ "$1" = "-c" ] && exit 1  # torch's GPU probe: none
+shift  # torch_train.py
+prec=fp32
+while [ $# -gt 0 ]; do case "$1" in --json) out="$2"; shift 2;; --bf16) prec=bf16; shift;;
+  *) shift;; esac; done
+echo $prec >> ")sh" + calls + R"sh("
+k=$(grep -c $prec ")sh" + calls + R"sh(")
+if [ $prec = bf16 ]; then
+  echo '{"device": "cpu", "torch": "stand-in", "steps_requested": 3, "time_limit_s": 300,
+    "stopped_early": true, "steps": [{"tokens_per_s": 1, "loss": 5.0},
+    {"tokens_per_s": 7, "loss": 4.0}]}' > "$out"
+else  # rounds 1, 2, 3: 300, 100, 200 tokens/s after the first step
+  t=$(echo 300 100 200 | cut -d' ' -f$k)
+  echo '{"device": "cpu", "torch": "stand-in", "steps": [{"tokens_per_s": 1, "loss": 5.0},
+    {"tokens_per_s": '$t', "loss": 4.0}, {"tokens_per_s": '$t', "loss": 3.0}]}' > "$out"
+fi
+)sh");
+  fs::permissions(python, fs::perms::owner_all);
+  const fs::path out = dir_ / "report";
+  setenv("CROSSTRAIN_PYTHON", python.c_str(), 1);
+  const ct::test::ProcResult r = ct::test::run_crosstrain(
+      "bench --report " + out.string() +
+      " --devices nosuch:0 --cpu-reference none --models tiny --steps 3 --precisions fp32,bf16 "
+      "--peers pytorch --rounds 3 --data " +
+      text_file());
+  unsetenv("CROSSTRAIN_PYTHON");
+  EXPECT_EQ(r.status, 1) << r.output;  // nosuch:0 failed
+  EXPECT_EQ(read_text(calls), "fp32\nfp32\nfp32\nbf16\n");
+  const json j = load(out / "report.json");
+  ASSERT_EQ(j["peers"].size(), 2u) << j["peers"].dump(1);
+  const json &fp32 = j["peers"][0], &bf16 = j["peers"][1];
+  EXPECT_EQ(fp32["tokens_per_s"], 200.0) << fp32.dump();
+  EXPECT_EQ(fp32["rounds"], json({300.0, 100.0, 200.0})) << fp32.dump();
+  EXPECT_EQ(bf16["tokens_per_s"], 7.0) << bf16.dump();
+  EXPECT_FALSE(bf16.contains("rounds")) << bf16.dump();
+  EXPECT_TRUE(bf16.contains("capped")) << bf16.dump();
+  const std::string md = read_text(out / "report.md");
+  EXPECT_NE(md.find("| 200 (median of 3 rounds: 100-300) |"), std::string::npos) << md;
+}
+
 TEST_F(Report, PeerTimeLimitCapsOrKillsEachPeerAndTheReportGoesOn) {
   const std::string python = write("python", R"sh(#!/bin/sh
 [ "$1" = "-c" ] && exit 1  # torch's GPU probe: none

@@ -137,6 +137,17 @@ std::string percent(const json& v) {
   return v.is_number() ? fmt("%.1f %%", 100.0 * v.get<double>()) : "";
 }
 
+// "lo-hi" of a list of figures (a failed round's 0 left out).
+std::string range_of(const json& figures) {
+  double lo = 0, hi = 0;
+  for (const json& v : figures)
+    if (v.get<double>() > 0) {
+      lo = lo > 0 ? std::min(lo, v.get<double>()) : v.get<double>();
+      hi = std::max(hi, v.get<double>());
+    }
+  return num(lo) + "-" + num(hi);
+}
+
 // A training row's ratio to fp32 over --rounds ("0.98x (0.95-1.01, 3)"): the median of the
 // rounds' ratios, their range and count; fp32's own row gives its rounds' tokens/s range.
 std::string vs_fp32(const json& t) {
@@ -147,13 +158,7 @@ std::string vs_fp32(const json& t) {
            "-" + fmt("%.3f", r[1].get<double>()) + ", " + std::to_string(rounds.size()) + ")";
   }
   if (rounds.size() < 2) return "";
-  double lo = 0, hi = 0;
-  for (const json& v : rounds)
-    if (v.get<double>() > 0) {
-      lo = lo > 0 ? std::min(lo, v.get<double>()) : v.get<double>();
-      hi = std::max(hi, v.get<double>());
-    }
-  return "tokens/s " + num(lo) + "-" + num(hi) + " (" + std::to_string(rounds.size()) + ")";
+  return "tokens/s " + range_of(rounds) + " (" + std::to_string(rounds.size()) + ")";
 }
 
 std::string row(const std::vector<std::string>& cells) {
@@ -413,7 +418,12 @@ std::string peers_md(const json& peers) {
   for (const json& p : peers)
     md += row(
         {str(p, "peer"), str(p, "version"), str(p, "device"), str(p, "model"), str(p, "precision"),
-         str(p, "error").empty() ? num(p.value("tokens_per_s", json())) : "failed", str(p, "steps"),
+         !str(p, "error").empty() ? "failed"
+         : p.contains("rounds")
+             ? num(p.value("tokens_per_s", json())) + " (median of " +
+                   std::to_string(p["rounds"].size()) + " rounds: " + range_of(p["rounds"]) + ")"
+             : num(p.value("tokens_per_s", json())),
+         str(p, "steps"),
          p.contains("loss") && p["loss"].is_number() ? fmt("%.4f", p["loss"].get<double>()) : "",
          str(p.value("origin", json::object()), "date")});
   // Why a figure is partial, or missing: below the table, one line per peer that has a reason.

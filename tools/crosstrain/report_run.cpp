@@ -648,60 +648,75 @@ json measure_peers(const ReportOptions& o, bool gpu, Progress& bar) {
     const bool compile = peer == "pytorch-compile";
     for (const std::string& model : o.models)
       for (const std::string& prec : peer_precisions(o, gpu, compile)) {
-        bar.step("peers", peer + " " + model + " " + prec);
-        json row = {{"peer", compile ? "pytorch compile" : "pytorch eager"},
-                    {"device", gpu ? "cuda" : "cpu"},
-                    {"model", model},
-                    {"precision", prec}};
-        const fs::path out = fs::path(o.dir) / "runs" /
-                             file_safe("peer-" + peer + "-" + model + "-" + prec + ".json");
-        std::vector<std::string> argv = {
-            "/usr/bin/env",
-            py,
-            script,
-            "--model",
-            model,
-            "--batch",
-            std::to_string(o.batch),
-            "--steps",
-            std::to_string(compile ? o.steps + 8 : std::max(o.steps, 3)),
-            "--sdpa",
-            "--fused-adamw",
-            "--json",
-            out.string(),
-            "--device",
-            gpu ? "cuda" : "cpu",
-            "--threads",
-            std::to_string(std::thread::hardware_concurrency())};
-        if (prec != "fp32") argv.push_back(std::string("--").append(prec));
-        if (!o.data.empty()) argv.insert(argv.end(), {"--data", o.data});
-        if (compile) argv.push_back("--compile");
-        if (o.peer_time_limit > 0)
-          argv.insert(argv.end(), {"--time-limit", number(o.peer_time_limit)});
-        if (script.empty()) {
-          row["error"] = "scripts/torch_train.py not found";
-          rows.push_back(row);
-          continue;
+        // --rounds: the run repeated, tokens/s the median of the rounds (a run capped at its
+        // time limit or failed is not repeated: the next would be the same)
+        json first;
+        std::vector<double> tps;
+        for (int round = 0; round < std::max(1, o.rounds); ++round) {
+          bar.step("peers", peer + " " + model + " " + prec +
+                                (o.rounds > 1 ? " (round " + std::to_string(round + 1) + ")" : ""));
+          json row = {{"peer", compile ? "pytorch compile" : "pytorch eager"},
+                      {"device", gpu ? "cuda" : "cpu"},
+                      {"model", model},
+                      {"precision", prec}};
+          const fs::path out = fs::path(o.dir) / "runs" /
+                               file_safe("peer-" + peer + "-" + model + "-" + prec + ".json");
+          std::vector<std::string> argv = {
+              "/usr/bin/env",
+              py,
+              script,
+              "--model",
+              model,
+              "--batch",
+              std::to_string(o.batch),
+              "--steps",
+              std::to_string(compile ? o.steps + 8 : std::max(o.steps, 3)),
+              "--sdpa",
+              "--fused-adamw",
+              "--json",
+              out.string(),
+              "--device",
+              gpu ? "cuda" : "cpu",
+              "--threads",
+              std::to_string(std::thread::hardware_concurrency())};
+          if (prec != "fp32") argv.push_back(std::string("--").append(prec));
+          if (!o.data.empty()) argv.insert(argv.end(), {"--data", o.data});
+          if (compile) argv.push_back("--compile");
+          if (o.peer_time_limit > 0)
+            argv.insert(argv.end(), {"--time-limit", number(o.peer_time_limit)});
+          if (script.empty()) {
+            first = row;
+            first["error"] = "scripts/torch_train.py not found";
+            break;
+          }
+          fs::remove(out);  // a file of an earlier report in this folder is not this run's
+          // The script stops itself after the step that crosses the limit; killed only where one
+          // step outlasts it (or the run hangs).
+          const ChildResult child =
+              run_child(argv, (fs::path(o.dir) / "runs.log").string(), 2 * o.peer_time_limit);
+          if (child.timed_out) {
+            row["error"] = "killed after " + number(2 * o.peer_time_limit) +
+                           " s, twice its time limit of " + number(o.peer_time_limit) +
+                           " s (runs.log)";
+          } else if (child.status != 0) {
+            row["error"] = "exit status " + std::to_string(child.status) + " (runs.log)";
+          } else {
+            row = torch_peer_row(row, out.string(), compile);
+          }
+          if (row.contains("capped"))
+            bar.note("report: " + peer + " " + model + " " + prec + " stopped at its time limit (" +
+                     number(o.peer_time_limit) + " s) after " + row["steps"].dump() + " of " +
+                     row["capped"]["of"].dump() + " steps");
+          if (first.is_null()) first = row;
+          if (!row.contains("tokens_per_s") || row.contains("capped")) break;
+          tps.push_back(row["tokens_per_s"].get<double>());
         }
-        fs::remove(out);  // a file of an earlier report in this folder is not this run's
-        // The script stops itself after the step that crosses the limit; killed only where one
-        // step outlasts it (or the run hangs).
-        const ChildResult child =
-            run_child(argv, (fs::path(o.dir) / "runs.log").string(), 2 * o.peer_time_limit);
-        if (child.timed_out) {
-          row["error"] = "killed after " + number(2 * o.peer_time_limit) +
-                         " s, twice its time limit of " + number(o.peer_time_limit) +
-                         " s (runs.log)";
-        } else if (child.status != 0) {
-          row["error"] = "exit status " + std::to_string(child.status) + " (runs.log)";
-        } else {
-          row = torch_peer_row(row, out.string(), compile);
+        if (tps.size() > 1) {
+          first["rounds"] = tps;
+          std::sort(tps.begin(), tps.end());
+          first["tokens_per_s"] = tps[tps.size() / 2];
         }
-        if (row.contains("capped"))
-          bar.note("report: " + peer + " " + model + " " + prec + " stopped at its time limit (" +
-                   number(o.peer_time_limit) + " s) after " + row["steps"].dump() + " of " +
-                   row["capped"]["of"].dump() + " steps");
-        rows.push_back(row);
+        rows.push_back(first);
       }
   }
   return rows;
@@ -952,7 +967,8 @@ int run_report(const ReportOptions& opts) {
   const bool peer_gpu = !o.peers.empty() && torch_sees_gpu();
   for (const std::string& peer : o.peers)
     total += static_cast<int>(o.models.size() *
-                              peer_precisions(o, peer_gpu, peer == "pytorch-compile").size());
+                              peer_precisions(o, peer_gpu, peer == "pytorch-compile").size()) *
+             std::max(1, o.rounds);       // fewer where a capped run is not repeated
   const bool run_llmc = !o.llmc.empty();  // gpt2 whatever --models says: llm.c's only model
   total += run_llmc;
   Progress bar(total);
