@@ -189,11 +189,7 @@ i=1; while [ $i -le $n ]; do
 // --rounds: each precision's run repeated, the order alternating round by round; tokens/s the
 // median of the rounds, and bf16's ratio to fp32 the median of the rounds' paired ratios.
 TEST_F(Report, RoundsAlternateThePrecisionsAndGiveTheirRatioToFp32) {
-  std::string text;
-  std::ifstream h(ct::test::data_dir() + "/text/harbour.txt");
-  const std::string once((std::istreambuf_iterator<char>(h)), std::istreambuf_iterator<char>());
-  for (int i = 0; i < 5; ++i) text += once;
-  const std::string data = write("text.txt", text);
+  const std::string data = text_file();
   const fs::path out = dir_ / "report";
   const ct::test::ProcResult r = ct::test::run_crosstrain(
       "bench --report " + out.string() +
