@@ -32,7 +32,10 @@
 #     oracle of every op case here, and the models' host code runs in the cpu_0 golden cases;
 #   - the cuda_unavailable / hip_unavailable cases (they only report the skip) and the nvcc /
 #     hipcc compile checks and the CUDA/HIP plugins (built and compiled by the release build);
-#   - the benchmarks (CT_BUILD_BENCH=OFF: the release run checks vulkan_gemm_bench's products).
+#   - the benchmarks (CT_BUILD_BENCH=OFF: the release run checks vulkan_gemm_bench's products);
+#   - Report.RoundsAlternateThePrecisionsAndGiveTheirRatioToFp32: six training runs and a report's
+#     kernels (32 s under ASan) around a few lines of JSON arithmetic; the other Report cases run
+#     the same report and merge host code here.
 # -g1 (line tables, no variable info) is enough for the file:line of every report and builds
 # faster than -g. The tests' own sources (fixtures, assertions) are compiled without the
 # sanitizers and linked with them (tests/CMakeLists.txt): the code under test is what is
