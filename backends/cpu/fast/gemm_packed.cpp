@@ -32,6 +32,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cpu/fast/register_tile.h"
 #include "backends/cpu/fast/vec_math.h"
 #include "backends/cpu/kernels.h"
 
@@ -180,42 +181,15 @@ void pack_b(float* dst, const Operand& b, int64_t k0, int64_t kc, int64_t j0, in
   }
 }
 
-// acc (kMR x kNR, row-major) = sum over kc of a's panel column times b's panel row.
-// The six rows are written out: as a loop over an array of accumulators (GCC 12, unrolled by
-// pragma) two of the twelve went to the stack and back every k.
+// acc (kMR x kNR, row-major) = sum over kc of a's panel column times b's panel row: the
+// register tile flash attention's products use (register_tile.h), on packed panels.
+static_assert(kMR == register_tile::kMR && kNR == register_tile::kNR);
 inline void micro_kernel(int64_t kc, const float* a, const float* b, float* acc) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
-         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-#pragma GCC unroll 4
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
-    __m256 x = _mm256_broadcast_ss(a);
-    c00 = _mm256_fmadd_ps(x, b0, c00);
-    c01 = _mm256_fmadd_ps(x, b1, c01);
-    x = _mm256_broadcast_ss(a + 1);
-    c10 = _mm256_fmadd_ps(x, b0, c10);
-    c11 = _mm256_fmadd_ps(x, b1, c11);
-    x = _mm256_broadcast_ss(a + 2);
-    c20 = _mm256_fmadd_ps(x, b0, c20);
-    c21 = _mm256_fmadd_ps(x, b1, c21);
-    x = _mm256_broadcast_ss(a + 3);
-    c30 = _mm256_fmadd_ps(x, b0, c30);
-    c31 = _mm256_fmadd_ps(x, b1, c31);
-    x = _mm256_broadcast_ss(a + 4);
-    c40 = _mm256_fmadd_ps(x, b0, c40);
-    c41 = _mm256_fmadd_ps(x, b1, c41);
-    x = _mm256_broadcast_ss(a + 5);
-    c50 = _mm256_fmadd_ps(x, b0, c50);
-    c51 = _mm256_fmadd_ps(x, b1, c51);
-    a += kMR;
-    b += kNR;
-  }
-  _mm256_store_ps(acc + 0, c00), _mm256_store_ps(acc + 8, c01);
-  _mm256_store_ps(acc + 16, c10), _mm256_store_ps(acc + 24, c11);
-  _mm256_store_ps(acc + 32, c20), _mm256_store_ps(acc + 40, c21);
-  _mm256_store_ps(acc + 48, c30), _mm256_store_ps(acc + 56, c31);
-  _mm256_store_ps(acc + 64, c40), _mm256_store_ps(acc + 72, c41);
-  _mm256_store_ps(acc + 80, c50), _mm256_store_ps(acc + 88, c51);
+  register_tile::tile(kc, a, 1, kMR, b, kNR, kMR,
+                      [acc](int64_t u, register_tile::Vec lo, register_tile::Vec hi) {
+                        register_tile::store(acc + u * kNR, lo);
+                        register_tile::store(acc + u * kNR + register_tile::kLanes, hi);
+                      });
 }
 
 // Where a tile's sums go: into `c` (dt, leading dimension ld). The first slice writes
