@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -495,6 +496,11 @@ std::string find_script(const std::string& name) {
   return "";
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 void peer_throughput(json& row, std::vector<double> tps, size_t warmup, int requested,
                      double time_limit_s, bool stopped_early) {
   if (tps.empty()) return;
@@ -502,8 +508,7 @@ void peer_throughput(json& row, std::vector<double> tps, size_t warmup, int requ
   const size_t skip = std::min(warmup, tps.size() - 1);
   if (skip < warmup) row["warmup_included"] = true;
   tps.erase(tps.begin(), tps.begin() + static_cast<std::ptrdiff_t>(skip));
-  std::sort(tps.begin(), tps.end());
-  row["tokens_per_s"] = tps[tps.size() / 2];
+  row["tokens_per_s"] = median(std::move(tps));
   if (stopped_early)
     row["capped"] = {{"steps", row["steps"]}, {"of", requested}, {"time_limit_s", time_limit_s}};
 }

@@ -75,6 +75,10 @@ nlohmann::json report_origin(const nlohmann::json& report);
 double known_peak_tflops(const std::string& device_name, const std::string& precision);
 nlohmann::json known_peaks(const std::string& device_name);
 
+// The report's median of a list of figures (tokens/s of steps or rounds, ratios): the middle
+// one of an odd count, the upper of the two middle ones of an even count. v is not empty.
+double median(std::vector<double> v);
+
 // Model FLOPs per trained token (forward + backward): 6 * N_matmul + 12 * n_layer * T * C
 // (PaLM / nanoGPT's estimate, full T x T attention).
 double model_flops_per_token(const std::string& model);

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/data/text_dataset.h"
@@ -91,8 +92,7 @@ double median_seconds(Device& dev, int iters, const std::function<void()>& call)
     total += t.back();
     if (total > kTimeBudgetS) break;
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median(std::move(t));
 }
 
 std::string precision_dtype(const std::string& p) {
@@ -514,8 +514,7 @@ std::pair<json, json> train_run(const ReportOptions& o, const std::string& spec,
   std::vector<double> tps;  // the first step includes the warm-up: left out when there are more
   for (size_t i = recs.size() > 1 ? 1 : 0; i < recs.size(); ++i)
     tps.push_back(recs[i]["tokens_per_s"].get<double>());
-  std::sort(tps.begin(), tps.end());
-  row["tokens_per_s"] = tps[tps.size() / 2];
+  row["tokens_per_s"] = median(tps);
   row["loss"] = recs.back()["loss"];
   row["steps"] = recs.back()["step"];
   const json& m = recs.back()["memory"];
@@ -526,11 +525,6 @@ std::pair<json, json> train_run(const ReportOptions& o, const std::string& spec,
   for (const char* k : {"weights", "grads", "optimizer", "activations", "workspace"})
     mem[k] = m.value(k, int64_t{0});
   return {row, mem};
-}
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Each model's runs in every precision, --rounds times, the order of the precisions reversed
@@ -568,7 +562,7 @@ void measure_train(DeviceRun& r, const ReportOptions& o, Progress& bar) {
         std::vector<double> ran;
         for (double t : tps[i])
           if (t > 0) ran.push_back(t);
-        row["tokens_per_s"] = median_of(ran);
+        row["tokens_per_s"] = median(ran);
         row["rounds"] = tps[i];
         if (fp32 != r.precisions.end() && p != "fp32") {
           const auto& base = tps[static_cast<size_t>(fp32 - r.precisions.begin())];
@@ -577,7 +571,7 @@ void measure_train(DeviceRun& r, const ReportOptions& o, Progress& bar) {
             if (tps[i][static_cast<size_t>(k)] > 0 && base[static_cast<size_t>(k)] > 0)
               ratio.push_back(tps[i][static_cast<size_t>(k)] / base[static_cast<size_t>(k)]);
           if (!ratio.empty()) {
-            row["over_fp32"] = median_of(ratio);
+            row["over_fp32"] = median(ratio);
             row["over_fp32_range"] = {*std::min_element(ratio.begin(), ratio.end()),
                                       *std::max_element(ratio.begin(), ratio.end())};
           }
@@ -713,8 +707,7 @@ json measure_peers(const ReportOptions& o, bool gpu, Progress& bar) {
         }
         if (tps.size() > 1) {
           first["rounds"] = tps;
-          std::sort(tps.begin(), tps.end());
-          first["tokens_per_s"] = tps[tps.size() / 2];
+          first["tokens_per_s"] = median(tps);
         }
         rows.push_back(first);
       }
