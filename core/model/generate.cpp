@@ -1,5 +1,5 @@
 // Sampling from any model (Model::generate): greedy, temperature and top-k over the last
-// position's logits, one forward per token.
+// position's logits, one incremental forward per token (Model::forward_cached).
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -56,21 +56,37 @@ std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int n,
                                                std::to_string(vocab_size()) + ")");
   Device& dev = device();
   const int V = vocab_size();
+  const int block = static_cast<int>(block_size());
   const int window =
-      static_cast<int>(std::min<int64_t>(block_size(), static_cast<int64_t>(prompt.size()) + n));
+      static_cast<int>(std::min<int64_t>(block, static_cast<int64_t>(prompt.size()) + n));
   if (max_batch() < 1 || max_seq() < window)
     allocate_activations(std::max(1, max_batch()), std::max(window, max_seq()));
+  if (options.kv_cache && n > 0) reserve_kv_cache(window);
   Tensor tokens = dev.empty({window}, DType::i32, MemCategory::kActivations);
   Tensor row32;  // 16-bit logits are widened on the device before the one row is read back
   std::vector<int32_t> context = prompt, out;
   std::vector<float> row(static_cast<size_t>(V));
   Philox rng(options.seed, 0);
   for (int i = 0; i < n; ++i) {
-    const int T = static_cast<int>(std::min<size_t>(context.size(), block_size()));
-    Tensor tok = tokens.slice_flat(0, {1, T});
-    dev.upload(tok, context.data() + (context.size() - T), sizeof(int32_t) * T);
-    forward(tok, nullptr, 1, T);
-    Tensor last = logits_at(0, T - 1);
+    const int T = static_cast<int>(std::min<size_t>(context.size(), block));
+    Tensor last;
+    if (options.kv_cache && i > 0 && static_cast<int>(context.size()) <= block) {
+      // One new token at position T - 1, the cache holding positions [0, T - 1).
+      Tensor tok = tokens.slice_flat(0, {1, 1});
+      dev.upload(tok, &context.back(), sizeof(int32_t));
+      last = forward_cached(tok, T - 1, 1);
+    } else {
+      // The prompt, or a window that slid past block_size (its positions all moved): the last T
+      // tokens from position 0.
+      Tensor tok = tokens.slice_flat(0, {1, T});
+      dev.upload(tok, context.data() + (context.size() - T), sizeof(int32_t) * T);
+      if (options.kv_cache) {
+        last = forward_cached(tok, 0, T);
+      } else {
+        forward(tok, nullptr, 1, T);
+        last = logits_at(0, T - 1);
+      }
+    }
     if (last.dtype != DType::f32) {
       if (!row32.defined()) row32 = dev.empty({V}, DType::f32, MemCategory::kActivations);
       dev.copy(row32, last);
@@ -81,6 +97,7 @@ std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int n,
     context.push_back(next);
     out.push_back(next);
   }
+  if (options.kv_cache) release_kv_cache();
   return out;
 }
 

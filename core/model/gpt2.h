@@ -97,6 +97,7 @@ class GPT2 final : public ModelBase {
   // until backward() has been enqueued. Reads the compute weights: after the optimizer has
   // changed the master weights, call refresh_compute_weights() first.
   Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T) override;
+  Tensor forward_cached(const Tensor& tokens, int pos, int T) override;
   // Gradients of dloss_scale * (mean loss of the last forward) are ADDED (+=) into
   // grads_flat(), so several forward/backward pairs accumulate; the last forward must have had
   // targets. Overwrites logits() (dlogits is computed in place). dloss_scale carries both the
@@ -142,8 +143,11 @@ class GPT2 final : public ModelBase {
   }
   // Block l from residuals_[l]: fills acts(l) and, unless recompute, residuals_[l + 1] and the
   // LayerNorm that reads it (input_norm(l + 1)), fused with the residual add. So block l > 0
-  // finds its ln1 done, except when it recomputes.
-  void block_forward(int l, int B, int T, bool recompute);
+  // finds its ln1 done, except when it recomputes. kv_pos >= 0 (forward_cached, B = 1): the
+  // T rows are positions [kv_pos, kv_pos + T), their qkv go to the key/value cache and their
+  // attention reads it.
+  void block_forward(int l, int B, int T, bool recompute, int kv_pos = -1);
+  KvShape kv_shape() const override;
   // The LayerNorm that reads residuals_[l]: block l's ln1, or ln_f for l = n_layer.
   struct NormSite {
     Tensor out, mean, rstd, w, b;  // (BT,C) h, (BT), (BT), (C), (C)

@@ -26,7 +26,7 @@ GPT2::NormSite GPT2::input_norm(int l, int64_t BT) const {
   return {view(a.ln1, {BT, C}), view(a.ln1_mean, {BT}), view(a.ln1_rstd, {BT}), p.ln1w, p.ln1b};
 }
 
-void GPT2::block_forward(int l, int B, int T, bool recompute) {
+void GPT2::block_forward(int l, int B, int T, bool recompute, int kv_pos) {
   const int64_t C = config_.n_embd, NH = config_.n_head;
   const int64_t BT = int64_t{B} * T;
   const float eps = config_.layer_norm_epsilon;
@@ -43,17 +43,19 @@ void GPT2::block_forward(int l, int B, int T, bool recompute) {
                               p.ln1b, eps);
 
   // ---- attention -------------------------------------------------------------------------------
-  // qkv (B,T,3C) h = ln1 @ c_attn.w + c_attn.b
-  Tensor qkv = view(a.qkv, {BT, 3 * C});
+  // qkv (B,T,3C) h = ln1 @ c_attn.w + c_attn.b   (forward_cached: into the cache's rows)
+  const bool cached = kv_pos >= 0;
+  Tensor qkv = cached ? kv_rows(l, kv_pos, T) : view(a.qkv, {BT, 3 * C});
   linear_forward(device_, qkv, ln1, p.qkvw, p.qkvb);
   lora_forward(l, 0, 1, qkv, ln1);
   // atty (B,T,C) h = causal softmax(q k^T / sqrt(hs)) v per head; saved for the backward:
-  // fused, the rows' log-sum-exp lse (B,NH,T) f32; unfused, the probabilities att (B,NH,T,T) h
-  Tensor atty = view(a.atty, {B, T, C});
-  if (options_.fused_attention)
+  // fused, the rows' log-sum-exp lse (B,NH,T) f32; unfused, the probabilities att (B,NH,T,T) h.
+  // forward_cached: the new rows' attention over every cached row of the sequence (B = 1)
+  Tensor atty = cached ? kv_attention(l, kv_pos, T, config_.n_head) : view(a.atty, {B, T, C});
+  if (!cached && options_.fused_attention)
     device_.flash_attention_forward(atty, view(a.lse, {B, NH, T}), qkv.reshape({B, T, 3 * C}),
                                     config_.n_head);
-  else
+  else if (!cached)
     device_.attention_forward(atty, view(a.att, {B, NH, T, T}), qkv.reshape({B, T, 3 * C}),
                               config_.n_head);
   // attproj (B,T,C) h = atty @ attn.c_proj.w + attn.c_proj.b
@@ -125,6 +127,22 @@ Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) 
   // ---- loss ------------------------------------------------------------------------------------
   // losses (B,T) f32 = -log softmax(logits[:, :V])[targets];  loss [1] f32 = mean(losses)
   return loss_forward(logits, BT);
+}
+
+GPT2::KvShape GPT2::kv_shape() const {
+  return {config_.n_layer, 3 * int64_t{config_.n_embd}, config_.n_embd, config_.n_head,
+          config_.block_size};
+}
+
+Tensor GPT2::forward_cached(const Tensor& tokens, int pos, int T) {
+  kv_begin(tokens, pos, T);
+  const int64_t C = config_.n_embd;
+  // residuals[0] (T,C) f32 = wte[tokens] + wpe[pos:pos+T]
+  device_.embedding_forward(view(residuals_[0], {1, T, C}), tokens.reshape({1, T}),
+                            param("wte.weight"), param("wpe.weight").slice_flat(pos * C, {T, C}));
+  for (int l = 0; l < config_.n_layer; ++l) block_forward(l, 1, T, /*recompute=*/false, pos);
+  // logits [Vp] h = lnf[T-1] @ wte^T
+  return kv_logits(tokens, view(lnf_, {T, C}), head_view(compute_), T);
 }
 
 }  // namespace ct

@@ -91,6 +91,7 @@ class Llama final : public ModelBase {
   // As GPT2::forward / backward: tokens, targets [B,T] i32; returns the mean loss [1] f32 when
   // targets are given; backward adds dloss_scale * d(mean loss) into grads_flat().
   Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T) override;
+  Tensor forward_cached(const Tensor& tokens, int pos, int T) override;
   void backward(float dloss_scale = 1.0f) override;
 
   // Bytes of kWeights the base parameters and rotary tables take for `options` (f32 master and
@@ -133,8 +134,11 @@ class Llama final : public ModelBase {
   }
   // Layer l from residuals_[l]: fills acts(l) and, unless recompute, residuals_[l + 1] and the
   // RMSNorm that reads it (input_norm(l + 1)), fused with the residual add. So layer l > 0 finds
-  // its ln1 done, except when it recomputes.
-  void block_forward(int l, int B, int T, bool recompute);
+  // its ln1 done, except when it recomputes. kv_pos >= 0 (forward_cached, B = 1): the T rows
+  // are positions [kv_pos, kv_pos + T), rotated as such, their qkv go to the key/value cache
+  // and their attention reads it.
+  void block_forward(int l, int B, int T, bool recompute, int kv_pos = -1);
+  KvShape kv_shape() const override;
   // The RMSNorm that reads residuals_[l]: layer l's input norm, or model.norm for l = n_layer.
   struct NormSite {
     Tensor out, rstd, w;  // (BT,C) h, (BT), (C)

@@ -22,7 +22,7 @@ Llama::NormSite Llama::input_norm(int l, int64_t BT) const {
   return {view(a.ln1, {BT, C}), view(a.ln1_rstd, {BT}), forward_params(l).ln1w};
 }
 
-void Llama::block_forward(int l, int B, int T, bool recompute) {
+void Llama::block_forward(int l, int B, int T, bool recompute, int kv_pos) {
   const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
   const int64_t W = config_.qkv_width(), F = config_.intermediate_size, hd = config_.head_dim();
   const int64_t BT = int64_t{B} * T;
@@ -40,21 +40,25 @@ void Llama::block_forward(int l, int B, int T, bool recompute) {
 
   // ---- attention -------------------------------------------------------------------------------
   // qkv (B,T,W) h = ln1 @ [q_proj; k_proj; v_proj]^T (+ biases): NH query heads, then NKV key
-  // and NKV value heads of hd
-  Tensor qkv = view(a.qkv, {BT, W});
+  // and NKV value heads of hd (forward_cached: into the cache's rows)
+  const bool cached = kv_pos >= 0;
+  const int64_t pos = cached ? kv_pos : 0;
+  Tensor qkv = cached ? kv_rows(l, kv_pos, T) : view(a.qkv, {BT, W});
   device_.matmul(qkv, ln1, p.qkvw, false, true, 1.0f, 0.0f, p.qkvb.defined() ? &p.qkvb : nullptr);
   lora_forward(l, 0, 3, qkv, ln1);  // q_proj, k_proj, v_proj adapters, before the rotation
-  // q and k rotated in place by position (rotate-half); v untouched
+  // q and k rotated in place by position pos..pos+T-1 (rotate-half); v untouched
   Tensor qkv3 = qkv.reshape({B, T, W});
-  const Tensor cs = rope_cos_.slice_flat(0, {T, hd / 2}), sn = rope_sin_.slice_flat(0, {T, hd / 2});
+  const Tensor cs = rope_cos_.slice_flat(pos * hd / 2, {T, hd / 2}),
+               sn = rope_sin_.slice_flat(pos * hd / 2, {T, hd / 2});
   device_.rope_forward(qkv3, qkv3, cs, sn, hd, NH + NKV);
   // atty (B,T,C) h = causal softmax(q k^T / sqrt(hd)) v, query head h reading kv head
-  // h / (NH / NKV); saved: lse (B,NH,T) f32 when fused, the probabilities att otherwise
-  Tensor atty = view(a.atty, {B, T, C});
-  if (options_.fused_attention)
+  // h / (NH / NKV); saved: lse (B,NH,T) f32 when fused, the probabilities att otherwise.
+  // forward_cached: the new rows' attention over every cached row of the sequence (B = 1)
+  Tensor atty = cached ? kv_attention(l, kv_pos, T, config_.n_kv_head) : view(a.atty, {B, T, C});
+  if (!cached && options_.fused_attention)
     device_.flash_attention_forward(atty, view(a.lse, {B, NH, T}), qkv3, config_.n_head,
                                     config_.n_kv_head);
-  else
+  else if (!cached)
     device_.attention_forward(atty, view(a.att, {B, NH, T, T}), qkv3, config_.n_head,
                               config_.n_kv_head);
   // proj (B,T,C) h = atty @ o_proj^T
@@ -118,6 +122,21 @@ Tensor Llama::forward(const Tensor& tokens, const Tensor* targets, int B, int T)
 
   // ---- loss ------------------------------------------------------------------------------------
   return loss_forward(logits, BT);
+}
+
+Llama::KvShape Llama::kv_shape() const {
+  return {config_.n_layer, config_.qkv_width(), config_.n_embd, config_.n_head, config_.block_size};
+}
+
+Tensor Llama::forward_cached(const Tensor& tokens, int pos, int T) {
+  kv_begin(tokens, pos, T);
+  const int64_t C = config_.n_embd;
+  // residuals[0] (T,C) f32 = embed_tokens[tokens]; the positions enter through the rotation
+  device_.embedding_forward(view(residuals_[0], {1, T, C}), tokens.reshape({1, T}),
+                            param("model.embed_tokens.weight"));
+  for (int l = 0; l < config_.n_layer; ++l) block_forward(l, 1, T, /*recompute=*/false, pos);
+  // logits [Vp] h = lnf[T-1] @ lm_head^T
+  return kv_logits(tokens, view(lnf_, {T, C}), head_weight(compute_), T);
 }
 
 }  // namespace ct

@@ -37,6 +37,9 @@ struct SampleOptions {
   float temperature = 1.0f;  // <= 0: greedy (argmax)
   int top_k = 0;             // > 0: sample among the k most likely tokens only
   uint64_t seed = 0;         // Philox seed; draw i of a call uses element i of stream 0
+  // Keys and values cached between tokens (Model::forward_cached); false: every token runs
+  // forward over the whole window again (the same tokens up to rounding in the last bits).
+  bool kv_cache = true;
 };
 
 class Model {
@@ -127,10 +130,25 @@ class Model {
   virtual std::string peft_prefix() const = 0;
   virtual bool peft_fan_in_fan_out() const = 0;
 
-  // Samples n tokens after `prompt` (non-empty) and returns them (prompt excluded). Each step
-  // runs forward on the last block_size tokens and downloads only the last position's logits.
+  // Samples n tokens after `prompt` (non-empty) and returns them (prompt excluded), reading only
+  // the last position's logits back. With options.kv_cache the prompt runs once through
+  // forward_cached() and each new token alone after it, until the context passes block_size;
+  // from there on (and without the cache) each token runs forward on the last block_size tokens.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int n,
                                 const SampleOptions& options = {});
+
+  // Sampling's incremental forward, with a cache of keys and values. tokens [1,T] are positions
+  // [pos, pos + T) of one sequence whose positions [0, pos) earlier calls gave (pos 0 starts a
+  // sequence). The cache keeps each layer's q, k, v rows of the positions it has seen, so a new
+  // token's embedding, norms, products and MLP run on its own row only; attention runs over the
+  // cached rows [0, pos + T) (the devices' causal attention over that window, its earlier rows
+  // recomputed: linear in the window for everything else, quadratic for attention). The LM head
+  // runs on the last position only. reserve_kv_cache(n) first, with pos + T <= n <= block_size.
+  // Returns the logits [V] of position pos + T - 1, a view valid until the next forward, which is
+  // also what logits() shows ([1,1,V]); there is nothing to backward from.
+  virtual void reserve_kv_cache(int positions) = 0;
+  virtual Tensor forward_cached(const Tensor& tokens, int pos, int T) = 0;
+  virtual void release_kv_cache() = 0;
 };
 
 }  // namespace ct

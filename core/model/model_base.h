@@ -89,6 +89,11 @@ class ModelBase : public Model {
                           float dloss_scale = 1.0f) override;
   // trainable grads (=) 0.
   void zero_grad() override;
+  // The cache of forward_cached(): every layer's qkv rows [positions, W] of policy.activations,
+  // with the attention's output and log-sum-exp over them (kActivations); kept until released
+  // or a larger reserve.
+  void reserve_kv_cache(int positions) override;
+  void release_kv_cache() override { kv_ = KvCache(); }
   // backward() reports the rows of each of its sections (gradient_stage()) once they are done.
   void set_gradients_ready(GradientsReady ready) override;
 
@@ -202,6 +207,25 @@ class ModelBase : public Model {
   // Whether backward has anything to compute: the full gradients or trainable adapters.
   bool trains() const { return grads_.defined() || (lora() && lora_->trains()); }
 
+  // What the key/value cache holds per position, from the family's config.
+  struct KvShape {
+    int layers = 0;
+    int64_t width = 0;  // the qkv row: q, then k and v of every kv head
+    int64_t C = 0, n_head = 0;
+    int block_size = 0;
+  };
+  virtual KvShape kv_shape() const = 0;
+  // forward_cached's steps shared by the families: kv_begin checks the call (Error
+  // kInvalidArgument naming the limit) and makes activations of T rows; kv_rows is layer l's
+  // cache rows [T, W] of positions [pos, pos + T), where the family writes that layer's qkv
+  // (rotated, for Llama); kv_attention then returns the attention output (1,T,C) of those positions
+  // over the cached rows [0, pos + T) (Device::flash_attention_forward); kv_logits runs the LM head
+  // `head` on the last of the T rows of lnf (T,C) and returns their logits [V].
+  void kv_begin(const Tensor& tokens, int pos, int T);
+  Tensor kv_rows(int l, int pos, int T) const;
+  Tensor kv_attention(int l, int pos, int T, int n_kv_head);
+  Tensor kv_logits(const Tensor& tokens, const Tensor& lnf, const Tensor& head, int T);
+
   // The network's two ends, for allocate_activations: drops the old buffers (so the peak holds
   // one set), then allocates the residual stream (layers + 1 of (B,T,C) f32), logits (BT,Vp) h,
   // losses (BT) f32, loss [1]; with `trains` the backward's dresidual (BT,C) f32 and, under a
@@ -275,6 +299,14 @@ class ModelBase : public Model {
   // trainable_grads() (offset, count) it finishes, adjacent rows merged.
   GradientsReady gradients_ready_;
   std::map<int, std::vector<std::pair<int64_t, int64_t>>> stage_ranges_;
+
+  // forward_cached's cache (reserve_kv_cache): `filled` positions of `capacity` hold rows.
+  struct KvCache {
+    int capacity = 0, filled = 0;
+    std::vector<Tensor> qkv;  // per layer [capacity * W]
+    Tensor out, lse;          // [capacity * C] of policy.activations, [n_head * capacity] f32
+  };
+  KvCache kv_;
 
   // The last forward's batch, kept for backward.
   model_util::ForwardBatch batch_;

@@ -64,6 +64,7 @@ Run add_generate(CLI::App& app) {
     int max_new_tokens = 200, top_k = 40;
     float temperature = 0.8f;
     uint64_t seed = 42;
+    bool no_kv_cache = false;
   };
   auto o = std::make_shared<Opts>();
   flag(&app, "--model-path", o->model_path, "folder with config.json and model.safetensors")
@@ -74,6 +75,8 @@ Run add_generate(CLI::App& app) {
   flag(&app, "--top-k", o->top_k, "sample among the k most likely tokens (0 = all)");
   flag(&app, "--seed", o->seed, "sampling seed");
   flag(&app, "--backend", o->backend, "auto, cpu, cuda, hip, vulkan, vulkan:N, ...");
+  app.add_flag("--no-kv-cache", o->no_kv_cache,
+               "run every token's forward over the whole window (transformers' use_cache=False)");
   return [o] {
     if (o->prompt.empty()) fail(ErrorKind::kInvalidArgument, "--prompt: must not be empty");
     if (o->max_new_tokens < 0)
@@ -88,6 +91,7 @@ Run add_generate(CLI::App& app) {
     so.temperature = o->temperature;
     so.top_k = o->top_k;
     so.seed = o->seed;
+    so.kv_cache = !o->no_kv_cache;
     auto out = model->generate(tok->encode(o->prompt), o->max_new_tokens, so);
     std::printf("%s%s\n", o->prompt.c_str(), tok->decode(out).c_str());
     return 0;
