@@ -83,6 +83,10 @@ inline constexpr BackendAbiRevision kBackendAbiHistory[] = {
     {19, "2d99326a3eb4ec5e05d92d54476916dd42cf313fba9b54c47903fe3995e829d8",
      "adamw and adamw_groups take param16: the f16/bf16 copy of the updated parameters written "
      "in the same pass, rounded as copy() rounds (the mixed-precision compute copy, llm.c-style)"},
+    {20, "9e110d034ccd3dcdfa519ad47693ee0da2e8c853646c0c99547d5c2958786edc",
+     "flash_attention_forward may take the last rows only: out [B,Tq,C] and lse [B,NH,Tq] for "
+     "positions T - Tq .. T - 1 of qkv [B,T,W] (sampling's key/value cache); the signatures "
+     "did not change, but a version-19 kernel would read Tq as T"},
 };
 
 // A source's text without // and /* */ comments, every run of whitespace one space, trimmed.

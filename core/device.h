@@ -533,7 +533,9 @@ class Device {
   // The same attention fused (flash-style): blocks of queries against blocks of keys with an
   // online softmax, so the probabilities are never stored. qkv and out as above; lse
   // [B,n_head,T] f32 (=) per query row, log sum_{t2<=t} exp(scale q_t . k_t2), the one
-  // statistic saved for the backward.
+  // statistic saved for the backward. The forward may take the last rows only (sampling's
+  // key/value cache): out [B,Tq,C] and lse [B,n_head,Tq], 1 <= Tq <= T, are the rows of the
+  // positions T - Tq .. T - 1, each attending to the keys up to its position.
   void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head,
                                int n_kv_head = 0);
   // dqkv (=) gradient w.r.t. qkv, from dout [B,T,C] and the saved qkv, out and lse (the
@@ -715,7 +717,7 @@ class Backend {
 
 // A plugin is a shared library named libcrosstrain_backend_<name>.so next to the executable that
 // exports these two C symbols.
-inline constexpr int kBackendAbiVersion = 19;  // core/backend_abi.h: the history
+inline constexpr int kBackendAbiVersion = 20;  // core/backend_abi.h: the history
 extern "C" {
 typedef int (*BackendAbiVersionFn)();
 typedef Backend* (*BackendCreateFn)();

@@ -111,18 +111,23 @@ int kv_heads(const Check& k, int n_head, int n_kv_head) {
 
 // out (or dout) [B,T,C] and qkv [B,T,C + 2 n_kv_head hs], hs = C / n_head; stats is att
 // [B,NH,T,T] (unfused) or lse [B,NH,T] (fused).
+// last_rows (flash_attention_forward): out [B,Tq,C] and lse [B,NH,Tq] with 1 <= Tq <= T.
 void attention_dims(const Check& k, const Tensor& out, const Tensor& stats, const Tensor& qkv,
-                    int n_head, int n_kv_head, bool fused) {
+                    int n_head, int n_kv_head, bool fused, bool last_rows = false) {
   std::string desc = shapes({&out, &stats, &qkv}) + " n_head " + std::to_string(n_head) +
                      " n_kv_head " + std::to_string(n_kv_head);
-  const char* stats_shape = fused ? "lse [B,NH,T]" : "att [B,NH,T,T]";
+  const char* stats_shape = last_rows ? "lse [B,NH,Tq]" : fused ? "lse [B,NH,T]" : "att [B,NH,T,T]";
   CT_REQUIRE(out.ndim() == 3 && qkv.ndim() == 3 && stats.ndim() == (fused ? 3 : 4),
-             k.op() + ": expected out [B,T,C], " + stats_shape + ", qkv [B,T,C+2*NKV*C/NH]" + desc);
-  int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+             k.op() + ": expected out [B," + (last_rows ? "Tq" : "T") + ",C], " + stats_shape +
+                 ", qkv [B,T,C+2*NKV*C/NH]" + desc);
+  int64_t B = out.shape[0], Tq = out.shape[1], C = out.shape[2], T = qkv.shape[1];
   CT_REQUIRE(C % n_head == 0, k.op() + ": C must be a multiple of n_head" + desc);
+  CT_REQUIRE(last_rows ? Tq >= 1 && Tq <= T : Tq == T,
+             k.op() + ": out's rows must " +
+                 (last_rows ? "be the last 1 to T of qkv's positions" : "be qkv's") + desc);
   const int64_t W = C + 2 * int64_t{n_kv_head} * (C / n_head);
-  bool ok = qkv.shape[0] == B && qkv.shape[1] == T && qkv.shape[2] == W && stats.shape[0] == B &&
-            stats.shape[1] == n_head && stats.shape[2] == T && (fused || stats.shape[3] == T);
+  bool ok = qkv.shape[0] == B && qkv.shape[2] == W && stats.shape[0] == B &&
+            stats.shape[1] == n_head && stats.shape[2] == Tq && (fused || stats.shape[3] == T);
   CT_REQUIRE(ok,
              k.op() + ": shape mismatch (qkv's last dim must be " + std::to_string(W) + ")" + desc);
 }
@@ -515,7 +520,7 @@ void Device::flash_attention_forward(const Tensor& out, const Tensor& lse, const
   k.flt("qkv", qkv, OpKind::kAttention);
   k.same_dtype({&out, &qkv});
   const int nkv = kv_heads(k, n_head, n_kv_head);
-  attention_dims(k, out, lse, qkv, n_head, nkv, true);
+  attention_dims(k, out, lse, qkv, n_head, nkv, true, /*last_rows=*/true);
   flash_attention_forward_kernel(out, lse, qkv, n_head, nkv);
 }
 

@@ -466,12 +466,12 @@ class CpuDevice final : public Device, private Workspace {
 
   void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                       int n_head, int n_kv_head) override {
-    const int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+    const int64_t B = out.shape[0], Tq = out.shape[1], C = out.shape[2], T = qkv.shape[1];
     if (k_.flash_attention_forward_bf16 && out.dtype == DType::bf16 && qkv.dtype == DType::bf16)
-      return k_.flash_attention_forward_bf16(*this, h(out), f(lse), h(qkv), B, T, C, n_head,
+      return k_.flash_attention_forward_bf16(*this, h(out), f(lse), h(qkv), B, T, Tq, C, n_head,
                                              n_kv_head);
     float* o = out_(out, 0, false);
-    k_.flash_attention_forward(*this, o, f(lse), in(qkv, 1), B, T, C, n_head, n_kv_head);
+    k_.flash_attention_forward(*this, o, f(lse), in(qkv, 1), B, T, Tq, C, n_head, n_kv_head);
     store(out, o);
   }
   void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,

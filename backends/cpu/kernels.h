@@ -84,7 +84,7 @@ struct MatmulPackedArgs {
      const float* w, const float* mean, const float* rstd, int64_t N, int64_t C))               \
   X(flash_attention_forward_bf16,                                                               \
     (Workspace & ws, uint16_t * out, float* lse, const uint16_t* qkv, int64_t B, int64_t T,     \
-     int64_t C, int64_t NH, int64_t NKV))                                                       \
+     int64_t Tq, int64_t C, int64_t NH, int64_t NKV))                                           \
   X(flash_attention_backward_bf16, (Workspace & ws, uint16_t * dqkv, const uint16_t* dout,      \
                                     const uint16_t* qkv, const uint16_t* out, const float* lse, \
                                     int64_t B, int64_t T, int64_t C, int64_t NH, int64_t NKV))

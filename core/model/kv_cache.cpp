@@ -31,9 +31,9 @@ void ModelBase::kv_begin(const Tensor& tokens, int pos, int T) {
   CT_REQUIRE(pos <= kv_.filled, "forward_cached: position " + std::to_string(pos) +
                                     " follows only " + std::to_string(kv_.filled) +
                                     " cached positions (a sequence starts at position 0)");
-  CT_REQUIRE(pos + T <= kv_.capacity,
-             "forward_cached: positions up to " + std::to_string(pos + T) + " past the cache's " +
-                 std::to_string(kv_.capacity) + " (reserve_kv_cache)");
+  CT_REQUIRE(pos + T <= kv_.capacity, "forward_cached: positions up to " + std::to_string(pos + T) +
+                                          " past the cache's " + std::to_string(kv_.capacity) +
+                                          " (reserve_kv_cache)");
   CT_REQUIRE(tokens.dtype == DType::i32 && tokens.numel() == T,
              "forward_cached: expected tokens [1," + std::to_string(T) + "] i32, got " +
                  tokens.describe());
@@ -51,11 +51,12 @@ Tensor ModelBase::kv_attention(int l, int pos, int T, int n_kv_head) {
   const KvShape s = kv_shape();
   const int64_t n = int64_t{pos} + T;
   Tensor all = kv_.qkv[static_cast<size_t>(l)].slice_flat(0, {1, n, s.width});
-  Tensor out = kv_.out.slice_flat(0, {1, n, s.C});
-  device_.flash_attention_forward(out, kv_.lse.slice_flat(0, {1, s.n_head, n}), all,
+  // the last T rows only: the new positions' queries against every cached key
+  Tensor out = kv_.out.slice_flat(0, {1, T, s.C});
+  device_.flash_attention_forward(out, kv_.lse.slice_flat(0, {1, s.n_head, T}), all,
                                   static_cast<int>(s.n_head), n_kv_head);
   if (l == s.layers - 1) kv_.filled = static_cast<int>(n);
-  return kv_.out.slice_flat(pos * s.C, {1, T, s.C});
+  return out;
 }
 
 Tensor ModelBase::kv_logits(const Tensor& tokens, const Tensor& lnf, const Tensor& head, int T) {

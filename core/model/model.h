@@ -140,12 +140,11 @@ class Model {
   // Sampling's incremental forward, with a cache of keys and values. tokens [1,T] are positions
   // [pos, pos + T) of one sequence whose positions [0, pos) earlier calls gave (pos 0 starts a
   // sequence). The cache keeps each layer's q, k, v rows of the positions it has seen, so a new
-  // token's embedding, norms, products and MLP run on its own row only; attention runs over the
-  // cached rows [0, pos + T) (the devices' causal attention over that window, its earlier rows
-  // recomputed: linear in the window for everything else, quadratic for attention). The LM head
-  // runs on the last position only. reserve_kv_cache(n) first, with pos + T <= n <= block_size.
-  // Returns the logits [V] of position pos + T - 1, a view valid until the next forward, which is
-  // also what logits() shows ([1,1,V]); there is nothing to backward from.
+  // token's embedding, norms, products, attention and MLP run on its own row only, its
+  // attention reading the cached keys and values [0, pos + T) (flash_attention_forward of the
+  // last T rows). The LM head runs on the last position only. reserve_kv_cache(n) first, with pos +
+  // T <= n <= block_size. Returns the logits [V] of position pos + T - 1, a view valid until the
+  // next forward, which is also what logits() shows ([1,1,V]); there is nothing to backward from.
   virtual void reserve_kv_cache(int positions) = 0;
   virtual Tensor forward_cached(const Tensor& tokens, int pos, int T) = 0;
   virtual void release_kv_cache() = 0;

@@ -219,7 +219,8 @@ class ModelBase : public Model {
   // kInvalidArgument naming the limit) and makes activations of T rows; kv_rows is layer l's
   // cache rows [T, W] of positions [pos, pos + T), where the family writes that layer's qkv
   // (rotated, for Llama); kv_attention then returns the attention output (1,T,C) of those positions
-  // over the cached rows [0, pos + T) (Device::flash_attention_forward); kv_logits runs the LM head
+  // over the cached rows [0, pos + T) (Device::flash_attention_forward of the last T rows);
+  // kv_logits runs the LM head
   // `head` on the last of the T rows of lnf (T,C) and returns their logits [V].
   void kv_begin(const Tensor& tokens, int pos, int T);
   Tensor kv_rows(int l, int pos, int T) const;
@@ -304,7 +305,7 @@ class ModelBase : public Model {
   struct KvCache {
     int capacity = 0, filled = 0;
     std::vector<Tensor> qkv;  // per layer [capacity * W]
-    Tensor out, lse;          // [capacity * C] of policy.activations, [n_head * capacity] f32
+    Tensor out, lse;          // the new rows' attention: [capacity * C] h, [n_head * capacity] f32
   };
   KvCache kv_;
 

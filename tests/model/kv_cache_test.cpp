@@ -87,8 +87,8 @@ TEST_P(KvCacheDevices, EveryPositionGivesThePlainForwardsLogits) {
       std::unique_ptr<Model> m = make_model(dev(), llama, p);
       const std::vector<Vec> want = plain_logits(dev(), *m, seq);
       m->reserve_kv_cache(total);
-      EXPECT_TRUE(close_nmse(cached_logits(dev(), *m, seq, 0, prompt), want[prompt - 1], t,
-                             "prompt" + nm));
+      EXPECT_TRUE(
+          close_nmse(cached_logits(dev(), *m, seq, 0, prompt), want[prompt - 1], t, "prompt" + nm));
       for (int pos = prompt; pos < total; ++pos)
         EXPECT_TRUE(close_nmse(cached_logits(dev(), *m, seq, pos, 1), want[pos], t,
                                "position " + std::to_string(pos) + nm));
@@ -158,8 +158,9 @@ TEST(KvCache, ArgumentsAreChecked) {
   cached_logits(d, *m, seq, 0, 4);
   EXPECT_NE(error_of([&] { cached_logits(d, *m, seq, 4, 3); }).find("past the cache's 6"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { m->forward_cached(upload_i32(d, {1, 2}, {1, 2}), 4, 1); })
-                .find("expected tokens [1,1]"),
+  EXPECT_NE(error_of([&] {
+              m->forward_cached(upload_i32(d, {1, 2}, {1, 2}), 4, 1);
+            }).find("expected tokens [1,1]"),
             std::string::npos);
   // Nothing to backward from.
   EXPECT_THROW(m->backward(), Error);

@@ -7,6 +7,7 @@
 
 #include "tests/common/device_harness.h"
 #include "tests/common/fp64_ops.h"
+#include "tests/common/half_compare.h"
 
 namespace ct::test {
 namespace {
@@ -92,6 +93,52 @@ TEST_P(FlashAttention, EqualsTheUnfusedOps) {
   }
 }
 
+// The forward of the last Tq rows only (sampling's key/value cache: out [B,Tq,C], lse
+// [B,NH,Tq]) gives the rows of positions T - Tq .. T - 1 of the whole window's forward: against
+// the reference in f32, and in bf16 against the device's own whole-window rows.
+TEST_P(FlashAttention, LastRowsAreTheWholeWindowsRows) {
+  for (const FlashCase& c : kCases) {
+    for (int64_t Tq : {int64_t{1}, (c.T + 1) / 2, c.T}) {
+      const std::string nm = name(c) + " Tq" + std::to_string(Tq) + " on " + id();
+      const Vec qkv = randn(c.B * c.T * c.W(), c.seed);
+      // the whole window's rows T - Tq .. T - 1 of out (B,T,C) and lse (B,NH,T)
+      auto last_rows = [&](const Vec& out, const Vec& lse) {
+        Vec o, l;
+        for (int64_t b = 0; b < c.B; ++b) {
+          o.insert(o.end(), out.begin() + (b * c.T + c.T - Tq) * c.C,
+                   out.begin() + (b + 1) * c.T * c.C);
+          for (int64_t h = 0; h < c.NH; ++h)
+            l.insert(l.end(), lse.begin() + ((b * c.NH + h) * c.T + c.T - Tq),
+                     lse.begin() + (b * c.NH + h + 1) * c.T);
+        }
+        return std::make_pair(o, l);
+      };
+      auto forward = [&](Device& d, DType dt, int64_t rows) {
+        Tensor tq = up_as(d, {c.B, c.T, c.W()}, qkv, dt);
+        Tensor to = up_as(d, {c.B, rows, c.C}, Vec(c.B * rows * c.C, NAN), dt);
+        Tensor tl = upload(d, {c.B, c.NH, rows}, Vec(c.B * c.NH * rows, NAN));
+        d.flash_attention_forward(to, tl, tq, static_cast<int>(c.NH), static_cast<int>(c.kv()));
+        return std::make_pair(download_h(d, to), download(d, tl));
+      };
+      const auto whole = forward(ref(), DType::f32, c.T);
+      const auto want = last_rows(whole.first, whole.second);
+      const auto got = forward(dev(), DType::f32, Tq);
+      EXPECT_TRUE(close_nmse(got.first, want.first, tol(Tol::kGemm), "out f32 " + nm));
+      EXPECT_TRUE(close_nmse(got.second, want.second, tol(Tol::kGemm), "lse f32 " + nm));
+      // the reference's rows are the same sums, bit for bit
+      const auto ref_rows = forward(ref(), DType::f32, Tq);
+      EXPECT_EQ(ref_rows.first, want.first) << "reference out " << nm;
+      EXPECT_EQ(ref_rows.second, want.second) << "reference lse " << nm;
+      if (!dev().supports(OpKind::kAttention, DType::bf16)) continue;
+      const auto whole16 = forward(dev(), DType::bf16, c.T);
+      const auto want16 = last_rows(whole16.first, whole16.second);
+      const auto got16 = forward(dev(), DType::bf16, Tq);
+      EXPECT_TRUE(close_nmse(got16.first, want16.first, 1e-5, "out bf16 " + nm));
+      EXPECT_TRUE(close_nmse(got16.second, want16.second, 1e-10, "lse bf16 " + nm));
+    }
+  }
+}
+
 CT_INSTANTIATE_DEVICE_SUITE(FlashAttention);
 
 TEST(ReferenceFlashAttention, MatchesFp64AndFiniteDifferences) {
@@ -144,6 +191,13 @@ TEST(CpuFlashAttention, RejectsBadShapesAndDtypes) {
     EXPECT_THROW(d.flash_attention_backward(dqkv, out, qkv, bad, lse, 2), Error);  // out shape
     EXPECT_THROW(d.flash_attention_forward(out, lse, qkv, 2, 4), Error);           // 4 kv heads > 2
     EXPECT_THROW(d.flash_attention_forward(out, lse, qkv, 2, 1), Error);  // qkv is 3C, not 2C
+    Tensor out5 = upload(d, {1, 5, 6}, Vec(30, 0.0f)), lse5 = upload(d, {1, 2, 5}, Vec(10, 0.0f));
+    EXPECT_THROW(d.flash_attention_forward(out5, lse5, qkv, 2), Error);  // 5 rows of 4 positions
+    Tensor out2 = upload(d, {1, 2, 6}, Vec(12, 0.0f)), lse2 = upload(d, {1, 2, 2}, Vec(4, 0.0f));
+    EXPECT_THROW(d.flash_attention_forward(out2, lse, qkv, 2), Error);  // lse of 4 rows, out 2
+    EXPECT_THROW(d.flash_attention_backward(dqkv, out2, qkv, out2, lse2, 2),
+                 Error);                                   // forward only
+    d.flash_attention_forward(out2, lse2, qkv, 2);         // the last 2 rows
     d.flash_attention_forward(out, lse, qkv, 2);           // and the good call passes
     Tensor qkv_mq = upload(d, {1, 4, 12}, Vec(48, 0.0f));  // one kv head: C + 2 * 3
     d.flash_attention_forward(out, lse, qkv_mq, 2, 1);

@@ -47,14 +47,16 @@ using namespace register_tile;  // Vec, kLanes, kMR, kNR, load, store, splat, fm
 constexpr int64_t kBlockRows = 48;
 
 // A head's sizes: hsp = hs rounded up to kNR (the packed rows' stride), lds the score rows'
-// stride (T rounded up to kNR, plus a panel so that rows 4 KB apart do not share L1 sets).
+// stride (T rounded up to kNR, plus a panel so that rows 4 KB apart do not share L1 sets); the
+// forward's query rows are [q0, T) (the last T - q0 positions; 0 in the backward).
 struct Dims {
   int64_t T, hs, hsp, lds;
   float scale;
+  int64_t q0 = 0;
 };
-Dims dims(int64_t T, int64_t hs) {
+Dims dims(int64_t T, int64_t hs, int64_t q0 = 0) {
   const int64_t hsp = (hs + kNR - 1) / kNR * kNR, lds = (T + kNR - 1) / kNR * kNR + kNR;
-  return {T, hs, hsp, lds, 1.0f / std::sqrt(static_cast<float>(hs))};
+  return {T, hs, hsp, lds, 1.0f / std::sqrt(static_cast<float>(hs)), q0};
 }
 
 // s[t - r0][j] = scale x_t . y_j for the rows t of [r0, r1) and, in each strip of kMR rows, the
@@ -128,7 +130,7 @@ float exp_row(float* row, int64_t n, float sub) {
 }
 
 // Rows r0..r1 of a block: for each row t, s[t, j] (=) exp(s - max) for j <= t and 0 for
-// t < j < r1; its log-sum-exp into lse[t], 1 / sum into inv[t - r0].
+// t < j < r1; its log-sum-exp into lse[t - q0], 1 / sum into inv[t - r0].
 void softmax_rows(float* s, float* lse, float* inv, int64_t r0, int64_t r1, const Dims& d) {
   for (int64_t t = r0; t < r1; ++t) {
     float* row = s + (t - r0) * d.lds;
@@ -138,7 +140,7 @@ void softmax_rows(float* s, float* lse, float* inv, int64_t r0, int64_t r1, cons
     for (int64_t j = 0; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
     const float sum = exp_row(row, n, mx);
     std::fill(row + n, row + std::max(n, r1), 0.0f);
-    lse[t] = mx + std::log(sum);
+    lse[t - d.q0] = mx + std::log(sum);
     inv[t - r0] = 1.0f / sum;
   }
 }
@@ -161,11 +163,11 @@ void grad_row(float* p, float* ds, int64_t n, float l, float D, float scale) {
   }
 }
 
-// One query head's forward from its packed q, k (panels kt) and v: o (T, hsp) and lse (T);
-// s (kBlockRows, lds) and inv (kBlockRows) scratch.
+// One query head's forward from its packed q, k (panels kt) and v: rows [q0, T) of o (T, hsp)
+// and lse (T - q0); s (kBlockRows, lds) and inv (kBlockRows) scratch.
 void forward_head(float* o, float* lse, float* s, float* inv, const float* q, const float* kt,
                   const float* v, const Dims& d) {
-  for (int64_t r0 = 0; r0 < d.T; r0 += kBlockRows) {
+  for (int64_t r0 = d.q0; r0 < d.T; r0 += kBlockRows) {
     const int64_t r1 = std::min(d.T, r0 + kBlockRows);
     scores(s, q, kt, r0, r1, d, d.scale);
     softmax_rows(s, lse, inv, r0, r1, d);
@@ -267,10 +269,10 @@ void prefetch_row(const E* row, int64_t n, bool write) {
   }
 }
 
-// dst (T, hsp) = src (T, hs) with row stride ld, widened; columns hs..hsp zero.
+// dst (T, hsp) = src (T, hs) with row stride ld, widened; columns hs..hsp zero. Rows [r0, T).
 template <class E>
-void pack_rows(float* dst, const E* src, int64_t ld, const Dims& d) {
-  for (int64_t t = 0; t < d.T; ++t) {
+void pack_rows(float* dst, const E* src, int64_t ld, const Dims& d, int64_t r0 = 0) {
+  for (int64_t t = r0; t < d.T; ++t) {
     if (t + kAhead < d.T) prefetch_row(src + (t + kAhead) * ld, d.hs, false);
     float* row = dst + t * d.hsp;
 #pragma omp simd
@@ -321,13 +323,14 @@ void pack_panels(float* dst, const E* src, int64_t ld, const Dims& d) {
     }
   }
 }
-// dst (T, hs) with row stride ld = src (T, hsp), rounded where E is bf16.
+// dst (T - r0, hs) with row stride ld = rows [r0, T) of src (T, hsp), rounded where E is bf16.
 template <class E>
-void unpack_rows(E* dst, int64_t ld, const float* src, const Dims& d) {
-  for (int64_t t = 0; t < d.T; ++t) {
-    if (t + kAhead < d.T) prefetch_row(dst + (t + kAhead) * ld, d.hs, true);
+void unpack_rows(E* dst, int64_t ld, const float* src, const Dims& d, int64_t r0 = 0) {
+  for (int64_t t = r0; t < d.T; ++t) {
+    E* row = dst + (t - r0) * ld;
+    if (t + kAhead < d.T) prefetch_row(row + kAhead * ld, d.hs, true);
 #pragma omp simd
-    for (int64_t i = 0; i < d.hs; ++i) narrow(dst + t * ld + i, src[t * d.hsp + i]);
+    for (int64_t i = 0; i < d.hs; ++i) narrow(row + i, src[t * d.hsp + i]);
   }
 }
 
@@ -336,13 +339,13 @@ int64_t floats(int64_t n) {
   return (n + 15) / 16 * 16;
 }
 
-// out is (B,T,C); lse is (B,NH,T); qkv is (B,T,C3) holding q (NH heads) | k (NKV heads) |
-// v (NKV heads), heads of hs = C/NH, C3 = C + 2 NKV hs.
+// out is (B,Tq,C): the last Tq positions' rows; lse is (B,NH,Tq); qkv is (B,T,C3) holding
+// q (NH heads) | k (NKV heads) | v (NKV heads), heads of hs = C/NH, C3 = C + 2 NKV hs.
 template <class E>
-void forward(Workspace& ws, E* out, float* lse, const E* qkv, int64_t B, int64_t T, int64_t C,
-             int64_t NH, int64_t NKV) {
+void forward(Workspace& ws, E* out, float* lse, const E* qkv, int64_t B, int64_t T, int64_t Tq,
+             int64_t C, int64_t NH, int64_t NKV) {
   const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV;
-  const Dims d = dims(T, hs);
+  const Dims d = dims(T, hs, T - Tq);
   const int64_t panels = floats((T + kNR - 1) / kNR * kNR * hs), rows = floats(T * d.hsp);
   const int64_t per = panels + 3 * rows + floats(kBlockRows * d.lds) + floats(kBlockRows);
   float* scratch =
@@ -356,9 +359,9 @@ void forward(Workspace& ws, E* out, float* lse, const E* qkv, int64_t B, int64_t
       const E* x = qkv + b * T * C3;
       pack_panels(kt, x + C + (h / G) * hs, C3, d);
       pack_rows(v, x + C + (NKV + h / G) * hs, C3, d);
-      pack_rows(q, x + h * hs, C3, d);
-      forward_head(o, lse + (b * NH + h) * T, s, inv, q, kt, v, d);
-      unpack_rows(out + b * T * C + h * hs, C, o, d);
+      pack_rows(q, x + h * hs, C3, d, d.q0);
+      forward_head(o, lse + (b * NH + h) * Tq, s, inv, q, kt, v, d);
+      unpack_rows(out + b * Tq * C + h * hs, C, o, d, d.q0);
     }
   }
 }
@@ -413,13 +416,14 @@ void backward(Workspace& ws, E* dqkv, const E* dout, const E* qkv, const E* out,
 }  // namespace
 
 void flash_attention_forward(Workspace& ws, float* out, float* lse, const float* qkv, int64_t B,
-                             int64_t T, int64_t C, int64_t NH, int64_t NKV) {
-  forward(ws, out, lse, qkv, B, T, C, NH, NKV);
+                             int64_t T, int64_t Tq, int64_t C, int64_t NH, int64_t NKV) {
+  forward(ws, out, lse, qkv, B, T, Tq, C, NH, NKV);
 }
 
 void flash_attention_forward_bf16(Workspace& ws, uint16_t* out, float* lse, const uint16_t* qkv,
-                                  int64_t B, int64_t T, int64_t C, int64_t NH, int64_t NKV) {
-  forward(ws, out, lse, qkv, B, T, C, NH, NKV);
+                                  int64_t B, int64_t T, int64_t Tq, int64_t C, int64_t NH,
+                                  int64_t NKV) {
+  forward(ws, out, lse, qkv, B, T, Tq, C, NH, NKV);
 }
 
 void flash_attention_backward(Workspace& ws, float* dqkv, const float* dout, const float* qkv,

@@ -7,17 +7,18 @@
 
 namespace ct::cpu::ref {
 
-// out is (B,T,C); lse is (B,NH,T); qkv is (B,T,C3) holding q (NH heads) | k (NKV heads) |
-// v (NKV heads), heads of hs = C/NH, C3 = C + 2 NKV hs; query head h reads kv head h / (NH/NKV)
+// out is (B,Tq,C) and lse (B,NH,Tq): the last Tq positions' rows; qkv is (B,T,C3) holding
+// q (NH heads) | k (NKV heads) | v (NKV heads), heads of hs = C/NH, C3 = C + 2 NKV hs; query head
+// h reads kv head h / (NH/NKV)
 void flash_attention_forward(Workspace& ws, float* out, float* lse, const float* qkv, int64_t B,
-                             int64_t T, int64_t C, int64_t NH, int64_t NKV) {
+                             int64_t T, int64_t Tq, int64_t C, int64_t NH, int64_t NKV) {
   const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV;
   const int64_t koff = C, voff = C + NKV * hs;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   double* s = static_cast<double*>(ws.get(static_cast<size_t>(T) * sizeof(double)));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
-      for (int64_t t = 0; t < T; ++t) {
+      for (int64_t t = T - Tq; t < T; ++t) {
         const float* q = qkv + (b * T + t) * C3 + h * hs;
         // scores s[u] = scale q . k_u for the keys u <= t, and their log-sum-exp
         double mx = -INFINITY;
@@ -31,9 +32,10 @@ void flash_attention_forward(Workspace& ws, float* out, float* lse, const float*
         double sum = 0.0;
         for (int64_t u = 0; u <= t; ++u) sum += std::exp(s[u] - mx);
         const double l = mx + std::log(sum);
-        lse[(b * NH + h) * T + t] = static_cast<float>(l);
+        const int64_t r = t - (T - Tq);  // out's and lse's row
+        lse[(b * NH + h) * Tq + r] = static_cast<float>(l);
         // out = sum_u p_u v_u with p_u = exp(s_u - lse)
-        float* o = out + (b * T + t) * C + h * hs;
+        float* o = out + (b * Tq + r) * C + h * hs;
         for (int64_t i = 0; i < hs; ++i) {
           double acc = 0.0;
           for (int64_t u = 0; u <= t; ++u)
