@@ -121,7 +121,8 @@ std::string widened_how(bool reference) {
   return "operands widened to f32, exact: by the own packing GEMM as it packs them where N, K <= " +
          std::to_string(kPackedGemmMaxNK) +
          " (the linear layers), into copies for OpenBLAS sgemm past that (a vocabulary-sized "
-         "head), per product the faster of the two on the Zen 3 EPYC where it was measured";
+         "head), per product the faster of the two on the Zen 3 EPYC where it was measured; a "
+         "product of one row (sampling's one-token forward) reads b in place at any size";
 }
 
 std::string bf16_matmul_row(bool reference) {

@@ -49,8 +49,10 @@ struct MatmulBf16Args {
 // A product whose a, b, c are each f32, bf16 or f16 (c row-major (M,N), a (M,K) or (K,M) with
 // trans_a, b (K,N) or (N,K) with trans_b; bias (N) f32, added rounded to c's type): the fast
 // levels' own packing GEMM (fast/gemm_packed.cpp), which widens 16-bit operands as it packs them.
-// matmul_packed declines products whose N or K is larger (a vocabulary-sized head): the device
-// widens their operands into f32 copies for sgemm, the faster there (cpu_device.cpp).
+// matmul_packed declines products of several rows whose N or K is larger (a vocabulary-sized
+// head): the device widens their operands into f32 copies for sgemm, the faster there
+// (cpu_device.cpp). A product of one row it takes at any size, reading b in place (run_row); the
+// f32 matmul sends its one-row products there too.
 inline constexpr int64_t kPackedGemmMaxNK = 8192;
 struct MatmulPackedArgs {
   void* c = nullptr;

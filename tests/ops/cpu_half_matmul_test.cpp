@@ -58,9 +58,13 @@ std::unique_ptr<Device> open_widening() {
   return d;
 }
 
+// v rounded to h (f32: as it is).
+float round_h(float v, DType h) {
+  return h == DType::f32 ? v : from_h(to_h(v, h), h);
+}
 Vec round_to_h(const Vec& v, DType h) {
   Vec r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = from_h(to_h(v[i], h), h);
+  for (size_t i = 0; i < v.size(); ++i) r[i] = round_h(v[i], h);
   return r;
 }
 
@@ -211,8 +215,23 @@ TEST(CpuHalfMatmul, KeptOperandsGiveTheBitsOfFreshOnes) {
 // a multiple of 8 but the last); the first slice's sum s gives fma(alpha, s, pre), pre =
 // fma(beta, c0, bias (rounded to c's type where c is 16-bit)), each later one fma(alpha, s, c);
 // a 16-bit c is rounded once, at the end. So the bits do not depend on the threads or blocks.
+// A product of one row with b (N, K) (run_row's dot products along b's rows) sums instead eight
+// partial sums, k mod 8 in order of k, as ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), the
+// K % 8 last terms one FMA each, then fma(alpha, sum, pre).
 float packed_model(const Vec& a, const Vec& b, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
                    int64_t i, int64_t j, float alpha, float pre) {
+  if (M == 1 && tb) {
+    float lane[8] = {};
+    const int64_t K8 = K / 8 * 8;
+    for (int64_t k = 0; k < K8; ++k)
+      lane[k % 8] =
+          std::fma(a[static_cast<size_t>(k)], b[static_cast<size_t>(j * K + k)], lane[k % 8]);
+    float sum =
+        ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    for (int64_t k = K8; k < K; ++k)
+      sum = std::fma(a[static_cast<size_t>(k)], b[static_cast<size_t>(j * K + k)], sum);
+    return std::fma(alpha, sum, pre);
+  }
   const int64_t slices = (K + 383) / 384, kc = ((K + slices - 1) / slices + 7) / 8 * 8;
   float c = pre;
   for (int64_t k0 = 0; k0 < K; k0 += kc) {
@@ -243,9 +262,16 @@ TEST(CpuHalfMatmul, PackedGemmSumsInTheStatedOrder) {
                         {61, 130, 800, false, false, false, true, 0.5f, 0.75f},
                         {77, 50, 800, true, false, false, false, 1.0f, 1.0f},
                         {130, 45, 395, false, true, true, true, 1.0f, 1.0f},
-                        {24, 200, 40, true, true, true, false, 2.0f, 0.0f}};
-  for (DType h : {DType::bf16, DType::f16}) {
+                        {24, 200, 40, true, true, true, false, 2.0f, 0.0f},
+                        // one row of c (run_row: b read in place, also for f32 operands): b (K,N)
+                        // over three slices, N past whole blocks of 64 and of 8; b (N,K) with a
+                        // vocabulary-sized N; K not a multiple of 8, a (K,1), f32 c
+                        {1, 2100, 800, false, false, true, true, 1.0f, 1.0f},
+                        {1, 9000, 72, false, true, true, true, 1.0f, 0.0f},
+                        {1, 45, 395, true, true, false, false, 0.5f, 0.75f}};
+  for (DType h : {DType::bf16, DType::f16, DType::f32}) {
     for (const Case& k : cases) {
+      if (h == DType::f32 && k.M != 1) continue;  // f32 products go to sgemm but for one row
       SCOPED_TRACE(std::string(dtype_name(h)) + " " + std::to_string(k.M) + "x" +
                    std::to_string(k.N) + "x" + std::to_string(k.K) + " ta " + std::to_string(k.ta) +
                    " tb " + std::to_string(k.tb));
@@ -261,12 +287,12 @@ TEST(CpuHalfMatmul, PackedGemmSumsInTheStatedOrder) {
       for (int64_t i = 0; i < k.M; ++i)
         for (int64_t j = 0; j < k.N; ++j) {
           const size_t e = static_cast<size_t>(i * k.N + j);
-          float pre = k.bias ? (k.c16 ? from_h(to_h(bias[static_cast<size_t>(j)], h), h)
+          float pre = k.bias ? (k.c16 ? round_h(bias[static_cast<size_t>(j)], h)
                                       : bias[static_cast<size_t>(j)])
                              : 0.0f;
           if (k.beta != 0.0f) pre = std::fma(k.beta, c0[e], pre);
           float want = packed_model(a, b, k.M, k.N, k.K, k.ta, k.tb, i, j, k.alpha, pre);
-          if (k.c16) want = from_h(to_h(want, h), h);
+          if (k.c16) want = round_h(want, h);
           if (std::memcmp(&want, &got[e], sizeof(float)) != 0 && wrong++ < 3)
             ADD_FAILURE() << "c[" << i << "," << j << "] = " << got[e]
                           << ", stated order: " << want;

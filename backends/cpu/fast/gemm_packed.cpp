@@ -334,6 +334,161 @@ void run_block(const MatmulPackedArgs& m, const Operand& a, const Operand& b, co
   }
 }
 
+// ---- one row of c ------------------------------------------------------------------------------
+// c (1, N) of a product whose op(a) has one row: sampling's one-token forward (its linear layers
+// and LM head). The nest above would pack all of b for that one row, which costs more than the
+// arithmetic (OpenBLAS's sgemm does the same: perf of a gpt2 decode at 1 thread, its copies 38 %
+// of the run, its kernel 17 %). Here b is read once, in place and in address order, widened in
+// registers. The threads split c's columns.
+//   b (K, N): each thread streams its columns of every row of b into f32 sums of its columns
+//     (in L1/L2), so each element of c gets the nest's arithmetic: the same slices of K, one FMA
+//     a term in order of k, the same epilogue, the same bits.
+//   b (N, K): each element of c is a dot product along a row of b, eight partial sums (k mod 8,
+//     in order of k) added as ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), then the K % 8
+//     last terms one FMA each; c = fma(alpha, sum, pre). Not the nest's order (its lanes are
+//     columns, which here would read eight rows of b at once): fixed, so still the same bits
+//     at any thread count.
+constexpr int64_t kRowUnit = 64;  // columns a thread takes at a time (b (K, N)) or at least
+
+// Eight lanes of partial sums added in the stated fixed order.
+inline float sum_lanes(__m256 v) {
+  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  const __m128 q = _mm_add_ps(lo, hi);                  // s0+s4, s1+s5, s2+s6, s3+s7
+  const __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));  // (s0+s4)+(s2+s6), (s1+s5)+(s3+s7)
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
+}
+
+// b's elements of one dtype, the dtype fixed at compile time for the streaming loops.
+template <DType D>
+struct Elems {
+  static __m256 load(const void* p, int64_t i) { return load8(p, D, i); }
+  static float one(const void* p, int64_t i) { return load1(p, D, i); }
+};
+
+// c[j] for the rows j of b (N, K) in [j0, j1): four rows at a time for four chains in flight.
+template <DType D>
+void row_dots(const MatmulPackedArgs& m, const float* a, const Operand& b, const float* bias,
+              int64_t j0, int64_t j1) {
+  using E = Elems<D>;
+  const int64_t K8 = m.K / 8 * 8;
+  auto finish = [&](int64_t j, float sum) {
+    for (int64_t k = K8; k < m.K; ++k) sum = std::fma(a[k], E::one(b.p, j * b.ld + k), sum);
+    float pre = bias ? bias[j] : 0.0f;
+    if (m.beta != 0.0f) pre = std::fma(m.beta, load1(m.c, m.c_dtype, j), pre);
+    store1(m.c, m.c_dtype, j, std::fma(m.alpha, sum, pre));
+  };
+  int64_t j = j0;
+  for (; j + 4 <= j1; j += 4) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    const int64_t r = j * b.ld;
+    for (int64_t k = 0; k < K8; k += 8) {
+      const __m256 ak = _mm256_loadu_ps(a + k);
+      acc0 = _mm256_fmadd_ps(ak, E::load(b.p, r + k), acc0);
+      acc1 = _mm256_fmadd_ps(ak, E::load(b.p, r + b.ld + k), acc1);
+      acc2 = _mm256_fmadd_ps(ak, E::load(b.p, r + 2 * b.ld + k), acc2);
+      acc3 = _mm256_fmadd_ps(ak, E::load(b.p, r + 3 * b.ld + k), acc3);
+    }
+    finish(j, sum_lanes(acc0));
+    finish(j + 1, sum_lanes(acc1));
+    finish(j + 2, sum_lanes(acc2));
+    finish(j + 3, sum_lanes(acc3));
+  }
+  for (; j < j1; ++j) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K8; k += 8)
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), E::load(b.p, j * b.ld + k), acc);
+    finish(j, sum_lanes(acc));
+  }
+}
+
+// c[j] for the columns j of b (K, N) in [j0, j1): the rows of b streamed, four at a time, into
+// f32 sums of the columns (sums: each sum still one FMA a term in order of k), slice by slice
+// as run_block slices K; v holds c's value between slices.
+template <DType D>
+void row_axpys(const MatmulPackedArgs& m, const float* a, const Operand& b, const float* bias,
+               int64_t j0, int64_t j1, float* sums, float* v) {
+  using E = Elems<D>;
+  const int64_t w = j1 - j0, w8 = w / 8 * 8;
+  const int64_t slices = (m.K + kKC - 1) / kKC;
+  const int64_t kc_len = ((m.K + slices - 1) / slices + 7) / 8 * 8;
+  for (int64_t k0 = 0; k0 < m.K; k0 += kc_len) {
+    const int64_t k1 = std::min(m.K, k0 + kc_len);
+    std::fill(sums, sums + w, 0.0f);
+    int64_t k = k0;
+    for (; k + 4 <= k1; k += 4) {
+      const __m256 a0 = _mm256_set1_ps(a[k]), a1 = _mm256_set1_ps(a[k + 1]);
+      const __m256 a2 = _mm256_set1_ps(a[k + 2]), a3 = _mm256_set1_ps(a[k + 3]);
+      const int64_t r = k * b.ld + j0;
+      for (int64_t c = 0; c < w8; c += 8) {
+        __m256 x = _mm256_loadu_ps(sums + c);
+        x = _mm256_fmadd_ps(a0, E::load(b.p, r + c), x);
+        x = _mm256_fmadd_ps(a1, E::load(b.p, r + b.ld + c), x);
+        x = _mm256_fmadd_ps(a2, E::load(b.p, r + 2 * b.ld + c), x);
+        x = _mm256_fmadd_ps(a3, E::load(b.p, r + 3 * b.ld + c), x);
+        _mm256_storeu_ps(sums + c, x);
+      }
+      for (int64_t c = w8; c < w; ++c)
+        for (int64_t u = 0; u < 4; ++u)
+          sums[c] = std::fma(a[k + u], E::one(b.p, r + u * b.ld + c), sums[c]);
+    }
+    for (; k < k1; ++k) {
+      const __m256 ak = _mm256_set1_ps(a[k]);
+      const int64_t r = k * b.ld + j0;
+      for (int64_t c = 0; c < w8; c += 8)
+        _mm256_storeu_ps(sums + c,
+                         _mm256_fmadd_ps(ak, E::load(b.p, r + c), _mm256_loadu_ps(sums + c)));
+      for (int64_t c = w8; c < w; ++c) sums[c] = std::fma(a[k], E::one(b.p, r + c), sums[c]);
+    }
+    for (int64_t c = 0; c < w; ++c) {
+      if (k0 > 0) {
+        v[c] = std::fma(m.alpha, sums[c], v[c]);
+        continue;
+      }
+      float pre = bias ? bias[j0 + c] : 0.0f;
+      if (m.beta != 0.0f) pre = std::fma(m.beta, load1(m.c, m.c_dtype, j0 + c), pre);
+      v[c] = std::fma(m.alpha, sums[c], pre);
+    }
+  }
+  for (int64_t c = 0; c < w; ++c) store1(m.c, m.c_dtype, j0 + c, v[c]);
+}
+
+// One thread's columns [j0, j1) of c, b's dtype D.
+template <DType D>
+void row_columns(const MatmulPackedArgs& m, const float* a, const Operand& b, const float* bias,
+                 int64_t j0, int64_t j1) {
+  if (b.trans) return row_dots<D>(m, a, b, bias, j0, j1);
+  // blocks of up to 16 units: their sums and values stay in L1
+  constexpr int64_t block = 16 * kRowUnit;
+  alignas(32) float sums[block], v[block];
+  for (int64_t c0 = j0; c0 < j1; c0 += block)
+    row_axpys<D>(m, a, b, bias, c0, std::min(j1, c0 + block), sums, v);
+}
+
+void run_row(const MatmulPackedArgs& m, const Operand& b, const float* bias) {
+  // a's one row widened once: (1, K), or (K, 1) with trans_a, contiguous either way
+  thread_local std::vector<float> widened;
+  widened.resize(static_cast<size_t>(m.K));
+  for (int64_t k = 0; k < m.K; ++k) widened[static_cast<size_t>(k)] = load1(m.a, m.a_dtype, k);
+  const float* a = widened.data();  // the calling thread's buffer, read by every thread
+  const int64_t units = (m.N + kRowUnit - 1) / kRowUnit;
+  const int threads =
+      static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, units / 4)));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t j0 = std::min(m.N, units * t / nt * kRowUnit);
+    const int64_t j1 = std::min(m.N, units * (t + 1) / nt * kRowUnit);
+    if (j1 > j0) {
+      if (b.dt == DType::f32)
+        row_columns<DType::f32>(m, a, b, bias, j0, j1);
+      else if (b.dt == DType::bf16)
+        row_columns<DType::bf16>(m, a, b, bias, j0, j1);
+      else
+        row_columns<DType::f16>(m, a, b, bias, j0, j1);
+    }
+  }
+}
+
 }  // namespace
 
 bool matmul_packed(const MatmulPackedArgs& m) {
@@ -343,7 +498,8 @@ bool matmul_packed(const MatmulPackedArgs& m) {
   // (N 50304) 82.8 packed vs 92.0 widened, dx (K 50304) 81.5 vs 91.5, dW (M 50304) 91 vs 94
   // (a's repacking per block of columns and the f32 sums of a 16-bit c, which sgemm's larger
   // blocks amortise better). The linear layers (N, K <= 4 x 1024 here) are faster packed.
-  if (m.N > kMaxNK || m.K > kMaxNK) return false;
+  // (One row of c reads b once whatever its size: run_row.)
+  if (m.M > 1 && (m.N > kMaxNK || m.K > kMaxNK)) return false;
   const Operand a{m.a, m.a_dtype, m.trans_a ? m.M : m.K, m.trans_a};
   const Operand b{m.b, m.b_dtype, m.trans_b ? m.K : m.N, m.trans_b};
   // The bias in c's type (a 16-bit c adds it rounded, as the reference does).
@@ -354,6 +510,10 @@ bool matmul_packed(const MatmulPackedArgs& m) {
     for (int64_t j = 0; j < m.N; ++j)
       rounded[static_cast<size_t>(j)] = round_to(m.c_dtype, bias[j]);
     bias = rounded.data();
+  }
+  if (m.M == 1) {
+    run_row(m, b, bias);
+    return true;
   }
   // The threads share c by rows or by columns, whichever makes them pack less twice: split by
   // columns, each packs all of a (M x K); by rows, all of b (K x N).

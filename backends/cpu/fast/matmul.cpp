@@ -83,6 +83,23 @@ void matmul(Workspace& ws, const MatmulArgs& m) {
     for (int64_t j = 0; j < m.N; ++j) rounded[j] = round_to(m.c_dtype, m.bias[j]);
     bias = rounded;
   }
+  // One row of c (sampling's one-token forward): the packing GEMM's row kernel reads b once,
+  // where sgemm would pack all of it first (fast/gemm_packed.cpp, run_row).
+  if (m.batch * m.M == 1 && m.K > 0) {
+    MatmulPackedArgs row;
+    row.c = m.c;
+    row.a = m.a;
+    row.b = m.b;
+    row.bias = bias;
+    row.M = 1;
+    row.N = m.N;
+    row.K = m.K;
+    row.trans_a = m.trans_a;
+    row.trans_b = m.trans_b;
+    row.alpha = m.alpha;
+    row.beta = m.beta;
+    if (matmul_packed(row)) return;
+  }
   if (prefer_onednn_f32(m) &&
       matmul_f32_onednn(m.c, m.a, m.b, bias, m.batch * m.M, m.N, m.K, m.trans_b, m.alpha, m.beta))
     return;
