@@ -17,6 +17,11 @@
 // heads | v: NKV heads, heads of hs = C/NH); out, dout
 // [T, C] (all H_T: f32, or 16 bits with H_F16 / H_BF16); lse, D [NH, T] f32. hs <= 128; loops
 // run to hs (the tiles are padded to MAX_HS with zeros).
+// FA_FWD of the last rows (sampling's key/value cache): out [Tq, C] and lse [NH, Tq] hold the
+// positions q0 .. T - 1 only (q0 = T - Tq, in the push block's odo slot, which the forward
+// does not otherwise read): the workgroups start at the block holding q0, rows below it are
+// neither loaded nor written, and row t is stored at t - q0. Each row's sums are those of the
+// whole window's run (q0 = 0), bit for bit.
 #extension GL_GOOGLE_include_directive : require
 #include "common/h16.glsl"
 #include "common/math.glsl"
@@ -35,7 +40,7 @@ layout(push_constant) uniform Push {
   uint oo;    // out (FWD) or dqkv (BWD)
   uint olse;
   uint oqkv;
-  uint odo;   // dout (BWD)
+  uint odo;   // dout (BWD); FWD: q0, the first query row (out's and lse's row 0)
   uint oout;  // out (BWD_Q)
   uint od;    // D (BWD)
 } pc;
@@ -68,9 +73,16 @@ shared float td[TILE];           // BWD_KV: D of the staged queries
 void main() {
   const uint T = pc.T, C = pc.C, hs = C / pc.NH, G = pc.NH / pc.NKV;
   const uint C3 = C + 2u * pc.NKV * hs, VO = C + pc.NKV * hs;  // VO: where v starts in a row
+#if defined(FA_FWD)
+  const uint q0 = pc.odo, Tq = T - q0;
+  const uint first = (q0 / ROWS + gl_WorkGroupID.x) * ROWS;
+  const uint r = first + gl_LocalInvocationID.x;  // this invocation's row
+  const bool live = r >= q0 && r < T;
+#else
   const uint first = gl_WorkGroupID.x * ROWS;
   const uint r = first + gl_LocalInvocationID.x;  // this invocation's row
   const bool live = r < T;
+#endif
   const uint last = min(first + ROWS, T) - 1u;
 #if !defined(FA_BWD_KV)
   const uint h = gl_WorkGroupID.y;                 // query head
@@ -109,8 +121,8 @@ void main() {
   }
   if (!live) return;
   float inv = 1.0 / l;
-  for (uint i = 0; i < hs; ++i) o[pc.oo + r * C + h * hs + i] = h_store(acc[i] * inv);
-  lse[pc.olse + h * T + r] = m + log(l);
+  for (uint i = 0; i < hs; ++i) o[pc.oo + (r - q0) * C + h * hs + i] = h_store(acc[i] * inv);
+  lse[pc.olse + h * Tq + r - q0] = m + log(l);
 
 #elif defined(FA_BWD_Q)
   float q[MAX_HS], g[MAX_HS], acc[MAX_HS];

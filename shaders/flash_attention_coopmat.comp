@@ -46,6 +46,11 @@
 //     join; scores and products are multiplied back exactly. bf16's range and precision go
 //     through f16 fragments unharmed (the precision table's fp32 accumulation, 16-bit storage).
 // Products accumulate in f32 (the accumulators); statistics, D, masks and exps are f32.
+// FA_FWD of the last rows (sampling's key/value cache; flash_attention.comp): out [Tq, C] and
+// lse [NH, Tq] hold the positions q0 .. T - 1 only (q0 = T - Tq, in the push block's odo slot).
+// The workgroups start at the block holding q0 and compute it whole (the bf16 staging scale of Q
+// is the block's, so each row's bits are those of the whole window's run); rows below q0 are
+// not stored, row t is stored at t - q0.
 //
 // Tiles (specialization constants, chosen by the host from the fragment shape and the device's
 // shared memory: backends/vulkan/ops/flash_attention.cpp): NW subgroups, each FRM x FM rows of the
@@ -107,7 +112,7 @@ layout(push_constant) uniform Push {
   uint oo;    // out (FWD) or dqkv (BWD)
   uint olse;
   uint oqkv;
-  uint odo;   // dout (BWD)
+  uint odo;   // dout (BWD); FWD: q0, the first query row (out's and lse's row 0)
   uint oout;  // out (BWD_Q)
   uint od;    // D (BWD)
 }
@@ -279,17 +284,18 @@ const uint EPL = FM * FN / 32u;  // accumulator elements per lane
                gl_CooperativeMatrixLayoutRowMajor)
 #endif
 
-// The epilogue: acc's fragments through the subgroup's rows of W_S (f32) into `buf` rows
-// first + row (row < T), element `base + row * stride + column`, rounded to the 16-bit type.
-#define EPILOGUE(acc, buf, base, stride, first)                                        \
+// The epilogue: acc's fragments through the subgroup's rows of W_S (f32) into `buf`: rows
+// row = first + r with lo <= row < T, element `base + (row - lo) * stride + column`, rounded to
+// the 16-bit type.
+#define EPILOGUE(acc, buf, base, stride, first, lo)                                    \
   EMU_ROLLED for (uint fi_ = 0u; fi_ < FRM; ++fi_)                                              \
     EMU_ROLLED for (uint fj_ = 0u; fj_ < NO; ++fj_) {                                          \
       STORE_ACC(acc, fi_, fj_);                                                        \
       barrier();                                                                       \
       EMU_ROLLED for (uint fe_ = lane; fe_ < FM * FN; fe_ += lanes) {                          \
         uint rr_ = wrow + fi_ * FM + fe_ / FN, row_ = (first) + rr_;                   \
-        if (row_ < pc.T)                                                               \
-          buf[(base) + row_ * (stride) + fj_ * FN + fe_ % FN] =                        \
+        if (row_ >= (lo) && row_ < pc.T)                                               \
+          buf[(base) + (row_ - (lo)) * (stride) + fj_ * FN + fe_ % FN] =               \
               h_store(uintBitsToFloat(sm[W_S + rr_ * LDS + fe_ % FN]));                \
       }                                                                                \
       barrier();                                                                       \
@@ -298,7 +304,12 @@ const uint EPL = FM * FN / 32u;  // accumulator elements per lane
 void main() {
   const uint T = pc.T, C = pc.C, G = pc.NH / pc.NKV;
   const uint C3 = C + 2u * pc.NKV * HS, VO = C + pc.NKV * HS;  // VO: where v starts in a row
+#if defined(FA_FWD)
+  const uint q0 = pc.odo, Tq = T - q0;             // the rows stored: q0 .. T - 1
+  const uint first = (q0 / R + gl_WorkGroupID.x) * R;  // the block's first row
+#else
   const uint first = gl_WorkGroupID.x * R;  // the block's first row
+#endif
   const uint last = min(first + R, T) - 1u;
   tid = gl_LocalInvocationIndex;
   nt = gl_WorkGroupSize.x;
@@ -343,8 +354,8 @@ void main() {
   }
   if (tid < R) {
     float L = m + log(l);  // rows past T: never read
-    if (t < T) {
-      lse[pc.olse + h * T + t] = L;
+    if (t >= q0 && t < T) {
+      lse[pc.olse + h * Tq + t - q0] = L;
     }
     sm[W_L + tid] = floatBitsToUint(t < T ? L : 0.0);
   }
@@ -372,7 +383,7 @@ void main() {
     ACCUM(acc, W_P, W_B, 1.0 / sv)
     barrier();
   }
-  EPILOGUE(acc, o, pc.oo + h * HS, C, first)
+  EPILOGUE(acc, o, pc.oo + h * HS, C, first, q0)
 
 #elif defined(FA_BWD_Q)
   const uint h = gl_WorkGroupID.y;
@@ -426,7 +437,7 @@ void main() {
     ACCUM(acc, W_P, W_B, 1.0 / (sds * sk))  // dQ += dS K
     barrier();
   }
-  EPILOGUE(acc, dqkv, pc.oo + h * HS, C3, first)
+  EPILOGUE(acc, dqkv, pc.oo + h * HS, C3, first, 0u)
 
 #else  // FA_BWD_KV: the block's rows are keys u = first + r of kv head j
   const uint j = gl_WorkGroupID.y;
@@ -486,7 +497,7 @@ void main() {
       barrier();
     }
   }
-  EPILOGUE(dk, dqkv, pc.oo + C + j * HS, C3, first)
-  EPILOGUE(dv, dqkv, pc.oo + VO + j * HS, C3, first)
+  EPILOGUE(dk, dqkv, pc.oo + C + j * HS, C3, first, 0u)
+  EPILOGUE(dv, dqkv, pc.oo + VO + j * HS, C3, first, 0u)
 #endif
 }

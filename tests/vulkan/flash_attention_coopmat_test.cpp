@@ -10,7 +10,8 @@
 // grouped-query and multi-query heads, B = 2, head sizes 64 and 32, f16 and bf16 (with values
 // past f16's range), two fragment shapes and forced small tiles (several blocks and streamed
 // tiles a call); the same bits run after run; a call the kernels do not take (head size 40) runs
-// on the scalar shaders. --profile's report names the shaders that ran.
+// on the scalar shaders. The forward of the last rows only (the key/value cache's) gives the
+// whole window's rows bit for bit. --profile's report names the shaders that ran.
 #include <cmath>
 #include <sstream>
 
@@ -140,6 +141,58 @@ TEST_F(FlashCoopmat, OblongFragmentsAndSmallTiles) {
   ScopedEnv frag("CROSSTRAIN_VK_CM_FRAG", "8x16x16");
   ScopedEnv tile("CROSSTRAIN_VK_FLASH_TILE", "2,16");
   check({1, 45, 2, 1, 64, DType::f16, 620});
+}
+
+// The forward of the last Tq rows (sampling's key/value cache: out [B,Tq,C], lse [B,NH,Tq], the
+// positions T - Tq .. T - 1) equals the rows of the same build's whole-window forward bit for bit:
+// the workgroups start at the block holding T - Tq and compute it whole, storing only the rows
+// from T - Tq on. A bf16 block's Q staging scale is the block's: q of rows 0 .. 7 is x 2^24 here,
+// which rounds the small q of the block's other rows (a block started at T - Tq would not).
+// Tq = 1, Tq = T - 20 (row 20 is mid-block for blocks of 16, 32 or 64, later blocks follow) and
+// Tq = T; B = 2; on the pipelines of the cases above (f16 with the forced 32-row blocks, two at
+// T = 45; bf16 past f16's range on the default tile, T = 77).
+TEST_F(FlashCoopmat, LastRowsAreTheWholeWindowsRowsBitForBit) {
+  auto forward = [](const Case& c, int64_t Tq) {
+    Vec qkv = randn(c.B * c.T * c.W(), c.seed);
+    for (size_t i = 0; i < qkv.size(); ++i) {
+      if (int64_t(i) % c.W() >= c.C() + c.NKV * c.hs) qkv[i] *= c.vscale;
+      if (c.dt == DType::bf16 && int64_t(i) % c.W() < c.C() && int64_t(i) / c.W() % c.T < 8)
+        qkv[i] *= 16777216.0f;
+    }
+    Tensor tq = up_as(vk(), {c.B, c.T, c.W()}, qkv, c.dt);
+    Tensor to = vk().empty({c.B, Tq, c.C()}, c.dt, MemCategory::kActivations);
+    Tensor tl = vk().empty({c.B, c.NH, Tq}, DType::f32, MemCategory::kActivations);
+    vk().fill(to, NAN);  // every row written: no NaN may remain (NaN != NaN below)
+    vk().fill(tl, NAN);
+    vk().flash_attention_forward(to, tl, tq, static_cast<int>(c.NH), static_cast<int>(c.NKV));
+    return std::make_pair(download_h(vk(), to), download(vk(), tl));
+  };
+  auto check_last_rows = [&](const Case& c) {
+    vk().set_profiling(false);
+    vk().set_profiling(true);  // a fresh report
+    const auto whole = forward(c, c.T);
+    for (int64_t Tq : {int64_t{1}, c.T - 20, c.T}) {
+      Vec want_o, want_l;  // the whole window's rows T - Tq .. T - 1
+      for (int64_t b = 0; b < c.B; ++b) {
+        want_o.insert(want_o.end(), whole.first.begin() + (b * c.T + c.T - Tq) * c.C(),
+                      whole.first.begin() + (b + 1) * c.T * c.C());
+        for (int64_t h = 0; h < c.NH; ++h)
+          want_l.insert(want_l.end(), whole.second.begin() + (b * c.NH + h) * c.T + c.T - Tq,
+                        whole.second.begin() + (b * c.NH + h + 1) * c.T);
+      }
+      const auto got = forward(c, Tq);
+      EXPECT_EQ(got.first, want_o) << "out, " << c.name() << " Tq " << Tq;
+      EXPECT_EQ(got.second, want_l) << "lse, " << c.name() << " Tq " << Tq;
+    }
+    const std::string shader = std::string("flash_cme_fwd_") + dtype_name(c.dt);
+    EXPECT_NE(vk().profile_report().find(shader), std::string::npos) << vk().profile_report();
+  };
+  {
+    ScopedEnv frag("CROSSTRAIN_VK_CM_FRAG", "8x16x16");
+    ScopedEnv tile("CROSSTRAIN_VK_FLASH_TILE", "2,16");
+    check_last_rows({2, 45, 2, 1, 64, DType::f16, 650});
+  }
+  check_last_rows({2, 77, 3, 1, 32, DType::bf16, 660, 1048576.0f});
 }
 
 // A head size that is no multiple of 16 takes the scalar shaders, with the same results.

@@ -6,6 +6,9 @@
 // q (NH heads) | k (NKV heads) | v (NKV heads), C3 = C + 2 NKV hs, query head h reading kv head
 // h / (NH / NKV); the dk/dv kernel runs per kv head (workgroups of 64 key rows x NKV), each
 // invocation summing over the group's query heads in order (no atomics, deterministic).
+// The forward may take the last rows only (out [B,Tq,C], lse [B,NH,Tq]: positions T - Tq .. T - 1
+// of qkv [B,T,C3]; sampling's key/value cache): the push block's odo slot (unused by the forward)
+// carries q0 = T - Tq, and only the query blocks holding rows >= q0 run.
 //
 // Cooperative-matrix kernels (flash_attention_coopmat.comp, same contract): 16-bit tensors with
 // head sizes 16..128 in steps of 16 take them where the coopmat GEMM is in use on the device
@@ -43,6 +46,7 @@ CT_VK_PUSH_MEMBER(FlashPush, flash_fwd, NH);
 CT_VK_PUSH_MEMBER(FlashPush, flash_fwd, NKV);
 CT_VK_PUSH_MEMBER(FlashPush, flash_fwd, scale);
 CT_VK_PUSH_MEMBER(FlashPush, flash_fwd, oo);
+CT_VK_PUSH_MEMBER(FlashPush, flash_fwd, odo);  // FWD: q0
 CT_VK_PUSH_MEMBER(FlashPush, flash_fwd, od);
 CT_VK_PUSH_SIZE(FlashPush, flash_fwd_f16);
 CT_VK_PUSH_SIZE(FlashPush, flash_fwd_bf16);
@@ -54,6 +58,7 @@ CT_VK_PUSH_SIZE(FlashPush, flash_bwd_kv_f16);
 CT_VK_PUSH_SIZE(FlashPush, flash_bwd_kv_bf16);
 
 CT_VK_PUSH_SIZE(FlashPush, flash_cme_fwd_f16);
+CT_VK_PUSH_MEMBER(FlashPush, flash_cme_fwd_f16, odo);
 CT_VK_PUSH_SIZE(FlashPush, flash_cme_bwd_q_bf16);
 CT_VK_PUSH_SIZE(FlashPush, flash_cme_bwd_kv_f16);
 CT_VK_PUSH_MEMBER(FlashPush, flash_cme_bwd_kv_f16, od);
@@ -140,6 +145,7 @@ void VulkanDevice::flash_attention_forward_kernel(const Tensor& out, const Tenso
                                                   const Tensor& qkv, int n_head, int n_kv_head) {
   const int64_t hs = flash_head_size("flash_attention_forward", out, n_head);
   const int64_t B = qkv.shape[0], T = qkv.shape[1], C = out.shape[2], C3 = qkv.shape[2];
+  const int64_t Tq = out.shape[1], q0 = T - Tq;  // out's and lse's rows: positions q0 .. T - 1
   const int64_t NH = n_head, NKV = n_kv_head;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
   PipelineSpec spec;
@@ -147,14 +153,15 @@ void VulkanDevice::flash_attention_forward_kernel(const Tensor& out, const Tenso
       h_variant(qkv.dtype, ShaderId::flash_fwd, ShaderId::flash_fwd_f16, ShaderId::flash_fwd_bf16);
   uint32_t rows = kFlashRows;
   const bool cm = flash_cm(kFlashCmFwd, qkv.dtype, hs, &id, &spec, &rows);
-  const uint32_t gx = u32((T + rows - 1) / rows);
+  // the query blocks from the one holding row q0 (the shaders start there)
+  const uint32_t gx = u32((T + rows - 1) / rows - q0 / rows);
   for (int64_t b = 0; b < B; ++b) {
-    Bound bo = bind(out, b * T * C, T * C), bl = bind(lse, b * NH * T, NH * T);
+    Bound bo = bind(out, b * Tq * C, Tq * C), bl = bind(lse, b * NH * Tq, NH * Tq);
     Bound bq = bind(qkv, b * T * C3, T * C3);
-    dispatch(
-        id, cm ? &spec : nullptr, {bo, bl, bq},
-        FlashPush{u32(T), u32(C), u32(NH), u32(NKV), scale, bo.first, bl.first, bq.first, 0, 0, 0},
-        gx, u32(NH));
+    dispatch(id, cm ? &spec : nullptr, {bo, bl, bq},
+             FlashPush{u32(T), u32(C), u32(NH), u32(NKV), scale, bo.first, bl.first, bq.first,
+                       u32(q0), 0, 0},
+             gx, u32(NH));
   }
 }
 
