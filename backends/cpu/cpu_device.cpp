@@ -698,22 +698,6 @@ class CpuDevice final : public Device, private Workspace {
     x.b = static_cast<const uint16_t*>(raw(b));
     return k_.matmul_bf16(x);
   }
-  // The fields a single-product kernel's arguments share with m: a batch of row-major a against
-  // one b (the callers checked) as one tall product.
-  template <class Args>
-  static Args one_product(const MatmulArgs& m) {
-    Args x;
-    x.bias = m.bias;
-    x.M = m.batch * m.M;
-    x.N = m.N;
-    x.K = m.K;
-    x.trans_a = m.trans_a;
-    x.trans_b = m.trans_b;
-    x.alpha = m.alpha;
-    x.beta = m.beta;
-    return x;
-  }
-
   // A product with a 16-bit operand on the packing GEMM (fast/gemm_packed.cpp), which widens
   // while it packs and rounds c in its epilogue, instead of widened copies around sgemm.
   bool packed_matmul(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulArgs& m) {

@@ -65,6 +65,22 @@ struct MatmulPackedArgs {
   float alpha = 1.0f, beta = 0.0f;
 };
 
+// The fields a single-product kernel's arguments (MatmulBf16Args, MatmulPackedArgs) share with
+// m: a batch of row-major a against one b (the callers checked) as one tall product.
+template <class Args>
+Args one_product(const MatmulArgs& m) {
+  Args x;
+  x.bias = m.bias;
+  x.M = m.batch * m.M;
+  x.N = m.N;
+  x.K = m.K;
+  x.trans_a = m.trans_a;
+  x.trans_b = m.trans_b;
+  x.alpha = m.alpha;
+  x.beta = m.beta;
+  return x;
+}
+
 // Kernels on bf16 tensors that read and write the 16 bits directly, widening in registers or
 // in per-thread scratch while the data is in cache: each gives the bits of its f32 kernel on the
 // widened inputs, rounded to nearest even where it stores bf16 (the device's staged path) in one

@@ -15,6 +15,7 @@
 #include "core/model/llama.h"
 #include "tests/common/device_harness.h"
 #include "tests/common/half_compare.h"
+#include "tests/common/small_models.h"
 
 namespace ct::test {
 namespace {
@@ -28,25 +29,9 @@ std::vector<int32_t> tokens_for(int B, int T, int vocab, int salt) {
 std::unique_ptr<Model> make_model(Device& d, bool llama, Precision p) {
   ModelOptions o;
   o.policy = PrecisionPolicy::make(p);
-  if (llama) {
-    LlamaConfig c;
-    c.n_layer = 2;
-    c.n_head = 4;
-    c.n_kv_head = 2;
-    c.n_embd = 64;
-    c.intermediate_size = 96;
-    c.block_size = 32;
-    c.vocab_size = 1000;
-    return std::make_unique<Llama>(d, c, true, o);
-  }
-  GPT2Config c;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 64;
-  c.block_size = 32;
-  c.vocab_size = 1000;
+  if (llama) return std::make_unique<Llama>(d, two_layer_llama(32, 1000), true, o);
   o.gradient_checkpointing = true;
-  return std::make_unique<GPT2>(d, c, true, o);
+  return std::make_unique<GPT2>(d, two_layer_gpt2(32, 1000), true, o);
 }
 
 struct StepResult {
@@ -96,10 +81,11 @@ TEST_P(FusedLoss, ForwardBackwardEqualsForwardThenBackward) {
       const double gtol = h == DType::f32 ? tol() : 1e-6;
       EXPECT_TRUE(close_nmse(one.after, two.after, gtol, "dlogits left in the logits" + nm));
       EXPECT_TRUE(close_nmse(one.grads, two.grads, gtol, "gradients" + nm));
-      if (same_backend_as_ref())
+      if (same_backend_as_ref()) {
         EXPECT_EQ(0,
                   std::memcmp(one.grads.data(), two.grads.data(), one.grads.size() * sizeof(float)))
             << "gradients not bitwise equal" << nm;
+      }
       // evaluation after the fused pass: a plain forward, the logits intact
       const int B = 2, T = 16;
       Tensor tokens = upload_i32(dev(), {B, T}, tokens_for(B, T, 1000, 9));

@@ -13,6 +13,7 @@
 #include "core/model/llama.h"
 #include "tests/common/device_harness.h"
 #include "tests/common/half_compare.h"
+#include "tests/common/small_models.h"
 
 namespace ct::test {
 namespace {
@@ -31,25 +32,10 @@ std::unique_ptr<Model> make_model(Device& d, bool llama, Precision p, bool check
   o.policy = PrecisionPolicy::make(p);
   o.gradient_checkpointing = checkpointing;
   std::unique_ptr<Model> m;
-  if (llama) {
-    LlamaConfig c;
-    c.n_layer = 2;
-    c.n_head = 4;
-    c.n_kv_head = 2;
-    c.n_embd = 64;
-    c.intermediate_size = 96;
-    c.block_size = kBlock;
-    c.vocab_size = kVocab;
-    m = std::make_unique<Llama>(d, c, false, o);
-  } else {
-    GPT2Config c;
-    c.n_layer = 2;
-    c.n_head = 4;
-    c.n_embd = 64;
-    c.block_size = kBlock;
-    c.vocab_size = kVocab;
-    m = std::make_unique<GPT2>(d, c, false, o);
-  }
+  if (llama)
+    m = std::make_unique<Llama>(d, two_layer_llama(kBlock, kVocab), false, o);
+  else
+    m = std::make_unique<GPT2>(d, two_layer_gpt2(kBlock, kVocab), false, o);
   m->init(17);
   return m;
 }

@@ -86,18 +86,11 @@ void matmul(Workspace& ws, const MatmulArgs& m) {
   // One row of c (sampling's one-token forward): the packing GEMM's row kernel reads b once,
   // where sgemm would pack all of it first (fast/gemm_packed.cpp, run_row).
   if (m.batch * m.M == 1 && m.K > 0) {
-    MatmulPackedArgs row;
+    MatmulPackedArgs row = one_product<MatmulPackedArgs>(m);  // f32 operands and c
     row.c = m.c;
     row.a = m.a;
     row.b = m.b;
-    row.bias = bias;
-    row.M = 1;
-    row.N = m.N;
-    row.K = m.K;
-    row.trans_a = m.trans_a;
-    row.trans_b = m.trans_b;
-    row.alpha = m.alpha;
-    row.beta = m.beta;
+    row.bias = bias;  // rounded to c_dtype above
     if (matmul_packed(row)) return;
   }
   if (prefer_onednn_f32(m) &&
