@@ -39,7 +39,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # The backend plugin ABI this script's steps were written for (core/device.h kBackendAbiVersion;
 # tests/tools/bundle_test.sh fails when they differ). A bundle built for another is refused.
-expected_abi=19
+expected_abi=20
 bundle_format=1
 
 bundle="" llmc="" out="" budget=450 quick=0 check_only=0 unpack="" devices="" suites=1 pack=0
