@@ -459,14 +459,16 @@ class GpuDevice final : public Device {
   }
   void flash_attention_forward_kernel(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                       int n_head, int n_kv_head) override {
-    const std::int64_t B = out.shape[0], T = out.shape[1], C = out.shape[2];
+    // out and lse: the last Tq of qkv's T positions (core/device.h)
+    const std::int64_t B = out.shape[0], T = qkv.shape[1], Tq = out.shape[1], C = out.shape[2];
     check_head_size("flash_attention_forward", C / n_head);
     const Elem e = elem_of(qkv.dtype);
     if (flash_path("flash_attention_forward", e, C / n_head, {ptr(qkv)}))
-      gpu::flash_attention_tc_forward(cx(), ptr(out), f(lse), ptr(qkv), e, B, T, C, n_head,
+      gpu::flash_attention_tc_forward(cx(), ptr(out), f(lse), ptr(qkv), e, B, T, Tq, C, n_head,
                                       n_kv_head);
     else
-      gpu::flash_attention_forward(cx(), ptr(out), f(lse), ptr(qkv), e, B, T, C, n_head, n_kv_head);
+      gpu::flash_attention_forward(cx(), ptr(out), f(lse), ptr(qkv), e, B, T, Tq, C, n_head,
+                                   n_kv_head);
   }
   void flash_attention_backward_kernel(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                        const Tensor& out, const Tensor& lse, int n_head,

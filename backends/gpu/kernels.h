@@ -194,12 +194,14 @@ void attention_backward(const Ctx& cx, void* dqkv, const void* dout, const void*
 // --- flash_attention.cu ---------------------------------------------------------------------
 // The fused causal attention of core/device.h, NKV key/value heads as in attention.cu: qkv
 // [B,T,C3], C3 = C + 2 NKV (C / NH), out [B,T,C] (=), lse [B,NH,T] f32 (=); q, k, v, out, dout,
-// dqkv of Elem e. Head size at most kFlashMaxHeadSize (else std::invalid_argument). The
-// backward needs flash_attention_backward_workspace bytes (D per query head: not NKV's).
+// dqkv of Elem e. The forward takes the last Tq rows (1 <= Tq <= T): out [B,Tq,C] and lse
+// [B,NH,Tq] of positions T - Tq .. T - 1 (Tq = T: the whole window). Head size at most
+// kFlashMaxHeadSize (else std::invalid_argument). The backward needs
+// flash_attention_backward_workspace bytes (D per query head: not NKV's).
 inline constexpr int kFlashMaxHeadSize = 128;
 void flash_attention_forward(const Ctx& cx, void* out, float* lse, const void* qkv, Elem e,
-                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
-                             std::int64_t NKV);
+                             std::int64_t B, std::int64_t T, std::int64_t Tq, std::int64_t C,
+                             std::int64_t NH, std::int64_t NKV);
 std::size_t flash_attention_backward_workspace(std::int64_t B, std::int64_t T, std::int64_t NH);
 void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const void* qkv,
                               const void* out, const float* lse, Elem e, std::int64_t B,
@@ -217,8 +219,8 @@ void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const
 std::string flash_attention_tc_refusal(const Ctx& cx, Elem e, std::int64_t hs,
                                        std::initializer_list<const void*> staged);
 void flash_attention_tc_forward(const Ctx& cx, void* out, float* lse, const void* qkv, Elem e,
-                                std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
-                                std::int64_t NKV);
+                                std::int64_t B, std::int64_t T, std::int64_t Tq, std::int64_t C,
+                                std::int64_t NH, std::int64_t NKV);
 void flash_attention_tc_backward(const Ctx& cx, void* dqkv, const void* dout, const void* qkv,
                                  const void* out, const float* lse, Elem e, std::int64_t B,
                                  std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV,

@@ -3,8 +3,9 @@
 // against the reference for head sizes 64 and 128, GQA, T not a multiple of the tiles, f16 and
 // bf16, and f32 under TF32 (Device::set_allow_tf32: the m16n8k8 .tf32 tile at warp 32); the same
 // bits run after run; and the calls the tile kernels do not take (head size, f32 without TF32,
-// f32 at warp 64, alignment) on the general kernels, with the right results. --profile's report
-// names the path every case took, with the reason where it is the general kernels.
+// f32 at warp 64, alignment) on the general kernels, with the right results; the forward of the
+// last rows (the whole window's rows, bit for bit). --profile's report names the path every case
+// took, with the reason where it is the general kernels.
 //
 // The tile path needs Ctx::matrix_tiles, which the SIMT backends leave off by default (the
 // scalar form of the tile is slow on the CPU). CT_GPU_TILES=1 turns it on; the runtime reads it
@@ -176,6 +177,62 @@ TEST_P(FlashAttentionTiles, Deterministic) {
   EXPECT_NE(tiled_->profile_report().find("flash_attention_backward: matrix tiles"),
             std::string::npos)
       << tiled_->profile_report();
+}
+
+// The forward of the last Tq rows (sampling's key/value cache: out [B,Tq,C], lse [B,NH,Tq])
+// gives the whole window's rows T - Tq .. T - 1 bit for bit: the same query blocks, sums and
+// order, only those holding the rows launched. Tq = 1 (one block a head), from mid-block (40 of
+// 77: rows 0 .. 36 of the first block are computed but must not be stored) and from a block's
+// start (13); bf16 hs 64 with two batch elements (a stray store of batch 1 would land in batch
+// 0's rows), f16 hs 128 multi-query, f32 under TF32 (the tile at warp 32, the general kernels on
+// simt64). Guard elements on both sides of out and lse must stay as filled.
+TEST_P(FlashAttentionTiles, LastRowsAreTheWholeWindowsRows) {
+  tiled_->set_allow_tf32(true);
+  constexpr int64_t kGuard = 64;  // elements each side (keeps out 16-byte aligned)
+  const TcCase cases[] = {{2, 77, 2, 2, 64, DType::bf16, 71},
+                          {1, 77, 2, 1, 128, DType::f16, 72},
+                          {1, 77, 2, 1, 64, DType::f32, 73}};
+  for (const TcCase& c : cases) {
+    const Vec qkv = randn(c.B * c.T * c.W(), c.seed);
+    Tensor tq = tiled_->empty({c.B, c.T, c.W()}, c.dt, MemCategory::kActivations);
+    upload_into(*tiled_, tq, qkv);
+    // out, lse of `rows` rows inside NaN-filled buffers with kGuard elements either side; the
+    // bytes of the whole buffers.
+    auto forward = [&](int64_t rows) {
+      const Shape so{c.B, rows, c.C()}, sl{c.B, c.NH, rows};
+      Tensor bo = tiled_->empty({so.numel() + 2 * kGuard}, c.dt, MemCategory::kActivations);
+      Tensor bl = tiled_->empty({sl.numel() + 2 * kGuard}, DType::f32, MemCategory::kActivations);
+      tiled_->fill(bo, NAN);
+      tiled_->fill(bl, NAN);
+      tiled_->flash_attention_forward(bo.slice_flat(kGuard, so), bl.slice_flat(kGuard, sl), tq,
+                                      static_cast<int>(c.NH), static_cast<int>(c.NKV));
+      return std::make_pair(raw_download(*tiled_, bo), raw_download(*tiled_, bl));
+    };
+    const auto whole = forward(c.T);
+    const size_t eo = dtype_size(c.dt), el = sizeof(float);
+    for (int64_t Tq : {int64_t{1}, int64_t{13}, int64_t{40}}) {
+      const std::string nm = c.name() + " Tq" + std::to_string(Tq) + " on " + id() + " with tiles";
+      // the whole window's buffers' guards and rows T - Tq .. T - 1, as the Tq-row buffers
+      std::vector<uint8_t> wo(whole.first.begin(), whole.first.begin() + kGuard * eo);
+      std::vector<uint8_t> wl(whole.second.begin(), whole.second.begin() + kGuard * el);
+      for (int64_t b = 0; b < c.B; ++b) {
+        const auto o = whole.first.begin() + kGuard * eo;
+        wo.insert(wo.end(), o + (b * c.T + c.T - Tq) * c.C() * eo, o + (b + 1) * c.T * c.C() * eo);
+        for (int64_t h = 0; h < c.NH; ++h) {
+          const auto l = whole.second.begin() + (kGuard + (b * c.NH + h) * c.T) * el;
+          wl.insert(wl.end(), l + (c.T - Tq) * el, l + c.T * el);
+        }
+      }
+      wo.insert(wo.end(), whole.first.end() - kGuard * eo, whole.first.end());
+      wl.insert(wl.end(), whole.second.end() - kGuard * el, whole.second.end());
+      const auto got = forward(Tq);
+      EXPECT_TRUE(got.first == wo) << nm << ": out (or its guards) differs from the whole window's";
+      EXPECT_TRUE(got.second == wl)
+          << nm << ": lse (or its guards) differs from the whole window's";
+    }
+  }
+  const std::string report = tiled_->profile_report();
+  EXPECT_NE(report.find("flash_attention_forward: matrix tiles"), std::string::npos) << report;
 }
 
 // What the tile kernels do not take runs on the general kernels, named in the profile. f32

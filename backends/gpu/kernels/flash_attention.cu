@@ -2,7 +2,10 @@
 // with grouped-query attention. qkv rows [C3], C3 = C + 2 NKV hs, hold q (NH heads of
 // hs = C / NH) | k (NKV heads) | v (NKV heads); query head h reads key/value head h / G,
 // G = NH / NKV (NKV = NH: plain multi-head attention). out, dout [B,T,C]; lse [B,NH,T] f32. All
-// of q, k, v, out, dout, dqkv of one element type E; fp32 arithmetic.
+// of q, k, v, out, dout, dqkv of one element type E; fp32 arithmetic. The forward may take the
+// last Tq rows only (sampling's key/value cache): out [B,Tq,C] and lse [B,NH,Tq] hold positions
+// T - Tq .. T - 1, row i position T - Tq + i; its blocks are those holding such positions, each
+// at the offset and with the sums it has in the whole window's forward (the same bits).
 //
 // One thread per query row (forward, backward dq) or key row (backward dk, dv), 64 rows of one
 // (b, h) a block (of one (b, j), j a key/value head, for dk, dv); the other side streams through
@@ -29,7 +32,9 @@ constexpr int kRows = 64;  // query (or key) rows a block, one per thread
 constexpr int kTile = 32;  // key (or query) rows staged in shared memory at a time
 
 struct FDims {
-  std::int64_t T, C, NH, NKV, hs;
+  std::int64_t T;
+  std::int64_t Tq;  // rows of out and lse: positions T - Tq .. T - 1 (the forward's; else T)
+  std::int64_t C, NH, NKV, hs;
   std::int64_t C3;  // C + 2 NKV hs, the row of qkv
   std::int64_t G;   // NH / NKV query heads a key/value head
   float scale;
@@ -43,18 +48,18 @@ __device__ __forceinline__ std::int64_t v_col(const FDims& d, std::int64_t j) {
   return d.C + (d.NKV + j) * d.hs;
 }
 
-// Block (x, y): rows kRows x .. of head y = b heads + h, over `heads` heads (NH query heads, or
-// NKV key/value heads for the key kernel).
+// Block (x, y): rows kRows (x + x0) .. of head y = b heads + h, over `heads` heads (NH query
+// heads, or NKV key/value heads for the key kernel); x0 the first block launched (first_block).
 struct Row {
   std::int64_t b, h, r;  // batch, head, this thread's row
   std::int64_t first;    // the block's first row
   std::int64_t last;     // and its last (< T)
 };
-__device__ __forceinline__ Row row_of(const FDims& d, std::int64_t heads) {
+__device__ __forceinline__ Row row_of(const FDims& d, std::int64_t heads, std::int64_t x0 = 0) {
   Row w;
   w.b = blockIdx.y / heads;
   w.h = blockIdx.y % heads;
-  w.first = static_cast<std::int64_t>(blockIdx.x) * kRows;
+  w.first = (static_cast<std::int64_t>(blockIdx.x) + x0) * kRows;
   w.r = w.first + threadIdx.x;
   w.last = w.first + kRows - 1 < d.T - 1 ? w.first + kRows - 1 : d.T - 1;
   return w;
@@ -79,17 +84,24 @@ __device__ __forceinline__ void stage(float* tile, const void* src, std::int64_t
   }
 }
 
-// out (B, T, C), lse (B, NH, T) f32, qkv (B, T, C3). Blocks over (b, h) query heads.
+// The first block holding a row of out: that of position T - Tq (0 when Tq = T).
+__host__ __device__ __forceinline__ std::int64_t first_block(std::int64_t T, std::int64_t Tq) {
+  return (T - Tq) / kRows;
+}
+
+// out (B, Tq, C), lse (B, NH, Tq) f32, qkv (B, T, C3). Blocks over (b, h) query heads, those of
+// positions T - Tq .. T - 1; a thread whose position comes before T - Tq only stages.
 template <int WARP, typename E, int HS>
 __global__ void CT_LAUNCH_BOUNDS(kRows)
     flash_forward_kernel(void* out, float* lse, const void* qkv, FDims d) {
   CT_CHECK_LAUNCH_BOUNDS(kRows);
   CT_SHARED(float, ks, kTile* HS);
   CT_SHARED(float, vs, kTile* HS);
-  const Row w = row_of(d, d.NH);
+  const std::int64_t p0 = d.T - d.Tq;  // the position of out's row 0
+  const Row w = row_of(d, d.NH, first_block(d.T, d.Tq));
   const std::int64_t C3 = d.C3, j = w.h / d.G;
   const std::int64_t row0 = w.b * d.T * C3, base = row0 + w.h * d.hs;
-  const bool live = w.r < d.T;
+  const bool live = w.r >= p0 && w.r < d.T;
   float q[HS], o[HS];
   if (live) load_row<E, HS>(q, qkv, base + w.r * C3, d.hs);
   for (int i = 0; i < HS; ++i) o[i] = 0.0f;
@@ -119,9 +131,10 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
   }
   if (!live) return;
   const float inv = 1.0f / l;
-  const std::int64_t o0 = (w.b * d.T + w.r) * d.C + w.h * d.hs;
-  for (int i = 0; i < HS && i < d.hs; ++i) E::store(out, o0 + i, o[i] * inv);
-  lse[(w.b * d.NH + w.h) * d.T + w.r] = m + logf(l);
+  const std::int64_t i = w.r - p0;  // out's row
+  const std::int64_t o0 = (w.b * d.Tq + i) * d.C + w.h * d.hs;
+  for (int c = 0; c < HS && c < d.hs; ++c) E::store(out, o0 + c, o[c] * inv);
+  lse[(w.b * d.NH + w.h) * d.Tq + i] = m + logf(l);
 }
 
 // Per query row: D (B, NH, T) f32 into the workspace, and dq into the q columns of dqkv
@@ -226,9 +239,10 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
   }
 }
 
-FDims fdims_of(std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV) {
+FDims fdims_of(std::int64_t T, std::int64_t Tq, std::int64_t C, std::int64_t NH, std::int64_t NKV) {
   const std::int64_t hs = C / NH;
-  return FDims{T, C, NH, NKV, hs, C + 2 * NKV * hs, NH / NKV, 1.0f / sqrtf(static_cast<float>(hs))};
+  return FDims{
+      T, Tq, C, NH, NKV, hs, C + 2 * NKV * hs, NH / NKV, 1.0f / sqrtf(static_cast<float>(hs))};
 }
 
 // Calls fn(std::integral_constant<int, HS>) for the head size's bucket.
@@ -246,25 +260,27 @@ void with_head_size(std::int64_t hs, Fn&& fn) {
                                 std::to_string(kFlashMaxHeadSize));
 }
 
-// Blocks of kRows rows over B x heads heads (NH query heads or NKV key/value heads).
-dim3 grid_of(std::int64_t B, std::int64_t T, std::int64_t heads) {
-  return dim3(static_cast<unsigned>((T + kRows - 1) / kRows), static_cast<unsigned>(B * heads));
+// Blocks of kRows rows over B x heads heads (NH query heads or NKV key/value heads): those
+// from first_block(T, Tq) (the forward of the last Tq rows; Tq = T: all of them).
+dim3 grid_of(std::int64_t B, std::int64_t T, std::int64_t heads, std::int64_t Tq) {
+  return dim3(static_cast<unsigned>((T + kRows - 1) / kRows - first_block(T, Tq)),
+              static_cast<unsigned>(B * heads));
 }
 
 }  // namespace
 
 void flash_attention_forward(const Ctx& cx, void* out, float* lse, const void* qkv, Elem e,
-                             std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
-                             std::int64_t NKV) {
-  if (B * T * C <= 0) return;
-  const FDims d = fdims_of(T, C, NH, NKV);
+                             std::int64_t B, std::int64_t T, std::int64_t Tq, std::int64_t C,
+                             std::int64_t NH, std::int64_t NKV) {
+  if (B * Tq * C <= 0) return;
+  const FDims d = fdims_of(T, Tq, C, NH, NKV);
   with_warp(cx.warp, [&](auto w) {
     constexpr int W = decltype(w)::value;
     with_elem(e, [&](auto el) {
       using E = decltype(el);
       with_head_size(d.hs, [&](auto hsz) {
         constexpr int HS = decltype(hsz)::value;
-        launch<W>(CT_KERNEL(flash_forward_kernel<W, E, HS>), grid_of(B, T, NH), dim3(kRows), 0,
+        launch<W>(CT_KERNEL(flash_forward_kernel<W, E, HS>), grid_of(B, T, NH, Tq), dim3(kRows), 0,
                   stream_of(cx), out, lse, qkv, d);
       });
     });
@@ -280,7 +296,7 @@ void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const
                               std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV,
                               void* workspace) {
   if (B * T * C <= 0) return;
-  const FDims d = fdims_of(T, C, NH, NKV);
+  const FDims d = fdims_of(T, T, C, NH, NKV);
   auto* D = static_cast<float*>(workspace);
   with_warp(cx.warp, [&](auto w) {
     constexpr int W = decltype(w)::value;
@@ -288,10 +304,11 @@ void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const
       using E = decltype(el);
       with_head_size(d.hs, [&](auto hsz) {
         constexpr int HS = decltype(hsz)::value;
-        launch<W>(CT_KERNEL(flash_backward_query_kernel<W, E, HS>), grid_of(B, T, NH), dim3(kRows),
-                  0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
-        launch<W>(CT_KERNEL(flash_backward_key_kernel<W, E, HS>), grid_of(B, T, NKV), dim3(kRows),
-                  0, stream_of(cx), dqkv, static_cast<const float*>(D), dout, qkv, lse, d);
+        launch<W>(CT_KERNEL(flash_backward_query_kernel<W, E, HS>), grid_of(B, T, NH, T),
+                  dim3(kRows), 0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
+        launch<W>(CT_KERNEL(flash_backward_key_kernel<W, E, HS>), grid_of(B, T, NKV, T),
+                  dim3(kRows), 0, stream_of(cx), dqkv, static_cast<const float*>(D), dout, qkv, lse,
+                  d);
       });
     });
   });

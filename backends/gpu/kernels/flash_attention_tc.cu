@@ -12,6 +12,9 @@
 //     S = Q K^T, online softmax on S's C fragments per row (running max m and per-lane partial
 //     sums l, rescaled when m grows), O += P V with P rounded to the operand type; at the end
 //     out = O / l, lse = m + log l (l summed over the lanes of a row in a fixed butterfly).
+//     Of the last Tq rows only (out [B,Tq,C], lse [B,NH,Tq]: positions T - Tq .. T - 1, for
+//     sampling's key/value cache): the query blocks holding them, each as in the whole window's
+//     forward (the same bits); rows of the first one before T - Tq are not stored.
 //   backward, query kernel (per query block, key tiles in order): D = dout . out per row (saved
 //     to the workspace), S = Q K^T, P = exp(scale S - lse), dP = dO V^T, dS = P (dP - D) scale,
 //     dQ += dS K.
@@ -110,7 +113,9 @@ template <int WARP>
 constexpr int kThreads = kRows / MmaLayout<WARP>::TM* WARP;  // 128 at warp 32 and 64
 
 struct TcDims {
-  std::int64_t T, C, NH, NKV, hs;
+  std::int64_t T;
+  std::int64_t Tq;  // rows of out and lse: positions T - Tq .. T - 1 (the forward's; else T)
+  std::int64_t C, NH, NKV, hs;
   std::int64_t C3;  // C + 2 NKV hs, the row of qkv
   std::int64_t G;   // NH / NKV query heads a key/value head
   float scale;
@@ -267,8 +272,14 @@ __device__ __forceinline__ std::int64_t v_col(const TcDims& d, std::int64_t j) {
   return d.C + (d.NKV + j) * d.hs;
 }
 
-// out (B, T, C), lse (B, NH, T) f32, qkv (B, T, C3). Block (x, y): query rows kRows x' .. of
-// head y = b NH + h, x' = gridDim.x - 1 - x (the longest causal rows start first).
+// The first query block holding a row of out: that of position T - Tq (0 when Tq = T).
+__host__ __device__ __forceinline__ std::int64_t first_block(std::int64_t T, std::int64_t Tq) {
+  return (T - Tq) / kRows;
+}
+
+// out (B, Tq, C), lse (B, NH, Tq) f32, qkv (B, T, C3). Block (x, y): query rows kRows x' .. of
+// head y = b NH + h, x' = first_block + gridDim.x - 1 - x (the longest causal rows start first);
+// out's row i is position T - Tq + i.
 template <int WARP, typename E, int HS>
 __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     flash_tc_forward_kernel(void* out, float* lse, const void* qkv, TcDims d) {
@@ -287,7 +298,9 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
   Op* ps = reinterpret_cast<Op*>(ps16) + warp * L::TM * (kK + kPd);
   const std::int64_t b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, j = h / d.G;
-  const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
+  const std::int64_t p0 = d.T - d.Tq;  // the position of out's row 0
+  const std::int64_t q0 =
+      (first_block(d.T, d.Tq) + static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x)) * kRows;
   const std::int64_t w0 = q0 + warp * L::TM;  // the warp's first row
   const std::int64_t row0 = b * d.T * d.C3;   // qkv's row 0 of batch b
 
@@ -357,14 +370,15 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     l[r] = row_sum<WARP>(l[r]);
     inv[r] = 1.0f / l[r];
     const std::int64_t row = w0 + c_slot_row<WARP>(lane, r);
-    if (row < d.T && lane % R::kRowLanes == 0) lse[(b * d.NH + h) * d.T + row] = m[r] + logf(l[r]);
+    if (row >= p0 && row < d.T && lane % R::kRowLanes == 0)
+      lse[(b * d.NH + h) * d.Tq + row - p0] = m[r] + logf(l[r]);
   }
   CT_TC_UNROLL
   for (int t = 0; t < DT; ++t) CT_TC_UNROLL
   for (int e = 0; e < L::NC; ++e) {
     const std::int64_t row = w0 + L::c_row(lane, e);
-    if (row < d.T)
-      E::store(out, (b * d.T + row) * d.C + h * d.hs + t * L::TN + L::c_col(lane, e),
+    if (row >= p0 && row < d.T)
+      E::store(out, (b * d.Tq + row - p0) * d.C + h * d.hs + t * L::TN + L::c_col(lane, e),
                o[t][e] * inv[e / R::kPer]);
   }
 }
@@ -535,10 +549,11 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   }
 }
 
-TcDims tc_dims_of(std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV) {
+TcDims tc_dims_of(std::int64_t T, std::int64_t Tq, std::int64_t C, std::int64_t NH,
+                  std::int64_t NKV) {
   const std::int64_t hs = C / NH;
   return TcDims{
-      T, C, NH, NKV, hs, C + 2 * NKV * hs, NH / NKV, 1.0f / sqrtf(static_cast<float>(hs))};
+      T, Tq, C, NH, NKV, hs, C + 2 * NKV * hs, NH / NKV, 1.0f / sqrtf(static_cast<float>(hs))};
 }
 
 // Calls fn(warp, element type, head size) as compile-time constants (the refusal passed).
@@ -560,8 +575,11 @@ void with_tc(const Ctx& cx, Elem e, std::int64_t hs, Fn&& fn) {
   });
 }
 
-dim3 tc_grid(std::int64_t B, std::int64_t T, std::int64_t heads) {
-  return dim3(static_cast<unsigned>((T + kRows - 1) / kRows), static_cast<unsigned>(B * heads));
+// Blocks of kRows rows over B x heads heads: those from first_block(T, Tq) (the forward of the
+// last Tq rows; Tq = T: all of them).
+dim3 tc_grid(std::int64_t B, std::int64_t T, std::int64_t heads, std::int64_t Tq) {
+  return dim3(static_cast<unsigned>((T + kRows - 1) / kRows - first_block(T, Tq)),
+              static_cast<unsigned>(B * heads));
 }
 
 }  // namespace
@@ -580,15 +598,15 @@ std::string flash_attention_tc_refusal(const Ctx& cx, Elem e, std::int64_t hs,
 }
 
 void flash_attention_tc_forward(const Ctx& cx, void* out, float* lse, const void* qkv, Elem e,
-                                std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,
-                                std::int64_t NKV) {
-  if (B * T * C <= 0) return;
-  const TcDims d = tc_dims_of(T, C, NH, NKV);
+                                std::int64_t B, std::int64_t T, std::int64_t Tq, std::int64_t C,
+                                std::int64_t NH, std::int64_t NKV) {
+  if (B * Tq * C <= 0) return;
+  const TcDims d = tc_dims_of(T, Tq, C, NH, NKV);
   with_tc(cx, e, d.hs, [&](auto w, auto el, auto hsz) {
     constexpr int W = decltype(w)::value, HS = decltype(hsz)::value;
     using E = decltype(el);
-    launch<W>(CT_KERNEL(flash_tc_forward_kernel<W, E, HS>), tc_grid(B, T, NH), dim3(kThreads<W>), 0,
-              stream_of(cx), out, lse, qkv, d);
+    launch<W>(CT_KERNEL(flash_tc_forward_kernel<W, E, HS>), tc_grid(B, T, NH, Tq),
+              dim3(kThreads<W>), 0, stream_of(cx), out, lse, qkv, d);
   });
 }
 
@@ -597,14 +615,14 @@ void flash_attention_tc_backward(const Ctx& cx, void* dqkv, const void* dout, co
                                  std::int64_t T, std::int64_t C, std::int64_t NH, std::int64_t NKV,
                                  void* workspace) {
   if (B * T * C <= 0) return;
-  const TcDims d = tc_dims_of(T, C, NH, NKV);
+  const TcDims d = tc_dims_of(T, T, C, NH, NKV);
   auto* D = static_cast<float*>(workspace);
   with_tc(cx, e, d.hs, [&](auto w, auto el, auto hsz) {
     constexpr int W = decltype(w)::value, HS = decltype(hsz)::value;
     using E = decltype(el);
-    launch<W>(CT_KERNEL(flash_tc_backward_query_kernel<W, E, HS>), tc_grid(B, T, NH),
+    launch<W>(CT_KERNEL(flash_tc_backward_query_kernel<W, E, HS>), tc_grid(B, T, NH, T),
               dim3(kThreads<W>), 0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
-    launch<W>(CT_KERNEL(flash_tc_backward_key_kernel<W, E, HS>), tc_grid(B, T, NKV),
+    launch<W>(CT_KERNEL(flash_tc_backward_key_kernel<W, E, HS>), tc_grid(B, T, NKV, T),
               dim3(kThreads<W>), 0, stream_of(cx), dqkv, static_cast<const float*>(D), dout, qkv,
               lse, d);
   });
