@@ -365,15 +365,15 @@ if [ -n "$backend" ] && [ -z "$devices" ]; then
       --max-steps 10 --logging-steps 1 --eval-steps 0 --max-eval-batches 1 --sample-tokens 0 \
       --no-progress --bf16 "${flag[@]}" "${data_flag[@]}" --output-dir "$out/graph-run"
     # Sampling from the trained gpt2 (fp32 weights): 256 tokens with the key/value cache and
-    # without it (every token a forward over the whole window); the seconds are in steps.tsv,
-    # model loading included, and the two logs hold the same text.
+    # without it (every token a forward over the whole window); each log ends with --stats' JSON
+    # (seconds to the first token, decode tokens/s), the two texts are the same.
     if [ "$g" = graph ] && [ -f "$out/graph-run/model.safetensors" ]; then
       for c in kv-cache no-kv-cache; do
         flag=()
         [ "$c" = no-kv-cache ] && flag=(--no-kv-cache)
         step "crosstrain generate gpt2, 256 tokens ($c) on $backend:0" 60 "generate-$c.log" \
           "${ct_env[@]}" "$bin/crosstrain" generate --backend "$backend:0" \
-          --model-path "$out/graph-run" --prompt "The" --max-new-tokens 256 "${flag[@]}"
+          --model-path "$out/graph-run" --prompt "The" --max-new-tokens 256 --stats "${flag[@]}"
       done
     fi
     rm -rf "$out/graph-run"

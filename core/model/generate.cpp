@@ -1,6 +1,7 @@
 // Sampling from any model (Model::generate): greedy, temperature and top-k over the last
 // position's logits, one incremental forward per token (Model::forward_cached).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 
@@ -47,7 +48,10 @@ int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt,
 }  // namespace
 
 std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int n,
-                                     const SampleOptions& options) {
+                                     const SampleOptions& options, GenerateStats* stats) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point first = start;
   CT_REQUIRE(!prompt.empty(), "generate: the prompt must hold at least one token");
   CT_REQUIRE(n >= 0, "generate: negative token count");
   for (int32_t t : prompt)
@@ -96,8 +100,16 @@ std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int n,
     int32_t next = sample_token(row, options, rng.uniform(static_cast<uint64_t>(i)));
     context.push_back(next);
     out.push_back(next);
+    if (i == 0) first = Clock::now();
   }
   if (options.kv_cache) release_kv_cache();
+  if (stats) {
+    const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    stats->prompt_tokens = static_cast<int>(prompt.size());
+    stats->new_tokens = n;
+    stats->prefill_s = seconds(first - start);
+    stats->decode_s = n > 0 ? seconds(Clock::now() - first) : 0.0;
+  }
   return out;
 }
 

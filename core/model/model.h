@@ -42,6 +42,14 @@ struct SampleOptions {
   bool kv_cache = true;
 };
 
+// Where generate() spent its time (wall clock; each token ends with its logits read back, so the
+// device has finished it): prefill_s up to the first new token (time to first token), decode_s
+// the others.
+struct GenerateStats {
+  int prompt_tokens = 0, new_tokens = 0;
+  double prefill_s = 0.0, decode_s = 0.0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -135,7 +143,7 @@ class Model {
   // forward_cached() and each new token alone after it, until the context passes block_size;
   // from there on (and without the cache) each token runs forward on the last block_size tokens.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int n,
-                                const SampleOptions& options = {});
+                                const SampleOptions& options = {}, GenerateStats* stats = nullptr);
 
   // Sampling's incremental forward, with a cache of keys and values. tokens [1,T] are positions
   // [pos, pos + T) of one sequence whose positions [0, pos) earlier calls gave (pos 0 starts a

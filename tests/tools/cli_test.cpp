@@ -145,6 +145,22 @@ TEST_F(Cli, UnderscoreFlagsAndEvalJson) {
   ProcResult g = run("generate --model-path " + out_ + " --prompt Hello --max-new-tokens 5");
   EXPECT_EQ(g.status, 0) << g.output;
   EXPECT_EQ(g.output.rfind("Hello", 0), 0u) << g.output;
+  // --stats: one JSON line after the text; without the cache the same text
+  ProcResult gs =
+      run("generate --model-path " + out_ + " --prompt Hello --max-new-tokens 5 --stats");
+  ASSERT_EQ(gs.status, 0) << gs.output;
+  const size_t nl = gs.output.find('\n');
+  ASSERT_NE(nl, std::string::npos) << gs.output;
+  EXPECT_EQ(gs.output.substr(0, nl + 1), g.output) << gs.output;
+  auto st = nlohmann::json::parse(gs.output.substr(nl + 1));
+  EXPECT_EQ(st["prompt_tokens"].get<int>(), 5);  // byte-level: "Hello"
+  EXPECT_EQ(st["new_tokens"].get<int>(), 5);
+  EXPECT_TRUE(st["kv_cache"].get<bool>());
+  EXPECT_GT(st["decode_tokens_per_s"].get<double>(), 0.0);
+  ProcResult gn =
+      run("generate --model-path " + out_ + " --prompt Hello --max-new-tokens 5 --no-kv-cache");
+  ASSERT_EQ(gn.status, 0) << gn.output;
+  EXPECT_EQ(gn.output, g.output);
   ProcResult bad = run("eval --model-path " + (dir_ / "nothing").string() + " --data " + data_);
   EXPECT_EQ(bad.status, 2) << bad.output;
 }

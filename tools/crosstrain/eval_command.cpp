@@ -65,6 +65,7 @@ Run add_generate(CLI::App& app) {
     float temperature = 0.8f;
     uint64_t seed = 42;
     bool no_kv_cache = false;
+    bool stats = false;
   };
   auto o = std::make_shared<Opts>();
   flag(&app, "--model-path", o->model_path, "folder with config.json and model.safetensors")
@@ -77,6 +78,9 @@ Run add_generate(CLI::App& app) {
   flag(&app, "--backend", o->backend, "auto, cpu, cuda, hip, vulkan, vulkan:N, ...");
   app.add_flag("--no-kv-cache", o->no_kv_cache,
                "run every token's forward over the whole window (transformers' use_cache=False)");
+  app.add_flag("--stats", o->stats,
+               "after the text, one JSON line on stderr: prompt and new tokens, seconds to the "
+               "first token and for the others, tokens/s after the first");
   return [o] {
     if (o->prompt.empty()) fail(ErrorKind::kInvalidArgument, "--prompt: must not be empty");
     if (o->max_new_tokens < 0)
@@ -92,8 +96,23 @@ Run add_generate(CLI::App& app) {
     so.top_k = o->top_k;
     so.seed = o->seed;
     so.kv_cache = !o->no_kv_cache;
-    auto out = model->generate(tok->encode(o->prompt), o->max_new_tokens, so);
+    GenerateStats st;
+    auto out = model->generate(tok->encode(o->prompt), o->max_new_tokens, so, &st);
     std::printf("%s%s\n", o->prompt.c_str(), tok->decode(out).c_str());
+    if (o->stats) {
+      std::fflush(stdout);  // the text first where both go to one file
+      const double rate = st.new_tokens > 1 ? (st.new_tokens - 1) / st.decode_s : 0.0;
+      std::fprintf(stderr, "%s\n",
+                   nlohmann::json{{"prompt_tokens", st.prompt_tokens},
+                                  {"new_tokens", st.new_tokens},
+                                  {"first_token_s", st.prefill_s},
+                                  {"decode_s", st.decode_s},
+                                  {"decode_tokens_per_s", rate},
+                                  {"kv_cache", so.kv_cache},
+                                  {"device", device->info().name}}
+                       .dump()
+                       .c_str());
+    }
     return 0;
   };
 }
