@@ -168,9 +168,10 @@ ModelConfig read_model_config(const std::string& dir, std::string* notice) {
   }
 }
 
-std::unique_ptr<Model> load_model(const std::string& dir, Device& device) {
+std::unique_ptr<Model> load_model(const std::string& dir, Device& device,
+                                  const ModelOptions& options) {
   const ModelConfig config = read_model_config(dir);
-  std::unique_ptr<Model> model = make_model(device, config, /*with_grads=*/false);
+  std::unique_ptr<Model> model = make_model(device, config, /*with_grads=*/false, options);
   load_weights_from_folder(dir, *model);
   return model;
 }

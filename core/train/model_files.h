@@ -36,9 +36,12 @@ void save_model(const std::string& dir, const Model& model, const std::string& t
 ModelConfig read_model_config(const std::string& dir, std::string* notice = nullptr);
 
 // Reads <dir>/config.json and the weights (load_weights_from_folder) onto `device`, without
-// gradients. Errors name the file and what is wrong: missing file, a config crosstrain does not
-// build, a tensor missing, of the wrong shape or dtype, or one the model does not have.
-std::unique_ptr<Model> load_model(const std::string& dir, Device& device);
+// gradients, built with `options` (a 16-bit policy: the products read a 16-bit copy of the
+// weights, as transformers' torch_dtype). Errors name the file and what is wrong: missing file, a
+// config crosstrain does not build, a tensor missing, of the wrong shape or dtype, or one the
+// model does not have.
+std::unique_ptr<Model> load_model(const std::string& dir, Device& device,
+                                  const ModelOptions& options = {});
 
 // Reads the weights of `model` from the folder `dir`: model.safetensors, else the shards named
 // by model.safetensors.index.json (each tensor in the shard the index names). A folder with only

@@ -161,6 +161,13 @@ TEST_F(Cli, UnderscoreFlagsAndEvalJson) {
       run("generate --model-path " + out_ + " --prompt Hello --max-new-tokens 5 --no-kv-cache");
   ASSERT_EQ(gn.status, 0) << gn.output;
   EXPECT_EQ(gn.output, g.output);
+  // --bf16: the products on a bf16 copy of the weights (the text may differ in its tokens)
+  ProcResult gb =
+      run("generate --model-path " + out_ + " --prompt Hello --max-new-tokens 5 --bf16 --stats");
+  ASSERT_EQ(gb.status, 0) << gb.output;
+  EXPECT_EQ(gb.output.rfind("Hello", 0), 0u) << gb.output;
+  EXPECT_NE(gb.output.find("\"precision\":\"bf16\""), std::string::npos) << gb.output;
+  EXPECT_EQ(run("generate --model-path " + out_ + " --prompt Hello --bf16 --fp16").status, 2);
   ProcResult bad = run("eval --model-path " + (dir_ / "nothing").string() + " --data " + data_);
   EXPECT_EQ(bad.status, 2) << bad.output;
 }

@@ -66,6 +66,7 @@ Run add_generate(CLI::App& app) {
     uint64_t seed = 42;
     bool no_kv_cache = false;
     bool stats = false;
+    bool bf16 = false, fp16 = false;
   };
   auto o = std::make_shared<Opts>();
   flag(&app, "--model-path", o->model_path, "folder with config.json and model.safetensors")
@@ -78,6 +79,10 @@ Run add_generate(CLI::App& app) {
   flag(&app, "--backend", o->backend, "auto, cpu, cuda, hip, vulkan, vulkan:N, ...");
   app.add_flag("--no-kv-cache", o->no_kv_cache,
                "run every token's forward over the whole window (transformers' use_cache=False)");
+  app.add_flag("--bf16", o->bf16,
+               "products in bf16 (a bf16 copy of the weights; transformers' torch_dtype=bfloat16)");
+  app.add_flag("--fp16", o->fp16, "products in fp16 (a fp16 copy of the weights)")
+      ->excludes("--bf16");
   app.add_flag("--stats", o->stats,
                "after the text, one JSON line on stderr: prompt and new tokens, seconds to the "
                "first token and for the others, tokens/s after the first");
@@ -89,7 +94,10 @@ Run add_generate(CLI::App& app) {
     if (o->top_k < 0)
       fail(ErrorKind::kInvalidArgument, "--top-k " + std::to_string(o->top_k) + ": must be >= 0");
     auto device = open_device(o->backend);
-    auto model = load_model(o->model_path, *device);
+    ModelOptions mo;
+    if (o->bf16 || o->fp16)
+      mo.policy = PrecisionPolicy::make(o->bf16 ? Precision::kBf16 : Precision::kFp16);
+    auto model = load_model(o->model_path, *device, mo);
     auto tok = tokenizer_for_model(o->model_path);
     SampleOptions so;
     so.temperature = o->temperature;
@@ -109,6 +117,7 @@ Run add_generate(CLI::App& app) {
                                   {"decode_s", st.decode_s},
                                   {"decode_tokens_per_s", rate},
                                   {"kv_cache", so.kv_cache},
+                                  {"precision", mo.policy.name()},
                                   {"device", device->info().name}}
                        .dump()
                        .c_str());
