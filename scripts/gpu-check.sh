@@ -364,13 +364,14 @@ if [ -n "$backend" ] && [ -z "$devices" ]; then
       "$bin/crosstrain" train --backend "$backend:0" --model gpt2 --per-device-train-batch-size 16 \
       --max-steps 10 --logging-steps 1 --eval-steps 0 --max-eval-batches 1 --sample-tokens 0 \
       --no-progress --bf16 "${flag[@]}" "${data_flag[@]}" --output-dir "$out/graph-run"
-    # Sampling from the trained gpt2 (fp32 weights): 256 tokens with the key/value cache and
+    # Sampling from the trained gpt2: 256 tokens with the key/value cache (fp32, and --bf16) and
     # without it (every token a forward over the whole window); each log ends with --stats' JSON
-    # (seconds to the first token, decode tokens/s), the two texts are the same.
+    # (seconds to the first token, decode tokens/s); fp32's two texts are the same.
     if [ "$g" = graph ] && [ -f "$out/graph-run/model.safetensors" ]; then
-      for c in kv-cache no-kv-cache; do
+      for c in kv-cache kv-cache-bf16 no-kv-cache; do
         flag=()
         [ "$c" = no-kv-cache ] && flag=(--no-kv-cache)
+        [ "$c" = kv-cache-bf16 ] && flag=(--bf16)
         step "crosstrain generate gpt2, 256 tokens ($c) on $backend:0" 60 "generate-$c.log" \
           "${ct_env[@]}" "$bin/crosstrain" generate --backend "$backend:0" \
           --model-path "$out/graph-run" --prompt "The" --max-new-tokens 256 --stats "${flag[@]}"
