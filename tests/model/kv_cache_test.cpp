@@ -4,6 +4,7 @@
 // of the plain forward's row at that position. Going back to an earlier position, or to 0, gives
 // the same logits again. On the CPU: generate() with and without the cache gives the same tokens,
 // with the window sliding past block_size, and forward_cached's arguments are checked.
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,16 +28,32 @@ std::vector<int32_t> sequence(int n) {
   return v;
 }
 
-std::unique_ptr<Model> make_model(Device& d, bool llama, Precision p, bool checkpointing = false) {
+// lora: adapters on every linear layer of the family (the cached rows go through them too),
+// drawn nonzero so that they change the logits.
+std::unique_ptr<Model> make_model(Device& d, bool llama, Precision p, bool checkpointing = false,
+                                  bool lora = false) {
   ModelOptions o;
   o.policy = PrecisionPolicy::make(p);
   o.gradient_checkpointing = checkpointing;
+  if (lora) {
+    o.lora.r = 4;
+    o.lora.alpha = 8.0f;
+    o.lora.target_modules = llama
+                                ? std::vector<std::string>{"q_proj", "v_proj", "o_proj", "up_proj"}
+                                : std::vector<std::string>{"c_attn", "c_proj", "c_fc"};
+  }
   std::unique_ptr<Model> m;
   if (llama)
     m = std::make_unique<Llama>(d, two_layer_llama(kBlock, kVocab), false, o);
   else
     m = std::make_unique<GPT2>(d, two_layer_gpt2(kBlock, kVocab), false, o);
   m->init(17);
+  if (lora) {
+    std::map<std::string, std::vector<float>> adapters = m->download_lora_map();
+    uint64_t seed = 40;
+    for (auto& [name, v] : adapters) v = randn(v.size(), ++seed, 0.05f);
+    m->upload_lora(adapters);
+  }
   return m;
 }
 
@@ -100,12 +117,19 @@ TEST_P(KvCacheDevices, EveryPositionGivesThePlainForwardsLogits) {
 CT_INSTANTIATE_DEVICE_SUITE(KvCacheDevices);
 
 // generate() with and without the cache: the same tokens, greedy and sampled, with the context
-// passing block_size (the window slides, and from there each token runs the whole window).
+// passing block_size (the window slides, and from there each token runs the whole window); with
+// gradient checkpointing (one shared set of activations) and with LoRA adapters.
 TEST(KvCache, GenerateGivesTheTokensOfTheWholeWindowForwards) {
   Device& d = open_cached("cpu:0");
   for (bool llama : {false, true}) {
-    for (bool checkpointing : {false, true}) {
-      std::unique_ptr<Model> m = make_model(d, llama, Precision::kFp32, checkpointing);
+    std::vector<Vec> base;  // the plain model's logits of a sequence: the adapters change them
+    for (int variant = 0; variant < 3; ++variant) {  // plain, checkpointing, LoRA adapters
+      const bool checkpointing = variant == 1, lora = variant == 2;
+      std::unique_ptr<Model> m = make_model(d, llama, Precision::kFp32, checkpointing, lora);
+      if (variant == 0) base = plain_logits(d, *m, sequence(8));
+      if (lora) {
+        EXPECT_NE(plain_logits(d, *m, sequence(8)), base) << "adapters without effect";
+      }
       for (float temperature : {0.0f, 1.0f}) {
         SampleOptions so;
         so.temperature = temperature;
@@ -116,7 +140,7 @@ TEST(KvCache, GenerateGivesTheTokensOfTheWholeWindowForwards) {
         so.kv_cache = true;
         EXPECT_EQ(m->generate({3, 1, 4, 1, 5}, kBlock + 6, so), plain)
             << (llama ? "llama" : "gpt2") << " temperature " << temperature
-            << (checkpointing ? " checkpointing" : "");
+            << (checkpointing ? " checkpointing" : "") << (lora ? " lora" : "");
       }
     }
   }
