@@ -22,12 +22,15 @@ Device& fast_cpu() {
 }
 
 // The fast device with 16-bit product operands widened into f32 copies for sgemm (not the
-// packing GEMM, whose own order of sums cpu_half_matmul_test.cpp checks).
+// packing GEMM, whose own order of sums cpu_half_matmul_test.cpp checks, nor, on a CPU with
+// AVX512_BF16, oneDNN's bf16 matmul, which sums in its own order).
 Device& widening_cpu() {
   static std::unique_ptr<Device> d = [] {
     setenv("CT_CPU_PACKED_GEMM", "0", 1);
+    setenv("CT_CPU_BF16_MATMUL", "widened", 1);
     std::unique_ptr<Device> dev = make_cpu_device(false);
     unsetenv("CT_CPU_PACKED_GEMM");
+    unsetenv("CT_CPU_BF16_MATMUL");
     return dev;
   }();
   return *d;
