@@ -88,6 +88,36 @@ TEST(CpuHalfMatmul, DevicesSaysWhichArithmetic) {
   EXPECT_EQ(extra(make_cpu_device(true)->info(), "bf16 matmul").rfind("widened to f32", 0), 0u);
 }
 
+// A product of one row (sampling's one-token forward) runs on the packing GEMM's row path also
+// where bf16 products otherwise go to the native kernel (measured faster there): its bits are
+// the widened device's, and `devices` says so where there is a native kernel.
+TEST(CpuHalfMatmul, OneRowProductsTakeTheRowPathOnEveryChoice) {
+  std::unique_ptr<Device> chosen = open_fast(""), widened = open_fast("widened");
+  const std::string row = extra(chosen->info(), "bf16 matmul");
+  if (row.rfind("bf16 arithmetic", 0) == 0 && row.find("packing GEMM") == std::string::npos &&
+      extra(widened->info(), "bf16 matmul").find("packing GEMM") != std::string::npos)
+    EXPECT_NE(row.find("a product of one row"), std::string::npos) << row;
+  const int64_t K = 768, N = 2304, V = 1000;
+  std::vector<uint8_t> got[2];
+  for (int w = 0; w < 2; ++w) {
+    Device& d = w ? *widened : *chosen;
+    Tensor x = up_as(d, {1, K}, randn(K, 1), DType::bf16);
+    Tensor wt = up_as(d, {N, K}, randn(N * K, 2, 0.05f), DType::bf16);  // a linear layer, b^T
+    Tensor wh = up_as(d, {V, K}, randn(V * K, 3, 0.05f), DType::bf16);  // a head
+    Tensor y = up_as(d, {1, N}, Vec(N, 0.0f), DType::bf16);
+    Tensor logits = upload(d, {1, V}, Vec(V, 0.0f));
+    d.matmul(y, x, wt, false, true);
+    d.matmul(logits, x, wh, false, true);
+    got[w] = raw_download(d, y);
+    const std::vector<uint8_t> l = raw_download(d, logits);
+    got[w].insert(got[w].end(), l.begin(), l.end());
+  }
+  EXPECT_TRUE(got[0] == got[1])
+      << "one-row bf16 products differ between the chosen and the widened "
+         "arithmetic: "
+      << row;
+}
+
 // c = alpha op(a) op(b) + beta c0 (+ bias) in the layouts of a linear layer (forward with bias
 // into 16-bit c, dx into 16-bit c read by beta, dW into f32 c accumulated) and a batch against a
 // shared b; each path against fp64, and the two paths against each other.
