@@ -91,13 +91,12 @@ class GPT2 final : public ModelBase {
   static int64_t activation_bytes(const GPT2Config& config, const ModelOptions& options, int B,
                                   int T, bool with_grads = true);
 
-  // tokens [B,T] i32 (values < vocab_size); targets [B,T] i32 or nullptr. T <= block_size.
-  // Returns the mean cross-entropy loss as a device tensor [1] f32 when targets are given (an
-  // undefined Tensor otherwise); logits() holds [B,T,V]. tokens and targets must stay unchanged
-  // until backward() has been enqueued. Reads the compute weights: after the optimizer has
-  // changed the master weights, call refresh_compute_weights() first.
-  Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T) override;
-  Tensor forward_cached(const Tensor& tokens, int pos, int T) override;
+  // forward (ModelBase's, with embed, block_forward and lm_head below): tokens [B,T] i32
+  // (values < vocab_size); targets [B,T] i32 or nullptr. T <= block_size. Returns the mean
+  // cross-entropy loss as a device tensor [1] f32 when targets are given (an undefined Tensor
+  // otherwise); logits() holds [B,T,V]. tokens and targets must stay unchanged until backward()
+  // has been enqueued. Reads the compute weights: after the optimizer has changed the master
+  // weights, call refresh_compute_weights() first.
   // Gradients of dloss_scale * (mean loss of the last forward) are ADDED (+=) into
   // grads_flat(), so several forward/backward pairs accumulate; the last forward must have had
   // targets. Overwrites logits() (dlogits is computed in place). dloss_scale carries both the
@@ -146,8 +145,12 @@ class GPT2 final : public ModelBase {
   // finds its ln1 done, except when it recomputes. kv_pos >= 0 (forward_cached, B = 1): the
   // T rows are positions [kv_pos, kv_pos + T), their qkv go to the key/value cache and their
   // attention reads it.
-  void block_forward(int l, int B, int T, bool recompute, int kv_pos = -1);
-  KvShape kv_shape() const override;
+  void block_forward(int l, int B, int T, bool recompute, int kv_pos) override;
+  // x (B,T,C) f32 = wte[tokens] + wpe[pos:pos+T] (master weights)
+  void embed(const Tensor& x, const Tensor& tokens, int pos) override;
+  // The tied head: the compute copy of wte with its zero rows
+  Tensor lm_head() const override { return head_view(compute_); }
+  NetShape net_shape() const override;
   // The LayerNorm that reads residuals_[l]: block l's ln1, or ln_f for l = n_layer.
   struct NormSite {
     Tensor out, mean, rstd, w, b;  // (BT,C) h, (BT), (BT), (C), (C)
@@ -162,7 +165,7 @@ class GPT2 final : public ModelBase {
 
   GPT2Config config_;
   std::vector<LayerActs> layers_;
-  Tensor lnf_, lnf_mean_, lnf_rstd_;  // (B,T,C) h, (B,T), (B,T)
+  Tensor lnf_mean_, lnf_rstd_;  // (B,T), (B,T): ln_f's statistics (lnf_ is ModelBase's)
   // Backward scratch, reused by every layer (and ModelBase's dresidual_).
   Tensor dbt_c_;                        // (B,T,C) f32: gradients of LayerNorm outputs
   Tensor dbt_4c_a_, dbt_4c_b_;          // (B,T,4C) h

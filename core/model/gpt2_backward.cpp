@@ -49,7 +49,8 @@ void GPT2::backward(float dloss_scale) {
   for (int l = L - 1; l >= 0; --l) {
     // Checkpointing: re-run this block's forward into the shared buffers. The last block's
     // activations are still there from forward().
-    if (options_.gradient_checkpointing && l != L - 1) block_forward(l, B, T, /*recompute=*/true);
+    if (options_.gradient_checkpointing && l != L - 1)
+      block_forward(l, B, T, /*recompute=*/true, /*kv_pos=*/-1);
     const LayerParams p = forward_params(l);
     LayerParams dp;
     if (frozen)

@@ -1,12 +1,10 @@
 // GPT-2 forward, one banner section per layer, in the style of llm.c's train_gpt2.c. Every op is
 // a Device call on Tensors. Dtypes follow core/amp/precision.h: the residual stream, LayerNorm
 // statistics and losses are f32; "h" (policy.activations) is f32 too in an fp32 run.
-#include <algorithm>
 
 #include "core/error.h"
 #include "core/model/gpt2.h"
 #include "core/model/gpt2_internal.h"
-#include "core/model/model_util.h"
 
 namespace ct {
 
@@ -27,7 +25,7 @@ GPT2::NormSite GPT2::input_norm(int l, int64_t BT) const {
 }
 
 void GPT2::block_forward(int l, int B, int T, bool recompute, int kv_pos) {
-  const int64_t C = config_.n_embd, NH = config_.n_head;
+  const int64_t C = config_.n_embd;
   const int64_t BT = int64_t{B} * T;
   const float eps = config_.layer_norm_epsilon;
   const LayerParams p = forward_params(l);
@@ -51,13 +49,7 @@ void GPT2::block_forward(int l, int B, int T, bool recompute, int kv_pos) {
   // atty (B,T,C) h = causal softmax(q k^T / sqrt(hs)) v per head; saved for the backward:
   // fused, the rows' log-sum-exp lse (B,NH,T) f32; unfused, the probabilities att (B,NH,T,T) h.
   // forward_cached: the new rows' attention over every cached row of the sequence (B = 1)
-  Tensor atty = cached ? kv_attention(l, kv_pos, T, config_.n_head) : view(a.atty, {B, T, C});
-  if (!cached && options_.fused_attention)
-    device_.flash_attention_forward(atty, view(a.lse, {B, NH, T}), qkv.reshape({B, T, 3 * C}),
-                                    config_.n_head);
-  else if (!cached)
-    device_.attention_forward(atty, view(a.att, {B, NH, T, T}), qkv.reshape({B, T, 3 * C}),
-                              config_.n_head);
+  Tensor atty = block_attention(l, qkv.reshape({B, T, 3 * C}), a.atty, a.lse, a.att, kv_pos);
   // attproj (B,T,C) h = atty @ attn.c_proj.w + attn.c_proj.b
   Tensor attproj = view(a.attproj, {BT, C});
   linear_forward(device_, attproj, atty.reshape({BT, C}), p.attprojw, p.attprojb);
@@ -98,51 +90,17 @@ void GPT2::block_forward(int l, int B, int T, bool recompute, int kv_pos) {
 }
 
 // =============================================================================================
-// Forward
+// The ends of the network (ModelBase::forward runs them around the blocks)
 
-Tensor GPT2::forward(const Tensor& tokens, const Tensor* targets, int B, int T) {
-  model_util::ForwardBatch::check(tokens, targets, B, T, config_.block_size, "block_size");
-  if (B > max_b_ || T > max_t_) allocate_activations(std::max(B, max_b_), std::max(T, max_t_));
-  batch_.begin(tokens, targets, B, T);
-  const int64_t C = config_.n_embd, Vp = padded_vocab();
-  const int64_t BT = int64_t{B} * T;
-
-  // ---- encoder ---------------------------------------------------------------------------------
-  // residuals[0] (B,T,C) f32 = wte[tokens] + wpe[0:T]   (master weights)
-  device_.embedding_forward(view(residuals_[0], {B, T, C}), batch_.tokens(), param("wte.weight"),
-                            param("wpe.weight"));
-
-  for (int l = 0; l < config_.n_layer; ++l) block_forward(l, B, T, /*recompute=*/false);
-
-  // ---- final layernorm and tied LM head --------------------------------------------------------
-  // lnf (B,T,C) h = LayerNorm(x), done by the last block with its residual add;
-  // logits (B,T,Vp) h = lnf @ wte^T   (compute copy of wte, with its zero rows to the padded
-  // vocabulary Vp: the padding columns of the logits are 0)
-  Tensor lnf = view(lnf_, {BT, C});
-  Tensor logits = view(logits_, {BT, Vp});
-  device_.matmul(logits, lnf, head_view(compute_), false, true);
-
-  if (!targets) return Tensor();
-
-  // ---- loss ------------------------------------------------------------------------------------
-  // losses (B,T) f32 = -log softmax(logits[:, :V])[targets];  loss [1] f32 = mean(losses)
-  return loss_forward(logits, BT);
+void GPT2::embed(const Tensor& x, const Tensor& tokens, int pos) {
+  const int64_t C = config_.n_embd, T = x.shape[1];
+  device_.embedding_forward(x, tokens, param("wte.weight"),
+                            param("wpe.weight").slice_flat(pos * C, {T, C}));
 }
 
-GPT2::KvShape GPT2::kv_shape() const {
+GPT2::NetShape GPT2::net_shape() const {
   return {config_.n_layer, 3 * int64_t{config_.n_embd}, config_.n_embd, config_.n_head,
-          config_.block_size};
-}
-
-Tensor GPT2::forward_cached(const Tensor& tokens, int pos, int T) {
-  kv_begin(tokens, pos, T);
-  const int64_t C = config_.n_embd;
-  // residuals[0] (T,C) f32 = wte[tokens] + wpe[pos:pos+T]
-  device_.embedding_forward(view(residuals_[0], {1, T, C}), tokens.reshape({1, T}),
-                            param("wte.weight"), param("wpe.weight").slice_flat(pos * C, {T, C}));
-  for (int l = 0; l < config_.n_layer; ++l) block_forward(l, 1, T, /*recompute=*/false, pos);
-  // logits [Vp] h = lnf[T-1] @ wte^T
-  return kv_logits(tokens, view(lnf_, {T, C}), head_view(compute_), T);
+          config_.n_head,  config_.block_size,          "block_size"};
 }
 
 }  // namespace ct

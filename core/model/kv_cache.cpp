@@ -1,6 +1,6 @@
-// The key/value cache of sampling (Model::forward_cached): what GPT-2 and Llama share of it. The
-// family's forward_cached runs its ordinary blocks on the new rows only, with the qkv product
-// written into the cache and the attention read from it (kv_rows, kv_attention).
+// The key/value cache of sampling (Model::forward_cached), the same for every family:
+// forward_cached runs the family's ordinary blocks on the new rows only, each with its qkv
+// product written into the cache (kv_rows) and its attention read from it (kv_attention).
 #include <algorithm>
 #include <string>
 
@@ -10,7 +10,7 @@
 namespace ct {
 
 void ModelBase::reserve_kv_cache(int positions) {
-  const KvShape s = kv_shape();
+  const NetShape s = net_shape();
   CT_REQUIRE(positions >= 1 && positions <= s.block_size,
              "key/value cache of " + std::to_string(positions) + " positions outside [1, " +
                  std::to_string(s.block_size) + "] (the model's context length)");
@@ -43,24 +43,34 @@ void ModelBase::kv_begin(const Tensor& tokens, int pos, int T) {
 }
 
 Tensor ModelBase::kv_rows(int l, int pos, int T) const {
-  const int64_t W = kv_shape().width;
+  const int64_t W = net_shape().width;
   return kv_.qkv[static_cast<size_t>(l)].slice_flat(pos * W, {T, W});
 }
 
-Tensor ModelBase::kv_attention(int l, int pos, int T, int n_kv_head) {
-  const KvShape s = kv_shape();
+Tensor ModelBase::forward_cached(const Tensor& tokens, int pos, int T) {
+  kv_begin(tokens, pos, T);
+  const int64_t C = net_shape().C;
+  // residuals[0] (1,T,C) f32 = the embedding of the T tokens at positions [pos, pos+T)
+  embed(residuals_[0].slice_flat(0, {1, T, C}), tokens.reshape({1, T}), pos);
+  for (int l = 0; l < net_shape().layers; ++l) block_forward(l, 1, T, /*recompute=*/false, pos);
+  // logits [Vp] h = lnf[T-1] @ head^T
+  return kv_logits(tokens, lnf_.slice_flat(0, {T, C}), lm_head(), T);
+}
+
+Tensor ModelBase::kv_attention(int l, int pos, int T) {
+  const NetShape s = net_shape();
   const int64_t n = int64_t{pos} + T;
   Tensor all = kv_.qkv[static_cast<size_t>(l)].slice_flat(0, {1, n, s.width});
   // the last T rows only: the new positions' queries against every cached key
   Tensor out = kv_.out.slice_flat(0, {1, T, s.C});
   device_.flash_attention_forward(out, kv_.lse.slice_flat(0, {1, s.n_head, T}), all,
-                                  static_cast<int>(s.n_head), n_kv_head);
+                                  static_cast<int>(s.n_head), static_cast<int>(s.n_kv_head));
   if (l == s.layers - 1) kv_.filled = static_cast<int>(n);
   return out;
 }
 
 Tensor ModelBase::kv_logits(const Tensor& tokens, const Tensor& lnf, const Tensor& head, int T) {
-  const int64_t C = kv_shape().C;
+  const int64_t C = net_shape().C;
   Tensor logits = logits_.slice_flat(0, {1, padded_vocab_});
   device_.matmul(logits, lnf.slice_flat((T - 1) * C, {1, C}), head, false, true);
   // logits() and logits_at(0, 0) show this row; no targets, so no backward.

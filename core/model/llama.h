@@ -88,10 +88,8 @@ class Llama final : public ModelBase {
   static int64_t activation_bytes(const LlamaConfig& config, const ModelOptions& options, int B,
                                   int T, bool with_grads = true);
 
-  // As GPT2::forward / backward: tokens, targets [B,T] i32; returns the mean loss [1] f32 when
-  // targets are given; backward adds dloss_scale * d(mean loss) into grads_flat().
-  Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T) override;
-  Tensor forward_cached(const Tensor& tokens, int pos, int T) override;
+  // forward as GPT-2's (ModelBase's): tokens, targets [B,T] i32; returns the mean loss [1] f32
+  // when targets are given; backward adds dloss_scale * d(mean loss) into grads_flat().
   void backward(float dloss_scale = 1.0f) override;
 
   // Bytes of kWeights the base parameters and rotary tables take for `options` (f32 master and
@@ -137,8 +135,11 @@ class Llama final : public ModelBase {
   // its ln1 done, except when it recomputes. kv_pos >= 0 (forward_cached, B = 1): the T rows
   // are positions [kv_pos, kv_pos + T), rotated as such, their qkv go to the key/value cache
   // and their attention reads it.
-  void block_forward(int l, int B, int T, bool recompute, int kv_pos = -1);
-  KvShape kv_shape() const override;
+  void block_forward(int l, int B, int T, bool recompute, int kv_pos) override;
+  // x (B,T,C) f32 = embed_tokens[tokens] (master weights; the positions enter by the rotation)
+  void embed(const Tensor& x, const Tensor& tokens, int pos) override;
+  Tensor lm_head() const override { return head_weight(compute_); }
+  NetShape net_shape() const override;
   // The RMSNorm that reads residuals_[l]: layer l's input norm, or model.norm for l = n_layer.
   struct NormSite {
     Tensor out, rstd, w;  // (BT,C) h, (BT), (C)
@@ -155,8 +156,8 @@ class Llama final : public ModelBase {
 
   // Activations (ModelBase holds the residual stream and the head's).
   std::vector<LayerActs> layers_;
-  Tensor proj_;            // (B,T,C) h: o_proj / down_proj output before the residual add
-  Tensor lnf_, lnf_rstd_;  // (B,T,C) h, (B,T)
+  Tensor proj_;      // (B,T,C) h: o_proj / down_proj output before the residual add
+  Tensor lnf_rstd_;  // (B,T): model.norm's statistics (lnf_ is ModelBase's)
   // Backward scratch, reused by every layer (and ModelBase's dresidual_).
   Tensor dln_;             // (B,T,C) f32: gradient of an RMSNorm output
   Tensor dwide_;           // (B,T,max(F,W)) h: dact, then dqkv

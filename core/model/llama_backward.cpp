@@ -55,7 +55,8 @@ void Llama::backward(float dloss_scale) {
   for (int l = L - 1; l >= 0; --l) {
     // Checkpointing: re-run this layer's forward into the shared buffers (the last layer's are
     // still there from forward()).
-    if (options_.gradient_checkpointing && l != L - 1) block_forward(l, B, T, /*recompute=*/true);
+    if (options_.gradient_checkpointing && l != L - 1)
+      block_forward(l, B, T, /*recompute=*/true, /*kv_pos=*/-1);
     const LayerParams p = forward_params(l);
     const LayerParams dp = frozen ? LayerParams{} : layer_params(g, l);
     const LayerActs& a = acts(l);

@@ -5,7 +5,6 @@
 #include "core/error.h"
 #include "core/model/gpt2_internal.h"
 #include "core/model/llama.h"
-#include "core/model/model_util.h"
 
 namespace ct {
 
@@ -54,13 +53,7 @@ void Llama::block_forward(int l, int B, int T, bool recompute, int kv_pos) {
   // atty (B,T,C) h = causal softmax(q k^T / sqrt(hd)) v, query head h reading kv head
   // h / (NH / NKV); saved: lse (B,NH,T) f32 when fused, the probabilities att otherwise.
   // forward_cached: the new rows' attention over every cached row of the sequence (B = 1)
-  Tensor atty = cached ? kv_attention(l, kv_pos, T, config_.n_kv_head) : view(a.atty, {B, T, C});
-  if (!cached && options_.fused_attention)
-    device_.flash_attention_forward(atty, view(a.lse, {B, NH, T}), qkv3, config_.n_head,
-                                    config_.n_kv_head);
-  else if (!cached)
-    device_.attention_forward(atty, view(a.att, {B, NH, T, T}), qkv3, config_.n_head,
-                              config_.n_kv_head);
+  Tensor atty = block_attention(l, qkv3, a.atty, a.lse, a.att, kv_pos);
   // proj (B,T,C) h = atty @ o_proj^T
   Tensor proj = view(proj_, {BT, C});
   device_.matmul(proj, atty.reshape({BT, C}), p.ow, false, true);
@@ -93,50 +86,15 @@ void Llama::block_forward(int l, int B, int T, bool recompute, int kv_pos) {
 }
 
 // =============================================================================================
-// Forward
+// The ends of the network (ModelBase::forward runs them around the blocks)
 
-Tensor Llama::forward(const Tensor& tokens, const Tensor* targets, int B, int T) {
-  model_util::ForwardBatch::check(tokens, targets, B, T, config_.block_size,
-                                  "max_position_embeddings");
-  if (B > max_b_ || T > max_t_) allocate_activations(std::max(B, max_b_), std::max(T, max_t_));
-  batch_.begin(tokens, targets, B, T);
-  const int64_t C = config_.n_embd, Vp = padded_vocab();
-  const int64_t BT = int64_t{B} * T;
-
-  // ---- embedding -------------------------------------------------------------------------------
-  // residuals[0] (B,T,C) f32 = embed_tokens[tokens]   (master weights; no position table)
-  device_.embedding_forward(view(residuals_[0], {B, T, C}), batch_.tokens(),
-                            param("model.embed_tokens.weight"));
-
-  for (int l = 0; l < config_.n_layer; ++l) block_forward(l, B, T, /*recompute=*/false);
-
-  // ---- final RMSNorm and LM head ---------------------------------------------------------------
-  // lnf (B,T,C) h = RMSNorm(x) * model.norm.w, done by the last layer with its residual add;
-  // logits (B,T,Vp) h = lnf @ lm_head^T (compute copy; embed_tokens when tied; with its zero
-  // rows to the padded vocabulary Vp)
-  Tensor lnf = view(lnf_, {BT, C});
-  Tensor logits = view(logits_, {BT, Vp});
-  device_.matmul(logits, lnf, head_weight(compute_), false, true);
-
-  if (!targets) return Tensor();
-
-  // ---- loss ------------------------------------------------------------------------------------
-  return loss_forward(logits, BT);
+void Llama::embed(const Tensor& x, const Tensor& tokens, int /*pos*/) {
+  device_.embedding_forward(x, tokens, param("model.embed_tokens.weight"));
 }
 
-Llama::KvShape Llama::kv_shape() const {
-  return {config_.n_layer, config_.qkv_width(), config_.n_embd, config_.n_head, config_.block_size};
-}
-
-Tensor Llama::forward_cached(const Tensor& tokens, int pos, int T) {
-  kv_begin(tokens, pos, T);
-  const int64_t C = config_.n_embd;
-  // residuals[0] (T,C) f32 = embed_tokens[tokens]; the positions enter through the rotation
-  device_.embedding_forward(view(residuals_[0], {1, T, C}), tokens.reshape({1, T}),
-                            param("model.embed_tokens.weight"));
-  for (int l = 0; l < config_.n_layer; ++l) block_forward(l, 1, T, /*recompute=*/false, pos);
-  // logits [Vp] h = lnf[T-1] @ lm_head^T
-  return kv_logits(tokens, view(lnf_, {T, C}), head_weight(compute_), T);
+Llama::NetShape Llama::net_shape() const {
+  return {config_.n_layer,   config_.qkv_width(), config_.n_embd,           config_.n_head,
+          config_.n_kv_head, config_.block_size,  "max_position_embeddings"};
 }
 
 }  // namespace ct

@@ -256,6 +256,49 @@ Tensor ModelBase::losses() const {
   return batch_.losses(losses_);
 }
 
+// =============================================================================================
+// Forward: the network's skeleton, the family's parts (embed, block_forward, lm_head)
+
+Tensor ModelBase::forward(const Tensor& tokens, const Tensor* targets, int B, int T) {
+  const NetShape s = net_shape();
+  model_util::ForwardBatch::check(tokens, targets, B, T, s.block_size, s.block_size_name);
+  if (B > max_b_ || T > max_t_) allocate_activations(std::max(B, max_b_), std::max(T, max_t_));
+  batch_.begin(tokens, targets, B, T);
+  const int64_t BT = int64_t{B} * T;
+
+  // ---- embedding -------------------------------------------------------------------------------
+  // residuals[0] (B,T,C) f32 = the embedding of the tokens at positions [0, T) (master weights)
+  embed(residuals_[0].slice_flat(0, {B, T, s.C}), batch_.tokens(), 0);
+
+  for (int l = 0; l < s.layers; ++l) block_forward(l, B, T, /*recompute=*/false, /*kv_pos=*/-1);
+
+  // ---- LM head ---------------------------------------------------------------------------------
+  // logits (B,T,Vp) h = lnf @ head^T, lnf (B,T,C) h the final norm done by the last block with
+  // its residual add; the head is the compute copy with its zero rows to the padded vocabulary
+  // Vp, so the padding columns of the logits are 0
+  Tensor logits = logits_.slice_flat(0, {BT, padded_vocab_});
+  device_.matmul(logits, lnf_.slice_flat(0, {BT, s.C}), lm_head(), false, true);
+  if (!targets) return Tensor();
+
+  // ---- loss ------------------------------------------------------------------------------------
+  // losses (B,T) f32 = -log softmax(logits[:, :V])[targets];  loss [1] f32 = mean(losses)
+  return loss_forward(logits, BT);
+}
+
+Tensor ModelBase::block_attention(int l, const Tensor& qkv, const Tensor& atty, const Tensor& lse,
+                                  const Tensor& att, int kv_pos) {
+  const NetShape s = net_shape();
+  const int64_t B = qkv.shape[0], T = qkv.shape[1];
+  const int NH = static_cast<int>(s.n_head), NKV = static_cast<int>(s.n_kv_head);
+  if (kv_pos >= 0) return kv_attention(l, kv_pos, static_cast<int>(T));
+  Tensor out = atty.slice_flat(0, {B, T, s.C});
+  if (options_.fused_attention)
+    device_.flash_attention_forward(out, lse.slice_flat(0, {B, NH, T}), qkv, NH, NKV);
+  else
+    device_.attention_forward(out, att.slice_flat(0, {B, NH, T, T}), qkv, NH, NKV);
+  return out;
+}
+
 Tensor ModelBase::loss_forward(const Tensor& logits, int64_t BT) {
   Tensor losses = losses_.slice_flat(0, {BT});
   dlogits_ready_ = fused_dloss_scale_.has_value();

@@ -83,6 +83,12 @@ class ModelBase : public Model {
   Tensor logits() const override;
   Tensor logits_at(int b, int t) const override;
   Tensor losses() const override;
+  // The forward of every family: the embedding, the blocks, the LM head on the final norm's
+  // rows, the loss with targets (the family's embed, block_forward and lm_head, below).
+  Tensor forward(const Tensor& tokens, const Tensor* targets, int B, int T) override;
+  // The same for tokens [1,T] at positions [pos, pos+T) with the key/value cache
+  // (kv_cache.cpp): the blocks on the T new rows, the head on the last one.
+  Tensor forward_cached(const Tensor& tokens, int pos, int T) override;
   // The family's forward with the loss's gradient written over the logits in the same pass
   // (loss_forward), then its backward, which starts from them (loss_backward).
   Tensor forward_backward(const Tensor& tokens, const Tensor& targets, int B, int T,
@@ -207,14 +213,31 @@ class ModelBase : public Model {
   // Whether backward has anything to compute: the full gradients or trainable adapters.
   bool trains() const { return grads_.defined() || (lora() && lora_->trains()); }
 
-  // What the key/value cache holds per position, from the family's config.
-  struct KvShape {
+  // The network's sizes from the family's config: the blocks forward() runs, what the key/value
+  // cache holds per position, and the limit of T, named as the family's config file names it.
+  struct NetShape {
     int layers = 0;
     int64_t width = 0;  // the qkv row: q, then k and v of every kv head
-    int64_t C = 0, n_head = 0;
+    int64_t C = 0, n_head = 0, n_kv_head = 0;
     int block_size = 0;
+    const char* block_size_name = "block_size";
   };
-  virtual KvShape kv_shape() const = 0;
+  virtual NetShape net_shape() const = 0;
+
+  // The family's parts of forward() and forward_cached(), which model_base.cpp runs in order:
+  // embed writes residuals_[0] (1 or B, T, C) f32 for tokens at positions [pos, pos + T);
+  // block_forward runs block l (kv_pos >= 0: forward_cached's rows; the families' headers say
+  // what it fills); the last block leaves lnf_ for lm_head(), the head [Vp, C] of the compute
+  // copy with its zero rows.
+  virtual void embed(const Tensor& x, const Tensor& tokens, int pos) = 0;
+  virtual void block_forward(int l, int B, int T, bool recompute, int kv_pos) = 0;
+  virtual Tensor lm_head() const = 0;
+  // A block's attention, atty (B,T,C) of qkv (B,T,W) with the family's heads: fused (flash; the
+  // rows' log-sum-exp saved in lse (B,NH,T) f32), unfused (the probabilities saved in att
+  // (B,NH,T,T)), or with kv_pos >= 0 the T new rows against layer l's key/value cache (whose
+  // output it returns instead of atty).
+  Tensor block_attention(int l, const Tensor& qkv, const Tensor& atty, const Tensor& lse,
+                         const Tensor& att, int kv_pos);
   // forward_cached's steps shared by the families: kv_begin checks the call (Error
   // kInvalidArgument naming the limit) and makes activations of T rows; kv_rows is layer l's
   // cache rows [T, W] of positions [pos, pos + T), where the family writes that layer's qkv
@@ -224,7 +247,7 @@ class ModelBase : public Model {
   // `head` on the last of the T rows of lnf (T,C) and returns their logits [V].
   void kv_begin(const Tensor& tokens, int pos, int T);
   Tensor kv_rows(int l, int pos, int T) const;
-  Tensor kv_attention(int l, int pos, int T, int n_kv_head);
+  Tensor kv_attention(int l, int pos, int T);
   Tensor kv_logits(const Tensor& tokens, const Tensor& lnf, const Tensor& head, int T);
 
   // The network's two ends, for allocate_activations: drops the old buffers (so the peak holds
@@ -288,6 +311,7 @@ class ModelBase : public Model {
   int max_b_ = 0, max_t_ = 0;
   // The residual stream, f32 (B,T,C): [0] the embedding output, [l + 1] block l's output.
   std::vector<Tensor> residuals_;
+  Tensor lnf_;                     // (B,T,C) h: the final norm's output, the LM head's input
   Tensor logits_;                  // (B,T,Vp) h
   mutable Tensor logits_compact_;  // logits() with a padded vocabulary: (B,T,V) h
   Tensor losses_;                  // (B,T)
