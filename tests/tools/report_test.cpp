@@ -131,6 +131,10 @@ i=1; while [ $i -le $n ]; do
   EXPECT_FALSE(j["build"]["commit"].get<std::string>().empty());
   EXPECT_GT(j["build"]["backend_abi"].get<int>(), 0);
   EXPECT_GT(j["host"]["cores"].get<int>(), 0);
+  // the CPU's family and model on Linux/x86 (what tells a Zen 3 from a Zen 4 named "AMD EPYC")
+  if (read_text("/proc/cpuinfo").find("cpu family") != std::string::npos) {
+    EXPECT_EQ(j["host"]["cpu_id"].get<std::string>().rfind("family ", 0), 0u) << j["host"].dump();
+  }
   ASSERT_EQ(j["devices"].size(), 2u);
 
   const json& cpu = j["devices"][0];
@@ -627,6 +631,45 @@ TEST_F(Report, MergeJoinsOneHostsReportsIntoOneColumn) {
   ASSERT_EQ(k["devices"].size(), 2u);
   EXPECT_EQ(k["devices"][0]["train"], vm["train"]);
   EXPECT_EQ(k["devices"][0]["superseded"], vm["superseded"]);
+}
+
+// Two hosts of one name and one CPU model name but other CPUs (a cloud VM's "AMD EPYC", a Zen 3
+// and a Zen 4): the CPU's id keeps them apart, devices and peers, each column naming it; a
+// report without an id (before the field) stays a column of its own.
+TEST_F(Report, MergeKeepsHostsOfOneNameWithOtherCpusApart) {
+  auto on = [&](const std::string& cpu_id, double tokens_per_s, double peer_tokens_per_s) {
+    json r = machine("vm", "2026-11-29T00:00:00Z", "cpu:0", tokens_per_s);
+    if (!cpu_id.empty()) r["host"]["cpu_id"] = cpu_id;
+    r["peers"] = {{{"peer", "pytorch eager"},
+                   {"device", "cpu"},
+                   {"model", "tiny"},
+                   {"precision", "fp32"},
+                   {"steps", 6},
+                   {"tokens_per_s", peer_tokens_per_s}}};
+    return r;
+  };
+  const std::string zen3 = write("zen3.json", on("", 2351, 1922).dump()),
+                    zen4 =
+                        write("zen4.json",
+                              on("family 25 model 17 stepping 1, avx512_bf16", 2425, 1571).dump());
+  const fs::path out = dir_ / "merged";
+  const ct::test::ProcResult r =
+      ct::test::run_crosstrain("bench --merge " + out.string() + " " + zen4 + " " + zen3);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json j = load(out / "report.json");
+  ASSERT_EQ(j["devices"].size(), 2u) << j["devices"].dump(1);
+  EXPECT_EQ(j["devices"][0]["label"], "cpu:0@vm (family 25 model 17 stepping 1, avx512_bf16)");
+  EXPECT_EQ(j["devices"][1]["label"], "cpu:0@vm");
+  EXPECT_FALSE(j["devices"][0].contains("superseded"));
+  ASSERT_EQ(j["peers"].size(), 2u) << j["peers"].dump(1);
+  const std::string md = read_text(out / "report.md");
+  for (const char* s :
+       {"| model | precision | cpu:0@vm (family 25 model 17 stepping 1, avx512_bf16) | cpu:0@vm | "
+        "pytorch eager cpu@vm (family 25 model 17 stepping 1, avx512_bf16) | pytorch eager "
+        "cpu@vm |",
+        "| tiny | fp32 | 2,425 | 2,351 | 1,571 | 1,922 |",
+        "vm: some cpu (family 25 model 17 stepping 1, avx512_bf16), 4 cores"})
+    EXPECT_NE(md.find(s), std::string::npos) << s << "\n" << md;
 }
 
 }  // namespace

@@ -67,6 +67,32 @@ std::string cpu_model() {
   return uname(&u) == 0 ? u.machine : "unknown";
 }
 
+// What tells two CPUs of one model name apart (a VM's "AMD EPYC" is a Zen 3 or a Zen 4): the
+// family, model and stepping /proc/cpuinfo gives, and the widest of the instruction sets the
+// CPU kernels choose between ("family 25 model 17 stepping 1, avx512_bf16"); "" elsewhere.
+std::string cpu_id() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string family, model, stepping, flags;
+  for (std::string line; std::getline(f, line) && flags.empty();) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    const size_t at = line.find_first_not_of(' ', colon + 1);
+    const std::string value = at == std::string::npos ? "" : line.substr(at);
+    if (key == "cpu family") family = value;
+    if (key == "model") model = value;
+    if (key == "stepping") stepping = value;
+    if (key == "flags") flags = " " + value + " ";
+  }
+  if (family.empty() || model.empty()) return "";
+  std::string id = "family " + family + " model " + model;
+  if (!stepping.empty()) id += " stepping " + stepping;
+  for (const char* isa : {"amx_bf16", "avx512_bf16", "avx512f", "avx2"})
+    if (flags.find(std::string(" ") + isa + " ") != std::string::npos) return id + ", " + isa;
+  return id;
+}
+
 json host() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0) std::snprintf(name, sizeof name, "unknown");
@@ -74,6 +100,7 @@ json host() {
   const std::string os = uname(&u) == 0 ? std::string(u.sysname) + " " + u.release : "unknown";
   return {{"name", name},
           {"cpu", cpu_model()},
+          {"cpu_id", cpu_id()},
           {"cores", static_cast<int>(std::thread::hardware_concurrency())},
           {"os", os}};
 }
@@ -187,7 +214,8 @@ std::string build_line(const json& build) {
 std::string host_line(const json& h) {  // what the host said of itself (an import: its name)
   std::string about;
   for (const std::string& part :
-       {str(h, "cpu"), h.value("cores", 0) > 0 ? str(h, "cores") + " cores" : "", str(h, "os")})
+       {str(h, "cpu") + (str(h, "cpu_id").empty() ? "" : " (" + str(h, "cpu_id") + ")"),
+        h.value("cores", 0) > 0 ? str(h, "cores") + " cores" : "", str(h, "os")})
     if (!part.empty()) about += (about.empty() ? "" : ", ") + part;
   return str(h, "name") + (about.empty() ? "" : ": " + about);
 }
@@ -231,13 +259,16 @@ std::string origin_build(const json& origin) {
   return b;
 }
 
-// A peer's column: what ran, where ("pytorch eager cuda"), and on which host in a merged report.
-std::string peer_label(const json& p, bool merged) {
+// A peer's column: what ran, where ("pytorch eager cuda"), and on which host in a merged report
+// (with the CPU's id where `ambiguous` holds the host's name: hosts of one name, other CPUs).
+std::string peer_label(const json& p, bool merged, const std::set<std::string>& ambiguous = {}) {
   std::string device = str(p, "device");
   device = device.substr(0, device.find(':'));
   std::string label = str(p, "peer") + (device.empty() ? "" : " " + device);
-  if (merged)
-    label += "@" + str(p.value("origin", json::object()).value("host", json::object()), "name");
+  const json& h = p.value("origin", json::object()).value("host", json::object());
+  if (merged) label += "@" + str(h, "name");
+  if (merged && ambiguous.count(str(h, "name")) && !str(h, "cpu_id").empty())
+    label += " (" + str(h, "cpu_id") + ")";
   return label;
 }
 
@@ -271,8 +302,20 @@ std::string throughput_md(const json& devices, const json& peers, bool merged) {
   };
   for (const json& d : devices)
     for (const json& t : d.value("train", json::array())) put(str(d, "label"), t, "");
+  // host names that more than one CPU reported under
+  std::map<std::string, std::set<std::string>> cpus;
+  auto note_host = [&](const json& x) {
+    const json& h = x.value("origin", json::object()).value("host", json::object());
+    cpus[str(h, "name")].insert(str(h, "cpu") + "\n" + str(h, "cpu_id"));
+  };
+  for (const json& d : devices) note_host(d);
   if (peers.is_array())
-    for (const json& p : peers) put(peer_label(p, merged), p, peer_note(p));
+    for (const json& p : peers) note_host(p);
+  std::set<std::string> ambiguous;
+  for (const auto& [name, ids] : cpus)
+    if (ids.size() > 1) ambiguous.insert(name);
+  if (peers.is_array())
+    for (const json& p : peers) put(peer_label(p, merged, ambiguous), p, peer_note(p));
   if (keys.empty()) return "";
   std::vector<std::string> h = {"model", "precision"};
   h.insert(h.end(), columns.begin(), columns.end());
@@ -670,19 +713,20 @@ json read_report(const std::string& file) {
 
 namespace {
 
-// A device's identity across reports: its host (name, CPU, cores) and the device (id, name).
-// Two reports of one machine's CPU share it; the same id on another host does not.
+// A device's identity across reports: its host (name, CPU and its cpu_id, cores) and the device
+// (id, name). Two reports of one machine's CPU share it; the same id on another host, or on a
+// host of the same name with another CPU (cloud VMs), does not.
 std::string device_key(const json& d) {
   const json& h = d.value("origin", json::object()).value("host", json::object());
-  return str(h, "name") + "\n" + str(h, "cpu") + "\n" + str(h, "cores") + "\n" +
-         (d.contains("id") ? str(d, "id") : str(d, "label")) + "\n" + str(d, "name");
+  return str(h, "name") + "\n" + str(h, "cpu") + "\n" + str(h, "cpu_id") + "\n" + str(h, "cores") +
+         "\n" + (d.contains("id") ? str(d, "id") : str(d, "label")) + "\n" + str(d, "name");
 }
 
 // A peer's identity: the column it is shown in (peer, device, host) and its row.
 std::string peer_key(const json& p) {
   const json& h = p.value("origin", json::object()).value("host", json::object());
   return str(p, "peer") + "\n" + str(p, "device") + "\n" + str(h, "name") + "\n" + str(h, "cpu") +
-         "\n" + str(p, "model") + "\n" + str(p, "precision");
+         "\n" + str(h, "cpu_id") + "\n" + str(p, "model") + "\n" + str(p, "precision");
 }
 
 // What makes two rows of a device's `section` the same measurement of it.
@@ -798,6 +842,14 @@ json merge_reports(const std::vector<std::pair<std::string, json>>& reports) {
   for (json& d : out["devices"])
     if (count[d["label"].get<std::string>()] > 1)
       d["label"] = str(d, "id") + "@" + str(d["origin"].value("host", json::object()), "name");
+  // Still clashing, two hosts of one name: the CPU's id where the report has one.
+  count.clear();
+  for (const json& d : out["devices"]) ++count[d["label"].get<std::string>()];
+  for (json& d : out["devices"]) {
+    const std::string id = str(d["origin"].value("host", json::object()), "cpu_id");
+    if (count[d["label"].get<std::string>()] > 1 && !id.empty())
+      d["label"] = d["label"].get<std::string>() + " (" + id + ")";
+  }
   // Still clashing (two hosts of one name and CPU, a device of another name): the date of each,
   // then a number.
   count.clear();
