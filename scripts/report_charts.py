@@ -63,9 +63,11 @@ def tokens_chart(report, out):
     for p in report.get("peers", []):  # beside the devices, labelled as report.md's columns
         if "tokens_per_s" not in p:
             continue
-        label = f"{p['peer']} {str(p.get('device', '')).split(':')[0]}".strip()
-        if merged:
-            label += "@" + p.get("origin", {}).get("host", {}).get("name", "")
+        label = p.get("label")  # a merge names each peer's column (hosts of one name apart)
+        if not label:
+            label = f"{p['peer']} {str(p.get('device', '')).split(':')[0]}".strip()
+            if merged:
+                label += "@" + p.get("origin", {}).get("host", {}).get("name", "")
         if p["model"] not in models:
             models.append(p["model"])
         values[(p["model"], label, p["precision"])] = p["tokens_per_s"]

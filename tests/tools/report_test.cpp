@@ -662,6 +662,10 @@ TEST_F(Report, MergeKeepsHostsOfOneNameWithOtherCpusApart) {
   EXPECT_EQ(j["devices"][1]["label"], "cpu:0@vm");
   EXPECT_FALSE(j["devices"][0].contains("superseded"));
   ASSERT_EQ(j["peers"].size(), 2u) << j["peers"].dump(1);
+  // the peers' columns named in the JSON, for the charts too
+  EXPECT_EQ(j["peers"][0]["label"],
+            "pytorch eager cpu@vm (family 25 model 17 stepping 1, avx512_bf16)");
+  EXPECT_EQ(j["peers"][1]["label"], "pytorch eager cpu@vm");
   const std::string md = read_text(out / "report.md");
   for (const char* s :
        {"| model | precision | cpu:0@vm (family 25 model 17 stepping 1, avx512_bf16) | cpu:0@vm | "

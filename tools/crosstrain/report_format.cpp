@@ -286,7 +286,23 @@ std::string peer_note(const json& p) {
   return note;
 }
 
-// The headline: tokens/s per model and precision, a column per device, then one per peer.
+// Host names that more than one CPU reported under (devices and peers of a merged report).
+std::set<std::string> ambiguous_hosts(const json& devices, const json& peers) {
+  std::map<std::string, std::set<std::string>> cpus;
+  auto note_host = [&](const json& x) {
+    const json& h = x.value("origin", json::object()).value("host", json::object());
+    cpus[str(h, "name")].insert(str(h, "cpu") + "\n" + str(h, "cpu_id"));
+  };
+  for (const json& d : devices) note_host(d);
+  for (const json& p : peers) note_host(p);
+  std::set<std::string> ambiguous;
+  for (const auto& [name, ids] : cpus)
+    if (ids.size() > 1) ambiguous.insert(name);
+  return ambiguous;
+}
+
+// The headline: tokens/s per model and precision, a column per device, then one per peer (its
+// label, which a merge writes, or peer_label's).
 std::string throughput_md(const json& devices, const json& peers, bool merged) {
   std::vector<std::vector<std::string>> keys;
   std::map<std::vector<std::string>, std::map<std::string, std::string>> cells;
@@ -302,20 +318,9 @@ std::string throughput_md(const json& devices, const json& peers, bool merged) {
   };
   for (const json& d : devices)
     for (const json& t : d.value("train", json::array())) put(str(d, "label"), t, "");
-  // host names that more than one CPU reported under
-  std::map<std::string, std::set<std::string>> cpus;
-  auto note_host = [&](const json& x) {
-    const json& h = x.value("origin", json::object()).value("host", json::object());
-    cpus[str(h, "name")].insert(str(h, "cpu") + "\n" + str(h, "cpu_id"));
-  };
-  for (const json& d : devices) note_host(d);
   if (peers.is_array())
-    for (const json& p : peers) note_host(p);
-  std::set<std::string> ambiguous;
-  for (const auto& [name, ids] : cpus)
-    if (ids.size() > 1) ambiguous.insert(name);
-  if (peers.is_array())
-    for (const json& p : peers) put(peer_label(p, merged, ambiguous), p, peer_note(p));
+    for (const json& p : peers)
+      put(p.contains("label") ? str(p, "label") : peer_label(p, merged), p, peer_note(p));
   if (keys.empty()) return "";
   std::vector<std::string> h = {"model", "precision"};
   h.insert(h.end(), columns.begin(), columns.end());
@@ -865,6 +870,9 @@ json merge_reports(const std::vector<std::pair<std::string, json>>& reports) {
     seen.insert(label);
     d["label"] = label;
   }
+  // The peers' columns, named once for report.md and the charts alike.
+  const std::set<std::string> ambiguous = ambiguous_hosts(out["devices"], out["peers"]);
+  for (json& p : out["peers"]) p["label"] = peer_label(p, true, ambiguous);
   return out;
 }
 
