@@ -94,9 +94,12 @@ TEST(CpuHalfMatmul, DevicesSaysWhichArithmetic) {
 TEST(CpuHalfMatmul, OneRowProductsTakeTheRowPathOnEveryChoice) {
   std::unique_ptr<Device> chosen = open_fast(""), widened = open_fast("widened");
   const std::string row = extra(chosen->info(), "bf16 matmul");
-  if (row.rfind("bf16 arithmetic", 0) == 0 && row.find("packing GEMM") == std::string::npos &&
-      extra(widened->info(), "bf16 matmul").find("packing GEMM") != std::string::npos)
+  // the row path is the packing GEMM's: at the kernel levels that have it (AVX2 and up)
+  if (extra(widened->info(), "bf16 matmul").find("packing GEMM") == std::string::npos)
+    GTEST_SKIP() << "no packing GEMM at this kernel level: " << row;
+  if (row.rfind("bf16 arithmetic", 0) == 0) {
     EXPECT_NE(row.find("a product of one row"), std::string::npos) << row;
+  }
   const int64_t K = 768, N = 2304, V = 1000;
   std::vector<uint8_t> got[2];
   for (int w = 0; w < 2; ++w) {

@@ -196,7 +196,7 @@ TEST_F(CoopmatEmulatedBf16, ValuesPastF16sRange) {
   uint64_t seed = 340;
   for (int tr = 0; tr < 4; ++tr) {
     const bool ta = tr & 1, tb = tr & 2;
-    run_case({1, 37, 53, 29, ta, tb, tr == 1, false, 1.0f, tr == 2 ? 0.5f : 0.0f, tr & 1}, h,
+    run_case({1, 37, 53, 29, ta, tb, tr == 1, false, 1.0f, tr == 2 ? 0.5f : 0.0f, (tr & 1) != 0}, h,
              seed++, kind, false, 0x1p20f, 0x1p-20f);
   }
   run_case({2, 19, 23, 41, true, false, true, false, 1.0f, 0.0f, true}, h, seed++, kind, false,
