@@ -29,8 +29,15 @@
 // rounded to TF32 (ct_f32_to_tf32, to nearest) where they enter the tile -- when staged, when
 // loaded into A fragments, and P and dS from their f32 C fragments. k, v (forward, query kernel)
 // and q, dout (key kernel) tiles are staged in shared memory, 16 bytes a copy (hence the 16-byte
-// alignment the refusal checks), rows padded by 16 bytes (bank spread for both operand sizes);
-// each lane reads its fragment elements through the tile's layout functions. The block's own
+// alignment the refusal checks), rows padded by 16 bytes (bank spread for both operand sizes:
+// the 8 rows an ldmatrix reads fall in 8 different 16-byte bank groups). The copies are
+// ct_cp_async_16 (cp.async on sm_80+) in a pipeline over the two staged tiles of each kernel:
+// while the warps multiply with one, the next tile of the other is on its way (the kernels say
+// which; one group of copies per tile and thread, waited for before the barrier that precedes its
+// reads). On the m16n8k16 tile (sm_80+, and the SIMT runtime's collectives) the B fragments come
+// from the staged tiles by ldmatrix.x4 (.trans for V, dO, Q in the P V-like products), two
+// n-tiles a k-step; elsewhere each lane reads its fragment elements through the tile's layout
+// functions. The block's own
 // rows (q, dout in the forward and query kernels, k, v in the key kernel) go straight from global
 // memory into A fragments, once. P and dS change from the C layout to the A layout: at warp 32
 // in registers (m16n8k16's C fragments of n-tiles 2j, 2j+1 are the A fragment of k-step j;
@@ -38,7 +45,6 @@
 // for column 2q + h, so the B operand of those products reads its rows in that order), at warp 64
 // through a per-warp shared scratch. Shared memory stays under the 48 KB of static allocation:
 // f32 rows take twice the bytes, so head size 128 stages 32 keys a tile in f32 (kKeys).
-// TODO: cp.async double buffering of the staged tiles, ldmatrix fragment loads.
 #include <string>
 
 #include "backends/gpu/kernels/common.h"
@@ -88,6 +94,20 @@ struct Tc : MmaLayout<WARP> {
                                              const Op (&b)[L::NB]) {
     ::ct::gpu::mma<WARP, E>(c, a, b);
   }
+  // B fragments by ldmatrix where mma.sync runs (or the SIMT runtime's collective): the
+  // m16n8k16 tile. Elsewhere (gfx1030, gfx90a's warp-32 instantiations, CUDA before sm_80) the
+  // tile's scalar form takes elements, read one by one.
+  static constexpr bool kLdmatrix = WARP == 32 && kMmaTile32;
+  // c += a b with b as its two registers (ldmatrix's; elements 2r, 2r + 1 in register r).
+  static __device__ __forceinline__ void mma_r(float (&c)[L::NC], const Op (&a)[L::NA],
+                                               std::uint32_t b0, std::uint32_t b1) {
+    std::uint32_t ra[L::NA / 2];
+    CT_TC_UNROLL
+    for (int r = 0; r < L::NA / 2; ++r)
+      ra[r] = a[2 * r] | static_cast<std::uint32_t>(a[2 * r + 1]) << 16;
+    const std::uint32_t rb[2] = {b0, b1};
+    mma_regs<WARP, E>(c, ra, rb);
+  }
 };
 template <>
 struct Tc<32, F32> : MmaLayoutTf32 {
@@ -100,6 +120,9 @@ struct Tc<32, F32> : MmaLayoutTf32 {
                                              const Op (&b)[L::NB]) {
     mma_tf32(c, a, b);
   }
+  static constexpr bool kLdmatrix = false;  // 32-bit elements: read one by one
+  static __device__ __forceinline__ void mma_r(float (&)[L::NC], const Op (&)[L::NA], std::uint32_t,
+                                               std::uint32_t) {}
 };
 
 constexpr int kRows = 64;  // query (key) rows a block
@@ -158,7 +181,10 @@ __device__ __forceinline__ float row_sum(float v) {
 }
 
 // Rows r0 .. r0 + N of a tensor with rows of `stride` elements, HS elements from element `at`
-// of row 0, into dst[N][HS + kPad] as operands; rows at or past T are zeros.
+// of row 0, into dst[N][HS + kPad] as operands; rows at or past T are zeros. 16-bit operands (the
+// stored bits) go by ct_cp_async_16: asynchronous on sm_80+ (the caller commits the group and
+// waits for it before a barrier), a plain copy elsewhere. f32 ones are rounded to TF32 on the
+// way (T::enter), so they are loaded and stored by the thread.
 template <typename T, int N, int HS, int THREADS>
 __device__ __forceinline__ void stage(typename T::Op* dst, const void* src, std::int64_t at,
                                       std::int64_t stride, std::int64_t r0, std::int64_t TT) {
@@ -168,10 +194,16 @@ __device__ __forceinline__ void stage(typename T::Op* dst, const void* src, std:
   for (int idx = threadIdx.x; idx < N * kChunks; idx += THREADS) {
     const int rr = idx / kChunks, c = idx % kChunks;
     const std::int64_t r = r0 + rr;
-    Vec16<Op> v{};
-    if (r < TT) v = *reinterpret_cast<const Vec16<Op>*>(s + r * stride + kPer * c);
-    for (int i = 0; i < kPer; ++i) v.h[i] = T::enter(v.h[i]);
-    *reinterpret_cast<Vec16<Op>*>(dst + rr * kLd + kPer * c) = v;
+    Op* d = dst + rr * kLd + kPer * c;
+    if constexpr (sizeof(Op) == 2) {
+      // (no offset from s unless inside: a row past T may lie past the tensor)
+      ct_cp_async_16(d, r < TT ? s + r * stride + kPer * c : s, r < TT ? 16 : 0);
+    } else {
+      Vec16<Op> v{};
+      if (r < TT) v = *reinterpret_cast<const Vec16<Op>*>(s + r * stride + kPer * c);
+      for (int i = 0; i < kPer; ++i) v.h[i] = T::enter(v.h[i]);
+      *reinterpret_cast<Vec16<Op>*>(d) = v;
+    }
   }
 }
 
@@ -193,38 +225,70 @@ __device__ __forceinline__ void load_a(typename T::Op (&a)[HS / T::TK][T::NA], c
 }
 
 // c[NT] += a b^T over the head dimension: a the warp's A fragments (rows x HS), b the staged
-// rows n0 .. n0 + NT TN of a tile [.][HS + kPad] (B[k][n] = tile[n][k]).
+// rows n0 .. n0 + NT TN of a tile [.][HS + kPad] (B[k][n] = tile[n][k]). On the m16n8k16 tile
+// one ldmatrix.x4 gives the B fragments of n-tiles nt and nt + 1 for one k-step: matrices 0-3
+// are (keys +0, k +0), (keys +0, k +8), (keys +8, k +0), (keys +8, k +8), whose rows (8
+// consecutive k of one staged row) lane l addresses as row l % 8 of matrix l / 8.
 template <typename T, int HS, int NT>
 __device__ __forceinline__ void mma_abt(float (&c)[NT][T::NC],
                                         const typename T::Op (&a)[HS / T::TK][T::NA],
                                         const typename T::Op* tile, int lane) {
   constexpr int kLd = HS + kPad<typename T::Op>;
-  CT_TC_UNROLL
-  for (int nt = 0; nt < NT; ++nt) CT_TC_UNROLL
-  for (int kk = 0; kk < HS / T::TK; ++kk) {
-    typename T::Op b[T::NB];
+  if constexpr (T::kLdmatrix) {
+    static_assert(NT % 2 == 0 && T::TK == 16 && T::TN == 8, "the m16n8k16 tile");
+    const typename T::Op* row = tile + (lane / 16 * 8 + lane % 8) * kLd + lane / 8 % 2 * 8;
     CT_TC_UNROLL
-    for (int e = 0; e < T::NB; ++e)
-      b[e] = tile[(nt * T::TN + T::b_col(lane, e)) * kLd + kk * T::TK + T::b_k(lane, e)];
-    T::mma(c[nt], a[kk], b);
+    for (int nt = 0; nt < NT; nt += 2) CT_TC_UNROLL
+    for (int kk = 0; kk < HS / T::TK; ++kk) {
+      std::uint32_t r[4];
+      ct_ldmatrix_x4(r, row + nt * T::TN * kLd + kk * T::TK);
+      T::mma_r(c[nt], a[kk], r[0], r[1]);
+      T::mma_r(c[nt + 1], a[kk], r[2], r[3]);
+    }
+  } else {
+    CT_TC_UNROLL
+    for (int nt = 0; nt < NT; ++nt) CT_TC_UNROLL
+    for (int kk = 0; kk < HS / T::TK; ++kk) {
+      typename T::Op b[T::NB];
+      CT_TC_UNROLL
+      for (int e = 0; e < T::NB; ++e)
+        b[e] = tile[(nt * T::TN + T::b_col(lane, e)) * kLd + kk * T::TK + T::b_k(lane, e)];
+      T::mma(c[nt], a[kk], b);
+    }
   }
 }
 
 // c[HS / TN] += a b: a the A fragments (from c_to_a) of KT k-steps over the staged tile's rows,
-// b the staged tile [KT TK][HS + kPad] (B[k][n] = tile[k][n], k in c_to_a's order).
+// b the staged tile [KT TK][HS + kPad] (B[k][n] = tile[k][n], k in c_to_a's order). On the
+// m16n8k16 tile one ldmatrix.x4.trans gives the B fragments of n-tiles dt and dt + 1 (head
+// columns) for one k-step: matrices 0-3 are (k +0, n +0), (k +8, n +0), (k +0, n +8),
+// (k +8, n +8), each 8 staged rows (k) of 8 columns, transposed on the way.
 template <typename T, int HS, int KT>
 __device__ __forceinline__ void mma_ab(float (&c)[HS / T::TN][T::NC],
                                        const typename T::Op (&a)[KT][T::NA],
                                        const typename T::Op* tile, int lane) {
   constexpr int kLd = HS + kPad<typename T::Op>;
-  CT_TC_UNROLL
-  for (int dt = 0; dt < HS / T::TN; ++dt) CT_TC_UNROLL
-  for (int kk = 0; kk < KT; ++kk) {
-    typename T::Op b[T::NB];
+  if constexpr (T::kLdmatrix) {
+    static_assert((HS / T::TN) % 2 == 0 && T::TK == 16 && T::TN == 8, "the m16n8k16 tile");
+    const typename T::Op* row = tile + (lane / 8 % 2 * 8 + lane % 8) * kLd + lane / 16 * 8;
     CT_TC_UNROLL
-    for (int e = 0; e < T::NB; ++e)
-      b[e] = tile[(kk * T::TK + T::pv_k(lane, e)) * kLd + dt * T::TN + T::b_col(lane, e)];
-    T::mma(c[dt], a[kk], b);
+    for (int dt = 0; dt < HS / T::TN; dt += 2) CT_TC_UNROLL
+    for (int kk = 0; kk < KT; ++kk) {
+      std::uint32_t r[4];
+      ct_ldmatrix_x4_trans(r, row + kk * T::TK * kLd + dt * T::TN);
+      T::mma_r(c[dt], a[kk], r[0], r[1]);
+      T::mma_r(c[dt + 1], a[kk], r[2], r[3]);
+    }
+  } else {
+    CT_TC_UNROLL
+    for (int dt = 0; dt < HS / T::TN; ++dt) CT_TC_UNROLL
+    for (int kk = 0; kk < KT; ++kk) {
+      typename T::Op b[T::NB];
+      CT_TC_UNROLL
+      for (int e = 0; e < T::NB; ++e)
+        b[e] = tile[(kk * T::TK + T::pv_k(lane, e)) * kLd + dt * T::TN + T::b_col(lane, e)];
+      T::mma(c[dt], a[kk], b);
+    }
   }
 }
 
@@ -314,13 +378,22 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   CT_TC_UNROLL
   for (int s = 0; s < R::kSlots; ++s) m[s] = -kFltMax, l[s] = 0.0f;
 
+  // The pipeline (FlashAttention-2's): k of tile u0 + kK is copied while the warps compute
+  // O += P V of tile u0, v of tile u0 while they compute S = Q K^T. Each copy is one group of
+  // ct_cp_async_16 per thread, waited for before the barrier that precedes its first read; the
+  // barrier before each copy is after the last read of what it overwrites.
   const std::int64_t last = q0 + kRows - 1 < d.T - 1 ? q0 + kRows - 1 : d.T - 1;
+  stage<L, kK, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, 0, d.T);
+  ct_cp_async_commit();
   for (std::int64_t u0 = 0; u0 <= last; u0 += kK) {
-    stage<L, kK, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, u0, d.T);
+    ct_cp_async_wait<0>();
+    __syncthreads();  // k of tile u0 is in; every warp is done with v of the tile before
     stage<L, kK, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, u0, d.T);
-    __syncthreads();
-    if (u0 <= w0 + L::TM - 1) {  // some row of the warp sees a key of the tile (warp-uniform)
-      float s[NT][L::NC];
+    ct_cp_async_commit();
+    // Some row of the warp sees a key of the tile (warp-uniform).
+    const bool sees = u0 <= w0 + L::TM - 1;
+    float s[NT][L::NC];
+    if (sees) {
       CT_TC_UNROLL
       for (int t = 0; t < NT; ++t) CT_TC_UNROLL
       for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f;
@@ -357,12 +430,19 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
         s[t][e] = p;
         l[e / R::kPer] += p;
       }
+    }
+    ct_cp_async_wait<0>();
+    __syncthreads();  // v of tile u0 is in; every warp is done with its k
+    if (u0 + kK <= last)
+      stage<L, kK, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, u0 + kK, d.T);
+    ct_cp_async_commit();
+    if (sees) {
       Op pa[KT][L::NA];
       c_to_a<WARP, L, NT>(pa, s, ps, lane);
       mma_ab<L, HS, KT>(o, pa, vs, lane);
     }
-    __syncthreads();
   }
+  ct_cp_async_wait<0>();  // the empty group of the last tile
 
   float inv[R::kSlots];
   CT_TC_UNROLL
@@ -427,18 +507,32 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   for (int t = 0; t < DT; ++t) CT_TC_UNROLL
   for (int e = 0; e < L::NC; ++e) dq[t][e] = 0.0f;
 
+  // The pipeline: v of tile u0 + kK is copied while the warps compute dS and dQ += dS K of tile
+  // u0, k of tile u0 + kK while they compute dP = dO V^T of tile u0 + kK. Groups are committed in
+  // the order v, k, so waiting until at most one is pending means v is in.
   const std::int64_t last = q0 + kRows - 1 < d.T - 1 ? q0 + kRows - 1 : d.T - 1;
+  stage<L, kK, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, 0, d.T);
+  ct_cp_async_commit();
+  stage<L, kK, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, 0, d.T);
+  ct_cp_async_commit();
   for (std::int64_t u0 = 0; u0 <= last; u0 += kK) {
-    stage<L, kK, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, u0, d.T);
-    stage<L, kK, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, u0, d.T);
-    __syncthreads();
-    if (u0 <= w0 + L::TM - 1) {
-      float s[NT][L::NC], dp[NT][L::NC];
+    const bool sees = u0 <= w0 + L::TM - 1;  // as the forward's
+    const bool more = u0 + kK <= last;
+    ct_cp_async_wait<1>();
+    __syncthreads();  // v of tile u0 is in
+    float s[NT][L::NC], dp[NT][L::NC];
+    if (sees) {
       CT_TC_UNROLL
       for (int t = 0; t < NT; ++t) CT_TC_UNROLL
       for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
-      mma_abt<L, HS, NT>(s, qa, ks, lane);
       mma_abt<L, HS, NT>(dp, ga, vs, lane);
+    }
+    ct_cp_async_wait<0>();
+    __syncthreads();  // k of tile u0 is in; every warp is done with v
+    if (more) stage<L, kK, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, u0 + kK, d.T);
+    ct_cp_async_commit();
+    if (sees) {
+      mma_abt<L, HS, NT>(s, qa, ks, lane);
       CT_TC_UNROLL
       for (int t = 0; t < NT; ++t) CT_TC_UNROLL
       for (int e = 0; e < L::NC; ++e) {
@@ -452,8 +546,11 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
       c_to_a<WARP, L, NT>(da, s, ps, lane);
       mma_ab<L, HS, KT>(dq, da, ks, lane);
     }
-    __syncthreads();
+    __syncthreads();  // every warp is done with k
+    if (more) stage<L, kK, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, u0 + kK, d.T);
+    ct_cp_async_commit();
   }
+  ct_cp_async_wait<0>();  // the empty groups of the last tile
 
   CT_TC_UNROLL
   for (int t = 0; t < DT; ++t) CT_TC_UNROLL
@@ -500,43 +597,76 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   for (int t = 0; t < DT; ++t) CT_TC_UNROLL
   for (int e = 0; e < L::NC; ++e) dk[t][e] = 0.0f, dv[t][e] = 0.0f;
 
-  for (std::int64_t h = j * d.G; h < (j + 1) * d.G; ++h) {
+  // The query tiles (h, t0): the G query heads of the group in order, each from k0 (kQ divides
+  // kRows, so t0 = k0 starts a tile) to T. The pipeline: dout of the next tile is copied while
+  // the warps compute dK += dS^T Q of this one, q (and its lse and D rows, plain stores) of the
+  // next while they compute dP^T = V dO^T of the next. Groups are committed in the order dout,
+  // q, so waiting until at most one is pending means dout is in.
+  auto stage_dout = [&](std::int64_t h, std::int64_t t0) {
+    stage<L, kQ, HS, kThreads<WARP>>(gs, dout, orow0 + h * d.hs, d.C, t0, d.T);
+  };
+  auto stage_q = [&](std::int64_t h, std::int64_t t0) {
+    stage<L, kQ, HS, kThreads<WARP>>(qs, qkv, row0 + h * d.hs, d.C3, t0, d.T);
     const std::int64_t hrow = (b * d.NH + h) * d.T;
-    for (std::int64_t t0 = k0; t0 < d.T; t0 += kQ) {  // kQ divides kRows: t0 = k0 starts a tile
-      stage<L, kQ, HS, kThreads<WARP>>(qs, qkv, row0 + h * d.hs, d.C3, t0, d.T);
-      stage<L, kQ, HS, kThreads<WARP>>(gs, dout, orow0 + h * d.hs, d.C, t0, d.T);
-      for (int i = threadIdx.x; i < kQ; i += kThreads<WARP>) {
-        const std::int64_t t = t0 + i;
-        lq[i] = t < d.T ? lse[hrow + t] : 0.0f;
-        Dq[i] = t < d.T ? Dsave[hrow + t] : 0.0f;
-      }
-      __syncthreads();
-      if (t0 + kQ - 1 >= w0) {  // some query of the tile sees a key of the warp (warp-uniform)
-        float s[NT][L::NC], dp[NT][L::NC];
-        CT_TC_UNROLL
-        for (int t = 0; t < NT; ++t) CT_TC_UNROLL
-        for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
-        mma_abt<L, HS, NT>(s, ka, qs, lane);   // S^T: keys x queries
-        mma_abt<L, HS, NT>(dp, va, gs, lane);  // dP^T
-        CT_TC_UNROLL
-        for (int t = 0; t < NT; ++t) CT_TC_UNROLL
-        for (int e = 0; e < L::NC; ++e) {
-          const int qq = t * L::TN + L::c_col(lane, e);
-          const std::int64_t query = t0 + qq, key = w0 + L::c_row(lane, e);
-          const float p =
-              query >= key && query < d.T ? ct_exp_le0(s[t][e] * d.scale - lq[qq]) : 0.0f;
-          s[t][e] = p;
-          dp[t][e] = p * (dp[t][e] - Dq[qq]) * d.scale;  // dS^T
-        }
-        Op pa[KT][L::NA];
-        c_to_a<WARP, L, NT>(pa, s, ps, lane);
-        mma_ab<L, HS, KT>(dv, pa, gs, lane);
-        c_to_a<WARP, L, NT>(pa, dp, ps, lane);
-        mma_ab<L, HS, KT>(dk, pa, qs, lane);
-      }
-      __syncthreads();
+    for (int i = threadIdx.x; i < kQ; i += kThreads<WARP>) {
+      const std::int64_t t = t0 + i;
+      lq[i] = t < d.T ? lse[hrow + t] : 0.0f;
+      Dq[i] = t < d.T ? Dsave[hrow + t] : 0.0f;
     }
+  };
+  const std::int64_t h_end = (j + 1) * d.G;
+  if (k0 < d.T) {  // (always: the grid has no block past T)
+    stage_dout(j * d.G, k0);
+    ct_cp_async_commit();
+    stage_q(j * d.G, k0);
+    ct_cp_async_commit();
   }
+  for (std::int64_t h = j * d.G, t0 = k0; h < h_end && t0 < d.T;) {
+    // the tile after this one
+    std::int64_t hn = h, tn = t0 + kQ;
+    if (tn >= d.T) ++hn, tn = k0;
+    const bool more = hn < h_end;
+    // some query of the tile sees a key of the warp (warp-uniform)
+    const bool sees = t0 + kQ - 1 >= w0;
+    ct_cp_async_wait<1>();
+    __syncthreads();  // dout of the tile is in
+    float s[NT][L::NC], dp[NT][L::NC];
+    if (sees) {
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
+      mma_abt<L, HS, NT>(dp, va, gs, lane);  // dP^T
+    }
+    ct_cp_async_wait<0>();
+    __syncthreads();  // q, lse and D of the tile are in
+    Op pa[KT][L::NA];
+    if (sees) {
+      mma_abt<L, HS, NT>(s, ka, qs, lane);  // S^T: keys x queries
+      CT_TC_UNROLL
+      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+      for (int e = 0; e < L::NC; ++e) {
+        const int qq = t * L::TN + L::c_col(lane, e);
+        const std::int64_t query = t0 + qq, key = w0 + L::c_row(lane, e);
+        const float p = query >= key && query < d.T ? ct_exp_le0(s[t][e] * d.scale - lq[qq]) : 0.0f;
+        s[t][e] = p;
+        dp[t][e] = p * (dp[t][e] - Dq[qq]) * d.scale;  // dS^T
+      }
+      c_to_a<WARP, L, NT>(pa, s, ps, lane);
+      mma_ab<L, HS, KT>(dv, pa, gs, lane);
+    }
+    __syncthreads();  // every warp is done with dout
+    if (more) stage_dout(hn, tn);
+    ct_cp_async_commit();
+    if (sees) {
+      c_to_a<WARP, L, NT>(pa, dp, ps, lane);
+      mma_ab<L, HS, KT>(dk, pa, qs, lane);
+    }
+    __syncthreads();  // every warp is done with q, lse and D
+    if (more) stage_q(hn, tn);
+    ct_cp_async_commit();
+    h = hn, t0 = tn;
+  }
+  ct_cp_async_wait<0>();  // the empty groups of the last tile
 
   CT_TC_UNROLL
   for (int t = 0; t < DT; ++t) CT_TC_UNROLL
