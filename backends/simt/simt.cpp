@@ -1,8 +1,9 @@
 // The CPU SIMT runtime's scheduler: a pool of host threads takes blocks; on its host thread a
-// block's threads are fibers resumed in order until each waits (barrier, warp collective) or
-// returns. A waiting fiber switches straight to the next ready one, and a fiber whose thread
-// returns runs the next thread not yet started itself (yield, Block::start). Semantics and checks
-// are described in simt.h.
+// block's threads are fibers, run one warp at a time (Block::next_ready): a warp's lanes in turn
+// until each waits (barrier, warp collective) or returns, the warp's collectives as they
+// complete, then the next warp. A waiting fiber switches straight to the next ready one, and a
+// fiber whose thread returns runs the next thread not yet started itself (yield, Block::start).
+// Semantics and checks are described in simt.h.
 #include "backends/simt/simt.h"
 
 #include <sys/mman.h>
@@ -155,6 +156,8 @@ struct Block {
   Entry entry = nullptr;
   void* call = nullptr;
   int threads = 0, warp_size = 32, done = 0, barrier_arrived = 0;
+  bool descending = false;  // the order warps run in (blocks with x + y + z odd: descending)
+  bool restart = false;     // the fiber that switched back wants the order's first ready fiber
   std::source_location barrier_at;
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
@@ -182,6 +185,7 @@ struct Block {
   }
   std::size_t dynamic_region() const { return (cfg->shared_bytes + 63) & ~std::size_t{63}; }
   void run(std::size_t index);
+  Fiber* next_ready(int from);
   void start(Fiber& f);
   void resume(Fiber& f);
   void abort_suspended();
@@ -207,34 +211,66 @@ struct StackRef {
   void deallocate(ctx::stack_context& sc) { cache->deallocate(sc); }
 };
 
-// A waiting fiber hands the host thread straight to the next ready fiber after it, the one the
-// scheduler would resume next (one switch instead of two through the scheduler); the last one
-// goes back to the scheduler. Under AddressSanitizer every switch goes through the scheduler, whose
-// stack the fibers record when it resumes them.
+// The schedule: one warp at a time, as a GPU may run them. After a fiber waits, the next ready
+// lane of its warp runs (after it, then from the warp's first lane); when its warp has none, the
+// next warp with a ready lane in the block's order: ascending warp numbers in blocks whose
+// x + y + z is even, descending in the others (the order wraps around). A barrier, once all threads
+// arrive, starts again from the order's first warp. So between two barriers each warp runs all
+// its code (its collectives included) before the next warp starts: a missing barrier shows as a
+// warp reading shared memory that another warp has already overwritten, or not yet written, in
+// one of the two orders. (Every thread waiting in turn, warp by warp, instead would let every
+// warp finish a collective's reads before any warp wrote: such races passed unseen.)
+// Returns nullptr when no fiber is ready; from = -1: the order's first ready fiber.
+Fiber* Block::next_ready(int from) {
+  const int nw = static_cast<int>(warps.size());
+  auto ready_in = [&](int w, int l0) -> Fiber* {
+    const int end = std::min((w + 1) * warp_size, threads);
+    for (int l = w * warp_size + l0; l < end; ++l)
+      if (fibers[l].state == State::kReady) return &fibers[l];
+    return nullptr;
+  };
+  int w0;
+  if (from >= 0) {
+    w0 = from / warp_size;
+    if (Fiber* g = ready_in(w0, from % warp_size + 1)) return g;
+    if (Fiber* g = ready_in(w0, 0)) return g;
+  } else {
+    w0 = descending ? 0 : nw - 1;  // so that the first warp tried below is the order's first
+  }
+  for (int k = 1; k <= nw; ++k)
+    if (Fiber* g = ready_in(descending ? (w0 - k + nw) % nw : (w0 + k) % nw, 0)) return g;
+  return nullptr;
+}
+
+// A waiting fiber hands the host thread straight to the fiber the schedule runs next (one switch
+// instead of two through the scheduler); when none is ready it goes back to the scheduler. Under
+// AddressSanitizer every switch goes through the scheduler, whose stack the fibers record when it
+// resumes them. first: the next fiber is the order's first ready one (after a barrier; f is ready
+// itself then, and runs on if it is that one).
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kHandoff = false;
 #else
 constexpr bool kHandoff = true;
 #endif
 
-void yield(Fiber& f) {
+void yield(Fiber& f, bool first = false) {
   Block& b = *f.block;
   auto park = [&f](ctx::fiber&& from) {
     f.self = std::move(from);
     return ctx::fiber{};
   };
   if constexpr (kHandoff) {
-    for (int j = f.linear + 1; j < b.threads; ++j) {
-      Fiber& g = b.fibers[j];
-      if (g.state != State::kReady) continue;
-      if (!g.started) b.start(g);
-      current_lane = &g;
-      std::move(g.self).resume_with(park);
+    if (Fiber* g = b.next_ready(first ? -1 : f.linear)) {
+      if (g == &f) return;
+      if (!g->started) b.start(*g);
+      current_lane = g;
+      std::move(g->self).resume_with(park);
       if (b.aborting) throw Abort{};
       return;
     }
   }
   b.last = f.linear;
+  b.restart = first;
   switch_begin(&f.fake_stack, b.sched_bottom, b.sched_size);
   std::move(b.sched).resume_with(park);
   switch_end(f.fake_stack, &b.sched_bottom, &b.sched_size);
@@ -306,6 +342,9 @@ void Block::run(std::size_t index) {
   done = barrier_arrived = 0;
   error = nullptr;
   aborting = false;
+  // (x + y + z, not the linear index: with an even grid width that would follow x alone)
+  descending = (info.block_idx.x + info.block_idx.y + info.block_idx.z) % 2 == 1;
+  restart = false;
   statics.clear();
   static_used = 0;
   std::fill_n(arena.begin(), cfg->shared_bytes, std::byte{kPoison});
@@ -330,18 +369,14 @@ void Block::run(std::size_t index) {
     }
   } cleanup{this};
 
-  while (done < threads) {
-    bool progressed = false;
-    for (int i = 0; i < threads; ++i) {
-      Fiber& f = fibers[i];
-      if (f.state != State::kReady) continue;
-      progressed = true;
-      resume(f);
-      if (error) std::rethrow_exception(error);
-      i = last;  // f may have handed over to later fibers
-      if (fibers[i].state == State::kDone) check_finished(fibers[i]);
-    }
-    if (!progressed) deadlock();
+  for (int from = -1; done < threads;) {
+    Fiber* f = next_ready(from);
+    if (!f) deadlock();
+    resume(*f);
+    if (error) std::rethrow_exception(error);
+    from = restart ? -1 : last;  // f may have handed over to others
+    restart = false;
+    if (fibers[last].state == State::kDone) check_finished(fibers[last]);
   }
 }
 
@@ -396,6 +431,7 @@ void sync_block(const std::source_location& where) {
     b.barrier_arrived = 0;
     for (int i = 0; i < b.threads; ++i)
       if (b.fibers[i].state == State::kBarrier) b.fibers[i].state = State::kReady;
+    yield(f, true);  // the order's first warp runs first (f runs on if it is that warp's)
     return;
   }
   f.state = State::kBarrier;

@@ -1,6 +1,6 @@
-// The CPU SIMT runtime (backends/simt) against CUDA's semantics: barriers, divergent warps,
-// shuffles with explicit widths at warp size 32 and 64, votes, shared memory per block, atomics,
-// odd launch geometry, and kernel errors reported instead of hanging.
+// The CPU SIMT runtime (backends/simt) against CUDA's semantics: barriers, the warp-at-a-time
+// schedule, divergent warps, shuffles with explicit widths at warp size 32 and 64, votes, shared
+// memory per block, atomics, odd launch geometry, and kernel errors reported instead of hanging.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -200,6 +200,25 @@ __global__ void CT_LAUNCH_BOUNDS(2 * WARP) bounded(int* out) {
   out[blockIdx.x * per_block + threadIdx.y * blockDim.x + threadIdx.x] = 1;
 }
 
+// out is (gridDim.x, 4 blockDim.x): the warp of each thread in the order the threads pass two
+// points in each of two phases, before and after a shuffle, with a barrier between the phases.
+// (A plain counter in shared memory: the SIMT runtime runs a block's threads on one host thread.
+// The test is of the runtime's schedule; on a GPU the kernel would be a race.)
+template <int WARP>
+__global__ void CT_LAUNCH_BOUNDS(256) schedule_order(int* out) {
+  CT_CHECK_LAUNCH_BOUNDS(256);
+  CT_SHARED(int, next, 1);
+  const int w = static_cast<int>(threadIdx.x) / WARP;
+  int* o = out + blockIdx.x * 4 * blockDim.x;
+  if (threadIdx.x == 0) *next = 0;
+  __syncthreads();
+  for (int phase = 0; phase < 2; ++phase) {
+    o[(*next)++] = w;
+    o[(*next)++] = ct_shfl_xor(w, 1, WARP);  // the same warp's lane: w
+    __syncthreads();
+  }
+}
+
 // --- CUDA's shuffle rules, spelled out case by case ----------------------------------------------
 int expect(int kind, const std::vector<int>& in, int lane, int arg, int width, int members) {
   const int seg = lane / width * width;
@@ -293,6 +312,32 @@ TEST(SimtRuntime, BarriersOrderAPrefixScanOverFullSizeBlocks) {
                x.data(), out.data());
     EXPECT_EQ(out, want) << threads << " threads";
   }
+}
+
+// The schedule (simt.cpp, Block::next_ready): between two barriers one warp runs all its code,
+// collectives included, before the next starts; warps ascending in blocks whose x + y + z is even,
+// descending in the others, from the order's first after every barrier. So every warp's 2 WARP
+// passes of a phase come together, in that order, in both phases.
+TEST(SimtRuntime, WarpsRunOneAtATimeBetweenBarriersInTheBlocksOrder) {
+  Runtime rt(2);
+  auto check = [&](int warp, auto launch_it) {
+    const int threads = 4 * warp, blocks = 3;
+    std::vector<int> out(blocks * 4 * threads, -1);
+    launch_it(out.data(), blocks, threads);
+    for (int b = 0; b < blocks; ++b)
+      for (int i = 0; i < 4 * threads; ++i) {
+        const int pos = i % (2 * threads) / (2 * warp);  // the warp's place in the phase
+        const int want = b % 2 == 0 ? pos : 3 - pos;
+        ASSERT_EQ(out[b * 4 * threads + i], want)
+            << "warp " << warp << ", block " << b << ", pass " << i << " of the block";
+      }
+  };
+  check(32, [&](int* o, int blocks, int threads) {
+    launch<32>(CT_KERNEL(schedule_order<32>), dim3(blocks), dim3(threads), 0, &rt, o);
+  });
+  check(64, [&](int* o, int blocks, int threads) {
+    launch<64>(CT_KERNEL(schedule_order<64>), dim3(blocks), dim3(threads), 0, &rt, o);
+  });
 }
 
 TEST(SimtRuntime, DivergentLanesReconvergeForAShuffle) {
