@@ -658,8 +658,13 @@ class GpuDevice final : public Device {
     g.trans_b = trans_b;
     return g;
   }
-  // The library or the own kernel (the runtime decides), and under --profile which one ran.
-  void run_gemm(const GemmArgs& g) {
+  // The library or the own kernel (the runtime decides), and under --profile which one ran. The
+  // own kernels' split-k takes its partial products in the scratch memory.
+  void run_gemm(GemmArgs g) {
+    g.scratch = [](void* self, std::size_t bytes) {
+      return static_cast<GpuDevice*>(self)->scratch(bytes);
+    };
+    g.scratch_owner = this;
     if (!profiling_) return rt_->gemm(g);
     std::string path;
     rt_->gemm(g, &path);

@@ -36,6 +36,13 @@ struct Ctx {
   // fp32 products may take TF32 inputs (Device::set_allow_tf32, crosstrain train --tf32): the
   // tile flash attention then takes f32 at warp 32 (flash_attention_tc.cu).
   bool tf32 = false;
+  // Split-k of the own tensor-core GEMM (gemm_tc.cu) for products with too few block tiles to
+  // fill the device: 0 chooses from `multiprocessors` (CUDA, HIP: a property of the GPU, so a
+  // product's bits depend on its shape and the device only); n >= 1 takes n k ranges (as many as
+  // the product has 32-deep slices where that is fewer; 1: never). The SIMT runtime sets 1 (its
+  // multiprocessors is the host-thread count, which must not change bits); CT_GPU_SPLITK=n sets n
+  // on every target (gpu/runtime.h; tests, benchmarks).
+  int splitk = 0;
 };
 
 // --- elementwise.cu ------------------------------------------------------------------------
@@ -155,6 +162,11 @@ struct GemmArgs {
   // The own kernels give the bits of gemm() then gelu.cu's kernel (gelu_math.h).
   void* gelu_out = nullptr;
   const void* gelu_pre = nullptr;
+  // Device memory for the own kernels' split-k partial products: scratch(scratch_owner, bytes)
+  // returns `bytes`, valid for work enqueued before the next call (the device's stream-ordered
+  // scratch). nullptr: the own kernels do not split k.
+  void* (*scratch)(void* owner, std::size_t bytes) = nullptr;
+  void* scratch_owner = nullptr;
 };
 // The project's own GEMM: gemm_tc below where it takes g, else matmul.cu's tiled kernels (16-bit
 // inputs through the 64 x 64 matrix-tile kernel where the device runs tiles, else the scalar one).
@@ -171,6 +183,8 @@ std::string gemm_path(const Ctx& cx, const GemmArgs& g);
 // why not (a static string); gemm_tc throws std::invalid_argument with that reason.
 const char* gemm_tc_refusal(const Ctx& cx, const GemmArgs& g);
 void gemm_tc(const Ctx& cx, const GemmArgs& g);
+// The k ranges gemm_tc splits g into (1: none): see Ctx::splitk and gemm_tc.cu.
+int gemm_tc_splits(const Ctx& cx, const GemmArgs& g);
 // dbias [N] (+=) column sums of dout [M,N] (dout_elem), by a fixed tree over rows (workspace).
 std::size_t bias_backward_workspace(std::int64_t M, std::int64_t N);
 void bias_backward(const Ctx& cx, float* dbias, const void* dout, Elem dout_elem, std::int64_t M,

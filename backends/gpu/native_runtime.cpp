@@ -223,6 +223,7 @@ class NativeRuntime final : public gpu::Runtime {
     (void)CT_API(SetDevice)(index_);
     gpu::Ctx c{warp_, stream_, sms_};
     c.matrix_tiles = tiles_;
+    c.splitk = splitk_;
     c.tf32 = tf32_;
     return c;
   }
@@ -470,6 +471,7 @@ class NativeRuntime final : public gpu::Runtime {
   int sms_ = 1;
   int warp_ = 32;
   bool tiles_ = false;
+  int splitk_ = gpu::splitk_setting(0);
   bool tf32_ = false;  // set_allow_tf32 on a device with TF32 (Ctx::tf32)
   bool own_gemm_ = [] {
     const char* v = std::getenv("CT_GPU_GEMM");

@@ -156,4 +156,13 @@ inline bool matrix_tiles_setting(bool fallback) {
   return fallback;
 }
 
+// Ctx::splitk: CT_GPU_SPLITK=n (n >= 1) where set, else the runtime's default.
+inline int splitk_setting(int fallback) {
+  const char* v = std::getenv("CT_GPU_SPLITK");
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return *end == '\0' && n >= 1 && n <= 64 ? static_cast<int>(n) : fallback;
+}
+
 }  // namespace ct::gpu

@@ -77,6 +77,7 @@ class SimtRuntime final : public gpu::Runtime {
     c.stream = &stream_;
     c.multiprocessors = default_runtime().threads();
     c.matrix_tiles = tiles_;
+    c.splitk = splitk_;
     c.tf32 = tf32_;
     return c;
   }
@@ -178,6 +179,7 @@ class SimtRuntime final : public gpu::Runtime {
   // figures; tests/simt/mma_test.cpp and tests/ops/gemm_tc_test.cpp run the tile paths at both
   // warp sizes).
   bool tiles_ = gpu::matrix_tiles_setting(false);
+  int splitk_ = gpu::splitk_setting(1);  // never by the host-thread count (gpu/kernels.h)
   bool tf32_ = false;
   DeviceInfo info_;
   // This device's stream over the process-wide host threads: its captures are its own.

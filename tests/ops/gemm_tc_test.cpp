@@ -147,6 +147,32 @@ TEST_P(GemmTensorCores, OtherCallsTakeTheGeneralKernels) {
         "gemm_kernel (matmul.cu, scalar): f32 inputs");
 }
 
+// Split-k (CT_GPU_SPLITK=3: three k ranges where a batch-1 product has three 32-deep slices or
+// more; the partial products in the device's scratch memory, then their sum and the epilogue):
+// every transpose, alpha/beta/bias, f32 and 16-bit c, the last range shorter (K 200: 3+3+1
+// slices, K 136: 2+2+1) or ragged (K 72), one block tile and several; the same bits run after
+// run; a batch and a product of one slice do not split.
+TEST_P(GemmTensorCores, SplitKMatchesReference) {
+  tiled_ = open_device_with_env(
+      id(), {{"CT_GPU_TILES", "1"}, {"CT_GPU_GEMM", "own"}, {"CT_GPU_SPLITK", "3"}});
+  tiled_->set_profiling(true);
+  const std::string split = "gemm_tc_kernel (gemm_tc.cu, 128x128 tiles, split-k 3)";
+  const TcGemmCase cases[] = {
+      {1, 40, 24, 72, false, false, true, true, 1.0f, 0.0f, false, kBf, kF32, 31},
+      {1, 24, 40, 200, false, true, true, true, 0.5f, 0.25f, true, kF16, kF32, 32},
+      {1, 136, 16, 96, true, false, true, true, 1.0f, 1.0f, true, kBf, kBf, 33},
+      {1, 16, 136, 136, true, true, true, true, -1.5f, 0.5f, false, kF16, kF16, 34},
+      {1, 136, 144, 264, false, true, true, true, 1.0f, 1.0f, true, kBf, kF32, 35},
+  };
+  for (const TcGemmCase& c : cases) check(c, split);
+  EXPECT_TRUE(check(cases[1], split) == check(cases[1], split))
+      << cases[1].name() << " on " << id() << ": two runs differ";
+  check({3, 16, 24, 200, false, true, true, false, 1.0f, 0.0f, true, kBf, kF32, 36},
+        "gemm_tc_kernel (gemm_tc.cu, 128x128 tiles)  ");  // a batch: not split
+  check({1, 16, 24, 32, false, true, true, true, 1.0f, 0.0f, true, kBf, kF32, 37},
+        "gemm_tc_kernel (gemm_tc.cu, 128x128 tiles)  ");  // one slice: not split
+}
+
 CT_INSTANTIATE_DEVICE_SUITE(GemmTensorCores);
 
 }  // namespace

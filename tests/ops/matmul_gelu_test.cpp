@@ -274,6 +274,26 @@ TEST_P(MatmulGelu, OwnTileKernelsMatchUnfusedOps) {
   EXPECT_NO_THROW(tiled->synchronize());
 }
 
+// The same with split-k (CT_GPU_SPLITK=3): the epilogues run in the kernel that adds the ranges'
+// partial products, bit for bit against the unfused ops there (whose products split alike). K of
+// 3 and 5 slices (1+1+1, 2+2+1), rows of 16 bytes.
+TEST_P(MatmulGelu, OwnTileKernelsWithSplitKMatchUnfusedOps) {
+  if (!gpu_device_backend(GetParam().backend))
+    GTEST_SKIP() << "the own GEMM kernels' epilogues are the GPU devices'; " << id()
+                 << " is covered above";
+  std::unique_ptr<Device> tiled = open_device_with_env(
+      id(), {{"CT_GPU_TILES", "1"}, {"CT_GPU_GEMM", "own"}, {"CT_GPU_SPLITK", "3"}});
+  tiled->set_profiling(true);
+  for (DType dt : {DType::f16, DType::bf16})
+    for (const Case& c : {Case{40, 48, 96, false, true, 6}, Case{24, 136, 136, true, false, 7}})
+      expect_matches_unfused(*tiled, c, dt, id() + " with tiles and split-k");
+  const std::string report = tiled->profile_report();
+  for (const char* path : {"matmul_bias_gelu: own", "matmul_gelu_backward: own",
+                           "gemm_tc_kernel (gemm_tc.cu, 128x128 tiles, split-k 3)"})
+    EXPECT_NE(report.find(path), std::string::npos) << path << " not in\n" << report;
+  EXPECT_NO_THROW(tiled->synchronize());
+}
+
 CT_INSTANTIATE_DEVICE_SUITE(MatmulGelu);
 
 // The reference's fused ops against fp64: out = gelu(pre) of the pre it stored, dpre = g

@@ -169,4 +169,116 @@ TEST(SimtMatrixTile, TensorCoreGemmEqualsTheScalarKernelBitForBit) {
       }
 }
 
+// Split-k (gemm_tc.cu): with Ctx::splitk = S and scratch memory, a batch-1 product is S k ranges
+// of whole 32-deep slices (the last one shorter), each summed in order from 0 into an f32 partial
+// product, the partials added in order (p0 + p1 + ...), then alpha, beta c, the bias, as the
+// unsplit kernel's epilogue. Bit for bit against that computed here, at warp 32 and 64: every
+// layout, ranges of one slice and of several, a ragged last slice, several block tiles, f32 and
+// 16-bit c; and the split count gemm_tc_splits reports. Automatic (Ctx::splitk 0) on an H100's
+// 132 multiprocessors: gpt2's weight gradients split, its forward products of short k do not.
+TEST(SimtMatrixTile, SplitKAddsTheRangesPartialProductsInOrder) {
+  ct::simt::Runtime rt(2);
+  std::mt19937 rng(7);
+  std::vector<float> scratch;
+  auto provide = [](void* owner, std::size_t bytes) -> void* {
+    auto& v = *static_cast<std::vector<float>*>(owner);
+    v.assign(bytes / sizeof(float), NAN);  // what a range leaves unwritten shows
+    return v.data();
+  };
+  struct SplitCase {
+    Case c;
+    int splits, want;  // Ctx::splitk, the ranges it gives
+  };
+  const SplitCase cases[] = {
+      {{1, 40, 24, 72, false, false, 1, 0, false, false}, 3, 3},        // 1+1+1 slices, ragged
+      {{1, 24, 40, 200, false, true, 0.5f, 0.25f, true, false}, 3, 3},  // 3+3+1
+      {{1, 136, 16, 96, true, false, 1, 1, true, true}, 2, 2},          // 2+1
+      {{1, 16, 136, 104, true, true, -1.5f, 0.5f, false, true}, 4, 4},  // 1+1+1+1
+      {{1, 136, 144, 264, false, true, 1, 1, true, false}, 5, 5},       // 2+2+2+2+1
+      {{1, 8, 8, 40, false, false, 1, 0, false, false}, 4, 2},          // 2 slices: 2 ranges
+  };
+  for (Elem e : {Elem::kF16, Elem::kBF16})
+    for (const SplitCase& sc : cases)
+      for (int warp : {32, 64}) {
+        const Case& c = sc.c;
+        const std::string what = name(c, e, warp) + " split-k " + std::to_string(sc.splits);
+        std::uniform_real_distribution<float> u(-1, 1);
+        std::vector<std::uint16_t> a(c.M * c.K), b(c.K * c.N);
+        for (auto& v : a) v = to16(e, u(rng));
+        for (auto& v : b) v = to16(e, u(rng));
+        std::vector<float> bias(c.N), c0(c.M * c.N);
+        for (auto& v : bias) v = u(rng);
+        for (auto& v : c0) v = c.c16 ? from16(e, to16(e, u(rng))) : u(rng);
+        std::vector<unsigned char> out(c0.size() * (c.c16 ? 2 : 4));
+        for (std::size_t i = 0; i < c0.size(); ++i) {
+          if (c.c16) {
+            const std::uint16_t h = to16(e, c0[i]);
+            std::memcpy(&out[2 * i], &h, 2);
+          } else {
+            std::memcpy(&out[4 * i], &c0[i], 4);
+          }
+        }
+        ct::gpu::GemmArgs g;
+        g.c = out.data(), g.a = a.data(), g.b = b.data(), g.bias = c.bias ? bias.data() : nullptr;
+        g.ab_elem = e, g.c_elem = c.c16 ? e : Elem::kF32;
+        g.M = c.M, g.N = c.N, g.K = c.K, g.stride_a = c.M * c.K, g.stride_b = c.K * c.N;
+        g.stride_c = c.M * c.N, g.trans_a = c.ta, g.trans_b = c.tb;
+        g.alpha = c.alpha, g.beta = c.beta;
+        g.scratch = provide, g.scratch_owner = &scratch;
+        ct::gpu::Ctx cx;
+        cx.warp = warp, cx.stream = &rt, cx.matrix_tiles = true, cx.splitk = sc.splits;
+        ASSERT_EQ(ct::gpu::gemm_tc_splits(cx, g), sc.want) << what;
+        ASSERT_EQ(ct::gpu::gemm_path(cx, g), "gemm_tc_kernel (gemm_tc.cu, 128x128 tiles, split-k " +
+                                                 std::to_string(sc.want) + ")")
+            << what;
+        ct::gpu::gemm(cx, g);
+        const std::int64_t slices = (c.K + 31) / 32, per = (slices + sc.want - 1) / sc.want;
+        for (std::int64_t m = 0; m < c.M; ++m)
+          for (std::int64_t n = 0; n < c.N; ++n) {
+            float r = 0;
+            for (std::int64_t k0 = 0; k0 < c.K; k0 += per * 32) {
+              float p = 0;
+              for (std::int64_t k = k0; k < std::min(c.K, k0 + per * 32); ++k)
+                p += from16(e, a[c.ta ? k * c.M + m : m * c.K + k]) *
+                     from16(e, b[c.tb ? n * c.K + k : k * c.N + n]);
+              r = k0 == 0 ? p : r + p;
+            }
+            const std::int64_t at = m * c.N + n;
+            float want = c.alpha * r;
+            if (c.beta != 0) want += c.beta * c0[at];
+            if (c.bias) want += c.c16 ? from16(e, to16(e, bias[n])) : bias[n];
+            if (c.c16) {
+              std::uint16_t h;
+              std::memcpy(&h, &out[2 * at], 2);
+              ASSERT_EQ(h, to16(e, want)) << what << " at " << m << "," << n;
+            } else {
+              float got;
+              std::memcpy(&got, &out[4 * at], 4);
+              ASSERT_EQ(ct::gpu::f32_bits(got), ct::gpu::f32_bits(want))
+                  << what << " at " << m << "," << n << ": " << got << " vs " << want;
+            }
+          }
+      }
+
+  // Automatic: the cost model's choice for 264 blocks at once (132 multiprocessors), ranges of
+  // >= 8 slices, at most 16 (the values follow from split_k's formula, worked by hand for the
+  // first: 36 tiles x 7 = 252 blocks, one wave of 37-slice ranges).
+  ct::gpu::Ctx h100;
+  h100.multiprocessors = 132, h100.matrix_tiles = true;
+  auto splits_of = [&](std::int64_t M, std::int64_t N, std::int64_t K) {
+    ct::gpu::GemmArgs g;
+    g.ab_elem = g.c_elem = Elem::kBF16;
+    g.M = M, g.N = N, g.K = K;
+    g.scratch = provide, g.scratch_owner = &scratch;
+    return ct::gpu::gemm_tc_splits(h100, g);
+  };
+  EXPECT_EQ(splits_of(768, 768, 8192), 7);   // attn proj dW: 36 tiles
+  EXPECT_EQ(splits_of(768, 2304, 8192), 2);  // qkv dW: 108 tiles
+  EXPECT_EQ(splits_of(768, 3072, 8192), 5);  // fc dW: 144 tiles
+  EXPECT_EQ(splits_of(8192, 768, 768), 1);   // attn proj forward: 384 tiles, short k
+  EXPECT_EQ(splits_of(8192, 2304, 768), 1);  // qkv forward
+  EXPECT_EQ(splits_of(768, 768, 1024), 4);   // 32 slices: at most 4 ranges of 8
+  EXPECT_EQ(splits_of(128, 128, 200), 1);    // 7 slices: no range of 8 to spare
+}
+
 }  // namespace

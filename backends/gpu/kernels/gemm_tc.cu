@@ -37,6 +37,11 @@
 // the SIMT runtime the matrix instructions sum in that order, so there the results are the
 // scalar kernel's bits (tests/simt/mma_test.cpp holds them to it at warp 32 and 64); tensor
 // cores and MFMA units sum a tile's k in their own order.
+//
+// Split-k (split_k below): a batch-1 product with few block tiles and long k may run as s k
+// ranges (grid y), each summed in order into an f32 partial product in the device's scratch
+// memory, then gemm_tc_splitk_sum_kernel adds the partials in order and applies the epilogue:
+// k 0 .. K-1 becomes (range 0) + (range 1) + ..., the same for a shape on a device every run.
 #include <climits>
 #include <string>
 
@@ -117,19 +122,20 @@ struct Stager {
   int dst;                    // the first chunk's place in a staged slice
 
   // extent: the operand's length along m or n; K its depth; mn0 the block's first row or column.
+  // The first slice issued is the one at k = kb (a multiple of kBK: a split-k range's start).
   __device__ __forceinline__ Stager(const std::uint16_t* src, std::int64_t ld_, std::int64_t extent,
-                                    std::int64_t K, std::int64_t mn0, int tid)
+                                    std::int64_t K, std::int64_t mn0, int tid, std::int64_t kb)
       : base(src), ld(ld_) {
     const int rr = tid / kChunks, cc = tid % kChunks;
     dst = rr * (COLS + kPad) + 8 * cc;
     in_mn = 0;
     if constexpr (KCOLS) {
-      off = (mn0 + rr) * ld + 8 * cc;
+      off = (mn0 + rr) * ld + kb + 8 * cc;
       lim = K - 8 * cc;
       for (int r = 0; r < kRounds; ++r)
         in_mn |= static_cast<unsigned>(mn0 + rr + r * kRowsPer < extent) << r;
     } else {
-      off = rr * ld + mn0 + 8 * cc;
+      off = (kb + rr) * ld + mn0 + 8 * cc;
       lim = K - rr;
       in_mn = mn0 + 8 * cc < extent ? ~0u : 0u;
     }
@@ -230,14 +236,17 @@ __device__ __forceinline__ void mma_frags(
 // c (batch, M, N) f32 (c32) or AB; a (M, K) or with TA (K, M), b (K, N) or with TB (N, K), of
 // element AB, rows 16-byte aligned (gemm_tc_refusal); bias (N) f32 or nullptr, added as AB
 // rounds it where c is AB (!c32). Block x of the grid is block tile (tm, tn) in kGroupM-row
-// groups (tiles_m x tiles_n tiles), block z batch element z_base + z. Cfg<WARP>::kSmemBytes of
-// dynamic shared memory.
+// groups (tiles_m x tiles_n tiles), block y split-k range y (k from y k_len, k_len a multiple of
+// kBK), block z batch element z_base + z. part: nullptr, or (batch 1, split-k) the f32 partial
+// products part[y][M][N] of the ranges, stored as summed (no epilogue: gemm_tc_splitk_sum_kernel
+// adds them in order and applies it). Cfg<WARP>::kSmemBytes of dynamic shared memory.
 template <int WARP, typename AB, bool TA, bool TB>
 __global__ void CT_LAUNCH_BOUNDS(Cfg<WARP>::kThreads)
     gemm_tc_kernel(void* c, const void* a, const void* b, const float* bias, void* gelu_out,
                    const void* gelu_pre, bool c32, std::int64_t M, std::int64_t N, std::int64_t K,
                    std::int64_t stride_a, std::int64_t stride_b, std::int64_t stride_c, float alpha,
-                   float beta, std::int64_t tiles_m, std::int64_t tiles_n, std::int64_t z_base) {
+                   float beta, std::int64_t tiles_m, std::int64_t tiles_n, std::int64_t z_base,
+                   std::int64_t k_len, float* part) {
   CT_CHECK_LAUNCH_BOUNDS(Cfg<WARP>::kThreads);
   using C = Cfg<WARP>;
   using L = typename C::L;
@@ -271,18 +280,21 @@ __global__ void CT_LAUNCH_BOUNDS(Cfg<WARP>::kThreads)
   // pending means slice s + 1 has landed; the barrier makes that so for every thread's copies.
   // Fragments alternate between f0 and f1: a step's mma instructions go while the next step's
   // fragments load (the next slice's first step, after the barrier, at the last step).
-  const std::int64_t slices = (K + kBK - 1) / kBK;
+  // This block's k range: [kb, ke), slices of it from kb.
+  const std::int64_t kb = static_cast<std::int64_t>(blockIdx.y) * k_len;
+  const std::int64_t ke = K - kb < k_len ? K : kb + k_len;
+  const std::int64_t slices = ke > kb ? (ke - kb + kBK - 1) / kBK : 0;
   auto stage_at = [&](int st) { return smem + st * 2 * kSlice; };
   const int tid = static_cast<int>(threadIdx.x);
   // a (M, K) / (K, M), b^T (N, K) / b (K, N): the stored operands' rows of one slice.
-  Stager<TA ? kBK : kBM, TA ? kBM : kBK, C::kThreads, !TA> sa(ga, TA ? M : K, M, K, m0, tid);
-  Stager<TB ? kBN : kBK, TB ? kBK : kBN, C::kThreads, TB> sb(gb, TB ? K : N, N, K, n0, tid);
+  Stager<TA ? kBK : kBM, TA ? kBM : kBK, C::kThreads, !TA> sa(ga, TA ? M : K, M, K, m0, tid, kb);
+  Stager<TB ? kBN : kBK, TB ? kBK : kBN, C::kThreads, TB> sb(gb, TB ? K : N, N, K, n0, tid, kb);
   auto stage_slice = [&](int st, std::int64_t k0) {
     sa.issue(stage_at(st), k0);
     sb.issue(stage_at(st) + kSlice, k0);
   };
   for (int p = 0; p < S - 1; ++p) {
-    if (p < slices) stage_slice(p, p * kBK);
+    if (p < slices) stage_slice(p, kb + p * kBK);
     ct_cp_async_commit();
   }
   ct_cp_async_wait<S - 2>();
@@ -296,7 +308,7 @@ __global__ void CT_LAUNCH_BOUNDS(Cfg<WARP>::kThreads)
     for (int step = 0; step < C::kSteps; step += 2) {
       load_frags<WARP, TA, TB>(f1, stage_at(rd), step + 1, wm, wn, lane);
       if (step == 0) {
-        if (s + S - 1 < slices) stage_slice(wr, (s + S - 1) * kBK);
+        if (s + S - 1 < slices) stage_slice(wr, kb + (s + S - 1) * kBK);
         ct_cp_async_commit();
       }
       mma_frags<WARP, AB>(acc, f0);
@@ -314,6 +326,18 @@ __global__ void CT_LAUNCH_BOUNDS(Cfg<WARP>::kThreads)
   }
   ct_cp_async_wait<0>();  // the empty groups past the end
 
+  if (part) {  // a split-k range: its partial product as summed
+    float* pr = part + static_cast<std::int64_t>(blockIdx.y) * M * N;
+    CT_GEMM_UNROLL_ACC
+    for (int i = 0; i < TI; ++i) CT_GEMM_UNROLL_ACC
+    for (int j = 0; j < TJ; ++j) CT_GEMM_UNROLL_ACC
+    for (int e = 0; e < L::NC; ++e) {
+      const std::int64_t m = m0 + wm + i * L::TM + L::c_row(lane, e);
+      const std::int64_t n = n0 + wn + j * L::TN + L::c_col(lane, e);
+      if (m < M && n < N) pr[m * N + n] = acc[i][j][e];
+    }
+    return;
+  }
   const std::int64_t c_off = z * stride_c;
   CT_GEMM_UNROLL_ACC
   for (int i = 0; i < TI; ++i) CT_GEMM_UNROLL_ACC
@@ -345,10 +369,77 @@ __global__ void CT_LAUNCH_BOUNDS(Cfg<WARP>::kThreads)
       }
 }
 
+constexpr int kSumThreads = 256;
+
+// c (M, N) (f32 where c32, else AB) = the epilogue (as gemm_tc_kernel's) of the sum of the
+// `splits` partial products part[s][M][N], added in order s = 0, 1, ...
+template <int WARP, typename AB>
+__global__ void CT_LAUNCH_BOUNDS(kSumThreads)
+    gemm_tc_splitk_sum_kernel(void* c, const float* part, int splits, const float* bias,
+                              void* gelu_out, const void* gelu_pre, bool c32, std::int64_t M,
+                              std::int64_t N, float alpha, float beta) {
+  CT_CHECK_LAUNCH_BOUNDS(kSumThreads);
+  const std::int64_t MN = M * N;
+  CT_FOR_EACH_ELEMENT(at, MN, kSumThreads) {
+    float acc = part[at];
+    for (int s = 1; s < splits; ++s) acc += part[s * MN + at];
+    const std::int64_t n = at % N;
+    float r = alpha * acc;
+    if (beta != 0.0f) r += beta * (c32 ? F32::load(c, at) : AB::load(c, at));
+    if (bias) r += c32 ? bias[n] : AB::rounded(bias[n]);
+    if (c32) {
+      F32::store(c, at, r);
+      if (gelu_out || gelu_pre) gemm_gelu_pass<F32>(c, at, gelu_out, gelu_pre);
+    } else {
+      AB::store(c, at, r);
+      if (gelu_out || gelu_pre) gemm_gelu_pass<AB>(c, at, gelu_out, gelu_pre);
+    }
+  }
+}
+
+// Split-k: [splits, k_len] for g (k_len a multiple of kBK; splits 1 and k_len >= K: none). Only
+// batch-1 products with a scratch provider split. Every range but the last has the same whole
+// number of slices. Ctx::splitk n >= 1: n ranges (fewer where there are fewer slices). Automatic
+// (Ctx::splitk 0), for the products with few block tiles and long k (the weight gradients): the
+// number s of ranges, 1 to 16 of at least 8 slices each, that costs least in a model of a GPU
+// running 2 blocks a multiprocessor (`fill` at once) in waves: waves(s) x a range's k, against
+// the partial products' round trip through memory (written and read once, 8 s M N bytes) at
+// kFlopPerByte FLOP a byte (a tensor-core rate over the memory bandwidth: ~90 on an H100 at
+// 300 TFLOP/s and 3.35 TB/s). The same s for a shape on a device, run after run.
+struct SplitK {
+  int splits;
+  std::int64_t k_len;
+};
+constexpr double kFlopPerByte = 100;
+SplitK split_k(const Ctx& cx, const GemmArgs& g) {
+  const std::int64_t slices = (g.K + kBK - 1) / kBK;
+  const SplitK none{1, slices * kBK > g.K ? slices * kBK : g.K};
+  if (g.batch != 1 || !g.scratch || slices < 2) return none;
+  std::int64_t want = cx.splitk;
+  if (want == 0) {
+    const std::int64_t tiles = ((g.M + kBM - 1) / kBM) * ((g.N + kBN - 1) / kBN);
+    const std::int64_t fill = 2 * static_cast<std::int64_t>(cx.multiprocessors);
+    const std::int64_t most = slices / 8 < 16 ? slices / 8 : 16;
+    double best = 0;
+    for (std::int64_t s = 1; s <= (most > 1 ? most : 1); ++s) {
+      const std::int64_t per = (slices + s - 1) / s;
+      const std::int64_t waves = (tiles * s + fill - 1) / fill;
+      const double cost = static_cast<double>(waves) * 2.0 * kBM * kBN * per * kBK * fill +
+                          (s > 1 ? kFlopPerByte * 8.0 * s * g.M * g.N : 0.0);
+      if (s == 1 || cost < best) best = cost, want = s;
+    }
+  }
+  if (want > slices) want = slices;
+  if (want <= 1) return none;
+  const std::int64_t per = (slices + want - 1) / want;  // slices a range
+  return SplitK{static_cast<int>((slices + per - 1) / per), per * kBK};
+}
+
 template <int W, typename AB, bool TA, bool TB>
 void gemm_tc_launch(const Ctx& cx, const GemmArgs& g) {
   const std::int64_t tiles_m = (g.M + kBM - 1) / kBM, tiles_n = (g.N + kBN - 1) / kBN;
   constexpr std::size_t kBytes = Cfg<W>::kSmemBytes;
+  const SplitK sk = split_k(cx, g);
 #if defined(CT_GPU_CUDA)
   // Past 48 KiB a kernel takes dynamic shared memory only when asked (per device: every call).
   const cudaError_t e = cudaFuncSetAttribute(gemm_tc_kernel<W, AB, TA, TB>,
@@ -357,14 +448,29 @@ void gemm_tc_launch(const Ctx& cx, const GemmArgs& g) {
     throw std::runtime_error(std::string("gemm_tc: cudaFuncSetAttribute failed: ") +
                              cudaGetErrorString(e));
 #endif
+  const bool c32 = g.c_elem == Elem::kF32;
+  if (sk.splits > 1) {  // batch 1: the ranges' partial products, then their sum and the epilogue
+    auto* part = static_cast<float*>(g.scratch(
+        g.scratch_owner, static_cast<std::size_t>(sk.splits) * g.M * g.N * sizeof(float)));
+    const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(sk.splits));
+    launch<W>(CT_KERNEL(gemm_tc_kernel<W, AB, TA, TB>), grid, dim3(Cfg<W>::kThreads), kBytes,
+              stream_of(cx), g.c, g.a, g.b, g.bias, g.gelu_out, g.gelu_pre, c32, g.M, g.N, g.K,
+              g.stride_a, g.stride_b, g.stride_c, g.alpha, g.beta, tiles_m, tiles_n,
+              std::int64_t{0}, sk.k_len, part);
+    launch<W>(CT_KERNEL(gemm_tc_splitk_sum_kernel<W, AB>),
+              dim3(grid_for(cx, g.M * g.N, kSumThreads)), dim3(kSumThreads), 0, stream_of(cx), g.c,
+              static_cast<const float*>(part), sk.splits, g.bias, g.gelu_out, g.gelu_pre, c32, g.M,
+              g.N, g.alpha, g.beta);
+    return;
+  }
   // Grid z is limited to 65535 on every target: batches go in slices.
   for (std::int64_t z0 = 0; z0 < g.batch; z0 += 65535) {
     const std::int64_t zs = g.batch - z0 < 65535 ? g.batch - z0 : 65535;
     const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), 1, static_cast<unsigned>(zs));
     launch<W>(CT_KERNEL(gemm_tc_kernel<W, AB, TA, TB>), grid, dim3(Cfg<W>::kThreads), kBytes,
-              stream_of(cx), g.c, g.a, g.b, g.bias, g.gelu_out, g.gelu_pre, g.c_elem == Elem::kF32,
-              g.M, g.N, g.K, g.stride_a, g.stride_b, g.stride_c, g.alpha, g.beta, tiles_m, tiles_n,
-              z0);
+              stream_of(cx), g.c, g.a, g.b, g.bias, g.gelu_out, g.gelu_pre, c32, g.M, g.N, g.K,
+              g.stride_a, g.stride_b, g.stride_c, g.alpha, g.beta, tiles_m, tiles_n, z0, sk.k_len,
+              static_cast<float*>(nullptr));
   }
 }
 
@@ -386,6 +492,10 @@ const char* gemm_tc_refusal(const Ctx& cx, const GemmArgs& g) {
   const std::int64_t tiles_n = g.N > 0 ? (g.N + kBN - 1) / kBN : 1;
   if ((g.M + kBM - 1) / kBM > INT_MAX / tiles_n) return "more block tiles than a grid holds";
   return nullptr;
+}
+
+int gemm_tc_splits(const Ctx& cx, const GemmArgs& g) {
+  return g.M > 0 && g.N > 0 ? split_k(cx, g).splits : 1;
 }
 
 void gemm_tc(const Ctx& cx, const GemmArgs& g) {

@@ -313,7 +313,12 @@ void gemm(const Ctx& cx, const GemmArgs& g) {
 
 std::string gemm_path(const Ctx& cx, const GemmArgs& g) {
   const char* no = gemm_tc_refusal(cx, g);
-  if (!no) return "gemm_tc_kernel (gemm_tc.cu, 128x128 tiles)";
+  if (!no) {
+    const int splits = gemm_tc_splits(cx, g);
+    return splits > 1 ? "gemm_tc_kernel (gemm_tc.cu, 128x128 tiles, split-k " +
+                            std::to_string(splits) + ")"
+                      : "gemm_tc_kernel (gemm_tc.cu, 128x128 tiles)";
+  }
   if (g.ab_elem != Elem::kF32 && cx.matrix_tiles)
     return std::string("gemm_tile_kernel (matmul.cu, 64x64 tiles): ") + no;
   return std::string("gemm_kernel (matmul.cu, scalar): ") + no;
