@@ -245,9 +245,12 @@ CT_MFMA(ct_mfma_16x16x16_bf16, 4, __builtin_amdgcn_mfma_f32_16x16x16bf16_1k, sho
 //   ct_cp_async_commit()             closes this thread's group of copies issued so far
 //   ct_cp_async_wait<N>()            waits until at most N of this thread's groups are pending
 // The copies are visible to other threads after the wait and a __syncthreads, as on hardware.
-// Everywhere else (the SIMT runtime, HIP, CUDA before sm_80) the copy is a plain 16-byte load and
-// store at the call, and commit and wait do nothing: a kernel written for the asynchronous form
-// computes the same there, since every copy is complete before any wait could return.
+// The SIMT runtime lands each copy as late as the hardware may: at the wait that retires its
+// group (ct::simt::async_copy_16, simt.h), so a kernel that reads a staged tile before waiting
+// for it, or waits for the wrong group, reads stale shared memory in the tests. Elsewhere (HIP,
+// CUDA before sm_80) the copy is a plain 16-byte load and store at the call, and commit and wait
+// do nothing: a kernel written for the asynchronous form computes the same there, since every
+// copy is complete before any wait could return.
 namespace ct::gpu::matrix_detail {
 struct alignas(16) Bytes16 {
   std::uint32_t w[4];
@@ -266,6 +269,17 @@ __device__ __forceinline__ void ct_cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void ct_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+#elif defined(CT_GPU_SIMT)
+inline void ct_cp_async_16(void* dst, const void* src, int bytes) {
+  ::ct::simt::async_copy_16(dst, src, bytes);
+}
+inline void ct_cp_async_commit() {
+  ::ct::simt::async_commit();
+}
+template <int N>
+void ct_cp_async_wait() {
+  ::ct::simt::async_wait(N);
 }
 #else
 __device__ __forceinline__ void ct_cp_async_16(void* dst, const void* src, int bytes) {

@@ -132,6 +132,14 @@ struct Fiber : Lane {
   bool started = false;  // has (or had) an execution context: see Block::start
   int linear = 0;
   std::source_location at;  // where it waits
+  // cp.async (async_copy_16): copies issued and not landed, in issue order, and the end (in
+  // `copies`) of each committed group not yet retired.
+  struct Copy {
+    void* dst;
+    unsigned char bytes[16];
+  };
+  std::vector<Copy> copies;
+  std::vector<std::size_t> groups;
 };
 
 struct Warp {
@@ -359,6 +367,8 @@ void Block::run(std::size_t index) {
     f.linear = i;
     f.state = State::kReady;
     f.started = false;
+    f.copies.clear();
+    f.groups.clear();
   }
   // On any exit, suspended fibers are unwound and their stacks go back to the cache.
   struct Cleanup {
@@ -577,6 +587,43 @@ void* dynamic_shared() {
   Block& b = *current().block;
   return b.cfg->shared_bytes ? b.arena.data() : nullptr;
 }
+
+}  // namespace detail
+
+void async_copy_16(void* dst, const void* src, int bytes) {
+  detail::Fiber& f = detail::current();
+  detail::Block& b = *f.block;
+  const auto* d = static_cast<const std::byte*>(dst);
+  if (d < b.arena.data() || d + 16 > b.arena.data() + b.arena.size() ||
+      reinterpret_cast<std::uintptr_t>(dst) % 16 != 0)
+    b.fail(b.thread_str(f) +
+           ": cp.async (ct_cp_async_16) to an address outside the block's "
+           "shared memory or not 16-byte aligned");
+  if (bytes != 0 && bytes != 16)
+    b.fail(b.thread_str(f) + ": cp.async (ct_cp_async_16) of " + std::to_string(bytes) +
+           " bytes (16, or 0 for zeros)");
+  detail::Fiber::Copy c{dst, {}};
+  if (bytes) std::memcpy(c.bytes, src, 16);
+  f.copies.push_back(c);
+}
+
+void async_commit() {
+  detail::Fiber& f = detail::current();
+  f.groups.push_back(f.copies.size());
+}
+
+void async_wait(int pending) {
+  detail::Fiber& f = detail::current();
+  const std::size_t n = f.groups.size();
+  if (pending < 0 || n <= static_cast<std::size_t>(pending)) return;
+  const std::size_t retire = n - static_cast<std::size_t>(pending), end = f.groups[retire - 1];
+  for (std::size_t i = 0; i < end; ++i) std::memcpy(f.copies[i].dst, f.copies[i].bytes, 16);
+  f.copies.erase(f.copies.begin(), f.copies.begin() + static_cast<std::ptrdiff_t>(end));
+  f.groups.erase(f.groups.begin(), f.groups.begin() + static_cast<std::ptrdiff_t>(retire));
+  for (std::size_t& g : f.groups) g -= end;
+}
+
+namespace detail {
 
 namespace {
 struct LaunchJob {

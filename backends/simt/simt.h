@@ -130,6 +130,17 @@ inline std::uint64_t ballot(bool p,
   return detail::warp_collective(Shuffle::kBallot, p, 0, 0, where);
 }
 
+// Asynchronous 16-byte copies into shared memory (matrix_ops.h's ct_cp_async_*, PTX cp.async),
+// as late as the hardware may complete them: a copy reads its source (or takes zeros, bytes 0)
+// when issued and lands in shared memory only when this thread's async_wait(pending) retires the
+// group it was committed in (every group but the newest `pending`); copies not committed when a
+// wait comes stay pending, and those still pending when the thread returns never land. So a
+// kernel that reads a staged tile before its wait, or waits for the wrong group, reads what was
+// there before. The destination must be 16 bytes of the block's shared memory, 16-byte aligned.
+void async_copy_16(void* dst, const void* src, int bytes);
+void async_commit();
+void async_wait(int pending);
+
 // Warp-collective matrix instructions (backends/simt/matrix.cpp): every lane of a full warp
 // arrives with pointers to its registers, the last one to arrive computes the instruction over
 // all lanes' fragments (layouts: backends/gpu/matrix_layouts.h) and each lane leaves with its

@@ -5,7 +5,8 @@
 // lane, item) -- and the instructions are probed through the runtime: one-hot A and B elements
 // say which element each lane's register is taken as, a coded product says where each D element
 // lands. Then whole products against a plain triple loop, the portable forms (HIP, older CUDA)
-// against the collectives, ldmatrix's registers, and the misuse the runtime reports.
+// against the collectives, ldmatrix's registers, cp.async's landing at the wait, and the misuse
+// the runtime reports.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -641,6 +642,76 @@ TEST(SimtMatrixCollectives, MisuseIsReportedNamingTheKernel) {
   EXPECT_NE(e.find("lane 3's row address (row 3 of matrix 0) is not 16-byte aligned"),
             std::string::npos)
       << e;
+}
+
+// --- cp.async: copies land when a wait retires their group -----------------------------------
+
+// out (blockDim.x, 7): what thread t reads of its own shared slots along the way. Slot 0 gets
+// a[t]'s 16 bytes (group 1), slot 1 b[t]'s (group 2), slot 2 zeros (not yet committed); all
+// three hold 0xaaaaaaaa before.
+__global__ void CT_LAUNCH_BOUNDS(64)
+    async_copies(const std::uint32_t* a, const std::uint32_t* b, std::uint32_t* out) {
+  CT_CHECK_LAUNCH_BOUNDS(64);
+  CT_SHARED(std::uint32_t, slots, 64 * 12);
+  const int t = threadIdx.x;
+  std::uint32_t* s = slots + 12 * t;
+  std::uint32_t* o = out + 7 * t;
+  for (int i = 0; i < 12; ++i) s[i] = 0xaaaaaaaau;
+  ct_cp_async_16(s, a + 4 * t, 16);
+  ct_cp_async_commit();
+  ct_cp_async_16(s + 4, b + 4 * t, 16);
+  ct_cp_async_commit();
+  ct_cp_async_16(s + 8, a + 4 * t, 0);
+  o[0] = s[0], o[1] = s[4];  // nothing landed
+  ct_cp_async_wait<1>();
+  o[2] = s[0], o[3] = s[4];  // group 1 landed, group 2 not
+  ct_cp_async_wait<0>();
+  o[4] = s[4], o[5] = s[8];  // group 2 landed; the uncommitted zeros not
+  ct_cp_async_commit();
+  ct_cp_async_wait<0>();
+  o[6] = s[8] | s[9] | s[10] | s[11];  // zeros
+}
+
+template <int MODE>
+__global__ void CT_LAUNCH_BOUNDS(32) bad_async_copy(const std::uint32_t* a, std::uint32_t* global) {
+  CT_CHECK_LAUNCH_BOUNDS(32);
+  CT_SHARED(std::uint32_t, s, 32 * 4 + 1);
+  const int t = threadIdx.x;
+  if (MODE == 0) ct_cp_async_16(global + 4 * t, a + 4 * t, 16);  // global memory
+  if (MODE == 1) ct_cp_async_16(s + 4 * t + 1, a + 4 * t, 16);   // not 16-byte aligned
+  if (MODE == 2) ct_cp_async_16(s + 4 * t, a + 4 * t, 8);        // 8 bytes
+}
+
+TEST(SimtMatrixCollectives, AsyncCopiesLandWhenAWaitRetiresTheirGroup) {
+  ct::simt::Runtime rt(2);
+  const int threads = 64;
+  std::vector<std::uint32_t> a(4 * threads), b(4 * threads), out(7 * threads, 0);
+  for (int i = 0; i < 4 * threads; ++i) a[i] = 0x10000u + i, b[i] = 0x20000u + i;
+  launch<32>(CT_KERNEL(async_copies), dim3(1), dim3(threads), 0, &rt, a.data(), b.data(),
+             out.data());
+  for (int t = 0; t < threads; ++t) {
+    const std::uint32_t* o = &out[7 * t];
+    const std::uint32_t want[7] = {0xaaaaaaaau, 0xaaaaaaaau, a[4 * t], 0xaaaaaaaau,
+                                   b[4 * t],    0xaaaaaaaau, 0u};
+    for (int i = 0; i < 7; ++i) EXPECT_EQ(o[i], want[i]) << "thread " << t << ", read " << i;
+  }
+
+  std::vector<std::uint32_t> global(4 * 32);
+  std::string e = error_of([&] {
+    launch<32>(CT_KERNEL(bad_async_copy<0>), dim3(1), dim3(32), 0, &rt, a.data(), global.data());
+  });
+  EXPECT_NE(e.find("simt: kernel bad_async_copy<0>"), std::string::npos) << e;
+  EXPECT_NE(e.find("outside the block's shared memory or not 16-byte aligned"), std::string::npos)
+      << e;
+  e = error_of([&] {
+    launch<32>(CT_KERNEL(bad_async_copy<1>), dim3(1), dim3(32), 0, &rt, a.data(), global.data());
+  });
+  EXPECT_NE(e.find("outside the block's shared memory or not 16-byte aligned"), std::string::npos)
+      << e;
+  e = error_of([&] {
+    launch<32>(CT_KERNEL(bad_async_copy<2>), dim3(1), dim3(32), 0, &rt, a.data(), global.data());
+  });
+  EXPECT_NE(e.find("cp.async (ct_cp_async_16) of 8 bytes"), std::string::npos) << e;
 }
 
 }  // namespace
