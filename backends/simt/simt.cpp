@@ -193,7 +193,15 @@ struct Block {
   }
   std::size_t dynamic_region() const { return (cfg->shared_bytes + 63) & ~std::size_t{63}; }
   void run(std::size_t index);
-  Fiber* next_ready(int from);
+  // The schedule's next fiber (below); the common case inline: the next lane of from's warp.
+  Fiber* next_ready(int from) {
+    const int n = from + 1;
+    if (from >= 0 && (n & (warp_size - 1)) != 0 && n < threads &&
+        fibers[static_cast<std::size_t>(n)].state == State::kReady)
+      return &fibers[static_cast<std::size_t>(n)];
+    return next_ready_search(from);
+  }
+  Fiber* next_ready_search(int from);
   void start(Fiber& f);
   void resume(Fiber& f);
   void abort_suspended();
@@ -229,7 +237,7 @@ struct StackRef {
 // one of the two orders. (Every thread waiting in turn, warp by warp, instead would let every
 // warp finish a collective's reads before any warp wrote: such races passed unseen.)
 // Returns nullptr when no fiber is ready; from = -1: the order's first ready fiber.
-Fiber* Block::next_ready(int from) {
+Fiber* Block::next_ready_search(int from) {
   const int nw = static_cast<int>(warps.size());
   auto ready_in = [&](int w, int l0) -> Fiber* {
     const int end = std::min((w + 1) * warp_size, threads);
