@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -232,6 +233,51 @@ TEST_P(TrainParity, EveryTechniqueMatchesCpu) {
     fs::remove_all(dc);
     fs::remove_all(dd);
   }
+}
+
+// The tensor-core paths in training (#26): on simt, a device opened with CT_GPU_TILES=1 and
+// CT_GPU_SPLITK=2 runs every 16-bit GEMM through gemm_tc_kernel with split-k (2 k ranges into the
+// device's scratch, then their sum with the epilogue) and the fused attention through
+// flash_attention_tc.cu (mma.sync and ldmatrix as the runtime's collectives, cp.async landing at
+// its waits); bf16 training with them follows cpu:0 within the 16-bit runs' 1e-2, and the
+// profile names both paths. (The op suites check each kernel at both warp sizes; this is their
+// use by the model: workspaces, the step's graph, the scratch shared with other ops.)
+TEST_P(TrainParity, MatrixTilePathsTrainLikeCpu) {
+  if (dev().info().backend != "simt")
+    GTEST_SKIP() << "the matrix-tile paths in training run on simt:0 (the op suites check the "
+                    "kernels on every GPU device)";
+  const int64_t steps = 4;
+  std::string dc = fresh_dir("tiles_cpu"), dd = fresh_dir("tiles_dut");
+  TrainArgs ac = shallow_tiny_args(kBaseline, dc, steps), ad = shallow_tiny_args(id(), dd, steps);
+  ac.bf16 = ad.bf16 = true;
+  ad.profile = true;
+  train(ac);
+  setenv("CT_GPU_TILES", "1", 1);
+  setenv("CT_GPU_SPLITK", "2", 1);
+  ::testing::internal::CaptureStdout();
+  train(ad);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  unsetenv("CT_GPU_TILES");
+  unsetenv("CT_GPU_SPLITK");
+  std::vector<double> lc = logged_losses(dc), ld = logged_losses(dd);
+  ASSERT_EQ(lc.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(ld.size(), static_cast<size_t>(steps));
+  double worst = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    const double rel = std::abs(ld[i] - lc[i]) / std::abs(lc[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 1e-2) << "step " << i + 1 << ": cpu " << lc[i] << ", " << id() << " " << ld[i];
+  }
+  for (const char* path :
+       {"gemm_tc_kernel (gemm_tc.cu, 128x128 tiles, split-k 2)",
+        "flash_attention_forward: matrix tiles", "flash_attention_backward: matrix tiles"})
+    EXPECT_NE(out.find(path), std::string::npos) << path << " not in the profile:\n" << out;
+  std::printf(
+      "  %s with matrix tiles and split-k: max relative loss difference %.3g over %lld "
+      "steps\n",
+      id().c_str(), worst, static_cast<long long>(steps));
+  fs::remove_all(dc);
+  fs::remove_all(dd);
 }
 
 // --offload-optimizer on the device (state and update on the host, weights uploaded): the
