@@ -233,6 +233,37 @@ __device__ __forceinline__ void mma_frags(
   for (int j = 0; j < Cfg<WARP>::TJ; ++j) mma_regs<WARP, AB>(c[i][j], f.a[i], f.b[j]);
 }
 
+// f(m, n, v) for each accumulator v of the warp's part of c (its rows from wm0, columns from
+// wn0) whose output (m, n) lies inside c.
+template <int WARP, typename F>
+__device__ __forceinline__ void for_each_output(
+    const float (&acc)[Cfg<WARP>::TI][Cfg<WARP>::TJ][Cfg<WARP>::L::NC], std::int64_t wm0,
+    std::int64_t wn0, std::int64_t M, std::int64_t N, int lane, F&& f) {
+  using L = typename Cfg<WARP>::L;
+  CT_GEMM_UNROLL_ACC
+  for (int i = 0; i < Cfg<WARP>::TI; ++i) CT_GEMM_UNROLL_ACC
+  for (int j = 0; j < Cfg<WARP>::TJ; ++j) CT_GEMM_UNROLL_ACC
+  for (int e = 0; e < L::NC; ++e) {
+    const std::int64_t m = wm0 + i * L::TM + L::c_row(lane, e);
+    const std::int64_t n = wn0 + j * L::TN + L::c_col(lane, e);
+    if (m < M && n < N) f(m, n, acc[i][j][e]);
+  }
+}
+
+// The epilogue of one output: c[at] (column n) = alpha acc + beta c + bias (rounded to AB first
+// where c is AB), each step rounded once; c f32 (c32) or AB.
+template <typename AB>
+__device__ __forceinline__ void epilogue(void* c, std::int64_t at, std::int64_t n, float acc,
+                                         float alpha, float beta, const float* bias, bool c32) {
+  float r = alpha * acc;
+  if (beta != 0.0f) r += beta * (c32 ? F32::load(c, at) : AB::load(c, at));
+  if (bias) r += c32 ? bias[n] : AB::rounded(bias[n]);
+  if (c32)
+    F32::store(c, at, r);
+  else
+    AB::store(c, at, r);
+}
+
 // c (batch, M, N) f32 (c32) or AB; a (M, K) or with TA (K, M), b (K, N) or with TB (N, K), of
 // element AB, rows 16-byte aligned (gemm_tc_refusal); bias (N) f32 or nullptr, added as AB
 // rounds it where c is AB (!c32). Block x of the grid is block tile (tm, tn) in kGroupM-row
@@ -328,33 +359,15 @@ __global__ void CT_LAUNCH_BOUNDS(Cfg<WARP>::kThreads)
 
   if (part) {  // a split-k range: its partial product as summed
     float* pr = part + static_cast<std::int64_t>(blockIdx.y) * M * N;
-    CT_GEMM_UNROLL_ACC
-    for (int i = 0; i < TI; ++i) CT_GEMM_UNROLL_ACC
-    for (int j = 0; j < TJ; ++j) CT_GEMM_UNROLL_ACC
-    for (int e = 0; e < L::NC; ++e) {
-      const std::int64_t m = m0 + wm + i * L::TM + L::c_row(lane, e);
-      const std::int64_t n = n0 + wn + j * L::TN + L::c_col(lane, e);
-      if (m < M && n < N) pr[m * N + n] = acc[i][j][e];
-    }
+    for_each_output<WARP>(acc, m0 + wm, n0 + wn, M, N, lane,
+                          [&](std::int64_t m, std::int64_t n, float v) { pr[m * N + n] = v; });
     return;
   }
   const std::int64_t c_off = z * stride_c;
-  CT_GEMM_UNROLL_ACC
-  for (int i = 0; i < TI; ++i) CT_GEMM_UNROLL_ACC
-  for (int j = 0; j < TJ; ++j) CT_GEMM_UNROLL_ACC
-  for (int e = 0; e < L::NC; ++e) {
-    const std::int64_t m = m0 + wm + i * L::TM + L::c_row(lane, e);
-    const std::int64_t n = n0 + wn + j * L::TN + L::c_col(lane, e);
-    if (m >= M || n >= N) continue;
-    const std::int64_t at = c_off + m * N + n;
-    float r = alpha * acc[i][j][e];
-    if (beta != 0.0f) r += beta * (c32 ? F32::load(c, at) : AB::load(c, at));
-    if (bias) r += c32 ? bias[n] : AB::rounded(bias[n]);
-    if (c32)
-      F32::store(c, at, r);
-    else
-      AB::store(c, at, r);
-  }
+  for_each_output<WARP>(acc, m0 + wm, n0 + wn, M, N, lane,
+                        [&](std::int64_t m, std::int64_t n, float v) {
+                          epilogue<AB>(c, c_off + m * N + n, n, v, alpha, beta, bias, c32);
+                        });
   if (!gelu_out && !gelu_pre) return;
   for (int i = 0; i < TI; ++i)
     for (int j = 0; j < TJ; ++j)
@@ -383,16 +396,12 @@ __global__ void CT_LAUNCH_BOUNDS(kSumThreads)
   CT_FOR_EACH_ELEMENT(at, MN, kSumThreads) {
     float acc = part[at];
     for (int s = 1; s < splits; ++s) acc += part[s * MN + at];
-    const std::int64_t n = at % N;
-    float r = alpha * acc;
-    if (beta != 0.0f) r += beta * (c32 ? F32::load(c, at) : AB::load(c, at));
-    if (bias) r += c32 ? bias[n] : AB::rounded(bias[n]);
-    if (c32) {
-      F32::store(c, at, r);
-      if (gelu_out || gelu_pre) gemm_gelu_pass<F32>(c, at, gelu_out, gelu_pre);
-    } else {
-      AB::store(c, at, r);
-      if (gelu_out || gelu_pre) gemm_gelu_pass<AB>(c, at, gelu_out, gelu_pre);
+    epilogue<AB>(c, at, at % N, acc, alpha, beta, bias, c32);
+    if (gelu_out || gelu_pre) {
+      if (c32)
+        gemm_gelu_pass<F32>(c, at, gelu_out, gelu_pre);
+      else
+        gemm_gelu_pass<AB>(c, at, gelu_out, gelu_pre);
     }
   }
 }
