@@ -190,19 +190,25 @@ __device__ __forceinline__ void stage(typename T::Op* dst, const void* src, std:
                                       std::int64_t stride, std::int64_t r0, std::int64_t TT) {
   using Op = typename T::Op;
   constexpr int kPer = 16 / sizeof(Op), kChunks = HS / kPer, kLd = HS + kPad<Op>;
+  // Each thread copies one 16-byte column c of rows rr, rr + kRowsPer, ...
+  constexpr int kRowsPer = THREADS / kChunks;
+  static_assert(THREADS % kChunks == 0 && N % kRowsPer == 0, "whole rounds of 16-byte copies");
   const auto* s = static_cast<const Op*>(src) + at;
-  for (int idx = threadIdx.x; idx < N * kChunks; idx += THREADS) {
-    const int rr = idx / kChunks, c = idx % kChunks;
-    const std::int64_t r = r0 + rr;
-    Op* d = dst + rr * kLd + kPer * c;
+  const int c = static_cast<int>(threadIdx.x) % kChunks,
+            rr = static_cast<int>(threadIdx.x) / kChunks;
+  Op* d = dst + rr * kLd + kPer * c;
+  CT_TC_UNROLL
+  for (int i = 0; i < N / kRowsPer; ++i) {
+    const std::int64_t r = r0 + rr + i * kRowsPer;
+    Op* di = d + i * kRowsPer * kLd;
     if constexpr (sizeof(Op) == 2) {
       // (no offset from s unless inside: a row past T may lie past the tensor)
-      ct_cp_async_16(d, r < TT ? s + r * stride + kPer * c : s, r < TT ? 16 : 0);
+      ct_cp_async_16(di, r < TT ? s + r * stride + kPer * c : s, r < TT ? 16 : 0);
     } else {
       Vec16<Op> v{};
       if (r < TT) v = *reinterpret_cast<const Vec16<Op>*>(s + r * stride + kPer * c);
-      for (int i = 0; i < kPer; ++i) v.h[i] = T::enter(v.h[i]);
-      *reinterpret_cast<Vec16<Op>*>(d) = v;
+      for (int k = 0; k < kPer; ++k) v.h[k] = T::enter(v.h[k]);
+      *reinterpret_cast<Vec16<Op>*>(di) = v;
     }
   }
 }
