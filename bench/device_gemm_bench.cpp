@@ -9,7 +9,9 @@
 // GPU's Vulkan device, whose f16 products take the cooperative-matrix GEMM where its self-test
 // passed, and with CROSSTRAIN_VK_COOPMAT=0 the tiled one). --compare does it in one run: every
 // row also on a second device opened with CT_GPU_GEMM=own and CT_GPU_TILES=1 (the own tensor-core
-// GEMM for 16-bit inputs; on simt/simt64 against the default scalar kernel), and the ratio.
+// GEMM for 16-bit inputs; on simt/simt64 against the default scalar kernel), and the ratio;
+// where that kernel split k (gemm_tc.cu's split-k), also unsplit (CT_GPU_SPLITK=1) and split-k's
+// gain.
 // On the CPU, --compare runs the second device with CT_CPU_PACKED_GEMM=0: the 16-bit products on
 // widened f32 copies and OpenBLAS sgemm instead of the own packing GEMM (cpu_device.cpp's
 // packed_gemm_on), which is how the routing of each product there was measured. --shapes tiny
@@ -190,7 +192,7 @@ int main(int argc, char** argv) {
     auto dev = ct::open_device(spec);
     // The comparison device: each backend reads only its own variables (the CPU's packing GEMM
     // off, so widened copies + sgemm; a GPU's own tile kernels instead of the library).
-    std::unique_ptr<ct::Device> own;
+    std::unique_ptr<ct::Device> own, own_unsplit;
     if (compare)
       own = ct::open_device_with_env(
           spec, {{"CT_CPU_PACKED_GEMM", "0"}, {"CT_GPU_GEMM", "own"}, {"CT_GPU_TILES", "1"}});
@@ -235,6 +237,7 @@ int main(int argc, char** argv) {
                               {"median_s", t.median_s},
                               {"gflops", t.gflops},
                               {"path", t.path}};
+        Timing unsplit;
         if (own) {
           const Timing o = time_row(*own, s, dt, iters);
           std::printf("  own %9.1f GFLOP/s (%.2fx)", o.gflops, o.gflops / t.gflops);
@@ -242,9 +245,21 @@ int main(int argc, char** argv) {
           row["own_median_s"] = o.median_s;
           row["own_path"] = o.path;
           row["own_over_default"] = o.gflops / t.gflops;
+          // Where the own kernel split k, the same kernel unsplit (CT_GPU_SPLITK=1) beside it.
+          if (o.path.find("split-k") != std::string::npos) {
+            if (!own_unsplit)
+              own_unsplit = ct::open_device_with_env(
+                  spec, {{"CT_GPU_GEMM", "own"}, {"CT_GPU_TILES", "1"}, {"CT_GPU_SPLITK", "1"}});
+            unsplit = time_row(*own_unsplit, s, dt, iters);
+            std::printf("  unsplit %9.1f (split-k %.2fx)", unsplit.gflops,
+                        o.gflops / unsplit.gflops);
+            row["own_unsplit_gflops"] = unsplit.gflops;
+            row["own_unsplit_path"] = unsplit.path;
+          }
         }
         std::printf("\n        path: %s\n", t.path.c_str());
         if (own) std::printf("        own:  %s\n", row["own_path"].get<std::string>().c_str());
+        if (!unsplit.path.empty()) std::printf("        unsplit: %s\n", unsplit.path.c_str());
         rows.push_back(row);
       }
     }
