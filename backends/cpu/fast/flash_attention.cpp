@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "backends/cpu/fast/register_tile.h"
 #include "backends/cpu/fast/vec_math.h"
@@ -339,6 +340,68 @@ int64_t floats(int64_t n) {
   return (n + 15) / 16 * 16;
 }
 
+// kLanes elements from p as f32.
+template <class E>
+inline Vec load_wide(const E* p) {
+  if constexpr (std::is_same_v<E, float>) {
+    return load(p);
+  } else {
+#if defined(__AVX2__)
+    return load8(p);
+#else
+    Vec v;
+    for (int64_t i = 0; i < kLanes; ++i) v[i] = widen(p[i]);
+    return v;
+#endif
+  }
+}
+
+// The forward of at most kInPlaceRows last rows (sampling's one new token a step) of one query
+// head, reading k and v where they are in qkv instead of packing the whole window first (which,
+// for one row, copied every cached k and v row to read it once: most of a token's attention time
+// at a long context). Row t: s_j = scale q . k_j for j <= t (each a dot product along the head,
+// kLanes partial sums added in lane order, then the tail), the softmax of softmax_rows (exp_row),
+// o = (sum_j p_j v_j, j in order) / sum. q, k, v rows at x + t ld (+ the head's offsets); s (T)
+// and o (hsp) scratch. Not the packed path's sum order: the rows agree with the whole window's
+// within rounding (tests/ops/flash_attention_test.cpp, LastRowsAreTheWholeWindowsRows).
+constexpr int64_t kInPlaceRows = 2;
+template <class E>
+void forward_rows_in_place(E* out, int64_t out_ld, float* lse, const E* q, const E* k, const E* v,
+                           int64_t ld, float* s, float* o, const Dims& d) {
+  const int64_t hs = d.hs, hv = hs / kLanes * kLanes;
+  for (int64_t t = d.q0; t < d.T; ++t) {
+    const E* qt = q + t * ld;
+    const int64_t n = t + 1;
+    for (int64_t j = 0; j < n; ++j) {
+      const E* kj = k + j * ld;
+      if (j + kAhead < n) prefetch_row(k + (j + kAhead) * ld, hs, false);
+      Vec acc = splat(0.0f);
+      for (int64_t i = 0; i < hv; i += kLanes)
+        acc = fmadd(load_wide(qt + i), load_wide(kj + i), acc);
+      float dot = 0.0f;
+      for (int64_t l = 0; l < kLanes; ++l) dot += acc[l];
+      for (int64_t i = hv; i < hs; ++i) dot += widen(qt[i]) * widen(kj[i]);
+      s[j] = dot * d.scale;
+    }
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+    const float sum = exp_row(s, n, mx);
+    lse[t - d.q0] = mx + std::log(sum);
+    std::fill(o, o + d.hsp, 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      const E* vj = v + j * ld;
+      if (j + kAhead < n) prefetch_row(v + (j + kAhead) * ld, hs, false);
+      const Vec pj = splat(s[j]);
+      for (int64_t i = 0; i < hv; i += kLanes)
+        store(o + i, fmadd(pj, load_wide(vj + i), load(o + i)));
+      for (int64_t i = hv; i < hs; ++i) o[i] += s[j] * widen(vj[i]);
+    }
+    const float inv = 1.0f / sum;
+    E* row = out + (t - d.q0) * out_ld;
+    for (int64_t i = 0; i < hs; ++i) narrow(row + i, o[i] * inv);
+  }
+}
+
 // out is (B,Tq,C): the last Tq positions' rows; lse is (B,NH,Tq); qkv is (B,T,C3) holding
 // q (NH heads) | k (NKV heads) | v (NKV heads), heads of hs = C/NH, C3 = C + 2 NKV hs.
 template <class E>
@@ -346,6 +409,22 @@ void forward(Workspace& ws, E* out, float* lse, const E* qkv, int64_t B, int64_t
              int64_t C, int64_t NH, int64_t NKV) {
   const int64_t hs = C / NH, C3 = C + 2 * NKV * hs, G = NH / NKV;
   const Dims d = dims(T, hs, T - Tq);
+  if (Tq <= kInPlaceRows && Tq < T) {  // (a whole window keeps the packed path)
+    const int64_t per = floats(T) + floats(d.hsp);
+    float* scratch = static_cast<float*>(
+        ws.get(static_cast<size_t>(omp_get_max_threads() * per) * sizeof(float)));
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < NH; ++h) {
+        float* sc = scratch + static_cast<int64_t>(omp_get_thread_num()) * per;
+        const E* x = qkv + b * T * C3;
+        forward_rows_in_place(out + b * Tq * C + h * hs, C, lse + (b * NH + h) * Tq, x + h * hs,
+                              x + C + (h / G) * hs, x + C + (NKV + h / G) * hs, C3, sc,
+                              sc + floats(T), d);
+      }
+    }
+    return;
+  }
   const int64_t panels = floats((T + kNR - 1) / kNR * kNR * hs), rows = floats(T * d.hsp);
   const int64_t per = panels + 3 * rows + floats(kBlockRows * d.lds) + floats(kBlockRows);
   float* scratch =
