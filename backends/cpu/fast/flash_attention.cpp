@@ -10,6 +10,8 @@
 //   backward: p = exp(scale q k^T - lse), dp = dout v^T, ds = p (dp - D) scale with
 //             D = rowsum(dout * out); dv += p^T dout, dk += ds^T q, dq = ds k.
 // Only lse is saved; s, p and ds live in a per-thread (kBlockRows, lds) buffer for one block.
+// A key/value cache's step (the forward of the last Tq <= 2 of T > Tq rows) packs nothing: its
+// rows read k and v in place (forward_rows_in_place).
 // Grouped-query attention: query head h reads key/value head h / G, G = NH / NKV. The backward
 // runs over (batch, key/value head) pairs, the G query heads of a group one after another in
 // one work item, so that their sums into dk/dv never race and always have one order. Nothing
