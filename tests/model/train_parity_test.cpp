@@ -235,17 +235,19 @@ TEST_P(TrainParity, EveryTechniqueMatchesCpu) {
   }
 }
 
-// The tensor-core paths in training (#26): on simt, a device opened with CT_GPU_TILES=1 and
-// CT_GPU_SPLITK=2 runs every 16-bit GEMM through gemm_tc_kernel with split-k (2 k ranges into the
-// device's scratch, then their sum with the epilogue) and the fused attention through
-// flash_attention_tc.cu (mma.sync and ldmatrix as the runtime's collectives, cp.async landing at
-// its waits); bf16 training with them follows cpu:0 within the 16-bit runs' 1e-2, and the
-// profile names both paths. (The op suites check each kernel at both warp sizes; this is their
-// use by the model: workspaces, the step's graph, the scratch shared with other ops.)
+// The tensor-core paths in training (#26): on simt and simt64, a device opened with
+// CT_GPU_TILES=1 and CT_GPU_SPLITK=2 runs every 16-bit GEMM through gemm_tc_kernel with split-k
+// (2 k ranges into the device's scratch, then their sum with the epilogue) and the fused
+// attention through flash_attention_tc.cu (mma.sync and ldmatrix, or MFMA at warp 64, as the
+// runtime's collectives, cp.async landing at its waits); bf16 training with them follows cpu:0
+// within the 16-bit runs' 1e-2, and the profile names both paths. (The op suites check each kernel
+// at both warp sizes; this is their use by the model: workspaces, the step's graph, the scratch
+// shared with other ops.)
 TEST_P(TrainParity, MatrixTilePathsTrainLikeCpu) {
-  if (dev().info().backend != "simt")
-    GTEST_SKIP() << "the matrix-tile paths in training run on simt:0 (the op suites check the "
-                    "kernels on every GPU device)";
+  const std::string& backend = dev().info().backend;
+  if (backend != "simt" && backend != "simt64")
+    GTEST_SKIP() << "the matrix-tile paths in training run on the SIMT runtime (the op suites "
+                    "check the kernels on every GPU device)";
   const int64_t steps = 4;
   std::string dc = fresh_dir("tiles_cpu"), dd = fresh_dir("tiles_dut");
   TrainArgs ac = shallow_tiny_args(kBaseline, dc, steps), ad = shallow_tiny_args(id(), dd, steps);
