@@ -173,9 +173,10 @@ TEST(SimtMatrixTile, TensorCoreGemmEqualsTheScalarKernelBitForBit) {
 // of whole 32-deep slices (the last one shorter), each summed in order from 0 into an f32 partial
 // product, the partials added in order (p0 + p1 + ...), then alpha, beta c, the bias, as the
 // unsplit kernel's epilogue. Bit for bit against that computed here, at warp 32 and 64: every
-// layout, ranges of one slice and of several, a ragged last slice, several block tiles, f32 and
-// 16-bit c; and the split count gemm_tc_splits reports. Automatic (Ctx::splitk 0) on an H100's
-// 132 multiprocessors: gpt2's weight gradients split, its forward products of short k do not.
+// layout, ranges of one slice and of several, a ragged last slice, several block tiles, even N
+// (the partials stored in pairs at warp 32) and odd, f32 and 16-bit c; and the split count
+// gemm_tc_splits reports. Automatic (Ctx::splitk 0) on an H100's 132 multiprocessors: gpt2's weight
+// gradients split, its forward products of short k do not.
 TEST(SimtMatrixTile, SplitKAddsTheRangesPartialProductsInOrder) {
   ct::simt::Runtime rt(2);
   std::mt19937 rng(7);
@@ -196,6 +197,7 @@ TEST(SimtMatrixTile, SplitKAddsTheRangesPartialProductsInOrder) {
       {{1, 16, 136, 104, true, true, -1.5f, 0.5f, false, true}, 4, 4},  // 1+1+1+1
       {{1, 136, 144, 264, false, true, 1, 1, true, false}, 5, 5},       // 2+2+2+2+1
       {{1, 8, 8, 40, false, false, 1, 0, false, false}, 4, 2},          // 2 slices: 2 ranges
+      {{1, 24, 9, 72, false, true, 1, 0.5f, true, false}, 3, 3},  // odd N (b^T's rows aligned)
   };
   for (Elem e : {Elem::kF16, Elem::kBF16})
     for (const SplitCase& sc : cases)

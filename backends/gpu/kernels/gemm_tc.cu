@@ -359,6 +359,25 @@ __global__ void CT_LAUNCH_BOUNDS(Cfg<WARP>::kThreads)
 
   if (part) {  // a split-k range: its partial product as summed
     float* pr = part + static_cast<std::int64_t>(blockIdx.y) * M * N;
+    if constexpr (WARP == 32) {
+      // m16n8k16's C elements 2h, 2h + 1 are columns 2q, 2q + 1 of one row: one 8-byte store
+      // where N is even (then n + 1 < N wherever n < N, and the pair is 8-byte aligned).
+      if (N % 2 == 0) {
+        struct alignas(8) Pair {
+          float x, y;
+        };
+        CT_GEMM_UNROLL_ACC
+        for (int i = 0; i < TI; ++i) CT_GEMM_UNROLL_ACC
+        for (int j = 0; j < TJ; ++j) CT_GEMM_UNROLL_ACC
+        for (int h = 0; h < L::NC / 2; ++h) {
+          const std::int64_t m = m0 + wm + i * L::TM + L::c_row(lane, 2 * h);
+          const std::int64_t n = n0 + wn + j * L::TN + L::c_col(lane, 2 * h);
+          if (m < M && n < N)
+            *reinterpret_cast<Pair*>(pr + m * N + n) = Pair{acc[i][j][2 * h], acc[i][j][2 * h + 1]};
+        }
+        return;
+      }
+    }
     for_each_output<WARP>(acc, m0 + wm, n0 + wn, M, N, lane,
                           [&](std::int64_t m, std::int64_t n, float v) { pr[m * N + n] = v; });
     return;
