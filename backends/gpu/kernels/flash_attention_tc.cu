@@ -183,7 +183,8 @@ __device__ __forceinline__ float row_sum(float v) {
 // Rows r0 .. r0 + N of a tensor with rows of `stride` elements, HS elements from element `at`
 // of row 0, into dst[N][HS + kPad] as operands; rows at or past T are zeros. 16-bit operands (the
 // stored bits) go by ct_cp_async_16: asynchronous on sm_80+ (the caller commits the group and
-// waits for it before a barrier), a plain copy elsewhere. f32 ones are rounded to TF32 on the
+// waits for it before a barrier; on SIMT the copy lands at that wait), a plain copy on HIP and
+// older CUDA. f32 ones are rounded to TF32 on the
 // way (T::enter), so they are loaded and stored by the thread.
 template <typename T, int N, int HS, int THREADS>
 __device__ __forceinline__ void stage(typename T::Op* dst, const void* src, std::int64_t at,

@@ -78,9 +78,9 @@ static_assert(kBM == kBN && kBM * kLdK >= kBK * kLdMN, "one slice size fits both
 
 // The block at warp size WARP: 2 x 2 warps, each owning a kWM x kWN (64 x 64) part of c, and
 // kStages staged slices (a's and b's) in shared memory. Four where the copies are asynchronous
-// (cp.async on CUDA; the SIMT runtime runs the same schedule with plain copies, so the tests walk
-// it); two on HIP, where the copies are plain loads and stores (more would only take LDS), and at
-// warp 64 (gfx90a's 64 KiB of LDS a block).
+// (cp.async on CUDA; the SIMT runtime runs the same schedule, each copy landing at the wait that
+// retires it, so the tests walk it); two on HIP, where the copies are plain loads and stores (more
+// would only take LDS), and at warp 64 (gfx90a's 64 KiB of LDS a block).
 template <int WARP>
 struct Cfg {
   static constexpr int kWarpsM = 2, kWarpsN = 2;
