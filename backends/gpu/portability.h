@@ -41,6 +41,21 @@ inline constexpr int kMaxWarp = 64;
 #endif
 }  // namespace ct::gpu
 
+// First in a kernel templated on its warp W. An AMD target's code object holds only the kernels
+// of its wavefront size (gfx90a 64, gfx1030 32): the device's warp picks the instantiation, so
+// the other's can never be launched there; its body is not compiled (hipcc's time, and code
+// that unrolls for one size is no longer unrolled for both) and, launched anyway, it traps.
+// Elsewhere (nvcc, the SIMT runtime, HIP's host pass) nothing.
+#if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE)
+#define CT_ONLY_ON_ITS_WARP(W)                    \
+  if constexpr ((W) != __AMDGCN_WAVEFRONT_SIZE) { \
+    __builtin_trap();                             \
+    return;                                       \
+  }
+#else
+#define CT_ONLY_ON_ITS_WARP(W) static_assert((W) == 32 || (W) == 64, "a warp of 32 or 64")
+#endif
+
 #if defined(CT_GPU_CUDA) || defined(CT_GPU_HIP)
 
 #define CT_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)

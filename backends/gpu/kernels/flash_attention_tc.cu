@@ -51,12 +51,12 @@
 #include "backends/gpu/kernels/mma.h"
 #include "backends/gpu/kernels/safe_math.h"
 
-// Loops over fragments and tiles run unrolled under nvcc (their arrays must stay in registers;
-// without the pragma nvcc keeps some in local memory). Not under hipcc: there the WARP 32
-// instantiations on gfx90a and all of gfx1030 run the tile's scalar form, whose full unrolling
-// makes a single file take many minutes to compile; AMDGPU's own heuristics unroll loops over
-// private arrays. TODO: check the gfx90a ISA for scratch use.
-#if defined(CT_GPU_CUDA)
+// Loops over fragments and tiles run unrolled under nvcc and for gfx90a (their arrays must stay
+// in registers: without the pragma nvcc keeps some in local memory, and AMDGPU's heuristics left
+// the hs-128 key kernel's dK and dV, 512 bytes a lane, in scratch). Not for gfx1030 (wave 32, no
+// matrix cores, tiles off by default): the tile's scalar form unrolled takes minutes to compile
+// and keeps its ~2 KB of scratch a lane either way; there AMDGPU's own heuristics decide.
+#if defined(CT_GPU_CUDA) || (defined(__HIP_DEVICE_COMPILE__) && __AMDGCN_WAVEFRONT_SIZE == 64)
 #define CT_TC_UNROLL _Pragma("unroll")
 #else
 #define CT_TC_UNROLL
@@ -231,37 +231,81 @@ __device__ __forceinline__ void load_a(typename T::Op (&a)[HS / T::TK][T::NA], c
   }
 }
 
-// c[NT] += a b^T over the head dimension: a the warp's A fragments (rows x HS), b the staged
+// The A fragment of k-step kk of a warp's TM staged rows (rows[TM][HS + kPad]), as load_a gives
+// it. On the m16n8k16 tile one ldmatrix.x4: matrices 0-3 are (rows +0, k +0), (rows +8, k +0),
+// (rows +0, k +8), (rows +8, k +8), A's registers 0-3 in mma.sync's order (elements 2r, 2r + 1
+// in register r); lane l addresses row l % 8 of matrix l / 8.
+template <typename T, int HS>
+__device__ __forceinline__ void a_of_staged(typename T::Op (&a)[T::NA], const typename T::Op* rows,
+                                            int kk, int lane) {
+  using Op = typename T::Op;
+  constexpr int kLd = HS + kPad<Op>;
+  if constexpr (T::kLdmatrix) {
+    static_assert(T::NA == 8 && T::TK == 16, "the m16n8k16 tile");
+    std::uint32_t r[4];
+    ct_ldmatrix_x4(r, rows + (lane / 8 % 2 * 8 + lane % 8) * kLd + lane / 16 * 8 + kk * T::TK);
+    CT_TC_UNROLL
+    for (int i = 0; i < 4; ++i)
+      a[2 * i] = static_cast<Op>(r[i] & 0xffffu), a[2 * i + 1] = static_cast<Op>(r[i] >> 16);
+  } else {
+    CT_TC_UNROLL
+    for (int e = 0; e < T::NA; ++e)
+      a[e] = rows[T::a_row(lane, e) * kLd + kk * T::TK + T::a_k(lane, e)];
+  }
+}
+
+// c[NT] += a b^T for k-step kk of the head dimension: a its A fragment (rows x TK), b the staged
 // rows n0 .. n0 + NT TN of a tile [.][HS + kPad] (B[k][n] = tile[n][k]). On the m16n8k16 tile
-// one ldmatrix.x4 gives the B fragments of n-tiles nt and nt + 1 for one k-step: matrices 0-3
-// are (keys +0, k +0), (keys +0, k +8), (keys +8, k +0), (keys +8, k +8), whose rows (8
-// consecutive k of one staged row) lane l addresses as row l % 8 of matrix l / 8.
+// one ldmatrix.x4 gives the B fragments of n-tiles nt and nt + 1: matrices 0-3 are (keys +0,
+// k +0), (keys +0, k +8), (keys +8, k +0), (keys +8, k +8), whose rows (8 consecutive k of one
+// staged row) lane l addresses as row l % 8 of matrix l / 8.
 template <typename T, int HS, int NT>
-__device__ __forceinline__ void mma_abt(float (&c)[NT][T::NC],
-                                        const typename T::Op (&a)[HS / T::TK][T::NA],
-                                        const typename T::Op* tile, int lane) {
+__device__ __forceinline__ void mma_abt_step(float (&c)[NT][T::NC],
+                                             const typename T::Op (&a)[T::NA],
+                                             const typename T::Op* tile, int kk, int lane) {
   constexpr int kLd = HS + kPad<typename T::Op>;
   if constexpr (T::kLdmatrix) {
     static_assert(NT % 2 == 0 && T::TK == 16 && T::TN == 8, "the m16n8k16 tile");
     const typename T::Op* row = tile + (lane / 16 * 8 + lane % 8) * kLd + lane / 8 % 2 * 8;
     CT_TC_UNROLL
-    for (int nt = 0; nt < NT; nt += 2) CT_TC_UNROLL
-    for (int kk = 0; kk < HS / T::TK; ++kk) {
+    for (int nt = 0; nt < NT; nt += 2) {
       std::uint32_t r[4];
       ct_ldmatrix_x4(r, row + nt * T::TN * kLd + kk * T::TK);
-      T::mma_r(c[nt], a[kk], r[0], r[1]);
-      T::mma_r(c[nt + 1], a[kk], r[2], r[3]);
+      T::mma_r(c[nt], a, r[0], r[1]);
+      T::mma_r(c[nt + 1], a, r[2], r[3]);
     }
   } else {
     CT_TC_UNROLL
-    for (int nt = 0; nt < NT; ++nt) CT_TC_UNROLL
-    for (int kk = 0; kk < HS / T::TK; ++kk) {
+    for (int nt = 0; nt < NT; ++nt) {
       typename T::Op b[T::NB];
       CT_TC_UNROLL
       for (int e = 0; e < T::NB; ++e)
         b[e] = tile[(nt * T::TN + T::b_col(lane, e)) * kLd + kk * T::TK + T::b_k(lane, e)];
-      T::mma(c[nt], a[kk], b);
+      T::mma(c[nt], a, b);
     }
+  }
+}
+
+// c[NT] += a b^T over the head dimension (mma_abt_step's b), a the warp's A fragments (rows x
+// HS) in registers. Each c[nt] adds its k-steps in order.
+template <typename T, int HS, int NT>
+__device__ __forceinline__ void mma_abt(float (&c)[NT][T::NC],
+                                        const typename T::Op (&a)[HS / T::TK][T::NA],
+                                        const typename T::Op* tile, int lane) {
+  CT_TC_UNROLL
+  for (int kk = 0; kk < HS / T::TK; ++kk) mma_abt_step<T, HS, NT>(c, a[kk], tile, kk, lane);
+}
+
+// The same with a as the warp's TM staged rows (a_of_staged, one k-step's fragment at a time):
+// the same products in the same order, without HS / TK fragments held in registers.
+template <typename T, int HS, int NT>
+__device__ __forceinline__ void mma_abt_staged(float (&c)[NT][T::NC], const typename T::Op* rows,
+                                               const typename T::Op* tile, int lane) {
+  CT_TC_UNROLL
+  for (int kk = 0; kk < HS / T::TK; ++kk) {
+    typename T::Op a[T::NA];
+    a_of_staged<T, HS>(a, rows, kk, lane);
+    mma_abt_step<T, HS, NT>(c, a, tile, kk, lane);
   }
 }
 
@@ -355,6 +399,7 @@ template <int WARP, typename E, int HS>
 __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     flash_tc_forward_kernel(void* out, float* lse, const void* qkv, TcDims d) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads<WARP>);
+  CT_ONLY_ON_ITS_WARP(WARP);
   using L = Tc<WARP, E>;
   using Op = typename L::Op;
   using R = CRows<WARP>;
@@ -477,6 +522,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     flash_tc_backward_query_kernel(void* dqkv, float* Dsave, const void* dout, const void* out,
                                    const void* qkv, const float* lse, TcDims d) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads<WARP>);
+  CT_ONLY_ON_ITS_WARP(WARP);
   using L = Tc<WARP, E>;
   using Op = typename L::Op;
   using R = CRows<WARP>;
@@ -577,6 +623,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     flash_tc_backward_key_kernel(void* dqkv, const float* Dsave, const void* dout, const void* qkv,
                                  const float* lse, TcDims d) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads<WARP>);
+  CT_ONLY_ON_ITS_WARP(WARP);
   using L = Tc<WARP, E>;
   using Op = typename L::Op;
   constexpr int kQ = kQueries<HS>, kPd = kPad<Op>, kV = 16 / sizeof(Op);
@@ -587,18 +634,28 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   CT_SHARED(Vec16<Op>, ps16, kScratch / kV);
   CT_SHARED(float, lq, kQ);
   CT_SHARED(float, Dq, kQ);
+  // 16-bit: the block's v rows stay in shared memory and dP^T = V dO^T reads their A fragments
+  // a k-step at a time (K's and V's fragments, dK and dV for hs 128 spilled from 255 registers
+  // otherwise); f32 rows would pass 48 KB, so they stay in registers.
+  constexpr bool kVStaged = sizeof(Op) == 2;
+  CT_SHARED(Vec16<Op>, vs16, kVStaged ? kRows * kLd / kV : 1);
   auto* qs = reinterpret_cast<Op*>(qs16);
   auto* gs = reinterpret_cast<Op*>(gs16);
   const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
   Op* ps = reinterpret_cast<Op*>(ps16) + warp * L::TM * (kQ + kPd);
+  const Op* vrows = reinterpret_cast<const Op*>(vs16) + warp * L::TM * kLd;  // (kVStaged)
   const std::int64_t b = blockIdx.y / d.NKV, j = blockIdx.y % d.NKV;
   const std::int64_t k0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
   const std::int64_t w0 = k0 + warp * L::TM;  // the warp's first key
   const std::int64_t row0 = b * d.T * d.C3, orow0 = b * d.T * d.C;
 
-  Op ka[HS / L::TK][L::NA], va[HS / L::TK][L::NA];
+  Op ka[HS / L::TK][L::NA], va[kVStaged ? 1 : HS / L::TK][L::NA];
   load_a<L, HS>(ka, qkv, row0 + k_col(d, j), d.C3, w0, d.T, lane);
-  load_a<L, HS>(va, qkv, row0 + v_col(d, j), d.C3, w0, d.T, lane);
+  if constexpr (kVStaged)  // in the first group, with the first dout
+    stage<L, kRows, HS, kThreads<WARP>>(reinterpret_cast<Op*>(vs16), qkv, row0 + v_col(d, j), d.C3,
+                                        k0, d.T);
+  else
+    load_a<L, HS>(va, qkv, row0 + v_col(d, j), d.C3, w0, d.T, lane);
   float dk[DT][L::NC], dv[DT][L::NC];
   CT_TC_UNROLL
   for (int t = 0; t < DT; ++t) CT_TC_UNROLL
@@ -642,7 +699,10 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
       CT_TC_UNROLL
       for (int t = 0; t < NT; ++t) CT_TC_UNROLL
       for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
-      mma_abt<L, HS, NT>(dp, va, gs, lane);  // dP^T
+      if constexpr (kVStaged)
+        mma_abt_staged<L, HS, NT>(dp, vrows, gs, lane);  // dP^T
+      else
+        mma_abt<L, HS, NT>(dp, va, gs, lane);
     }
     ct_cp_async_wait<0>();
     __syncthreads();  // q, lse and D of the tile are in

@@ -279,6 +279,7 @@ __global__ void CT_LAUNCH_BOUNDS(Cfg<WARP>::kThreads)
                    float beta, std::int64_t tiles_m, std::int64_t tiles_n, std::int64_t z_base,
                    std::int64_t k_len, float* part) {
   CT_CHECK_LAUNCH_BOUNDS(Cfg<WARP>::kThreads);
+  CT_ONLY_ON_ITS_WARP(WARP);
   using C = Cfg<WARP>;
   using L = typename C::L;
   constexpr int TI = C::TI, TJ = C::TJ, S = C::kStages;
@@ -411,6 +412,7 @@ __global__ void CT_LAUNCH_BOUNDS(kSumThreads)
                               void* gelu_out, const void* gelu_pre, bool c32, std::int64_t M,
                               std::int64_t N, float alpha, float beta) {
   CT_CHECK_LAUNCH_BOUNDS(kSumThreads);
+  CT_ONLY_ON_ITS_WARP(WARP);
   const std::int64_t MN = M * N;
   CT_FOR_EACH_ELEMENT(at, MN, kSumThreads) {
     float acc = part[at];
