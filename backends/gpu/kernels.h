@@ -30,8 +30,8 @@ struct Ctx {
   int multiprocessors = 1;  // SMs / CUs: grid sizing of reductions may depend on it only where the
                             // result does not
   // The own GEMM takes 16-bit inputs through the matrix tile (backends/gpu/kernels/mma.h): set
-  // where the device has matrix cores (sm_80+, gfx90a); on the SIMT runtime it runs the tile's
-  // scalar form, which gives the scalar kernel's bits.
+  // where the device has matrix cores (sm_80+, gfx90a, gfx94x); on the SIMT runtime it runs the
+  // tile's scalar form, which gives the scalar kernel's bits.
   bool matrix_tiles = false;
   // fp32 products may take TF32 inputs (Device::set_allow_tf32, crosstrain train --tf32): the
   // tile flash attention then takes f32 at warp 32 (flash_attention_tc.cu).
@@ -177,8 +177,8 @@ void gemm(const Ctx& cx, const GemmArgs& g);
 std::string gemm_path(const Ctx& cx, const GemmArgs& g);
 // --- gemm_tc.cu ----------------------------------------------------------------------------
 // The same GEMM on the matrix tile in 128 x 128 block tiles (mma.sync + ldmatrix on sm_80+, MFMA
-// on gfx90a, the runtime's collectives on SIMT, the tile's scalar form elsewhere), for what it
-// takes: a device with matrix tiles, a and b of F16 or BF16 whose rows are 16-byte aligned (each
+// on gfx90a/gfx94x, the runtime's collectives on SIMT, the tile's scalar form elsewhere), for what
+// it takes: a device with matrix tiles, a and b of F16 or BF16 whose rows are 16-byte aligned (each
 // pointer, leading dimension and batch stride). gemm_tc_refusal: nullptr when it takes g, else
 // why not (a static string); gemm_tc throws std::invalid_argument with that reason.
 const char* gemm_tc_refusal(const Ctx& cx, const GemmArgs& g);

@@ -1,7 +1,7 @@
 // The portability layer's matrix instructions: one name per instruction on every target.
 //   nvcc: the PTX instruction (mma.sync needs sm_80, ldmatrix sm_75),
 //   SIMT: the runtime's warp collective (ct::simt::matrix, backends/simt/matrix.cpp),
-//   HIP gfx90a: the MFMA builtins,
+//   HIP gfx90a, gfx940-942 (CT_HIP_MFMA): the MFMA builtins,
 //   anywhere else (older CUDA, RDNA, gfx90a for the PTX forms): a portable form from warp
 //   shuffles and shared-memory reads, decoded by the same layouts -- correct, not fast.
 // Layouts: backends/gpu/matrix_layouts.h. All of these are whole-warp operations: call them in
@@ -202,8 +202,9 @@ CT_LDMATRIX(ct_ldmatrix_x4_trans, 4, true, "x4.trans", "{%0,%1,%2,%3}", "=r"(r[0
             "=r"(r[2]), "=r"(r[3]))
 #undef CT_LDMATRIX
 
-// MFMA: the gfx90a builtins, the portable form elsewhere (only ever launched at warp 64).
-#if defined(CT_GPU_HIP) && defined(__gfx90a__)
+// MFMA: the CDNA builtins (CT_HIP_MFMA), the portable form elsewhere (only ever launched at warp
+// 64).
+#if defined(CT_HIP_MFMA)
 #define CT_MFMA(name, NC, builtin, elem, TYPE, L)                                               \
   __device__ __forceinline__ void name(float(&d)[NC], const std::uint32_t(&a)[2],               \
                                        const std::uint32_t(&b)[2], const float(&c)[NC]) {       \

@@ -106,6 +106,15 @@ int device_count(std::string* why) {
   return 0;
 }
 
+#if !defined(CT_NATIVE_CUDA)
+// CDNA2/CDNA3 (gfx90a, gfx94x): bf16 arithmetic and the MFMA forms of the matrix tiles
+// (CT_HIP_MFMA in backends/gpu/portability.h; the plugin must be built for the target).
+bool cdna_mfma(const char* gcn_arch_name) {
+  const std::string a(gcn_arch_name);
+  return a.rfind("gfx90a", 0) == 0 || a.rfind("gfx94", 0) == 0;
+}
+#endif
+
 DeviceInfo make_info(int index) {
   ApiProp p{};
   CT_API_CHECK(CT_API(GetDeviceProperties)(&p, index));
@@ -134,7 +143,7 @@ DeviceInfo make_info(int index) {
 #else
   i.driver = "HIP driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);
   i.fp16_arithmetic = true;
-  i.bf16_arithmetic = std::string(p.gcnArchName).rfind("gfx90a", 0) == 0;
+  i.bf16_arithmetic = cdna_mfma(p.gcnArchName);
   i.extra = {{"architecture", p.gcnArchName}};
 #endif
   i.extra.push_back({"multiprocessors", std::to_string(p.multiProcessorCount)});
@@ -181,15 +190,15 @@ class NativeRuntime final : public gpu::Runtime {
     info_.memory_budget_bytes = static_cast<int64_t>(free_b);
     warp_ = warp_size(index_);
     blas_ = make_gemm_library();
-    // Matrix cores for the own GEMM's 16-bit path: mma.sync on sm_80+, MFMA on gfx90a (the
-    // architectures the plugin is built for that have them).
+    // Matrix cores for the own GEMM's 16-bit path: mma.sync on sm_80+, MFMA on gfx90a and gfx94x
+    // (the architectures with them the plugin may be built for).
     ApiProp p{};
     CT_API_CHECK(CT_API(GetDeviceProperties)(&p, index_));
 #if defined(CT_NATIVE_CUDA)
     const bool hw = p.major >= 8;
     const char* unit = "mma.sync m16n8k16";
 #else
-    const bool hw = std::string(p.gcnArchName).rfind("gfx90a", 0) == 0;
+    const bool hw = cdna_mfma(p.gcnArchName);
     const char* unit = "MFMA 32x32x8";
 #endif
     tiles_ = gpu::matrix_tiles_setting(hw);

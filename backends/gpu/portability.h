@@ -32,6 +32,17 @@
 #include <stdexcept>
 #include <string>
 
+// AMD targets with the CDNA matrix instructions the tiles use, v_mfma_f32_32x32x8{f16,bf16_1k}:
+// gfx90a (MI200) and gfx940-942 (MI300), where LLVM emits the same builtins as
+// v_mfma_f32_32x32x8_{f16,bf16} with the same A, B, C, D register layouts (AMD's matrix
+// instruction calculator, CDNA2 against CDNA3: identical tables). Debian's hipcc 5.2 knows
+// gfx940 but not gfx942, whose code objects gfx940's do not replace: build with
+// -DCT_HIP_ARCHS=gfx942 and a ROCm that knows it.
+#if defined(CT_GPU_HIP) && \
+    (defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__))
+#define CT_HIP_MFMA 1
+#endif
+
 namespace ct::gpu {
 // Largest warp a target can have: kernels instantiated for a wider WARP must not be launched there.
 #if defined(CT_GPU_CUDA)

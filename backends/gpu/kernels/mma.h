@@ -7,7 +7,8 @@
 // hardware instruction that executes the tile where there is one:
 //   WARP 32: PTX mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16} (sm_80 and later; NVIDIA
 //            PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"),
-//   WARP 64: CDNA v_mfma_f32_32x32x8{f16,bf16_1k} (gfx90a; AMD's matrix instruction tables).
+//   WARP 64: CDNA v_mfma_f32_32x32x8{f16,bf16_1k} (gfx90a, gfx94x; AMD's matrix instruction
+//   tables).
 // On the CPU SIMT runtime the tile is one call of the runtime's warp collective for that
 // instruction (backends/gpu/matrix_ops.h, backends/simt/matrix.cpp): all lanes' fragments at
 // once, the same layouts, k summed in order from c. Everywhere else -- RDNA, HIP without MFMA,
@@ -185,7 +186,7 @@ inline constexpr bool kMmaTile32 = true;
 #else
 inline constexpr bool kMmaTile32 = false;
 #endif
-#if defined(CT_GPU_SIMT) || (defined(CT_GPU_HIP) && defined(__gfx90a__))
+#if defined(CT_GPU_SIMT) || defined(CT_HIP_MFMA)
 inline constexpr bool kMmaTile64 = true;
 #else
 inline constexpr bool kMmaTile64 = false;
