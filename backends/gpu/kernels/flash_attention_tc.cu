@@ -38,13 +38,14 @@
 // from the staged tiles by ldmatrix.x4 (.trans for V, dO, Q in the P V-like products), two
 // n-tiles a k-step; elsewhere each lane reads its fragment elements through the tile's layout
 // functions. The block's own
-// rows (q, dout in the forward and query kernels, k, v in the key kernel) go straight from global
-// memory into A fragments, once. P and dS change from the C layout to the A layout: at warp 32
-// in registers (m16n8k16's C fragments of n-tiles 2j, 2j+1 are the A fragment of k-step j;
-// m16n8k8's C fragment of n-tile j is the A fragment of k-step j when k position q + 4h stands
-// for column 2q + h, so the B operand of those products reads its rows in that order), at warp 64
-// through a per-warp shared scratch. Shared memory stays under the 48 KB of static allocation:
-// f32 rows take twice the bytes, so head size 128 stages 32 keys a tile in f32 (kKeys).
+// rows (q, dout in the forward and query kernels, k in the key kernel) go straight from global
+// memory into A fragments, once; the key kernel's v rows are staged once in dynamic shared memory
+// and read a k-step's A fragment at a time (registers). P and dS change from the C layout to the A
+// layout: at warp 32 in registers (m16n8k16's C fragments of n-tiles 2j, 2j+1 are the A fragment of
+// k-step j; m16n8k8's C fragment of n-tile j is the A fragment of k-step j when k position q + 4h
+// stands for column 2q + h, so the B operand of those products reads its rows in that order), at
+// warp 64 through a per-warp shared scratch. Static shared memory stays under 48 KB: f32 rows take
+// twice the bytes, so head size 128 stages 32 keys a tile in f32 (kKeys).
 #include <string>
 
 #include "backends/gpu/kernels/common.h"
@@ -134,6 +135,8 @@ template <int HS>
 constexpr int kQueries = HS == 128 ? 32 : 64;  // query rows a staged tile (key kernel)
 template <int WARP>
 constexpr int kThreads = kRows / MmaLayout<WARP>::TM* WARP;  // 128 at warp 32 and 64
+template <typename Op, int HS>  // the key kernel's v rows (dynamic shared memory)
+constexpr std::size_t kVRowBytes = kRows*(HS + kPad<Op>)*sizeof(Op);
 
 struct TcDims {
   std::int64_t T;
@@ -634,28 +637,24 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   CT_SHARED(Vec16<Op>, ps16, kScratch / kV);
   CT_SHARED(float, lq, kQ);
   CT_SHARED(float, Dq, kQ);
-  // 16-bit: the block's v rows stay in shared memory and dP^T = V dO^T reads their A fragments
-  // a k-step at a time (K's and V's fragments, dK and dV for hs 128 spilled from 255 registers
-  // otherwise); f32 rows would pass 48 KB, so they stay in registers.
-  constexpr bool kVStaged = sizeof(Op) == 2;
-  CT_SHARED(Vec16<Op>, vs16, kVStaged ? kRows * kLd / kV : 1);
+  // The block's v rows (kVRowBytes<Op, HS> of dynamic shared memory: with the static arrays past
+  // 48 KB in f32): dP^T = V dO^T reads their A fragments a k-step at a time, so K's and V's
+  // fragments, dK and dV are not all held in registers (at hs 128 they spilled).
+  CT_DYNAMIC_SHARED(Op, vs);
   auto* qs = reinterpret_cast<Op*>(qs16);
   auto* gs = reinterpret_cast<Op*>(gs16);
   const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
   Op* ps = reinterpret_cast<Op*>(ps16) + warp * L::TM * (kQ + kPd);
-  const Op* vrows = reinterpret_cast<const Op*>(vs16) + warp * L::TM * kLd;  // (kVStaged)
+  const Op* vrows = vs + warp * L::TM * kLd;
   const std::int64_t b = blockIdx.y / d.NKV, j = blockIdx.y % d.NKV;
   const std::int64_t k0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
   const std::int64_t w0 = k0 + warp * L::TM;  // the warp's first key
   const std::int64_t row0 = b * d.T * d.C3, orow0 = b * d.T * d.C;
 
-  Op ka[HS / L::TK][L::NA], va[kVStaged ? 1 : HS / L::TK][L::NA];
+  Op ka[HS / L::TK][L::NA];
   load_a<L, HS>(ka, qkv, row0 + k_col(d, j), d.C3, w0, d.T, lane);
-  if constexpr (kVStaged)  // in the first group, with the first dout
-    stage<L, kRows, HS, kThreads<WARP>>(reinterpret_cast<Op*>(vs16), qkv, row0 + v_col(d, j), d.C3,
-                                        k0, d.T);
-  else
-    load_a<L, HS>(va, qkv, row0 + v_col(d, j), d.C3, w0, d.T, lane);
+  // v in the first group, with the first dout
+  stage<L, kRows, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, k0, d.T);
   float dk[DT][L::NC], dv[DT][L::NC];
   CT_TC_UNROLL
   for (int t = 0; t < DT; ++t) CT_TC_UNROLL
@@ -699,10 +698,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
       CT_TC_UNROLL
       for (int t = 0; t < NT; ++t) CT_TC_UNROLL
       for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f, dp[t][e] = 0.0f;
-      if constexpr (kVStaged)
-        mma_abt_staged<L, HS, NT>(dp, vrows, gs, lane);  // dP^T
-      else
-        mma_abt<L, HS, NT>(dp, va, gs, lane);
+      mma_abt_staged<L, HS, NT>(dp, vrows, gs, lane);  // dP^T
     }
     ct_cp_async_wait<0>();
     __syncthreads();  // q, lse and D of the tile are in
@@ -819,9 +815,20 @@ void flash_attention_tc_backward(const Ctx& cx, void* dqkv, const void* dout, co
     using E = decltype(el);
     launch<W>(CT_KERNEL(flash_tc_backward_query_kernel<W, E, HS>), tc_grid(B, T, NH, T),
               dim3(kThreads<W>), 0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
+    constexpr std::size_t kVBytes = kVRowBytes<typename Tc<W, E>::Op, HS>;
+#if defined(CT_GPU_CUDA)
+    // Past 48 KB (f32: 52 KB at hs 64, 67 KB at hs 128) a kernel takes dynamic shared memory
+    // only when asked (per device: every call, as gemm_tc does).
+    const cudaError_t err = cudaFuncSetAttribute(flash_tc_backward_key_kernel<W, E, HS>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(kVBytes));
+    if (err != cudaSuccess)
+      throw std::runtime_error(std::string("flash_attention_tc: cudaFuncSetAttribute failed: ") +
+                               cudaGetErrorString(err));
+#endif
     launch<W>(CT_KERNEL(flash_tc_backward_key_kernel<W, E, HS>), tc_grid(B, T, NKV, T),
-              dim3(kThreads<W>), 0, stream_of(cx), dqkv, static_cast<const float*>(D), dout, qkv,
-              lse, d);
+              dim3(kThreads<W>), kVBytes, stream_of(cx), dqkv, static_cast<const float*>(D), dout,
+              qkv, lse, d);
   });
 }
 
