@@ -817,14 +817,17 @@ void flash_attention_tc_backward(const Ctx& cx, void* dqkv, const void* dout, co
               dim3(kThreads<W>), 0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
     constexpr std::size_t kVBytes = kVRowBytes<typename Tc<W, E>::Op, HS>;
 #if defined(CT_GPU_CUDA)
-    // Past 48 KB (f32: 52 KB at hs 64, 67 KB at hs 128) a kernel takes dynamic shared memory
-    // only when asked (per device: every call, as gemm_tc does).
-    const cudaError_t err = cudaFuncSetAttribute(flash_tc_backward_key_kernel<W, E, HS>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(kVBytes));
-    if (err != cudaSuccess)
-      throw std::runtime_error(std::string("flash_attention_tc: cudaFuncSetAttribute failed: ") +
-                               cudaGetErrorString(err));
+    // Past 48 KB with the static arrays (f32: 52 KB at hs 64, 67 KB at hs 128; 16-bit 28-35 KB)
+    // a kernel takes dynamic shared memory only when asked (per device: every call, as gemm_tc
+    // and FlashAttention-2 do, also while a graph is captured).
+    if constexpr (sizeof(typename Tc<W, E>::Op) == 4) {
+      const cudaError_t err = cudaFuncSetAttribute(flash_tc_backward_key_kernel<W, E, HS>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(kVBytes));
+      if (err != cudaSuccess)
+        throw std::runtime_error(std::string("flash_attention_tc: cudaFuncSetAttribute failed: ") +
+                                 cudaGetErrorString(err));
+    }
 #endif
     launch<W>(CT_KERNEL(flash_tc_backward_key_kernel<W, E, HS>), tc_grid(B, T, NKV, T),
               dim3(kThreads<W>), kVBytes, stream_of(cx), dqkv, static_cast<const float*>(D), dout,
