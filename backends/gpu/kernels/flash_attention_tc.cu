@@ -40,10 +40,10 @@
 // functions. The block's own
 // rows (q, dout in the forward and query kernels, k in the key kernel) go straight from global
 // memory into A fragments, once; the key kernel's v rows are staged once in dynamic shared memory
-// and read a k-step's A fragment at a time (registers). P and dS change from the C layout to the A
-// layout: at warp 32 in registers (m16n8k16's C fragments of n-tiles 2j, 2j+1 are the A fragment of
-// k-step j; m16n8k8's C fragment of n-tile j is the A fragment of k-step j when k position q + 4h
-// stands for column 2q + h, so the B operand of those products reads its rows in that order), at
+// and read into registers a k-step's A fragment at a time. P and dS change from the C layout to the
+// A layout: at warp 32 in registers (m16n8k16's C fragments of n-tiles 2j, 2j+1 are the A fragment
+// of k-step j; m16n8k8's C fragment of n-tile j is the A fragment of k-step j when k position q +
+// 4h stands for column 2q + h, so the B operand of those products reads its rows in that order), at
 // warp 64 through a per-warp shared scratch. Static shared memory stays under 48 KB: f32 rows take
 // twice the bytes, so head size 128 stages 32 keys a tile in f32 (kKeys).
 #include <string>
@@ -136,7 +136,7 @@ constexpr int kQueries = HS == 128 ? 32 : 64;  // query rows a staged tile (key 
 template <int WARP>
 constexpr int kThreads = kRows / MmaLayout<WARP>::TM* WARP;  // 128 at warp 32 and 64
 template <typename Op, int HS>  // the key kernel's v rows (dynamic shared memory)
-constexpr std::size_t kVRowBytes = kRows*(HS + kPad<Op>)*sizeof(Op);
+constexpr std::size_t kVRowBytes = sizeof(Op) * kRows*(HS + kPad<Op>);
 
 struct TcDims {
   std::int64_t T;
