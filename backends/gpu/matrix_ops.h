@@ -282,21 +282,18 @@ template <int N>
 void ct_cp_async_wait() {
   ::ct::simt::async_wait(N);
 }
-#elif defined(CT_GPU_HIP)
-// One 16-byte vector in registers: with the struct (below) AMDGPU built the selected value in
-// scratch memory, 4 stores and 4 loads a copy (the 32 bytes a lane every tile kernel showed).
+#else
 __device__ __forceinline__ void ct_cp_async_16(void* dst, const void* src, int bytes) {
+#if defined(CT_GPU_HIP)
+  // One 16-byte vector in registers: with the struct AMDGPU built the selected value in scratch
+  // memory, 4 stores and 4 loads a copy (the 32 bytes a lane every tile kernel showed).
   typedef std::uint32_t V __attribute__((ext_vector_type(4)));
   const V v = bytes ? *static_cast<const V*>(src) : V{0u, 0u, 0u, 0u};
   *static_cast<V*>(dst) = v;
-}
-__device__ __forceinline__ void ct_cp_async_commit() {}
-template <int N>
-__device__ __forceinline__ void ct_cp_async_wait() {}
 #else
-__device__ __forceinline__ void ct_cp_async_16(void* dst, const void* src, int bytes) {
   using ::ct::gpu::matrix_detail::Bytes16;
   *static_cast<Bytes16*>(dst) = bytes ? *static_cast<const Bytes16*>(src) : Bytes16{};
+#endif
 }
 __device__ __forceinline__ void ct_cp_async_commit() {}
 template <int N>
