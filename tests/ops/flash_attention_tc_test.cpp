@@ -80,12 +80,14 @@ TcOut run(Device& d, const TcCase& c, bool misalign = false) {
 
 // Head sizes 64 and 128; plain, grouped (2 query heads a kv head) and multi-query attention;
 // T past one tile and mid-tile (40), past a block and mid-tile (77), a single row (1); f16 and
-// bf16.
+// bf16. The 16-bit forward at head size 64 runs 128-row blocks (two m-tiles a warp): 130 and 200
+// are past one of them, mid-tile, with 3 and 4 key tiles.
 const TcCase kTcCases[] = {
     {2, 40, 2, 2, 64, DType::bf16, 41},  {2, 77, 4, 2, 64, DType::f16, 42},
     {2, 77, 4, 1, 64, DType::bf16, 43},  {2, 40, 2, 2, 128, DType::f16, 44},
     {2, 77, 4, 2, 128, DType::bf16, 45}, {2, 40, 4, 1, 128, DType::f16, 46},
-    {2, 1, 4, 2, 64, DType::bf16, 47},
+    {2, 1, 4, 2, 64, DType::bf16, 47},   {1, 130, 2, 2, 64, DType::f16, 48},
+    {1, 200, 2, 1, 64, DType::bf16, 49},
 };
 
 // f32 under TF32: grouped and multi-query attention, head sizes 64 and 128 (128 stages 32 keys a
@@ -182,16 +184,18 @@ TEST_P(FlashAttentionTiles, Deterministic) {
 // The forward of the last Tq rows (sampling's key/value cache: out [B,Tq,C], lse [B,NH,Tq])
 // gives the whole window's rows T - Tq .. T - 1 bit for bit: the same query blocks, sums and
 // order, only those holding the rows launched. Tq = 1 (one block a head), from mid-block (40 of
-// 77: rows 0 .. 36 of the first block are computed but must not be stored) and from a block's
-// start (13); bf16 hs 64 with two batch elements (a stray store of batch 1 would land in batch
-// 0's rows), f16 hs 128 multi-query, f32 under TF32 (the tile at warp 32, the general kernels on
-// simt64). Guard elements on both sides of out and lse must stay as filled.
+// 77: rows 0 .. 36 of the first block are computed but must not be stored) and 13 (at hs 128 and
+// in f32 a 64-row block's start); bf16 hs 64 with two batch elements (a stray store of batch 1
+// would land in batch 0's rows), f16 hs 128 multi-query, f32 under TF32 (the tile at warp 32, the
+// general kernels on simt64), f16 hs 64 at T 200 (the rows in the second 128-row block, which
+// alone is launched). Guard elements on both sides of out and lse must stay as filled.
 TEST_P(FlashAttentionTiles, LastRowsAreTheWholeWindowsRows) {
   tiled_->set_allow_tf32(true);
   constexpr int64_t kGuard = 64;  // elements each side (keeps out 16-byte aligned)
   const TcCase cases[] = {{2, 77, 2, 2, 64, DType::bf16, 71},
                           {1, 77, 2, 1, 128, DType::f16, 72},
-                          {1, 77, 2, 1, 64, DType::f32, 73}};
+                          {1, 77, 2, 1, 64, DType::f32, 73},
+                          {1, 200, 2, 1, 64, DType::f16, 74}};  // rows in a second 128-row block
   for (const TcCase& c : cases) {
     const Vec qkv = randn(c.B * c.T * c.W(), c.seed);
     Tensor tq = tiled_->empty({c.B, c.T, c.W()}, c.dt, MemCategory::kActivations);

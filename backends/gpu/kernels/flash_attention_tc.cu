@@ -7,7 +7,9 @@
 //
 // A block is kThreads threads, kRows (64) query (or key) rows of one head; each warp owns TM
 // rows of them (16 at warp 32: mma.sync m16n8k16, or m16n8k8 .tf32 for f32; 32 at warp 64:
-// v_mfma_f32_32x32x8), and every matrix product is a sequence of tiles c += a b on that warp:
+// v_mfma_f32_32x32x8), and every matrix product is a sequence of tiles c += a b on that warp.
+// The forward of 16-bit operands at head size 64 gives each warp two m-tiles (32 rows, 128 a
+// block: kFwdMTiles), so every K or V fragment read from shared memory feeds two products.
 //   forward (per query block, key tiles of kKeys in order, the causal ones only):
 //     S = Q K^T, online softmax on S's C fragments per row (running max m and per-lane partial
 //     sums l, rescaled when m grows), O += P V with P rounded to the operand type; at the end
@@ -23,7 +25,9 @@
 //     S^T = K Q^T, P^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
 // Every output has one owner (a warp) that sums in an order fixed by the shapes: no atomics,
 // the same bits run after run. (The bits differ from the general kernels': P and dS go through
-// the tile in the operand type, and the tile's k order is the hardware's.)
+// the tile in the operand type, and the tile's k order is the hardware's; on CUDA so are the
+// softmax's exponentials, ct_exp_le0_tile.) The causal mask is applied only to the tiles that
+// reach the diagonal or T (warp-uniform tests); the others take every score as it is.
 //
 // Operands (Tc below): the element type's stored bits for F16 and BF16; for f32, the f32 bits
 // rounded to TF32 (ct_f32_to_tf32, to nearest) where they enter the tile -- when staged, when
@@ -46,7 +50,9 @@
 // 4h stands for column 2q + h, so the B operand of those products reads its rows in that order), at
 // warp 64 through a per-warp shared scratch. Static shared memory stays under 48 KB: f32 rows take
 // twice the bytes, so head size 128 stages 32 keys a tile in f32 (kKeys).
+#include <climits>
 #include <string>
+#include <type_traits>
 
 #include "backends/gpu/kernels/common.h"
 #include "backends/gpu/kernels/mma.h"
@@ -87,10 +93,22 @@ struct Tc : MmaLayout<WARP> {
   static __device__ __forceinline__ Op enter(Op stored) { return stored; }
   static __device__ __forceinline__ Op of(float v) {
     Op b;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    // One cvt.rn (round to nearest even, subnormals kept): E::store's bits for every value but
+    // NaN, whose products are NaN either way; the software rounding takes 5 (bf16) to 12 (f16)
+    // instructions and branches an element.
+    if constexpr (std::is_same_v<E, BF16>)
+      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(v));
+    else
+      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(v));
+#else
     E::store(&b, 0, v);
+#endif
     return b;
   }
-  static __device__ __forceinline__ int pv_k(int lane, int e) { return L::b_k(lane, e); }
+  static __device__ __forceinline__ int pv_k(int lane, int e) {
+    return L::b_k(lane, e);
+  }
   static __device__ __forceinline__ void mma(float (&c)[L::NC], const Op (&a)[L::NA],
                                              const Op (&b)[L::NB]) {
     ::ct::gpu::mma<WARP, E>(c, a, b);
@@ -257,14 +275,16 @@ __device__ __forceinline__ void a_of_staged(typename T::Op (&a)[T::NA], const ty
   }
 }
 
-// c[NT] += a b^T for k-step kk of the head dimension: a its A fragment (rows x TK), b the staged
-// rows n0 .. n0 + NT TN of a tile [.][HS + kPad] (B[k][n] = tile[n][k]). On the m16n8k16 tile
-// one ldmatrix.x4 gives the B fragments of n-tiles nt and nt + 1: matrices 0-3 are (keys +0,
-// k +0), (keys +0, k +8), (keys +8, k +0), (keys +8, k +8), whose rows (8 consecutive k of one
-// staged row) lane l addresses as row l % 8 of matrix l / 8.
-template <typename T, int HS, int NT>
-__device__ __forceinline__ void mma_abt_step(float (&c)[NT][T::NC],
-                                             const typename T::Op (&a)[T::NA],
+// c[mt][NT] += a[mt][ka] b^T for k-step kk of the head dimension and each of the warp's MT
+// m-tiles (TM rows each): a[mt][ka] the m-tile's A fragment (rows x TK), b the staged rows n0 ..
+// n0 + NT TN of a tile [.][HS + kPad] (B[k][n] = tile[n][k]). On the m16n8k16 tile one
+// ldmatrix.x4 gives the B fragments of n-tiles nt and nt + 1: matrices 0-3 are (keys +0, k +0),
+// (keys +0, k +8), (keys +8, k +0), (keys +8, k +8), whose rows (8 consecutive k of one staged
+// row) lane l addresses as row l % 8 of matrix l / 8; those fragments feed the MT m-tiles'
+// products (2 MT mma.sync an ldmatrix.x4).
+template <typename T, int HS, int NT, int MT, int KS>
+__device__ __forceinline__ void mma_abt_step(float (&c)[MT][NT][T::NC],
+                                             const typename T::Op (&a)[MT][KS][T::NA], int ka,
                                              const typename T::Op* tile, int kk, int lane) {
   constexpr int kLd = HS + kPad<typename T::Op>;
   if constexpr (T::kLdmatrix) {
@@ -274,8 +294,11 @@ __device__ __forceinline__ void mma_abt_step(float (&c)[NT][T::NC],
     for (int nt = 0; nt < NT; nt += 2) {
       std::uint32_t r[4];
       ct_ldmatrix_x4(r, row + nt * T::TN * kLd + kk * T::TK);
-      T::mma_r(c[nt], a, r[0], r[1]);
-      T::mma_r(c[nt + 1], a, r[2], r[3]);
+      CT_TC_UNROLL
+      for (int mt = 0; mt < MT; ++mt) {
+        T::mma_r(c[mt][nt], a[mt][ka], r[0], r[1]);
+        T::mma_r(c[mt][nt + 1], a[mt][ka], r[2], r[3]);
+      }
     }
   } else {
     CT_TC_UNROLL
@@ -284,19 +307,29 @@ __device__ __forceinline__ void mma_abt_step(float (&c)[NT][T::NC],
       CT_TC_UNROLL
       for (int e = 0; e < T::NB; ++e)
         b[e] = tile[(nt * T::TN + T::b_col(lane, e)) * kLd + kk * T::TK + T::b_k(lane, e)];
-      T::mma(c[nt], a, b);
+      CT_TC_UNROLL
+      for (int mt = 0; mt < MT; ++mt) T::mma(c[mt][nt], a[mt][ka], b);
     }
   }
 }
 
-// c[NT] += a b^T over the head dimension (mma_abt_step's b), a the warp's A fragments (rows x
-// HS) in registers. Each c[nt] adds its k-steps in order.
+// c[mt][NT] += a[mt] b^T over the head dimension (mma_abt_step's b), a the MT m-tiles' A
+// fragments (rows x HS) in registers. Each c[mt][nt] adds its k-steps in order.
+template <typename T, int HS, int NT, int MT>
+__device__ __forceinline__ void mma_abt(float (&c)[MT][NT][T::NC],
+                                        const typename T::Op (&a)[MT][HS / T::TK][T::NA],
+                                        const typename T::Op* tile, int lane) {
+  CT_TC_UNROLL
+  for (int kk = 0; kk < HS / T::TK; ++kk) mma_abt_step<T, HS, NT>(c, a, kk, tile, kk, lane);
+}
+// The same for one m-tile (the backward kernels' warps).
 template <typename T, int HS, int NT>
 __device__ __forceinline__ void mma_abt(float (&c)[NT][T::NC],
                                         const typename T::Op (&a)[HS / T::TK][T::NA],
                                         const typename T::Op* tile, int lane) {
-  CT_TC_UNROLL
-  for (int kk = 0; kk < HS / T::TK; ++kk) mma_abt_step<T, HS, NT>(c, a[kk], tile, kk, lane);
+  using A = const typename T::Op(&)[1][HS / T::TK][T::NA];
+  mma_abt<T, HS, NT>(reinterpret_cast<float(&)[1][NT][T::NC]>(c), reinterpret_cast<A>(a), tile,
+                     lane);
 }
 
 // The same with a as the warp's TM staged rows (a_of_staged, one k-step's fragment at a time):
@@ -306,20 +339,21 @@ __device__ __forceinline__ void mma_abt_staged(float (&c)[NT][T::NC], const type
                                                const typename T::Op* tile, int lane) {
   CT_TC_UNROLL
   for (int kk = 0; kk < HS / T::TK; ++kk) {
-    typename T::Op a[T::NA];
-    a_of_staged<T, HS>(a, rows, kk, lane);
-    mma_abt_step<T, HS, NT>(c, a, tile, kk, lane);
+    typename T::Op a[1][1][T::NA];
+    a_of_staged<T, HS>(a[0][0], rows, kk, lane);
+    mma_abt_step<T, HS, NT>(reinterpret_cast<float(&)[1][NT][T::NC]>(c), a, 0, tile, kk, lane);
   }
 }
 
-// c[HS / TN] += a b: a the A fragments (from c_to_a) of KT k-steps over the staged tile's rows,
-// b the staged tile [KT TK][HS + kPad] (B[k][n] = tile[k][n], k in c_to_a's order). On the
-// m16n8k16 tile one ldmatrix.x4.trans gives the B fragments of n-tiles dt and dt + 1 (head
-// columns) for one k-step: matrices 0-3 are (k +0, n +0), (k +8, n +0), (k +0, n +8),
-// (k +8, n +8), each 8 staged rows (k) of 8 columns, transposed on the way.
-template <typename T, int HS, int KT>
-__device__ __forceinline__ void mma_ab(float (&c)[HS / T::TN][T::NC],
-                                       const typename T::Op (&a)[KT][T::NA],
+// c[mt][HS / TN] += a[mt] b for each of the MT m-tiles: a[mt] the A fragments (from c_to_a) of
+// KT k-steps over the staged tile's rows, b the staged tile [KT TK][HS + kPad] (B[k][n] =
+// tile[k][n], k in c_to_a's order). On the m16n8k16 tile one ldmatrix.x4.trans gives the B
+// fragments of n-tiles dt and dt + 1 (head columns) for one k-step: matrices 0-3 are (k +0,
+// n +0), (k +8, n +0), (k +0, n +8), (k +8, n +8), each 8 staged rows (k) of 8 columns,
+// transposed on the way; they feed the MT m-tiles' products.
+template <typename T, int HS, int KT, int MT>
+__device__ __forceinline__ void mma_ab(float (&c)[MT][HS / T::TN][T::NC],
+                                       const typename T::Op (&a)[MT][KT][T::NA],
                                        const typename T::Op* tile, int lane) {
   constexpr int kLd = HS + kPad<typename T::Op>;
   if constexpr (T::kLdmatrix) {
@@ -330,8 +364,11 @@ __device__ __forceinline__ void mma_ab(float (&c)[HS / T::TN][T::NC],
     for (int kk = 0; kk < KT; ++kk) {
       std::uint32_t r[4];
       ct_ldmatrix_x4_trans(r, row + kk * T::TK * kLd + dt * T::TN);
-      T::mma_r(c[dt], a[kk], r[0], r[1]);
-      T::mma_r(c[dt + 1], a[kk], r[2], r[3]);
+      CT_TC_UNROLL
+      for (int mt = 0; mt < MT; ++mt) {
+        T::mma_r(c[mt][dt], a[mt][kk], r[0], r[1]);
+        T::mma_r(c[mt][dt + 1], a[mt][kk], r[2], r[3]);
+      }
     }
   } else {
     CT_TC_UNROLL
@@ -341,9 +378,19 @@ __device__ __forceinline__ void mma_ab(float (&c)[HS / T::TN][T::NC],
       CT_TC_UNROLL
       for (int e = 0; e < T::NB; ++e)
         b[e] = tile[(kk * T::TK + T::pv_k(lane, e)) * kLd + dt * T::TN + T::b_col(lane, e)];
-      T::mma(c[dt], a[kk], b);
+      CT_TC_UNROLL
+      for (int mt = 0; mt < MT; ++mt) T::mma(c[mt][dt], a[mt][kk], b);
     }
   }
+}
+// The same for one m-tile (the backward kernels' warps).
+template <typename T, int HS, int KT>
+__device__ __forceinline__ void mma_ab(float (&c)[HS / T::TN][T::NC],
+                                       const typename T::Op (&a)[KT][T::NA],
+                                       const typename T::Op* tile, int lane) {
+  using A = const typename T::Op(&)[1][KT][T::NA];
+  mma_ab<T, HS, KT>(reinterpret_cast<float(&)[1][HS / T::TN][T::NC]>(c), reinterpret_cast<A>(a),
+                    tile, lane);
 }
 
 // The C fragments c[NT] (the warp's TM rows x NT TN columns), as operands (Tc::of), as the A
@@ -390,14 +437,44 @@ __device__ __forceinline__ std::int64_t v_col(const TcDims& d, std::int64_t j) {
   return d.C + (d.NKV + j) * d.hs;
 }
 
-// The first query block holding a row of out: that of position T - Tq (0 when Tq = T).
-__host__ __device__ __forceinline__ std::int64_t first_block(std::int64_t T, std::int64_t Tq) {
-  return (T - Tq) / kRows;
+// The forward's scores: s = S scale, or -kFltMax where MASKED and the key (column) is after the
+// row or at or past T. dr: the warp's first row minus the tile's first key; dt: T minus the tile's
+// first key (both fit an int: T does). Column kc of m-tile row rc is masked when kc - rc > dr or
+// kc >= dt: key u0 + kc against row w0 + rc.
+template <typename L, int MT, int NT, bool MASKED>
+__device__ __forceinline__ void scale_scores(float (&s)[MT][NT][L::NC], float scale,
+                                             std::int64_t dr, std::int64_t dt, int lane) {
+  const int r = static_cast<int>(dr), n = static_cast<int>(dt < INT_MAX ? dt : INT_MAX);
+  CT_TC_UNROLL
+  for (int mt = 0; mt < MT; ++mt) CT_TC_UNROLL
+  for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+  for (int e = 0; e < L::NC; ++e) {
+    const int kc = t * L::TN + L::c_col(lane, e), rc = mt * L::TM + L::c_row(lane, e);
+    s[mt][t][e] = !MASKED || (kc - rc <= r && kc < n) ? s[mt][t][e] * scale : -kFltMax;
+  }
 }
 
-// out (B, Tq, C), lse (B, NH, Tq) f32, qkv (B, T, C3). Block (x, y): query rows kRows x' .. of
-// head y = b NH + h, x' = first_block + gridDim.x - 1 - x (the longest causal rows start first);
-// out's row i is position T - Tq + i.
+// The forward's m-tiles a warp: two at warp 32 for 16-bit operands at head size 64 (32 query
+// rows a warp, 128 a block, as FlashAttention-2's forward: each B fragment the warps read from
+// shared memory, a K or V tile's, feeds two m-tiles' mma.sync, so the ldmatrix traffic a product
+// halves), else one (head size 128 and TF32's 32-bit operands would not fit the registers twice;
+// warp 64's 32 x 32 tile has its 32 rows already). The same sums for every row either way.
+template <int WARP, typename E, int HS>
+constexpr int kFwdMTiles = WARP == 32 && sizeof(typename E::Storage) == 2 && HS == 64 ? 2 : 1;
+template <int WARP, typename E, int HS>  // query rows a forward block (kThreads<WARP> threads)
+constexpr int kFwdRows = kFwdMTiles<WARP, E, HS>* kRows;
+
+// The first block of `rows` query rows holding a row of out: that of position T - Tq (0 when
+// Tq = T).
+__host__ __device__ __forceinline__ std::int64_t first_block(std::int64_t T, std::int64_t Tq,
+                                                             int rows) {
+  return (T - Tq) / rows;
+}
+
+// out (B, Tq, C), lse (B, NH, Tq) f32, qkv (B, T, C3). Block (x, y): query rows kFwdRows x' ..
+// of head y = b NH + h, x' = first_block + gridDim.x - 1 - x (the longest causal rows start
+// first); out's row i is position T - Tq + i. Warp w owns rows kFwdRows x' + MT TM w .., its
+// m-tile mt the TM rows from MT TM w + mt TM.
 template <int WARP, typename E, int HS>
 __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     flash_tc_forward_kernel(void* out, float* lse, const void* qkv, TcDims d) {
@@ -406,9 +483,14 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   using L = Tc<WARP, E>;
   using Op = typename L::Op;
   using R = CRows<WARP>;
+  constexpr int MT = kFwdMTiles<WARP, E, HS>, kBlockRows = kFwdRows<WARP, E, HS>;
   constexpr int kK = kKeys<E, HS>, kPd = kPad<Op>, kV = 16 / sizeof(Op);
   constexpr int kLd = HS + kPd, NT = kK / L::TN, KT = kK / L::TK, DT = HS / L::TN;
   constexpr int kScratch = WARP == 32 ? kV : kRows * (kK + kPd);
+  // A warp's rows start at a multiple of MT TM and key tiles at multiples of kK, so an m-tile
+  // sees a key tile exactly when its warp does (below: `sees`).
+  static_assert(MT == 1 || kK % (MT * L::TM) == 0, "key tiles of whole warps' rows");
+  static_assert(WARP == 32 || MT == 1, "the per-warp scratch of c_to_a holds one m-tile");
   CT_SHARED(Vec16<Op>, ks16, kK * kLd / kV);
   CT_SHARED(Vec16<Op>, vs16, kK * kLd / kV);
   CT_SHARED(Vec16<Op>, ps16, kScratch / kV);
@@ -419,25 +501,30 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   const std::int64_t b = blockIdx.y / d.NH, h = blockIdx.y % d.NH, j = h / d.G;
   const std::int64_t p0 = d.T - d.Tq;  // the position of out's row 0
   const std::int64_t q0 =
-      (first_block(d.T, d.Tq) + static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x)) * kRows;
-  const std::int64_t w0 = q0 + warp * L::TM;  // the warp's first row
-  const std::int64_t row0 = b * d.T * d.C3;   // qkv's row 0 of batch b
+      (first_block(d.T, d.Tq, kBlockRows) + static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x)) *
+      kBlockRows;
+  const std::int64_t w0 = q0 + warp * MT * L::TM;  // the warp's first row
+  const std::int64_t row0 = b * d.T * d.C3;        // qkv's row 0 of batch b
 
-  Op qa[HS / L::TK][L::NA];
-  load_a<L, HS>(qa, qkv, row0 + h * d.hs, d.C3, w0, d.T, lane);
-  float o[DT][L::NC];
+  Op qa[MT][HS / L::TK][L::NA];
   CT_TC_UNROLL
+  for (int mt = 0; mt < MT; ++mt)
+    load_a<L, HS>(qa[mt], qkv, row0 + h * d.hs, d.C3, w0 + mt * L::TM, d.T, lane);
+  float o[MT][DT][L::NC];
+  CT_TC_UNROLL
+  for (int mt = 0; mt < MT; ++mt) CT_TC_UNROLL
   for (int t = 0; t < DT; ++t) CT_TC_UNROLL
-  for (int e = 0; e < L::NC; ++e) o[t][e] = 0.0f;
-  float m[R::kSlots], l[R::kSlots];
+  for (int e = 0; e < L::NC; ++e) o[mt][t][e] = 0.0f;
+  float m[MT][R::kSlots], l[MT][R::kSlots];
   CT_TC_UNROLL
-  for (int s = 0; s < R::kSlots; ++s) m[s] = -kFltMax, l[s] = 0.0f;
+  for (int mt = 0; mt < MT; ++mt) CT_TC_UNROLL
+  for (int s = 0; s < R::kSlots; ++s) m[mt][s] = -kFltMax, l[mt][s] = 0.0f;
 
   // The pipeline (FlashAttention-2's): k of tile u0 + kK is copied while the warps compute
   // O += P V of tile u0, v of tile u0 while they compute S = Q K^T. Each copy is one group of
   // ct_cp_async_16 per thread, waited for before the barrier that precedes its first read; the
   // barrier before each copy is after the last read of what it overwrites.
-  const std::int64_t last = q0 + kRows - 1 < d.T - 1 ? q0 + kRows - 1 : d.T - 1;
+  const std::int64_t last = q0 + kBlockRows - 1 < d.T - 1 ? q0 + kBlockRows - 1 : d.T - 1;
   stage<L, kK, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, 0, d.T);
   ct_cp_async_commit();
   for (std::int64_t u0 = 0; u0 <= last; u0 += kK) {
@@ -446,44 +533,50 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     stage<L, kK, HS, kThreads<WARP>>(vs, qkv, row0 + v_col(d, j), d.C3, u0, d.T);
     ct_cp_async_commit();
     // Some row of the warp sees a key of the tile (warp-uniform).
-    const bool sees = u0 <= w0 + L::TM - 1;
-    float s[NT][L::NC];
+    const bool sees = u0 <= w0 + MT * L::TM - 1;
+    float s[MT][NT][L::NC];
     if (sees) {
       CT_TC_UNROLL
+      for (int mt = 0; mt < MT; ++mt) CT_TC_UNROLL
       for (int t = 0; t < NT; ++t) CT_TC_UNROLL
-      for (int e = 0; e < L::NC; ++e) s[t][e] = 0.0f;
+      for (int e = 0; e < L::NC; ++e) s[mt][t][e] = 0.0f;
       mma_abt<L, HS, NT>(s, qa, ks, lane);
-      float mx[R::kSlots];
+      // Scaled scores; -kFltMax for keys after the row or past T, which only tiles reaching the
+      // warp's first row or T have (warp-uniform): the others skip the mask.
+      const bool whole = u0 + kK - 1 <= w0 && u0 + kK <= d.T;
+      if (whole)
+        scale_scores<L, MT, NT, false>(s, d.scale, 0, 0, lane);
+      else
+        scale_scores<L, MT, NT, true>(s, d.scale, w0 - u0, d.T - u0, lane);
       CT_TC_UNROLL
-      for (int r = 0; r < R::kSlots; ++r) mx[r] = -kFltMax;
-      CT_TC_UNROLL
-      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
-      for (int e = 0; e < L::NC; ++e) {
-        const std::int64_t key = u0 + t * L::TN + L::c_col(lane, e);
-        const std::int64_t row = w0 + L::c_row(lane, e);
-        s[t][e] = key <= row && key < d.T ? s[t][e] * d.scale : -kFltMax;
-        mx[e / R::kPer] = fmaxf(mx[e / R::kPer], s[t][e]);
-      }
-      // Masked scores are -kFltMax (finite: fast-math builds may assume no infinities), so a row
-      // without a key so far has m = -kFltMax; its exponentials use 0 instead, and give 0.
-      float mu[R::kSlots];
-      CT_TC_UNROLL
-      for (int r = 0; r < R::kSlots; ++r) {
-        const float mnew = fmaxf(m[r], row_max<WARP>(mx[r]));
-        mu[r] = mnew == -kFltMax ? 0.0f : mnew;
-        const float corr = ct_exp_le0(m[r] - mu[r]);  // 0 while m is -kFltMax
-        l[r] *= corr;
+      for (int mt = 0; mt < MT; ++mt) {
+        float mx[R::kSlots];
         CT_TC_UNROLL
-        for (int t = 0; t < DT; ++t) CT_TC_UNROLL
-        for (int e = 0; e < R::kPer; ++e) o[t][r * R::kPer + e] *= corr;
-        m[r] = mnew;
-      }
-      CT_TC_UNROLL
-      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
-      for (int e = 0; e < L::NC; ++e) {
-        const float p = ct_exp_le0(s[t][e] - mu[e / R::kPer]);
-        s[t][e] = p;
-        l[e / R::kPer] += p;
+        for (int r = 0; r < R::kSlots; ++r) mx[r] = -kFltMax;
+        CT_TC_UNROLL
+        for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+        for (int e = 0; e < L::NC; ++e) mx[e / R::kPer] = fmaxf(mx[e / R::kPer], s[mt][t][e]);
+        // Masked scores are -kFltMax (finite: fast-math builds may assume no infinities), so a
+        // row without a key so far has m = -kFltMax; its exponentials use 0 instead, and give 0.
+        float mu[R::kSlots];
+        CT_TC_UNROLL
+        for (int r = 0; r < R::kSlots; ++r) {
+          const float mnew = fmaxf(m[mt][r], row_max<WARP>(mx[r]));
+          mu[r] = mnew == -kFltMax ? 0.0f : mnew;
+          const float corr = ct_exp_le0_tile(m[mt][r] - mu[r]);  // 0 while m is -kFltMax
+          l[mt][r] *= corr;
+          CT_TC_UNROLL
+          for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+          for (int e = 0; e < R::kPer; ++e) o[mt][t][r * R::kPer + e] *= corr;
+          m[mt][r] = mnew;
+        }
+        CT_TC_UNROLL
+        for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+        for (int e = 0; e < L::NC; ++e) {
+          const float p = ct_exp_le0_tile(s[mt][t][e] - mu[e / R::kPer]);
+          s[mt][t][e] = p;
+          l[mt][e / R::kPer] += p;
+        }
       }
     }
     ct_cp_async_wait<0>();
@@ -492,29 +585,33 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
       stage<L, kK, HS, kThreads<WARP>>(ks, qkv, row0 + k_col(d, j), d.C3, u0 + kK, d.T);
     ct_cp_async_commit();
     if (sees) {
-      Op pa[KT][L::NA];
-      c_to_a<WARP, L, NT>(pa, s, ps, lane);
+      Op pa[MT][KT][L::NA];
+      CT_TC_UNROLL
+      for (int mt = 0; mt < MT; ++mt) c_to_a<WARP, L, NT>(pa[mt], s[mt], ps, lane);
       mma_ab<L, HS, KT>(o, pa, vs, lane);
     }
   }
   ct_cp_async_wait<0>();  // the empty group of the last tile
 
-  float inv[R::kSlots];
   CT_TC_UNROLL
-  for (int r = 0; r < R::kSlots; ++r) {
-    l[r] = row_sum<WARP>(l[r]);
-    inv[r] = 1.0f / l[r];
-    const std::int64_t row = w0 + c_slot_row<WARP>(lane, r);
-    if (row >= p0 && row < d.T && lane % R::kRowLanes == 0)
-      lse[(b * d.NH + h) * d.Tq + row - p0] = m[r] + logf(l[r]);
-  }
-  CT_TC_UNROLL
-  for (int t = 0; t < DT; ++t) CT_TC_UNROLL
-  for (int e = 0; e < L::NC; ++e) {
-    const std::int64_t row = w0 + L::c_row(lane, e);
-    if (row >= p0 && row < d.T)
-      E::store(out, (b * d.Tq + row - p0) * d.C + h * d.hs + t * L::TN + L::c_col(lane, e),
-               o[t][e] * inv[e / R::kPer]);
+  for (int mt = 0; mt < MT; ++mt) {
+    float inv[R::kSlots];
+    CT_TC_UNROLL
+    for (int r = 0; r < R::kSlots; ++r) {
+      l[mt][r] = row_sum<WARP>(l[mt][r]);
+      inv[r] = 1.0f / l[mt][r];
+      const std::int64_t row = w0 + mt * L::TM + c_slot_row<WARP>(lane, r);
+      if (row >= p0 && row < d.T && lane % R::kRowLanes == 0)
+        lse[(b * d.NH + h) * d.Tq + row - p0] = m[mt][r] + logf(l[mt][r]);
+    }
+    CT_TC_UNROLL
+    for (int t = 0; t < DT; ++t) CT_TC_UNROLL
+    for (int e = 0; e < L::NC; ++e) {
+      const std::int64_t row = w0 + mt * L::TM + L::c_row(lane, e);
+      if (row >= p0 && row < d.T)
+        E::store(out, (b * d.Tq + row - p0) * d.C + h * d.hs + t * L::TN + L::c_col(lane, e),
+                 o[mt][t][e] * inv[e / R::kPer]);
+    }
   }
 }
 
@@ -589,15 +686,25 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     ct_cp_async_commit();
     if (sees) {
       mma_abt<L, HS, NT>(s, qa, ks, lane);
-      CT_TC_UNROLL
-      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
-      for (int e = 0; e < L::NC; ++e) {
-        const std::int64_t key = u0 + t * L::TN + L::c_col(lane, e);
-        const std::int64_t row = w0 + L::c_row(lane, e);
-        const int r = e / R::kPer;
-        const float p = key <= row && key < d.T ? ct_exp_le0(s[t][e] * d.scale - ls[r]) : 0.0f;
-        s[t][e] = p * (dp[t][e] - D[r]) * d.scale;  // dS
-      }
+      // P, 0 for keys after the row or past T (the forward's mask, only on tiles reaching the
+      // warp's first row or T), and dS.
+      auto ds = [&](auto masked) {
+        const int dr = static_cast<int>(w0 - u0);
+        const int dt = static_cast<int>(d.T - u0 < INT_MAX ? d.T - u0 : INT_MAX);
+        CT_TC_UNROLL
+        for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+        for (int e = 0; e < L::NC; ++e) {
+          const int kc = t * L::TN + L::c_col(lane, e), rc = L::c_row(lane, e), r = e / R::kPer;
+          const bool in = !decltype(masked)::value || (kc - rc <= dr && kc < dt);
+          const float p = in ? ct_exp_le0_tile(s[t][e] * d.scale - ls[r]) : 0.0f;
+          s[t][e] = p * (dp[t][e] - D[r]) * d.scale;
+        }
+      };
+      // (At head size 128 the masked form only: with both, ptxas spilled the 16-bit kernels.)
+      if (HS == 64 && u0 + kK - 1 <= w0 && u0 + kK <= d.T)
+        ds(std::false_type{});
+      else
+        ds(std::true_type{});
       Op da[KT][L::NA];
       c_to_a<WARP, L, NT>(da, s, ps, lane);
       mma_ab<L, HS, KT>(dq, da, ks, lane);
@@ -705,15 +812,25 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
     Op pa[KT][L::NA];
     if (sees) {
       mma_abt<L, HS, NT>(s, ka, qs, lane);  // S^T: keys x queries
-      CT_TC_UNROLL
-      for (int t = 0; t < NT; ++t) CT_TC_UNROLL
-      for (int e = 0; e < L::NC; ++e) {
-        const int qq = t * L::TN + L::c_col(lane, e);
-        const std::int64_t query = t0 + qq, key = w0 + L::c_row(lane, e);
-        const float p = query >= key && query < d.T ? ct_exp_le0(s[t][e] * d.scale - lq[qq]) : 0.0f;
-        s[t][e] = p;
-        dp[t][e] = p * (dp[t][e] - Dq[qq]) * d.scale;  // dS^T
-      }
+      // P^T, 0 for queries before the key or past T (only on tiles that start before the
+      // warp's last key or reach T), and dS^T.
+      auto ds = [&](auto masked) {
+        const int dk = static_cast<int>(w0 - t0);
+        const int dt = static_cast<int>(d.T - t0 < INT_MAX ? d.T - t0 : INT_MAX);
+        CT_TC_UNROLL
+        for (int t = 0; t < NT; ++t) CT_TC_UNROLL
+        for (int e = 0; e < L::NC; ++e) {
+          const int qq = t * L::TN + L::c_col(lane, e), kr = L::c_row(lane, e);
+          const bool in = !decltype(masked)::value || (qq - kr >= dk && qq < dt);
+          const float p = in ? ct_exp_le0_tile(s[t][e] * d.scale - lq[qq]) : 0.0f;
+          s[t][e] = p;
+          dp[t][e] = p * (dp[t][e] - Dq[qq]) * d.scale;
+        }
+      };
+      if (t0 >= w0 + L::TM - 1 && t0 + kQ <= d.T)
+        ds(std::false_type{});
+      else
+        ds(std::true_type{});
       c_to_a<WARP, L, NT>(pa, s, ps, lane);
       mma_ab<L, HS, KT>(dv, pa, gs, lane);
     }
@@ -768,10 +885,10 @@ void with_tc(const Ctx& cx, Elem e, std::int64_t hs, Fn&& fn) {
   });
 }
 
-// Blocks of kRows rows over B x heads heads: those from first_block(T, Tq) (the forward of the
-// last Tq rows; Tq = T: all of them).
-dim3 tc_grid(std::int64_t B, std::int64_t T, std::int64_t heads, std::int64_t Tq) {
-  return dim3(static_cast<unsigned>((T + kRows - 1) / kRows - first_block(T, Tq)),
+// Blocks of `rows` rows over B x heads heads: those from first_block(T, Tq, rows) (the forward
+// of the last Tq rows; Tq = T: all of them).
+dim3 tc_grid(std::int64_t B, std::int64_t T, std::int64_t heads, std::int64_t Tq, int rows) {
+  return dim3(static_cast<unsigned>((T + rows - 1) / rows - first_block(T, Tq, rows)),
               static_cast<unsigned>(B * heads));
 }
 
@@ -798,8 +915,9 @@ void flash_attention_tc_forward(const Ctx& cx, void* out, float* lse, const void
   with_tc(cx, e, d.hs, [&](auto w, auto el, auto hsz) {
     constexpr int W = decltype(w)::value, HS = decltype(hsz)::value;
     using E = decltype(el);
-    launch<W>(CT_KERNEL(flash_tc_forward_kernel<W, E, HS>), tc_grid(B, T, NH, Tq),
-              dim3(kThreads<W>), 0, stream_of(cx), out, lse, qkv, d);
+    launch<W>(CT_KERNEL(flash_tc_forward_kernel<W, E, HS>),
+              tc_grid(B, T, NH, Tq, kFwdRows<W, E, HS>), dim3(kThreads<W>), 0, stream_of(cx), out,
+              lse, qkv, d);
   });
 }
 
@@ -813,7 +931,7 @@ void flash_attention_tc_backward(const Ctx& cx, void* dqkv, const void* dout, co
   with_tc(cx, e, d.hs, [&](auto w, auto el, auto hsz) {
     constexpr int W = decltype(w)::value, HS = decltype(hsz)::value;
     using E = decltype(el);
-    launch<W>(CT_KERNEL(flash_tc_backward_query_kernel<W, E, HS>), tc_grid(B, T, NH, T),
+    launch<W>(CT_KERNEL(flash_tc_backward_query_kernel<W, E, HS>), tc_grid(B, T, NH, T, kRows),
               dim3(kThreads<W>), 0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
     constexpr std::size_t kVBytes = kVRowBytes<typename Tc<W, E>::Op, HS>;
 #if defined(CT_GPU_CUDA)
@@ -829,7 +947,7 @@ void flash_attention_tc_backward(const Ctx& cx, void* dqkv, const void* dout, co
                                  cudaGetErrorString(err));
     }
 #endif
-    launch<W>(CT_KERNEL(flash_tc_backward_key_kernel<W, E, HS>), tc_grid(B, T, NKV, T),
+    launch<W>(CT_KERNEL(flash_tc_backward_key_kernel<W, E, HS>), tc_grid(B, T, NKV, T, kRows),
               dim3(kThreads<W>), kVBytes, stream_of(cx), dqkv, static_cast<const float*>(D), dout,
               qkv, lse, d);
   });

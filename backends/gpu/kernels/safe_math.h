@@ -35,6 +35,22 @@ __device__ __forceinline__ float ct_exp_le0(float x) {
   return x < -104.0f ? 0.0f : expf(x);
 }
 
+// exp(x) for x <= 0 where the result only becomes a 16-bit or TF32 operand of a matrix tile or
+// joins an f32 row sum (the attention tiles' softmax, flash_attention_tc.cu): on CUDA the
+// hardware's ex2 (x log2(e), then ex2.approx.ftz: MUFU.EX2, subnormal results flushed to 0;
+// relative error ~2^-21 plus |x| 2^-24, below the operands' rounding), two instructions where
+// ct_exp_le0 takes eight and a branch; 0 for -inf and -FLT_MAX (x log2(e) is -inf), NaN stays NaN.
+// Elsewhere (HIP, the SIMT runtime) ct_exp_le0: the SIMT runtime's bits are unchanged.
+__device__ __forceinline__ float ct_exp_le0_tile(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;  // (ex2.approx.f32 without .ftz adds a test and two multiplies for subnormal results)
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504f));
+  return y;
+#else
+  return ct_exp_le0(x);
+#endif
+}
+
 // q * exp(e) for e <= 0, in the log domain where exp(e) alone would be subnormal (e <= -80), so
 // that a product still in the normal range does not become 0. NaN q or e -> NaN; +-inf q ->
 // +-inf while exp(e) > 0, NaN (inf * 0) once it is 0; |q| below the normal range -> +-0.
