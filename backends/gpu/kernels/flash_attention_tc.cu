@@ -644,16 +644,23 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
   Op qa[HS / L::TK][L::NA], ga[HS / L::TK][L::NA];
   load_a<L, HS>(qa, qkv, row0 + h * d.hs, d.C3, w0, d.T, lane);
   load_a<L, HS>(ga, dout, orow0 + h * d.hs, d.C, w0, d.T, lane);
+  // D of the warp's rows: each of the kRowLanes lanes holding a row sums its part of the HS
+  // products in order, then the row's butterfly (row_sum) adds the parts.
   float D[R::kSlots], ls[R::kSlots];
+  constexpr int kPart = HS / R::kRowLanes;
+  const int part = lane % R::kRowLanes;
   CT_TC_UNROLL
   for (int r = 0; r < R::kSlots; ++r) {
     const std::int64_t row = w0 + c_slot_row<WARP>(lane, r);
-    D[r] = 0.0f, ls[r] = 0.0f;
-    if (row >= d.T) continue;
-    const std::int64_t o0 = orow0 + row * d.C + h * d.hs;
-    for (int i = 0; i < HS; ++i) D[r] += E::load(dout, o0 + i) * E::load(out, o0 + i);
-    ls[r] = lse[(b * d.NH + h) * d.T + row];
-    if (lane % R::kRowLanes == 0) Dsave[(b * d.NH + h) * d.T + row] = D[r];
+    float acc = 0.0f;
+    if (row < d.T) {
+      const std::int64_t o0 = orow0 + row * d.C + h * d.hs + part * kPart;
+      CT_TC_UNROLL
+      for (int i = 0; i < kPart; ++i) acc += E::load(dout, o0 + i) * E::load(out, o0 + i);
+    }
+    D[r] = row_sum<WARP>(acc);
+    ls[r] = row < d.T ? lse[(b * d.NH + h) * d.T + row] : 0.0f;
+    if (row < d.T && part == 0) Dsave[(b * d.NH + h) * d.T + row] = D[r];
   }
   float dq[DT][L::NC];
   CT_TC_UNROLL
