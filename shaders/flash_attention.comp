@@ -31,6 +31,13 @@
 #define TILE 16
 layout(local_size_x = ROWS) in;
 
+// The head size, set by the host (backends/vulkan/ops/flash_attention.cpp) when it creates the
+// pipeline: the loops over the head then have a constant trip count, so a GPU's compiler can
+// unroll them and keep each invocation's rows (q, acc, ...) in registers; with the bound read at
+// run time those arrays are indexed dynamically, which puts them in local memory. 0: C / NH from
+// the push constants. The same operations in the same order either way.
+layout(constant_id = 0) const uint HS_SPEC = 0;
+
 layout(push_constant) uniform Push {
   uint T;
   uint C;
@@ -71,7 +78,7 @@ shared float td[TILE];           // BWD_KV: D of the staged queries
   }
 
 void main() {
-  const uint T = pc.T, C = pc.C, hs = C / pc.NH, G = pc.NH / pc.NKV;
+  const uint T = pc.T, C = pc.C, hs = HS_SPEC != 0u ? HS_SPEC : C / pc.NH, G = pc.NH / pc.NKV;
   const uint C3 = C + 2u * pc.NKV * hs, VO = C + pc.NKV * hs;  // VO: where v starts in a row
 #if defined(FA_FWD)
   const uint q0 = pc.odo, Tq = T - q0;

@@ -87,6 +87,14 @@ int64_t flash_head_size(const char* op, const Tensor& out, int n_head) {
                                       " exceeds the Vulkan kernel's limit of 128");
   return hs;
 }
+
+// The scalar shaders' specialization: the head size (flash_attention.comp's HS_SPEC, constant 0).
+PipelineSpec scalar_flash_spec(int64_t hs) {
+  PipelineSpec s;
+  s.n = 1;
+  s.v[0] = static_cast<uint32_t>(hs);
+  return s;
+}
 }  // namespace
 
 // The coopmat kernel for `kernel` on a 16-bit call with head size hs, or false (the scalar
@@ -153,12 +161,13 @@ void VulkanDevice::flash_attention_forward_kernel(const Tensor& out, const Tenso
       h_variant(qkv.dtype, ShaderId::flash_fwd, ShaderId::flash_fwd_f16, ShaderId::flash_fwd_bf16);
   uint32_t rows = kFlashRows;
   const bool cm = flash_cm(kFlashCmFwd, qkv.dtype, hs, &id, &spec, &rows);
+  if (!cm) spec = scalar_flash_spec(hs);
   // the query blocks from the one holding row q0 (the shaders start there)
   const uint32_t gx = u32((T + rows - 1) / rows - q0 / rows);
   for (int64_t b = 0; b < B; ++b) {
     Bound bo = bind(out, b * Tq * C, Tq * C), bl = bind(lse, b * NH * Tq, NH * Tq);
     Bound bq = bind(qkv, b * T * C3, T * C3);
-    dispatch(id, cm ? &spec : nullptr, {bo, bl, bq},
+    dispatch(id, &spec, {bo, bl, bq},
              FlashPush{u32(T), u32(C), u32(NH), u32(NKV), scale, bo.first, bl.first, bq.first,
                        u32(q0), 0, 0},
              gx, u32(NH));
@@ -186,6 +195,7 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
     q_id =
         h_variant(dt, ShaderId::flash_bwd_q, ShaderId::flash_bwd_q_f16, ShaderId::flash_bwd_q_bf16);
   }
+  if (!cm) q_spec = kv_spec = scalar_flash_spec(hs);
   const uint32_t q_gx = u32((T + q_rows - 1) / q_rows), kv_gx = u32((T + kv_rows - 1) / kv_rows);
   Tensor dsave = workspace({NH * T}, DType::f32);  // D of one batch element
   Bound bD = bind(dsave);
@@ -195,9 +205,9 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
     Bound bo = bind(out, b * T * C, T * C);
     const FlashPush p{u32(T),   u32(C),   u32(NH),  u32(NKV), scale,   bdq.first,
                       bl.first, bq.first, bd.first, bo.first, bD.first};
-    dispatch(q_id, cm ? &q_spec : nullptr, {bdq, bl, bq, bd, bo, bD}, p, q_gx,
+    dispatch(q_id, &q_spec, {bdq, bl, bq, bd, bo, bD}, p, q_gx,
              u32(NH));  // .y: query head
-    dispatch(kv_id, cm ? &kv_spec : nullptr, {bdq, bl, bq, bd, bo, bD}, p, kv_gx,
+    dispatch(kv_id, &kv_spec, {bdq, bl, bq, bd, bo, bD}, p, kv_gx,
              u32(NKV));  // .y: kv head
   }
 }
