@@ -22,6 +22,7 @@
 // does not otherwise read): the workgroups start at the block holding q0, rows below it are
 // neither loaded nor written, and row t is stored at t - q0. Each row's sums are those of the
 // whole window's run (q0 = 0), bit for bit.
+#extension GL_EXT_control_flow_attributes : require
 #extension GL_GOOGLE_include_directive : require
 #include "common/h16.glsl"
 #include "common/math.glsl"
@@ -31,12 +32,19 @@
 #define TILE 16
 layout(local_size_x = ROWS) in;
 
-// The head size, set by the host (backends/vulkan/ops/flash_attention.cpp) when it creates the
-// pipeline: the loops over the head then have a constant trip count, so a GPU's compiler can
-// unroll them and keep each invocation's rows (q, acc, ...) in registers; with the bound read at
-// run time those arrays are indexed dynamically, which puts them in local memory. 0: C / NH from
-// the push constants. The same operations in the same order either way.
+// The _u modules (FA_UNROLL; backends/vulkan/ops/flash_attention.cpp dispatches them on GPUs):
+// the head size HS_SPEC is set when the pipeline is created and the loops over the head are
+// unrolled, so each invocation's rows (q, acc, ...) can live in registers; with the bound read at
+// run time (HS_SPEC 0, the plain modules, which CPU devices run: lavapipe's JIT takes seconds a
+// head size for the unrolled loops) those arrays are indexed dynamically, which puts them in
+// local memory (RADV for RDNA2/3: 64-128 KiB of scratch a workgroup). The same operations in the
+// same order either way.
 layout(constant_id = 0) const uint HS_SPEC = 0;
+#if defined(FA_UNROLL)
+#define HS_UNROLL [[unroll]]
+#else
+#define HS_UNROLL
+#endif
 
 layout(push_constant) uniform Push {
   uint T;
@@ -100,7 +108,7 @@ void main() {
 
 #if defined(FA_FWD)
   float q[MAX_HS], acc[MAX_HS];
-  for (uint i = 0; i < MAX_HS; ++i) {
+  HS_UNROLL for (uint i = 0; i < MAX_HS; ++i) {
     q[i] = live && i < hs ? h_load(qkv[qbase + r * C3 + i]) : 0.0;
     acc[i] = 0.0;
   }
@@ -111,30 +119,30 @@ void main() {
     barrier();
     for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {
       float dot = 0.0;
-      for (uint i = 0; i < hs; ++i) dot += q[i] * ta[uu * MAX_HS + i];
+      HS_UNROLL for (uint i = 0; i < hs; ++i) dot += q[i] * ta[uu * MAX_HS + i];
       float s = dot * pc.scale;
       if (s > m) {
         float corr = ct_exp_le0(m - s);  // 0 for the first key (m - s <= -1e38 or -inf)
         l = l * corr + 1.0;
-        for (uint i = 0; i < hs; ++i) acc[i] = acc[i] * corr + tb[uu * MAX_HS + i];
+        HS_UNROLL for (uint i = 0; i < hs; ++i) acc[i] = acc[i] * corr + tb[uu * MAX_HS + i];
         m = s;
       } else {
         float p = ct_exp_le0(s - m);
         l += p;
-        for (uint i = 0; i < hs; ++i) acc[i] += p * tb[uu * MAX_HS + i];
+        HS_UNROLL for (uint i = 0; i < hs; ++i) acc[i] += p * tb[uu * MAX_HS + i];
       }
     }
     barrier();
   }
   if (!live) return;
   float inv = 1.0 / l;
-  for (uint i = 0; i < hs; ++i) o[pc.oo + (r - q0) * C + h * hs + i] = h_store(acc[i] * inv);
+  HS_UNROLL for (uint i = 0; i < hs; ++i) o[pc.oo + (r - q0) * C + h * hs + i] = h_store(acc[i] * inv);
   lse[pc.olse + h * Tq + r - q0] = m + log(l);
 
 #elif defined(FA_BWD_Q)
   float q[MAX_HS], g[MAX_HS], acc[MAX_HS];
   float D = 0.0, lr = 0.0;
-  for (uint i = 0; i < MAX_HS; ++i) {
+  HS_UNROLL for (uint i = 0; i < MAX_HS; ++i) {
     bool ok = live && i < hs;
     q[i] = ok ? h_load(qkv[qbase + r * C3 + i]) : 0.0;
     g[i] = ok ? h_load(dout[pc.odo + r * C + h * hs + i]) : 0.0;
@@ -151,22 +159,22 @@ void main() {
     barrier();
     for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {
       float dot = 0.0, dp = 0.0;
-      for (uint i = 0; i < hs; ++i) dot += q[i] * ta[uu * MAX_HS + i];
-      for (uint i = 0; i < hs; ++i) dp += g[i] * tb[uu * MAX_HS + i];
+      HS_UNROLL for (uint i = 0; i < hs; ++i) dot += q[i] * ta[uu * MAX_HS + i];
+      HS_UNROLL for (uint i = 0; i < hs; ++i) dp += g[i] * tb[uu * MAX_HS + i];
       float p = ct_exp_le0(dot * pc.scale - lr);
       float ds = p * (dp - D) * pc.scale;
-      for (uint i = 0; i < hs; ++i) acc[i] += ds * ta[uu * MAX_HS + i];
+      HS_UNROLL for (uint i = 0; i < hs; ++i) acc[i] += ds * ta[uu * MAX_HS + i];
     }
     barrier();
   }
   if (!live) return;
-  for (uint i = 0; i < hs; ++i) dqkv[pc.oo + r * C3 + h * hs + i] = h_store(acc[i]);
+  HS_UNROLL for (uint i = 0; i < hs; ++i) dqkv[pc.oo + r * C3 + h * hs + i] = h_store(acc[i]);
 
 #else  // FA_BWD_KV: r is the key row u of kv head j; for each query head of the group in
        // order, queries t >= u, from the block's first row on
   const uint j = gl_WorkGroupID.y;
   float k[MAX_HS], v[MAX_HS], dk[MAX_HS], dv[MAX_HS];
-  for (uint i = 0; i < MAX_HS; ++i) {
+  HS_UNROLL for (uint i = 0; i < MAX_HS; ++i) {
     bool ok = live && i < hs;
     k[i] = ok ? h_load(qkv[pc.oqkv + r * C3 + C + j * hs + i]) : 0.0;
     v[i] = ok ? h_load(qkv[pc.oqkv + r * C3 + VO + j * hs + i]) : 0.0;
@@ -187,11 +195,11 @@ void main() {
       for (uint tt = 0; live && tt < TILE && t0 + tt < T; ++tt) {
         if (t0 + tt < r) continue;
         float dot = 0.0, dp = 0.0;
-        for (uint i = 0; i < hs; ++i) dot += ta[tt * MAX_HS + i] * k[i];
-        for (uint i = 0; i < hs; ++i) dp += tb[tt * MAX_HS + i] * v[i];
+        HS_UNROLL for (uint i = 0; i < hs; ++i) dot += ta[tt * MAX_HS + i] * k[i];
+        HS_UNROLL for (uint i = 0; i < hs; ++i) dp += tb[tt * MAX_HS + i] * v[i];
         float p = ct_exp_le0(dot * pc.scale - tl[tt]);
         float ds = p * (dp - td[tt]) * pc.scale;
-        for (uint i = 0; i < hs; ++i) {
+        HS_UNROLL for (uint i = 0; i < hs; ++i) {
           dv[i] += p * tb[tt * MAX_HS + i];
           dk[i] += ds * ta[tt * MAX_HS + i];
         }
@@ -200,7 +208,7 @@ void main() {
     }
   }
   if (!live) return;
-  for (uint i = 0; i < hs; ++i) {
+  HS_UNROLL for (uint i = 0; i < hs; ++i) {
     dqkv[pc.oo + r * C3 + C + j * hs + i] = h_store(dk[i]);
     dqkv[pc.oo + r * C3 + VO + j * hs + i] = h_store(dv[i]);
   }

@@ -17,7 +17,8 @@
 // not: ops/matmul.cpp), in the
 // VK_KHR_cooperative_matrix build, or in the emulated one where that stands in
 // (CROSSTRAIN_VK_COOPMAT=emulate). CROSSTRAIN_VK_FLASH=cme forces the emulated build (fragment
-// shape CROSSTRAIN_VK_CM_FRAG, 16x16x16 by default; tests), =scalar the scalar shaders;
+// shape CROSSTRAIN_VK_CM_FRAG, 16x16x16 by default; tests), =scalar the scalar shaders, =unrolled
+// the scalar shaders' unrolled modules (scalar_flash: what GPUs run) on any device;
 // CROSSTRAIN_VK_FLASH_TILE=NW,KT forces the tile (subgroups, streamed rows a step). Everything
 // else -- f32, other head sizes, a fragment shape or shared memory the tiles do not fit -- takes
 // the scalar shaders; `--profile` names the shaders that ran (flash_cm_* / flash_cme_* /
@@ -88,12 +89,35 @@ int64_t flash_head_size(const char* op, const Tensor& out, int n_head) {
   return hs;
 }
 
-// The scalar shaders' specialization: the head size (flash_attention.comp's HS_SPEC, constant 0).
-PipelineSpec scalar_flash_spec(int64_t hs) {
-  PipelineSpec s;
-  s.n = 1;
-  s.v[0] = static_cast<uint32_t>(hs);
-  return s;
+// [kernel][f32, f16, bf16]: the scalar shaders, plain and with the loops over the head unrolled.
+constexpr ShaderId kFlashIds[3][3] = {
+    {ShaderId::flash_fwd, ShaderId::flash_fwd_f16, ShaderId::flash_fwd_bf16},
+    {ShaderId::flash_bwd_q, ShaderId::flash_bwd_q_f16, ShaderId::flash_bwd_q_bf16},
+    {ShaderId::flash_bwd_kv, ShaderId::flash_bwd_kv_f16, ShaderId::flash_bwd_kv_bf16}};
+constexpr ShaderId kFlashUnrolledIds[3][3] = {
+    {ShaderId::flash_fwd_u, ShaderId::flash_fwd_u_f16, ShaderId::flash_fwd_u_bf16},
+    {ShaderId::flash_bwd_q_u, ShaderId::flash_bwd_q_u_f16, ShaderId::flash_bwd_q_u_bf16},
+    {ShaderId::flash_bwd_kv_u, ShaderId::flash_bwd_kv_u_f16, ShaderId::flash_bwd_kv_u_bf16}};
+
+// The scalar shader of `kernel` for a call of head size hs, and its specialization (HS_SPEC): on
+// a GPU the _u module (the loops over the head unrolled) specialized to hs, so the rows can live
+// in registers -- the forward at every head size, the backward kernels (two and four rows of hs
+// floats an invocation) up to 64: past it they spill nearly all of them (RADV's ACO for RDNA2
+// and RDNA3, bench/vk_shader_stats: the dk/dv kernel at 128 722 VGPRs spilled, 130 KiB of scratch
+// a workgroup, as the plain module's arrays; at 64 133 spilled, 34 KiB against 128 KiB). Else,
+// and on a CPU device, the plain module with HS_SPEC 0 (the bound read at run time: one pipeline
+// for every head size, where lavapipe's JIT takes seconds for each unrolled one).
+// CROSSTRAIN_VK_FLASH=unrolled takes the _u modules for every kernel on any device (the tests,
+// on lavapipe).
+void scalar_flash(int kernel, DType dt, int64_t hs, bool cpu, ShaderId* id, PipelineSpec* spec) {
+  const char* env = std::getenv("CROSSTRAIN_VK_FLASH");
+  const bool unrolled =
+      (!cpu && (kernel == kFlashCmFwd || hs <= 64)) || (env && std::strcmp(env, "unrolled") == 0);
+  const int di = dt == DType::f16 ? 1 : dt == DType::bf16 ? 2 : 0;
+  *id = unrolled ? kFlashUnrolledIds[kernel][di] : kFlashIds[kernel][di];
+  *spec = PipelineSpec{};
+  spec->n = 1;
+  spec->v[0] = unrolled ? static_cast<uint32_t>(hs) : 0u;
 }
 }  // namespace
 
@@ -113,7 +137,8 @@ bool VulkanDevice::flash_cm(int kernel, DType dt, int64_t hs, ShaderId* id, Pipe
                std::string("CROSSTRAIN_VK_CM_FRAG=") + e +
                    ": expected MxNxK with sides 8, 16 or 32 (e.g. 8x16x16)");
     emu = true;
-  } else if (mode == "scalar" || cm_force_ < 0 || (cm_force_ == 0 && !cm_flash_ok_)) {
+  } else if (mode == "scalar" || mode == "unrolled" || cm_force_ < 0 ||
+             (cm_force_ == 0 && !cm_flash_ok_)) {
     return false;
   } else {
     emu = cm_emulated_;
@@ -157,11 +182,10 @@ void VulkanDevice::flash_attention_forward_kernel(const Tensor& out, const Tenso
   const int64_t NH = n_head, NKV = n_kv_head;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
   PipelineSpec spec;
-  ShaderId id =
-      h_variant(qkv.dtype, ShaderId::flash_fwd, ShaderId::flash_fwd_f16, ShaderId::flash_fwd_bf16);
+  ShaderId id;
   uint32_t rows = kFlashRows;
-  const bool cm = flash_cm(kFlashCmFwd, qkv.dtype, hs, &id, &spec, &rows);
-  if (!cm) spec = scalar_flash_spec(hs);
+  if (!flash_cm(kFlashCmFwd, qkv.dtype, hs, &id, &spec, &rows))
+    scalar_flash(kFlashCmFwd, qkv.dtype, hs, cpu_like(), &id, &spec);
   // the query blocks from the one holding row q0 (the shaders start there)
   const uint32_t gx = u32((T + rows - 1) / rows - q0 / rows);
   for (int64_t b = 0; b < B; ++b) {
@@ -182,20 +206,17 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
   const int64_t NH = n_head, NKV = n_kv_head;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
   const DType dt = qkv.dtype;
-  ShaderId q_id =
-      h_variant(dt, ShaderId::flash_bwd_q, ShaderId::flash_bwd_q_f16, ShaderId::flash_bwd_q_bf16);
-  ShaderId kv_id = h_variant(dt, ShaderId::flash_bwd_kv, ShaderId::flash_bwd_kv_f16,
-                             ShaderId::flash_bwd_kv_bf16);
+  ShaderId q_id, kv_id;
   PipelineSpec q_spec, kv_spec;
   uint32_t q_rows = kFlashRows, kv_rows = kFlashRows;
   // both kernels on one path (the D workspace is shared; either pair is consistent)
   bool cm = flash_cm(kFlashCmBwdQ, dt, hs, &q_id, &q_spec, &q_rows);
-  if (cm && !flash_cm(kFlashCmBwdKv, dt, hs, &kv_id, &kv_spec, &kv_rows)) {
+  if (cm && !flash_cm(kFlashCmBwdKv, dt, hs, &kv_id, &kv_spec, &kv_rows))
     cm = false, q_rows = kFlashRows;
-    q_id =
-        h_variant(dt, ShaderId::flash_bwd_q, ShaderId::flash_bwd_q_f16, ShaderId::flash_bwd_q_bf16);
+  if (!cm) {
+    scalar_flash(kFlashCmBwdQ, dt, hs, cpu_like(), &q_id, &q_spec);
+    scalar_flash(kFlashCmBwdKv, dt, hs, cpu_like(), &kv_id, &kv_spec);
   }
-  if (!cm) q_spec = kv_spec = scalar_flash_spec(hs);
   const uint32_t q_gx = u32((T + q_rows - 1) / q_rows), kv_gx = u32((T + kv_rows - 1) / kv_rows);
   Tensor dsave = workspace({NH * T}, DType::f32);  // D of one batch element
   Bound bD = bind(dsave);
