@@ -101,6 +101,13 @@ struct Tc : MmaLayout<WARP> {
       asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(v));
     else
       asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(v));
+#elif defined(__HIP_DEVICE_COMPILE__)
+    // f16: v_cvt_f16_f32 (the mode's round to nearest even, f16 subnormals kept), E::store's bits
+    // but for NaN's; bf16 has no conversion instruction before gfx950: the software rounding.
+    if constexpr (std::is_same_v<E, F16>)
+      b = __builtin_bit_cast(std::uint16_t, static_cast<_Float16>(v));
+    else
+      E::store(&b, 0, v);
 #else
     E::store(&b, 0, v);
 #endif

@@ -40,12 +40,14 @@ __device__ __forceinline__ float ct_exp_le0(float x) {
 // hardware's ex2 (x log2(e), then ex2.approx.ftz: MUFU.EX2, subnormal results flushed to 0;
 // relative error ~2^-21 plus |x| 2^-24, below the operands' rounding), two instructions where
 // ct_exp_le0 takes eight and a branch; 0 for -inf and -FLT_MAX (x log2(e) is -inf), NaN stays NaN.
-// Elsewhere (HIP, the SIMT runtime) ct_exp_le0: the SIMT runtime's bits are unchanged.
+// On AMD GPUs likewise v_exp_f32 (__expf). On the SIMT runtime ct_exp_le0: its bits unchanged.
 __device__ __forceinline__ float ct_exp_le0_tile(float x) {
 #if defined(__CUDA_ARCH__)
   float y;  // (ex2.approx.f32 without .ftz adds a test and two multiplies for subnormal results)
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504f));
   return y;
+#elif defined(__HIP_DEVICE_COMPILE__)
+  return __expf(x);  // v_mul_f32 by log2(e), v_exp_f32: 2 instructions where expf takes ~20
 #else
   return ct_exp_le0(x);
 #endif
