@@ -358,8 +358,9 @@ class GpuDevice final : public Device {
     const std::int64_t C = dwte.shape[-1];
     const std::int64_t T = tokens.shape[-1];
     const std::int64_t B = tokens.numel() / std::max<std::int64_t>(T, 1);
+    void* ws = scratch(gpu::embedding_backward_workspace(cx(), B, T, C));
     gpu::embedding_backward(cx(), f(dwte), dwpe.defined() ? f(dwpe) : nullptr, f(dout), i32(tokens),
-                            B, T, C);
+                            B, T, C, ws);
   }
   void layernorm_forward_kernel(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                                 const Tensor& x, const Tensor& w, const Tensor& b,

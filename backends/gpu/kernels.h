@@ -81,9 +81,13 @@ void dropout(const Ctx& cx, void* out, const void* x, Elem e, std::int64_t n, co
 void embedding_forward(const Ctx& cx, float* out, const std::int32_t* tokens, const void* wte,
                        const void* wpe, Elem e, std::int64_t B, std::int64_t T, std::int64_t C);
 // dwte [V,C] (+=) dout scattered by token, each row's contributions added in (b,t) order;
-// dwpe [maxT,C] (+=) dout summed over b in order of b (rows t < T only).
+// dwpe [maxT,C] (+=) dout summed over b in order of b (rows t < T only). workspace:
+// embedding_backward_workspace bytes (the positions of each partition of the rows).
+std::size_t embedding_backward_workspace(const Ctx& cx, std::int64_t B, std::int64_t T,
+                                         std::int64_t C);
 void embedding_backward(const Ctx& cx, float* dwte, float* dwpe, const float* dout,
-                        const std::int32_t* tokens, std::int64_t B, std::int64_t T, std::int64_t C);
+                        const std::int32_t* tokens, std::int64_t B, std::int64_t T, std::int64_t C,
+                        void* workspace);
 
 // --- layernorm.cu --------------------------------------------------------------------------
 // out [N,C] (out_elem) (=) (x - mean) * rstd * w + b; mean, rstd [N] saved. x, w, b f32.
