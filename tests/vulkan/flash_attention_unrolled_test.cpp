@@ -55,9 +55,10 @@ class FlashUnrolled : public VulkanTest {
 };
 
 TEST_F(FlashUnrolled, UnrolledModulesGiveThePlainModulesBits) {
-  ASSERT_EQ(vk().info().type, DeviceType::kCpu)
-      << "on a GPU the unrolled modules are the default: this test compares them with the plain "
-         "ones on a CPU device";
+  if (vk().info().type != DeviceType::kCpu)
+    GTEST_SKIP() << "on a GPU the unrolled modules are the default, which the fused attention's "
+                    "other tests check against the reference; a GPU compiler may contract the "
+                    "two forms' products differently, so their bits are compared on CPU devices";
   const Case cases[] = {{2, 37, 4, 2, 8, DType::f32, 301},
                         {1, 70, 2, 1, 16, DType::bf16, 302},
                         {1, 40, 2, 2, 8, DType::f16, 303}};
