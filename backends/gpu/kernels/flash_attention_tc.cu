@@ -25,7 +25,7 @@
 //     S^T = K Q^T, P^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
 // Every output has one owner (a warp) that sums in an order fixed by the shapes: no atomics,
 // the same bits run after run. (The bits differ from the general kernels': P and dS go through
-// the tile in the operand type, and the tile's k order is the hardware's; on CUDA so are the
+// the tile in the operand type, and the tile's k order is the hardware's; on GPUs so are the
 // softmax's exponentials, ct_exp_le0_tile.) The causal mask is applied only to the tiles that
 // reach the diagonal or T (warp-uniform tests); the others take every score as it is.
 //
