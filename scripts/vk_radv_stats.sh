@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# What Mesa's RADV compiler (ACO) makes of the Vulkan backend's attention and coopmat shaders for
+# AMD GPUs this machine does not have: RADV's "null hardware" (RADV_FORCE_FAMILY) compiles
+# pipelines without a GPU, and bench/vk_shader_stats prints their statistics (VGPRs, spills,
+# scratch a workgroup, instructions). The specializations are those the backend picks there:
+# the scalar flash attention's plain modules and _u modules at head sizes 64 and 128
+# (ops/flash_attention.cpp), the coopmat GEMM's 128 and 64 tiles and the coopmat flash kernels
+# at subgroup 64 with 4 subgroups (ops/matmul.cpp, coopmat.cpp; RDNA3 only: RDNA2 has no
+# cooperative matrices). Compiled, never run.
+#
+#   bash scripts/vk_radv_stats.sh [BUILD_DIR] [FAMILY ...]    # default: build navi21 navi31
+set -euo pipefail
+build=${1:-build}
+shift || true
+families=("$@")
+[[ ${#families[@]} -gt 0 ]] || families=(navi21 navi31)
+spv=$build/generated/vulkan/spv
+icd=/usr/share/vulkan/icd.d/radeon_icd.json
+[[ -x $build/bin/vk_shader_stats ]] || { echo "vk_shader_stats: not built in $build" >&2; exit 2; }
+[[ -f $icd ]] || { echo "no RADV ICD ($icd): apt install mesa-vulkan-drivers" >&2; exit 2; }
+
+scalar=()
+for k in fwd bwd_q bwd_kv; do
+  scalar+=("$spv/flash_${k}_bf16.spv" "$spv/flash_${k}_u_bf16.spv:spec=64"
+           "$spv/flash_${k}_u_bf16.spv:spec=128")
+done
+coopmat=()
+for m in matmul_cm_hhf_f16 matmul_cm_hhh_f16 matmul_cm_hhf_bf16; do
+  coopmat+=("$spv/$m.spv:spec=256,16,16,16,2,2,4,4,32:sg=64:full"
+            "$spv/$m.spv:spec=256,16,16,16,2,2,2,2,32:sg=64:full")
+done
+for k in fwd bwd_q; do
+  coopmat+=("$spv/flash_cm_${k}_f16.spv:spec=256,16,16,16,4,1,64,64:sg=64:full")
+done
+coopmat+=("$spv/flash_cm_bwd_kv_f16.spv:spec=256,16,16,16,4,1,32,64:sg=64:full")
+
+summary() {  # one line a pipeline: the statistics that say where the rows live
+  python3 -c '
+import re, sys
+for line in sys.stdin:
+    if line.startswith("#"):
+        print(line.rstrip()); continue
+    name, _, rest = line.partition(": ")
+    d = dict(re.findall(r" ?([A-Za-z ]+?) (-?[0-9.]+);", rest))
+    if "VGPRs" not in d:
+        print(line.rstrip()); continue
+    print("%-58s VGPRs %4s  spilled %4s  scratch %7s  instructions %6s" % (
+        name, d["VGPRs"], d.get("Spilled VGPRs"), d.get("Scratch size"), d.get("Instructions")))'
+}
+
+for fam in "${families[@]}"; do
+  mods=("${scalar[@]}")
+  [[ $fam == navi3* ]] && mods+=("${coopmat[@]}")
+  RADV_FORCE_FAMILY=$fam VK_ICD_FILENAMES=$icd "$build/bin/vk_shader_stats" "${mods[@]}" 2>&1 |
+    grep -v "ac_compute_device_uuid" | summary
+done
