@@ -6,6 +6,7 @@
 //   CT_CHECK_LAUNCH_BOUNDS(threads) with the same bound as its first statement,
 //   a template parameter WARP for the warp size (32 on NVIDIA and RDNA, 64 on CDNA/GCN),
 //   ct_shfl_down/up/xor/idx(v, lane_arg, width) and ct_any/ct_all/ct_ballot (whole warp),
+//   ct_popc64 (the set bits of a ballot),
 //   __syncthreads(), threadIdx/blockIdx/blockDim/gridDim,
 //   CT_SHARED(type, name, count) for static and CT_DYNAMIC_SHARED(type, name) for dynamic shared
 //   memory (`name` is a pointer on every target: do not take sizeof(name)),
@@ -110,6 +111,9 @@ __device__ __forceinline__ bool ct_all(bool p) {
 __device__ __forceinline__ std::uint64_t ct_ballot(bool p) {
   return __ballot_sync(ct_full_mask, p);
 }
+__device__ __forceinline__ int ct_popc64(std::uint64_t m) {
+  return __popcll(m);
+}
 __device__ __forceinline__ void ct_syncwarp() {
   __syncwarp();
 }
@@ -143,6 +147,9 @@ __device__ __forceinline__ bool ct_all(bool p) {
 }
 __device__ __forceinline__ std::uint64_t ct_ballot(bool p) {
   return __ballot(p);
+}
+__device__ __forceinline__ int ct_popc64(std::uint64_t m) {
+  return __popcll(m);
 }
 // AMD wavefronts execute in lockstep: only the compiler must not move memory accesses across.
 __device__ __forceinline__ void ct_syncwarp() {
@@ -224,6 +231,9 @@ inline bool ct_all(bool p, CT_SIMT_WHERE) {
 }
 inline std::uint64_t ct_ballot(bool p, CT_SIMT_WHERE) {
   return ::ct::simt::ballot(p, where);
+}
+inline int ct_popc64(std::uint64_t m) {
+  return __builtin_popcountll(m);
 }
 inline void ct_syncwarp(CT_SIMT_WHERE) {
   ::ct::simt::ballot(true, where);

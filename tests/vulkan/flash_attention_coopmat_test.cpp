@@ -13,9 +13,9 @@
 // on the scalar shaders. The forward of the last rows only (the key/value cache's) gives the
 // whole window's rows bit for bit. --profile's report names the shaders that ran.
 #include <cmath>
-#include <sstream>
 
 #include "tests/common/half_compare.h"
+#include "tests/vulkan/flash_case.h"
 #include "tests/vulkan/vulkan_fixture.h"
 
 namespace ct::vktest {
@@ -30,49 +30,6 @@ struct ScopedEnv {
   ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
   ~ScopedEnv() { unsetenv(name); }
 };
-
-struct Case {
-  int64_t B, T, NH, NKV, hs;
-  DType dt;
-  uint64_t seed;
-  float vscale = 1.0f, dscale = 1.0f;  // v's and dout's values multiplied by these
-  int64_t C() const { return NH * hs; }
-  int64_t W() const { return C() + 2 * NKV * hs; }  // qkv's row
-  std::string name() const {
-    std::ostringstream os;
-    os << dtype_name(dt) << " B" << B << " T" << T << " NH" << NH << " NKV" << NKV << " hs" << hs;
-    if (vscale != 1.0f) os << " v x" << vscale << " dout x" << dscale;
-    return os.str();
-  }
-};
-
-struct Out {
-  Vec out, lse, dqkv;
-  std::vector<uint8_t> raw;  // the bytes of out, lse and dqkv
-};
-
-Out run(Device& d, const Case& c) {
-  Vec qkv = randn(c.B * c.T * c.W(), c.seed), dout = randn(c.B * c.T * c.C(), c.seed + 1);
-  for (size_t i = 0; i < qkv.size(); ++i)
-    if (int64_t(i) % c.W() >= c.C() + c.NKV * c.hs) qkv[i] *= c.vscale;
-  for (float& x : dout) x *= c.dscale;
-  Tensor tq = up_as(d, {c.B, c.T, c.W()}, qkv, c.dt), td = up_as(d, {c.B, c.T, c.C()}, dout, c.dt);
-  Tensor to = d.empty({c.B, c.T, c.C()}, c.dt, MemCategory::kActivations);
-  Tensor tl = d.empty({c.B, c.NH, c.T}, DType::f32, MemCategory::kActivations);
-  Tensor tdq = d.empty({c.B, c.T, c.W()}, c.dt, MemCategory::kActivations);
-  d.fill(to, NAN);  // every element written: no NaN may remain
-  d.fill(tl, NAN);
-  d.fill(tdq, NAN);
-  const int nh = static_cast<int>(c.NH), nkv = static_cast<int>(c.NKV);
-  d.flash_attention_forward(to, tl, tq, nh, nkv);
-  d.flash_attention_backward(tdq, td, tq, to, tl, nh, nkv);
-  Out r{download_h(d, to), download(d, tl), download_h(d, tdq), {}};
-  for (const Tensor* t : {&to, &tl, &tdq}) {
-    std::vector<uint8_t> b = raw_download(d, *t);
-    r.raw.insert(r.raw.end(), b.begin(), b.end());
-  }
-  return r;
-}
 
 // Columns [from, to) of each row of `row` elements.
 Vec columns(const Vec& v, int64_t row, int64_t from, int64_t to) {
@@ -97,10 +54,10 @@ class FlashCoopmat : public VulkanTest {
   }
   // Runs c on the reference and vulkan:0; checks the results and that the shaders named
   // `<family>fwd_<dtype>`, `<family>bwd_q_...` and `<family>bwd_kv_...` ran.
-  Out check(const Case& c, const std::string& family = "flash_cme_") {
+  FlashOut check(const FlashCase& c, const std::string& family = "flash_cme_") {
     vk().set_profiling(false);
     vk().set_profiling(true);  // a fresh report
-    Out r = run(ref(), c), f = run(vk(), c);
+    FlashOut r = run_flash(ref(), c), f = run_flash(vk(), c);
     const std::string nm = c.name() + " (" + family + "*)";
     EXPECT_TRUE(close_nmse(f.out, r.out, kTolCm, "out vs ref " + nm));
     EXPECT_TRUE(close_nmse(f.lse, r.lse, kTolCm, "lse vs ref " + nm));
@@ -124,8 +81,8 @@ class FlashCoopmat : public VulkanTest {
 // A second run gives the same bits: every output has one owner summing in a fixed order (the dS
 // tile's maximum is an integer atomicMax, the same whatever the order).
 TEST_F(FlashCoopmat, F16HeadSize64GroupedRaggedMatchesReferenceAndRepeats) {
-  const Case c{2, 37, 4, 2, 64, DType::f16, 600};
-  const Out a = check(c), b = run(vk(), c);
+  const FlashCase c{2, 37, 4, 2, 64, DType::f16, 600};
+  const FlashOut a = check(c), b = run_flash(vk(), c);
   EXPECT_TRUE(a.raw == b.raw) << c.name() << ": two runs differ";
 }
 
@@ -152,7 +109,7 @@ TEST_F(FlashCoopmat, OblongFragmentsAndSmallTiles) {
 // Tq = T; B = 2; on the pipelines of the cases above (f16 with the forced 32-row blocks, two at
 // T = 45; bf16 past f16's range on the default tile, T = 77).
 TEST_F(FlashCoopmat, LastRowsAreTheWholeWindowsRowsBitForBit) {
-  auto forward = [](const Case& c, int64_t Tq) {
+  auto forward = [](const FlashCase& c, int64_t Tq) {
     Vec qkv = randn(c.B * c.T * c.W(), c.seed);
     for (size_t i = 0; i < qkv.size(); ++i) {
       if (int64_t(i) % c.W() >= c.C() + c.NKV * c.hs) qkv[i] *= c.vscale;
@@ -167,7 +124,7 @@ TEST_F(FlashCoopmat, LastRowsAreTheWholeWindowsRowsBitForBit) {
     vk().flash_attention_forward(to, tl, tq, static_cast<int>(c.NH), static_cast<int>(c.NKV));
     return std::make_pair(download_h(vk(), to), download(vk(), tl));
   };
-  auto check_last_rows = [&](const Case& c) {
+  auto check_last_rows = [&](const FlashCase& c) {
     vk().set_profiling(false);
     vk().set_profiling(true);  // a fresh report
     const auto whole = forward(c, c.T);

@@ -10,39 +10,23 @@
 #include <cstdlib>
 
 #include "tests/common/half_compare.h"
+#include "tests/vulkan/flash_case.h"
 #include "tests/vulkan/vulkan_fixture.h"
 
 namespace ct::vktest {
 namespace {
 
-struct Case {
-  int64_t B, T, NH, NKV, hs;
-  DType dt;
-  uint64_t seed;
-  int64_t C() const { return NH * hs; }
-  int64_t W() const { return C() + 2 * NKV * hs; }  // qkv's row
-};
-
-// The bytes of out, lse and dqkv of the forward and backward of c; Tq < T: the forward of the
-// last Tq rows only.
-std::vector<uint8_t> run(Device& d, const Case& c, int64_t Tq) {
-  const Vec qkv = randn(c.B * c.T * c.W(), c.seed), dout = randn(c.B * c.T * c.C(), c.seed + 1);
-  Tensor tq = up_as(d, {c.B, c.T, c.W()}, qkv, c.dt), td = up_as(d, {c.B, c.T, c.C()}, dout, c.dt);
+// The bytes of out and lse of the forward of c's last Tq rows only.
+std::vector<uint8_t> last_rows(Device& d, const FlashCase& c, int64_t Tq) {
+  const Vec qkv = randn(c.B * c.T * c.W(), c.seed);
+  Tensor tq = up_as(d, {c.B, c.T, c.W()}, qkv, c.dt);
   Tensor to = d.empty({c.B, Tq, c.C()}, c.dt, MemCategory::kActivations);
   Tensor tl = d.empty({c.B, c.NH, Tq}, DType::f32, MemCategory::kActivations);
   d.fill(to, NAN);
   d.fill(tl, NAN);
-  const int nh = static_cast<int>(c.NH), nkv = static_cast<int>(c.NKV);
-  d.flash_attention_forward(to, tl, tq, nh, nkv);
+  d.flash_attention_forward(to, tl, tq, static_cast<int>(c.NH), static_cast<int>(c.NKV));
   std::vector<uint8_t> raw = raw_download(d, to), l = raw_download(d, tl);
   raw.insert(raw.end(), l.begin(), l.end());
-  if (Tq == c.T) {
-    Tensor tdq = d.empty({c.B, c.T, c.W()}, c.dt, MemCategory::kActivations);
-    d.fill(tdq, NAN);
-    d.flash_attention_backward(tdq, td, tq, to, tl, nh, nkv);
-    std::vector<uint8_t> g = raw_download(d, tdq);
-    raw.insert(raw.end(), g.begin(), g.end());
-  }
   return raw;
 }
 
@@ -59,22 +43,23 @@ TEST_F(FlashUnrolled, UnrolledModulesGiveThePlainModulesBits) {
     GTEST_SKIP() << "on a GPU the unrolled modules are the default, which the fused attention's "
                     "other tests check against the reference; a GPU compiler may contract the "
                     "two forms' products differently, so their bits are compared on CPU devices";
-  const Case cases[] = {{2, 37, 4, 2, 8, DType::f32, 301},
-                        {1, 70, 2, 1, 16, DType::bf16, 302},
-                        {1, 40, 2, 2, 8, DType::f16, 303}};
-  for (const Case& c : cases) {
+  const FlashCase cases[] = {{2, 37, 4, 2, 8, DType::f32, 301},
+                             {1, 70, 2, 1, 16, DType::bf16, 302},
+                             {1, 40, 2, 2, 8, DType::f16, 303}};
+  for (const FlashCase& c : cases) {
     for (int64_t Tq : {c.T, int64_t{3}}) {
-      const std::string nm = std::string(dtype_name(c.dt)) + " T" + std::to_string(c.T) + " hs" +
-                             std::to_string(c.hs) + " Tq" + std::to_string(Tq);
+      const std::string nm = c.name() + " Tq" + std::to_string(Tq);
+      // the whole window's forward and backward, or the last Tq rows' forward
+      auto run = [&] { return Tq == c.T ? run_flash(vk(), c).raw : last_rows(vk(), c, Tq); };
       unsetenv("CROSSTRAIN_VK_FLASH");
       vk().set_profiling(false);
       vk().set_profiling(true);
-      const std::vector<uint8_t> plain = run(vk(), c, Tq);
+      const std::vector<uint8_t> plain = run();
       const std::string plain_report = vk().profile_report();
       setenv("CROSSTRAIN_VK_FLASH", "unrolled", 1);
       vk().set_profiling(false);
       vk().set_profiling(true);
-      const std::vector<uint8_t> unrolled = run(vk(), c, Tq);
+      const std::vector<uint8_t> unrolled = run();
       const std::string report = vk().profile_report();
       vk().set_profiling(false);
       EXPECT_TRUE(plain == unrolled) << nm << ": the unrolled modules' bits differ";

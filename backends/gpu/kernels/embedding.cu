@@ -35,14 +35,6 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
 // testing each one's partition: O(BT) per thread instead of O(BT / P), with a 64-bit modulo a
 // position.)
 
-__device__ __forceinline__ int popc64(std::uint64_t m) {
-#if defined(CT_GPU_SIMT)
-  return __builtin_popcountll(m);
-#else
-  return __popcll(m);
-#endif
-}
-
 // list (P, BT) i32: row p the positions bt whose token is in partition p, in order; count (P).
 // Block p (P = gridDim.x) takes the positions kThreads at a time: a position's place is the number
 // of the partition's positions before it (the earlier rounds', the earlier warps' of this round
@@ -63,9 +55,9 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     const std::int64_t bt = b0 + threadIdx.x;
     const bool own = bt < BT && (static_cast<std::uint32_t>(tokens[bt]) & mask) == p;
     const std::uint64_t m = ct_ballot(own);
-    if (lane == 0) wsum[warp] = popc64(m);
+    if (lane == 0) wsum[warp] = ct_popc64(m);
     __syncthreads();
-    std::int64_t at = n + popc64(m & ((std::uint64_t{1} << lane) - 1));
+    std::int64_t at = n + ct_popc64(m & ((std::uint64_t{1} << lane) - 1));
     for (int w = 0; w < warp; ++w) at += wsum[w];
     if (own) out[at] = static_cast<std::int32_t>(bt);
     for (int w = 0; w < kWarps; ++w) n += wsum[w];

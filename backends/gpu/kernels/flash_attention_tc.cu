@@ -444,14 +444,19 @@ __device__ __forceinline__ std::int64_t v_col(const TcDims& d, std::int64_t j) {
   return d.C + (d.NKV + j) * d.hs;
 }
 
+// A position (a warp's first row or key, T) minus a tile's first position, as an int for the
+// masks' 32-bit compares, saturated (past either end of a tile's 64 columns it decides the same).
+__device__ __forceinline__ int tile_offset(std::int64_t x) {
+  return static_cast<int>(x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : x);
+}
+
 // The forward's scores: s = S scale, or -kFltMax where MASKED and the key (column) is after the
-// row or at or past T. dr: the warp's first row minus the tile's first key; dt: T minus the tile's
-// first key (both fit an int: T does). Column kc of m-tile row rc is masked when kc - rc > dr or
-// kc >= dt: key u0 + kc against row w0 + rc.
+// row or at or past T. r: the warp's first row minus the tile's first key; n: T minus the tile's
+// first key (tile_offset). Column kc of m-tile row rc is masked when kc - rc > r or kc >= n: key
+// u0 + kc against row w0 + rc.
 template <typename L, int MT, int NT, bool MASKED>
-__device__ __forceinline__ void scale_scores(float (&s)[MT][NT][L::NC], float scale,
-                                             std::int64_t dr, std::int64_t dt, int lane) {
-  const int r = static_cast<int>(dr), n = static_cast<int>(dt < INT_MAX ? dt : INT_MAX);
+__device__ __forceinline__ void scale_scores(float (&s)[MT][NT][L::NC], float scale, int r, int n,
+                                             int lane) {
   CT_TC_UNROLL
   for (int mt = 0; mt < MT; ++mt) CT_TC_UNROLL
   for (int t = 0; t < NT; ++t) CT_TC_UNROLL
@@ -554,7 +559,8 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
       if (whole)
         scale_scores<L, MT, NT, false>(s, d.scale, 0, 0, lane);
       else
-        scale_scores<L, MT, NT, true>(s, d.scale, w0 - u0, d.T - u0, lane);
+        scale_scores<L, MT, NT, true>(s, d.scale, tile_offset(w0 - u0), tile_offset(d.T - u0),
+                                      lane);
       CT_TC_UNROLL
       for (int mt = 0; mt < MT; ++mt) {
         float mx[R::kSlots];
@@ -703,8 +709,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
       // P, 0 for keys after the row or past T (the forward's mask, only on tiles reaching the
       // warp's first row or T), and dS.
       auto ds = [&](auto masked) {
-        const int dr = static_cast<int>(w0 - u0);
-        const int dt = static_cast<int>(d.T - u0 < INT_MAX ? d.T - u0 : INT_MAX);
+        const int dr = tile_offset(w0 - u0), dt = tile_offset(d.T - u0);
         CT_TC_UNROLL
         for (int t = 0; t < NT; ++t) CT_TC_UNROLL
         for (int e = 0; e < L::NC; ++e) {
@@ -829,8 +834,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<WARP>)
       // P^T, 0 for queries before the key or past T (only on tiles that start before the
       // warp's last key or reach T), and dS^T.
       auto ds = [&](auto masked) {
-        const int dk = static_cast<int>(w0 - t0);
-        const int dt = static_cast<int>(d.T - t0 < INT_MAX ? d.T - t0 : INT_MAX);
+        const int dk = tile_offset(w0 - t0), dt = tile_offset(d.T - t0);
         CT_TC_UNROLL
         for (int t = 0; t < NT; ++t) CT_TC_UNROLL
         for (int e = 0; e < L::NC; ++e) {
