@@ -6,7 +6,9 @@
 # the scalar flash attention's plain modules and _u modules at head sizes 64 and 128
 # (ops/flash_attention.cpp), the coopmat GEMM's 128 and 64 tiles and the coopmat flash kernels
 # at subgroup 64 with 4 subgroups (ops/matmul.cpp, coopmat.cpp; RDNA3 only: RDNA2 has no
-# cooperative matrices). Compiled, never run.
+# cooperative matrices). Compiled, never run. For each pipeline: VGPRs, spills, scratch, the
+# static instruction count, and for the GEMM the k loop's instructions per WMMA (its body once;
+# the coopmat GEMM's loop has no inner loops).
 #
 #   bash scripts/vk_radv_stats.sh [BUILD_DIR] [FAMILY ...]    # default: build navi21 navi31
 set -euo pipefail
@@ -24,10 +26,15 @@ for k in fwd bwd_q bwd_kv; do
   scalar+=("$spv/flash_${k}_bf16.spv" "$spv/flash_${k}_u_bf16.spv:spec=64"
            "$spv/flash_${k}_u_bf16.spv:spec=128")
 done
+# The GEMM's 128 and 64 tiles with 16-byte loads of a and b (VA = VB = 1, the last two
+# constants): at subgroup 64 the 128 tile is 2 x 2 subgroups of 64 x 64; at subgroup 32 (the
+# host's rule for drivers that require it) 2 x 4 of 64 x 32, shown beside the 2 x 2 it avoids.
 coopmat=()
 for m in matmul_cm_hhf_f16 matmul_cm_hhh_f16 matmul_cm_hhf_bf16; do
-  coopmat+=("$spv/$m.spv:spec=256,16,16,16,2,2,4,4,32:sg=64:full"
-            "$spv/$m.spv:spec=256,16,16,16,2,2,2,2,32:sg=64:full")
+  coopmat+=("$spv/$m.spv:spec=256,16,16,16,2,2,4,4,32,1,1:sg=64:full"
+            "$spv/$m.spv:spec=256,16,16,16,2,2,2,2,32,1,1:sg=64:full"
+            "$spv/$m.spv:spec=256,16,16,16,2,4,4,2,32,1,1:sg=32:full"
+            "$spv/$m.spv:spec=128,16,16,16,2,2,4,4,32,1,1:sg=32:full")
 done
 for k in fwd bwd_q; do
   coopmat+=("$spv/flash_cm_${k}_f16.spv:spec=256,16,16,16,4,1,64,64:sg=64:full")
@@ -54,3 +61,13 @@ for fam in "${families[@]}"; do
   RADV_FORCE_FAMILY=$fam VK_ICD_FILENAMES=$icd "$build/bin/vk_shader_stats" "${mods[@]}" 2>&1 |
     grep -v "ac_compute_device_uuid" | summary
 done
+# The coopmat GEMM's k loop on RDNA3: instructions around its WMMAs (the loop's body once).
+if [[ " ${families[*]} " == *" navi31 "* ]]; then
+  echo "# coopmat GEMM k loop, navi31 (scripts/radv_loops.py)"
+  for mod in "${coopmat[@]}"; do
+    [[ $mod == *matmul_cm_* ]] || continue
+    echo "${mod#$spv/}"
+    RADV_DEBUG=shaders RADV_FORCE_FAMILY=navi31 VK_ICD_FILENAMES=$icd "$build/bin/vk_shader_stats" \
+      "$mod" 2>&1 | python3 "$(dirname "$0")/radv_loops.py" | grep "WMMA" | grep -v " 0 WMMA"
+  done
+fi

@@ -19,8 +19,9 @@
 //
 // Tiling: a workgroup computes a TBM x TBN tile of c with WARPS_M x WARPS_N subgroups, each a
 // WM x WN block of FRM x FRN fragments of FM x FN; k advances TBK at a time through shared
-// memory (As [TBM][TBK] and Bs [TBK][TBN], row-major, zero outside the matrices), FK per
-// multiply-add. All of these are specialization constants (below).
+// memory (As [TBM][TBK]: op(a) row-major; Bs [TBN][TBK]: op(b) column-major, so that both
+// fragments' k runs are contiguous -- AMD's WMMA takes a lane's k run of B in one 16-byte read
+// that way, 16 two-byte reads the other; zero outside the matrices), FK per multiply-add. All of these are specialization constants (below).
 // Split-k (pc.ksplit = S > 1, for long K and few tiles): workgroup z = batch * S + s sums only
 // k in [s * kchunk, (s + 1) * kchunk) and stores its raw sums (alpha 1, beta 0, no bias, c the
 // f32 partials [batch * S][M][N]); matmul_splitk.comp adds the S partials in order and applies
@@ -74,15 +75,27 @@ layout(constant_id = 5) const uint WARPS_N = 2;
 layout(constant_id = 6) const uint FRM = 2;  // fragments per subgroup block, down and across
 layout(constant_id = 7) const uint FRN = 2;
 layout(constant_id = 8) const uint TBK = 32;
+// How a and b are read from memory (ops/matmul.cpp's rule): 0 one element a load; VA 1: 8
+// elements along k (a row-major) as one 16-byte load, 2: along m (a transposed); VB 1: along n
+// (b row-major), 2: along k (b transposed). The host sets 1 or 2 only where every group of 8 is
+// 16-byte aligned and the unit-stride extent is a multiple of 8, so a group lies wholly inside
+// or wholly outside the matrix (k0 and kend are multiples of 8 then, or K).
+layout(constant_id = 9) const uint VA = 0;
+layout(constant_id = 10) const uint VB = 0;
 const uint NWARPS = WARPS_M * WARPS_N;
 const uint WM = FRM * FM;  // rows of a subgroup's block
 const uint WN = FRN * FN;
 const uint TBM = WARPS_M * WM;  // the workgroup's tile of c
 const uint TBN = WARPS_N * WN;
-// Row strides of the shared tiles, padded (multiples of 8 elements: 16-byte aligned rows for
-// coopMatLoad).
-const uint LDA = TBK + 8;
-const uint LDB = TBN + 8;
+// Strides of the shared tiles' rows of a and columns of b, padded by 16 bytes (16-byte aligned
+// for coopMatLoad, and off the banks of the next row): 8 f16 elements, 4 of the emulation's f32.
+#if defined(CM_EMU)
+const uint PAD = 4;
+#else
+const uint PAD = 8;
+#endif
+const uint LDA = TBK + PAD;
+const uint LDB = TBK + PAD;
 
 // local_size_x = NWARPS * subgroup size (32 in the emulated build), set by the host
 // (specialization constant 0); the real build's pipeline requires full subgroups, so subgroup s
@@ -135,6 +148,9 @@ pc;
 layout(std430, binding = 0) buffer Cm { C_T c[]; };
 layout(std430, binding = 1) readonly buffer Am { H_T a[]; };
 layout(std430, binding = 2) readonly buffer Bm { H_T b[]; };
+// The same bindings, 8 elements (16 bytes) a load: VA / VB below.
+layout(std430, binding = 1) readonly buffer Am8 { uvec4 a8[]; };
+layout(std430, binding = 2) readonly buffer Bm8 { uvec4 b8[]; };
 layout(std430, binding = 3) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 4) buffer Ep { C_T ep[]; };
 #include "common/math.glsl"
@@ -152,7 +168,7 @@ float epi_value(uint ci, float s) {
 }
 
 shared SH_T As[TBM * LDA];
-shared SH_T Bs[TBK * LDB];
+shared SH_T Bs[TBN * LDB];
 shared float Cw[NWARPS * FM * FN];  // per-subgroup epilogue scratch
 #if defined(H_BF16)
 shared uint Mx[2];  // the staged tiles' largest |x| of a and b, as f32 bits
@@ -160,9 +176,175 @@ shared uint Mx[2];  // the staged tiles' largest |x| of a and b, as f32 bits
 int tile_shift(uint maxbits) { return clamp(14 - (int(maxbits >> 23) - 127), -126, 126); }
 #endif
 
+// ---- staging: global memory -> registers -> shared tiles ------------------------------------
+// A k-step's tiles are read into registers as raw 16-bit elements, in groups of 8 (a uvec4;
+// element e of a group in bits 16 (e % 2) of word e / 2): a group of op(a) is 8 consecutive k of
+// one row (VA 0 or 1) or 8 consecutive rows at one k (VA 2); of op(b), 8 consecutive columns at
+// one k (VB 0 or 1) or 8 consecutive k of one column (VB 2). Invocation t holds groups t,
+// t + NT, ... The next k-step's groups are read while the subgroups multiply this one's.
+// The staging loops are unrolled on GPUs (registers), not in the emulated build (lavapipe's LLVM
+// compiles the unrolled form several times slower, for nothing the tests need).
+#if defined(CM_EMU)
+#define STAGE_LOOP [[dont_unroll]]
+#else
+#define STAGE_LOOP [[unroll]]
+#endif
+const uint NT = gl_WorkGroupSize.x;
+const uint GA = TBM * TBK / 8u, GB = TBK * TBN / 8u;  // groups a tile
+const uint RA = (GA + NT - 1u) / NT, RB = (GB + NT - 1u) / NT;
+uvec4 ra[RA], rb[RB];
+
+uint elem(uvec4 w, uint e) { return (w[e >> 1] >> ((e & 1u) * 16u)) & 0xffffu; }
+uvec4 pack8(uint v[8]) {
+  return uvec4(v[0] | (v[1] << 16), v[2] | (v[3] << 16), v[4] | (v[5] << 16), v[6] | (v[7] << 16));
+}
+
+// Group g of op(a)'s tile at (m0, k0): its first row r and k offset q in the tile.
+void a_group(uint g, out uint r, out uint q) {
+  if (VA == 2u) q = g / (TBM / 8u), r = (g % (TBM / 8u)) * 8u;
+  else r = g / (TBK / 8u), q = (g % (TBK / 8u)) * 8u;
+}
+// Group g of op(b)'s tile at (k0, n0): its k offset q and first column cl in the tile.
+void b_group(uint g, out uint q, out uint cl) {
+  if (VB == 2u) cl = g / (TBK / 8u), q = (g % (TBK / 8u)) * 8u;
+  else q = g / (TBN / 8u), cl = (g % (TBN / 8u)) * 8u;
+}
+
+// Reads the k-step at k0 (zeros outside op(a) and op(b) and past kend) into ra and rb.
+void load_tiles(uint abase, uint bbase, uint m0, uint n0, uint k0, uint kend) {
+  STAGE_LOOP for (uint i = 0; i < RA; ++i) {
+    const uint g = gl_LocalInvocationIndex + i * NT;
+    uint r, q;
+    a_group(g, r, q);
+    const uint m = m0 + r, kk = k0 + q;
+    uvec4 w = uvec4(0u);
+    if (g < GA) {
+      if (VA == 1u) {
+        if (m < pc.M && kk < kend) w = a8[(abase + m * pc.sam + kk) / 8u];
+      } else if (VA == 2u) {
+        if (m < pc.M && kk < kend) w = a8[(abase + kk * pc.sak + m) / 8u];
+      } else {
+        uint v[8];
+        STAGE_LOOP for (uint e = 0; e < 8u; ++e)
+          v[e] = m < pc.M && kk + e < kend ? uint(a[abase + m * pc.sam + (kk + e) * pc.sak]) : 0u;
+        w = pack8(v);
+      }
+    }
+    ra[i] = w;
+  }
+  STAGE_LOOP for (uint i = 0; i < RB; ++i) {
+    const uint g = gl_LocalInvocationIndex + i * NT;
+    uint q, cl;
+    b_group(g, q, cl);
+    const uint n = n0 + cl, kk = k0 + q;
+    uvec4 w = uvec4(0u);
+    if (g < GB) {
+      if (VB == 1u) {
+        if (n < pc.N && kk < kend) w = b8[(bbase + kk * pc.sbk + n) / 8u];
+      } else if (VB == 2u) {
+        if (n < pc.N && kk < kend) w = b8[(bbase + n * pc.sbn + kk) / 8u];
+      } else {
+        uint v[8];
+        STAGE_LOOP for (uint e = 0; e < 8u; ++e)
+          v[e] = n + e < pc.N && kk < kend ? uint(b[bbase + kk * pc.sbk + (n + e) * pc.sbn]) : 0u;
+        w = pack8(v);
+      }
+    }
+    rb[i] = w;
+  }
+}
+
+// The 8 values staged for group w. f16: as they are (exact). bf16: times the tile's power of two
+// s, rounded to f16 (the header's rule). The real build converts in hardware where that is exact
+// whatever the device's rounding mode -- every |x| >= 2^-14 (f16's normals hold bf16's 8
+// significant bits) or zero; inf -- and a group with another value (NaN, or below 2^-14: below
+// 2^-28 of the tile's largest) by ct_f32_to_f16; the emulated build always by ct_f32_to_f16.
+// The same values either way.
+void staged8(uvec4 w, float s, out SH_T v[8]) {
+#if defined(H_BF16)
+  float x[8];
+  STAGE_LOOP for (uint e = 0; e < 8u; ++e) x[e] = uintBitsToFloat(elem(w, e) << 16) * s;
+#if defined(CM_EMU)
+  STAGE_LOOP for (uint e = 0; e < 8u; ++e) v[e] = ct_f16_to_f32(ct_f32_to_f16(x[e]));
+#else
+  bool exact = true;
+  STAGE_LOOP for (uint e = 0; e < 8u; ++e)
+    exact = exact && (abs(x[e]) >= 6.103515625e-05 || x[e] == 0.0);  // 2^-14
+  if (exact) {
+    STAGE_LOOP for (uint e = 0; e < 8u; ++e) v[e] = float16_t(x[e]);
+  } else {
+    STAGE_LOOP for (uint e = 0; e < 8u; ++e) v[e] = unpackFloat2x16(ct_f32_to_f16(x[e])).x;
+  }
+#endif
+#else
+#if defined(CM_EMU)
+  STAGE_LOOP for (uint e = 0; e < 8u; ++e) v[e] = ct_f16_to_f32(elem(w, e));
+#else
+  STAGE_LOOP for (uint e = 0; e < 4u; ++e) {
+    const f16vec2 h = unpackFloat2x16(w[e]);
+    v[2u * e] = h.x, v[2u * e + 1u] = h.y;
+  }
+#endif
+#endif
+}
+
+// Writes ra and rb to As and Bs (a's scaled by sa, b's by sb where bf16).
+void store_tiles(float sa, float sb) {
+  STAGE_LOOP for (uint i = 0; i < RA; ++i) {
+    const uint g = gl_LocalInvocationIndex + i * NT;
+    if (g < GA) {
+      uint r, q;
+      a_group(g, r, q);
+      SH_T v[8];
+      staged8(ra[i], sa, v);
+      STAGE_LOOP for (uint e = 0; e < 8u; ++e) {
+        if (VA == 2u) As[(r + e) * LDA + q] = v[e];
+        else As[r * LDA + q + e] = v[e];
+      }
+    }
+  }
+  STAGE_LOOP for (uint i = 0; i < RB; ++i) {
+    const uint g = gl_LocalInvocationIndex + i * NT;
+    if (g < GB) {
+      uint q, cl;
+      b_group(g, q, cl);
+      SH_T v[8];
+      staged8(rb[i], sb, v);
+      STAGE_LOOP for (uint e = 0; e < 8u; ++e) {
+        if (VB == 2u) Bs[cl * LDB + q + e] = v[e];
+        else Bs[(cl + e) * LDB + q] = v[e];
+      }
+    }
+  }
+}
+
+#if defined(H_BF16)
+// The largest |x| of the groups this invocation holds, as f32 bits (a bf16's bits, shifted).
+uint held_max(bool of_a) {
+  uint mx = 0u;
+  if (of_a) {
+    STAGE_LOOP for (uint i = 0; i < RA; ++i)
+      STAGE_LOOP for (uint e = 0; e < 8u; ++e) mx = max(mx, elem(ra[i], e) & 0x7fffu);
+  } else {
+    STAGE_LOOP for (uint i = 0; i < RB; ++i)
+      STAGE_LOOP for (uint e = 0; e < 8u; ++e) mx = max(mx, elem(rb[i], e) & 0x7fffu);
+  }
+  return mx << 16;
+}
+#endif
+
 // ---- fragment operations: coopmat, or their shared-memory emulation -------------------------
 // The accumulators are one array, fragment f = i * FRN + j (arrays sized by specialization
 // constants cannot be function parameters, so the emulation works on the array in place).
+// Cw is per subgroup: its writes and reads need only the subgroup's lanes in step (the
+// emulation's "subgroups" are groups of invocations, so it takes the workgroup's barrier).
+#if defined(CM_EMU)
+#define SUBGROUP_SYNC() barrier()
+#else
+#define SUBGROUP_SYNC() \
+  subgroupMemoryBarrierShared(); \
+  subgroupBarrier()
+#endif
 #if defined(CM_EMU)
 const uint EPL = FM * FN / 32;  // accumulator elements per lane
 // A fragment of A or B is its offset in As / Bs.
@@ -175,7 +357,7 @@ const uint EPL = FM * FN / 32;  // accumulator elements per lane
 #define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA>
 #define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, FK, FN, gl_MatrixUseB>
 #define LOAD_A(f, off) coopMatLoad(f, As, off, LDA, gl_CooperativeMatrixLayoutRowMajor)
-#define LOAD_B(f, off) coopMatLoad(f, Bs, off, LDB, gl_CooperativeMatrixLayoutRowMajor)
+#define LOAD_B(f, off) coopMatLoad(f, Bs, off, LDB, gl_CooperativeMatrixLayoutColumnMajor)
 #endif
 
 void main() {
@@ -184,7 +366,7 @@ void main() {
   const uint cbase = pc.oc + z * pc.scb;  // split-k: c is the f32 partials [batch * S][M][N]
   const uint kbeg = ks * pc.kchunk, kend = min(pc.K, kbeg + pc.kchunk);
   const uint m0 = gl_WorkGroupID.y * TBM, n0 = gl_WorkGroupID.x * TBN;
-  const uint tid = gl_LocalInvocationIndex, nt = gl_WorkGroupSize.x;
+  const uint tid = gl_LocalInvocationIndex;
 #if defined(CM_EMU)
   const uint warp = tid / LANES, lane = tid % LANES, lanes = LANES;
 #else
@@ -214,22 +396,12 @@ void main() {
 #define KACC acc
 #endif
 
+  load_tiles(abase, bbase, m0, n0, kbeg, kend);
   for (uint k0 = kbeg; k0 < kend; k0 += TBK) {
 #if defined(H_BF16)
     // The tiles' largest |x| (f32 bits of non-negative values order as integers).
-    uint ma = 0u, mb = 0u;
-    for (uint i = tid; i < TBM * TBK; i += nt) {
-      uint m = m0 + i / TBK, kk = k0 + i % TBK;
-      if (m < pc.M && kk < kend)
-        ma = max(ma, floatBitsToUint(abs(h_load(a[abase + m * pc.sam + kk * pc.sak]))));
-    }
-    for (uint i = tid; i < TBK * TBN; i += nt) {
-      uint n = n0 + i % TBN, kk = k0 + i / TBN;
-      if (n < pc.N && kk < kend)
-        mb = max(mb, floatBitsToUint(abs(h_load(b[bbase + kk * pc.sbk + n * pc.sbn]))));
-    }
-    atomicMax(Mx[0], ma);
-    atomicMax(Mx[1], mb);
+    atomicMax(Mx[0], held_max(true));
+    atomicMax(Mx[1], held_max(false));
     barrier();
     const int sha = tile_shift(Mx[0]), shb = tile_shift(Mx[1]);
     const float sa = ldexp(1.0, sha), sb = ldexp(1.0, shb);
@@ -244,34 +416,25 @@ void main() {
 #else
     const float sa = 1.0, sb = 1.0;
 #endif
-    // Stage op(a)[m0 .. m0+TBM, k0 .. k0+TBK] and op(b)[k0 .., n0 ..]; zeros past the edges.
-    for (uint i = tid; i < TBM * TBK; i += nt) {
-      uint r = i / TBK, k = i % TBK, m = m0 + r, kk = k0 + k;
-      float v = 0.0;
-      if (m < pc.M && kk < kend) v = h_load(a[abase + m * pc.sam + kk * pc.sak]);
-      As[r * LDA + k] = TO_SH(SCALED_F16(v, sa));
-    }
-    for (uint i = tid; i < TBK * TBN; i += nt) {
-      uint k = i / TBN, col = i % TBN, n = n0 + col, kk = k0 + k;
-      float v = 0.0;
-      if (n < pc.N && kk < kend) v = h_load(b[bbase + kk * pc.sbk + n * pc.sbn]);
-      Bs[k * LDB + col] = TO_SH(SCALED_F16(v, sb));
-    }
+    // op(a)[m0 .. m0+TBM, k0 .. k0+TBK] and op(b)[k0 .., n0 ..] into As and Bs, then the next
+    // k-step's groups into the registers while the subgroups multiply.
+    store_tiles(sa, sb);
     barrier();
 #if defined(H_BF16)
     // every invocation read Mx before the barrier; the next k-step's maxima come after the
     // barrier that ends this one
     if (tid == 0u) Mx[0] = Mx[1] = 0u;
 #endif
+    if (k0 + TBK < kend) load_tiles(abase, bbase, m0, n0, k0 + TBK, kend);
     [[unroll]] for (uint kf = 0; kf < TBK; kf += FK) {
       FRAG_A fa[FRM];
       FRAG_B fb[FRN];
       [[unroll]] for (uint i = 0; i < FRM; ++i) LOAD_A(fa[i], (wm + i * FM) * LDA + kf);
-      [[unroll]] for (uint j = 0; j < FRN; ++j) LOAD_B(fb[j], kf * LDB + wn + j * FN);
+      [[unroll]] for (uint j = 0; j < FRN; ++j) LOAD_B(fb[j], (wn + j * FN) * LDB + kf);
       [[unroll]] for (uint i = 0; i < FRM; ++i)
         [[unroll]] for (uint j = 0; j < FRN; ++j) {
 #if defined(CM_EMU)
-          // acc += A[FM x FK at fa, stride LDA] @ B[FK x FN at fb, stride LDB], the FK
+          // acc += A[FM x FK at fa, row stride LDA] @ B[FK x FN at fb, column stride LDB], the FK
           // products summed in k order. The k loop is not unrolled: the emulation only has to
           // be right, and lavapipe's LLVM compiles fully unrolled 16x16x16 builds for minutes.
           const uint f = i * FRN + j;
@@ -279,7 +442,7 @@ void main() {
             uint idx = e * LANES + lane, r = idx / FN, col = idx % FN;
             float s = KACC[f * EPL + e];
             [[dont_unroll]] for (uint k = 0; k < FK; ++k)
-              s += float(As[fa[i] + r * LDA + k]) * float(Bs[fb[j] + k * LDB + col]);
+              s += float(As[fa[i] + r * LDA + k]) * float(Bs[fb[j] + col * LDB + k]);
             KACC[f * EPL + e] = s;
           }
 #else
@@ -307,7 +470,7 @@ void main() {
 #else
       coopMatStore(acc[i * FRN + j], Cw, woff, FN, gl_CooperativeMatrixLayoutRowMajor);
 #endif
-      barrier();
+      SUBGROUP_SYNC();
       for (uint e = lane; e < FM * FN; e += lanes) {
         uint m = m0 + wm + i * FM + e / FN, n = n0 + wn + j * FN + e % FN;
         if (m < pc.M && n < pc.N) {
@@ -318,7 +481,7 @@ void main() {
           c[ci] = C_ST(v);
         }
       }
-      barrier();
+      SUBGROUP_SYNC();
     }
   // The GELU over the elements this invocation stored, read back (its own writes): one copy of
   // its code, not one per fragment.

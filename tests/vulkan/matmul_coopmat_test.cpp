@@ -215,5 +215,55 @@ TEST_F(CoopmatEmulatedBf16, ValuesPastF16sRange) {
   }
 }
 
+// 16-byte loads (matmul_coopmat.comp's VA and VB: 8 elements a load where the unit-stride
+// extent is a multiple of 8 and everything is aligned): shapes that take them in every layout
+// (a along k or m, b along n or k), with one operand aligned and the other not, with batches and
+// broadcast b, split-k over slices that are multiples of 8, and the 128 tile (2 x 4 subgroups of
+// 64 x 32 at the emulation's subgroup of 32); bf16 past f16's range. The ragged shapes above
+// take the one-element loads.
+class CoopmatEmulatedLoads : public VulkanTest {
+ protected:
+  void SetUp() override {
+    VulkanTest::SetUp();
+    if (HasFatalFailure()) return;
+    setenv("CROSSTRAIN_VK_MATMUL", "cme", 1);
+    vk().set_profiling(true);
+  }
+  void TearDown() override {
+    unsetenv("CROSSTRAIN_VK_MATMUL");
+    vk().set_profiling(false);
+    VulkanTest::TearDown();
+  }
+};
+
+TEST_F(CoopmatEmulatedLoads, SixteenByteGroupsInEveryLayout) {
+  uint64_t seed = 360;
+  for (DType h : {DType::f16, DType::bf16}) {
+    const char* kind = h == DType::f16 ? "16x16x16" : "8x8x8";
+    ScopedEnv frag("CROSSTRAIN_VK_CM_FRAG", kind);
+    const float sa = h == DType::bf16 ? 0x1p20f : 1.0f, sb = 1.0f / sa;
+    for (int tr = 0; tr < 4; ++tr) {
+      const bool ta = tr & 1, tb = tr & 2;
+      run_case(
+          {2, 40, 48, 64, ta, tb, tr == 1, tr == 3, 1.0f, tr == 2 ? 0.5f : 0.0f, (tr & 1) != 0}, h,
+          seed++, kind, false, sa, sb);
+    }
+    run_case({1, 48, 37, 64, false, false, true, false, 1.0f, 0.0f, false}, h, seed++, kind, false,
+             sa, sb);  // a by 8, b one by one
+    run_case({1, 37, 40, 48, true, true, false, false, 0.5f, 0.0f, true}, h, seed++, kind, false,
+             sb, sa);  // a one by one, b by 8 along k
+    {
+      ScopedEnv splitk("CROSSTRAIN_VK_SPLITK", "3");
+      run_case({1, 48, 40, 264, false, false, true, false, 1.0f, 0.75f, false}, h, seed++, kind,
+               true, sa, sb);
+    }
+    {
+      ScopedEnv tile("CROSSTRAIN_VK_CM_TILE", "128");
+      run_case({1, 136, 144, 48, true, false, false, false, 1.0f, 0.0f, true}, h, seed++, kind,
+               false, sa, sb);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ct::vktest

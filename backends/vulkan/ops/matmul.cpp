@@ -164,15 +164,22 @@ constexpr ShaderId kCmIds[2][2] = {{ShaderId::matmul_cm_hhf_f16, ShaderId::matmu
                                    {ShaderId::matmul_cm_hhh_f16, ShaderId::matmul_cm_hhh_bf16}};
 #endif
 
-// The coopmat GEMM's workgroup: 2 x 2 subgroups, each a wm x wn block of fragments, k staged
-// tbk deep. 128 x 128 tiles (64 x 64 a subgroup) where the product still has at least
-// kBigTileGroups of them, else 64 x 64 (CROSSTRAIN_VK_CM_TILE=64|128 forces one).
+// The coopmat GEMM's workgroup: warps_m x warps_n subgroups, each a wm x wn block of fragments,
+// k staged tbk deep. 128 x 128 tiles where the product still has at least kBigTileGroups of
+// them, else 64 x 64 (2 x 2 subgroups of 32 x 32; CROSSTRAIN_VK_CM_TILE=64|128 forces one). The
+// 128 tile is 2 x 2 subgroups of 64 x 64 where that is at most kCmAccPerLane accumulator floats
+// a lane (subgroups of 64: AMD RDNA3), else 2 x 4 of 64 x 32 (subgroups of 32: NVIDIA, and the
+// emulated build): 64 x 64 at subgroup 32 is 128 floats a lane (bf16 twice that, with its k-step
+// temporaries), past NVIDIA's 255 registers with bf16, and RADV compiling for RDNA3 at subgroup
+// 32 put f16's in scratch (16 KiB a workgroup) where 2 x 4 needs 144 VGPRs and bf16's 240, none
+// spilled (scripts/vk_radv_stats.sh).
 struct CmPlan {
   uint32_t warps_m = 2, warps_n = 2, wm = 32, wn = 32, tbk = 32;
   int64_t tile_m() const { return warps_m * wm; }
   int64_t tile_n() const { return warps_n * wn; }
 };
 constexpr int64_t kBigTileGroups = 256;
+constexpr uint32_t kCmAccPerLane = 64;
 
 MmKind pick_kind(const VulkanDevice& d) {
   if (const char* v = std::getenv("CROSSTRAIN_VK_MATMUL"); v && *v) {
@@ -248,12 +255,18 @@ bool vec_ok(const Bound& bd, size_t esize, int64_t sbatch, int64_t sother, int64
          unit_extent % 4 == 0;
 }
 
-// The tiled GEMM's vec4 staging reads through the binding itself (no device addresses), so the
-// bound range's offset must be 4-element aligned too.
+// The tiled GEMM's vec4s and the coopmat GEMM's 16-byte groups read through the binding itself
+// (no device addresses), so the bound range's offset must be aligned too: `width` elements a
+// load, every group aligned (the binding's offset, the first element, the other strides) and the
+// unit-stride extent a multiple of `width`, so that each group lies wholly inside or outside.
+bool binding_vec_ok(const Bound& bd, size_t esize, int64_t sbatch, int64_t sother,
+                    int64_t unit_extent, int64_t width) {
+  return bd.offset % (width * esize) == 0 && bd.first % width == 0 && sbatch % width == 0 &&
+         sother % width == 0 && unit_extent % width == 0;
+}
 bool tiled_vec_ok(const Bound& bd, size_t esize, int64_t sbatch, int64_t sother,
                   int64_t unit_extent) {
-  return bd.offset % (4 * esize) == 0 && bd.first % 4 == 0 && sbatch % 4 == 0 && sother % 4 == 0 &&
-         unit_extent % 4 == 0;
+  return binding_vec_ok(bd, esize, sbatch, sother, unit_extent, 4);
 }
 
 }  // namespace
@@ -441,17 +454,31 @@ void VulkanDevice::gemm(const GemmCall& g) {
   if (cm) {  // whole tiles of c per workgroup, edges zero-filled in the shader
     CmPlan pl;
     const int forced = cm_tile_force_ ? cm_tile_force_ : env_int("CROSSTRAIN_VK_CM_TILE");
-    if (forced == 128 || (forced == 0 && groups128 >= kBigTileGroups)) pl.wm = pl.wn = 64;
     // the emulated build's f32 tiles: 128 x 128 with k 32 deep overflow 32 KiB of shared memory
     const uint32_t sg = cm_emu ? 32 : pd_.subgroup_size, esz = cm_emu ? 4 : 2;
+    if (forced == 128 || (forced == 0 && groups128 >= kBigTileGroups)) {
+      pl.wm = pl.wn = 64;
+      if (pl.wm * pl.wn / sg > kCmAccPerLane) pl.warps_n = 4, pl.wn = 32;
+    }
     auto shared_bytes = [&] {  // As, Bs, Cw and (bf16) the two tile maxima
-      return (pl.tile_m() * (pl.tbk + 8) + pl.tbk * (pl.tile_n() + 8)) * esz +
+      return (pl.tile_m() + pl.tile_n()) * (pl.tbk + 16 / esz) * esz +
              int64_t(pl.warps_m) * pl.warps_n * frag.m * frag.n * 4 + 8;
     };
     if (shared_bytes() > pd_.props.limits.maxComputeSharedMemorySize && frag.k <= 16) pl.tbk = 16;
     CT_CHECK(shared_bytes() <= pd_.props.limits.maxComputeSharedMemorySize,
              "gemm: coopmat tile exceeds the device's shared memory");
-    pspec.n = 9;
+    // 16-byte loads (8 elements) where aligned, as the tiled GEMM's vec4s (matmul_coopmat.comp's
+    // VA, VB): a along k (row-major) or m (transposed), b along n or k
+    uint32_t va = 0, vb = 0;
+    if (g.sa[2] == 1 && binding_vec_ok(g.a, 2, g.sa[0], g.sa[1], g.K, 8))
+      va = 1;
+    else if (g.sa[1] == 1 && binding_vec_ok(g.a, 2, g.sa[0], g.sa[2], g.M, 8))
+      va = 2;
+    if (g.sb[2] == 1 && binding_vec_ok(g.b, 2, g.sb[0], g.sb[1], g.N, 8))
+      vb = 1;
+    else if (g.sb[1] == 1 && binding_vec_ok(g.b, 2, g.sb[0], g.sb[2], g.K, 8))
+      vb = 2;
+    pspec.n = 11;
     pspec.v = {pl.warps_m * pl.warps_n * sg,
                frag.m,
                frag.n,
@@ -460,7 +487,9 @@ void VulkanDevice::gemm(const GemmCall& g) {
                pl.warps_n,
                pl.wm / frag.m,
                pl.wn / frag.n,
-               pl.tbk};
+               pl.tbk,
+               va,
+               vb};
     if (!cm_emu) pspec.required_subgroup = sg, pspec.full_subgroups = true;
     spec = &pspec;
 #if defined(CT_VK_COOPMAT)
