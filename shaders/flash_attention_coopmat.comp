@@ -84,6 +84,9 @@ const uint NS = KT / FN;   // score fragments across
 const uint NO = HS / FN;   // output fragments across
 
 layout(local_size_x_id = 0) in;
+// Invocations a row for the forward's row statistics: the workgroup's over its R rows (R is 16
+// rows a subgroup, a subgroup 16 to 64 invocations: 1, 2 or 4).
+const uint SPLIT = gl_WorkGroupSize.x / R;
 
 // Regions of sm, in words (unused ones empty). Tiles: A, A2 the block's own rows (R), B, B2 the
 // streamed ones (KT), S, S2 f32 scores, P, P2 f16 (R x LDP), L, D per streamed (or own) row.
@@ -92,6 +95,7 @@ const uint H_A = R * LDH / 2, H_B = KT * LDH / 2, H_S = R * LDS, H_P = R * LDP /
 #if defined(FA_FWD)
 const uint W_A = 0, W_B = W_A + H_A, W_S = W_B + H_B, W_P = W_S + H_S, W_L = W_P + H_P;
 const uint W_M = W_L + R;
+const uint W_X = W_P;  // pass 1's partial statistics, R x SPLIT (H_P holds R x (KT + 8) / 2)
 #elif defined(FA_BWD_Q)
 const uint W_A = 0, W_A2 = W_A + H_A, W_B = W_A2 + H_A, W_B2 = W_B + H_B, W_S = W_B2 + H_B;
 const uint W_S2 = W_S + H_S, W_P = W_S2 + H_S, W_L = W_P + H_P, W_D = W_L + R, W_M = W_D + R;
@@ -330,34 +334,54 @@ void main() {
   const uint vbase = pc.oqkv + VO + (h / G) * HS;
   float sq, sk, sv;
   STAGE(qkv, qbase, C3, first, R, W_A, 0u, sq)
-  // pass 1: the rows' statistics (invocation r < R: row first + r)
-  const uint t = first + tid;
-  float m = -CT_FLT_MAX, l = 0.0;  // finite start: the first key takes the s > m branch
+  // pass 1: the rows' statistics, SPLIT invocations a row (row first + r1, r1 = tid / SPLIT; of
+  // each key tile part p of them takes keys p, p + SPLIT, ...): per tile, the row's maximum mt
+  // over its keys (u <= t), then m' = max(m, mt) and l = l exp(m - m') + sum exp(s - m'), the
+  // partial maxima and sums combined in the order p = 0, 1, ... through W_X (P's region, unused
+  // until pass 2); every part ends with the same m and l.
+  const uint r1 = tid / SPLIT, part = tid % SPLIT, t = first + r1;
+  const bool own = r1 < R && t < T;
+  float m = -CT_FLT_MAX, l = 0.0;  // finite start: exp(m - m') is 0, not NaN, at the first key
   for (uint u0 = 0u; u0 <= last; u0 += KT) {
     STAGE(qkv, kbase, C3, u0, KT, W_B, 1u, sk)
     barrier();
     SCORES(W_S, W_A, W_B)
     barrier();
-    if (tid < R && t < T) {
-      const float f = pc.scale / (sq * sk);
-      EMU_ROLLED for (uint c = 0u; c < KT && u0 + c <= t; ++c) {
-        float s = uintBitsToFloat(sm[W_S + tid * LDS + c]) * f;
-        if (s > m) {
-          l = l * ct_exp_le0(m - s) + 1.0;
-          m = s;
-        } else {
-          l += ct_exp_le0(s - m);
-        }
-      }
+    const float f = pc.scale / (sq * sk);
+    float mt = -CT_FLT_MAX;
+    if (own) {
+      EMU_ROLLED for (uint c = part; c < KT && u0 + c <= t; c += SPLIT)
+        mt = max(mt, uintBitsToFloat(sm[W_S + r1 * LDS + c]) * f);
+    }
+    if (r1 < R) sm[W_X + tid] = floatBitsToUint(mt);
+    barrier();
+    float mn = m;
+    if (r1 < R) {
+      EMU_ROLLED for (uint q = 0u; q < SPLIT; ++q)
+        mn = max(mn, uintBitsToFloat(sm[W_X + r1 * SPLIT + q]));
+    }
+    barrier();  // every part read the maxima before the sums take their place
+    float ls = 0.0;
+    if (own) {
+      EMU_ROLLED for (uint c = part; c < KT && u0 + c <= t; c += SPLIT)
+        ls += ct_exp_le0(uintBitsToFloat(sm[W_S + r1 * LDS + c]) * f - mn);
+    }
+    if (r1 < R) sm[W_X + tid] = floatBitsToUint(ls);
+    barrier();
+    if (r1 < R) {
+      float sum = 0.0;
+      EMU_ROLLED for (uint q = 0u; q < SPLIT; ++q) sum += uintBitsToFloat(sm[W_X + r1 * SPLIT + q]);
+      l = l * ct_exp_le0(m - mn) + sum;
+      m = mn;
     }
     barrier();
   }
-  if (tid < R) {
+  if (r1 < R && part == 0u) {
     float L = m + log(l);  // rows past T: never read
     if (t >= q0 && t < T) {
       lse[pc.olse + h * Tq + t - q0] = L;
     }
-    sm[W_L + tid] = floatBitsToUint(t < T ? L : 0.0);
+    sm[W_L + r1] = floatBitsToUint(t < T ? L : 0.0);
   }
   // pass 2: O += P V with P = exp(scale S - lse), normalised already
   ACC_DECL(acc, FRM * NO);

@@ -92,6 +92,13 @@ TEST_F(FlashCoopmat, Bf16HeadSize32MultiQueryPastF16Range) {
   check({2, 37, 3, 1, 32, DType::bf16, 610, 1048576.0f, 1.0f / 1048576.0f});
 }
 
+// Scores spanning hundreds (q x 64: a row's scaled scores ~N(0, 64^2)): the forward's row
+// statistics, split over several invocations a row, must combine their partial maxima before any
+// exponential (exp of a score past another part's maximum by more than 88 overflows).
+TEST_F(FlashCoopmat, ScoresSpanningHundredsKeepTheRowStatistics) {
+  check({1, 70, 2, 1, 64, DType::f16, 615, 1.0f, 1.0f, 64.0f});
+}
+
 // Intel's 8x16x16 fragments (two fragment rows a subgroup) and a forced tile of 2 subgroups and
 // 16 streamed rows: T = 45 is two query blocks of 32 and three key tiles, the last ragged.
 TEST_F(FlashCoopmat, OblongFragmentsAndSmallTiles) {

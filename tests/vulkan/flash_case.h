@@ -18,12 +18,14 @@ struct FlashCase {
   DType dt;
   uint64_t seed;
   float vscale = 1.0f, dscale = 1.0f;  // v's and dout's values multiplied by these
+  float qscale = 1.0f;                 // and q's
   int64_t C() const { return NH * hs; }
   int64_t W() const { return C() + 2 * NKV * hs; }  // qkv's row
   std::string name() const {
     std::ostringstream os;
     os << dtype_name(dt) << " B" << B << " T" << T << " NH" << NH << " NKV" << NKV << " hs" << hs;
     if (vscale != 1.0f) os << " v x" << vscale << " dout x" << dscale;
+    if (qscale != 1.0f) os << " q x" << qscale;
     return os.str();
   }
 };
@@ -35,8 +37,10 @@ struct FlashOut {
 
 inline FlashOut run_flash(Device& d, const FlashCase& c) {
   Vec qkv = randn(c.B * c.T * c.W(), c.seed), dout = randn(c.B * c.T * c.C(), c.seed + 1);
-  for (size_t i = 0; i < qkv.size(); ++i)
+  for (size_t i = 0; i < qkv.size(); ++i) {
     if (int64_t(i) % c.W() >= c.C() + c.NKV * c.hs) qkv[i] *= c.vscale;
+    if (int64_t(i) % c.W() < c.C()) qkv[i] *= c.qscale;
+  }
   for (float& x : dout) x *= c.dscale;
   Tensor tq = up_as(d, {c.B, c.T, c.W()}, qkv, c.dt), td = up_as(d, {c.B, c.T, c.C()}, dout, c.dt);
   Tensor to = d.empty({c.B, c.T, c.C()}, c.dt, MemCategory::kActivations);
