@@ -37,9 +37,9 @@ for m in matmul_cm_hhf_f16 matmul_cm_hhh_f16 matmul_cm_hhf_bf16; do
             "$spv/$m.spv:spec=128,16,16,16,2,2,4,4,32,1,1:sg=32:full")
 done
 for k in fwd bwd_q; do
-  coopmat+=("$spv/flash_cm_${k}_f16.spv:spec=256,16,16,16,4,1,64,64:sg=64:full")
+  coopmat+=("$spv/flash_cm_${k}_f16.spv:spec=256,16,16,16,4,1,64,64,1:sg=64:full")
 done
-coopmat+=("$spv/flash_cm_bwd_kv_f16.spv:spec=256,16,16,16,4,1,32,64:sg=64:full")
+coopmat+=("$spv/flash_cm_bwd_kv_f16.spv:spec=256,16,16,16,4,1,32,64,1:sg=64:full")
 
 summary() {  # one line a pipeline: the statistics that say where the rows live
   python3 -c '

@@ -75,6 +75,9 @@ layout(constant_id = 4) const uint NW = 2;   // subgroups a workgroup
 layout(constant_id = 5) const uint FRM = 1;  // fragment rows a subgroup
 layout(constant_id = 6) const uint KT = 32;  // streamed rows a step
 layout(constant_id = 7) const uint HS = 64;  // head size
+// 1: q, k, v (and dout) staged 8 elements a load (every head slice's rows 16-byte aligned: the
+// host's rule); 0: one element a load.
+layout(constant_id = 8) const uint VEC = 0;
 const uint WR = FRM * FM;  // rows of a subgroup
 const uint R = NW * WR;    // rows of the block
 const uint LDH = HS + 8;   // f16 elements a row of a staged head slice (16-byte rows)
@@ -126,11 +129,14 @@ pc;
 layout(std430, binding = 0) writeonly buffer Out { H_T o[]; };
 layout(std430, binding = 1) writeonly buffer Lse { float lse[]; };
 layout(std430, binding = 2) readonly buffer Qkv { H_T qkv[]; };
+layout(std430, binding = 2) readonly buffer Qkv8 { uvec4 qkv8[]; };
 #else
 layout(std430, binding = 0) buffer DQkv { H_T dqkv[]; };
 layout(std430, binding = 1) readonly buffer Lse { float lse[]; };
 layout(std430, binding = 2) readonly buffer Qkv { H_T qkv[]; };
 layout(std430, binding = 3) readonly buffer DOut { H_T dout[]; };
+layout(std430, binding = 2) readonly buffer Qkv8 { uvec4 qkv8[]; };
+layout(std430, binding = 3) readonly buffer DOut8 { uvec4 dout8[]; };
 layout(std430, binding = 4) readonly buffer Out { H_T o[]; };
 layout(std430, binding = 5) buffer Dsave { float dsave[]; };
 #endif
@@ -159,42 +165,86 @@ float h16at(uint e) {
 }
 
 // Stages n rows from row r0 of a head slice of `buf` (row 0 at `base`, rows `stride` apart) into
-// the f16 region at word w, LDH elements a row; rows past T are zeros. f16: the bits as stored.
+// the f16 region at word dw, LDH elements a row; rows past T are zeros. f16: the bits as stored.
 // bf16: scaled by a power of two from the tile's largest |x| (slot: which W_M word), returned in
-// `sc` (1 for f16). bf16 staging has barriers: call it from uniform control flow.
+// `sc` (1 for f16). bf16 staging has barriers: call it from uniform control flow. With VEC (the
+// host's rule: base and stride multiples of 8, the binding 16-byte aligned) 8 elements a load
+// through buf8, `buf`'s uvec4 view; else 2 a step, one element a load.
+#define STAGE_ROWS_OF_8(buf8, base, stride, r0, n, body)                               \
+  EMU_ROLLED for (uint i_ = tid; i_ < (n) * HS / 8u; i_ += nt) {                      \
+    const uint rr_ = i_ / (HS / 8u), c_ = 8u * (i_ % (HS / 8u)), r_ = (r0) + rr_;     \
+    const uvec4 v_ = r_ < pc.T ? buf8[((base) + r_ * (stride) + c_) / 8u] : uvec4(0u); \
+    const uint o_ = rr_ * (LDH / 2u) + c_ / 2u;                                       \
+    body                                                                              \
+  }
 #if defined(H_BF16)
-#define STAGE(buf, base, stride, r0, n, w, slot, sc)                                  \
-  {                                                                                   \
-    uint mb_ = 0u;                                                                    \
-    EMU_ROLLED for (uint i_ = tid; i_ < (n) * HS; i_ += nt) {                                    \
-      uint r_ = (r0) + i_ / HS;                                                       \
-      if (r_ < pc.T)                                                                  \
-        mb_ = max(mb_, floatBitsToUint(abs(h_load(buf[(base) + r_ * (stride) + i_ % HS])))); \
-    }                                                                                 \
-    barrier();                                                                        \
-    if (tid == 0u) sm[W_M + (slot)] = 0u;                                             \
-    barrier();                                                                        \
-    atomicMax(sm[W_M + (slot)], mb_);                                                 \
-    barrier();                                                                        \
-    const float s_ = pow2_scale(sm[W_M + (slot)]);                                    \
-    EMU_ROLLED for (uint i_ = tid; i_ < (n) * HS / 2u; i_ += nt) {                               \
-      uint rr_ = i_ / (HS / 2u), c_ = 2u * (i_ % (HS / 2u)), r_ = (r0) + rr_;         \
-      uint g_ = (base) + r_ * (stride) + c_;                                          \
-      sm[(w) + rr_ * (LDH / 2u) + c_ / 2u] =                                          \
-          r_ < pc.T ? pack2(h_load(buf[g_]) * s_, h_load(buf[g_ + 1u]) * s_) : 0u;    \
-    }                                                                                 \
-    sc = s_;                                                                          \
+// bf16 elements of v_ (8, two a word) times s_, as f16 pairs: by packHalf2x16 where every value
+// is exact in f16 whatever the conversion's rounding (|x| >= 2^-14, or 0), else pack2's rounding.
+#define PUT8_BF16(dw)                                                                      \
+  {                                                                                       \
+    float x_[8];                                                                          \
+    bool ex_ = true;                                                                      \
+    EMU_ROLLED for (uint e_ = 0u; e_ < 8u; ++e_) {                                        \
+      const uint h_ = (v_[e_ >> 1u] >> (16u * (e_ & 1u))) & 0xffffu;                      \
+      x_[e_] = uintBitsToFloat(h_ << 16) * s_;                                            \
+      ex_ = ex_ && (abs(x_[e_]) >= 6.103515625e-05 || x_[e_] == 0.0);                     \
+    }                                                                                     \
+    EMU_ROLLED for (uint q_ = 0u; q_ < 4u; ++q_)                                          \
+      sm[(dw) + o_ + q_] = ex_ ? packHalf2x16(vec2(x_[2u * q_], x_[2u * q_ + 1u]))         \
+                              : pack2(x_[2u * q_], x_[2u * q_ + 1u]);                     \
+  }
+#define STAGE(buf, buf8, base, stride, r0, n, dw, slot, sc)                                \
+  {                                                                                       \
+    uint mb_ = 0u;                                                                        \
+    if (VEC != 0u) {                                                                      \
+      STAGE_ROWS_OF_8(buf8, base, stride, r0, n, {                                        \
+        EMU_ROLLED for (uint q_ = 0u; q_ < 4u; ++q_)                                      \
+          mb_ = max(mb_, max(v_[q_] & 0x7fffu, (v_[q_] >> 16) & 0x7fffu) << 16);          \
+      })                                                                                  \
+    } else {                                                                              \
+      EMU_ROLLED for (uint i_ = tid; i_ < (n) * HS; i_ += nt) {                           \
+        uint r_ = (r0) + i_ / HS;                                                         \
+        if (r_ < pc.T)                                                                    \
+          mb_ = max(mb_, floatBitsToUint(abs(h_load(buf[(base) + r_ * (stride) + i_ % HS])))); \
+      }                                                                                   \
+    }                                                                                     \
+    barrier();                                                                            \
+    if (tid == 0u) sm[W_M + (slot)] = 0u;                                                 \
+    barrier();                                                                            \
+    atomicMax(sm[W_M + (slot)], mb_);                                                     \
+    barrier();                                                                            \
+    const float s_ = pow2_scale(sm[W_M + (slot)]);                                        \
+    if (VEC != 0u) {                                                                      \
+      STAGE_ROWS_OF_8(buf8, base, stride, r0, n, PUT8_BF16(dw))                            \
+    } else {                                                                              \
+      EMU_ROLLED for (uint i_ = tid; i_ < (n) * HS / 2u; i_ += nt) {                      \
+        uint rr_ = i_ / (HS / 2u), c_ = 2u * (i_ % (HS / 2u)), r_ = (r0) + rr_;           \
+        uint g_ = (base) + r_ * (stride) + c_;                                            \
+        sm[(dw) + rr_ * (LDH / 2u) + c_ / 2u] =                                            \
+            r_ < pc.T ? pack2(h_load(buf[g_]) * s_, h_load(buf[g_ + 1u]) * s_) : 0u;      \
+      }                                                                                   \
+    }                                                                                     \
+    sc = s_;                                                                              \
   }
 #else
-#define STAGE(buf, base, stride, r0, n, w, slot, sc)                                  \
-  {                                                                                   \
-    EMU_ROLLED for (uint i_ = tid; i_ < (n) * HS / 2u; i_ += nt) {                               \
-      uint rr_ = i_ / (HS / 2u), c_ = 2u * (i_ % (HS / 2u)), r_ = (r0) + rr_;         \
-      uint g_ = (base) + r_ * (stride) + c_;                                          \
-      sm[(w) + rr_ * (LDH / 2u) + c_ / 2u] =                                          \
-          r_ < pc.T ? uint(buf[g_]) | (uint(buf[g_ + 1u]) << 16) : 0u;                \
-    }                                                                                 \
-    sc = 1.0;                                                                         \
+#define STAGE(buf, buf8, base, stride, r0, n, dw, slot, sc)                                \
+  {                                                                                       \
+    if (VEC != 0u) {                                                                      \
+      STAGE_ROWS_OF_8(buf8, base, stride, r0, n, {                                        \
+        sm[(dw) + o_] = v_.x;                                                              \
+        sm[(dw) + o_ + 1u] = v_.y;                                                         \
+        sm[(dw) + o_ + 2u] = v_.z;                                                         \
+        sm[(dw) + o_ + 3u] = v_.w;                                                         \
+      })                                                                                  \
+    } else {                                                                              \
+      EMU_ROLLED for (uint i_ = tid; i_ < (n) * HS / 2u; i_ += nt) {                      \
+        uint rr_ = i_ / (HS / 2u), c_ = 2u * (i_ % (HS / 2u)), r_ = (r0) + rr_;           \
+        uint g_ = (base) + r_ * (stride) + c_;                                            \
+        sm[(dw) + rr_ * (LDH / 2u) + c_ / 2u] =                                            \
+            r_ < pc.T ? uint(buf[g_]) | (uint(buf[g_ + 1u]) << 16) : 0u;                  \
+      }                                                                                   \
+    }                                                                                     \
+    sc = 1.0;                                                                             \
   }
 #endif
 
@@ -333,7 +383,7 @@ void main() {
   const uint qbase = pc.oqkv + h * HS, kbase = pc.oqkv + C + (h / G) * HS;
   const uint vbase = pc.oqkv + VO + (h / G) * HS;
   float sq, sk, sv;
-  STAGE(qkv, qbase, C3, first, R, W_A, 0u, sq)
+  STAGE(qkv, qkv8, qbase, C3, first, R, W_A, 0u, sq)
   // pass 1: the rows' statistics, SPLIT invocations a row (row first + r1, r1 = tid / SPLIT; of
   // each key tile part p of them takes keys p, p + SPLIT, ...): per tile, the row's maximum mt
   // over its keys (u <= t), then m' = max(m, mt) and l = l exp(m - m') + sum exp(s - m'), the
@@ -343,7 +393,7 @@ void main() {
   const bool own = r1 < R && t < T;
   float m = -CT_FLT_MAX, l = 0.0;  // finite start: exp(m - m') is 0, not NaN, at the first key
   for (uint u0 = 0u; u0 <= last; u0 += KT) {
-    STAGE(qkv, kbase, C3, u0, KT, W_B, 1u, sk)
+    STAGE(qkv, qkv8, kbase, C3, u0, KT, W_B, 1u, sk)
     barrier();
     SCORES(W_S, W_A, W_B)
     barrier();
@@ -387,7 +437,7 @@ void main() {
   ACC_DECL(acc, FRM * NO);
   ACC_ZERO(acc, FRM * NO);
   for (uint u0 = 0u; u0 <= last; u0 += KT) {
-    STAGE(qkv, kbase, C3, u0, KT, W_B, 1u, sk)
+    STAGE(qkv, qkv8, kbase, C3, u0, KT, W_B, 1u, sk)
     barrier();
     SCORES(W_S, W_A, W_B)
     barrier();
@@ -402,7 +452,7 @@ void main() {
       sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(p0, p1);
     }
     barrier();  // K is no longer read: V takes its place
-    STAGE(qkv, vbase, C3, u0, KT, W_B, 2u, sv)
+    STAGE(qkv, qkv8, vbase, C3, u0, KT, W_B, 2u, sv)
     barrier();
     ACCUM(acc, W_P, W_B, 1.0 / sv)
     barrier();
@@ -414,8 +464,8 @@ void main() {
   const uint qbase = pc.oqkv + h * HS, kbase = pc.oqkv + C + (h / G) * HS;
   const uint vbase = pc.oqkv + VO + (h / G) * HS;
   float sq, sd, sk, sv;
-  STAGE(qkv, qbase, C3, first, R, W_A, 0u, sq)
-  STAGE(dout, pc.odo + h * HS, C, first, R, W_A2, 1u, sd)
+  STAGE(qkv, qkv8, qbase, C3, first, R, W_A, 0u, sq)
+  STAGE(dout, dout8, pc.odo + h * HS, C, first, R, W_A2, 1u, sd)
   if (tid < R) {
     const uint t = first + tid;
     float D = 0.0, L = 0.0;
@@ -431,8 +481,8 @@ void main() {
   ACC_DECL(acc, FRM * NO);
   ACC_ZERO(acc, FRM * NO);
   for (uint u0 = 0u; u0 <= last; u0 += KT) {
-    STAGE(qkv, kbase, C3, u0, KT, W_B, 2u, sk)
-    STAGE(qkv, vbase, C3, u0, KT, W_B2, 3u, sv)
+    STAGE(qkv, qkv8, kbase, C3, u0, KT, W_B, 2u, sk)
+    STAGE(qkv, qkv8, vbase, C3, u0, KT, W_B2, 3u, sv)
     if (tid == 0u) sm[W_M] = 0u;  // the dS tile's max (slot 0: Q's was read long ago)
     barrier();
     SCORES(W_S, W_A, W_B)     // S = Q K^T
@@ -466,8 +516,8 @@ void main() {
 #else  // FA_BWD_KV: the block's rows are keys u = first + r of kv head j
   const uint j = gl_WorkGroupID.y;
   float sk, sv, sq, sd;
-  STAGE(qkv, pc.oqkv + C + j * HS, C3, first, R, W_A, 0u, sk)
-  STAGE(qkv, pc.oqkv + VO + j * HS, C3, first, R, W_A2, 1u, sv)
+  STAGE(qkv, qkv8, pc.oqkv + C + j * HS, C3, first, R, W_A, 0u, sk)
+  STAGE(qkv, qkv8, pc.oqkv + VO + j * HS, C3, first, R, W_A2, 1u, sv)
   ACC_DECL(dk, FRM * NO);
   ACC_DECL(dv, FRM * NO);
   ACC_ZERO(dk, FRM * NO);
@@ -475,8 +525,8 @@ void main() {
   for (uint g = 0u; g < G; ++g) {
     const uint h = j * G + g;  // query head
     for (uint t0 = first; t0 < T; t0 += KT) {
-      STAGE(qkv, pc.oqkv + h * HS, C3, t0, KT, W_B, 2u, sq)
-      STAGE(dout, pc.odo + h * HS, C, t0, KT, W_B2, 3u, sd)
+      STAGE(qkv, qkv8, pc.oqkv + h * HS, C3, t0, KT, W_B, 2u, sq)
+      STAGE(dout, dout8, pc.odo + h * HS, C, t0, KT, W_B2, 3u, sd)
       for (uint c = tid; c < KT; c += nt) {
         uint tq = t0 + c;
         sm[W_L + c] = floatBitsToUint(tq < T ? lse[pc.olse + h * T + tq] : 0.0);

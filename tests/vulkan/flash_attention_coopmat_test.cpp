@@ -99,6 +99,26 @@ TEST_F(FlashCoopmat, ScoresSpanningHundredsKeepTheRowStatistics) {
   check({1, 70, 2, 1, 64, DType::f16, 615, 1.0f, 1.0f, 64.0f});
 }
 
+// The staging's two forms, 8 elements a load (every head slice's rows 16-byte aligned: these
+// cases) and one element a load (CROSSTRAIN_VK_FLASH_VEC=0, for unaligned tensors), stage the same
+// f16 values: out, lse and dqkv bit for bit. bf16 with q x 2^20 and dout x 2^-20 (every tile
+// scaled), every 7th value 2^-32 of the rest (below f16's normals after the tile's scaling:
+// rounded by pack2, not converted by packHalf2x16), the odd-indexed ones x 16 (each tile's largest
+// |x| is in a word's upper half: a maximum that missed those would overflow f16).
+TEST_F(FlashCoopmat, EightElementLoadsStageTheSameValues) {
+  for (const FlashCase& c :
+       {FlashCase{2, 37, 4, 2, 64, DType::f16, 660},
+        FlashCase{2, 45, 3, 1, 32, DType::bf16, 661, 1.0f, 0x1p-20f, 0x1p20f, 7, 16.0f}}) {
+    const FlashOut vec = run_flash(vk(), c);
+    FlashOut one;
+    {
+      ScopedEnv off("CROSSTRAIN_VK_FLASH_VEC", "0");
+      one = run_flash(vk(), c);
+    }
+    EXPECT_TRUE(vec.raw == one.raw) << c.name();
+  }
+}
+
 // Intel's 8x16x16 fragments (two fragment rows a subgroup) and a forced tile of 2 subgroups and
 // 16 streamed rows: T = 45 is two query blocks of 32 and three key tiles, the last ragged.
 TEST_F(FlashCoopmat, OblongFragmentsAndSmallTiles) {

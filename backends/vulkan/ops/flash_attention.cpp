@@ -167,12 +167,26 @@ bool VulkanDevice::flash_cm(int kernel, DType dt, int64_t hs, ShaderId* id, Pipe
   CT_CHECK(emu, "flash attention: no coopmat modules in this build");
   *id = kFlashCmeIds[kernel][hi];
 #endif
-  spec->n = 8;
-  spec->v = {pl.nw * lanes, frag.m, frag.n, frag.k, pl.nw, pl.frm, pl.kt, u32(hs)};
+  spec->n = 9;  // v[8]: VEC, per dispatch (flash_cm_vec)
+  spec->v = {pl.nw * lanes, frag.m, frag.n, frag.k, pl.nw, pl.frm, pl.kt, u32(hs), 0};
   if (!emu) spec->required_subgroup = lanes, spec->full_subgroups = true;
   *rows = pl.rows;
   return true;
 }
+
+namespace {
+// The coopmat kernels' VEC: 16-byte loads of a head slice's rows where every row starts 16 bytes
+// aligned in each bound tensor (binding offset, first element, row length; head offsets are
+// multiples of the head size, itself a multiple of 16). CROSSTRAIN_VK_FLASH_VEC=0 turns them off
+// (the tests compare both forms).
+uint32_t flash_cm_vec(std::initializer_list<std::pair<const Bound*, int64_t>> rows) {
+  if (const char* v = std::getenv("CROSSTRAIN_VK_FLASH_VEC"); v && std::strcmp(v, "0") == 0)
+    return 0;
+  for (const auto& [b, row] : rows)
+    if (b->offset % 16 != 0 || b->first % 8 != 0 || row % 8 != 0) return 0;
+  return 1;
+}
+}  // namespace
 
 void VulkanDevice::flash_attention_forward_kernel(const Tensor& out, const Tensor& lse,
                                                   const Tensor& qkv, int n_head, int n_kv_head) {
@@ -184,13 +198,14 @@ void VulkanDevice::flash_attention_forward_kernel(const Tensor& out, const Tenso
   PipelineSpec spec;
   ShaderId id;
   uint32_t rows = kFlashRows;
-  if (!flash_cm(kFlashCmFwd, qkv.dtype, hs, &id, &spec, &rows))
-    scalar_flash(kFlashCmFwd, qkv.dtype, hs, cpu_like(), &id, &spec);
+  const bool cm = flash_cm(kFlashCmFwd, qkv.dtype, hs, &id, &spec, &rows);
+  if (!cm) scalar_flash(kFlashCmFwd, qkv.dtype, hs, cpu_like(), &id, &spec);
   // the query blocks from the one holding row q0 (the shaders start there)
   const uint32_t gx = u32((T + rows - 1) / rows - q0 / rows);
   for (int64_t b = 0; b < B; ++b) {
     Bound bo = bind(out, b * Tq * C, Tq * C), bl = bind(lse, b * NH * Tq, NH * Tq);
     Bound bq = bind(qkv, b * T * C3, T * C3);
+    if (cm) spec.v[8] = flash_cm_vec({{&bq, C3}});
     dispatch(id, &spec, {bo, bl, bq},
              FlashPush{u32(T), u32(C), u32(NH), u32(NKV), scale, bo.first, bl.first, bq.first,
                        u32(q0), 0, 0},
@@ -226,6 +241,7 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
     Bound bo = bind(out, b * T * C, T * C);
     const FlashPush p{u32(T),   u32(C),   u32(NH),  u32(NKV), scale,   bdq.first,
                       bl.first, bq.first, bd.first, bo.first, bD.first};
+    if (cm) q_spec.v[8] = kv_spec.v[8] = flash_cm_vec({{&bq, C3}, {&bd, C}});
     dispatch(q_id, &q_spec, {bdq, bl, bq, bd, bo, bD}, p, q_gx,
              u32(NH));  // .y: query head
     dispatch(kv_id, &kv_spec, {bdq, bl, bq, bd, bo, bD}, p, kv_gx,
