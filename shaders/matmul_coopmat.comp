@@ -451,10 +451,20 @@ void main() {
         }
     }
 #if defined(H_BF16)
+    // back2 is 1 unless the tiles' scales are extreme (|d| > 126, workgroup-uniform): one
+    // multiply then, the same bits (x 1 is exact)
 #if defined(CM_EMU)
-    [[unroll]] for (uint e = 0; e < FRM * FRN * EPL; ++e) acc[e] += kacc[e] * back1 * back2;
+    if (d == d1) {
+      [[unroll]] for (uint e = 0; e < FRM * FRN * EPL; ++e) acc[e] += kacc[e] * back1;
+    } else {
+      [[unroll]] for (uint e = 0; e < FRM * FRN * EPL; ++e) acc[e] += kacc[e] * back1 * back2;
+    }
 #else
-    [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) acc[f] += kacc[f] * back1 * back2;
+    if (d == d1) {
+      [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) acc[f] += kacc[f] * back1;
+    } else {
+      [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) acc[f] += kacc[f] * back1 * back2;
+    }
 #endif
 #endif
     barrier();

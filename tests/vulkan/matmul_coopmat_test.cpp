@@ -201,6 +201,9 @@ TEST_F(CoopmatEmulatedBf16, ValuesPastF16sRange) {
   }
   run_case({2, 19, 23, 41, true, false, true, false, 1.0f, 0.0f, true}, h, seed++, kind, false,
            0x1p-60f, 0x1p60f);
+  // both x 2^-60: the k-step's products come back by 2^-148, past one normal power of two
+  run_case({1, 24, 16, 40, false, false, false, false, 1.0f, 0.0f, false}, h, seed++, kind, false,
+           0x1p-60f, 0x1p-60f);
   run_case({1, 37, 53, 29, false, true, false, false, 0.5f, 0.0f, false}, h, seed++, kind, false,
            0x1p10f, 0x1p-30f, 4);
   {
