@@ -119,6 +119,41 @@ TEST_F(FlashCoopmat, EightElementLoadsStageTheSameValues) {
   }
 }
 
+// The backward's batch elements side by side: every dq dispatch of the batch, then every dk/dv
+// dispatch, with one barrier between (each element's D has its own range of the workspace, so the
+// dq dispatches of different elements write disjoint ranges), not two an element (one shared D
+// row ordered each element's dq after the previous element's dk/dv). The device's barrier count
+// (the profile's last line) across one backward of B = 4, on the coopmat kernels and the scalar
+// shaders: 3 -- the one between the passes, one ordering the first dispatch after the previous
+// submission and one the read-back's synchronisation adds (the element-by-element order: 9).
+int barriers_of(const std::string& report) {
+  const size_t at = report.find(" barriers,");
+  if (at == std::string::npos) return -1;
+  size_t from = report.rfind(", ", at);
+  return std::atoi(report.c_str() + from + 2);
+}
+
+TEST_F(FlashCoopmat, BackwardRunsTheBatchElementsBetweenTwoBarriers) {
+  for (const char* path : {"cme", "scalar"}) {
+    ScopedEnv flash("CROSSTRAIN_VK_FLASH", path);
+    const FlashCase c{4, 40, 2, 1, 32, DType::f16, 670};
+    Vec qkv = randn(c.B * c.T * c.W(), c.seed), dout = randn(c.B * c.T * c.C(), c.seed + 1);
+    Tensor tq = up_as(vk(), {c.B, c.T, c.W()}, qkv, c.dt);
+    Tensor td = up_as(vk(), {c.B, c.T, c.C()}, dout, c.dt);
+    Tensor to = vk().empty({c.B, c.T, c.C()}, c.dt, MemCategory::kActivations);
+    Tensor tl = vk().empty({c.B, c.NH, c.T}, DType::f32, MemCategory::kActivations);
+    Tensor tdq = vk().empty({c.B, c.T, c.W()}, c.dt, MemCategory::kActivations);
+    vk().flash_attention_forward(to, tl, tq, 2, 1);
+    const int before = barriers_of(vk().profile_report());  // synchronises
+    vk().flash_attention_backward(tdq, td, tq, to, tl, 2, 1);
+    const int after = barriers_of(vk().profile_report());
+    ASSERT_GE(before, 0) << vk().profile_report();
+    EXPECT_LE(after - before, 3) << path << ": " << after - before << " barriers for B = 4";
+    // and the results: the case's reference comparison
+    if (std::string(path) == "cme") check(c);
+  }
+}
+
 // Intel's 8x16x16 fragments (two fragment rows a subgroup) and a forced tile of 2 subgroups and
 // 16 streamed rows: T = 45 is two query blocks of 32 and three key tiles, the last ragged.
 TEST_F(FlashCoopmat, OblongFragmentsAndSmallTiles) {

@@ -175,6 +175,9 @@ bool VulkanDevice::flash_cm(int kernel, DType dt, int64_t hs, ShaderId* id, Pipe
 }
 
 namespace {
+// The backward's D workspace: at most this many bytes (batch elements in groups).
+constexpr int64_t kFlashDBytes = int64_t(64) << 20;
+
 // The coopmat kernels' VEC: 16-byte loads of a head slice's rows where every row starts 16 bytes
 // aligned in each bound tensor (binding offset, first element, row length; head offsets are
 // multiples of the head size, itself a multiple of 16). CROSSTRAIN_VK_FLASH_VEC=0 turns them off
@@ -233,19 +236,31 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
     scalar_flash(kFlashCmBwdKv, dt, hs, cpu_like(), &kv_id, &kv_spec);
   }
   const uint32_t q_gx = u32((T + q_rows - 1) / q_rows), kv_gx = u32((T + kv_rows - 1) / kv_rows);
-  Tensor dsave = workspace({NH * T}, DType::f32);  // D of one batch element
-  Bound bD = bind(dsave);
-  for (int64_t b = 0; b < B; ++b) {
-    Bound bdq = bind(dqkv, b * T * C3, T * C3), bl = bind(lse, b * NH * T, NH * T);
-    Bound bq = bind(qkv, b * T * C3, T * C3), bd = bind(dout, b * T * C, T * C);
-    Bound bo = bind(out, b * T * C, T * C);
-    const FlashPush p{u32(T),   u32(C),   u32(NH),  u32(NKV), scale,   bdq.first,
-                      bl.first, bq.first, bd.first, bo.first, bD.first};
-    if (cm) q_spec.v[8] = kv_spec.v[8] = flash_cm_vec({{&bq, C3}, {&bd, C}});
-    dispatch(q_id, &q_spec, {bdq, bl, bq, bd, bo, bD}, p, q_gx,
-             u32(NH));  // .y: query head
-    dispatch(kv_id, &kv_spec, {bdq, bl, bq, bd, bo, bD}, p, kv_gx,
-             u32(NKV));  // .y: kv head
+  // D (dout . out) of each batch element of a group: the dq dispatches of the group's elements
+  // write disjoint ranges (dqkv's dq, D) and read the rest, so no barrier separates them and a
+  // GPU may run them side by side (one element's dispatch is T / rows x NH workgroups: gpt2's
+  // 16 x 12 would leave most of a large GPU idle); then one barrier (dqkv, D) and the dk/dv
+  // dispatches, likewise. Groups of batch elements keep D's workspace within kFlashDBytes.
+  const int64_t per_b = NH * T;
+  const int64_t group =
+      std::max<int64_t>(1, std::min<int64_t>(B, kFlashDBytes / (per_b * int64_t(sizeof(float)))));
+  Tensor dsave = workspace({group * per_b}, DType::f32);
+  for (int64_t b0 = 0; b0 < B; b0 += group) {
+    const int64_t nb = std::min(group, B - b0);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int64_t b = b0; b < b0 + nb; ++b) {
+        Bound bdq = bind(dqkv, b * T * C3, T * C3), bl = bind(lse, b * NH * T, NH * T);
+        Bound bq = bind(qkv, b * T * C3, T * C3), bd = bind(dout, b * T * C, T * C);
+        Bound bo = bind(out, b * T * C, T * C), bD = bind(dsave, (b - b0) * per_b, per_b);
+        const FlashPush p{u32(T),   u32(C),   u32(NH),  u32(NKV), scale,   bdq.first,
+                          bl.first, bq.first, bd.first, bo.first, bD.first};
+        if (cm) q_spec.v[8] = kv_spec.v[8] = flash_cm_vec({{&bq, C3}, {&bd, C}});
+        if (pass == 0)
+          dispatch(q_id, &q_spec, {bdq, bl, bq, bd, bo, bD}, p, q_gx, u32(NH));  // .y: query head
+        else
+          dispatch(kv_id, &kv_spec, {bdq, bl, bq, bd, bo, bD}, p, kv_gx, u32(NKV));  // .y: kv head
+      }
+    }
   }
 }
 
