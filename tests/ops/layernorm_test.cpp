@@ -39,6 +39,7 @@ const LnCase kCases[] = {
     {{1, 1}, 3, false},
     {{1037, 96}, 4, false},
     {{2, 19, 77}, 70, false, 100.0f},
+    {{3, 4099}, 5, false},  // past the GPU kernels' 32-lanes-a-row limit (4096): a block a row
 };
 
 struct LnInputs {

@@ -33,8 +33,12 @@ struct RmsCase {
   float eps = 1e-6f;        // Llama's rms_norm_eps (1e-5 in some configs)
 };
 const RmsCase kCases[] = {
-    {{14, 12}, 1, true},    {{3, 5}, 2, true, 0.0f, 1e-5f},   {{1, 1}, 3, false},
-    {{1037, 96}, 4, false}, {{2, 19, 77}, 70, false, 100.0f},
+    {{14, 12}, 1, true},
+    {{3, 5}, 2, true, 0.0f, 1e-5f},
+    {{1, 1}, 3, false},
+    {{1037, 96}, 4, false},
+    {{2, 19, 77}, 70, false, 100.0f},
+    {{3, 4099}, 5, false},  // past the GPU kernels' 32-lanes-a-row limit (4096): a block a row
 };
 
 struct RmsInputs {

@@ -128,4 +128,18 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
   return block_reduce<THREADS>(v, smem, MaxOp{});
 }
 
+// Sums / maxima over 32 consecutive lanes (a warp-32 warp, half a wave-64 one): butterflies of
+// width 32, xor 16, 8, 4, 2, 1 -- each pair combines the same two values, so every lane of the
+// 32 ends with the same bits, at every warp size and on every target. Every lane of the 32 must
+// call it. The row kernels of layernorm.cu and rmsnorm.cu (32 lanes a row).
+constexpr int kRowLanes = 32;
+__device__ __forceinline__ float row32_sum(float v) {
+  for (int m = kRowLanes / 2; m >= 1; m /= 2) v += ct_shfl_xor(v, m, kRowLanes);
+  return v;
+}
+__device__ __forceinline__ float row32_max(float v) {
+  for (int m = kRowLanes / 2; m >= 1; m /= 2) v = fmaxf(v, ct_shfl_xor(v, m, kRowLanes));
+  return v;
+}
+
 }  // namespace ct::gpu
