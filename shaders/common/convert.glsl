@@ -2,27 +2,21 @@
 // NaN stays NaN; f16 overflow to inf, subnormals kept), so every device rounds the same way.
 
 uint ct_f32_to_bf16(float f) {
-  uint u = floatBitsToUint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return u >> 16;
+  const uint u = floatBitsToUint(f);
+  const uint r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r;
 }
 float ct_bf16_to_f32(uint h) { return uintBitsToFloat(h << 16); }
 
 uint ct_f32_to_f16(float f) {
-  uint u = floatBitsToUint(f);
-  uint sign = (u >> 16) & 0x8000u;
-  uint a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return sign | 0x7e00u;
-  if (a >= 0x477ff000u) return sign | 0x7c00u;
-  if (a < 0x38800000u) {
-    // Subnormal or zero: an fp32 add does the rounding (as on the CPU).
-    float r = uintBitsToFloat(a) + 0.5;
-    return sign | (floatBitsToUint(r) - 0x3f000000u);
-  }
-  uint mant_odd = (a >> 13) & 1u;
-  a += 0xc8000fffu + mant_odd;
-  return sign | (a >> 13);
+  const uint u = floatBitsToUint(f);
+  const uint sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  // Every case computed, one selected (no branches): subnormal or zero -- an fp32 add does the
+  // rounding (as on the CPU) --, normal, overflow to inf, NaN.
+  const uint sub = floatBitsToUint(uintBitsToFloat(a) + 0.5) - 0x3f000000u;
+  const uint nor = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
+  const uint h = a < 0x38800000u ? sub : a < 0x477ff000u ? nor : 0x7c00u;
+  return sign | (a > 0x7f800000u ? 0x7e00u : h);
 }
 float ct_f16_to_f32(uint h) {
   uint sign = (h & 0x8000u) << 16;
