@@ -128,6 +128,38 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
   return block_reduce<THREADS>(v, smem, MaxOp{});
 }
 
+// The second pass of a column sum in two fixed passes (the bias, LayerNorm and RMSNorm weight
+// gradients): column n of a block of kColumnSumThreads threads sums its chunks' partials
+// (partial[k * stride + n], chunks of them) split among kColumnSumLanes threads -- thread q takes
+// chunks q, q + 8, ... in order -- and returns their sum in the order q = 0, 1, ... (through
+// smem, kColumnSumThreads floats) to the threads with q == 0 (others get 0). Columns are
+// blockIdx.x * 32 + threadIdx.x % 32: neighbouring threads read neighbouring columns. The order
+// depends on the shapes alone; a block of 32 columns instead of 256 keeps 8 times the threads
+// busy on a short row of columns (gpt2's 768: 24 blocks, not 3).
+constexpr int kColumnSumThreads = 256, kColumnSumLanes = 8, kColumnSumCols = 32;
+__device__ __forceinline__ std::int64_t column_sum_col() {
+  return static_cast<std::int64_t>(blockIdx.x) * kColumnSumCols + threadIdx.x % kColumnSumCols;
+}
+__device__ __forceinline__ float column_sum(const float* partial, std::int64_t stride,
+                                            std::int64_t chunks, std::int64_t N, float* smem) {
+  const int q = static_cast<int>(threadIdx.x) / kColumnSumCols;
+  const int cl = static_cast<int>(threadIdx.x) % kColumnSumCols;
+  const std::int64_t n = column_sum_col();
+  float s = 0.0f;
+  if (n < N)
+    for (std::int64_t k = q; k < chunks; k += kColumnSumLanes) s += partial[k * stride + n];
+  smem[threadIdx.x] = s;
+  __syncthreads();
+  float t = 0.0f;
+  if (q == 0)
+    for (int j = 0; j < kColumnSumLanes; ++j) t += smem[j * kColumnSumCols + cl];
+  __syncthreads();  // smem may be reused at once
+  return t;
+}
+inline unsigned column_sum_blocks(std::int64_t N) {
+  return static_cast<unsigned>((N + kColumnSumCols - 1) / kColumnSumCols);
+}
+
 // Sums / maxima over 32 consecutive lanes (a warp-32 warp, half a wave-64 one): butterflies of
 // width 32, xor 16, 8, 4, 2, 1 -- each pair combines the same two values, so every lane of the
 // 32 ends with the same bits, at every warp size and on every target. Every lane of the 32 must

@@ -222,21 +222,20 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   partial[(k * 2 + 1) * C + c] = db;
 }
 
-// dw, db (C) += the partials (chunks, 2, C) summed in chunk order.
+// dw, db (C) += the partials (chunks, 2, C), each column's chunks summed by common.h's column_sum.
 template <int WARP>
-__global__ void CT_LAUNCH_BOUNDS(kThreads)
+__global__ void CT_LAUNCH_BOUNDS(kColumnSumThreads)
     layernorm_backward_sum_kernel(float* dw, float* db, const float* partial, std::int64_t chunks,
                                   std::int64_t C) {
-  CT_CHECK_LAUNCH_BOUNDS(kThreads);
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (c >= C) return;
-  float sw = 0.0f, sb = 0.0f;
-  for (std::int64_t k = 0; k < chunks; ++k) {
-    sw += partial[(k * 2) * C + c];
-    sb += partial[(k * 2 + 1) * C + c];
+  CT_CHECK_LAUNCH_BOUNDS(kColumnSumThreads);
+  CT_SHARED(float, smem, kColumnSumThreads);
+  const float sw = column_sum(partial, 2 * C, chunks, C, smem);
+  const float sb = column_sum(partial + C, 2 * C, chunks, C, smem);
+  const std::int64_t c = column_sum_col();
+  if (threadIdx.x < kColumnSumCols && c < C) {
+    dw[c] += sw;
+    db[c] += sb;
   }
-  dw[c] += sw;
-  db[c] += sb;
 }
 
 std::int64_t chunks_of(std::int64_t N) {
@@ -360,8 +359,8 @@ void layernorm_backward(const Ctx& cx, float* dx, float* dw, float* db, const vo
                   mean + row, rstd + row, N - row, C);
       }
     });
-    launch<W>(CT_KERNEL(layernorm_backward_sum_kernel<W>), dim3(col_blocks), dim3(kThreads), 0,
-              stream_of(cx), dw, db, partial, chunks, C);
+    launch<W>(CT_KERNEL(layernorm_backward_sum_kernel<W>), dim3(column_sum_blocks(C)),
+              dim3(kColumnSumThreads), 0, stream_of(cx), dw, db, partial, chunks, C);
   });
 }
 

@@ -246,16 +246,15 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   partial[k * N + n] = s;
 }
 
-// dbias (N) += the partials (chunks, N) summed in chunk order.
+// dbias (N) += the partials (chunks, N), each column's chunks summed by common.h's column_sum.
 template <int WARP>
-__global__ void CT_LAUNCH_BOUNDS(kThreads)
+__global__ void CT_LAUNCH_BOUNDS(kColumnSumThreads)
     bias_sum_kernel(float* dbias, const float* partial, std::int64_t chunks, std::int64_t N) {
-  CT_CHECK_LAUNCH_BOUNDS(kThreads);
-  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (n >= N) return;
-  float s = 0.0f;
-  for (std::int64_t k = 0; k < chunks; ++k) s += partial[k * N + n];
-  dbias[n] += s;
+  CT_CHECK_LAUNCH_BOUNDS(kColumnSumThreads);
+  CT_SHARED(float, smem, kColumnSumThreads);
+  const float s = column_sum(partial, N, chunks, N, smem);
+  const std::int64_t n = column_sum_col();
+  if (threadIdx.x < kColumnSumCols && n < N) dbias[n] += s;
 }
 
 template <int W, typename AB, typename Cel, bool TA, bool TB>
@@ -347,8 +346,8 @@ void bias_backward(const Ctx& cx, float* dbias, const void* dout, Elem dout_elem
                   static_cast<const char*>(dout) + row * N * esz, M - row, N);
       }
     });
-    launch<W>(CT_KERNEL(bias_sum_kernel<W>), dim3(col_blocks), dim3(kThreads), 0, stream_of(cx),
-              dbias, partial, chunks, N);
+    launch<W>(CT_KERNEL(bias_sum_kernel<W>), dim3(column_sum_blocks(N)), dim3(kColumnSumThreads), 0,
+              stream_of(cx), dbias, partial, chunks, N);
   });
 }
 

@@ -187,17 +187,16 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   partial[k * C + c] = dw;
 }
 
-// dw (C) += the partials (chunks, C) summed in chunk order.
+// dw (C) += the partials (chunks, C), each column's chunks summed by common.h's column_sum.
 template <int WARP>
-__global__ void CT_LAUNCH_BOUNDS(kThreads)
+__global__ void CT_LAUNCH_BOUNDS(kColumnSumThreads)
     rmsnorm_backward_sum_kernel(float* dw, const float* partial, std::int64_t chunks,
                                 std::int64_t C) {
-  CT_CHECK_LAUNCH_BOUNDS(kThreads);
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (c >= C) return;
-  float sw = 0.0f;
-  for (std::int64_t k = 0; k < chunks; ++k) sw += partial[k * C + c];
-  dw[c] += sw;
+  CT_CHECK_LAUNCH_BOUNDS(kColumnSumThreads);
+  CT_SHARED(float, smem, kColumnSumThreads);
+  const float sw = column_sum(partial, C, chunks, C, smem);
+  const std::int64_t c = column_sum_col();
+  if (threadIdx.x < kColumnSumCols && c < C) dw[c] += sw;
 }
 
 std::int64_t chunks_of(std::int64_t N) {
@@ -317,8 +316,8 @@ void rmsnorm_backward(const Ctx& cx, float* dx, float* dw, const void* dout, Ele
                   rstd + row, N - row, C);
       }
     });
-    launch<W>(CT_KERNEL(rmsnorm_backward_sum_kernel<W>), dim3(col_blocks), dim3(kThreads), 0,
-              stream_of(cx), dw, partial, chunks, C);
+    launch<W>(CT_KERNEL(rmsnorm_backward_sum_kernel<W>), dim3(column_sum_blocks(C)),
+              dim3(kColumnSumThreads), 0, stream_of(cx), dw, partial, chunks, C);
   });
 }
 
