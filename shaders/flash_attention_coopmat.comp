@@ -490,14 +490,18 @@ void main() {
     barrier();
     const float fs = pc.scale / (sq * sk), fp = 1.0 / (sd * sv);
     uint mb = 0u;
-    EMU_ROLLED for (uint i = tid; i < R * KT; i += nt) {
-      uint r = i / KT, c = i % KT, tr = first + r, u = u0 + c;
-      float s = uintBitsToFloat(sm[W_S + r * LDS + c]) * fs;
-      float p = tr < T && u <= tr ? ct_exp_le0(s - uintBitsToFloat(sm[W_L + r])) : 0.0;
-      float dp = uintBitsToFloat(sm[W_S2 + r * LDS + c]) * fp;
-      float ds = p * (dp - uintBitsToFloat(sm[W_D + r])) * pc.scale;
-      sm[W_S + r * LDS + c] = floatBitsToUint(ds);
-      mb = max(mb, floatBitsToUint(abs(ds)));
+    EMU_ROLLED for (uint i = tid; i < R * KT / 2u; i += nt) {  // two columns of a row a step
+      const uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u)), tr = first + r;
+      const float Lr = uintBitsToFloat(sm[W_L + r]), Dr = uintBitsToFloat(sm[W_D + r]);
+      [[unroll]] for (uint x = 0u; x < 2u; ++x) {
+        const uint u = u0 + c + x;
+        float s = uintBitsToFloat(sm[W_S + r * LDS + c + x]) * fs;
+        float p = tr < T && u <= tr ? ct_exp_le0(s - Lr) : 0.0;
+        float dp = uintBitsToFloat(sm[W_S2 + r * LDS + c + x]) * fp;
+        float ds = p * (dp - Dr) * pc.scale;
+        sm[W_S + r * LDS + c + x] = floatBitsToUint(ds);
+        mb = max(mb, floatBitsToUint(abs(ds)));
+      }
     }
     atomicMax(sm[W_M], mb);
     barrier();
