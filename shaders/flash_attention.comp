@@ -30,7 +30,19 @@
 #define MAX_HS 128
 #define ROWS 64
 #define TILE 16
-layout(local_size_x = ROWS) in;
+// FA_PAIR (the dk/dv kernel's _u modules): two invocations a key row, lane h of the pair holding
+// the head's elements h, h + 2, ... of k, v, dk and dv (at head size 64, 128 floats a lane
+// instead of 256: RDNA2 and NVIDIA keep them in registers); each dot product is the pair's two
+// partial sums added (subgroupShuffleXor 1: both lanes hold the same bits).
+#if defined(FA_PAIR)
+#extension GL_KHR_shader_subgroup_shuffle : require
+#define LANES_A_ROW 2u
+#define ROW_HS (MAX_HS / 2)
+#else
+#define LANES_A_ROW 1u
+#define ROW_HS MAX_HS
+#endif
+layout(local_size_x = ROWS * LANES_A_ROW) in;
 
 // The _u modules (FA_UNROLL; backends/vulkan/ops/flash_attention.cpp dispatches them on GPUs):
 // the head size HS_SPEC is set when the pipeline is created and the loops over the head are
@@ -80,7 +92,7 @@ shared float td[TILE];           // BWD_KV: D of the staged queries
 
 // Stages rows r0 .. r0 + TILE of a head slice into dst as f32 (zeros past T and past hs).
 #define STAGE(dst, buf, base, stride, r0)                                          \
-  for (uint idx_ = gl_LocalInvocationID.x; idx_ < TILE * MAX_HS; idx_ += ROWS) {  \
+  for (uint idx_ = gl_LocalInvocationID.x; idx_ < TILE * MAX_HS; idx_ += ROWS * LANES_A_ROW) { \
     uint rr_ = idx_ / MAX_HS, i_ = idx_ % MAX_HS, r_ = (r0) + rr_;                \
     dst[idx_] = r_ < T && i_ < hs ? h_load(buf[(base) + r_ * (stride) + i_]) : 0.0; \
   }
@@ -95,7 +107,7 @@ void main() {
   const bool live = r >= q0 && r < T;
 #else
   const uint first = gl_WorkGroupID.x * ROWS;
-  const uint r = first + gl_LocalInvocationID.x;  // this invocation's row
+  const uint r = first + gl_LocalInvocationID.x / LANES_A_ROW;  // this invocation's row
   const bool live = r < T;
 #endif
   const uint last = min(first + ROWS, T) - 1u;
@@ -173,13 +185,22 @@ void main() {
 #else  // FA_BWD_KV: r is the key row u of kv head j; for each query head of the group in
        // order, queries t >= u, from the block's first row on
   const uint j = gl_WorkGroupID.y;
-  float k[MAX_HS], v[MAX_HS], dk[MAX_HS], dv[MAX_HS];
-  HS_UNROLL for (uint i = 0; i < MAX_HS; ++i) {
-    bool ok = live && i < hs;
-    k[i] = ok ? h_load(qkv[pc.oqkv + r * C3 + C + j * hs + i]) : 0.0;
-    v[i] = ok ? h_load(qkv[pc.oqkv + r * C3 + VO + j * hs + i]) : 0.0;
-    dk[i] = 0.0;
-    dv[i] = 0.0;
+  // element e of this invocation's arrays is the head's element hof(e) (FA_PAIR: every other
+  // one from its lane of the pair; else all of them, in order)
+#if defined(FA_PAIR)
+  const uint lh = gl_LocalInvocationID.x % 2u;  // the lane of the pair
+#define hof(e) (2u * (e) + lh)
+#else
+#define hof(e) (e)
+#endif
+  const uint hn = (hs + LANES_A_ROW - 1u) / LANES_A_ROW;  // elements an invocation holds (at most)
+  float k[ROW_HS], v[ROW_HS], dk[ROW_HS], dv[ROW_HS];
+  HS_UNROLL for (uint e = 0; e < ROW_HS; ++e) {
+    bool ok = live && hof(e) < hs;
+    k[e] = ok ? h_load(qkv[pc.oqkv + r * C3 + C + j * hs + hof(e)]) : 0.0;
+    v[e] = ok ? h_load(qkv[pc.oqkv + r * C3 + VO + j * hs + hof(e)]) : 0.0;
+    dk[e] = 0.0;
+    dv[e] = 0.0;
   }
   for (uint g = 0; g < G; ++g) {
     const uint h = j * G + g;  // query head
@@ -193,24 +214,30 @@ void main() {
       }
       barrier();
       for (uint tt = 0; live && tt < TILE && t0 + tt < T; ++tt) {
-        if (t0 + tt < r) continue;
+        if (t0 + tt < r) continue;  // the pair's lanes have the same row: they go on together
         float dot = 0.0, dp = 0.0;
-        HS_UNROLL for (uint i = 0; i < hs; ++i) dot += ta[tt * MAX_HS + i] * k[i];
-        HS_UNROLL for (uint i = 0; i < hs; ++i) dp += tb[tt * MAX_HS + i] * v[i];
+        // (elements past hs are 0 in the tiles and the arrays: the sums see exact zeros)
+        HS_UNROLL for (uint e = 0; e < hn; ++e) dot += ta[tt * MAX_HS + hof(e)] * k[e];
+        HS_UNROLL for (uint e = 0; e < hn; ++e) dp += tb[tt * MAX_HS + hof(e)] * v[e];
+#if defined(FA_PAIR)
+        dot += subgroupShuffleXor(dot, 1u);
+        dp += subgroupShuffleXor(dp, 1u);
+#endif
         float p = ct_exp_le0(dot * pc.scale - tl[tt]);
         float ds = p * (dp - td[tt]) * pc.scale;
-        HS_UNROLL for (uint i = 0; i < hs; ++i) {
-          dv[i] += p * tb[tt * MAX_HS + i];
-          dk[i] += ds * ta[tt * MAX_HS + i];
+        HS_UNROLL for (uint e = 0; e < hn; ++e) {
+          dv[e] += p * tb[tt * MAX_HS + hof(e)];
+          dk[e] += ds * ta[tt * MAX_HS + hof(e)];
         }
       }
       barrier();
     }
   }
   if (!live) return;
-  HS_UNROLL for (uint i = 0; i < hs; ++i) {
-    dqkv[pc.oo + r * C3 + C + j * hs + i] = h_store(dk[i]);
-    dqkv[pc.oo + r * C3 + VO + j * hs + i] = h_store(dv[i]);
+  HS_UNROLL for (uint e = 0; e < hn; ++e) {
+    if (hof(e) >= hs) break;
+    dqkv[pc.oo + r * C3 + C + j * hs + hof(e)] = h_store(dk[e]);
+    dqkv[pc.oo + r * C3 + VO + j * hs + hof(e)] = h_store(dv[e]);
   }
 #endif
 }

@@ -324,6 +324,8 @@ void Instance::enumerate() {
     pd.subgroup_size = p11.subgroupSize;
     pd.subgroup_ballot = (p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                          (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
+    pd.subgroup_shuffle = (p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                          (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
     pd.max_alloc = p11.maxMemoryAllocationSize;
     pd.subgroup_control = v13 && f13.subgroupSizeControl &&
                           (p13.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT);

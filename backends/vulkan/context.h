@@ -28,7 +28,8 @@ struct PhysicalDevice {
   bool bda = false;            // bufferDeviceAddress (matmul reads operands through it)
   bool int64 = false;          // shaderInt64 (MM_SG reads b as 64-bit pairs)
   uint32_t subgroup_size = 0;
-  bool subgroup_ballot = false;  // subgroupBroadcast() in compute shaders
+  bool subgroup_ballot = false;   // subgroupBroadcast() in compute shaders
+  bool subgroup_shuffle = false;  // subgroupShuffleXor() in compute shaders
   // subgroupSizeControl with compute in requiredSubgroupSizeStages, and the sizes allowed
   bool subgroup_control = false;
   uint32_t subgroup_min = 0, subgroup_max = 0;

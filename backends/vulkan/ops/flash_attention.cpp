@@ -109,10 +109,14 @@ constexpr ShaderId kFlashUnrolledIds[3][3] = {
 // for every head size, where lavapipe's JIT takes seconds for each unrolled one).
 // CROSSTRAIN_VK_FLASH=unrolled takes the _u modules for every kernel on any device (the tests,
 // on lavapipe).
-void scalar_flash(int kernel, DType dt, int64_t hs, bool cpu, ShaderId* id, PipelineSpec* spec) {
+// The dk/dv kernel's _u module holds a key row in two invocations (FA_PAIR: subgroup shuffles);
+// a device without shuffles takes the plain one.
+void scalar_flash(int kernel, DType dt, int64_t hs, bool cpu, bool shuffle, ShaderId* id,
+                  PipelineSpec* spec) {
   const char* env = std::getenv("CROSSTRAIN_VK_FLASH");
-  const bool unrolled =
-      (!cpu && (kernel == kFlashCmFwd || hs <= 64)) || (env && std::strcmp(env, "unrolled") == 0);
+  const bool unrolled = ((!cpu && (kernel == kFlashCmFwd || hs <= 64)) ||
+                         (env && std::strcmp(env, "unrolled") == 0)) &&
+                        (kernel != kFlashCmBwdKv || shuffle);
   const int di = dt == DType::f16 ? 1 : dt == DType::bf16 ? 2 : 0;
   *id = unrolled ? kFlashUnrolledIds[kernel][di] : kFlashIds[kernel][di];
   *spec = PipelineSpec{};
@@ -202,7 +206,7 @@ void VulkanDevice::flash_attention_forward_kernel(const Tensor& out, const Tenso
   ShaderId id;
   uint32_t rows = kFlashRows;
   const bool cm = flash_cm(kFlashCmFwd, qkv.dtype, hs, &id, &spec, &rows);
-  if (!cm) scalar_flash(kFlashCmFwd, qkv.dtype, hs, cpu_like(), &id, &spec);
+  if (!cm) scalar_flash(kFlashCmFwd, qkv.dtype, hs, cpu_like(), pd_.subgroup_shuffle, &id, &spec);
   // the query blocks from the one holding row q0 (the shaders start there)
   const uint32_t gx = u32((T + rows - 1) / rows - q0 / rows);
   for (int64_t b = 0; b < B; ++b) {
@@ -232,8 +236,8 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
   if (cm && !flash_cm(kFlashCmBwdKv, dt, hs, &kv_id, &kv_spec, &kv_rows))
     cm = false, q_rows = kFlashRows;
   if (!cm) {
-    scalar_flash(kFlashCmBwdQ, dt, hs, cpu_like(), &q_id, &q_spec);
-    scalar_flash(kFlashCmBwdKv, dt, hs, cpu_like(), &kv_id, &kv_spec);
+    scalar_flash(kFlashCmBwdQ, dt, hs, cpu_like(), pd_.subgroup_shuffle, &q_id, &q_spec);
+    scalar_flash(kFlashCmBwdKv, dt, hs, cpu_like(), pd_.subgroup_shuffle, &kv_id, &kv_spec);
   }
   const uint32_t q_gx = u32((T + q_rows - 1) / q_rows), kv_gx = u32((T + kv_rows - 1) / kv_rows);
   // D (dout . out) of each batch element of a group: the dq dispatches of the group's elements
