@@ -30,10 +30,11 @@
 #define MAX_HS 128
 #define ROWS 64
 #define TILE 16
-// FA_PAIR (the dk/dv kernel's _u modules): two invocations a key row, lane h of the pair holding
-// the head's elements h, h + 2, ... of k, v, dk and dv (at head size 64, 128 floats a lane
-// instead of 256: RDNA2 and NVIDIA keep them in registers); each dot product is the pair's two
-// partial sums added (subgroupShuffleXor 1: both lanes hold the same bits).
+// FA_PAIR (the backward kernels' _u modules): two invocations a row, lane h of the pair holding
+// the head's elements h, h + 2, ... of its rows (dk/dv: k, v, dk, dv; dq: q, dout, dq) -- at
+// head size 64, 128 floats a lane instead of 256 in dk/dv: RDNA2 and NVIDIA keep them in
+// registers; each dot product is the pair's two partial sums added (subgroupShuffleXor 1: both
+// lanes hold the same bits).
 #if defined(FA_PAIR)
 #extension GL_KHR_shader_subgroup_shuffle : require
 #define LANES_A_ROW 2u
@@ -111,6 +112,15 @@ void main() {
   const bool live = r < T;
 #endif
   const uint last = min(first + ROWS, T) - 1u;
+  // Element e of this invocation's per-row arrays is the head's element hof(e) (FA_PAIR: every
+  // other one, from lane lh of the pair; else all of them, in order); hn of them at most.
+  const uint lh = gl_LocalInvocationID.x % LANES_A_ROW;
+#if defined(FA_PAIR)
+#define hof(e) (2u * (e) + lh)
+#else
+#define hof(e) (e)
+#endif
+  const uint hn = (hs + LANES_A_ROW - 1u) / LANES_A_ROW;
 #if !defined(FA_BWD_KV)
   const uint h = gl_WorkGroupID.y;                 // query head
   const uint qbase = pc.oqkv + h * hs;             // q of row 0 of head h
@@ -152,48 +162,49 @@ void main() {
   lse[pc.olse + h * Tq + r - q0] = m + log(l);
 
 #elif defined(FA_BWD_Q)
-  float q[MAX_HS], g[MAX_HS], acc[MAX_HS];
+  float q[ROW_HS], g[ROW_HS], acc[ROW_HS];
   float D = 0.0, lr = 0.0;
-  HS_UNROLL for (uint i = 0; i < MAX_HS; ++i) {
-    bool ok = live && i < hs;
-    q[i] = ok ? h_load(qkv[qbase + r * C3 + i]) : 0.0;
-    g[i] = ok ? h_load(dout[pc.odo + r * C + h * hs + i]) : 0.0;
-    D += g[i] * (ok ? h_load(o[pc.oout + r * C + h * hs + i]) : 0.0);
-    acc[i] = 0.0;
+  HS_UNROLL for (uint e = 0; e < ROW_HS; ++e) {
+    bool ok = live && hof(e) < hs;
+    q[e] = ok ? h_load(qkv[qbase + r * C3 + hof(e)]) : 0.0;
+    g[e] = ok ? h_load(dout[pc.odo + r * C + h * hs + hof(e)]) : 0.0;
+    D += g[e] * (ok ? h_load(o[pc.oout + r * C + h * hs + hof(e)]) : 0.0);
+    acc[e] = 0.0;
   }
+#if defined(FA_PAIR)
+  D += subgroupShuffleXor(D, 1u);  // every invocation is here: no row has diverged yet
+#endif
   if (live) {
-    dsave[pc.od + h * T + r] = D;
+    if (lh == 0u) dsave[pc.od + h * T + r] = D;
     lr = lse[pc.olse + h * T + r];
   }
   for (uint u0 = 0; u0 <= last; u0 += TILE) {
     STAGE(ta, qkv, kbase, C3, u0)
     STAGE(tb, qkv, vbase, C3, u0)
     barrier();
-    for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {
+    for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {  // the pair's lanes together
       float dot = 0.0, dp = 0.0;
-      HS_UNROLL for (uint i = 0; i < hs; ++i) dot += q[i] * ta[uu * MAX_HS + i];
-      HS_UNROLL for (uint i = 0; i < hs; ++i) dp += g[i] * tb[uu * MAX_HS + i];
+      HS_UNROLL for (uint e = 0; e < hn; ++e) dot += q[e] * ta[uu * MAX_HS + hof(e)];
+      HS_UNROLL for (uint e = 0; e < hn; ++e) dp += g[e] * tb[uu * MAX_HS + hof(e)];
+#if defined(FA_PAIR)
+      dot += subgroupShuffleXor(dot, 1u);
+      dp += subgroupShuffleXor(dp, 1u);
+#endif
       float p = ct_exp_le0(dot * pc.scale - lr);
       float ds = p * (dp - D) * pc.scale;
-      HS_UNROLL for (uint i = 0; i < hs; ++i) acc[i] += ds * ta[uu * MAX_HS + i];
+      HS_UNROLL for (uint e = 0; e < hn; ++e) acc[e] += ds * ta[uu * MAX_HS + hof(e)];
     }
     barrier();
   }
   if (!live) return;
-  HS_UNROLL for (uint i = 0; i < hs; ++i) dqkv[pc.oo + r * C3 + h * hs + i] = h_store(acc[i]);
+  HS_UNROLL for (uint e = 0; e < hn; ++e) {
+    if (hof(e) >= hs) break;
+    dqkv[pc.oo + r * C3 + h * hs + hof(e)] = h_store(acc[e]);
+  }
 
 #else  // FA_BWD_KV: r is the key row u of kv head j; for each query head of the group in
        // order, queries t >= u, from the block's first row on
   const uint j = gl_WorkGroupID.y;
-  // element e of this invocation's arrays is the head's element hof(e) (FA_PAIR: every other
-  // one from its lane of the pair; else all of them, in order)
-#if defined(FA_PAIR)
-  const uint lh = gl_LocalInvocationID.x % 2u;  // the lane of the pair
-#define hof(e) (2u * (e) + lh)
-#else
-#define hof(e) (e)
-#endif
-  const uint hn = (hs + LANES_A_ROW - 1u) / LANES_A_ROW;  // elements an invocation holds (at most)
   float k[ROW_HS], v[ROW_HS], dk[ROW_HS], dv[ROW_HS];
   HS_UNROLL for (uint e = 0; e < ROW_HS; ++e) {
     bool ok = live && hof(e) < hs;

@@ -109,14 +109,14 @@ constexpr ShaderId kFlashUnrolledIds[3][3] = {
 // for every head size, where lavapipe's JIT takes seconds for each unrolled one).
 // CROSSTRAIN_VK_FLASH=unrolled takes the _u modules for every kernel on any device (the tests,
 // on lavapipe).
-// The dk/dv kernel's _u module holds a key row in two invocations (FA_PAIR: subgroup shuffles);
-// a device without shuffles takes the plain one.
+// The backward kernels' _u modules hold a row in two invocations (FA_PAIR: subgroup shuffles);
+// a device without shuffles takes the plain ones.
 void scalar_flash(int kernel, DType dt, int64_t hs, bool cpu, bool shuffle, ShaderId* id,
                   PipelineSpec* spec) {
   const char* env = std::getenv("CROSSTRAIN_VK_FLASH");
   const bool unrolled = ((!cpu && (kernel == kFlashCmFwd || hs <= 64)) ||
                          (env && std::strcmp(env, "unrolled") == 0)) &&
-                        (kernel != kFlashCmBwdKv || shuffle);
+                        (kernel == kFlashCmFwd || shuffle);
   const int di = dt == DType::f16 ? 1 : dt == DType::bf16 ? 2 : 0;
   *id = unrolled ? kFlashUnrolledIds[kernel][di] : kFlashIds[kernel][di];
   *spec = PipelineSpec{};
