@@ -21,7 +21,8 @@
 // WM x WN block of FRM x FRN fragments of FM x FN; k advances TBK at a time through shared
 // memory (As [TBM][TBK]: op(a) row-major; Bs [TBN][TBK]: op(b) column-major, so that both
 // fragments' k runs are contiguous -- AMD's WMMA takes a lane's k run of B in one 16-byte read
-// that way, 16 two-byte reads the other; zero outside the matrices), FK per multiply-add. All of these are specialization constants (below).
+// that way, 16 two-byte reads the other; zero outside the matrices), FK per multiply-add. All of
+// these are specialization constants (below).
 // Split-k (pc.ksplit = S > 1, for long K and few tiles): workgroup z = batch * S + s sums only
 // k in [s * kchunk, (s + 1) * kchunk) and stores its raw sums (alpha 1, beta 0, no bias, c the
 // f32 partials [batch * S][M][N]); matmul_splitk.comp adds the S partials in order and applies
