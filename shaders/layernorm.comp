@@ -4,7 +4,9 @@
 //   LN_FWD_RES   LN_FWD of residual = x + r, stored first (the residual add fused in); each
 //                invocation reads back only the elements it wrote
 //   LN_BWD_DX    one workgroup per row: dx += rstd * (dnorm - mean(dnorm) - xhat*mean(dnorm*xhat))
-//   LN_BWD_DWDB  one invocation per channel, rows in order: dw += dout*xhat, db += dout
+//   LN_BWD_DWDB  one invocation per channel, rows in order: dw += dout*xhat, db += dout; with
+//                pc.R > 0 the first of two passes (bias_backward.comp's: partials of R rows,
+//                workgroup z, assigned at dw[odw + z C + c], db[odb + z C + c])
 // x, out, dx, dout [N, C]; w, b, dw, db [C]; mean, rstd [N]. All f32 except out (LN_FWD) and
 // dout (LN_BWD_*), and r (LN_FWD_RES), which are 16-bit in the H_F16 / H_BF16 variants
 // (common/h16.glsl).
@@ -139,6 +141,7 @@ layout(push_constant) uniform Push {
   uint ox;
   uint om;
   uint ors;
+  uint R;
 } pc;
 layout(std430, binding = 0) buffer DW { float dw[]; };
 layout(std430, binding = 1) buffer DB { float db[]; };
@@ -150,14 +153,21 @@ layout(std430, binding = 5) readonly buffer Rstd { float rstd[]; };
 void main() {
   uint c = ct_linear_index();
   if (c >= pc.C) return;
+  const uint z = gl_WorkGroupID.z;
+  const uint n0 = pc.R > 0u ? z * pc.R : 0u, n1 = pc.R > 0u ? min(pc.N, n0 + pc.R) : pc.N;
   float aw = 0.0, ab = 0.0;
-  for (uint n = 0; n < pc.N; ++n) {
+  for (uint n = n0; n < n1; ++n) {
     float d = h_load(dout[pc.odo + n * pc.C + c]);
     float xh = (x[pc.ox + n * pc.C + c] - mean[pc.om + n]) * rstd[pc.ors + n];
     aw += d * xh;
     ab += d;
   }
-  dw[pc.odw + c] += aw;
-  db[pc.odb + c] += ab;
+  if (pc.R > 0u) {
+    dw[pc.odw + z * pc.C + c] = aw;
+    db[pc.odb + z * pc.C + c] = ab;
+  } else {
+    dw[pc.odw + c] += aw;
+    db[pc.odb + c] += ab;
+  }
 }
 #endif

@@ -5,7 +5,9 @@
 //               invocation reads back only the elements it wrote
 //   RMS_BWD_DX  one workgroup per row: dx += rstd * (dnorm - xhat * mean(dnorm * xhat)),
 //               xhat = x * rstd, dnorm = dout * w
-//   RMS_BWD_DW  one invocation per channel, rows in order: dw += dout * xhat
+//   RMS_BWD_DW  one invocation per channel, rows in order: dw += dout * xhat; with pc.R > 0 the
+//               first of two passes (bias_backward.comp's: partials of R rows, workgroup z,
+//               assigned at dw[odw + z C + c])
 // x, out, dx, dout [N, C]; w, dw [C]; rstd [N]. All f32 except out and r (RMS_FWD*) and dout
 // (RMS_BWD_*), which are 16-bit in the H_F16 / H_BF16 variants (common/h16.glsl).
 #extension GL_GOOGLE_include_directive : require
@@ -119,6 +121,7 @@ layout(push_constant) uniform Push {
   uint odo;
   uint ox;
   uint ors;
+  uint R;
 } pc;
 layout(std430, binding = 0) buffer DW { float dw[]; };
 layout(std430, binding = 1) readonly buffer DOut { H_T dout[]; };
@@ -128,9 +131,14 @@ layout(std430, binding = 3) readonly buffer Rstd { float rstd[]; };
 void main() {
   uint c = ct_linear_index();
   if (c >= pc.C) return;
+  const uint z = gl_WorkGroupID.z;
+  const uint n0 = pc.R > 0u ? z * pc.R : 0u, n1 = pc.R > 0u ? min(pc.N, n0 + pc.R) : pc.N;
   float aw = 0.0;
-  for (uint n = 0; n < pc.N; ++n)
+  for (uint n = n0; n < n1; ++n)
     aw += h_load(dout[pc.odo + n * pc.C + c]) * (x[pc.ox + n * pc.C + c] * rstd[pc.ors + n]);
-  dw[pc.odw + c] += aw;
+  if (pc.R > 0u)
+    dw[pc.odw + z * pc.C + c] = aw;
+  else
+    dw[pc.odw + c] += aw;
 }
 #endif

@@ -142,6 +142,12 @@ class VulkanDevice final : public Device {
   }
   // Records one GEMM (ops/matmul.cpp); every binding must already fit (no splitting here).
   void gemm(const GemmCall& g);
+  // The column sums of the bias, LayerNorm and RMSNorm weight gradients go in two passes: partial
+  // sums of kColumnRows rows (workgroup z of the first pass's shader), then dst[n] += the
+  // partials partial[k N + n], k = 0 .. chunks - 1 in order (bias_backward's f32 variant;
+  // ops/matmul.cpp). A GPU then has N x chunks invocations at work, not N.
+  static constexpr int64_t kColumnRows = 64;
+  void add_column_partials(const Bound& dst, const Bound& partial, int64_t chunks, int64_t N);
   // matmul_kernel's body (ops/matmul.cpp): splits the product until every binding fits, the
   // epilogue `epi` (with its tensor *ep, c's shape) on the pieces that finish a sum.
   void matmul_split(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulDims& d,

@@ -60,7 +60,7 @@ CT_VK_PUSH_SIZE(LnDxPush, layernorm_bwd_dx_f16);
 CT_VK_PUSH_SIZE(LnDxPush, layernorm_bwd_dx_bf16);
 
 struct LnDwPush {
-  uint32_t N, C, odw, odb, odo, ox, om, ors;
+  uint32_t N, C, odw, odb, odo, ox, om, ors, R;
 };
 CT_VK_PUSH_SIZE(LnDwPush, layernorm_bwd_dwdb);
 CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, N);
@@ -71,6 +71,7 @@ CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, odo);
 CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, ox);
 CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, om);
 CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, ors);
+CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, R);
 CT_VK_PUSH_SIZE(LnDwPush, layernorm_bwd_dwdb_f16);
 CT_VK_PUSH_SIZE(LnDwPush, layernorm_bwd_dwdb_bf16);
 
@@ -125,8 +126,14 @@ void VulkanDevice::layernorm_backward_kernel(const Tensor& dx, const Tensor& dw,
                                              const Tensor& dout, const Tensor& x, const Tensor& w,
                                              const Tensor& mean, const Tensor& rstd) {
   int64_t C = x.shape[-1], N = C ? x.numel() / C : 0;
+  if (N == 0) return;
   int64_t rows = row_chunk(*this, C);
-  Bound bw = bind(w), bdw = bind(dw), bdb = bind(db);
+  // dw, db in two passes (add_column_partials): pieces of whole kColumnRows-row chunks
+  rows = std::min(rows, kColumnRows * 65535);
+  rows = std::max<int64_t>(kColumnRows, rows / kColumnRows * kColumnRows);
+  const int64_t chunks = (N + kColumnRows - 1) / kColumnRows;
+  Tensor part = workspace({2 * chunks * C}, DType::f32);  // dw's partials, then db's
+  Bound bw = bind(w);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     int64_t nr = std::min(rows, N - r0);
     Bound bdx = bind(dx, r0 * C, nr * C), bdo = bind(dout, r0 * C, nr * C),
@@ -139,13 +146,17 @@ void VulkanDevice::layernorm_backward_kernel(const Tensor& dx, const Tensor& dw,
         LnDxPush{u32(nr), u32(C), bdx.first, bdo.first, bx.first, bw.first, bm.first, br.first},
         g[0], g[1]);
     auto gc = grid(C, 256);
-    dispatch(
-        h_variant(dout.dtype, ShaderId::layernorm_bwd_dwdb, ShaderId::layernorm_bwd_dwdb_f16,
-                  ShaderId::layernorm_bwd_dwdb_bf16),
-        {bdw, bdb, bdo, bx, bm, br},
-        LnDwPush{u32(nr), u32(C), bdw.first, bdb.first, bdo.first, bx.first, bm.first, br.first},
-        gc[0], gc[1]);
+    const int64_t k0 = r0 / kColumnRows, pc = (nr + kColumnRows - 1) / kColumnRows;
+    Bound bpw = bind(part, k0 * C, pc * C), bpb = bind(part, (chunks + k0) * C, pc * C);
+    dispatch(h_variant(dout.dtype, ShaderId::layernorm_bwd_dwdb, ShaderId::layernorm_bwd_dwdb_f16,
+                       ShaderId::layernorm_bwd_dwdb_bf16),
+             {bpw, bpb, bdo, bx, bm, br},
+             LnDwPush{u32(nr), u32(C), bpw.first, bpb.first, bdo.first, bx.first, bm.first,
+                      br.first, u32(kColumnRows)},
+             gc[0], gc[1], u32(pc));
   }
+  add_column_partials(bind(dw), bind(part, 0, chunks * C), chunks, C);
+  add_column_partials(bind(db), bind(part, chunks * C, chunks * C), chunks, C);
 }
 
 }  // namespace ct::vk

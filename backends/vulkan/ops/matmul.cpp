@@ -90,13 +90,14 @@ CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk_f16, oe);
 CT_VK_PUSH_MEMBER(SplitkPush, matmul_splitk_f16, epi);
 
 struct BiasGradPush {
-  uint32_t M, N, odb, odo;
+  uint32_t M, N, odb, odo, R;
 };
 CT_VK_PUSH_SIZE(BiasGradPush, bias_backward);
 CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, M);
 CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, N);
 CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, odb);
 CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, odo);
+CT_VK_PUSH_MEMBER(BiasGradPush, bias_backward, R);
 CT_VK_PUSH_SIZE(BiasGradPush, bias_backward_f16);
 CT_VK_PUSH_SIZE(BiasGradPush, bias_backward_bf16);
 
@@ -752,20 +753,34 @@ bool VulkanDevice::coopmat_self_test(std::string* why) {
   return true;
 }
 
+void VulkanDevice::add_column_partials(const Bound& dst, const Bound& partial, int64_t chunks,
+                                       int64_t N) {
+  auto g = grid(N, 256);
+  dispatch(ShaderId::bias_backward, {dst, partial},
+           BiasGradPush{u32(chunks), u32(N), dst.first, partial.first, 0}, g[0], g[1]);
+}
+
+// Two passes (add_column_partials): partials of kColumnRows rows, then their ordered sum.
 void VulkanDevice::bias_backward_kernel(const Tensor& dbias, const Tensor& dout) {
   int64_t N = dbias.numel();
   if (N == 0) return;
   int64_t M = dout.numel() / N;
+  if (M == 0) return;
   int64_t rows = std::max<int64_t>(1, max_elems(4) / N);
-  Bound bd = bind(dbias);
+  rows = std::min(rows, kColumnRows * 65535);  // a piece's chunks fit grid z
+  rows = std::max<int64_t>(kColumnRows, rows / kColumnRows * kColumnRows);
+  const int64_t chunks = (M + kColumnRows - 1) / kColumnRows;
+  Tensor part = workspace({chunks * N}, DType::f32);
+  const ShaderId id = h_variant(dout.dtype, ShaderId::bias_backward, ShaderId::bias_backward_f16,
+                                ShaderId::bias_backward_bf16);
   auto g = grid(N, 256);
   for (int64_t m0 = 0; m0 < M; m0 += rows) {
-    int64_t mr = std::min(rows, M - m0);
-    Bound bo = bind(dout, m0 * N, mr * N);
-    dispatch(h_variant(dout.dtype, ShaderId::bias_backward, ShaderId::bias_backward_f16,
-                       ShaderId::bias_backward_bf16),
-             {bd, bo}, BiasGradPush{u32(mr), u32(N), bd.first, bo.first}, g[0], g[1]);
+    const int64_t mr = std::min(rows, M - m0), pc = (mr + kColumnRows - 1) / kColumnRows;
+    Bound bp = bind(part, m0 / kColumnRows * N, pc * N), bo = bind(dout, m0 * N, mr * N);
+    dispatch(id, {bp, bo}, BiasGradPush{u32(mr), u32(N), bp.first, bo.first, u32(kColumnRows)},
+             g[0], g[1], u32(pc));
   }
+  add_column_partials(bind(dbias), bind(part), chunks, N);
 }
 
 // The GELU epilogues in the GEMM shaders (matmul.comp, matmul_coopmat.comp, matmul_splitk.comp:

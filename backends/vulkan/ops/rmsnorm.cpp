@@ -55,7 +55,7 @@ CT_VK_PUSH_SIZE(RmsDxPush, rmsnorm_bwd_dx_f16);
 CT_VK_PUSH_SIZE(RmsDxPush, rmsnorm_bwd_dx_bf16);
 
 struct RmsDwPush {
-  uint32_t N, C, odw, odo, ox, ors;
+  uint32_t N, C, odw, odo, ox, ors, R;
 };
 CT_VK_PUSH_SIZE(RmsDwPush, rmsnorm_bwd_dw);
 CT_VK_PUSH_MEMBER(RmsDwPush, rmsnorm_bwd_dw, N);
@@ -64,6 +64,7 @@ CT_VK_PUSH_MEMBER(RmsDwPush, rmsnorm_bwd_dw, odw);
 CT_VK_PUSH_MEMBER(RmsDwPush, rmsnorm_bwd_dw, odo);
 CT_VK_PUSH_MEMBER(RmsDwPush, rmsnorm_bwd_dw, ox);
 CT_VK_PUSH_MEMBER(RmsDwPush, rmsnorm_bwd_dw, ors);
+CT_VK_PUSH_MEMBER(RmsDwPush, rmsnorm_bwd_dw, R);
 CT_VK_PUSH_SIZE(RmsDwPush, rmsnorm_bwd_dw_f16);
 CT_VK_PUSH_SIZE(RmsDwPush, rmsnorm_bwd_dw_bf16);
 
@@ -111,8 +112,14 @@ void VulkanDevice::residual_rmsnorm_forward_kernel(const Tensor& residual, const
 void VulkanDevice::rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& dout,
                                            const Tensor& x, const Tensor& w, const Tensor& rstd) {
   int64_t C = x.shape[-1], N = C ? x.numel() / C : 0;
+  if (N == 0) return;
   int64_t rows = rms_row_chunk(*this, C);
-  Bound bw = bind(w), bdw = bind(dw);
+  // dw in two passes (add_column_partials): pieces of whole kColumnRows-row chunks
+  rows = std::min(rows, kColumnRows * 65535);
+  rows = std::max<int64_t>(kColumnRows, rows / kColumnRows * kColumnRows);
+  const int64_t chunks = (N + kColumnRows - 1) / kColumnRows;
+  Tensor part = workspace({chunks * C}, DType::f32);
+  Bound bw = bind(w);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     int64_t nr = std::min(rows, N - r0);
     Bound bdx = bind(dx, r0 * C, nr * C), bdo = bind(dout, r0 * C, nr * C),
@@ -124,11 +131,15 @@ void VulkanDevice::rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, c
              RmsDxPush{u32(nr), u32(C), bdx.first, bdo.first, bx.first, bw.first, br.first}, g[0],
              g[1]);
     auto gc = grid(C, 256);
+    const int64_t pc = (nr + kColumnRows - 1) / kColumnRows;
+    Bound bp = bind(part, r0 / kColumnRows * C, pc * C);
     dispatch(h_variant(dout.dtype, ShaderId::rmsnorm_bwd_dw, ShaderId::rmsnorm_bwd_dw_f16,
                        ShaderId::rmsnorm_bwd_dw_bf16),
-             {bdw, bdo, bx, br},
-             RmsDwPush{u32(nr), u32(C), bdw.first, bdo.first, bx.first, br.first}, gc[0], gc[1]);
+             {bp, bdo, bx, br},
+             RmsDwPush{u32(nr), u32(C), bp.first, bdo.first, bx.first, br.first, u32(kColumnRows)},
+             gc[0], gc[1], u32(pc));
   }
+  add_column_partials(bind(dw), bind(part), chunks, C);
 }
 
 }  // namespace ct::vk
