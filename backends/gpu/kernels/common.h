@@ -173,5 +173,16 @@ __device__ __forceinline__ float row32_max(float v) {
   for (int m = kRowLanes / 2; m >= 1; m /= 2) v = fmaxf(v, ct_shfl_xor(v, m, kRowLanes));
   return v;
 }
+// Their launches: blocks of 256 threads, kRowsPerBlock rows each; f(row, rows, blocks) for the
+// slices of N rows that grid x's 65535 blocks hold.
+constexpr int kRowsPerBlock = 256 / kRowLanes;
+template <typename F>
+void for_row_slices(std::int64_t N, F f) {
+  constexpr std::int64_t kSlice = std::int64_t(65535) * kRowsPerBlock;
+  for (std::int64_t row = 0; row < N; row += kSlice) {
+    const std::int64_t rows = N - row < kSlice ? N - row : kSlice;
+    f(row, rows, static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
+  }
+}
 
 }  // namespace ct::gpu

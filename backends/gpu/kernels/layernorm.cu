@@ -52,7 +52,7 @@ __device__ __forceinline__ void layernorm_row(void* out, float* mean, float* rst
 // ends with the same bits: row32_sum in common.h). No barriers; the same order at every warp
 // size and on every target. Rows longer than kRowMax keep the block form below (chosen by C
 // alone, so a row's bits do not depend on how many rows a call has).
-constexpr int kRowsPerBlock = kThreads / kRowLanes;
+static_assert(kThreads == 256, "the row kernels' blocks: common.h's for_row_slices");
 constexpr std::int64_t kRowMax = 4096;
 
 // Row n of xn (C elements) normalised into out's row n, its mean and rstd by lane 0:
@@ -251,22 +251,19 @@ void layernorm_forward_rows(const Ctx& cx, float* residual, void* out, Elem elem
                             float* rstd, const float* x, const void* r, const float* w,
                             const float* b, std::int64_t N, std::int64_t C, float eps) {
   const std::int64_t esz = static_cast<std::int64_t>(elem_size(elem));
-  constexpr std::int64_t kSlice = std::int64_t(65535) * kRowsPerBlock;
-  for (std::int64_t row = 0; row < N; row += kSlice) {
-    const std::int64_t rows = N - row < kSlice ? N - row : kSlice;
+  for_row_slices(N, [&](std::int64_t row, std::int64_t rows, unsigned blocks) {
     with_warp(cx.warp, [&](auto wp) {
       constexpr int W = decltype(wp)::value;
       with_elem(elem, [&](auto el) {
         using O = decltype(el);
-        launch<W>(CT_KERNEL(layernorm_forward_rows_kernel<W, O, RESIDUAL>),
-                  dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
+        launch<W>(CT_KERNEL(layernorm_forward_rows_kernel<W, O, RESIDUAL>), dim3(blocks),
                   dim3(kThreads), 0, stream_of(cx), RESIDUAL ? residual + row * C : nullptr,
                   static_cast<char*>(out) + row * C * esz, mean + row, rstd + row, x + row * C,
                   RESIDUAL ? static_cast<const char*>(r) + row * C * esz : nullptr, w, b, rows,
                   static_cast<int>(C), eps);
       });
     });
-  }
+  });
 }
 }  // namespace
 
@@ -334,15 +331,13 @@ void layernorm_backward(const Ctx& cx, float* dx, float* dw, float* db, const vo
     constexpr int W = decltype(wp)::value;
     with_elem(dout_elem, [&](auto el) {
       using D = decltype(el);
-      constexpr std::int64_t kSlice = std::int64_t(65535) * kRowsPerBlock;
-      for (std::int64_t row = 0; C <= kRowMax && row < N; row += kSlice) {
-        const std::int64_t rows = N - row < kSlice ? N - row : kSlice;
-        launch<W>(CT_KERNEL(layernorm_backward_dx_rows_kernel<W, D>),
-                  dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
-                  dim3(kThreads), 0, stream_of(cx), dx + row * C,
-                  static_cast<const char*>(dout) + row * C * esz, x + row * C, w, mean + row,
-                  rstd + row, rows, static_cast<int>(C));
-      }
+      if (C <= kRowMax)
+        for_row_slices(N, [&](std::int64_t row, std::int64_t rows, unsigned blocks) {
+          launch<W>(CT_KERNEL(layernorm_backward_dx_rows_kernel<W, D>), dim3(blocks),
+                    dim3(kThreads), 0, stream_of(cx), dx + row * C,
+                    static_cast<const char*>(dout) + row * C * esz, x + row * C, w, mean + row,
+                    rstd + row, rows, static_cast<int>(C));
+        });
       for (std::int64_t row = 0; C > kRowMax && row < N; row += 65535) {
         const std::int64_t rows = N - row < 65535 ? N - row : 65535;
         launch<W>(CT_KERNEL(layernorm_backward_dx_kernel<W, D>), dim3(static_cast<unsigned>(rows)),

@@ -47,7 +47,7 @@ __device__ __forceinline__ void rmsnorm_row(void* out, float* rstd, const float*
 // squares of elements l, l + 32, ... in that order (each pass reads the row again, from the
 // cache), then row32_sum's butterflies. No barriers; the same order at every warp size and on
 // every target. Longer rows keep the block form below (chosen by C alone).
-constexpr int kRowsPerBlock = kThreads / kRowLanes;
+static_assert(kThreads == 256, "the row kernels' blocks: common.h's for_row_slices");
 constexpr std::int64_t kRowMax = 4096;
 
 // Row n of xn (C elements) into out's row n, its rstd by lane 0: rmsnorm_row's arithmetic (the
@@ -212,22 +212,19 @@ void rmsnorm_forward_rows(const Ctx& cx, float* residual, void* out, Elem elem, 
                           const float* x, const void* r, const float* w, std::int64_t N,
                           std::int64_t C, float eps) {
   const std::int64_t esz = static_cast<std::int64_t>(elem_size(elem));
-  constexpr std::int64_t kSlice = std::int64_t(65535) * kRowsPerBlock;
-  for (std::int64_t row = 0; row < N; row += kSlice) {
-    const std::int64_t rows = N - row < kSlice ? N - row : kSlice;
+  for_row_slices(N, [&](std::int64_t row, std::int64_t rows, unsigned blocks) {
     with_warp(cx.warp, [&](auto wp) {
       constexpr int W = decltype(wp)::value;
       with_elem(elem, [&](auto el) {
         using O = decltype(el);
-        launch<W>(CT_KERNEL(rmsnorm_forward_rows_kernel<W, O, RESIDUAL>),
-                  dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
+        launch<W>(CT_KERNEL(rmsnorm_forward_rows_kernel<W, O, RESIDUAL>), dim3(blocks),
                   dim3(kThreads), 0, stream_of(cx), RESIDUAL ? residual + row * C : nullptr,
                   static_cast<char*>(out) + row * C * esz, rstd + row, x + row * C,
                   RESIDUAL ? static_cast<const char*>(r) + row * C * esz : nullptr, w, rows,
                   static_cast<int>(C), eps);
       });
     });
-  }
+  });
 }
 }  // namespace
 
@@ -292,15 +289,12 @@ void rmsnorm_backward(const Ctx& cx, float* dx, float* dw, const void* dout, Ele
     constexpr int W = decltype(wp)::value;
     with_elem(dout_elem, [&](auto el) {
       using D = decltype(el);
-      constexpr std::int64_t kSlice = std::int64_t(65535) * kRowsPerBlock;
-      for (std::int64_t row = 0; C <= kRowMax && row < N; row += kSlice) {
-        const std::int64_t rows = N - row < kSlice ? N - row : kSlice;
-        launch<W>(CT_KERNEL(rmsnorm_backward_dx_rows_kernel<W, D>),
-                  dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
-                  dim3(kThreads), 0, stream_of(cx), dx + row * C,
-                  static_cast<const char*>(dout) + row * C * esz, x + row * C, w, rstd + row, rows,
-                  static_cast<int>(C));
-      }
+      if (C <= kRowMax)
+        for_row_slices(N, [&](std::int64_t row, std::int64_t rows, unsigned blocks) {
+          launch<W>(CT_KERNEL(rmsnorm_backward_dx_rows_kernel<W, D>), dim3(blocks), dim3(kThreads),
+                    0, stream_of(cx), dx + row * C, static_cast<const char*>(dout) + row * C * esz,
+                    x + row * C, w, rstd + row, rows, static_cast<int>(C));
+        });
       for (std::int64_t row = 0; C > kRowMax && row < N; row += 65535) {
         const std::int64_t rows = N - row < 65535 ? N - row : 65535;
         launch<W>(CT_KERNEL(rmsnorm_backward_dx_kernel<W, D>), dim3(static_cast<unsigned>(rows)),
