@@ -78,8 +78,34 @@ __host__ __device__ __forceinline__ bool ct_isfinite(float v) {
   return (f32_bits(v) & 0x7f800000u) != 0x7f800000u;
 }
 
+// 16 bytes read or written as one access (LDG.128 / global_load_dwordx4; a copy on the SIMT
+// runtime); p 16-byte aligned. The memory-bound kernels' loads: a thread with one 2-byte load in
+// flight keeps an eighth of the bytes in flight that a 16-byte load does.
+struct alignas(16) Bytes16 {
+  std::uint32_t w[4];
+};
+__device__ __forceinline__ Bytes16 ct_load16(const void* p) {
+  Bytes16 b;
+#if defined(CT_GPU_SIMT)
+  std::memcpy(&b, p, sizeof b);
+#else
+  const uint4 q = *static_cast<const uint4*>(p);
+  b.w[0] = q.x, b.w[1] = q.y, b.w[2] = q.z, b.w[3] = q.w;
+#endif
+  return b;
+}
+__device__ __forceinline__ void ct_store16(void* p, const Bytes16& b) {
+#if defined(CT_GPU_SIMT)
+  std::memcpy(p, &b, sizeof b);
+#else
+  *static_cast<uint4*>(p) = make_uint4(b.w[0], b.w[1], b.w[2], b.w[3]);
+#endif
+}
+
 // Element tags: how a kernel reads and writes one element of a tensor of that type, and
 // rounded(v): v as such an element holds it, widened back (load(store(v)) without the memory).
+// load8 / store8: elements [i, i + 8) by 16-byte accesses (two for f32), the same values as
+// eight load / store calls; element i's address must be 16-byte aligned.
 struct F32 {
   using Storage = float;
   static __host__ __device__ __forceinline__ float rounded(float v) { return v; }
@@ -88,6 +114,19 @@ struct F32 {
   }
   static __device__ __forceinline__ void store(void* p, std::int64_t i, float v) {
     static_cast<float*>(p)[i] = v;
+  }
+  static __device__ __forceinline__ void load8(const void* p, std::int64_t i, float* v) {
+    for (int h = 0; h < 2; ++h) {
+      const Bytes16 b = ct_load16(static_cast<const float*>(p) + i + 4 * h);
+      for (int k = 0; k < 4; ++k) v[4 * h + k] = bits_f32(b.w[k]);
+    }
+  }
+  static __device__ __forceinline__ void store8(void* p, std::int64_t i, const float* v) {
+    for (int h = 0; h < 2; ++h) {
+      Bytes16 b;
+      for (int k = 0; k < 4; ++k) b.w[k] = f32_bits(v[4 * h + k]);
+      ct_store16(static_cast<float*>(p) + i + 4 * h, b);
+    }
   }
 };
 struct F16 {
@@ -101,6 +140,20 @@ struct F16 {
   static __device__ __forceinline__ void store(void* p, std::int64_t i, float v) {
     static_cast<std::uint16_t*>(p)[i] = f32_to_f16(v);
   }
+  static __device__ __forceinline__ void load8(const void* p, std::int64_t i, float* v) {
+    const Bytes16 b = ct_load16(static_cast<const std::uint16_t*>(p) + i);
+    for (int k = 0; k < 4; ++k) {  // little-endian: element 2k in the low half of word k
+      v[2 * k] = f16_to_f32(static_cast<std::uint16_t>(b.w[k] & 0xffffu));
+      v[2 * k + 1] = f16_to_f32(static_cast<std::uint16_t>(b.w[k] >> 16));
+    }
+  }
+  static __device__ __forceinline__ void store8(void* p, std::int64_t i, const float* v) {
+    Bytes16 b;
+    for (int k = 0; k < 4; ++k)
+      b.w[k] = static_cast<std::uint32_t>(f32_to_f16(v[2 * k])) |
+               (static_cast<std::uint32_t>(f32_to_f16(v[2 * k + 1])) << 16);
+    ct_store16(static_cast<std::uint16_t*>(p) + i, b);
+  }
 };
 struct BF16 {
   using Storage = std::uint16_t;
@@ -112,6 +165,20 @@ struct BF16 {
   }
   static __device__ __forceinline__ void store(void* p, std::int64_t i, float v) {
     static_cast<std::uint16_t*>(p)[i] = f32_to_bf16(v);
+  }
+  static __device__ __forceinline__ void load8(const void* p, std::int64_t i, float* v) {
+    const Bytes16 b = ct_load16(static_cast<const std::uint16_t*>(p) + i);
+    for (int k = 0; k < 4; ++k) {  // little-endian: element 2k in the low half of word k
+      v[2 * k] = bf16_to_f32(static_cast<std::uint16_t>(b.w[k] & 0xffffu));
+      v[2 * k + 1] = bf16_to_f32(static_cast<std::uint16_t>(b.w[k] >> 16));
+    }
+  }
+  static __device__ __forceinline__ void store8(void* p, std::int64_t i, const float* v) {
+    Bytes16 b;
+    for (int k = 0; k < 4; ++k)
+      b.w[k] = static_cast<std::uint32_t>(f32_to_bf16(v[2 * k])) |
+               (static_cast<std::uint32_t>(f32_to_bf16(v[2 * k + 1])) << 16);
+    ct_store16(static_cast<std::uint16_t*>(p) + i, b);
   }
 };
 
