@@ -47,8 +47,18 @@ void VulkanDevice::crossentropy_rows(ShaderId id, const Tensor& out, bool out_ro
     // invocation writes it.
     Bound bo = out_rows_of_vp ? bind(out, r0 * Vp, nr * Vp) : bind(out, r0, nr);
     Bound bx = bind(logits, r0 * Vp, nr * Vp), bt = bind(targets, r0, nr);
+    // VEC: 16-byte chunks of 8 elements (crossentropy.comp), when every row of the logits (and
+    // of the gradient, where it is a tensor of its own) starts 16-byte aligned in its binding.
+    const size_t esize = dtype_size(logits.dtype);
+    auto rows_aligned = [&](const Bound& b) {
+      return b.offset % 16 == 0 && (b.first * esize) % 16 == 0 && Vp % 8 == 0 &&
+             (Vp * static_cast<int64_t>(esize)) % 16 == 0;
+    };
+    PipelineSpec spec;
+    spec.n = 1;
+    spec.v[0] = rows_aligned(bx) && (!out_rows_of_vp || rows_aligned(bo)) ? 1u : 0u;
     auto g = grid(nr, 1);
-    dispatch(id, {bo, bx, bt},
+    dispatch(id, &spec, {bo, bx, bt},
              CrossEntropyPush{u32(nr), u32(valid), u32(Vp), dloss, bo.first, bx.first, bt.first},
              g[0], g[1]);
   }
