@@ -36,6 +36,7 @@
 // registers; each dot product is the pair's two partial sums added (subgroupShuffleXor 1: both
 // lanes hold the same bits).
 #if defined(FA_PAIR)
+#extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #define LANES_A_ROW 2u
 #define ROW_HS (MAX_HS / 2)
@@ -101,20 +102,31 @@ shared float td[TILE];           // BWD_KV: D of the staged queries
 void main() {
   const uint T = pc.T, C = pc.C, hs = HS_SPEC != 0u ? HS_SPEC : C / pc.NH, G = pc.NH / pc.NKV;
   const uint C3 = C + 2u * pc.NKV * hs, VO = C + pc.NKV * hs;  // VO: where v starts in a row
+  // FA_PAIR: a row's two invocations are subgroup invocations 2i and 2i + 1 of one subgroup (the
+  // partners of subgroupShuffleXor 1), numbered by subgroup, so the pairing holds however a
+  // driver maps local invocations to subgroups (the workgroup's 128 invocations in full
+  // subgroups -- requested where the driver can be asked, ops/flash_attention.cpp, and what
+  // drivers do for a workgroup a multiple of the subgroup size: these numbers are 0 .. 127 once
+  // each). Else the local invocation index.
+#if defined(FA_PAIR)
+  const uint slot = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+#else
+  const uint slot = gl_LocalInvocationID.x;
+#endif
 #if defined(FA_FWD)
   const uint q0 = pc.odo, Tq = T - q0;
   const uint first = (q0 / ROWS + gl_WorkGroupID.x) * ROWS;
-  const uint r = first + gl_LocalInvocationID.x;  // this invocation's row
+  const uint r = first + slot;  // this invocation's row
   const bool live = r >= q0 && r < T;
 #else
   const uint first = gl_WorkGroupID.x * ROWS;
-  const uint r = first + gl_LocalInvocationID.x / LANES_A_ROW;  // this invocation's row
+  const uint r = first + slot / LANES_A_ROW;  // this invocation's row
   const bool live = r < T;
 #endif
   const uint last = min(first + ROWS, T) - 1u;
   // Element e of this invocation's per-row arrays is the head's element hof(e) (FA_PAIR: every
   // other one, from lane lh of the pair; else all of them, in order); hn of them at most.
-  const uint lh = gl_LocalInvocationID.x % LANES_A_ROW;
+  const uint lh = slot % LANES_A_ROW;
 #if defined(FA_PAIR)
 #define hof(e) (2u * (e) + lh)
 #else

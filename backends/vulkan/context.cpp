@@ -329,6 +329,7 @@ void Instance::enumerate() {
     pd.max_alloc = p11.maxMemoryAllocationSize;
     pd.subgroup_control = v13 && f13.subgroupSizeControl &&
                           (p13.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT);
+    pd.full_subgroups = pd.subgroup_control && f13.computeFullSubgroups;
     pd.subgroup_min = v13 ? p13.minSubgroupSize : 0;
     pd.subgroup_max = v13 ? p13.maxSubgroupSize : 0;
     fill_coopmat_caps(pd, f12, f13, fcm, p12, p13, v13);

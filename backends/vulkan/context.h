@@ -33,6 +33,9 @@ struct PhysicalDevice {
   // subgroupSizeControl with compute in requiredSubgroupSizeStages, and the sizes allowed
   bool subgroup_control = false;
   uint32_t subgroup_min = 0, subgroup_max = 0;
+  // computeFullSubgroups as well (enabled with subgroup_control): a pipeline may ask for its
+  // workgroup in full subgroups (flash_attention.comp's FA_PAIR modules)
+  bool full_subgroups = false;
   uint64_t max_alloc = 0;  // maxMemoryAllocationSize
   CoopmatCaps cm;          // what the cooperative-matrix GEMM needs (coopmat.h)
   CoopmatGate cm_gate;     // may it be tried here (CROSSTRAIN_VK_COOPMAT read at start)

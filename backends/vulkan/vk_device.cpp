@@ -65,6 +65,7 @@ VulkanDevice::VulkanDevice(std::shared_ptr<Instance> instance, int index)
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES);
   if (pd_.subgroup_control) {  // the tiled GEMM may require a subgroup size (matmul_kind.h)
     f13.subgroupSizeControl = VK_TRUE;
+    f13.computeFullSubgroups = pd_.full_subgroups ? VK_TRUE : VK_FALSE;  // flash's FA_PAIR
     f12.pNext = &f13;
   }
   if (cm_gate_.allowed) {

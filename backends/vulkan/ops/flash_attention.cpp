@@ -110,8 +110,14 @@ constexpr ShaderId kFlashUnrolledIds[3][3] = {
 // CROSSTRAIN_VK_FLASH=unrolled takes the _u modules for every kernel on any device (the tests,
 // on lavapipe).
 // The backward kernels' _u modules hold a row in two invocations (FA_PAIR: subgroup shuffles);
-// a device without shuffles takes the plain ones.
-void scalar_flash(int kernel, DType dt, int64_t hs, bool cpu, bool shuffle, ShaderId* id,
+// a device without shuffles takes the plain ones. Their pipelines ask for full subgroups where
+// the device can be asked (`full`: computeFullSubgroups, and the workgroup's 128 invocations a
+// multiple of the largest subgroup size), so that the shader's subgroup numbering covers every
+// row (flash_attention.comp).
+bool pair_full(const PhysicalDevice& pd) {
+  return pd.full_subgroups && pd.subgroup_max > 0 && 128 % pd.subgroup_max == 0;
+}
+void scalar_flash(int kernel, DType dt, int64_t hs, bool cpu, bool shuffle, bool full, ShaderId* id,
                   PipelineSpec* spec) {
   const char* env = std::getenv("CROSSTRAIN_VK_FLASH");
   const bool unrolled = ((!cpu && (kernel == kFlashCmFwd || hs <= 64)) ||
@@ -122,6 +128,7 @@ void scalar_flash(int kernel, DType dt, int64_t hs, bool cpu, bool shuffle, Shad
   *spec = PipelineSpec{};
   spec->n = 1;
   spec->v[0] = unrolled ? static_cast<uint32_t>(hs) : 0u;
+  spec->full_subgroups = unrolled && kernel != kFlashCmFwd && full;
 }
 }  // namespace
 
@@ -206,7 +213,9 @@ void VulkanDevice::flash_attention_forward_kernel(const Tensor& out, const Tenso
   ShaderId id;
   uint32_t rows = kFlashRows;
   const bool cm = flash_cm(kFlashCmFwd, qkv.dtype, hs, &id, &spec, &rows);
-  if (!cm) scalar_flash(kFlashCmFwd, qkv.dtype, hs, cpu_like(), pd_.subgroup_shuffle, &id, &spec);
+  if (!cm)
+    scalar_flash(kFlashCmFwd, qkv.dtype, hs, cpu_like(), pd_.subgroup_shuffle, pair_full(pd_), &id,
+                 &spec);
   // the query blocks from the one holding row q0 (the shaders start there)
   const uint32_t gx = u32((T + rows - 1) / rows - q0 / rows);
   for (int64_t b = 0; b < B; ++b) {
@@ -236,8 +245,10 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
   if (cm && !flash_cm(kFlashCmBwdKv, dt, hs, &kv_id, &kv_spec, &kv_rows))
     cm = false, q_rows = kFlashRows;
   if (!cm) {
-    scalar_flash(kFlashCmBwdQ, dt, hs, cpu_like(), pd_.subgroup_shuffle, &q_id, &q_spec);
-    scalar_flash(kFlashCmBwdKv, dt, hs, cpu_like(), pd_.subgroup_shuffle, &kv_id, &kv_spec);
+    scalar_flash(kFlashCmBwdQ, dt, hs, cpu_like(), pd_.subgroup_shuffle, pair_full(pd_), &q_id,
+                 &q_spec);
+    scalar_flash(kFlashCmBwdKv, dt, hs, cpu_like(), pd_.subgroup_shuffle, pair_full(pd_), &kv_id,
+                 &kv_spec);
   }
   const uint32_t q_gx = u32((T + q_rows - 1) / q_rows), kv_gx = u32((T + kv_rows - 1) / kv_rows);
   // D (dout . out) of each batch element of a group: the dq dispatches of the group's elements
