@@ -173,6 +173,27 @@ __device__ __forceinline__ float row32_max(float v) {
   for (int m = kRowLanes / 2; m >= 1; m /= 2) v = fmaxf(v, ct_shfl_xor(v, m, kRowLanes));
   return v;
 }
+// The residual rows' sum: rn[i] = xn[i] + r[off + i] (r of element O) for this lane's
+// elements i = lane, lane + 32, ... of a row of C. Four of them a step, all read before any is
+// written: rn may be xn (in place), so the compiler may not move a load above an earlier store,
+// and one element a step waited for its two loads every time.
+template <typename O>
+__device__ __forceinline__ void row32_add(float* rn, const float* xn, const void* r,
+                                          std::int64_t off, int C, int lane) {
+  constexpr int kStep = 4;
+  for (int i0 = lane; i0 < C; i0 += kStep * kRowLanes) {
+    float a[kStep];
+    for (int j = 0; j < kStep; ++j) {
+      const int i = i0 + j * kRowLanes;
+      a[j] = i < C ? xn[i] + O::load(r, off + i) : 0.0f;
+    }
+    for (int j = 0; j < kStep; ++j) {
+      const int i = i0 + j * kRowLanes;
+      if (i < C) rn[i] = a[j];
+    }
+  }
+}
+
 // Their launches: blocks of 256 threads, kRowsPerBlock rows each; f(row, rows, blocks) for the
 // slices of N rows that grid x's 65535 blocks hold.
 constexpr int kRowsPerBlock = 256 / kRowLanes;

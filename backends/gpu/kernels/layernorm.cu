@@ -111,7 +111,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   const float* xn = x + (live ? n : 0) * C;
   if (RESIDUAL) {
     float* rn = residual + (live ? n : 0) * C;
-    for (int i = lane; live && i < C; i += kRowLanes) rn[i] = xn[i] + O::load(r, n * C + i);
+    if (live) row32_add<O>(rn, xn, r, n * C, C, lane);
     xn = rn;
   }
   layernorm_row32<O>(out, mean + n, rstd + n, xn, w, b, n, C, eps, live, lane);

@@ -95,7 +95,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   const float* xn = x + (live ? n : 0) * C;
   if (RESIDUAL) {
     float* rn = residual + (live ? n : 0) * C;
-    for (int i = lane; live && i < C; i += kRowLanes) rn[i] = xn[i] + O::load(r, n * C + i);
+    if (live) row32_add<O>(rn, xn, r, n * C, C, lane);
     xn = rn;
   }
   rmsnorm_row32<O>(out, rstd + n, xn, w, n, C, eps, live, lane);
