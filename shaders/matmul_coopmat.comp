@@ -28,16 +28,20 @@
 // f32 partials [batch * S][M][N]); matmul_splitk.comp adds the S partials in order and applies
 // the epilogue. S = 1: kchunk = K, the plain GEMM.
 // bf16 a and b (H_BF16; bf16 has f32's 8 exponent bits, f16 5): each staged tile, TBM x TBK of
-// op(a) and TBK x TBN of op(b), is multiplied by its own power of two 2^s, s = clamp(14 - e,
-// -126, 126) where 2^e <= the tile's largest |x| < 2^(e+1) (the workgroup's integer max of the
-// f32 bits of |x| in shared memory: no float atomics), and rounded to f16 by ct_f32_to_f16 (round
-// to nearest even, the same bits on every device and in both builds). The tile's largest |x|
-// lands in [2^14, 2^15); every element with |x| >= 2^-28 of it is >= 2^-14 after scaling, a
-// normal f16, and exact there (bf16's 8 significant bits fit f16's 11). Smaller elements are
-// rounded (or flushed, by a device that flushes f16 subnormals) with an absolute error below
-// 2^-28 of the tile's largest |x|. Each k-step's products go into a zeroed f32 temporary
-// accumulator, which is added to the running one multiplied by 2^-(sa+sb) (two scalar x
-// fragment multiplies by powers of two, 2^clamp(d, -126, 127) then the rest: exact unless the
+// op(a) and TBK x TBN of op(b), is multiplied by a power of two 2^s and rounded to f16 by
+// ct_f32_to_f16 (round to nearest even, the same bits on every device and in both builds).
+// The tile's own scale is s = clamp(14 - e, -126, 126) where 2^e <= the tile's largest |x| <
+// 2^(e+1) (the workgroup's integer max of the f32 bits of |x| in shared memory: no float
+// atomics): its largest |x| lands in [2^14, 2^15). The scale in use stays while it puts each new
+// tile's largest |x| in [2^14, 2^16) -- the tile's own s or s + 1, i.e. the tile a binade larger
+// than the one that set it (2^15 times bf16's largest significand, 65280, is an f16) -- or the
+// tile is all zeros; else the new tile's own scale starts. Either way every element with |x| >=
+// 2^-28 of its tile's largest is >= 2^-14 after scaling, a normal f16, and exact there (bf16's 8
+// significant bits fit f16's 11). Smaller elements are rounded (or flushed, by a device that
+// flushes f16 subnormals) with an absolute error below 2^-28 of the tile's largest |x|. The
+// products go into an f32 accumulator at the scales in use, added to the running one
+// multiplied by 2^-(sa+sb) when the scales change and at the end (two scalar x fragment
+// multiplies by powers of two, 2^clamp(d, -126, 127) then the rest: exact unless the
 // product itself leaves f32's normal range). So for c[i][j] = sum_k a[i][k] b[k][j]:
 //   |error| <= (fp32 summation, as the f16 path) + 2^-28 (max_a sum_k |b[k][j]| +
 //              max_b sum_k |a[i][k]|) (+ the product of both, smaller)
@@ -263,8 +267,11 @@ void load_tiles(uint abase, uint bbase, uint m0, uint n0, uint k0, uint kend) {
 // The same values either way.
 void staged8(uvec4 w, float s, out SH_T v[8]) {
 #if defined(H_BF16)
-  float x[8];
-  STAGE_LOOP for (uint e = 0; e < 8u; ++e) x[e] = uintBitsToFloat(elem(w, e) << 16) * s;
+  float x[8];  // element 2i in the low half of word i, 2i + 1 in the high half
+  STAGE_LOOP for (uint i = 0; i < 4u; ++i) {
+    x[2u * i] = uintBitsToFloat(w[i] << 16) * s;
+    x[2u * i + 1u] = uintBitsToFloat(w[i] & 0xffff0000u) * s;
+  }
 #if defined(CM_EMU)
   STAGE_LOOP for (uint e = 0; e < 8u; ++e) v[e] = ct_f16_to_f32(ct_f32_to_f16(x[e]));
 #else
@@ -361,6 +368,35 @@ const uint EPL = FM * FN / 32;  // accumulator elements per lane
 #define LOAD_B(f, off) coopMatLoad(f, Bs, off, LDB, gl_CooperativeMatrixLayoutColumnMajor)
 #endif
 
+#if defined(H_BF16)
+// acc += kacc * 2^-(ca + cb), then kacc = 0: the products summed at the tiles' scales, in acc's
+// units. d = -(ca + cb) in [-252, 252]: 2^d1 (a normal f32) then 2^(d - d1) (two scalar x
+// fragment multiplies by powers of two: exact unless the product itself leaves f32's normal
+// range); one multiply where d == d1 (workgroup-uniform), the same bits (x 1 is exact).
+#if defined(CM_EMU)
+#define KACC_ZERO() [[unroll]] for (uint e_ = 0; e_ < FRM * FRN * EPL; ++e_) kacc[e_] = 0.0
+#define KACC_ADD(x) [[unroll]] for (uint e_ = 0; e_ < FRM * FRN * EPL; ++e_) acc[e_] += kacc[e_] * x
+#define KACC_ADD2(x, y) \
+  [[unroll]] for (uint e_ = 0; e_ < FRM * FRN * EPL; ++e_) acc[e_] += kacc[e_] * (x) * (y)
+#else
+#define KACC_ZERO() [[unroll]] for (uint f_ = 0; f_ < FRM * FRN; ++f_) kacc[f_] = ACC_T(0.0)
+#define KACC_ADD(x) [[unroll]] for (uint f_ = 0; f_ < FRM * FRN; ++f_) acc[f_] += kacc[f_] * x
+#define KACC_ADD2(x, y) \
+  [[unroll]] for (uint f_ = 0; f_ < FRM * FRN; ++f_) acc[f_] += kacc[f_] * (x) * (y)
+#endif
+#define KACC_FLUSH(ca, cb)                                                \
+  {                                                                       \
+    const int d_ = -((ca) + (cb)), d1_ = clamp(d_, -126, 127);            \
+    const float b1_ = ldexp(1.0, d1_), b2_ = ldexp(1.0, d_ - d1_);        \
+    if (d_ == d1_) {                                                      \
+      KACC_ADD(b1_);                                                      \
+    } else {                                                              \
+      KACC_ADD2(b1_, b2_);                                                \
+    }                                                                     \
+    KACC_ZERO();                                                          \
+  }
+#endif
+
 void main() {
   const uint S = pc.ksplit, z = gl_WorkGroupID.z, zb = z / S, ks = z % S;
   const uint abase = pc.oa + zb * pc.sab, bbase = pc.ob + zb * pc.sbb;
@@ -384,13 +420,18 @@ void main() {
   [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) acc[f] = ACC_T(0.0);
 #endif
 #if defined(H_BF16)
-  // a k-step's products (the tiles' scaled units), added into acc multiplied back
+  // The products at the tiles' scales 2^cura x 2^curb, added into acc multiplied back when the
+  // scales change and at the end (KACC_FLUSH).
 #if defined(CM_EMU)
   float kacc[FRM * FRN * EPL];
+  [[unroll]] for (uint e = 0; e < FRM * FRN * EPL; ++e) kacc[e] = 0.0;
 #else
   ACC_T kacc[FRM * FRN];
+  [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) kacc[f] = ACC_T(0.0);
 #endif
 #define KACC kacc
+  int cura = 0, curb = 0;  // workgroup-uniform, as everything deciding them
+  bool have = false;       // kacc's scales are set (a k-step ran)
   if (tid == 0u) Mx[0] = Mx[1] = 0u;
   barrier();
 #else
@@ -404,16 +445,19 @@ void main() {
     atomicMax(Mx[0], held_max(true));
     atomicMax(Mx[1], held_max(false));
     barrier();
-    const int sha = tile_shift(Mx[0]), shb = tile_shift(Mx[1]);
-    const float sa = ldexp(1.0, sha), sb = ldexp(1.0, shb);
-    // kacc * 2^d, d = -(sha + shb) in [-252, 252]: 2^d1 (a normal f32) then 2^(d - d1)
-    const int d = -(sha + shb), d1 = clamp(d, -126, 127);
-    const float back1 = ldexp(1.0, d1), back2 = ldexp(1.0, d - d1);
-#if defined(CM_EMU)
-    [[unroll]] for (uint e = 0; e < FRM * FRN * EPL; ++e) kacc[e] = 0.0;
-#else
-    [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) kacc[f] = ACC_T(0.0);
-#endif
+    // kacc's scales stay while each tile's largest |x| lands in [2^14, 2^16) under them -- the
+    // tile's own scale (tile_shift), or one above it: a binade larger than the tile that set
+    // the scale (2^15 times bf16's largest significand is 65280, an f16) -- or the tile is all
+    // zeros: the header's rule holds for the tile either way, and its products add into kacc
+    // as they come. Else kacc goes into acc and the tiles' own scales start.
+    const int na = tile_shift(Mx[0]), nb = tile_shift(Mx[1]);
+    const bool keep = have && (Mx[0] == 0u || cura == na || cura == na + 1) &&
+                      (Mx[1] == 0u || curb == nb || curb == nb + 1);
+    if (!keep) {
+      if (have) KACC_FLUSH(cura, curb);
+      cura = na, curb = nb, have = true;
+    }
+    const float sa = ldexp(1.0, cura), sb = ldexp(1.0, curb);
 #else
     const float sa = 1.0, sb = 1.0;
 #endif
@@ -451,25 +495,11 @@ void main() {
 #endif
         }
     }
-#if defined(H_BF16)
-    // back2 is 1 unless the tiles' scales are extreme (|d| > 126, workgroup-uniform): one
-    // multiply then, the same bits (x 1 is exact)
-#if defined(CM_EMU)
-    if (d == d1) {
-      [[unroll]] for (uint e = 0; e < FRM * FRN * EPL; ++e) acc[e] += kacc[e] * back1;
-    } else {
-      [[unroll]] for (uint e = 0; e < FRM * FRN * EPL; ++e) acc[e] += kacc[e] * back1 * back2;
-    }
-#else
-    if (d == d1) {
-      [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) acc[f] += kacc[f] * back1;
-    } else {
-      [[unroll]] for (uint f = 0; f < FRM * FRN; ++f) acc[f] += kacc[f] * back1 * back2;
-    }
-#endif
-#endif
     barrier();
   }
+#if defined(H_BF16)
+  if (have) KACC_FLUSH(cura, curb);
+#endif
 
   // Epilogue, one fragment at a time through the subgroup's scratch.
   const uint woff = warp * (FM * FN);

@@ -6,6 +6,8 @@
 // fragment, in every transpose, with batches, broadcast b, alpha/beta/bias, c f32 (hhf) and
 // 16-bit (hhh), f16 and bf16; square fragments and the drivers' oblong ones (Intel 8x16x16,
 // NVIDIA 16x8x16), both workgroup tiles and split-k.
+#include <optional>
+
 #include "tests/common/half_compare.h"
 #include "tests/vulkan/vulkan_fixture.h"
 
@@ -215,6 +217,71 @@ TEST_F(CoopmatEmulatedBf16, ValuesPastF16sRange) {
     ScopedEnv tile("CROSSTRAIN_VK_CM_TILE", "128");
     run_case({1, 140, 130, 40, true, true, false, false, 1.0f, 0.0f, false}, h, seed++, kind, false,
              0x1p20f, 0x1p20f);
+  }
+}
+
+// Tiles whose largest |x| changes from k-step to k-step: the shader keeps the scales its
+// running sum is in while each new tile's largest |x| lands in [2^14, 2^16) under them, and
+// otherwise adds that sum into the f32 accumulator and starts the new tiles' scales. Column k
+// of a and row k of b scaled by 2^E(k) and 2^F(k), jumps of 2^9 every 5 k and 2^3 every 3 k
+// (not aligned with the k-steps; a step's tile then spans 2^36 > 2^28, so its smallest
+// elements are rounded, within the rule's bound), and a slow growth of 2^(k / 6) that stays in
+// the window for a few steps: the reference's fp32 products and sums, hhf and hhh, both tiles
+// and split-k (a slice starts its own scales).
+TEST_F(CoopmatEmulatedBf16, TileScalesChangingAlongK) {
+  const DType h = DType::bf16;
+  struct Kcase {
+    int64_t M, N, K;
+    bool ta, tb, c16;
+    int form;  // 0: jumps; 1: slow growth
+    const char* tile;
+    const char* splitk;
+  };
+  const Kcase cases[] = {{37, 29, 150, false, false, false, 0, nullptr, nullptr},
+                         {24, 40, 160, true, true, true, 0, nullptr, nullptr},
+                         {30, 21, 200, false, true, false, 1, nullptr, nullptr},
+                         {130, 140, 96, true, false, false, 0, "128", nullptr},
+                         {20, 30, 260, false, false, false, 0, nullptr, "3"}};
+  uint64_t seed = 370;
+  for (const Kcase& kc : cases) {
+    auto e_of = [&](int64_t k) {
+      return kc.form == 0 ? static_cast<int>((k / 5) % 5 - 2) * 9 : static_cast<int>(k / 6) - 16;
+    };
+    auto f_of = [&](int64_t k) { return kc.form == 0 ? static_cast<int>((k / 3) % 4) * 3 : 0; };
+    Shape sa = kc.ta ? Shape{kc.K, kc.M} : Shape{kc.M, kc.K};
+    Shape sb = kc.tb ? Shape{kc.N, kc.K} : Shape{kc.K, kc.N};
+    Vec va = randn(sa.numel(), seed, 1.0f), vb = randn(sb.numel(), seed + 1, 1.0f);
+    for (int64_t m = 0; m < kc.M; ++m)
+      for (int64_t k = 0; k < kc.K; ++k) {
+        float& x = kc.ta ? va[k * kc.M + m] : va[m * kc.K + k];
+        x = std::ldexp(x, e_of(k));
+      }
+    for (int64_t k = 0; k < kc.K; ++k)
+      for (int64_t n = 0; n < kc.N; ++n) {
+        float& x = kc.tb ? vb[n * kc.K + k] : vb[k * kc.N + n];
+        x = std::ldexp(x, f_of(k));
+      }
+    std::optional<ScopedEnv> tile, split;
+    if (kc.tile) tile.emplace("CROSSTRAIN_VK_CM_TILE", kc.tile);
+    if (kc.splitk) split.emplace("CROSSTRAIN_VK_SPLITK", kc.splitk);
+    const DType tc = kc.c16 ? h : DType::f32;
+    Pair a = both_as(sa, va, h), b = both_as(sb, vb, h);
+    Pair c = both_as({kc.M, kc.N}, Vec(kc.M * kc.N, 0.0f), tc);
+    vk().matmul(c.d, a.d, b.d, kc.ta, kc.tb, 1.0f, 0.0f, nullptr);
+    ref().matmul(c.r, a.r, b.r, kc.ta, kc.tb, 1.0f, 0.0f, nullptr);
+    const std::string what = "bf16 " + std::to_string(kc.M) + "x" + std::to_string(kc.N) + "x" +
+                             std::to_string(kc.K) + (kc.ta ? " ta" : "") + (kc.tb ? " tb" : "") +
+                             (kc.form ? " growing" : " jumps") + (kc.tile ? " tile 128" : "") +
+                             (kc.splitk ? " split-k" : "") + " c " + dtype_name(tc);
+    const std::string report = vk().profile_report();
+    EXPECT_NE(report.find("matmul_cme_"), std::string::npos) << what << "\n" << report;
+    vk().set_profiling(false);
+    vk().set_profiling(true);
+    if (tc == DType::f32)
+      EXPECT_TRUE(same(c, 1e-5, what));
+    else
+      EXPECT_TRUE(same_h(c, what, 1e-5));
+    seed += 2;
   }
 }
 
