@@ -87,6 +87,13 @@ layout(constant_id = 8) const uint TBK = 32;
 // or wholly outside the matrix (k0 and kend are multiples of 8 then, or K).
 layout(constant_id = 9) const uint VA = 0;
 layout(constant_id = 10) const uint VB = 0;
+// VC 1: the epilogue writes c 4 consecutive elements of a row at a time, one 8-byte (16-bit c)
+// or 16-byte (f32 c) store through c4, binding 0's view in units of 4 elements. The host sets it
+// only where every row of c starts at a multiple of 4 elements of an aligned binding (offset,
+// first element, row and batch strides); a group of 4 that crosses N is written element by
+// element.
+layout(constant_id = 11) const uint VC = 0;
+const uint CU = VC != 0u ? 4u : 1u;  // elements an epilogue step of a lane
 const uint NWARPS = WARPS_M * WARPS_N;
 const uint WM = FRM * FM;  // rows of a subgroup's block
 const uint WN = FRN * FN;
@@ -151,6 +158,11 @@ pc;
 #endif
 
 layout(std430, binding = 0) buffer Cm { C_T c[]; };
+#if defined(C_H)
+layout(std430, binding = 0) buffer Cm4 { uvec2 c4[]; };
+#else
+layout(std430, binding = 0) buffer Cm4 { uvec4 c4[]; };
+#endif
 layout(std430, binding = 1) readonly buffer Am { H_T a[]; };
 layout(std430, binding = 2) readonly buffer Bm { H_T b[]; };
 // The same bindings, 8 elements (16 bytes) a load: VA / VB below.
@@ -501,7 +513,8 @@ void main() {
   if (have) KACC_FLUSH(cura, curb);
 #endif
 
-  // Epilogue, one fragment at a time through the subgroup's scratch.
+  // Epilogue, one fragment at a time through the subgroup's scratch: a lane takes CU
+  // consecutive elements of a row a step (VC: 4, one store), the same ones in the GELU pass.
   const uint woff = warp * (FM * FN);
   [[unroll]] for (uint i = 0; i < FRM; ++i)
     [[unroll]] for (uint j = 0; j < FRN; ++j) {
@@ -512,29 +525,75 @@ void main() {
       coopMatStore(acc[i * FRN + j], Cw, woff, FN, gl_CooperativeMatrixLayoutRowMajor);
 #endif
       SUBGROUP_SYNC();
-      for (uint e = lane; e < FM * FN; e += lanes) {
-        uint m = m0 + wm + i * FM + e / FN, n = n0 + wn + j * FN + e % FN;
-        if (m < pc.M && n < pc.N) {
-          uint ci = cbase + m * pc.scm + n;
-          float v = pc.alpha * Cw[woff + e];
-          if (pc.beta != 0.0) v += pc.beta * C_LD(c[ci]);  // beta == 0: c may hold NaN garbage
-          if (pc.has_bias != 0u) v += C_RND(bias[pc.obias + n]);
-          c[ci] = C_ST(v);
+      for (uint e = lane * CU; e < FM * FN; e += lanes * CU) {
+        const uint m = m0 + wm + i * FM + e / FN, n = n0 + wn + j * FN + e % FN;
+        if (m >= pc.M) continue;
+        const uint ci = cbase + m * pc.scm + n;
+        if (VC != 0u && n + 3u < pc.N) {
+          vec4 v = pc.alpha * vec4(Cw[woff + e], Cw[woff + e + 1u], Cw[woff + e + 2u],
+                                   Cw[woff + e + 3u]);
+#if defined(C_H)
+          if (pc.beta != 0.0) {
+            const uvec2 w = c4[ci / 4u];
+            v += pc.beta * vec4(C_LD(w.x & 0xffffu), C_LD(w.x >> 16), C_LD(w.y & 0xffffu),
+                                C_LD(w.y >> 16));
+          }
+          if (pc.has_bias != 0u)
+            v += vec4(C_RND(bias[pc.obias + n]), C_RND(bias[pc.obias + n + 1u]),
+                      C_RND(bias[pc.obias + n + 2u]), C_RND(bias[pc.obias + n + 3u]));
+          c4[ci / 4u] = uvec2(uint(C_ST(v.x)) | (uint(C_ST(v.y)) << 16),
+                              uint(C_ST(v.z)) | (uint(C_ST(v.w)) << 16));
+#else
+          if (pc.beta != 0.0) v += pc.beta * uintBitsToFloat(c4[ci / 4u]);
+          if (pc.has_bias != 0u)
+            v += vec4(bias[pc.obias + n], bias[pc.obias + n + 1u], bias[pc.obias + n + 2u],
+                      bias[pc.obias + n + 3u]);
+          c4[ci / 4u] = floatBitsToUint(v);
+#endif
+        } else {
+          for (uint u = 0; u < CU && n + u < pc.N; ++u) {
+            float v = pc.alpha * Cw[woff + e + u];
+            if (pc.beta != 0.0) v += pc.beta * C_LD(c[ci + u]);  // beta == 0: c may hold NaN
+            if (pc.has_bias != 0u) v += C_RND(bias[pc.obias + n + u]);
+            c[ci + u] = C_ST(v);
+          }
         }
       }
       SUBGROUP_SYNC();
     }
-  // The GELU over the elements this invocation stored, read back (its own writes): one copy of
-  // its code, not one per fragment.
+  // The GELU over the elements this invocation stored, read back (its own writes, through the
+  // view it wrote them by): one copy of its code, not one per fragment.
   if (pc.epi != 0u) {
     [[dont_unroll]] for (uint f = 0; f < FRM * FRN; ++f) {
       const uint i = f / FRN, j = f % FRN;
-      for (uint e = lane; e < FM * FN; e += lanes) {
-        uint m = m0 + wm + i * FM + e / FN, n = n0 + wn + j * FN + e % FN;
-        if (m < pc.M && n < pc.N) {
-          uint ci = cbase + m * pc.scm + n;
-          const float r = epi_value(ci, C_LD(c[ci]));
-          if (pc.epi == 2u) c[ci] = C_ST(r);
+      for (uint e = lane * CU; e < FM * FN; e += lanes * CU) {
+        const uint m = m0 + wm + i * FM + e / FN, n = n0 + wn + j * FN + e % FN;
+        if (m >= pc.M || n >= pc.N) continue;
+        const uint ci = cbase + m * pc.scm + n, cnt = min(CU, pc.N - n);
+        const bool whole = VC != 0u && cnt == 4u;
+        vec4 x = vec4(0.0), r = vec4(0.0);
+        if (whole) {
+#if defined(C_H)
+          const uvec2 w = c4[ci / 4u];
+          x = vec4(C_LD(w.x & 0xffffu), C_LD(w.x >> 16), C_LD(w.y & 0xffffu), C_LD(w.y >> 16));
+#else
+          x = uintBitsToFloat(c4[ci / 4u]);
+#endif
+        } else {
+          for (uint u = 0; u < cnt; ++u) x[u] = C_LD(c[ci + u]);
+        }
+        [[dont_unroll]] for (uint u = 0; u < cnt; ++u) r[u] = epi_value(ci + u, x[u]);
+        if (pc.epi == 2u) {
+          if (whole) {
+#if defined(C_H)
+            c4[ci / 4u] = uvec2(uint(C_ST(r.x)) | (uint(C_ST(r.y)) << 16),
+                                uint(C_ST(r.z)) | (uint(C_ST(r.w)) << 16));
+#else
+            c4[ci / 4u] = floatBitsToUint(r);
+#endif
+          } else {
+            for (uint u = 0; u < cnt; ++u) c[ci + u] = C_ST(r[u]);
+          }
         }
       }
     }

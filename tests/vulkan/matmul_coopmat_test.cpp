@@ -6,6 +6,7 @@
 // fragment, in every transpose, with batches, broadcast b, alpha/beta/bias, c f32 (hhf) and
 // 16-bit (hhh), f16 and bf16; square fragments and the drivers' oblong ones (Intel 8x16x16,
 // NVIDIA 16x8x16), both workgroup tiles and split-k.
+#include <cmath>
 #include <optional>
 
 #include "tests/common/half_compare.h"
@@ -331,6 +332,57 @@ TEST_F(CoopmatEmulatedLoads, SixteenByteGroupsInEveryLayout) {
       ScopedEnv tile("CROSSTRAIN_VK_CM_TILE", "128");
       run_case({1, 136, 144, 48, true, false, false, false, 1.0f, 0.0f, true}, h, seed++, kind,
                false, sa, sb);
+    }
+  }
+}
+
+// The GELU epilogues (matmul_bias_gelu's forward with its pre-activation, matmul_gelu_backward)
+// on the coopmat path, whose epilogue writes c 4 elements of a row at a time where c's rows are
+// aligned (VC) and one by one where not, and reads them back in the same form for the GELU:
+// 16-bit c (both epilogues take the inputs' dtype) against the CPU reference, N a multiple of 4
+// and not (the groups that cross N), f16 and bf16, the 128 tile.
+TEST_F(CoopmatEmulatedLoads, GeluEpiloguesInEitherStoreForm) {
+  struct G {
+    int64_t M, N, K;
+    bool ta, tb;
+    const char* tile;
+  };
+  const G cases[] = {{40, 48, 32, false, false, nullptr},
+                     {37, 42, 24, true, false, nullptr},
+                     {29, 37, 40, false, true, nullptr},
+                     {136, 132, 32, false, false, "128"}};
+  uint64_t seed = 390;
+  for (DType h : {DType::f16, DType::bf16}) {
+    ScopedEnv frag("CROSSTRAIN_VK_CM_FRAG", h == DType::f16 ? "16x16x16" : "8x8x8");
+    for (const G& c : cases) {
+      std::optional<ScopedEnv> tile;
+      if (c.tile) tile.emplace("CROSSTRAIN_VK_CM_TILE", c.tile);
+      const Shape sa = c.ta ? Shape{c.K, c.M} : Shape{c.M, c.K};
+      const Shape sb = c.tb ? Shape{c.N, c.K} : Shape{c.K, c.N};
+      const std::string what = std::string(dtype_name(h)) + " " + std::to_string(c.M) + "x" +
+                               std::to_string(c.N) + "x" + std::to_string(c.K) +
+                               (c.ta ? " ta" : "") + (c.tb ? " tb" : "") +
+                               (c.tile ? " tile 128" : "");
+      const float s = 2.0f / std::sqrt(static_cast<float>(c.K));
+      Pair a = both_as(sa, randn(sa.numel(), seed, s), h);
+      Pair b = both_as(sb, randn(sb.numel(), seed + 1), h);
+      Pair bias = both({c.N}, randn(c.N, seed + 2, 0.5f));
+      Pair pre = both_as({c.M, c.N}, Vec(c.M * c.N, NAN), h);
+      Pair out = both_as({c.M, c.N}, Vec(c.M * c.N, NAN), h);
+      vk().matmul_bias_gelu(out.d, pre.d, a.d, b.d, c.ta, c.tb, bias.d);
+      ref().matmul_bias_gelu(out.r, pre.r, a.r, b.r, c.ta, c.tb, bias.r);
+      const std::string report = vk().profile_report();
+      EXPECT_NE(report.find("matmul_cme_hhh_"), std::string::npos) << what << "\n" << report;
+      EXPECT_TRUE(same_h(pre, what + " pre", 1e-3));
+      EXPECT_TRUE(same_h(out, what + " gelu", 1e-3));
+      // the backward: dpre = gelu'(pre) (a b), pre the forward's
+      Pair dpre = both_as({c.M, c.N}, Vec(c.M * c.N, NAN), h);
+      vk().matmul_gelu_backward(dpre.d, a.d, b.d, c.ta, c.tb, pre.d);
+      ref().matmul_gelu_backward(dpre.r, a.r, b.r, c.ta, c.tb, pre.r);
+      EXPECT_TRUE(same_h(dpre, what + " gelu backward", 1e-3));
+      vk().set_profiling(false);
+      vk().set_profiling(true);
+      seed += 3;
     }
   }
 }

@@ -269,6 +269,12 @@ bool tiled_vec_ok(const Bound& bd, size_t esize, int64_t sbatch, int64_t sother,
                   int64_t unit_extent) {
   return binding_vec_ok(bd, esize, sbatch, sother, unit_extent, 4);
 }
+// The coopmat epilogue's stores of 4 elements of a row of c (matmul_coopmat.comp's VC): every
+// row starts at a multiple of 4 elements of a binding aligned to 4 of them (groups that cross N
+// are written element by element, so N itself may be anything).
+bool c_vec4_ok(const Bound& bd, size_t esize, int64_t sbatch, int64_t srow) {
+  return bd.offset % (4 * esize) == 0 && bd.first % 4 == 0 && sbatch % 4 == 0 && srow % 4 == 0;
+}
 
 }  // namespace
 
@@ -479,7 +485,7 @@ void VulkanDevice::gemm(const GemmCall& g) {
       vb = 1;
     else if (g.sb[1] == 1 && binding_vec_ok(g.b, 2, g.sb[0], g.sb[2], g.K, 8))
       vb = 2;
-    pspec.n = 11;
+    pspec.n = 12;
     pspec.v = {pl.warps_m * pl.warps_n * sg,
                frag.m,
                frag.n,
@@ -490,7 +496,8 @@ void VulkanDevice::gemm(const GemmCall& g) {
                pl.wn / frag.n,
                pl.tbk,
                va,
-               vb};
+               vb,
+               c_vec4_ok(g.c, dtype_size(g.tc), g.sc[0], g.sc[1]) ? 1u : 0u};
     if (!cm_emu) pspec.required_subgroup = sg, pspec.full_subgroups = true;
     spec = &pspec;
 #if defined(CT_VK_COOPMAT)
@@ -560,7 +567,13 @@ void VulkanDevice::gemm(const GemmCall& g) {
   pp.oc = pb.first, pp.scm = u32(g.N), pp.scb = u32(g.M * g.N);
   pp.has_bias = 0, pp.alpha = 1.0f, pp.beta = 0.0f;
   pp.ksplit = sk.S, pp.kchunk = sk.kchunk, pp.oe = pb.first, pp.epi = 0;
-  dispatch(part_id, spec, {pb, g.a, g.b, pb, pb}, pp, gx, gy, u32(g.batch * sk.S));
+  PipelineSpec part_spec;
+  if (spec) {  // the coopmat epilogue's VC for the partials' rows (the tiled GEMM has none)
+    part_spec = *spec;
+    if (cm) part_spec.v[11] = c_vec4_ok(pb, 4, g.M * g.N, g.N) ? 1u : 0u;
+  }
+  dispatch(part_id, spec ? &part_spec : nullptr, {pb, g.a, g.b, pb, pb}, pp, gx, gy,
+           u32(g.batch * sk.S));
   SplitkPush r{u32(g.M),     u32(g.N),     u32(g.batch), sk.S,    pb.first, g.c.first, u32(g.sc[1]),
                u32(g.sc[0]), g.bias.first, p.has_bias,   g.alpha, g.beta,   ep.first,  p.epi};
   auto grd = grid(uint64_t(g.batch) * g.M * g.N, 256);
