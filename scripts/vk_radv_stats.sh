@@ -26,15 +26,16 @@ for k in fwd bwd_q bwd_kv; do
   scalar+=("$spv/flash_${k}_bf16.spv" "$spv/flash_${k}_u_bf16.spv:spec=64"
            "$spv/flash_${k}_u_bf16.spv:spec=128")
 done
-# The GEMM's 128 and 64 tiles with 16-byte loads of a and b (VA = VB = 1, the last two
-# constants): at subgroup 64 the 128 tile is 2 x 2 subgroups of 64 x 64; at subgroup 32 (the
-# host's rule for drivers that require it) 2 x 4 of 64 x 32, shown beside the 2 x 2 it avoids.
+# The GEMM's 128 and 64 tiles with 16-byte loads of a and b (VA = VB = 1) and 4-element stores
+# of c (VC = 1), the last three constants: at subgroup 64 the 128 tile is 2 x 2 subgroups of
+# 64 x 64; at subgroup 32 (the host's rule for drivers that require it) 2 x 4 of 64 x 32, shown
+# beside the 2 x 2 it avoids.
 coopmat=()
 for m in matmul_cm_hhf_f16 matmul_cm_hhh_f16 matmul_cm_hhf_bf16; do
-  coopmat+=("$spv/$m.spv:spec=256,16,16,16,2,2,4,4,32,1,1:sg=64:full"
-            "$spv/$m.spv:spec=256,16,16,16,2,2,2,2,32,1,1:sg=64:full"
-            "$spv/$m.spv:spec=256,16,16,16,2,4,4,2,32,1,1:sg=32:full"
-            "$spv/$m.spv:spec=128,16,16,16,2,2,4,4,32,1,1:sg=32:full")
+  coopmat+=("$spv/$m.spv:spec=256,16,16,16,2,2,4,4,32,1,1,1:sg=64:full"
+            "$spv/$m.spv:spec=256,16,16,16,2,2,2,2,32,1,1,1:sg=64:full"
+            "$spv/$m.spv:spec=256,16,16,16,2,4,4,2,32,1,1,1:sg=32:full"
+            "$spv/$m.spv:spec=128,16,16,16,2,2,4,4,32,1,1,1:sg=32:full")
 done
 for k in fwd bwd_q; do
   coopmat+=("$spv/flash_cm_${k}_f16.spv:spec=256,16,16,16,4,1,64,64,1:sg=64:full")
