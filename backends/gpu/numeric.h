@@ -129,56 +129,42 @@ struct F32 {
     }
   }
 };
-struct F16 {
+// The 16-bit tags, one pattern for both: T supplies widen(bits) and narrow(value).
+template <typename T>
+struct Half16 {
   using Storage = std::uint16_t;
   static __host__ __device__ __forceinline__ float rounded(float v) {
-    return f16_to_f32(f32_to_f16(v));
+    return T::widen(T::narrow(v));
   }
   static __device__ __forceinline__ float load(const void* p, std::int64_t i) {
-    return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+    return T::widen(static_cast<const std::uint16_t*>(p)[i]);
   }
   static __device__ __forceinline__ void store(void* p, std::int64_t i, float v) {
-    static_cast<std::uint16_t*>(p)[i] = f32_to_f16(v);
+    static_cast<std::uint16_t*>(p)[i] = T::narrow(v);
   }
   static __device__ __forceinline__ void load8(const void* p, std::int64_t i, float* v) {
     const Bytes16 b = ct_load16(static_cast<const std::uint16_t*>(p) + i);
     for (int k = 0; k < 4; ++k) {  // little-endian: element 2k in the low half of word k
-      v[2 * k] = f16_to_f32(static_cast<std::uint16_t>(b.w[k] & 0xffffu));
-      v[2 * k + 1] = f16_to_f32(static_cast<std::uint16_t>(b.w[k] >> 16));
+      v[2 * k] = T::widen(static_cast<std::uint16_t>(b.w[k] & 0xffffu));
+      v[2 * k + 1] = T::widen(static_cast<std::uint16_t>(b.w[k] >> 16));
     }
   }
   static __device__ __forceinline__ void store8(void* p, std::int64_t i, const float* v) {
     Bytes16 b;
     for (int k = 0; k < 4; ++k)
-      b.w[k] = static_cast<std::uint32_t>(f32_to_f16(v[2 * k])) |
-               (static_cast<std::uint32_t>(f32_to_f16(v[2 * k + 1])) << 16);
+      b.w[k] = static_cast<std::uint32_t>(T::narrow(v[2 * k])) |
+               (static_cast<std::uint32_t>(T::narrow(v[2 * k + 1])) << 16);
     ct_store16(static_cast<std::uint16_t*>(p) + i, b);
   }
 };
-struct BF16 {
-  using Storage = std::uint16_t;
-  static __host__ __device__ __forceinline__ float rounded(float v) {
-    return bf16_to_f32(f32_to_bf16(v));
-  }
-  static __device__ __forceinline__ float load(const void* p, std::int64_t i) {
-    return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-  }
-  static __device__ __forceinline__ void store(void* p, std::int64_t i, float v) {
-    static_cast<std::uint16_t*>(p)[i] = f32_to_bf16(v);
-  }
-  static __device__ __forceinline__ void load8(const void* p, std::int64_t i, float* v) {
-    const Bytes16 b = ct_load16(static_cast<const std::uint16_t*>(p) + i);
-    for (int k = 0; k < 4; ++k) {  // little-endian: element 2k in the low half of word k
-      v[2 * k] = bf16_to_f32(static_cast<std::uint16_t>(b.w[k] & 0xffffu));
-      v[2 * k + 1] = bf16_to_f32(static_cast<std::uint16_t>(b.w[k] >> 16));
-    }
-  }
-  static __device__ __forceinline__ void store8(void* p, std::int64_t i, const float* v) {
-    Bytes16 b;
-    for (int k = 0; k < 4; ++k)
-      b.w[k] = static_cast<std::uint32_t>(f32_to_bf16(v[2 * k])) |
-               (static_cast<std::uint32_t>(f32_to_bf16(v[2 * k + 1])) << 16);
-    ct_store16(static_cast<std::uint16_t*>(p) + i, b);
+struct F16 : Half16<F16> {
+  static __host__ __device__ __forceinline__ float widen(std::uint16_t h) { return f16_to_f32(h); }
+  static __host__ __device__ __forceinline__ std::uint16_t narrow(float v) { return f32_to_f16(v); }
+};
+struct BF16 : Half16<BF16> {
+  static __host__ __device__ __forceinline__ float widen(std::uint16_t h) { return bf16_to_f32(h); }
+  static __host__ __device__ __forceinline__ std::uint16_t narrow(float v) {
+    return f32_to_bf16(v);
   }
 };
 
