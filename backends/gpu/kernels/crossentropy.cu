@@ -5,6 +5,8 @@
 // and the backward writes as 0 (core/device.h). The training step's kernel does both in place,
 // reading a row twice (online statistics, then the gradient) where the two kernels read it
 // three times.
+#include <initializer_list>
+
 #include "backends/gpu/kernels/common.h"
 #include "backends/gpu/kernels/safe_math.h"
 
@@ -116,36 +118,19 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   if (threadIdx.x == 0) losses[n] = ls + (m - E::load(logits, base + targets[n]));
 }
 
-// dlogits, logits (N, Vp) of element E (may be the same memory: each chunk is read before it
-// is written, by its one thread, after the statistics' last read); targets (N) i32.
-// dlogits = dloss * (softmax(logits) - onehot(target)) over [0, V), 0 over [V, Vp).
-template <int WARP, typename E, bool VEC>
+// The gradient pass, crossentropy_backward_kernel (LOSS false) and
+// crossentropy_forward_backward_kernel (LOSS true: losses (N) f32, and dlogits is logits, in
+// place), block n on row n: dlogits (N, Vp) = dloss * (softmax(logits) - onehot(target)) over
+// [0, V), 0 over [V, Vp); logits (N, Vp) of element E, targets (N) i32. dlogits may be logits:
+// each chunk is read before it is written, by its one thread, after the statistics' last read.
+// The fused kernel's losses are crossentropy_forward_kernel's, and its dlogits the backward's,
+// bit for bit (the same statistics and arithmetic); it reads a row twice (the statistics, then
+// the gradient) where the two kernels read it three times.
+template <int WARP, typename E, bool VEC, bool LOSS>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
-    crossentropy_backward_kernel(void* dlogits, const void* logits, const std::int32_t* targets,
-                                 std::int64_t V, std::int64_t Vp, float dloss) {
-  CT_CHECK_LAUNCH_BOUNDS(kThreads);
-  CT_SHARED(float, smem, kThreads);
-  const std::int64_t n = blockIdx.x;
-  const std::int64_t base = n * Vp;
-  float m, ls;
-  row_stats<WARP, E, VEC>(logits, base, V, smem, &m, &ls);
-  const std::int64_t target = targets[n];
-  for (std::int64_t i0 = threadIdx.x * std::int64_t(kVec); i0 < Vp; i0 += kThreads * kVec) {
-    float v[kVec] = {}, g[kVec];
-    if (i0 < V) load_chunk<E, VEC>(logits, base, i0, V, v);
-    chunk_gradient(g, v, i0, V, target, m, ls, dloss);
-    store_chunk<E, VEC>(dlogits, base, i0, Vp, g);
-  }
-}
-
-// losses (N) f32; logits (N, Vp) of element E, overwritten by their dlogits; targets (N) i32.
-// losses[n] as crossentropy_forward_kernel, logits[n] as crossentropy_backward_kernel in place
-// (the same bits: the same statistics and arithmetic), reading the row twice (the statistics,
-// then the gradient) where the two kernels read it three times.
-template <int WARP, typename E, bool VEC>
-__global__ void CT_LAUNCH_BOUNDS(kThreads)
-    crossentropy_forward_backward_kernel(float* losses, void* logits, const std::int32_t* targets,
-                                         std::int64_t V, std::int64_t Vp, float dloss) {
+    crossentropy_gradient_kernel(float* losses, void* dlogits, const void* logits,
+                                 const std::int32_t* targets, std::int64_t V, std::int64_t Vp,
+                                 float dloss) {
   CT_CHECK_LAUNCH_BOUNDS(kThreads);
   CT_SHARED(float, smem, kThreads);
   const std::int64_t n = blockIdx.x;
@@ -158,14 +143,14 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
     if (i0 < V) load_chunk<E, VEC>(logits, base, i0, V, v);
     // The thread that owns the target's chunk reads it just before it overwrites it (constant
     // indices into v: a variable one would put the chunk in scratch memory on AMD GPUs).
-    if (target >= i0 && target < i0 + kVec) {
+    if (LOSS && target >= i0 && target < i0 + kVec) {
       float xt = 0.0f;
       for (int k = 0; k < kVec; ++k)
         if (i0 + k == target) xt = v[k];
       losses[n] = ls + (m - xt);
     }
     chunk_gradient(g, v, i0, V, target, m, ls, dloss);
-    store_chunk<E, VEC>(logits, base, i0, Vp, g);
+    store_chunk<E, VEC>(dlogits, base, i0, Vp, g);
   }
 }
 
@@ -175,15 +160,26 @@ bool rows_vec_ok(const void* p, Elem e, std::int64_t Vp) {
          (Vp * static_cast<std::int64_t>(elem_size(e))) % 16 == 0;
 }
 
-// fn(element tag, std::bool_constant<VEC>).
-template <typename Fn>
-void with_elem_vec(Elem e, bool vec, Fn&& fn) {
-  with_elem(e, [&](auto el) {
-    if (vec)
-      fn(el, std::true_type{});
-    else
-      fn(el, std::false_type{});
-  });
+// The launches of a call over N rows: slices of at most 65535 rows (grid x's limit on some
+// targets); f(W, E, VEC, first row, rows, the rows' byte offset) for each, VEC where every
+// pointer in `rows_of` gives aligned rows.
+template <typename F>
+void for_row_launches(const Ctx& cx, Elem e, std::int64_t N, std::int64_t Vp,
+                      std::initializer_list<const void*> rows_of, F f) {
+  bool vec = true;
+  for (const void* p : rows_of) vec = vec && rows_vec_ok(p, e, Vp);
+  const std::int64_t row_bytes = Vp * static_cast<std::int64_t>(elem_size(e));
+  for (std::int64_t row = 0; row < N; row += 65535) {
+    const std::int64_t rows = N - row < 65535 ? N - row : 65535;
+    with_warp(cx.warp, [&](auto w) {
+      with_elem(e, [&](auto el) {
+        if (vec)
+          f(w, el, std::true_type{}, row, static_cast<unsigned>(rows), row * row_bytes);
+        else
+          f(w, el, std::false_type{}, row, static_cast<unsigned>(rows), row * row_bytes);
+      });
+    });
+  }
 }
 
 }  // namespace
@@ -191,61 +187,42 @@ void with_elem_vec(Elem e, bool vec, Fn&& fn) {
 void crossentropy_forward(const Ctx& cx, float* losses, const void* logits, Elem e,
                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
                           std::int64_t Vp) {
-  for (std::int64_t row = 0; row < N; row += 65535) {  // gridDim.x limit of some targets
-    const std::int64_t rows = N - row < 65535 ? N - row : 65535;
-    with_warp(cx.warp, [&](auto w) {
-      constexpr int W = decltype(w)::value;
-      with_elem_vec(e, rows_vec_ok(logits, e, Vp), [&](auto el, auto vec) {
-        using E = decltype(el);
-        constexpr bool VEC = decltype(vec)::value;
-        launch<W>(
-            CT_KERNEL(crossentropy_forward_kernel<W, E, VEC>), dim3(static_cast<unsigned>(rows)),
-            dim3(kThreads), 0, stream_of(cx), losses + row,
-            static_cast<const char*>(logits) + row * Vp * static_cast<std::int64_t>(elem_size(e)),
-            targets + row, V, Vp);
+  for_row_launches(
+      cx, e, N, Vp, {logits}, [&](auto w, auto el, auto vec, auto row, auto rows, auto off) {
+        constexpr int W = decltype(w)::value;
+        launch<W>(CT_KERNEL(crossentropy_forward_kernel<W, decltype(el), decltype(vec)::value>),
+                  dim3(rows), dim3(kThreads), 0, stream_of(cx), losses + row,
+                  static_cast<const char*>(logits) + off, targets + row, V, Vp);
       });
-    });
-  }
 }
 
 void crossentropy_backward(const Ctx& cx, void* dlogits, const void* logits, Elem e,
                            const std::int32_t* targets, std::int64_t N, std::int64_t V,
                            std::int64_t Vp, float dloss) {
-  const std::int64_t row_bytes = Vp * static_cast<std::int64_t>(elem_size(e));
-  for (std::int64_t row = 0; row < N; row += 65535) {
-    const std::int64_t rows = N - row < 65535 ? N - row : 65535;
-    with_warp(cx.warp, [&](auto w) {
-      constexpr int W = decltype(w)::value;
-      const bool vec = rows_vec_ok(dlogits, e, Vp) && rows_vec_ok(logits, e, Vp);
-      with_elem_vec(e, vec, [&](auto el, auto v) {
-        using E = decltype(el);
-        constexpr bool VEC = decltype(v)::value;
-        launch<W>(CT_KERNEL(crossentropy_backward_kernel<W, E, VEC>),
-                  dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream_of(cx),
-                  static_cast<char*>(dlogits) + row * row_bytes,
-                  static_cast<const char*>(logits) + row * row_bytes, targets + row, V, Vp, dloss);
+  for_row_launches(
+      cx, e, N, Vp, {dlogits, logits},
+      [&](auto w, auto el, auto vec, auto row, auto rows, auto off) {
+        constexpr int W = decltype(w)::value;
+        launch<W>(
+            CT_KERNEL(crossentropy_gradient_kernel<W, decltype(el), decltype(vec)::value, false>),
+            dim3(rows), dim3(kThreads), 0, stream_of(cx), nullptr,
+            static_cast<char*>(dlogits) + off, static_cast<const char*>(logits) + off,
+            targets + row, V, Vp, dloss);
       });
-    });
-  }
 }
 
 void crossentropy_forward_backward(const Ctx& cx, float* losses, void* logits, Elem e,
                                    const std::int32_t* targets, std::int64_t N, std::int64_t V,
                                    std::int64_t Vp, float dloss) {
-  const std::int64_t row_bytes = Vp * static_cast<std::int64_t>(elem_size(e));
-  for (std::int64_t row = 0; row < N; row += 65535) {
-    const std::int64_t rows = N - row < 65535 ? N - row : 65535;
-    with_warp(cx.warp, [&](auto w) {
-      constexpr int W = decltype(w)::value;
-      with_elem_vec(e, rows_vec_ok(logits, e, Vp), [&](auto el, auto vec) {
-        using E = decltype(el);
-        constexpr bool VEC = decltype(vec)::value;
-        launch<W>(CT_KERNEL(crossentropy_forward_backward_kernel<W, E, VEC>),
-                  dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream_of(cx), losses + row,
-                  static_cast<char*>(logits) + row * row_bytes, targets + row, V, Vp, dloss);
+  for_row_launches(
+      cx, e, N, Vp, {logits}, [&](auto w, auto el, auto vec, auto row, auto rows, auto off) {
+        constexpr int W = decltype(w)::value;
+        launch<W>(
+            CT_KERNEL(crossentropy_gradient_kernel<W, decltype(el), decltype(vec)::value, true>),
+            dim3(rows), dim3(kThreads), 0, stream_of(cx), losses + row,
+            static_cast<char*>(logits) + off, static_cast<const char*>(logits) + off, targets + row,
+            V, Vp, dloss);
       });
-    });
-  }
 }
 
 }  // namespace ct::gpu
