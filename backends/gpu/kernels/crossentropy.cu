@@ -118,14 +118,14 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads)
   if (threadIdx.x == 0) losses[n] = ls + (m - E::load(logits, base + targets[n]));
 }
 
-// The gradient pass, crossentropy_backward_kernel (LOSS false) and
-// crossentropy_forward_backward_kernel (LOSS true: losses (N) f32, and dlogits is logits, in
-// place), block n on row n: dlogits (N, Vp) = dloss * (softmax(logits) - onehot(target)) over
-// [0, V), 0 over [V, Vp); logits (N, Vp) of element E, targets (N) i32. dlogits may be logits:
-// each chunk is read before it is written, by its one thread, after the statistics' last read.
-// The fused kernel's losses are crossentropy_forward_kernel's, and its dlogits the backward's,
-// bit for bit (the same statistics and arithmetic); it reads a row twice (the statistics, then
-// the gradient) where the two kernels read it three times.
+// The gradient pass of crossentropy_backward (LOSS false) and crossentropy_forward_backward
+// (LOSS true: losses (N) f32, and dlogits is logits, in place), block n on row n: dlogits (N, Vp) =
+// dloss * (softmax(logits) - onehot(target)) over [0, V), 0 over [V, Vp); logits (N, Vp) of element
+// E, targets (N) i32. dlogits may be logits: each chunk is read before it is written, by its one
+// thread, after the statistics' last read. The fused kernel's losses are
+// crossentropy_forward_kernel's, and its dlogits the backward's, bit for bit (the same statistics
+// and arithmetic); it reads a row twice (the statistics, then the gradient) where the two kernels
+// read it three times.
 template <int WARP, typename E, bool VEC, bool LOSS>
 __global__ void CT_LAUNCH_BOUNDS(kThreads)
     crossentropy_gradient_kernel(float* losses, void* dlogits, const void* logits,
