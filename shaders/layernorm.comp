@@ -1,9 +1,9 @@
 #version 450
 // LayerNorm over the last dim with fp32 statistics and fixed-order (deterministic) reductions.
-//   LN_FWD       one workgroup per row: out = (x - mean) * rstd * w + b; saves mean, rstd
+//   LN_FWD       32 invocations a row: out = (x - mean) * rstd * w + b; saves mean, rstd
 //   LN_FWD_RES   LN_FWD of residual = x + r, stored first (the residual add fused in); each
 //                invocation reads back only the elements it wrote
-//   LN_BWD_DX    one workgroup per row: dx += rstd * (dnorm - mean(dnorm) - xhat*mean(dnorm*xhat))
+//   LN_BWD_DX    32 invocations a row: dx += rstd * (dnorm - mean(dnorm) - xhat*mean(dnorm*xhat))
 //   LN_BWD_DWDB  one invocation per channel, rows in order: dw += dout*xhat, db += dout; with
 //                pc.R > 0 the first of two passes (bias_backward.comp's: partials of R rows,
 //                workgroup z, assigned at dw[odw + z C + c], db[odb + z C + c])
@@ -15,12 +15,44 @@
 #include "common/index.glsl"
 #include "common/math.glsl"
 
-#define CT_WG 64
 #if defined(LN_BWD_DWDB)
 layout(local_size_x = 256) in;
 #else
-layout(local_size_x = CT_WG) in;
-#include "common/reduce.glsl"
+// Rows of 32 invocations, 8 rows a workgroup (the GPU kernels' row32 form, layernorm.cu): lane
+// l takes elements l, l + 32, ... of its row in that order, and the 32 lanes' values combine by
+// a fixed tree (16, 8, 4, 2, 1) in shared memory. No early return: every invocation takes part
+// in the barriers; `live` says whether its row exists.
+#define ROW_LANES 32u
+#define ROWS_WG 8u
+layout(local_size_x = 256) in;
+shared float ct_rows[256];
+shared uint ct_flag;
+#define ROW_REDUCE(name, OP)                                         \
+  float name(float v) {                                              \
+    const uint t = gl_LocalInvocationID.x, l = t % ROW_LANES;        \
+    ct_rows[t] = v;                                                  \
+    barrier();                                                       \
+    for (uint s = ROW_LANES / 2u; s > 0u; s >>= 1u) {                \
+      if (l < s) ct_rows[t] = OP(ct_rows[t], ct_rows[t + s]);        \
+      barrier();                                                     \
+    }                                                                \
+    const float r = ct_rows[t - l];                                  \
+    barrier();                                                       \
+    return r;                                                        \
+  }
+#define ROW_ADD(a, b) ((a) + (b))
+ROW_REDUCE(row_sum, ROW_ADD)
+ROW_REDUCE(row_max, max)
+// Whether p holds for any invocation of the workgroup (every invocation calls it).
+bool wg_any(bool p) {
+  if (gl_LocalInvocationID.x == 0u) ct_flag = 0u;
+  barrier();
+  if (p) atomicOr(ct_flag, 1u);
+  barrier();
+  const bool r = ct_flag != 0u;
+  barrier();
+  return r;
+}
 #endif
 
 #if defined(LN_FWD) || defined(LN_FWD_RES)
@@ -54,38 +86,45 @@ layout(std430, binding = 7) readonly buffer R { H_T rin[]; };
 #endif
 
 void main() {
-  uint row = ct_group_index();
-  if (row >= pc.N) return;  // uniform per workgroup
-  uint tid = gl_LocalInvocationID.x;
+  const uint lane = gl_LocalInvocationID.x % ROW_LANES;
+  const uint row = ct_group_index() * ROWS_WG + gl_LocalInvocationID.x / ROW_LANES;
+  const bool live = row < pc.N;
+  const uint end = live ? pc.C : 0u;
 #if defined(LN_FWD_RES)
-  for (uint c = tid; c < pc.C; c += CT_WG)
+  // each lane reads back only the elements it wrote
+  for (uint c = lane; c < end; c += ROW_LANES)
     LN_IN(c) = x[pc.ox + row * pc.C + c] + h_load(rin[pc.orin + row * pc.C + c]);
 #endif
   // The row is used as x * sc: sc = 1 (the same arithmetic as without it) unless the sum or the
   // sum of squares overflowed (|x| past ~1e19); then sc is a power of two that brings max |x|
-  // into [1, 4) and both sums are taken again (uniform per workgroup: reduced values decide).
-  float sc = 1.0, m, var;
+  // into [1, 4) and both sums are taken again. The second pass runs while any row of the
+  // workgroup needs it; a row that does not keeps its first pass's m and var.
+  float sc = 1.0, m = 0.0, var = 0.0;
+  bool done = false;
   for (int pass = 0; pass < 2; ++pass) {
     float s = 0.0;
-    for (uint c = tid; c < pc.C; c += CT_WG) s += LN_IN(c) * sc;
-    m = ct_wg_sum(s) / float(pc.C);
+    for (uint c = lane; c < end; c += ROW_LANES) s += LN_IN(c) * sc;
+    const float mp = row_sum(s) / float(pc.C);
     float v = 0.0;
-    for (uint c = tid; c < pc.C; c += CT_WG) {
-      float d = LN_IN(c) * sc - m;
+    for (uint c = lane; c < end; c += ROW_LANES) {
+      float d = LN_IN(c) * sc - mp;
       v += d * d;
     }
-    var = ct_wg_sum(v) / float(pc.C);
-    if (pass == 1 || (ct_isfinite(m) && ct_isfinite(var))) break;
+    const float vp = row_sum(v) / float(pc.C);
+    if (!done) m = mp, var = vp;
+    if (pass == 1) break;
+    done = ct_isfinite(m) && ct_isfinite(var);
+    if (!wg_any(!done)) break;
     float a = 0.0;
-    for (uint c = tid; c < pc.C; c += CT_WG) a = max(a, abs(LN_IN(c)));
-    a = ct_wg_max(a);
-    if (!ct_isfinite(a)) break;  // an inf or NaN x: the sums stay inf / NaN
-    sc = ct_downscale(a);
+    for (uint c = lane; c < end; c += ROW_LANES) a = max(a, abs(LN_IN(c)));
+    a = row_max(a);
+    if (!done && !ct_isfinite(a)) done = true;  // an inf or NaN x: the sums stay inf / NaN
+    if (!done) sc = ct_downscale(a);
   }
   float r = ct_isinf(var) ? 0.0 : 1.0 / sqrt(var + pc.eps * sc * sc);  // rstd of x sc
-  for (uint c = tid; c < pc.C; c += CT_WG)
+  for (uint c = lane; c < end; c += ROW_LANES)
     o[pc.oo + row * pc.C + c] = h_store((LN_IN(c) * sc - m) * r * w[pc.ow + c] + b[pc.ob + c]);
-  if (tid == 0) {
+  if (live && lane == 0u) {
     mean[pc.om + row] = m / sc;
     rstd[pc.ors + row] = r * sc;
   }
@@ -110,21 +149,22 @@ layout(std430, binding = 4) readonly buffer Mean { float mean[]; };
 layout(std430, binding = 5) readonly buffer Rstd { float rstd[]; };
 
 void main() {
-  uint row = ct_group_index();
-  if (row >= pc.N) return;
-  uint tid = gl_LocalInvocationID.x;
-  float m = mean[pc.om + row], r = rstd[pc.ors + row];
+  const uint lane = gl_LocalInvocationID.x % ROW_LANES;
+  const uint row = ct_group_index() * ROWS_WG + gl_LocalInvocationID.x / ROW_LANES;
+  const bool live = row < pc.N;
+  const uint end = live ? pc.C : 0u;
+  const float m = live ? mean[pc.om + row] : 0.0, r = live ? rstd[pc.ors + row] : 0.0;
   uint base = row * pc.C;
   float s1 = 0.0, s2 = 0.0;
-  for (uint c = tid; c < pc.C; c += CT_WG) {
+  for (uint c = lane; c < end; c += ROW_LANES) {
     float dn = h_load(dout[pc.odo + base + c]) * w[pc.ow + c];
     float xh = (x[pc.ox + base + c] - m) * r;
     s1 += dn;
     s2 += dn * xh;
   }
-  float mdn = ct_wg_sum(s1) / float(pc.C);
-  float mdnx = ct_wg_sum(s2) / float(pc.C);
-  for (uint c = tid; c < pc.C; c += CT_WG) {
+  float mdn = row_sum(s1) / float(pc.C);
+  float mdnx = row_sum(s2) / float(pc.C);
+  for (uint c = lane; c < end; c += ROW_LANES) {
     float dn = h_load(dout[pc.odo + base + c]) * w[pc.ow + c];
     float xh = (x[pc.ox + base + c] - m) * r;
     dx[pc.odx + base + c] += r * (dn - mdn - xh * mdnx);
