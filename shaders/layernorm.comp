@@ -18,41 +18,7 @@
 #if defined(LN_BWD_DWDB)
 layout(local_size_x = 256) in;
 #else
-// Rows of 32 invocations, 8 rows a workgroup (the GPU kernels' row32 form, layernorm.cu): lane
-// l takes elements l, l + 32, ... of its row in that order, and the 32 lanes' values combine by
-// a fixed tree (16, 8, 4, 2, 1) in shared memory. No early return: every invocation takes part
-// in the barriers; `live` says whether its row exists.
-#define ROW_LANES 32u
-#define ROWS_WG 8u
-layout(local_size_x = 256) in;
-shared float ct_rows[256];
-shared uint ct_flag;
-#define ROW_REDUCE(name, OP)                                         \
-  float name(float v) {                                              \
-    const uint t = gl_LocalInvocationID.x, l = t % ROW_LANES;        \
-    ct_rows[t] = v;                                                  \
-    barrier();                                                       \
-    for (uint s = ROW_LANES / 2u; s > 0u; s >>= 1u) {                \
-      if (l < s) ct_rows[t] = OP(ct_rows[t], ct_rows[t + s]);        \
-      barrier();                                                     \
-    }                                                                \
-    const float r = ct_rows[t - l];                                  \
-    barrier();                                                       \
-    return r;                                                        \
-  }
-#define ROW_ADD(a, b) ((a) + (b))
-ROW_REDUCE(row_sum, ROW_ADD)
-ROW_REDUCE(row_max, max)
-// Whether p holds for any invocation of the workgroup (every invocation calls it).
-bool wg_any(bool p) {
-  if (gl_LocalInvocationID.x == 0u) ct_flag = 0u;
-  barrier();
-  if (p) atomicOr(ct_flag, 1u);
-  barrier();
-  const bool r = ct_flag != 0u;
-  barrier();
-  return r;
-}
+#include "common/rows.glsl"
 #endif
 
 #if defined(LN_FWD) || defined(LN_FWD_RES)

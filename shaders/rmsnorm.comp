@@ -1,9 +1,9 @@
 #version 450
 // RMSNorm (Llama) over the last dim with fp32 statistics and fixed-order reductions.
-//   RMS_FWD     one workgroup per row: rstd = 1/sqrt(mean(x^2) + eps); out = (x * rstd) * w
+//   RMS_FWD     32 invocations a row (common/rows.glsl): rstd = 1/sqrt(mean(x^2) + eps); out = (x * rstd) * w
 //   RMS_FWD_RES RMS_FWD of residual = x + r, stored first (the residual add fused in); each
 //               invocation reads back only the elements it wrote
-//   RMS_BWD_DX  one workgroup per row: dx += rstd * (dnorm - xhat * mean(dnorm * xhat)),
+//   RMS_BWD_DX  32 invocations a row: dx += rstd * (dnorm - xhat * mean(dnorm * xhat)),
 //               xhat = x * rstd, dnorm = dout * w
 //   RMS_BWD_DW  one invocation per channel, rows in order: dw += dout * xhat; with pc.R > 0 the
 //               first of two passes (bias_backward.comp's: partials of R rows, workgroup z,
@@ -15,12 +15,10 @@
 #include "common/index.glsl"
 #include "common/math.glsl"
 
-#define CT_WG 64
 #if defined(RMS_BWD_DW)
 layout(local_size_x = 256) in;
 #else
-layout(local_size_x = CT_WG) in;
-#include "common/reduce.glsl"
+#include "common/rows.glsl"
 #endif
 
 #if defined(RMS_FWD) || defined(RMS_FWD_RES)
@@ -50,35 +48,40 @@ layout(std430, binding = 5) readonly buffer R { H_T rin[]; };
 #endif
 
 void main() {
-  uint row = ct_group_index();
-  if (row >= pc.N) return;  // uniform per workgroup
-  uint tid = gl_LocalInvocationID.x;
+  const uint lane = gl_LocalInvocationID.x % ROW_LANES;
+  const uint row = ct_group_index() * ROWS_WG + gl_LocalInvocationID.x / ROW_LANES;
+  const bool live = row < pc.N;
+  const uint end = live ? pc.C : 0u;
 #if defined(RMS_FWD_RES)
-  for (uint c = tid; c < pc.C; c += CT_WG)
+  // each lane reads back only the elements it wrote
+  for (uint c = lane; c < end; c += ROW_LANES)
     RMS_IN(c) = x[pc.ox + row * pc.C + c] + h_load(rin[pc.orin + row * pc.C + c]);
 #endif
   float ss = 0.0;
-  for (uint c = tid; c < pc.C; c += CT_WG) ss += RMS_IN(c) * RMS_IN(c);
-  float ms = ct_wg_sum(ss) / float(pc.C);
+  for (uint c = lane; c < end; c += ROW_LANES) ss += RMS_IN(c) * RMS_IN(c);
+  float ms = row_sum(ss) / float(pc.C);
   // The row is used as x * sc: sc = 1 (the same arithmetic as without it) unless the squares
   // overflowed (|x| past ~1e19); then sc is a power of two that brings max |x| into [1, 4) and
-  // the sums are taken again (uniform per workgroup: ms is the reduced value).
+  // the sums are taken again. That pass runs while any row of the workgroup needs it; the other
+  // rows keep their first sums.
   float sc = 1.0;
-  if (!ct_isfinite(ms)) {
+  if (wg_any(!ct_isfinite(ms))) {
     float a = 0.0;
-    for (uint c = tid; c < pc.C; c += CT_WG) a = max(a, abs(RMS_IN(c)));
-    a = ct_wg_max(a);
-    if (ct_isfinite(a)) {  // an inf x keeps ms = inf: rstd 0, as PyTorch's rsqrt(inf)
-      sc = ct_downscale(a);
-      ss = 0.0;
-      for (uint c = tid; c < pc.C; c += CT_WG) ss += (RMS_IN(c) * sc) * (RMS_IN(c) * sc);
-      ms = ct_wg_sum(ss) / float(pc.C);
-    }
+    for (uint c = lane; c < end; c += ROW_LANES) a = max(a, abs(RMS_IN(c)));
+    a = row_max(a);
+    // an inf x keeps ms = inf: rstd 0, as PyTorch's rsqrt(inf)
+    const bool again = !ct_isfinite(ms) && ct_isfinite(a);
+    if (again) sc = ct_downscale(a);
+    ss = 0.0;
+    for (uint c = lane; again && c < end; c += ROW_LANES)
+      ss += (RMS_IN(c) * sc) * (RMS_IN(c) * sc);
+    const float ms2 = row_sum(ss) / float(pc.C);
+    if (again) ms = ms2;
   }
   float r = ct_isinf(ms) ? 0.0 : 1.0 / sqrt(ms + pc.eps * sc * sc);  // rstd of x sc
-  for (uint c = tid; c < pc.C; c += CT_WG)
+  for (uint c = lane; c < end; c += ROW_LANES)
     o[pc.oo + row * pc.C + c] = h_store((RMS_IN(c) * sc) * r * w[pc.ow + c]);
-  if (tid == 0) rstd[pc.ors + row] = r * sc;
+  if (live && lane == 0u) rstd[pc.ors + row] = r * sc;
 }
 
 #elif defined(RMS_BWD_DX)
@@ -98,16 +101,17 @@ layout(std430, binding = 3) readonly buffer W { float w[]; };
 layout(std430, binding = 4) readonly buffer Rstd { float rstd[]; };
 
 void main() {
-  uint row = ct_group_index();
-  if (row >= pc.N) return;
-  uint tid = gl_LocalInvocationID.x;
-  float r = rstd[pc.ors + row];
+  const uint lane = gl_LocalInvocationID.x % ROW_LANES;
+  const uint row = ct_group_index() * ROWS_WG + gl_LocalInvocationID.x / ROW_LANES;
+  const bool live = row < pc.N;
+  const uint end = live ? pc.C : 0u;
+  float r = live ? rstd[pc.ors + row] : 0.0;
   uint base = row * pc.C;
   float s = 0.0;
-  for (uint c = tid; c < pc.C; c += CT_WG)
+  for (uint c = lane; c < end; c += ROW_LANES)
     s += h_load(dout[pc.odo + base + c]) * w[pc.ow + c] * (x[pc.ox + base + c] * r);
-  float mdnx = ct_wg_sum(s) / float(pc.C);
-  for (uint c = tid; c < pc.C; c += CT_WG) {
+  float mdnx = row_sum(s) / float(pc.C);
+  for (uint c = lane; c < end; c += ROW_LANES) {
     float xh = x[pc.ox + base + c] * r;
     dx[pc.odx + base + c] += r * (h_load(dout[pc.odo + base + c]) * w[pc.ow + c] - xh * mdnx);
   }

@@ -76,7 +76,7 @@ CT_VK_PUSH_SIZE(LnDwPush, layernorm_bwd_dwdb_f16);
 CT_VK_PUSH_SIZE(LnDwPush, layernorm_bwd_dwdb_bf16);
 
 // Workgroups for nr rows: layernorm.comp's forward and dx take 8 rows a workgroup (32
-// invocations a row).
+// invocations a row: common/rows.glsl).
 static int64_t ln_groups(int64_t nr) {
   return (nr + 7) / 8;
 }
