@@ -163,6 +163,23 @@ layout(std430, binding = 0) buffer Cm4 { uvec2 c4[]; };
 #else
 layout(std430, binding = 0) buffer Cm4 { uvec4 c4[]; };
 #endif
+// Elements ci .. ci + 3 of c (ci a multiple of 4) through c4, widened / rounded as C_LD / C_ST.
+vec4 c_load4(uint ci) {
+#if defined(C_H)
+  const uvec2 w = c4[ci / 4u];
+  return vec4(C_LD(w.x & 0xffffu), C_LD(w.x >> 16), C_LD(w.y & 0xffffu), C_LD(w.y >> 16));
+#else
+  return uintBitsToFloat(c4[ci / 4u]);
+#endif
+}
+void c_store4(uint ci, vec4 v) {
+#if defined(C_H)
+  c4[ci / 4u] = uvec2(uint(C_ST(v.x)) | (uint(C_ST(v.y)) << 16),
+                      uint(C_ST(v.z)) | (uint(C_ST(v.w)) << 16));
+#else
+  c4[ci / 4u] = floatBitsToUint(v);
+#endif
+}
 layout(std430, binding = 1) readonly buffer Am { H_T a[]; };
 layout(std430, binding = 2) readonly buffer Bm { H_T b[]; };
 // The same bindings, 8 elements (16 bytes) a load: VA / VB below.
@@ -532,24 +549,11 @@ void main() {
         if (VC != 0u && n + 3u < pc.N) {
           vec4 v = pc.alpha * vec4(Cw[woff + e], Cw[woff + e + 1u], Cw[woff + e + 2u],
                                    Cw[woff + e + 3u]);
-#if defined(C_H)
-          if (pc.beta != 0.0) {
-            const uvec2 w = c4[ci / 4u];
-            v += pc.beta * vec4(C_LD(w.x & 0xffffu), C_LD(w.x >> 16), C_LD(w.y & 0xffffu),
-                                C_LD(w.y >> 16));
-          }
+          if (pc.beta != 0.0) v += pc.beta * c_load4(ci);  // beta == 0: c may hold NaN
           if (pc.has_bias != 0u)
             v += vec4(C_RND(bias[pc.obias + n]), C_RND(bias[pc.obias + n + 1u]),
                       C_RND(bias[pc.obias + n + 2u]), C_RND(bias[pc.obias + n + 3u]));
-          c4[ci / 4u] = uvec2(uint(C_ST(v.x)) | (uint(C_ST(v.y)) << 16),
-                              uint(C_ST(v.z)) | (uint(C_ST(v.w)) << 16));
-#else
-          if (pc.beta != 0.0) v += pc.beta * uintBitsToFloat(c4[ci / 4u]);
-          if (pc.has_bias != 0u)
-            v += vec4(bias[pc.obias + n], bias[pc.obias + n + 1u], bias[pc.obias + n + 2u],
-                      bias[pc.obias + n + 3u]);
-          c4[ci / 4u] = floatBitsToUint(v);
-#endif
+          c_store4(ci, v);
         } else {
           for (uint u = 0; u < CU && n + u < pc.N; ++u) {
             float v = pc.alpha * Cw[woff + e + u];
@@ -572,28 +576,16 @@ void main() {
         const uint ci = cbase + m * pc.scm + n, cnt = min(CU, pc.N - n);
         const bool whole = VC != 0u && cnt == 4u;
         vec4 x = vec4(0.0), r = vec4(0.0);
-        if (whole) {
-#if defined(C_H)
-          const uvec2 w = c4[ci / 4u];
-          x = vec4(C_LD(w.x & 0xffffu), C_LD(w.x >> 16), C_LD(w.y & 0xffffu), C_LD(w.y >> 16));
-#else
-          x = uintBitsToFloat(c4[ci / 4u]);
-#endif
-        } else {
+        if (whole)
+          x = c_load4(ci);
+        else
           for (uint u = 0; u < cnt; ++u) x[u] = C_LD(c[ci + u]);
-        }
         [[dont_unroll]] for (uint u = 0; u < cnt; ++u) r[u] = epi_value(ci + u, x[u]);
         if (pc.epi == 2u) {
-          if (whole) {
-#if defined(C_H)
-            c4[ci / 4u] = uvec2(uint(C_ST(r.x)) | (uint(C_ST(r.y)) << 16),
-                                uint(C_ST(r.z)) | (uint(C_ST(r.w)) << 16));
-#else
-            c4[ci / 4u] = floatBitsToUint(r);
-#endif
-          } else {
+          if (whole)
+            c_store4(ci, r);
+          else
             for (uint u = 0; u < cnt; ++u) c[ci + u] = C_ST(r[u]);
-          }
         }
       }
     }
