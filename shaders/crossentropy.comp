@@ -84,35 +84,25 @@ void load_chunk(uint e, uint n, out float v[8]) {
 }
 
 #if defined(CE_FUSED) || defined(CE_BWD)
-// v into elements e .. e + 7 of the gradient's binding (x in place, or o), the first n of them
-// (VEC: all 8).
+// The gradient's binding: x itself (CE_FUSED, in place) or o, and its uvec4 view.
+#if defined(CE_FUSED)
+#define G x
+#define G8 x8
+#else
+#define G o
+#define G8 o8
+#endif
+// v into elements e .. e + 7 of the gradient's binding, the first n of them (VEC: all 8).
 void store_chunk(uint e, uint n, float v[8]) {
   if (VEC != 0u) {
 #if defined(H_F16) || defined(H_BF16)
-    const uvec4 w = uvec4(CE_PACK(v, 0), CE_PACK(v, 1), CE_PACK(v, 2), CE_PACK(v, 3));
-#if defined(CE_FUSED)
-    x8[e / 8u] = w;
+    G8[e / 8u] = uvec4(CE_PACK(v, 0), CE_PACK(v, 1), CE_PACK(v, 2), CE_PACK(v, 3));
 #else
-    o8[e / 8u] = w;
-#endif
-#else
-    const uvec4 a = floatBitsToUint(vec4(v[0], v[1], v[2], v[3]));
-    const uvec4 b = floatBitsToUint(vec4(v[4], v[5], v[6], v[7]));
-#if defined(CE_FUSED)
-    x8[e / 4u] = a;
-    x8[e / 4u + 1u] = b;
-#else
-    o8[e / 4u] = a;
-    o8[e / 4u + 1u] = b;
-#endif
+    G8[e / 4u] = floatBitsToUint(vec4(v[0], v[1], v[2], v[3]));
+    G8[e / 4u + 1u] = floatBitsToUint(vec4(v[4], v[5], v[6], v[7]));
 #endif
   } else {
-    for (uint k = 0u; k < n; ++k)
-#if defined(CE_FUSED)
-      x[e + k] = h_store(v[k]);
-#else
-      o[e + k] = h_store(v[k]);
-#endif
+    for (uint k = 0u; k < n; ++k) G[e + k] = h_store(v[k]);
   }
 }
 #endif
