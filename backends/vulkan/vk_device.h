@@ -147,6 +147,12 @@ class VulkanDevice final : public Device {
   // partials partial[k N + n], k = 0 .. chunks - 1 in order (bias_backward's f32 variant;
   // ops/matmul.cpp). A GPU then has N x chunks invocations at work, not N.
   static constexpr int64_t kColumnRows = 64;
+  // Workgroups for nr rows of the LayerNorm and RMSNorm forward and dx shaders: 8 rows a
+  // workgroup, 32 invocations a row (shaders/common/rows.glsl's ROWS_WG).
+  static constexpr int64_t kNormRowsPerGroup = 8;
+  static uint64_t norm_row_groups(int64_t nr) {
+    return static_cast<uint64_t>((nr + kNormRowsPerGroup - 1) / kNormRowsPerGroup);
+  }
   void add_column_partials(const Bound& dst, const Bound& partial, int64_t chunks, int64_t N);
   // matmul_kernel's body (ops/matmul.cpp): splits the product until every binding fits, the
   // epilogue `epi` (with its tensor *ep, c's shape) on the pieces that finish a sum.

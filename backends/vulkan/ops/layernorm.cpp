@@ -75,12 +75,6 @@ CT_VK_PUSH_MEMBER(LnDwPush, layernorm_bwd_dwdb, R);
 CT_VK_PUSH_SIZE(LnDwPush, layernorm_bwd_dwdb_f16);
 CT_VK_PUSH_SIZE(LnDwPush, layernorm_bwd_dwdb_bf16);
 
-// Workgroups for nr rows: layernorm.comp's forward and dx take 8 rows a workgroup (32
-// invocations a row: common/rows.glsl).
-static int64_t ln_groups(int64_t nr) {
-  return (nr + 7) / 8;
-}
-
 // Rows per dispatch so that [rows, C] fits one binding.
 static int64_t row_chunk(const VulkanDevice& d, int64_t C) {
   return std::max<int64_t>(1, d.max_elems(4) / std::max<int64_t>(C, 1));
@@ -96,7 +90,7 @@ void VulkanDevice::layernorm_forward_kernel(const Tensor& out, const Tensor& mea
     int64_t nr = std::min(rows, N - r0);
     Bound bo = bind(out, r0 * C, nr * C), bm = bind(mean, r0, nr), br = bind(rstd, r0, nr),
           bx = bind(x, r0 * C, nr * C);
-    auto g = grid(ln_groups(nr), 1);
+    auto g = grid(norm_row_groups(nr), 1);
     dispatch(
         h_variant(out.dtype, ShaderId::layernorm_fwd, ShaderId::layernorm_fwd_f16,
                   ShaderId::layernorm_fwd_bf16),
@@ -118,7 +112,7 @@ void VulkanDevice::residual_layernorm_forward_kernel(const Tensor& residual, con
     Bound bo = bind(out, r0 * C, nr * C), bm = bind(mean, r0, nr), br = bind(rstd, r0, nr),
           bx = bind(x, r0 * C, nr * C), bres = bind(residual, r0 * C, nr * C),
           bin = bind(r, r0 * C, nr * C);
-    auto g = grid(ln_groups(nr), 1);
+    auto g = grid(norm_row_groups(nr), 1);
     dispatch(h_variant(out.dtype, ShaderId::residual_layernorm_fwd,
                        ShaderId::residual_layernorm_fwd_f16, ShaderId::residual_layernorm_fwd_bf16),
              {bo, bm, br, bx, bw, bb, bres, bin},
@@ -144,7 +138,7 @@ void VulkanDevice::layernorm_backward_kernel(const Tensor& dx, const Tensor& dw,
     int64_t nr = std::min(rows, N - r0);
     Bound bdx = bind(dx, r0 * C, nr * C), bdo = bind(dout, r0 * C, nr * C),
           bx = bind(x, r0 * C, nr * C), bm = bind(mean, r0, nr), br = bind(rstd, r0, nr);
-    auto g = grid(ln_groups(nr), 1);
+    auto g = grid(norm_row_groups(nr), 1);
     dispatch(
         h_variant(dout.dtype, ShaderId::layernorm_bwd_dx, ShaderId::layernorm_bwd_dx_f16,
                   ShaderId::layernorm_bwd_dx_bf16),

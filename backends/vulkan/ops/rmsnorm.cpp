@@ -81,7 +81,7 @@ void VulkanDevice::rmsnorm_forward_kernel(const Tensor& out, const Tensor& rstd,
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     int64_t nr = std::min(rows, N - r0);
     Bound bo = bind(out, r0 * C, nr * C), br = bind(rstd, r0, nr), bx = bind(x, r0 * C, nr * C);
-    auto g = grid((nr + 7) / 8, 1);  // 8 rows a workgroup (rmsnorm.comp)
+    auto g = grid(norm_row_groups(nr), 1);
     dispatch(h_variant(out.dtype, ShaderId::rmsnorm_fwd, ShaderId::rmsnorm_fwd_f16,
                        ShaderId::rmsnorm_fwd_bf16),
              {bo, br, bx, bw},
@@ -99,7 +99,7 @@ void VulkanDevice::residual_rmsnorm_forward_kernel(const Tensor& residual, const
     int64_t nr = std::min(rows, N - r0);
     Bound bo = bind(out, r0 * C, nr * C), br = bind(rstd, r0, nr), bx = bind(x, r0 * C, nr * C),
           bres = bind(residual, r0 * C, nr * C), bin = bind(r, r0 * C, nr * C);
-    auto g = grid((nr + 7) / 8, 1);  // 8 rows a workgroup (rmsnorm.comp)
+    auto g = grid(norm_row_groups(nr), 1);
     dispatch(h_variant(out.dtype, ShaderId::residual_rmsnorm_fwd,
                        ShaderId::residual_rmsnorm_fwd_f16, ShaderId::residual_rmsnorm_fwd_bf16),
              {bo, br, bx, bw, bres, bin},
@@ -124,7 +124,7 @@ void VulkanDevice::rmsnorm_backward_kernel(const Tensor& dx, const Tensor& dw, c
     int64_t nr = std::min(rows, N - r0);
     Bound bdx = bind(dx, r0 * C, nr * C), bdo = bind(dout, r0 * C, nr * C),
           bx = bind(x, r0 * C, nr * C), br = bind(rstd, r0, nr);
-    auto g = grid((nr + 7) / 8, 1);  // 8 rows a workgroup (rmsnorm.comp)
+    auto g = grid(norm_row_groups(nr), 1);
     dispatch(h_variant(dout.dtype, ShaderId::rmsnorm_bwd_dx, ShaderId::rmsnorm_bwd_dx_f16,
                        ShaderId::rmsnorm_bwd_dx_bf16),
              {bdx, bdo, bx, bw, br},
