@@ -18,15 +18,17 @@
 // Shared memory is one array of 32-bit words (sm): f16 tiles hold two elements a word (the
 // fragments load f16 from it, strides in words), f32 tiles one; regions are reused by type.
 //
-// A design without per-row access to accumulators (KHR coopmat gives none): the rows' softmax
-// statistics are computed by invocations from score tiles stored to shared memory as f32, and
-// accumulators are only ever scaled by a whole-tile factor.
-//   FA_FWD (a block: R = NW * FRM * FM query rows of head h; keys in tiles of KT):
-//     pass 1, per key tile: S = Q K^T (fragments, stored f32); invocation r keeps row r's online
-//       max m and sum l (scaled scores, keys u <= t only) -> lse = m + log l (saved).
-//     pass 2, per key tile: S again (the same fragments in the same order: the same bits),
-//       P = exp(scale S - lse) (already normalised, in [0, 1]) rounded to f16; O += P V.
-//     No rescaling of O; the price is Q K^T twice (3 products a key tile instead of 2).
+// KHR coopmat gives no per-row access to accumulators: the rows' softmax statistics are computed
+// by invocations from score tiles stored to shared memory as f32, and an accumulator's rows are
+// scaled by multiplying it element by element with an accumulator holding each row's factor
+// (loaded from shared memory with stride 0; element-wise products of two matrices of one type
+// are in SPV_KHR_cooperative_matrix).
+//   FA_FWD (a block: R = NW * FRM * FM query rows of head h; keys in tiles of KT), one pass:
+//     per key tile, S = Q K^T (fragments, stored f32); invocations keep row r's running max m
+//     and sum l (scaled scores, keys u <= t only); P = exp(scale S - m) (in [0, 1]) rounded to
+//     f16; O = O exp(m_old - m) + P V. At the end out = O / l, lse = m + log l (saved).
+//     (Until 2026-11-29, fourteenth session: two passes, the statistics first and then P normalised by lse, Q K^T
+//     computed twice: 3 products a key tile instead of 2, K staged twice.)
 //   FA_BWD_Q (a block: R query rows of head h; key tiles in order): D = dout . out per row
 //     (saved), S = Q K^T, dP = dO V^T, P = exp(scale S - lse), dS = P (dP - D) scale, dQ += dS K.
 //   FA_BWD_KV (a block: R key rows of kv head j; for the G query heads of the group in order,
@@ -34,7 +36,8 @@
 //     dV += P^T dO, dK += dS^T Q.
 // f16 rounding of the operands (ct_f32_to_f16: round to nearest even, the same on every device):
 //   - P in [0, 1] is rounded as it is (absolute error <= 2^-12, below 2^-14 subnormal, below
-//     2^-25 zero: a convex combination of values moves by at most 2^-11 of their largest).
+//     2^-25 zero; in the forward P's largest of a row is 1, e^0, and the sum it is divided by is
+//     of the unrounded P: the weights err by at most 2^-11 of the largest).
 //   - dS is scaled by a power of two per tile, 2^k with its largest |dS| in [2^14, 2^15), then
 //     rounded (relative error 2^-11 for every element within 2^-28 of the tile's largest; no
 //     overflow whatever the loss scale); the product's accumulator is multiplied by 2^-k.
@@ -96,9 +99,10 @@ const uint SPLIT = gl_WorkGroupSize.x / R;
 // The host's flash_cm_words() mirrors this layout.
 const uint H_A = R * LDH / 2, H_B = KT * LDH / 2, H_S = R * LDS, H_P = R * LDP / 2;
 #if defined(FA_FWD)
+// W_X, W_Y: the row statistics' partial maxima and sums, R x SPLIT each; W_AL: the rows' rescale
+// factors; W_L: the rows' final l.
 const uint W_A = 0, W_B = W_A + H_A, W_S = W_B + H_B, W_P = W_S + H_S, W_L = W_P + H_P;
-const uint W_M = W_L + R;
-const uint W_X = W_P;  // pass 1's partial statistics, R x SPLIT (H_P holds R x (KT + 8) / 2)
+const uint W_AL = W_L + R, W_X = W_AL + R, W_Y = W_X + R * SPLIT, W_M = W_Y + R * SPLIT;
 #elif defined(FA_BWD_Q)
 const uint W_A = 0, W_A2 = W_A + H_A, W_B = W_A2 + H_A, W_B2 = W_B + H_B, W_S = W_B2 + H_B;
 const uint W_S2 = W_S + H_S, W_P = W_S2 + H_S, W_L = W_P + H_P, W_D = W_L + R, W_M = W_D + R;
@@ -287,6 +291,14 @@ const uint EPL = FM * FN / 32u;  // accumulator elements per lane
     sm[W_S + (wrow + (i) * FM + x_ / FN) * LDS + x_ % FN] =                       \
         floatBitsToUint(acc[((i) * NO + (j)) * EPL + e_]);                        \
   }
+// RESCALE_ROWS(acc, w): row r of the block's accumulators (FRM x NO fragments) times the f32
+//   sm[w + r].
+#define RESCALE_ROWS(acc, w)                                                                 \
+  [[dont_unroll]] for (uint i_ = 0u; i_ < FRM; ++i_)                                         \
+    [[dont_unroll]] for (uint j_ = 0u; j_ < NO; ++j_)                                        \
+      [[dont_unroll]] for (uint e_ = 0u; e_ < EPL; ++e_)                                     \
+        acc[(i_ * NO + j_) * EPL + e_] *=                                                    \
+            uintBitsToFloat(sm[(w) + wrow + i_ * FM + (e_ * LANES + lane) / FN]);
 #else
 #define ACC_T coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>
 #define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA>
@@ -333,15 +345,24 @@ const uint EPL = FM * FN / 32u;  // accumulator elements per lane
     }                                                                                         \
     [[unroll]] for (uint i_ = 0u; i_ < FRM; ++i_) acc[i_ * NO + j_] += t_[i_] * (f);          \
   }
+// The factors as an accumulator fragment: a column-major load with stride 0 gives element
+// (r, c) the word at w + first row + r (SPV_KHR_cooperative_matrix allows a load stride of 0), and
+// the product of two accumulators of one type is element by element.
+#define RESCALE_ROWS(acc, w)                                                                \
+  [[unroll]] for (uint i_ = 0u; i_ < FRM; ++i_) {                                           \
+    ACC_T al_;                                                                              \
+    coopMatLoad(al_, sm, (w) + wrow + i_ * FM, 0u, gl_CooperativeMatrixLayoutColumnMajor);  \
+    [[unroll]] for (uint j_ = 0u; j_ < NO; ++j_) acc[i_ * NO + j_] = acc[i_ * NO + j_] * al_; \
+  }
 #define STORE_ACC(acc, i, j)                                                                \
   coopMatStore(acc[(i) * NO + (j)], sm, W_S + (wrow + (i) * FM) * LDS, LDS,                 \
                gl_CooperativeMatrixLayoutRowMajor)
 #endif
 
 // The epilogue: acc's fragments through the subgroup's rows of W_S (f32) into `buf`: rows
-// row = first + r with lo <= row < T, element `base + (row - lo) * stride + column`, rounded to
-// the 16-bit type.
-#define EPILOGUE(acc, buf, base, stride, first, lo)                                    \
+// row = first + r with lo <= row < T, element `base + (row - lo) * stride + column`, divided by
+// `div` (an expression of the block's row rr_; 1.0 for none), rounded to the 16-bit type.
+#define EPILOGUE(acc, buf, base, stride, first, lo, div)                               \
   EMU_ROLLED for (uint fi_ = 0u; fi_ < FRM; ++fi_)                                              \
     EMU_ROLLED for (uint fj_ = 0u; fj_ < NO; ++fj_) {                                          \
       STORE_ACC(acc, fi_, fj_);                                                        \
@@ -350,7 +371,7 @@ const uint EPL = FM * FN / 32u;  // accumulator elements per lane
         uint rr_ = wrow + fi_ * FM + fe_ / FN, row_ = (first) + rr_;                   \
         if (row_ >= (lo) && row_ < pc.T)                                               \
           buf[(base) + (row_ - (lo)) * (stride) + fj_ * FN + fe_ % FN] =               \
-              h_store(uintBitsToFloat(sm[W_S + rr_ * LDS + fe_ % FN]));                \
+              h_store(uintBitsToFloat(sm[W_S + rr_ * LDS + fe_ % FN]) / (div));        \
       }                                                                                \
       barrier();                                                                       \
     }
@@ -384,24 +405,32 @@ void main() {
   const uint vbase = pc.oqkv + VO + (h / G) * HS;
   float sq, sk, sv;
   STAGE(qkv, qkv8, qbase, C3, first, R, W_A, 0u, sq)
-  // pass 1: the rows' statistics, SPLIT invocations a row (row first + r1, r1 = tid / SPLIT; of
-  // each key tile part p of them takes keys p, p + SPLIT, ...): per tile, the row's maximum mt
-  // over its keys (u <= t), then m' = max(m, mt) and l = l exp(m - m') + sum exp(s - m'), the
-  // partial maxima and sums combined in the order p = 0, 1, ... through W_X (P's region, unused
-  // until pass 2); every part ends with the same m and l.
+  // One pass over the key tiles (FlashAttention-2's order): SPLIT invocations a row (row
+  // first + r1, r1 = tid / SPLIT; part p of them takes the tile's column pairs p, p + SPLIT, ...).
+  // Per tile: the row's running maximum m' = max(m, the tile's scaled scores over keys u <= t),
+  // P = exp(scale S - m') rounded to f16 (in [0, 1]), l = l exp(m - m') + sum P (f32, before the
+  // rounding), and O = O exp(m - m') + P V: the rescale multiplies each accumulator fragment
+  // element by element by one loaded from W_AL with stride 0 (row r's factor in every column).
+  // The partial maxima and sums are combined in the order p = 0, 1, ... (W_X, W_Y); every part
+  // holds the same m and l. At the end O / l and lse = m + log l.
   const uint r1 = tid / SPLIT, part = tid % SPLIT, t = first + r1;
   const bool own = r1 < R && t < T;
   float m = -CT_FLT_MAX, l = 0.0;  // finite start: exp(m - m') is 0, not NaN, at the first key
+  ACC_DECL(acc, FRM * NO);
+  ACC_ZERO(acc, FRM * NO);
   for (uint u0 = 0u; u0 <= last; u0 += KT) {
     STAGE(qkv, qkv8, kbase, C3, u0, KT, W_B, 1u, sk)
     barrier();
     SCORES(W_S, W_A, W_B)
-    barrier();
+    barrier();  // K is no longer read: V takes its place while the rows' statistics go on
+    STAGE(qkv, qkv8, vbase, C3, u0, KT, W_B, 2u, sv)
     const float f = pc.scale / (sq * sk);
     float mt = -CT_FLT_MAX;
     if (own) {
-      EMU_ROLLED for (uint c = part; c < KT && u0 + c <= t; c += SPLIT)
+      EMU_ROLLED for (uint c = 2u * part; c < KT && u0 + c <= t; c += 2u * SPLIT) {
         mt = max(mt, uintBitsToFloat(sm[W_S + r1 * LDS + c]) * f);
+        if (u0 + c + 1u <= t) mt = max(mt, uintBitsToFloat(sm[W_S + r1 * LDS + c + 1u]) * f);
+      }
     }
     if (r1 < R) sm[W_X + tid] = floatBitsToUint(mt);
     barrier();
@@ -410,54 +439,37 @@ void main() {
       EMU_ROLLED for (uint q = 0u; q < SPLIT; ++q)
         mn = max(mn, uintBitsToFloat(sm[W_X + r1 * SPLIT + q]));
     }
-    barrier();  // every part read the maxima before the sums take their place
     float ls = 0.0;
-    if (own) {
-      EMU_ROLLED for (uint c = part; c < KT && u0 + c <= t; c += SPLIT)
-        ls += ct_exp_le0(uintBitsToFloat(sm[W_S + r1 * LDS + c]) * f - mn);
+    if (r1 < R) {
+      EMU_ROLLED for (uint c = 2u * part; c < KT; c += 2u * SPLIT) {
+        const uint u = u0 + c;
+        const float s0 = uintBitsToFloat(sm[W_S + r1 * LDS + c]) * f;
+        const float s1 = uintBitsToFloat(sm[W_S + r1 * LDS + c + 1u]) * f;
+        const float p0 = own && u <= t ? ct_exp_le0(s0 - mn) : 0.0;
+        const float p1 = own && u + 1u <= t ? ct_exp_le0(s1 - mn) : 0.0;
+        ls += p0 + p1;
+        sm[W_P + r1 * (LDP / 2u) + c / 2u] = pack2(p0, p1);
+      }
+      sm[W_Y + tid] = floatBitsToUint(ls);
+      if (part == 0u) sm[W_AL + r1] = floatBitsToUint(ct_exp_le0(m - mn));
     }
-    if (r1 < R) sm[W_X + tid] = floatBitsToUint(ls);
-    barrier();
+    barrier();  // P, its row sums, the rescale factors and V are in place
     if (r1 < R) {
       float sum = 0.0;
-      EMU_ROLLED for (uint q = 0u; q < SPLIT; ++q) sum += uintBitsToFloat(sm[W_X + r1 * SPLIT + q]);
+      EMU_ROLLED for (uint q = 0u; q < SPLIT; ++q) sum += uintBitsToFloat(sm[W_Y + r1 * SPLIT + q]);
       l = l * ct_exp_le0(m - mn) + sum;
       m = mn;
     }
-    barrier();
-  }
-  if (r1 < R && part == 0u) {
-    float L = m + log(l);  // rows past T: never read
-    if (t >= q0 && t < T) {
-      lse[pc.olse + h * Tq + t - q0] = L;
-    }
-    sm[W_L + r1] = floatBitsToUint(t < T ? L : 0.0);
-  }
-  // pass 2: O += P V with P = exp(scale S - lse), normalised already
-  ACC_DECL(acc, FRM * NO);
-  ACC_ZERO(acc, FRM * NO);
-  for (uint u0 = 0u; u0 <= last; u0 += KT) {
-    STAGE(qkv, qkv8, kbase, C3, u0, KT, W_B, 1u, sk)
-    barrier();
-    SCORES(W_S, W_A, W_B)
-    barrier();
-    const float f = pc.scale / (sq * sk);
-    EMU_ROLLED for (uint i = tid; i < R * KT / 2u; i += nt) {
-      uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u)), tr = first + r, u = u0 + c;
-      float L = uintBitsToFloat(sm[W_L + r]);
-      float s0 = uintBitsToFloat(sm[W_S + r * LDS + c]) * f;
-      float s1 = uintBitsToFloat(sm[W_S + r * LDS + c + 1u]) * f;
-      float p0 = tr < T && u <= tr ? ct_exp_le0(s0 - L) : 0.0;
-      float p1 = tr < T && u + 1u <= tr ? ct_exp_le0(s1 - L) : 0.0;
-      sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(p0, p1);
-    }
-    barrier();  // K is no longer read: V takes its place
-    STAGE(qkv, qkv8, vbase, C3, u0, KT, W_B, 2u, sv)
-    barrier();
+    RESCALE_ROWS(acc, W_AL)
     ACCUM(acc, W_P, W_B, 1.0 / sv)
     barrier();
   }
-  EPILOGUE(acc, o, pc.oo + h * HS, C, first, q0)
+  if (r1 < R && part == 0u) {
+    if (t >= q0 && t < T) lse[pc.olse + h * Tq + t - q0] = m + log(l);
+    sm[W_L + r1] = floatBitsToUint(t < T ? l : 1.0);  // rows past T: never stored
+  }
+  barrier();
+  EPILOGUE(acc, o, pc.oo + h * HS, C, first, q0, uintBitsToFloat(sm[W_L + rr_]))
 
 #elif defined(FA_BWD_Q)
   const uint h = gl_WorkGroupID.y;
@@ -515,7 +527,7 @@ void main() {
     ACCUM(acc, W_P, W_B, 1.0 / (sds * sk))  // dQ += dS K
     barrier();
   }
-  EPILOGUE(acc, dqkv, pc.oo + h * HS, C3, first, 0u)
+  EPILOGUE(acc, dqkv, pc.oo + h * HS, C3, first, 0u, 1.0)
 
 #else  // FA_BWD_KV: the block's rows are keys u = first + r of kv head j
   const uint j = gl_WorkGroupID.y;
@@ -575,7 +587,7 @@ void main() {
       barrier();
     }
   }
-  EPILOGUE(dk, dqkv, pc.oo + C + j * HS, C3, first, 0u)
-  EPILOGUE(dv, dqkv, pc.oo + VO + j * HS, C3, first, 0u)
+  EPILOGUE(dk, dqkv, pc.oo + C + j * HS, C3, first, 0u, 1.0)
+  EPILOGUE(dv, dqkv, pc.oo + VO + j * HS, C3, first, 0u, 1.0)
 #endif
 }

@@ -83,10 +83,12 @@ CoopmatGate coopmat_gate(const CoopmatCaps& caps, bool built, const char* env) {
   return g;
 }
 
-uint64_t flash_cm_words(int kernel, uint64_t R, uint64_t KT, uint64_t HS) {
+uint64_t flash_cm_words(int kernel, uint64_t R, uint64_t KT, uint64_t HS, uint64_t lanes) {
   const uint64_t ha = R * (HS + 8) / 2, hb = KT * (HS + 8) / 2, s = R * (KT + 4);
   const uint64_t p = R * (KT + 8) / 2;
-  if (kernel == kFlashCmFwd) return ha + hb + s + p + R + 4;
+  // The forward's row statistics: lanes / 16 invocations a row (a subgroup's 16 rows), their
+  // partial maxima and sums (W_X, W_Y), and l and the rescale factor a row (W_L, W_AL).
+  if (kernel == kFlashCmFwd) return ha + hb + s + p + 2 * R + 2 * R * (lanes / 16) + 4;
   if (kernel == kFlashCmBwdQ) return 2 * ha + 2 * hb + 2 * s + p + 2 * R + 4;
   return 2 * ha + 2 * hb + 2 * s + 2 * p + 2 * KT + 4;
 }
@@ -112,7 +114,7 @@ FlashCmPlan plan_flash_cm(int kernel, const CmShape& frag, uint32_t lanes, uint3
   const uint32_t cand[][2] = {{4, 64}, {4, 32}, {2, 32}, {2, 16}, {1, 16}};
   for (const auto& c : cand) {
     const uint32_t nw = force_nw ? force_nw : c[0], kt = force_kt ? force_kt : c[1];
-    const uint64_t words = flash_cm_words(kernel, uint64_t(nw) * 16, kt, uint64_t(hs));
+    const uint64_t words = flash_cm_words(kernel, uint64_t(nw) * 16, kt, uint64_t(hs), lanes);
     if (words * 4 <= shared_bytes) {
       p.ok = true, p.nw = nw, p.frm = frm, p.kt = kt, p.rows = nw * 16;
       return p;

@@ -113,10 +113,10 @@ inline constexpr const char* kFlashCmInUse = "flash attention on coopmat";
 inline constexpr const char* kGemmBf16CmInUse = "bf16 products on coopmat";
 
 // The cooperative-matrix flash attention kernels (shaders/flash_attention_coopmat.comp): which
-// kernel, the 32-bit words of shared memory it declares for R block rows, KT streamed rows a step
-// and head size HS (the shader's W_* layout), and the tile a device takes.
+// kernel, the 32-bit words of shared memory it declares for R block rows, KT streamed rows a step,
+// head size HS and subgroups of `lanes` (the shader's W_* layout), and the tile a device takes.
 enum FlashCmKernel { kFlashCmFwd = 0, kFlashCmBwdQ = 1, kFlashCmBwdKv = 2 };
-uint64_t flash_cm_words(int kernel, uint64_t R, uint64_t KT, uint64_t HS);
+uint64_t flash_cm_words(int kernel, uint64_t R, uint64_t KT, uint64_t HS, uint64_t lanes);
 struct FlashCmPlan {
   bool ok = false;
   uint32_t nw = 0, frm = 0, kt = 0;  // subgroups, fragment rows a subgroup, streamed rows a step

@@ -99,11 +99,12 @@ TEST(CoopmatGate, FlashAttentionTiles) {
   EXPECT_TRUE(p.ok && p.nw == 1 && p.kt == 16) << p.why;
   for (int k : {vk::kFlashCmFwd, vk::kFlashCmBwdQ, vk::kFlashCmBwdKv})
     for (uint32_t shared : {32768u, 49152u, 65536u})
-      for (int64_t hs = 16; hs <= 128; hs += 16) {
-        p = plan_flash_cm(k, sq, 32, shared, hs);
-        ASSERT_TRUE(p.ok) << p.why;
-        EXPECT_LE(vk::flash_cm_words(k, p.rows, p.kt, hs) * 4, shared);
-      }
+      for (uint32_t lanes : {16u, 32u, 64u})
+        for (int64_t hs = 16; hs <= 128; hs += 16) {
+          p = plan_flash_cm(k, sq, lanes, shared, hs);
+          ASSERT_TRUE(p.ok) << p.why;
+          EXPECT_LE(vk::flash_cm_words(k, p.rows, p.kt, hs, lanes) * 4, shared);
+        }
   // Intel's 8x16x16: two fragment rows a subgroup, still 16 rows.
   p = plan_flash_cm(vk::kFlashCmFwd, {8, 16, 16}, 16, 65536, 64);
   EXPECT_TRUE(p.ok && p.frm == 2 && p.rows == 64) << p.why;
