@@ -37,10 +37,13 @@ for m in matmul_cm_hhf_f16 matmul_cm_hhh_f16 matmul_cm_hhf_bf16; do
             "$spv/$m.spv:spec=256,16,16,16,2,4,4,2,32,1,1,1:sg=32:full"
             "$spv/$m.spv:spec=128,16,16,16,2,2,4,4,32,1,1,1:sg=32:full")
 done
-for k in fwd bwd_q; do
-  coopmat+=("$spv/flash_cm_${k}_f16.spv:spec=256,16,16,16,4,1,64,64,1:sg=64:full")
+# The attention's tiles as plan_flash_cm picks them for RDNA3's 64 KiB at head size 64 and
+# subgroup 64: forward 4 subgroups x 64 keys a step, dq and dk/dv 4 x 32 (dq's 4 x 64 would need
+# 80 KiB).
+coopmat+=("$spv/flash_cm_fwd_f16.spv:spec=256,16,16,16,4,1,64,64,1:sg=64:full")
+for k in bwd_q bwd_kv; do
+  coopmat+=("$spv/flash_cm_${k}_f16.spv:spec=256,16,16,16,4,1,32,64,1:sg=64:full")
 done
-coopmat+=("$spv/flash_cm_bwd_kv_f16.spv:spec=256,16,16,16,4,1,32,64,1:sg=64:full")
 
 summary() {  # one line a pipeline: the statistics that say where the rows live
   python3 -c '
