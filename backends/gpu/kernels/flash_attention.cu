@@ -7,11 +7,11 @@
 // T - Tq .. T - 1, row i position T - Tq + i; its blocks are those holding such positions, each
 // at the offset and with the sums it has in the whole window's forward (the same bits).
 //
-// One thread per query row (forward, backward dq) or key row (backward dk, dv), 64 rows of one
-// (b, h) a block (of one (b, j), j a key/value head, for dk, dv); the other side streams through
-// shared memory in tiles of kTile rows, so the T x T probabilities exist nowhere. Each thread
-// walks its keys (queries) in order (for dk, dv: the G query heads of the group in order, and
-// the queries of each in order), so every output has one owner and a fixed order: no atomics,
+// L threads per query row (forward, backward dq) or key row (backward dk, dv; L below), 64 rows
+// of one (b, h) a block (of one (b, j), j a key/value head, for dk, dv); the other side streams
+// through shared memory in tiles of kTile rows, so the T x T probabilities exist nowhere. Each
+// thread walks its keys (queries) in order (for dk, dv: the G query heads of the group in order,
+// and the queries of each in order), so every output has one owner and a fixed order: no atomics,
 // the same bits at every warp size.
 //   forward:   online softmax: m = running max of s = scale q.k, l = sum exp(s - m),
 //              o = sum exp(s - m) v, rescaled by exp(m_old - m_new) when m grows;
@@ -20,7 +20,16 @@
 //              ds = p (dout_t . v_u - D_t) scale;  dq_t = sum_u ds k_u  (query kernel);
 //              dk_u = sum_h sum_t ds q_t, dv_u = sum_h sum_t p dout_t over the query heads h
 //              of u's key/value head  (key kernel, after it).
-// Registers: a few arrays of HS floats per thread, HS the head size rounded up to 16, 64 or 128
+// A row's head elements are split over L = kLanes<HS> consecutive threads (L = HS / 32 from
+// head size 64 on, 1 below; 32 elements a thread at most), in chunks of 4: thread `sub` of a row
+// holds chunks sub, sub + L, ... (elements 4 (sub + L c) + e), reads them from the staged tiles
+// 16 bytes a load (the L threads of a row read L neighbouring chunks: no bank conflicts), and a
+// dot product is the L partial sums combined by an xor butterfly (row_lanes_sum: each pair adds
+// the same two values, so the L threads hold the same bits). So a thread's arrays (forward q, o;
+// query kernel q, dout, dq; key kernel k, v, dk, dv) stay in registers: with one thread a row the
+// key kernel spilled 564 bytes a thread at head size 64 (ptxas sm_90), 3.4-3.9 KB at 128. The
+// loops over the other side run to the warp's last row, so the shuffles see every lane; the
+// causal mask is per row (`valid`). HS is the head size rounded up to 16, 64 or 128
 // (zero-padded, so the padding adds nothing).
 #include "backends/gpu/kernels/common.h"
 #include "backends/gpu/kernels/safe_math.h"
@@ -28,8 +37,19 @@
 namespace ct::gpu {
 namespace {
 
-constexpr int kRows = 64;  // query (or key) rows a block, one per thread
+constexpr int kRows = 64;  // query (or key) rows a block
 constexpr int kTile = 32;  // key (or query) rows staged in shared memory at a time
+
+template <int HS>
+constexpr int kLanes = HS >= 64 ? HS / 32 : 1;  // threads a row
+template <int HS>
+constexpr int kEl = HS / kLanes<HS>;  // elements a thread
+template <int HS>
+constexpr int kThreads = kRows* kLanes<HS>;  // threads a block
+
+struct alignas(16) F4 {
+  float v[4];
+};
 
 struct FDims {
   std::int64_t T;
@@ -50,38 +70,90 @@ __device__ __forceinline__ std::int64_t v_col(const FDims& d, std::int64_t j) {
 
 // Block (x, y): rows kRows (x + x0) .. of head y = b heads + h, over `heads` heads (NH query
 // heads, or NKV key/value heads for the key kernel); x0 the first block launched (first_block).
+// This thread is lane `sub` of row r; its warp's rows are warp_first .. warp_last (< T, or
+// warp_last < warp_first where the warp has none).
 struct Row {
   std::int64_t b, h, r;  // batch, head, this thread's row
+  int sub;               // which of the row's L threads
   std::int64_t first;    // the block's first row
   std::int64_t last;     // and its last (< T)
+  std::int64_t warp_first, warp_last;
 };
+template <int WARP, int HS>
 __device__ __forceinline__ Row row_of(const FDims& d, std::int64_t heads, std::int64_t x0 = 0) {
+  constexpr int L = kLanes<HS>;
   Row w;
   w.b = blockIdx.y / heads;
   w.h = blockIdx.y % heads;
   w.first = (static_cast<std::int64_t>(blockIdx.x) + x0) * kRows;
-  w.r = w.first + threadIdx.x;
+  w.r = w.first + threadIdx.x / L;
+  w.sub = static_cast<int>(threadIdx.x % L);
   w.last = w.first + kRows - 1 < d.T - 1 ? w.first + kRows - 1 : d.T - 1;
+  const std::int64_t wf = w.first + static_cast<std::int64_t>(threadIdx.x / WARP) * (WARP / L);
+  w.warp_first = wf;
+  w.warp_last = wf + WARP / L - 1 < d.T - 1 ? wf + WARP / L - 1 : d.T - 1;
   return w;
 }
 
-// dst[0 .. HS) (=) the hs elements at src + at (zeros after them).
+// The thread's k-th element of a row (k < kEl<HS>).
+template <int HS>
+__device__ __forceinline__ int elem(int sub, int k) {
+  return 4 * (sub + kLanes<HS> * (k / 4)) + k % 4;
+}
+
+// dst[k] (=) element elem(sub, k) of the hs at src + at (zeros past hs).
 template <typename E, int HS>
-__device__ __forceinline__ void load_row(float (&dst)[HS], const void* src, std::int64_t at,
-                                         std::int64_t hs) {
-  for (int i = 0; i < HS; ++i) dst[i] = i < hs ? E::load(src, at + i) : 0.0f;
+__device__ __forceinline__ void load_row(float (&dst)[kEl<HS>], const void* src, std::int64_t at,
+                                         std::int64_t hs, int sub) {
+  for (int k = 0; k < kEl<HS>; ++k) {
+    const int i = elem<HS>(sub, k);
+    dst[k] = i < hs ? E::load(src, at + i) : 0.0f;
+  }
 }
 
 // Stages rows r0 .. r0 + kTile of a [.., row_stride] tensor's head slice (element offset `at`
 // of row 0) into tile[kTile][HS] as f32; rows at or past T and columns past hs are zero.
 template <typename E, int HS>
-__device__ __forceinline__ void stage(float* tile, const void* src, std::int64_t at,
+__device__ __forceinline__ void stage(F4* tile4, const void* src, std::int64_t at,
                                       std::int64_t row_stride, std::int64_t r0, const FDims& d) {
-  for (int idx = threadIdx.x; idx < kTile * HS; idx += kRows) {
+  float* tile = tile4[0].v;
+  for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads<HS>) {
     const int rr = idx / HS, i = idx % HS;
     const std::int64_t r = r0 + rr;
     tile[idx] = r < d.T && i < d.hs ? E::load(src, at + r * row_stride + i) : 0.0f;
   }
+}
+
+// This thread's part of a . (row uu of tile4), over its elements in order.
+template <int HS>
+__device__ __forceinline__ float part_dot(const float (&a)[kEl<HS>], const F4* tile4, int uu,
+                                          int sub) {
+  const F4* row = tile4 + uu * (HS / 4);
+  float s = 0.0f;
+  for (int c = 0; c < kEl<HS> / 4; ++c) {
+    const F4 x = row[sub + kLanes<HS> * c];
+    for (int e = 0; e < 4; ++e) s += a[4 * c + e] * x.v[e];
+  }
+  return s;
+}
+
+// acc[k] += f * (row uu of tile4)'s elements of this thread.
+template <int HS>
+__device__ __forceinline__ void part_axpy(float (&acc)[kEl<HS>], float f, const F4* tile4, int uu,
+                                          int sub) {
+  const F4* row = tile4 + uu * (HS / 4);
+  for (int c = 0; c < kEl<HS> / 4; ++c) {
+    const F4 x = row[sub + kLanes<HS> * c];
+    for (int e = 0; e < 4; ++e) acc[4 * c + e] += f * x.v[e];
+  }
+}
+
+// The sum of v over the row's L threads (xor butterfly; every one of them ends with the same
+// bits). Every thread of the warp calls it.
+template <int HS>
+__device__ __forceinline__ float row_lanes_sum(float v) {
+  for (int m = kLanes<HS> / 2; m >= 1; m /= 2) v += ct_shfl_xor(v, m, kLanes<HS>);
+  return v;
 }
 
 // The first block holding a row of out: that of position T - Tq (0 when Tq = T).
@@ -90,41 +162,41 @@ __host__ __device__ __forceinline__ std::int64_t first_block(std::int64_t T, std
 }
 
 // out (B, Tq, C), lse (B, NH, Tq) f32, qkv (B, T, C3). Blocks over (b, h) query heads, those of
-// positions T - Tq .. T - 1; a thread whose position comes before T - Tq only stages.
+// positions T - Tq .. T - 1; a thread whose position comes before T - Tq only stages and
+// shuffles.
 template <int WARP, typename E, int HS>
-__global__ void CT_LAUNCH_BOUNDS(kRows)
+__global__ void CT_LAUNCH_BOUNDS(kThreads<HS>)
     flash_forward_kernel(void* out, float* lse, const void* qkv, FDims d) {
-  CT_CHECK_LAUNCH_BOUNDS(kRows);
-  CT_SHARED(float, ks, kTile* HS);
-  CT_SHARED(float, vs, kTile* HS);
+  CT_CHECK_LAUNCH_BOUNDS(kThreads<HS>);
+  CT_SHARED(F4, ks, kTile * HS / 4);
+  CT_SHARED(F4, vs, kTile * HS / 4);
+  constexpr int EL = kEl<HS>;
   const std::int64_t p0 = d.T - d.Tq;  // the position of out's row 0
-  const Row w = row_of(d, d.NH, first_block(d.T, d.Tq));
+  const Row w = row_of<WARP, HS>(d, d.NH, first_block(d.T, d.Tq));
   const std::int64_t C3 = d.C3, j = w.h / d.G;
   const std::int64_t row0 = w.b * d.T * C3, base = row0 + w.h * d.hs;
   const bool live = w.r >= p0 && w.r < d.T;
-  float q[HS], o[HS];
-  if (live) load_row<E, HS>(q, qkv, base + w.r * C3, d.hs);
-  for (int i = 0; i < HS; ++i) o[i] = 0.0f;
+  float q[EL], o[EL];
+  for (int k = 0; k < EL; ++k) q[k] = 0.0f, o[k] = 0.0f;
+  if (live) load_row<E, HS>(q, qkv, base + w.r * C3, d.hs, w.sub);
   float m = -kFltMax, l = 0.0f;  // finite start: the first key takes the s > m branch
   for (std::int64_t u0 = 0; u0 <= w.last; u0 += kTile) {
     stage<E, HS>(ks, qkv, row0 + k_col(d, j), C3, u0, d);
     stage<E, HS>(vs, qkv, row0 + v_col(d, j), C3, u0, d);
     __syncthreads();
-    for (int uu = 0; live && uu < kTile && u0 + uu <= w.r; ++uu) {
-      const float* k = ks + uu * HS;
-      const float* v = vs + uu * HS;
-      float dot = 0.0f;
-      for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
-      const float s = dot * d.scale;
+    for (int uu = 0; uu < kTile && u0 + uu <= w.warp_last; ++uu) {
+      const float s = row_lanes_sum<HS>(part_dot<HS>(q, ks, uu, w.sub)) * d.scale;
+      if (!live || u0 + uu > w.r) continue;
       if (s > m) {
         const float corr = ct_exp_le0(m - s);  // 0 for the first key
         l = l * corr + 1.0f;
-        for (int i = 0; i < HS; ++i) o[i] = o[i] * corr + v[i];
+        for (int k = 0; k < EL; ++k) o[k] *= corr;
+        part_axpy<HS>(o, 1.0f, vs, uu, w.sub);
         m = s;
       } else {
         const float p = ct_exp_le0(s - m);
         l += p;
-        for (int i = 0; i < HS; ++i) o[i] += p * v[i];
+        part_axpy<HS>(o, p, vs, uu, w.sub);
       }
     }
     __syncthreads();
@@ -133,53 +205,62 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
   const float inv = 1.0f / l;
   const std::int64_t i = w.r - p0;  // out's row
   const std::int64_t o0 = (w.b * d.Tq + i) * d.C + w.h * d.hs;
-  for (int c = 0; c < HS && c < d.hs; ++c) E::store(out, o0 + c, o[c] * inv);
-  lse[(w.b * d.NH + w.h) * d.Tq + i] = m + logf(l);
+  for (int k = 0; k < EL; ++k) {
+    const int c = elem<HS>(w.sub, k);
+    if (c < d.hs) E::store(out, o0 + c, o[k] * inv);
+  }
+  if (w.sub == 0) lse[(w.b * d.NH + w.h) * d.Tq + i] = m + logf(l);
 }
 
 // Per query row: D (B, NH, T) f32 into the workspace, and dq into the q columns of dqkv
 // (B, T, C3). Blocks over (b, h) query heads.
 template <int WARP, typename E, int HS>
-__global__ void CT_LAUNCH_BOUNDS(kRows)
+__global__ void CT_LAUNCH_BOUNDS(kThreads<HS>)
     flash_backward_query_kernel(void* dqkv, float* Dsave, const void* dout, const void* out,
                                 const void* qkv, const float* lse, FDims d) {
-  CT_CHECK_LAUNCH_BOUNDS(kRows);
-  CT_SHARED(float, ks, kTile* HS);
-  CT_SHARED(float, vs, kTile* HS);
-  const Row w = row_of(d, d.NH);
+  CT_CHECK_LAUNCH_BOUNDS(kThreads<HS>);
+  CT_SHARED(F4, ks, kTile * HS / 4);
+  CT_SHARED(F4, vs, kTile * HS / 4);
+  constexpr int EL = kEl<HS>;
+  const Row w = row_of<WARP, HS>(d, d.NH);
   const std::int64_t C3 = d.C3, j = w.h / d.G;
   const std::int64_t row0 = w.b * d.T * C3, base = row0 + w.h * d.hs;
   const std::int64_t row = (w.b * d.NH + w.h) * d.T + w.r;
   const bool live = w.r < d.T;
-  float q[HS], g[HS], dq[HS];
+  float q[EL], g[EL], dq[EL];
+  for (int k = 0; k < EL; ++k) q[k] = 0.0f, g[k] = 0.0f, dq[k] = 0.0f;
   float D = 0.0f, l = 0.0f;
   if (live) {
     const std::int64_t o0 = (w.b * d.T + w.r) * d.C + w.h * d.hs;
-    load_row<E, HS>(q, qkv, base + w.r * C3, d.hs);
-    load_row<E, HS>(g, dout, o0, d.hs);
-    for (int i = 0; i < HS && i < d.hs; ++i) D += g[i] * E::load(out, o0 + i);
-    Dsave[row] = D;
+    load_row<E, HS>(q, qkv, base + w.r * C3, d.hs, w.sub);
+    load_row<E, HS>(g, dout, o0, d.hs, w.sub);
+    for (int k = 0; k < EL; ++k) {
+      const int c = elem<HS>(w.sub, k);
+      if (c < d.hs) D += g[k] * E::load(out, o0 + c);
+    }
     l = lse[row];
   }
-  for (int i = 0; i < HS; ++i) dq[i] = 0.0f;
+  D = row_lanes_sum<HS>(D);
+  if (live && w.sub == 0) Dsave[row] = D;
   for (std::int64_t u0 = 0; u0 <= w.last; u0 += kTile) {
     stage<E, HS>(ks, qkv, row0 + k_col(d, j), C3, u0, d);
     stage<E, HS>(vs, qkv, row0 + v_col(d, j), C3, u0, d);
     __syncthreads();
-    for (int uu = 0; live && uu < kTile && u0 + uu <= w.r; ++uu) {
-      const float* k = ks + uu * HS;
-      const float* v = vs + uu * HS;
-      float dot = 0.0f, dp = 0.0f;
-      for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
-      for (int i = 0; i < HS; ++i) dp += g[i] * v[i];
+    for (int uu = 0; uu < kTile && u0 + uu <= w.warp_last; ++uu) {
+      const float dot = row_lanes_sum<HS>(part_dot<HS>(q, ks, uu, w.sub));
+      const float dp = row_lanes_sum<HS>(part_dot<HS>(g, vs, uu, w.sub));
+      if (!live || u0 + uu > w.r) continue;
       const float p = ct_exp_le0(dot * d.scale - l);
       const float ds = p * (dp - D) * d.scale;
-      for (int i = 0; i < HS; ++i) dq[i] += ds * k[i];
+      part_axpy<HS>(dq, ds, ks, uu, w.sub);
     }
     __syncthreads();
   }
   if (!live) return;
-  for (int i = 0; i < HS && i < d.hs; ++i) E::store(dqkv, base + w.r * C3 + i, dq[i]);
+  for (int k = 0; k < EL; ++k) {
+    const int c = elem<HS>(w.sub, k);
+    if (c < d.hs) E::store(dqkv, base + w.r * C3 + c, dq[k]);
+  }
 }
 
 // Per key row u of key/value head j: dk, dv into the k and v columns of dqkv (B, T, C3), from
@@ -187,23 +268,24 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
 // into one accumulator (the G partial sums are never split, so no other block writes them).
 // Blocks over (b, j) key/value heads. Reads the D that flash_backward_query_kernel saved.
 template <int WARP, typename E, int HS>
-__global__ void CT_LAUNCH_BOUNDS(kRows)
+__global__ void CT_LAUNCH_BOUNDS(kThreads<HS>)
     flash_backward_key_kernel(void* dqkv, const float* Dsave, const void* dout, const void* qkv,
                               const float* lse, FDims d) {
-  CT_CHECK_LAUNCH_BOUNDS(kRows);
-  CT_SHARED(float, qs, kTile* HS);
-  CT_SHARED(float, gs, kTile* HS);
+  CT_CHECK_LAUNCH_BOUNDS(kThreads<HS>);
+  CT_SHARED(F4, qs, kTile * HS / 4);
+  CT_SHARED(F4, gs, kTile * HS / 4);
   CT_SHARED(float, ls, kTile);
   CT_SHARED(float, Ds, kTile);
-  const Row w = row_of(d, d.NKV);
+  constexpr int EL = kEl<HS>;
+  const Row w = row_of<WARP, HS>(d, d.NKV);
   const std::int64_t C3 = d.C3, j = w.h, row0 = w.b * d.T * C3;
   const bool live = w.r < d.T;
-  float k[HS], v[HS], dk[HS], dv[HS];
+  float k[EL], v[EL], dk[EL], dv[EL];
+  for (int e = 0; e < EL; ++e) k[e] = 0.0f, v[e] = 0.0f, dk[e] = 0.0f, dv[e] = 0.0f;
   if (live) {
-    load_row<E, HS>(k, qkv, row0 + w.r * C3 + k_col(d, j), d.hs);
-    load_row<E, HS>(v, qkv, row0 + w.r * C3 + v_col(d, j), d.hs);
+    load_row<E, HS>(k, qkv, row0 + w.r * C3 + k_col(d, j), d.hs, w.sub);
+    load_row<E, HS>(v, qkv, row0 + w.r * C3 + v_col(d, j), d.hs, w.sub);
   }
-  for (int i = 0; i < HS; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
   for (std::int64_t h = j * d.G; h < (j + 1) * d.G; ++h) {
     const std::int64_t hrow = (w.b * d.NH + h) * d.T;
     for (std::int64_t t0 = w.first; t0 < d.T; t0 += kTile) {
@@ -215,27 +297,27 @@ __global__ void CT_LAUNCH_BOUNDS(kRows)
         Ds[threadIdx.x] = t < d.T ? Dsave[hrow + t] : 0.0f;
       }
       __syncthreads();
-      for (int tt = 0; live && tt < kTile && t0 + tt < d.T; ++tt) {
-        if (t0 + tt < w.r) continue;
-        const float* q = qs + tt * HS;
-        const float* g = gs + tt * HS;
-        float dot = 0.0f, dp = 0.0f;
-        for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
-        for (int i = 0; i < HS; ++i) dp += g[i] * v[i];
+      // queries before the warp's first row reach none of its rows
+      const int tt0 = w.warp_first > t0 ? static_cast<int>(w.warp_first - t0) : 0;
+      for (int tt = tt0; tt < kTile && t0 + tt < d.T; ++tt) {
+        const float dot = row_lanes_sum<HS>(part_dot<HS>(k, qs, tt, w.sub));
+        const float dp = row_lanes_sum<HS>(part_dot<HS>(v, gs, tt, w.sub));
+        if (!live || t0 + tt < w.r) continue;
         const float p = ct_exp_le0(dot * d.scale - ls[tt]);
         const float ds = p * (dp - Ds[tt]) * d.scale;
-        for (int i = 0; i < HS; ++i) {
-          dv[i] += p * g[i];
-          dk[i] += ds * q[i];
-        }
+        part_axpy<HS>(dv, p, gs, tt, w.sub);
+        part_axpy<HS>(dk, ds, qs, tt, w.sub);
       }
       __syncthreads();
     }
   }
   if (!live) return;
-  for (int i = 0; i < HS && i < d.hs; ++i) {
-    E::store(dqkv, row0 + w.r * C3 + k_col(d, j) + i, dk[i]);
-    E::store(dqkv, row0 + w.r * C3 + v_col(d, j) + i, dv[i]);
+  for (int e = 0; e < EL; ++e) {
+    const int c = elem<HS>(w.sub, e);
+    if (c < d.hs) {
+      E::store(dqkv, row0 + w.r * C3 + k_col(d, j) + c, dk[e]);
+      E::store(dqkv, row0 + w.r * C3 + v_col(d, j) + c, dv[e]);
+    }
   }
 }
 
@@ -280,8 +362,8 @@ void flash_attention_forward(const Ctx& cx, void* out, float* lse, const void* q
       using E = decltype(el);
       with_head_size(d.hs, [&](auto hsz) {
         constexpr int HS = decltype(hsz)::value;
-        launch<W>(CT_KERNEL(flash_forward_kernel<W, E, HS>), grid_of(B, T, NH, Tq), dim3(kRows), 0,
-                  stream_of(cx), out, lse, qkv, d);
+        launch<W>(CT_KERNEL(flash_forward_kernel<W, E, HS>), grid_of(B, T, NH, Tq),
+                  dim3(kThreads<HS>), 0, stream_of(cx), out, lse, qkv, d);
       });
     });
   });
@@ -305,10 +387,10 @@ void flash_attention_backward(const Ctx& cx, void* dqkv, const void* dout, const
       with_head_size(d.hs, [&](auto hsz) {
         constexpr int HS = decltype(hsz)::value;
         launch<W>(CT_KERNEL(flash_backward_query_kernel<W, E, HS>), grid_of(B, T, NH, T),
-                  dim3(kRows), 0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
+                  dim3(kThreads<HS>), 0, stream_of(cx), dqkv, D, dout, out, qkv, lse, d);
         launch<W>(CT_KERNEL(flash_backward_key_kernel<W, E, HS>), grid_of(B, T, NKV, T),
-                  dim3(kRows), 0, stream_of(cx), dqkv, static_cast<const float*>(D), dout, qkv, lse,
-                  d);
+                  dim3(kThreads<HS>), 0, stream_of(cx), dqkv, static_cast<const float*>(D), dout,
+                  qkv, lse, d);
       });
     });
   });
