@@ -350,6 +350,17 @@ if [ -n "$backend" ] && [ -z "$devices" ]; then
     --max-steps 4 --logging-steps 1 --eval-steps 0 --max-eval-batches 1 --sample-tokens 0 \
     --no-progress --bf16 --profile "${data_flag[@]}" --output-dir "$out/profile-run"
   rm -rf "$out/profile-run"
+  # The same for fp32 and TF32 (2026-11-27: 0.69x and 0.51x PyTorch's, ~130 ms a step behind it
+  # in both): which ops take the time there, in profile-fp32.log and profile-tf32.log.
+  for p in fp32 tf32; do
+    flag=()
+    [ "$p" = tf32 ] && flag=(--tf32)
+    step "crosstrain gpt2 $p --profile on $backend:0" 45 "profile-$p.log" "${ct_env[@]}" \
+      "$bin/crosstrain" train --backend "$backend:0" --model gpt2 --per-device-train-batch-size 16 \
+      --max-steps 3 --logging-steps 1 --eval-steps 0 --max-eval-batches 1 --sample-tokens 0 \
+      --no-progress --profile "${flag[@]}" "${data_flag[@]}" --output-dir "$out/profile-run"
+    rm -rf "$out/profile-run"
+  done
   # The own tensor-core GEMM against the library, product by product (gpt2's shapes at 8 x 1024
   # tokens, f32/f16/bf16): device_gemm_bench --compare runs each on a second device opened with
   # CT_GPU_GEMM=own CT_GPU_TILES=1 and gives the ratio (#26 item 4: at least 0.5x cuBLASLt).
