@@ -21,10 +21,12 @@ icd=/usr/share/vulkan/icd.d/radeon_icd.json
 [[ -x $build/bin/vk_shader_stats ]] || { echo "vk_shader_stats: not built in $build" >&2; exit 2; }
 [[ -f $icd ]] || { echo "no RADV ICD ($icd): apt install mesa-vulkan-drivers" >&2; exit 2; }
 
+# The _u modules with the host's lanes a row (specialization constants 1, 2: 2 lanes and 128
+# invocations up to head size 64, 4 and 256 past it) and full subgroups.
 scalar=()
 for k in fwd bwd_q bwd_kv; do
-  scalar+=("$spv/flash_${k}_bf16.spv" "$spv/flash_${k}_u_bf16.spv:spec=64"
-           "$spv/flash_${k}_u_bf16.spv:spec=128")
+  scalar+=("$spv/flash_${k}_bf16.spv" "$spv/flash_${k}_u_bf16.spv:spec=64,2,128:full"
+           "$spv/flash_${k}_u_bf16.spv:spec=128,4,256:full")
 done
 # The GEMM's 128 and 64 tiles with 16-byte loads of a and b (VA = VB = 1) and 4-element stores
 # of c (VC = 1), the last three constants: at subgroup 64 the 128 tile is 2 x 2 subgroups of

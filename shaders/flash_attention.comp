@@ -30,21 +30,28 @@
 #define MAX_HS 128
 #define ROWS 64
 #define TILE 16
-// FA_PAIR (the backward kernels' _u modules): two invocations a row, lane h of the pair holding
-// the head's elements h, h + 2, ... of its rows (dk/dv: k, v, dk, dv; dq: q, dout, dq) -- at
-// head size 64, 128 floats a lane instead of 256 in dk/dv: RDNA2 and NVIDIA keep them in
-// registers; each dot product is the pair's two partial sums added (subgroupShuffleXor 1: both
-// lanes hold the same bits).
+// FA_PAIR (the _u modules): LANES_A_ROW invocations a row (a specialization constant, 2 or 4:
+// the host takes 4 past head size 64), lane h of them holding the head's elements h, h + L,
+// h + 2 L, ... of its rows (forward: q, o; dq: q, dout, dq; dk/dv: k, v, dk, dv) -- at head size
+// 64 with 2, or 128 with 4, 128 floats a lane in dk/dv instead of 256 or 512: RDNA2 and NVIDIA
+// keep them in registers; each dot product is the lanes' partial sums added by an xor butterfly
+// (subgroupShuffleXor 1, then 2: every lane holds the same bits). The workgroup is
+// ROWS x LANES_A_ROW invocations (local_size_x_id 2, set with it).
 #if defined(FA_PAIR)
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-#define LANES_A_ROW 2u
-#define ROW_HS (MAX_HS / 2)
+layout(constant_id = 1) const uint LANES_A_ROW = 2u;
+layout(local_size_x_id = 2) in;
+// The sum of v over the row's lanes.
+float row_lanes_sum(float v) {
+  [[unroll]] for (uint m = 1u; m < LANES_A_ROW; m *= 2u) v += subgroupShuffleXor(v, m);
+  return v;
+}
 #else
-#define LANES_A_ROW 1u
-#define ROW_HS MAX_HS
+const uint LANES_A_ROW = 1u;
+layout(local_size_x = ROWS) in;
 #endif
-layout(local_size_x = ROWS * LANES_A_ROW) in;
+const uint ROW_HS = MAX_HS / LANES_A_ROW;
 
 // The _u modules (FA_UNROLL; backends/vulkan/ops/flash_attention.cpp dispatches them on GPUs):
 // the head size HS_SPEC is set when the pipeline is created and the loops over the head are
@@ -102,12 +109,12 @@ shared float td[TILE];           // BWD_KV: D of the staged queries
 void main() {
   const uint T = pc.T, C = pc.C, hs = HS_SPEC != 0u ? HS_SPEC : C / pc.NH, G = pc.NH / pc.NKV;
   const uint C3 = C + 2u * pc.NKV * hs, VO = C + pc.NKV * hs;  // VO: where v starts in a row
-  // FA_PAIR: a row's two invocations are subgroup invocations 2i and 2i + 1 of one subgroup (the
-  // partners of subgroupShuffleXor 1), numbered by subgroup, so the pairing holds however a
-  // driver maps local invocations to subgroups (the workgroup's 128 invocations in full
+  // FA_PAIR: a row's L invocations are subgroup invocations L i .. L i + L - 1 of one subgroup
+  // (the partners of the xor shuffles), numbered by subgroup, so the grouping holds however a
+  // driver maps local invocations to subgroups (the workgroup's 64 L invocations in full
   // subgroups -- requested where the driver can be asked, ops/flash_attention.cpp, and what
-  // drivers do for a workgroup a multiple of the subgroup size: these numbers are 0 .. 127 once
-  // each). Else the local invocation index.
+  // drivers do for a workgroup a multiple of the subgroup size: these numbers are 0 .. 64 L - 1
+  // once each). Else the local invocation index.
 #if defined(FA_PAIR)
   const uint slot = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
 #else
@@ -116,7 +123,7 @@ void main() {
 #if defined(FA_FWD)
   const uint q0 = pc.odo, Tq = T - q0;
   const uint first = (q0 / ROWS + gl_WorkGroupID.x) * ROWS;
-  const uint r = first + slot;  // this invocation's row
+  const uint r = first + slot / LANES_A_ROW;  // this invocation's row
   const bool live = r >= q0 && r < T;
 #else
   const uint first = gl_WorkGroupID.x * ROWS;
@@ -125,13 +132,9 @@ void main() {
 #endif
   const uint last = min(first + ROWS, T) - 1u;
   // Element e of this invocation's per-row arrays is the head's element hof(e) (FA_PAIR: every
-  // other one, from lane lh of the pair; else all of them, in order); hn of them at most.
+  // L-th one, from lane lh of the row's L; else all of them, in order); hn of them at most.
   const uint lh = slot % LANES_A_ROW;
-#if defined(FA_PAIR)
-#define hof(e) (2u * (e) + lh)
-#else
-#define hof(e) (e)
-#endif
+#define hof(e) (LANES_A_ROW * (e) + lh)
   const uint hn = (hs + LANES_A_ROW - 1u) / LANES_A_ROW;
 #if !defined(FA_BWD_KV)
   const uint h = gl_WorkGroupID.y;                 // query head
@@ -141,37 +144,43 @@ void main() {
 #endif
 
 #if defined(FA_FWD)
-  float q[MAX_HS], acc[MAX_HS];
-  HS_UNROLL for (uint i = 0; i < MAX_HS; ++i) {
-    q[i] = live && i < hs ? h_load(qkv[qbase + r * C3 + i]) : 0.0;
-    acc[i] = 0.0;
+  float q[ROW_HS], acc[ROW_HS];
+  HS_UNROLL for (uint e = 0; e < ROW_HS; ++e) {
+    q[e] = live && hof(e) < hs ? h_load(qkv[qbase + r * C3 + hof(e)]) : 0.0;
+    acc[e] = 0.0;
   }
   float m = -CT_FLT_MAX, l = 0.0;  // finite start: the first key takes the s > m branch
   for (uint u0 = 0; u0 <= last; u0 += TILE) {
     STAGE(ta, qkv, kbase, C3, u0)
     STAGE(tb, qkv, vbase, C3, u0)
     barrier();
-    for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {
+    for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {  // a row's lanes together
       float dot = 0.0;
-      HS_UNROLL for (uint i = 0; i < hs; ++i) dot += q[i] * ta[uu * MAX_HS + i];
+      HS_UNROLL for (uint e = 0; e < hn; ++e) dot += q[e] * ta[uu * MAX_HS + hof(e)];
+#if defined(FA_PAIR)
+      dot = row_lanes_sum(dot);
+#endif
       float s = dot * pc.scale;
       if (s > m) {
         float corr = ct_exp_le0(m - s);  // 0 for the first key (m - s <= -1e38 or -inf)
         l = l * corr + 1.0;
-        HS_UNROLL for (uint i = 0; i < hs; ++i) acc[i] = acc[i] * corr + tb[uu * MAX_HS + i];
+        HS_UNROLL for (uint e = 0; e < hn; ++e) acc[e] = acc[e] * corr + tb[uu * MAX_HS + hof(e)];
         m = s;
       } else {
         float p = ct_exp_le0(s - m);
         l += p;
-        HS_UNROLL for (uint i = 0; i < hs; ++i) acc[i] += p * tb[uu * MAX_HS + i];
+        HS_UNROLL for (uint e = 0; e < hn; ++e) acc[e] += p * tb[uu * MAX_HS + hof(e)];
       }
     }
     barrier();
   }
   if (!live) return;
   float inv = 1.0 / l;
-  HS_UNROLL for (uint i = 0; i < hs; ++i) o[pc.oo + (r - q0) * C + h * hs + i] = h_store(acc[i] * inv);
-  lse[pc.olse + h * Tq + r - q0] = m + log(l);
+  HS_UNROLL for (uint e = 0; e < hn; ++e) {
+    if (hof(e) >= hs) break;
+    o[pc.oo + (r - q0) * C + h * hs + hof(e)] = h_store(acc[e] * inv);
+  }
+  if (lh == 0u) lse[pc.olse + h * Tq + r - q0] = m + log(l);
 
 #elif defined(FA_BWD_Q)
   float q[ROW_HS], g[ROW_HS], acc[ROW_HS];
@@ -184,7 +193,7 @@ void main() {
     acc[e] = 0.0;
   }
 #if defined(FA_PAIR)
-  D += subgroupShuffleXor(D, 1u);  // every invocation is here: no row has diverged yet
+  D = row_lanes_sum(D);  // every invocation is here: no row has diverged yet
 #endif
   if (live) {
     if (lh == 0u) dsave[pc.od + h * T + r] = D;
@@ -194,13 +203,13 @@ void main() {
     STAGE(ta, qkv, kbase, C3, u0)
     STAGE(tb, qkv, vbase, C3, u0)
     barrier();
-    for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {  // the pair's lanes together
+    for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {  // a row's lanes together
       float dot = 0.0, dp = 0.0;
       HS_UNROLL for (uint e = 0; e < hn; ++e) dot += q[e] * ta[uu * MAX_HS + hof(e)];
       HS_UNROLL for (uint e = 0; e < hn; ++e) dp += g[e] * tb[uu * MAX_HS + hof(e)];
 #if defined(FA_PAIR)
-      dot += subgroupShuffleXor(dot, 1u);
-      dp += subgroupShuffleXor(dp, 1u);
+      dot = row_lanes_sum(dot);
+      dp = row_lanes_sum(dp);
 #endif
       float p = ct_exp_le0(dot * pc.scale - lr);
       float ds = p * (dp - D) * pc.scale;
@@ -237,14 +246,14 @@ void main() {
       }
       barrier();
       for (uint tt = 0; live && tt < TILE && t0 + tt < T; ++tt) {
-        if (t0 + tt < r) continue;  // the pair's lanes have the same row: they go on together
+        if (t0 + tt < r) continue;  // a row's lanes have the same row: they go on together
         float dot = 0.0, dp = 0.0;
         // (elements past hs are 0 in the tiles and the arrays: the sums see exact zeros)
         HS_UNROLL for (uint e = 0; e < hn; ++e) dot += ta[tt * MAX_HS + hof(e)] * k[e];
         HS_UNROLL for (uint e = 0; e < hn; ++e) dp += tb[tt * MAX_HS + hof(e)] * v[e];
 #if defined(FA_PAIR)
-        dot += subgroupShuffleXor(dot, 1u);
-        dp += subgroupShuffleXor(dp, 1u);
+        dot = row_lanes_sum(dot);
+        dp = row_lanes_sum(dp);
 #endif
         float p = ct_exp_le0(dot * pc.scale - tl[tt]);
         float ds = p * (dp - td[tt]) * pc.scale;

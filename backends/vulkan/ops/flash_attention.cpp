@@ -101,34 +101,47 @@ constexpr ShaderId kFlashUnrolledIds[3][3] = {
 
 // The scalar shader of `kernel` for a call of head size hs, and its specialization (HS_SPEC): on
 // a GPU the _u module (the loops over the head unrolled) specialized to hs, so the rows can live
-// in registers -- the forward at every head size, the backward kernels (two and four rows of hs
-// floats an invocation) up to 64: past it they spill nearly all of them (RADV's ACO for RDNA2
-// and RDNA3, bench/vk_shader_stats: the dk/dv kernel at 128 722 VGPRs spilled, 130 KiB of scratch
-// a workgroup, as the plain module's arrays; at 64 133 spilled, 34 KiB against 128 KiB). Else,
-// and on a CPU device, the plain module with HS_SPEC 0 (the bound read at run time: one pipeline
-// for every head size, where lavapipe's JIT takes seconds for each unrolled one).
-// CROSSTRAIN_VK_FLASH=unrolled takes the _u modules for every kernel on any device (the tests,
-// on lavapipe).
-// The backward kernels' _u modules hold a row in two invocations (FA_PAIR: subgroup shuffles);
-// a device without shuffles takes the plain ones. Their pipelines ask for full subgroups where
-// the device can be asked (`full`: computeFullSubgroups, and the workgroup's 128 invocations a
-// multiple of the largest subgroup size), so that the shader's subgroup numbering covers every
-// row (flash_attention.comp).
-bool pair_full(const PhysicalDevice& pd) {
-  return pd.full_subgroups && pd.subgroup_max > 0 && 128 % pd.subgroup_max == 0;
+// in registers. The _u modules hold a row in L invocations (FA_PAIR: subgroup shuffles;
+// specialization constants 1 and 2: L and the workgroup's 64 L invocations): L = 2 up to head
+// size 64, 4 past it (flash_lanes), so an invocation holds at most 32 elements of each of its
+// rows (the dk/dv kernel's k, v, dk, dv: 128 floats; RADV's ACO for RDNA2 and RDNA3,
+// bench/vk_shader_stats: with one invocation a row the dk/dv kernel at head size 64 spilled 133
+// VGPRs, 34 KiB of scratch a workgroup, at 128 722 and 130 KiB; with two at 128 200 and 50 KiB;
+// now none at either). A device without subgroup shuffles takes the plain modules. Else, and on a
+// CPU device, the plain module with HS_SPEC 0 (the bound read at run time: one pipeline for every
+// head size, where lavapipe's JIT takes seconds for each unrolled one).
+// CROSSTRAIN_VK_FLASH=unrolled takes the _u modules for every kernel on any device (the tests, on
+// lavapipe), CROSSTRAIN_VK_FLASH_LANES=2|4 forces L. The pipelines ask for full subgroups where
+// the device can be asked (`full`: computeFullSubgroups, and the workgroup a multiple of the
+// largest subgroup size), so that the shader's subgroup numbering covers every row
+// (flash_attention.comp).
+uint32_t flash_lanes(int64_t hs) {
+  if (const char* e = std::getenv("CROSSTRAIN_VK_FLASH_LANES"); e && *e) {
+    CT_REQUIRE(std::strcmp(e, "2") == 0 || std::strcmp(e, "4") == 0,
+               std::string("CROSSTRAIN_VK_FLASH_LANES=") + e + ": expected 2 or 4");
+    return static_cast<uint32_t>(std::atoi(e));
+  }
+  return hs > 64 ? 4u : 2u;
 }
-void scalar_flash(int kernel, DType dt, int64_t hs, bool cpu, bool shuffle, bool full, ShaderId* id,
-                  PipelineSpec* spec) {
+bool lanes_full(const PhysicalDevice& pd, uint32_t lanes) {
+  return pd.full_subgroups && pd.subgroup_max > 0 && (kFlashRows * lanes) % pd.subgroup_max == 0;
+}
+void scalar_flash(int kernel, DType dt, int64_t hs, const PhysicalDevice& pd, bool cpu,
+                  ShaderId* id, PipelineSpec* spec) {
   const char* env = std::getenv("CROSSTRAIN_VK_FLASH");
-  const bool unrolled = ((!cpu && (kernel == kFlashCmFwd || hs <= 64)) ||
-                         (env && std::strcmp(env, "unrolled") == 0)) &&
-                        (kernel == kFlashCmFwd || shuffle);
+  const bool unrolled = (!cpu || (env && std::strcmp(env, "unrolled") == 0)) && pd.subgroup_shuffle;
   const int di = dt == DType::f16 ? 1 : dt == DType::bf16 ? 2 : 0;
   *id = unrolled ? kFlashUnrolledIds[kernel][di] : kFlashIds[kernel][di];
   *spec = PipelineSpec{};
   spec->n = 1;
   spec->v[0] = unrolled ? static_cast<uint32_t>(hs) : 0u;
-  spec->full_subgroups = unrolled && kernel != kFlashCmFwd && full;
+  if (unrolled) {
+    const uint32_t lanes = flash_lanes(hs);
+    spec->n = 3;
+    spec->v[1] = lanes;
+    spec->v[2] = kFlashRows * lanes;
+    spec->full_subgroups = lanes_full(pd, lanes);
+  }
 }
 }  // namespace
 
@@ -213,9 +226,7 @@ void VulkanDevice::flash_attention_forward_kernel(const Tensor& out, const Tenso
   ShaderId id;
   uint32_t rows = kFlashRows;
   const bool cm = flash_cm(kFlashCmFwd, qkv.dtype, hs, &id, &spec, &rows);
-  if (!cm)
-    scalar_flash(kFlashCmFwd, qkv.dtype, hs, cpu_like(), pd_.subgroup_shuffle, pair_full(pd_), &id,
-                 &spec);
+  if (!cm) scalar_flash(kFlashCmFwd, qkv.dtype, hs, pd_, cpu_like(), &id, &spec);
   // the query blocks from the one holding row q0 (the shaders start there)
   const uint32_t gx = u32((T + rows - 1) / rows - q0 / rows);
   for (int64_t b = 0; b < B; ++b) {
@@ -245,10 +256,8 @@ void VulkanDevice::flash_attention_backward_kernel(const Tensor& dqkv, const Ten
   if (cm && !flash_cm(kFlashCmBwdKv, dt, hs, &kv_id, &kv_spec, &kv_rows))
     cm = false, q_rows = kFlashRows;
   if (!cm) {
-    scalar_flash(kFlashCmBwdQ, dt, hs, cpu_like(), pd_.subgroup_shuffle, pair_full(pd_), &q_id,
-                 &q_spec);
-    scalar_flash(kFlashCmBwdKv, dt, hs, cpu_like(), pd_.subgroup_shuffle, pair_full(pd_), &kv_id,
-                 &kv_spec);
+    scalar_flash(kFlashCmBwdQ, dt, hs, pd_, cpu_like(), &q_id, &q_spec);
+    scalar_flash(kFlashCmBwdKv, dt, hs, pd_, cpu_like(), &kv_id, &kv_spec);
   }
   const uint32_t q_gx = u32((T + q_rows - 1) / q_rows), kv_gx = u32((T + kv_rows - 1) / kv_rows);
   // D (dout . out) of each batch element of a group: the dq dispatches of the group's elements
