@@ -131,11 +131,30 @@ void main() {
   const bool live = r < T;
 #endif
   const uint last = min(first + ROWS, T) - 1u;
-  // Element e of this invocation's per-row arrays is the head's element hof(e) (FA_PAIR: every
-  // L-th one, from lane lh of the row's L; else all of them, in order); hn of them at most.
+  // Element e of this invocation's per-row arrays is the head's element hof(e): in chunks of 4,
+  // lane lh of the row's L holding chunks lh, lh + L, ... (FA_PAIR; with L = 1 all of them, in
+  // order), so a lane's reads of a staged row come 16 bytes at a time; hn of them at most (a
+  // chunk's elements past hs are zeros in the arrays and the tiles).
   const uint lh = slot % LANES_A_ROW;
-#define hof(e) (LANES_A_ROW * (e) + lh)
-  const uint hn = (hs + LANES_A_ROW - 1u) / LANES_A_ROW;
+#define hof(e) (4u * (lh + LANES_A_ROW * ((e) / 4u)) + (e) % 4u)
+  const uint hn =
+      LANES_A_ROW == 1u ? hs : 4u * (((hs + 3u) / 4u + LANES_A_ROW - 1u) / LANES_A_ROW);
+  // dst = the sum over this invocation's elements e < hn of (A) * (B) (expressions of e): in the
+  // _u modules four running sums, one for each position e % 4 of a chunk, (s0 + s1) + (s2 + s3)
+  // at the end (dependent multiply-add chains a quarter as long); in the plain ones one, in
+  // order.
+#if defined(FA_UNROLL)
+#define ROW_DOT(dst, A, B)                                   \
+  {                                                          \
+    float d_[4] = float[4](0.0, 0.0, 0.0, 0.0);              \
+    HS_UNROLL for (uint e = 0; e < hn; ++e) d_[e % 4u] += (A) * (B); \
+    dst = (d_[0] + d_[1]) + (d_[2] + d_[3]);                 \
+  }
+#else
+#define ROW_DOT(dst, A, B) \
+  dst = 0.0;               \
+  for (uint e = 0; e < hn; ++e) dst += (A) * (B);
+#endif
 #if !defined(FA_BWD_KV)
   const uint h = gl_WorkGroupID.y;                 // query head
   const uint qbase = pc.oqkv + h * hs;             // q of row 0 of head h
@@ -155,8 +174,8 @@ void main() {
     STAGE(tb, qkv, vbase, C3, u0)
     barrier();
     for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {  // a row's lanes together
-      float dot = 0.0;
-      HS_UNROLL for (uint e = 0; e < hn; ++e) dot += q[e] * ta[uu * MAX_HS + hof(e)];
+      float dot;
+      ROW_DOT(dot, q[e], ta[uu * MAX_HS + hof(e)])
 #if defined(FA_PAIR)
       dot = row_lanes_sum(dot);
 #endif
@@ -204,9 +223,9 @@ void main() {
     STAGE(tb, qkv, vbase, C3, u0)
     barrier();
     for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {  // a row's lanes together
-      float dot = 0.0, dp = 0.0;
-      HS_UNROLL for (uint e = 0; e < hn; ++e) dot += q[e] * ta[uu * MAX_HS + hof(e)];
-      HS_UNROLL for (uint e = 0; e < hn; ++e) dp += g[e] * tb[uu * MAX_HS + hof(e)];
+      float dot, dp;
+      ROW_DOT(dot, q[e], ta[uu * MAX_HS + hof(e)])
+      ROW_DOT(dp, g[e], tb[uu * MAX_HS + hof(e)])
 #if defined(FA_PAIR)
       dot = row_lanes_sum(dot);
       dp = row_lanes_sum(dp);
@@ -247,10 +266,10 @@ void main() {
       barrier();
       for (uint tt = 0; live && tt < TILE && t0 + tt < T; ++tt) {
         if (t0 + tt < r) continue;  // a row's lanes have the same row: they go on together
-        float dot = 0.0, dp = 0.0;
+        float dot, dp;
         // (elements past hs are 0 in the tiles and the arrays: the sums see exact zeros)
-        HS_UNROLL for (uint e = 0; e < hn; ++e) dot += ta[tt * MAX_HS + hof(e)] * k[e];
-        HS_UNROLL for (uint e = 0; e < hn; ++e) dp += tb[tt * MAX_HS + hof(e)] * v[e];
+        ROW_DOT(dot, ta[tt * MAX_HS + hof(e)], k[e])
+        ROW_DOT(dp, tb[tt * MAX_HS + hof(e)], v[e])
 #if defined(FA_PAIR)
         dot = row_lanes_sum(dot);
         dp = row_lanes_sum(dp);
