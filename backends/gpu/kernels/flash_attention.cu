@@ -172,6 +172,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<HS>)
   CT_CHECK_LAUNCH_BOUNDS(kThreads<HS>);
   CT_SHARED(F4, ks, kTile * HS / 4);
   CT_SHARED(F4, vs, kTile * HS / 4);
+  CT_SHARED(float, ss, kRows* kTile);  // the rows' scores of a key tile
   constexpr int EL = kEl<HS>;
   const std::int64_t p0 = d.T - d.Tq;  // the position of out's row 0
   const Row w = row_of<WARP, HS>(d, d.NH, first_block(d.T, d.Tq));
@@ -181,22 +182,32 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<HS>)
   float q[EL], o[EL];
   for (int k = 0; k < EL; ++k) q[k] = 0.0f, o[k] = 0.0f;
   if (live) load_row<E, HS>(q, qkv, base + w.r * C3, d.hs, w.sub);
-  float m = -kFltMax, l = 0.0f;  // finite start: the first key takes the s > m branch
+  // FlashAttention-2's order within a key tile: the tile's scores first (kept in shared memory,
+  // a row's by its lane 0), the row's running max m over them once, o and l rescaled once, then
+  // p = exp(s - m) and o += p v key by key -- no branch on "a new maximum" per key, which the
+  // rows of a warp took at different keys (both sides ran).
+  const int rr = static_cast<int>(w.r - w.first);  // the row in the block
+  float m = -kFltMax, l = 0.0f;  // finite start: exp(m - m') is 0, not NaN, at the first key
   for (std::int64_t u0 = 0; u0 <= w.last; u0 += kTile) {
     stage<E, HS>(ks, qkv, row0 + k_col(d, j), C3, u0, d);
     stage<E, HS>(vs, qkv, row0 + v_col(d, j), C3, u0, d);
     __syncthreads();
-    for (int uu = 0; uu < kTile && u0 + uu <= w.warp_last; ++uu) {
-      const float s = row_lanes_sum<HS>(part_dot<HS>(q, ks, uu, w.sub)) * d.scale;
-      if (!live || u0 + uu > w.r) continue;
-      if (s > m) {
-        const float corr = ct_exp_le0(m - s);  // 0 for the first key
-        l = l * corr + 1.0f;
-        for (int k = 0; k < EL; ++k) o[k] *= corr;
-        part_axpy<HS>(o, 1.0f, vs, uu, w.sub);
-        m = s;
-      } else {
-        const float p = ct_exp_le0(s - m);
+    // the warp's keys of the tile: those up to its last row (the same for all its threads)
+    const int n = w.warp_last - u0 + 1 < kTile ? static_cast<int>(w.warp_last - u0 + 1) : kTile;
+    float mt = m;
+    for (int uu = 0; uu < n; ++uu) {
+      const float sc = row_lanes_sum<HS>(part_dot<HS>(q, ks, uu, w.sub)) * d.scale;
+      if (live && u0 + uu <= w.r) mt = fmaxf(mt, sc);
+      if (w.sub == 0) ss[rr * kTile + uu] = sc;
+    }
+    ct_syncwarp();  // the row's scores, for its other lanes
+    if (live && u0 <= w.r) {
+      const float corr = ct_exp_le0(m - mt);  // 0 at the first tile, 1 if the max stayed
+      l *= corr;
+      for (int k = 0; k < EL; ++k) o[k] *= corr;
+      m = mt;
+      for (int uu = 0; uu < n && u0 + uu <= w.r; ++uu) {
+        const float p = ct_exp_le0(ss[rr * kTile + uu] - m);
         l += p;
         part_axpy<HS>(o, p, vs, uu, w.sub);
       }
