@@ -168,27 +168,39 @@ void main() {
     q[e] = live && hof(e) < hs ? h_load(qkv[qbase + r * C3 + hof(e)]) : 0.0;
     acc[e] = 0.0;
   }
-  float m = -CT_FLT_MAX, l = 0.0;  // finite start: the first key takes the s > m branch
+  // FlashAttention-2's order within a key tile: the row's scores of the tile first (sc), its
+  // running max m over them once, acc and l rescaled once, then p = exp(s - m) and acc += p v key
+  // by key -- no branch on "a new maximum" per key, which the rows of a subgroup took at
+  // different keys (both sides ran).
+  float m = -CT_FLT_MAX, l = 0.0;  // finite start: exp(m - m') is 0, not NaN, at the first key
   for (uint u0 = 0; u0 <= last; u0 += TILE) {
     STAGE(ta, qkv, kbase, C3, u0)
     STAGE(tb, qkv, vbase, C3, u0)
     barrier();
-    for (uint uu = 0; live && uu < TILE && u0 + uu <= r; ++uu) {  // a row's lanes together
-      float dot;
-      ROW_DOT(dot, q[e], ta[uu * MAX_HS + hof(e)])
+    if (live && u0 <= r) {  // a row's lanes together
+      float sc[TILE];
+      float mt = m;
+      HS_UNROLL for (uint uu = 0; uu < TILE; ++uu) {
+        if (u0 + uu <= r) {
+          float dot;
+          ROW_DOT(dot, q[e], ta[uu * MAX_HS + hof(e)])
 #if defined(FA_PAIR)
-      dot = row_lanes_sum(dot);
+          dot = row_lanes_sum(dot);
 #endif
-      float s = dot * pc.scale;
-      if (s > m) {
-        float corr = ct_exp_le0(m - s);  // 0 for the first key (m - s <= -1e38 or -inf)
-        l = l * corr + 1.0;
-        HS_UNROLL for (uint e = 0; e < hn; ++e) acc[e] = acc[e] * corr + tb[uu * MAX_HS + hof(e)];
-        m = s;
-      } else {
-        float p = ct_exp_le0(s - m);
-        l += p;
-        HS_UNROLL for (uint e = 0; e < hn; ++e) acc[e] += p * tb[uu * MAX_HS + hof(e)];
+          sc[uu] = dot * pc.scale;
+          mt = max(mt, sc[uu]);
+        }
+      }
+      const float corr = ct_exp_le0(m - mt);  // 0 at the first tile, 1 if the max stayed
+      l *= corr;
+      HS_UNROLL for (uint e = 0; e < hn; ++e) acc[e] *= corr;
+      m = mt;
+      HS_UNROLL for (uint uu = 0; uu < TILE; ++uu) {
+        if (u0 + uu <= r) {
+          const float p = ct_exp_le0(sc[uu] - m);
+          l += p;
+          HS_UNROLL for (uint e = 0; e < hn; ++e) acc[e] += p * tb[uu * MAX_HS + hof(e)];
+        }
       }
     }
     barrier();
