@@ -105,7 +105,9 @@ const uint W_A = 0, W_B = W_A + H_A, W_S = W_B + H_B, W_P = W_S + H_S, W_L = W_P
 const uint W_AL = W_L + R, W_X = W_AL + R, W_Y = W_X + R * SPLIT, W_M = W_Y + R * SPLIT;
 #elif defined(FA_BWD_Q)
 const uint W_A = 0, W_A2 = W_A + H_A, W_B = W_A2 + H_A, W_B2 = W_B + H_B, W_S = W_B2 + H_B;
-const uint W_S2 = W_S + H_S, W_P = W_S2 + H_S, W_L = W_P + H_P, W_D = W_L + R, W_M = W_D + R;
+// W_P (the scaled dS as f16) takes dP's region once the first elementwise pass has read dP
+// (a barrier between): 48 KiB then hold 4 subgroups at head size 64 (NVIDIA's limit).
+const uint W_S2 = W_S + H_S, W_P = W_S2, W_L = W_S2 + H_S, W_D = W_L + R, W_M = W_D + R;
 #else
 const uint W_A = 0, W_A2 = W_A + H_A, W_B = W_A2 + H_A, W_B2 = W_B + H_B, W_S = W_B2 + H_B;
 const uint W_S2 = W_S + H_S, W_P = W_S2 + H_S, W_P2 = W_P + H_P, W_L = W_P2 + H_P;

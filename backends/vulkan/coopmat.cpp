@@ -89,7 +89,7 @@ uint64_t flash_cm_words(int kernel, uint64_t R, uint64_t KT, uint64_t HS, uint64
   // The forward's row statistics: lanes / 16 invocations a row (a subgroup's 16 rows), their
   // partial maxima and sums (W_X, W_Y), and l and the rescale factor a row (W_L, W_AL).
   if (kernel == kFlashCmFwd) return ha + hb + s + p + 2 * R + 2 * R * (lanes / 16) + 4;
-  if (kernel == kFlashCmBwdQ) return 2 * ha + 2 * hb + 2 * s + p + 2 * R + 4;
+  if (kernel == kFlashCmBwdQ) return 2 * ha + 2 * hb + 2 * s + 2 * R + 4;  // P in dP's region
   return 2 * ha + 2 * hb + 2 * s + 2 * p + 2 * KT + 4;
 }
 

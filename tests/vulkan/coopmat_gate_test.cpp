@@ -95,6 +95,8 @@ TEST(CoopmatGate, FlashAttentionTiles) {
   EXPECT_TRUE(p.ok && p.nw == 2 && p.kt == 16) << p.why;
   p = plan_flash_cm(vk::kFlashCmFwd, sq, 32, 49152, 64);
   EXPECT_TRUE(p.ok && p.nw == 4 && p.kt == 64) << p.why;
+  p = plan_flash_cm(vk::kFlashCmBwdQ, sq, 32, 49152, 64);  // dS in dP's region: 4 subgroups
+  EXPECT_TRUE(p.ok && p.nw == 4 && p.kt == 32) << p.why;
   p = plan_flash_cm(vk::kFlashCmBwdKv, sq, 32, 32768, 128);
   EXPECT_TRUE(p.ok && p.nw == 1 && p.kt == 16) << p.why;
   for (int k : {vk::kFlashCmFwd, vk::kFlashCmBwdQ, vk::kFlashCmBwdKv})
