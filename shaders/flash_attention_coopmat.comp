@@ -427,11 +427,21 @@ void main() {
     barrier();  // K is no longer read: V takes its place while the rows' statistics go on
     STAGE(qkv, qkv8, vbase, C3, u0, KT, W_B, 2u, sv)
     const float f = pc.scale / (sq * sk);
+    // Four columns a step, c = 4 part, 4 (part + SPLIT), ... (16-byte reads of S); a tile whose
+    // keys all precede the block's first row needs no mask (`whole`: most of them).
+    const bool whole = u0 + KT <= first;  // keys u0 .. u0 + KT - 1 < first <= every row
     float mt = -CT_FLT_MAX;
     if (own) {
-      EMU_ROLLED for (uint c = 2u * part; c < KT && u0 + c <= t; c += 2u * SPLIT) {
-        mt = max(mt, uintBitsToFloat(sm[W_S + r1 * LDS + c]) * f);
-        if (u0 + c + 1u <= t) mt = max(mt, uintBitsToFloat(sm[W_S + r1 * LDS + c + 1u]) * f);
+      EMU_ROLLED for (uint c = 4u * part; c < KT && u0 + c <= t; c += 4u * SPLIT) {
+        const uint w = W_S + r1 * LDS + c;
+        const vec4 sc = uintBitsToFloat(uvec4(sm[w], sm[w + 1u], sm[w + 2u], sm[w + 3u])) * f;
+        if (whole || u0 + c + 3u <= t) {
+          mt = max(mt, max(max(sc.x, sc.y), max(sc.z, sc.w)));
+        } else {
+          mt = max(mt, sc.x);  // u0 + c <= t: the loop's condition
+          if (u0 + c + 1u <= t) mt = max(mt, sc.y);
+          if (u0 + c + 2u <= t) mt = max(mt, sc.z);
+        }
       }
     }
     if (r1 < R) sm[W_X + tid] = floatBitsToUint(mt);
@@ -443,14 +453,21 @@ void main() {
     }
     float ls = 0.0;
     if (r1 < R) {
-      EMU_ROLLED for (uint c = 2u * part; c < KT; c += 2u * SPLIT) {
-        const uint u = u0 + c;
-        const float s0 = uintBitsToFloat(sm[W_S + r1 * LDS + c]) * f;
-        const float s1 = uintBitsToFloat(sm[W_S + r1 * LDS + c + 1u]) * f;
-        const float p0 = own && u <= t ? ct_exp_le0(s0 - mn) : 0.0;
-        const float p1 = own && u + 1u <= t ? ct_exp_le0(s1 - mn) : 0.0;
-        ls += p0 + p1;
-        sm[W_P + r1 * (LDP / 2u) + c / 2u] = pack2(p0, p1);
+      EMU_ROLLED for (uint c = 4u * part; c < KT; c += 4u * SPLIT) {
+        const uint u = u0 + c, w = W_S + r1 * LDS + c;
+        const vec4 sc = uintBitsToFloat(uvec4(sm[w], sm[w + 1u], sm[w + 2u], sm[w + 3u])) * f;
+        vec4 pv;
+        if (own && (whole || u + 3u <= t)) {
+          pv = vec4(ct_exp_le0(sc.x - mn), ct_exp_le0(sc.y - mn), ct_exp_le0(sc.z - mn),
+                    ct_exp_le0(sc.w - mn));
+        } else {
+          pv = vec4(own && u <= t ? ct_exp_le0(sc.x - mn) : 0.0,
+                    own && u + 1u <= t ? ct_exp_le0(sc.y - mn) : 0.0,
+                    own && u + 2u <= t ? ct_exp_le0(sc.z - mn) : 0.0, 0.0);
+        }
+        ls += (pv.x + pv.y) + (pv.z + pv.w);
+        sm[W_P + r1 * (LDP / 2u) + c / 2u] = pack2(pv.x, pv.y);
+        sm[W_P + r1 * (LDP / 2u) + c / 2u + 1u] = pack2(pv.z, pv.w);
       }
       sm[W_Y + tid] = floatBitsToUint(ls);
       if (part == 0u) sm[W_AL + r1] = floatBitsToUint(ct_exp_le0(m - mn));
