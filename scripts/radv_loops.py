@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The loops of a shader in RADV's disassembly (RADV_DEBUG=shaders output on stdin or a file):
-for each backward branch, its body's instructions, WMMA instructions, global/buffer loads and
-LDS (ds_*) instructions -- the body once, inner loops included once (a loop's cost per trip is
+for each backward branch, its body's instructions, WMMA instructions, global/buffer loads,
+LDS (ds_*) instructions and waits for all of them (s_waitcnt lgkmcnt(0)) -- the body once, inner loops included once (a loop's cost per trip is
 its body when it has no inner loops; otherwise add each inner loop's body times its trips).
 
   RADV_DEBUG=shaders RADV_FORCE_FAMILY=navi31 VK_ICD_FILENAMES=.../radeon_icd.json \\
@@ -34,7 +34,8 @@ def loops(text):
             body = instr[labels[m.group(1)]:i + 1]
             out.append((m.group(1), len(body), sum("wmma" in x for x in body),
                         sum(x.startswith(("global_load", "buffer_load")) for x in body),
-                        sum(x.startswith("ds_") for x in body)))
+                        sum(x.startswith("ds_") for x in body),
+                        sum(x.startswith("s_waitcnt lgkmcnt(0)") for x in body)))
     return len(instr), out
 
 
@@ -45,10 +46,10 @@ def main():
         sys.exit("radv_loops: no 'disasm:' section (RADV_DEBUG=shaders?)")
     total, found = r
     print("instructions %d" % total)
-    for label, n, wmma, gl, ds in found:
+    for label, n, wmma, gl, ds, waits in found:
         per = " (%.1f a WMMA)" % (n / wmma) if wmma else ""
-        print("  loop at %s: %d instructions%s, %d WMMA, %d global loads, %d LDS" %
-              (label, n, per, wmma, gl, ds))
+        print("  loop at %s: %d instructions%s, %d WMMA, %d global loads, %d LDS, %d LDS waits" %
+              (label, n, per, wmma, gl, ds, waits))
 
 
 if __name__ == "__main__":
