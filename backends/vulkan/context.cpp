@@ -241,8 +241,8 @@ std::string coopmat_listing(const PhysicalDevice& pd, bool* settled) {
   *settled = true;
   const CoopmatGate g = coopmat_gate_now(pd);
   if (!g.allowed && !g.emulate) return g.why;
-  const std::string path =
-      coopmat_verdict_path(pd.props.pipelineCacheUUID, pd.props.driverVersion, g.emulate);
+  const std::string path = coopmat_verdict_path(pd.props.pipelineCacheUUID, pd.props.driverVersion,
+                                                shader_fingerprint(), g.emulate);
   bool ok = false;
   std::string why;
   if (read_coopmat_verdict(path, &ok, &why))

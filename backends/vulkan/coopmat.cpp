@@ -150,10 +150,14 @@ std::string cache_file_path(const std::string& prefix, const uint8_t* uuid,
   return base + "/crosstrain/" + prefix + hex + suffix;
 }
 
-std::string coopmat_verdict_path(const uint8_t* uuid, uint32_t driver_version, bool emulated) {
+std::string coopmat_verdict_path(const uint8_t* uuid, uint32_t driver_version, uint64_t shaders,
+                                 bool emulated) {
   // (appended step by step: GCC 12 warns falsely (-Wrestrict) on "-" + std::string)
   std::string suffix = "-";
   suffix += std::to_string(driver_version);
+  char hex[18];
+  std::snprintf(hex, sizeof hex, "-%016llx", static_cast<unsigned long long>(shaders));
+  suffix += hex;
   if (emulated) suffix += "-emulated";
   suffix += ".txt";
   return cache_file_path("vulkan-coopmat-", uuid, suffix);

@@ -142,11 +142,15 @@ namespace ct::vk {
 std::string cache_file_path(const std::string& prefix, const uint8_t* uuid,
                             const std::string& suffix);
 
-// The self-test's verdict, cached per device, driver version and pipeline-cache UUID in
-// $XDG_CACHE_HOME (or ~/.cache)/crosstrain/vulkan-coopmat-<uuid>-<driver version>[-emulated].txt:
-// one line, "1 <why>" or "0 <why>". Empty path where no cache folder is known.
+// The self-test's verdict, cached per device, driver version, pipeline-cache UUID and build of
+// the shaders in $XDG_CACHE_HOME (or ~/.cache)/crosstrain/vulkan-coopmat-<uuid>-<driver
+// version>-<shaders, 16 hex digits>[-emulated].txt: one line, "1 <why>" or "0 <why>". Empty path
+// where no cache folder is known. `shaders` is shader_fingerprint() (vk_device.cpp): a verdict
+// on one build's modules is not taken for another's.
 std::string coopmat_verdict_path(const uint8_t* pipeline_cache_uuid, uint32_t driver_version,
-                                 bool emulated);
+                                 uint64_t shaders, bool emulated);
+// FNV-1a (64 bits) over the SPIR-V words of every shader module the plugin embeds.
+uint64_t shader_fingerprint();
 bool read_coopmat_verdict(const std::string& path, bool* ok, std::string* why);
 void write_coopmat_verdict(const std::string& path, bool ok, const std::string& why);
 // The `coopmat GEMM` line of a verdict: "in use: <why>" or "not used: <why>".

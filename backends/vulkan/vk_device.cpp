@@ -16,6 +16,17 @@
 
 namespace ct::vk {
 
+uint64_t shader_fingerprint() {
+  static const uint64_t fp = [] {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const ShaderBinary& b : kShaderBinaries)
+      for (size_t i = 0; i < b.words; ++i)
+        for (int k = 0; k < 4; ++k) h = (h ^ ((b.code[i] >> (8 * k)) & 0xffu)) * 0x100000001b3ull;
+    return h;
+  }();
+  return fp;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Buffers
 
@@ -117,8 +128,8 @@ void VulkanDevice::coopmat_start() {
   show(g.why);
   if (!g.allowed && !g.emulate) return;
   cm_emulated_ = g.emulate;
-  const std::string path =
-      coopmat_verdict_path(pd_.props.pipelineCacheUUID, pd_.props.driverVersion, cm_emulated_);
+  const std::string path = coopmat_verdict_path(
+      pd_.props.pipelineCacheUUID, pd_.props.driverVersion, shader_fingerprint(), cm_emulated_);
   bool ok = false;
   std::string why;
   if (read_coopmat_verdict(path, &ok, &why)) {

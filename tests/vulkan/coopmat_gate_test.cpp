@@ -81,6 +81,18 @@ TEST(CoopmatGate, RulesOnDeviceDescriptions) {
   EXPECT_FALSE(e.allowed);
 }
 
+// A cached verdict belongs to one build of the shaders: their fingerprint is in the file's name,
+// so a build with other modules runs the self-test again.
+TEST(CoopmatGate, VerdictFileNamesTheShaders) {
+  setenv("XDG_CACHE_HOME", "/tmp/ct-cache", 1);
+  const uint8_t uuid[VK_UUID_SIZE] = {1, 2, 3};
+  const std::string a = vk::coopmat_verdict_path(uuid, 7, 0x1234, false);
+  const std::string b = vk::coopmat_verdict_path(uuid, 7, 0x1235, false);
+  unsetenv("XDG_CACHE_HOME");
+  EXPECT_NE(a, b);
+  EXPECT_NE(a.find("-7-0000000000001234.txt"), std::string::npos) << a;
+}
+
 // The coopmat flash attention's tiles (plan_flash_cm): the largest that fits the device's shared
 // memory, by the shader's own layout (flash_cm_words); the calls it refuses, with the reason.
 TEST(CoopmatGate, FlashAttentionTiles) {
