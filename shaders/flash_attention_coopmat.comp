@@ -520,27 +520,42 @@ void main() {
     SCORES(W_S2, W_A2, W_B2)  // dP = dO V^T
     barrier();
     const float fs = pc.scale / (sq * sk), fp = 1.0 / (sd * sv);
+    // Four columns of a row a step (16-byte reads of S and dP); no mask on a key tile whose keys
+    // all precede the block's first row.
+    const bool whole = u0 + KT <= first;
     uint mb = 0u;
-    EMU_ROLLED for (uint i = tid; i < R * KT / 2u; i += nt) {  // two columns of a row a step
-      const uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u)), tr = first + r;
+    EMU_ROLLED for (uint i = tid; i < R * KT / 4u; i += nt) {
+      const uint r = i / (KT / 4u), c = 4u * (i % (KT / 4u)), tr = first + r, u = u0 + c;
       const float Lr = uintBitsToFloat(sm[W_L + r]), Dr = uintBitsToFloat(sm[W_D + r]);
-      [[unroll]] for (uint x = 0u; x < 2u; ++x) {
-        const uint u = u0 + c + x;
-        float s = uintBitsToFloat(sm[W_S + r * LDS + c + x]) * fs;
-        float p = tr < T && u <= tr ? ct_exp_le0(s - Lr) : 0.0;
-        float dp = uintBitsToFloat(sm[W_S2 + r * LDS + c + x]) * fp;
-        float ds = p * (dp - Dr) * pc.scale;
-        sm[W_S + r * LDS + c + x] = floatBitsToUint(ds);
-        mb = max(mb, floatBitsToUint(abs(ds)));
+      const uint ws = W_S + r * LDS + c, wd = W_S2 + r * LDS + c;
+      const vec4 sc = uintBitsToFloat(uvec4(sm[ws], sm[ws + 1u], sm[ws + 2u], sm[ws + 3u])) * fs;
+      const vec4 dp = uintBitsToFloat(uvec4(sm[wd], sm[wd + 1u], sm[wd + 2u], sm[wd + 3u])) * fp;
+      vec4 p;
+      if (tr < T && (whole || u + 3u <= tr)) {
+        p = vec4(ct_exp_le0(sc.x - Lr), ct_exp_le0(sc.y - Lr), ct_exp_le0(sc.z - Lr),
+                 ct_exp_le0(sc.w - Lr));
+      } else {
+        p = vec4(tr < T && u <= tr ? ct_exp_le0(sc.x - Lr) : 0.0,
+                 tr < T && u + 1u <= tr ? ct_exp_le0(sc.y - Lr) : 0.0,
+                 tr < T && u + 2u <= tr ? ct_exp_le0(sc.z - Lr) : 0.0,
+                 tr < T && u + 3u <= tr ? ct_exp_le0(sc.w - Lr) : 0.0);
       }
+      const vec4 ds = p * (dp - Dr) * pc.scale;
+      sm[ws] = floatBitsToUint(ds.x);
+      sm[ws + 1u] = floatBitsToUint(ds.y);
+      sm[ws + 2u] = floatBitsToUint(ds.z);
+      sm[ws + 3u] = floatBitsToUint(ds.w);
+      const uvec4 mbs = floatBitsToUint(abs(ds));
+      mb = max(mb, max(max(mbs.x, mbs.y), max(mbs.z, mbs.w)));
     }
     atomicMax(sm[W_M], mb);
     barrier();
     const float sds = pow2_scale(sm[W_M]);
-    EMU_ROLLED for (uint i = tid; i < R * KT / 2u; i += nt) {
-      uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u));
-      sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(uintBitsToFloat(sm[W_S + r * LDS + c]) * sds,
-                                                uintBitsToFloat(sm[W_S + r * LDS + c + 1u]) * sds);
+    EMU_ROLLED for (uint i = tid; i < R * KT / 4u; i += nt) {
+      const uint r = i / (KT / 4u), c = 4u * (i % (KT / 4u)), ws = W_S + r * LDS + c;
+      const vec4 ds = uintBitsToFloat(uvec4(sm[ws], sm[ws + 1u], sm[ws + 2u], sm[ws + 3u])) * sds;
+      sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(ds.x, ds.y);
+      sm[W_P + r * (LDP / 2u) + c / 2u + 1u] = pack2(ds.z, ds.w);
     }
     barrier();
     ACCUM(acc, W_P, W_B, 1.0 / (sds * sk))  // dQ += dS K
@@ -573,32 +588,47 @@ void main() {
       SCORES(W_S2, W_A2, W_B2)  // dP^T = V dO^T
       barrier();
       const float fs = pc.scale / (sk * sq), fp = 1.0 / (sv * sd);
+      // Four columns (queries) of a row (key) a step; no mask where every query of the tile
+      // comes at or after every key of the block and all of them are inside T.
+      const bool whole = t0 + 1u >= first + R && t0 + KT <= T && first + R <= T;
       uint mb = 0u;
-      EMU_ROLLED for (uint i = tid; i < R * KT / 2u; i += nt) {
-        uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u)), u = first + r;
-        float p2[2];
-        for (uint x = 0u; x < 2u; ++x) {
-          uint cc = c + x, tq = t0 + cc;
-          float s = uintBitsToFloat(sm[W_S + r * LDS + cc]) * fs;
-          float p = u < T && tq < T && tq >= u
-                        ? ct_exp_le0(s - uintBitsToFloat(sm[W_L + cc]))
-                        : 0.0;
-          float dp = uintBitsToFloat(sm[W_S2 + r * LDS + cc]) * fp;
-          float ds = p * (dp - uintBitsToFloat(sm[W_D + cc])) * pc.scale;
-          sm[W_S + r * LDS + cc] = floatBitsToUint(ds);
-          mb = max(mb, floatBitsToUint(abs(ds)));
-          p2[x] = p;
+      EMU_ROLLED for (uint i = tid; i < R * KT / 4u; i += nt) {
+        const uint r = i / (KT / 4u), c = 4u * (i % (KT / 4u)), u = first + r, tq = t0 + c;
+        const uint ws = W_S + r * LDS + c, wd = W_S2 + r * LDS + c;
+        const vec4 sc = uintBitsToFloat(uvec4(sm[ws], sm[ws + 1u], sm[ws + 2u], sm[ws + 3u])) * fs;
+        const vec4 dp = uintBitsToFloat(uvec4(sm[wd], sm[wd + 1u], sm[wd + 2u], sm[wd + 3u])) * fp;
+        const vec4 L4 = uintBitsToFloat(
+            uvec4(sm[W_L + c], sm[W_L + c + 1u], sm[W_L + c + 2u], sm[W_L + c + 3u]));
+        const vec4 D4 = uintBitsToFloat(
+            uvec4(sm[W_D + c], sm[W_D + c + 1u], sm[W_D + c + 2u], sm[W_D + c + 3u]));
+        vec4 p;
+        if (whole) {
+          p = vec4(ct_exp_le0(sc.x - L4.x), ct_exp_le0(sc.y - L4.y), ct_exp_le0(sc.z - L4.z),
+                   ct_exp_le0(sc.w - L4.w));
+        } else {
+          p = vec4(u < T && tq < T && tq >= u ? ct_exp_le0(sc.x - L4.x) : 0.0,
+                   u < T && tq + 1u < T && tq + 1u >= u ? ct_exp_le0(sc.y - L4.y) : 0.0,
+                   u < T && tq + 2u < T && tq + 2u >= u ? ct_exp_le0(sc.z - L4.z) : 0.0,
+                   u < T && tq + 3u < T && tq + 3u >= u ? ct_exp_le0(sc.w - L4.w) : 0.0);
         }
-        sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(p2[0], p2[1]);
+        const vec4 ds = p * (dp - D4) * pc.scale;
+        sm[ws] = floatBitsToUint(ds.x);
+        sm[ws + 1u] = floatBitsToUint(ds.y);
+        sm[ws + 2u] = floatBitsToUint(ds.z);
+        sm[ws + 3u] = floatBitsToUint(ds.w);
+        const uvec4 mbs = floatBitsToUint(abs(ds));
+        mb = max(mb, max(max(mbs.x, mbs.y), max(mbs.z, mbs.w)));
+        sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(p.x, p.y);
+        sm[W_P + r * (LDP / 2u) + c / 2u + 1u] = pack2(p.z, p.w);
       }
       atomicMax(sm[W_M], mb);
       barrier();
       const float sds = pow2_scale(sm[W_M]);
-      EMU_ROLLED for (uint i = tid; i < R * KT / 2u; i += nt) {
-        uint r = i / (KT / 2u), c = 2u * (i % (KT / 2u));
-        sm[W_P2 + r * (LDP / 2u) + c / 2u] =
-            pack2(uintBitsToFloat(sm[W_S + r * LDS + c]) * sds,
-                  uintBitsToFloat(sm[W_S + r * LDS + c + 1u]) * sds);
+      EMU_ROLLED for (uint i = tid; i < R * KT / 4u; i += nt) {
+        const uint r = i / (KT / 4u), c = 4u * (i % (KT / 4u)), ws = W_S + r * LDS + c;
+        const vec4 ds = uintBitsToFloat(uvec4(sm[ws], sm[ws + 1u], sm[ws + 2u], sm[ws + 3u])) * sds;
+        sm[W_P2 + r * (LDP / 2u) + c / 2u] = pack2(ds.x, ds.y);
+        sm[W_P2 + r * (LDP / 2u) + c / 2u + 1u] = pack2(ds.z, ds.w);
       }
       barrier();
       ACCUM(dv, W_P, W_B2, 1.0 / sd)          // dV += P^T dO
