@@ -14,8 +14,8 @@
 // and the queries of each in order), so every output has one owner and a fixed order: no atomics,
 // the same bits at every warp size.
 //   forward:   online softmax: m = running max of s = scale q.k, l = sum exp(s - m),
-//              o = sum exp(s - m) v, rescaled by exp(m_old - m_new) when m grows;
-//              out = o / l, lse = m + log l.
+//              o = sum exp(s - m) v, rescaled by exp(m_old - m_new) once a key tile (its
+//              scores first); out = o / l, lse = m + log l.
 //   backward:  D_t = dout_t . out_t (saved in the workspace), p = exp(s - lse_t),
 //              ds = p (dout_t . v_u - D_t) scale;  dq_t = sum_u ds k_u  (query kernel);
 //              dk_u = sum_h sum_t ds q_t, dv_u = sum_h sum_t p dout_t over the query heads h
@@ -28,9 +28,9 @@
 // the same two values, so the L threads hold the same bits). So a thread's arrays (forward q, o;
 // query kernel q, dout, dq; key kernel k, v, dk, dv) stay in registers: with one thread a row the
 // key kernel spilled 564 bytes a thread at head size 64 (ptxas sm_90), 3.4-3.9 KB at 128. The
-// loops over the other side run to the warp's last row, so the shuffles see every lane; the
-// causal mask is per row (`valid`). HS is the head size rounded up to 16, 64 or 128
-// (zero-padded, so the padding adds nothing).
+// loops over the other side run to the warp's last row, so the shuffles see every lane; each row
+// then skips the keys (queries) its causal mask excludes. HS is the head size rounded up to 16,
+// 64 or 128 (zero-padded, so the padding adds nothing).
 #include "backends/gpu/kernels/common.h"
 #include "backends/gpu/kernels/safe_math.h"
 
