@@ -1,15 +1,17 @@
 #version 450
 // Fused causal multi-head self-attention (core/device.h flash_attention_*), the algorithm of
 // backends/gpu/kernels/flash_attention.cu: one invocation per query row (FA_FWD, FA_BWD_Q) or key
-// row (FA_BWD_KV), 64 rows of one head a workgroup (gl_WorkGroupID.x: row block, .y: query head
-// h of the dispatch's batch element, FA_BWD_KV: key/value head j); the other side streams through
-// shared memory in tiles of TILE rows, so the T x T probabilities exist nowhere. Each invocation
-// walks its keys (queries) in order: one owner per output, no atomics.
+// row (FA_BWD_KV) -- in the _u modules L of them (FA_PAIR below) --, 64 rows of one head a
+// workgroup (gl_WorkGroupID.x: row block, .y: query head h of the dispatch's batch element,
+// FA_BWD_KV: key/value head j); the other side streams through shared memory in tiles of TILE
+// rows, so the T x T probabilities exist nowhere. Each row walks its keys (queries) in order: one
+// owner per output, no atomics.
 // Grouped-query attention: NKV key/value heads, query head h reads kv head h / G (G = NH / NKV;
 // NKV == NH is plain multi-head attention); FA_BWD_KV sums over the G query heads j G + g of its
 // group, g in order, in the same invocation.
 //   FA_FWD     online softmax over u <= t: m = running max of s = scale q_t.k_u,
-//              l = sum exp(s - m), o = sum exp(s - m) v_u;  out_t = o / l, lse_t = m + log l
+//              l = sum exp(s - m), o = sum exp(s - m) v_u, rescaled once a key tile (its
+//              scores first);  out_t = o / l, lse_t = m + log l
 //   FA_BWD_Q   D_t = dout_t . out_t (saved); p = exp(s - lse_t); ds = p (dout_t . v_u - D_t) scale;
 //              dq_t = sum_u ds k_u
 //   FA_BWD_KV  for the key row u: dk_u = sum_g sum_{t>=u} ds q_t, dv_u = sum_g sum_{t>=u} p dout_t
