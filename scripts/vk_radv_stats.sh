@@ -3,12 +3,12 @@
 # AMD GPUs this machine does not have: RADV's "null hardware" (RADV_FORCE_FAMILY) compiles
 # pipelines without a GPU, and bench/vk_shader_stats prints their statistics (VGPRs, spills,
 # scratch a workgroup, instructions). The specializations are those the backend picks there:
-# the scalar flash attention's plain modules and _u modules at head sizes 64 and 128
-# (ops/flash_attention.cpp), the coopmat GEMM's 128 and 64 tiles and the coopmat flash kernels
-# at subgroup 64 with 4 subgroups (ops/matmul.cpp, coopmat.cpp; RDNA3 only: RDNA2 has no
-# cooperative matrices). Compiled, never run. For each pipeline: VGPRs, spills, scratch, the
-# static instruction count, and for the GEMM the k loop's instructions per WMMA (its body once;
-# the coopmat GEMM's loop has no inner loops).
+# the scalar flash attention's plain modules and _u modules at head sizes 64 and 128 (2 and 4
+# invocations a row; ops/flash_attention.cpp), the coopmat GEMM's 128 and 64 tiles and the coopmat
+# flash kernels at subgroup 64 with 4 subgroups (ops/matmul.cpp, coopmat.cpp; RDNA3 only: RDNA2 has
+# no cooperative matrices). Compiled, never run. For each pipeline: VGPRs, spills, scratch, the
+# static instruction count, and for the GEMM the k loop's instructions per WMMA and its waits for
+# LDS accesses (its body once; the coopmat GEMM's loop has no inner loops).
 #
 #   bash scripts/vk_radv_stats.sh [BUILD_DIR] [FAMILY ...]    # default: build navi21 navi31
 set -euo pipefail
