@@ -164,6 +164,19 @@ float pow2_scale(uint maxbits) {
 // f16 bits of x * s, rounded to nearest even (common/convert.glsl).
 uint f16_bits(float x) { return ct_f32_to_f16(x); }
 uint pack2(float a, float b) { return f16_bits(a) | (f16_bits(b) << 16); }
+// Four f32 words of sm from word w (16-byte reads where w is a multiple of 4), and back; four
+// values as two f16 pairs into the words w, w + 1.
+vec4 sm4(uint w) { return uintBitsToFloat(uvec4(sm[w], sm[w + 1u], sm[w + 2u], sm[w + 3u])); }
+void sm4_store(uint w, vec4 v) {
+  sm[w] = floatBitsToUint(v.x);
+  sm[w + 1u] = floatBitsToUint(v.y);
+  sm[w + 2u] = floatBitsToUint(v.z);
+  sm[w + 3u] = floatBitsToUint(v.w);
+}
+void sm4_put_f16(uint w, vec4 v) {
+  sm[w] = pack2(v.x, v.y);
+  sm[w + 1u] = pack2(v.z, v.w);
+}
 // The f16 element e (in f16 units) of sm, widened.
 float h16at(uint e) {
   uint w = sm[e >> 1];
@@ -434,7 +447,7 @@ void main() {
     if (own) {
       EMU_ROLLED for (uint c = 4u * part; c < KT && u0 + c <= t; c += 4u * SPLIT) {
         const uint w = W_S + r1 * LDS + c;
-        const vec4 sc = uintBitsToFloat(uvec4(sm[w], sm[w + 1u], sm[w + 2u], sm[w + 3u])) * f;
+        const vec4 sc = sm4(w) * f;
         if (whole || u0 + c + 3u <= t) {
           mt = max(mt, max(max(sc.x, sc.y), max(sc.z, sc.w)));
         } else {
@@ -455,7 +468,7 @@ void main() {
     if (r1 < R) {
       EMU_ROLLED for (uint c = 4u * part; c < KT; c += 4u * SPLIT) {
         const uint u = u0 + c, w = W_S + r1 * LDS + c;
-        const vec4 sc = uintBitsToFloat(uvec4(sm[w], sm[w + 1u], sm[w + 2u], sm[w + 3u])) * f;
+        const vec4 sc = sm4(w) * f;
         vec4 pv;
         if (own && (whole || u + 3u <= t)) {
           pv = vec4(ct_exp_le0(sc.x - mn), ct_exp_le0(sc.y - mn), ct_exp_le0(sc.z - mn),
@@ -466,8 +479,7 @@ void main() {
                     own && u + 2u <= t ? ct_exp_le0(sc.z - mn) : 0.0, 0.0);
         }
         ls += (pv.x + pv.y) + (pv.z + pv.w);
-        sm[W_P + r1 * (LDP / 2u) + c / 2u] = pack2(pv.x, pv.y);
-        sm[W_P + r1 * (LDP / 2u) + c / 2u + 1u] = pack2(pv.z, pv.w);
+        sm4_put_f16(W_P + r1 * (LDP / 2u) + c / 2u, pv);
       }
       sm[W_Y + tid] = floatBitsToUint(ls);
       if (part == 0u) sm[W_AL + r1] = floatBitsToUint(ct_exp_le0(m - mn));
@@ -528,8 +540,8 @@ void main() {
       const uint r = i / (KT / 4u), c = 4u * (i % (KT / 4u)), tr = first + r, u = u0 + c;
       const float Lr = uintBitsToFloat(sm[W_L + r]), Dr = uintBitsToFloat(sm[W_D + r]);
       const uint ws = W_S + r * LDS + c, wd = W_S2 + r * LDS + c;
-      const vec4 sc = uintBitsToFloat(uvec4(sm[ws], sm[ws + 1u], sm[ws + 2u], sm[ws + 3u])) * fs;
-      const vec4 dp = uintBitsToFloat(uvec4(sm[wd], sm[wd + 1u], sm[wd + 2u], sm[wd + 3u])) * fp;
+      const vec4 sc = sm4(ws) * fs;
+      const vec4 dp = sm4(wd) * fp;
       vec4 p;
       if (tr < T && (whole || u + 3u <= tr)) {
         p = vec4(ct_exp_le0(sc.x - Lr), ct_exp_le0(sc.y - Lr), ct_exp_le0(sc.z - Lr),
@@ -541,10 +553,7 @@ void main() {
                  tr < T && u + 3u <= tr ? ct_exp_le0(sc.w - Lr) : 0.0);
       }
       const vec4 ds = p * (dp - Dr) * pc.scale;
-      sm[ws] = floatBitsToUint(ds.x);
-      sm[ws + 1u] = floatBitsToUint(ds.y);
-      sm[ws + 2u] = floatBitsToUint(ds.z);
-      sm[ws + 3u] = floatBitsToUint(ds.w);
+      sm4_store(ws, ds);
       const uvec4 mbs = floatBitsToUint(abs(ds));
       mb = max(mb, max(max(mbs.x, mbs.y), max(mbs.z, mbs.w)));
     }
@@ -553,9 +562,8 @@ void main() {
     const float sds = pow2_scale(sm[W_M]);
     EMU_ROLLED for (uint i = tid; i < R * KT / 4u; i += nt) {
       const uint r = i / (KT / 4u), c = 4u * (i % (KT / 4u)), ws = W_S + r * LDS + c;
-      const vec4 ds = uintBitsToFloat(uvec4(sm[ws], sm[ws + 1u], sm[ws + 2u], sm[ws + 3u])) * sds;
-      sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(ds.x, ds.y);
-      sm[W_P + r * (LDP / 2u) + c / 2u + 1u] = pack2(ds.z, ds.w);
+      const vec4 ds = sm4(ws) * sds;
+      sm4_put_f16(W_P + r * (LDP / 2u) + c / 2u, ds);
     }
     barrier();
     ACCUM(acc, W_P, W_B, 1.0 / (sds * sk))  // dQ += dS K
@@ -595,12 +603,9 @@ void main() {
       EMU_ROLLED for (uint i = tid; i < R * KT / 4u; i += nt) {
         const uint r = i / (KT / 4u), c = 4u * (i % (KT / 4u)), u = first + r, tq = t0 + c;
         const uint ws = W_S + r * LDS + c, wd = W_S2 + r * LDS + c;
-        const vec4 sc = uintBitsToFloat(uvec4(sm[ws], sm[ws + 1u], sm[ws + 2u], sm[ws + 3u])) * fs;
-        const vec4 dp = uintBitsToFloat(uvec4(sm[wd], sm[wd + 1u], sm[wd + 2u], sm[wd + 3u])) * fp;
-        const vec4 L4 = uintBitsToFloat(
-            uvec4(sm[W_L + c], sm[W_L + c + 1u], sm[W_L + c + 2u], sm[W_L + c + 3u]));
-        const vec4 D4 = uintBitsToFloat(
-            uvec4(sm[W_D + c], sm[W_D + c + 1u], sm[W_D + c + 2u], sm[W_D + c + 3u]));
+        const vec4 sc = sm4(ws) * fs;
+        const vec4 dp = sm4(wd) * fp;
+        const vec4 L4 = sm4(W_L + c), D4 = sm4(W_D + c);
         vec4 p;
         if (whole) {
           p = vec4(ct_exp_le0(sc.x - L4.x), ct_exp_le0(sc.y - L4.y), ct_exp_le0(sc.z - L4.z),
@@ -612,23 +617,18 @@ void main() {
                    u < T && tq + 3u < T && tq + 3u >= u ? ct_exp_le0(sc.w - L4.w) : 0.0);
         }
         const vec4 ds = p * (dp - D4) * pc.scale;
-        sm[ws] = floatBitsToUint(ds.x);
-        sm[ws + 1u] = floatBitsToUint(ds.y);
-        sm[ws + 2u] = floatBitsToUint(ds.z);
-        sm[ws + 3u] = floatBitsToUint(ds.w);
+        sm4_store(ws, ds);
         const uvec4 mbs = floatBitsToUint(abs(ds));
         mb = max(mb, max(max(mbs.x, mbs.y), max(mbs.z, mbs.w)));
-        sm[W_P + r * (LDP / 2u) + c / 2u] = pack2(p.x, p.y);
-        sm[W_P + r * (LDP / 2u) + c / 2u + 1u] = pack2(p.z, p.w);
+        sm4_put_f16(W_P + r * (LDP / 2u) + c / 2u, p);
       }
       atomicMax(sm[W_M], mb);
       barrier();
       const float sds = pow2_scale(sm[W_M]);
       EMU_ROLLED for (uint i = tid; i < R * KT / 4u; i += nt) {
         const uint r = i / (KT / 4u), c = 4u * (i % (KT / 4u)), ws = W_S + r * LDS + c;
-        const vec4 ds = uintBitsToFloat(uvec4(sm[ws], sm[ws + 1u], sm[ws + 2u], sm[ws + 3u])) * sds;
-        sm[W_P2 + r * (LDP / 2u) + c / 2u] = pack2(ds.x, ds.y);
-        sm[W_P2 + r * (LDP / 2u) + c / 2u + 1u] = pack2(ds.z, ds.w);
+        const vec4 ds = sm4(ws) * sds;
+        sm4_put_f16(W_P2 + r * (LDP / 2u) + c / 2u, ds);
       }
       barrier();
       ACCUM(dv, W_P, W_B2, 1.0 / sd)          // dV += P^T dO
