@@ -38,6 +38,16 @@ class FlashUnrolled : public VulkanTest {
     unsetenv("CROSSTRAIN_VK_FLASH_LANES");
     VulkanTest::TearDown();
   }
+  // c's forward and backward with a fresh profile, whose report (the modules that ran) goes to
+  // *report.
+  FlashOut profiled(const FlashCase& c, std::string* report) {
+    vk().set_profiling(false);
+    vk().set_profiling(true);
+    FlashOut r = run_flash(vk(), c);
+    *report = vk().profile_report();
+    vk().set_profiling(false);
+    return r;
+  }
 };
 
 TEST_F(FlashUnrolled, UnrolledModulesMatchThePlainModules) {
@@ -50,17 +60,11 @@ TEST_F(FlashUnrolled, UnrolledModulesMatchThePlainModules) {
                              {1, 40, 2, 2, 8, DType::f16, 303}};
   for (const FlashCase& c : cases) {
     const std::string nm = c.name();
+    std::string plain_report, report;
     unsetenv("CROSSTRAIN_VK_FLASH");
-    vk().set_profiling(false);
-    vk().set_profiling(true);
-    const FlashOut plain = run_flash(vk(), c);
-    const std::string plain_report = vk().profile_report();
+    const FlashOut plain = profiled(c, &plain_report);
     setenv("CROSSTRAIN_VK_FLASH", "unrolled", 1);
-    vk().set_profiling(false);
-    vk().set_profiling(true);
-    const FlashOut unrolled = run_flash(vk(), c);
-    const std::string report = vk().profile_report();
-    vk().set_profiling(false);
+    const FlashOut unrolled = profiled(c, &report);
     EXPECT_TRUE(close_nmse(unrolled.out, plain.out, 1e-6, "out (paired) vs plain " + nm));
     EXPECT_TRUE(close_nmse(unrolled.lse, plain.lse, 1e-12, "lse (paired) vs plain " + nm));
     EXPECT_TRUE(close_nmse(unrolled.dqkv, plain.dqkv, 1e-6, "dqkv (paired) vs plain " + nm));
@@ -99,11 +103,8 @@ TEST_F(FlashUnrolled, FourLanesARowMatchThePlainModules) {
     const FlashOut plain = run_flash(vk(), c);
     setenv("CROSSTRAIN_VK_FLASH", "unrolled", 1);
     setenv("CROSSTRAIN_VK_FLASH_LANES", "4", 1);
-    vk().set_profiling(false);
-    vk().set_profiling(true);
-    const FlashOut four = run_flash(vk(), c);
-    const std::string report = vk().profile_report();
-    vk().set_profiling(false);
+    std::string report;
+    const FlashOut four = profiled(c, &report);
     EXPECT_TRUE(close_nmse(four.out, plain.out, 1e-6, "out (4 lanes) vs plain " + c.name()));
     EXPECT_TRUE(close_nmse(four.dqkv, plain.dqkv, 1e-6, "dqkv (4 lanes) vs plain " + c.name()));
     for (const char* k : {"flash_fwd_u", "flash_bwd_q_u", "flash_bwd_kv_u"})
