@@ -111,6 +111,17 @@ __device__ __forceinline__ void load_row(float (&dst)[kEl<HS>], const void* src,
   }
 }
 
+// The hs elements at dst + at (=) src[k] * f, element elem(sub, k) of the row (those past hs
+// skipped). f = 1 stores the values as they are.
+template <typename E, int HS>
+__device__ __forceinline__ void store_row(void* dst, std::int64_t at, const float (&src)[kEl<HS>],
+                                          float f, std::int64_t hs, int sub) {
+  for (int k = 0; k < kEl<HS>; ++k) {
+    const int i = elem<HS>(sub, k);
+    if (i < hs) E::store(dst, at + i, src[k] * f);
+  }
+}
+
 // Stages rows r0 .. r0 + kTile of a [.., row_stride] tensor's head slice (element offset `at`
 // of row 0) into tile[kTile][HS] as f32; rows at or past T and columns past hs are zero.
 template <typename E, int HS>
@@ -218,10 +229,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<HS>)
   const float inv = 1.0f / l;
   const std::int64_t i = w.r - p0;  // out's row
   const std::int64_t o0 = (w.b * d.Tq + i) * d.C + w.h * d.hs;
-  for (int k = 0; k < EL; ++k) {
-    const int c = elem<HS>(w.sub, k);
-    if (c < d.hs) E::store(out, o0 + c, o[k] * inv);
-  }
+  store_row<E, HS>(out, o0, o, inv, d.hs, w.sub);
   if (w.sub == 0) lse[(w.b * d.NH + w.h) * d.Tq + i] = m + logf(l);
 }
 
@@ -270,10 +278,7 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<HS>)
     __syncthreads();
   }
   if (!live) return;
-  for (int k = 0; k < EL; ++k) {
-    const int c = elem<HS>(w.sub, k);
-    if (c < d.hs) E::store(dqkv, base + w.r * C3 + c, dq[k]);
-  }
+  store_row<E, HS>(dqkv, base + w.r * C3, dq, 1.0f, d.hs, w.sub);
 }
 
 // Per key row u of key/value head j: dk, dv into the k and v columns of dqkv (B, T, C3), from
@@ -325,13 +330,8 @@ __global__ void CT_LAUNCH_BOUNDS(kThreads<HS>)
     }
   }
   if (!live) return;
-  for (int e = 0; e < EL; ++e) {
-    const int c = elem<HS>(w.sub, e);
-    if (c < d.hs) {
-      E::store(dqkv, row0 + w.r * C3 + k_col(d, j) + c, dk[e]);
-      E::store(dqkv, row0 + w.r * C3 + v_col(d, j) + c, dv[e]);
-    }
-  }
+  store_row<E, HS>(dqkv, row0 + w.r * C3 + k_col(d, j), dk, 1.0f, d.hs, w.sub);
+  store_row<E, HS>(dqkv, row0 + w.r * C3 + v_col(d, j), dv, 1.0f, d.hs, w.sub);
 }
 
 FDims fdims_of(std::int64_t T, std::int64_t Tq, std::int64_t C, std::int64_t NH, std::int64_t NKV) {
