@@ -27,8 +27,9 @@
 //     per key tile, S = Q K^T (fragments, stored f32); invocations keep row r's running max m
 //     and sum l (scaled scores, keys u <= t only); P = exp(scale S - m) (in [0, 1]) rounded to
 //     f16; O = O exp(m_old - m) + P V. At the end out = O / l, lse = m + log l (saved).
-//     (Until 2026-11-29, fourteenth session: two passes, the statistics first and then P normalised by lse, Q K^T
-//     computed twice: 3 products a key tile instead of 2, K staged twice.)
+//     (Until 2026-11-29, fourteenth session: two passes, the statistics first and then P
+//     normalised by lse, Q K^T computed twice: 3 products a key tile instead of 2, K staged
+//     twice.)
 //   FA_BWD_Q (a block: R query rows of head h; key tiles in order): D = dout . out per row
 //     (saved), S = Q K^T, dP = dO V^T, P = exp(scale S - lse), dS = P (dP - D) scale, dQ += dS K.
 //   FA_BWD_KV (a block: R key rows of kv head j; for the G query heads of the group in order,
